@@ -1,0 +1,14 @@
+"""torchfl: standard PyTorch on any AI chip described by one declarative HCD file.
+
+Importing the package is cheap: torch and numba are loaded only by the layers that
+execute or capture graphs (planner, runtime, kernels' compiled modules).
+"""
+
+__version__ = "0.1.0"
+
+
+def explain(model, *inputs, **options):
+    """Return the plan of ``model`` on a chip as text (see ``torchfl.runtime.explain``)."""
+    from torchfl.runtime.explain import explain as _explain
+
+    return _explain(model, *inputs, **options)

@@ -1,0 +1,1 @@
+"""The ``torchfl`` command: a thin face over the layers' Python APIs."""

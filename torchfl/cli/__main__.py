@@ -1,0 +1,3 @@
+from torchfl.cli.main import main
+
+main()
