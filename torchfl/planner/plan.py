@@ -1,0 +1,290 @@
+"""The Plan: what the SME decided, as plain frozen data (the contract with the runtime).
+
+A plan is a straight-line program over **named values**. Every name is either a graph
+input (a placeholder of the captured core-ATen FX graph) or the output of exactly one
+earlier step. The runtime executes ``plan.steps`` in order; nothing else is implied.
+
+Values
+------
+* ``plan.inputs`` lists the captured graph's placeholders, in graph order, as
+  :class:`PlanInput`. ``kind`` is ``"input"`` (a user input; ``target`` is its position in
+  the flattened example inputs), ``"parameter"``, ``"buffer"`` or ``"constant"``
+  (``target`` is the state-dict / constant key of the original module). The tensors of
+  non-user placeholders are in ``plan.capture.tensors[name]`` when the plan came from
+  :func:`torchfl.planner.plan_module` / :func:`plan_graph` in this process.
+* Graph inputs arrive in ``PlanInput.layout``: the identity layout, or ``NHWC`` for a
+  rank-4 channels-last user input; and in ``PlanInput.dtype`` (the caller's dtype).
+* ``plan.values[name]`` gives every value's logical ``shape``, storage ``dtype`` and
+  physical ``layout`` and the index of the step that produces it (``None`` for inputs).
+* A step's ``inputs`` are value names, positionally matching the kernel's inputs in
+  :mod:`torchfl.kernels.catalog` (``KernelSpec.inputs``); an optional input that the call
+  omits is the empty string ``""``.
+* A step's ``outputs`` are value names, one per kernel output; the name of a value that an
+  FX node computes is that node's name (for a multi-output ATen op the names are those of
+  its ``getitem`` users, ``""`` for an unused output). A fused step's output is named after
+  the last node of its group; the group's inner values never exist.
+* Values a step adds that are not FX nodes: casts are named ``<value>.<dtype>`` and layout
+  conversions ``<value>.<layout>`` (e.g. ``p_conv1_weight.float16.NHWC``).
+* ``plan.outputs`` are the value names that correspond, in order, to the FX graph's
+  ``output`` node (flattened). They are always in the identity layout and the caller's
+  dtype: the planner inserts (and prices) the conversions and casts needed.
+
+Steps
+-----
+``kind`` is one of ``kernel`` (one FX node), ``fused`` (a fusion group, ``len(nodes) > 1``),
+``cast``, ``layout`` and ``fallback``. For kernel, fused, cast and layout steps the runtime
+calls ``CATALOG[step.kernel].run(chip, inputs, step.attrs, tile_plan)`` where the tile plan
+is rebuilt from ``step.tile`` (``TileConfig.as_dict()``) and ``step.attrs`` are the kernel
+attributes bound from the call (JSON scalars and lists). A ``fallback`` step runs the single
+FX node ``step.nodes[0]`` of ``plan.capture.graph_module`` on the CPU with torch; its inputs
+are given in the identity layout and the listed dtype, its output is returned likewise.
+``static`` is true for a step whose inputs are all parameters/buffers/constants or other
+static values (casts and layout transforms of weights): the runtime may run it once and
+cache the result.
+
+Layouts are strings of dimension letters (any permutation); the logical (identity) letters
+of a rank-r tensor are given by :func:`identity_layout`. ``layouts_in[i]`` is the layout in
+which ``inputs[i]`` must be stored (the value's own layout: the planner inserts a ``layout``
+step before a consumer whenever they differ); ``layout_out`` is that of every output.
+
+Everything here is JSON-serialisable deterministically: ``plan.to_json()`` is
+byte-identical for the same model, chip and options in any process.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+STEP_KINDS = ("kernel", "fused", "cast", "layout", "fallback")
+_RANK_LETTERS = {0: "", 1: "C", 2: "NC", 3: "NCL", 4: "NCHW", 5: "NCDHW"}
+
+
+def identity_layout(rank: int) -> str:
+    """Logical dimension letters of a rank-``rank`` tensor (rank 4: ``NCHW``)."""
+    if rank in _RANK_LETTERS:
+        return _RANK_LETTERS[rank]
+    return "ABCDEFGHIJKLMNOPQRSTUVWXYZ"[:rank]
+
+
+def _jsonable(value: Any) -> Any:
+    if isinstance(value, tuple):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, list):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if hasattr(value, "to_dict"):
+        return value.to_dict()
+    return value
+
+
+class _Data:
+    """Shared (de)serialisation for the plan's dataclasses."""
+
+    def to_dict(self) -> dict[str, Any]:
+        return {f.name: _jsonable(getattr(self, f.name)) for f in fields(self) if f.metadata.get("json", True)}
+
+
+def _tuple(value: Any) -> Any:
+    if isinstance(value, list):
+        return tuple(_tuple(v) for v in value)
+    return value
+
+
+@dataclass(frozen=True)
+class PlanInput(_Data):
+    """A placeholder of the captured graph (see the module docstring)."""
+
+    name: str
+    kind: str  # input | parameter | buffer | constant
+    target: Any  # int position for inputs, state-dict key otherwise
+    shape: tuple[int, ...]
+    dtype: str
+    layout: str
+
+
+@dataclass(frozen=True)
+class Value(_Data):
+    """A value of the plan: logical shape, storage dtype, physical layout, producer step."""
+
+    name: str
+    shape: tuple[int, ...]
+    dtype: str
+    layout: str
+    producer: int | None
+
+
+@dataclass(frozen=True)
+class Step(_Data):
+    """One executable step; fields are documented in the module docstring."""
+
+    index: int
+    kind: str
+    kernel: str | None
+    nodes: tuple[str, ...]
+    ops: tuple[str, ...]
+    inputs: tuple[str, ...]
+    outputs: tuple[str, ...]
+    layouts_in: tuple[str, ...]
+    layout_out: str
+    dtype: str
+    tile: dict[str, Any]
+    attrs: dict[str, Any]
+    predicted_flops: float
+    predicted_bytes: float
+    predicted_time_s: float
+    static: bool = False
+    note: str = ""
+
+    @property
+    def fused(self) -> bool:
+        return self.kind == "fused"
+
+
+@dataclass(frozen=True)
+class Conversion(_Data):
+    """A layout conversion inserted on a graph edge (its step is ``plan.steps[step]``)."""
+
+    step: int
+    value: str
+    from_layout: str
+    to_layout: str
+    consumer: str  # FX node (or "output") that needed the other layout
+
+
+@dataclass(frozen=True)
+class Cast(_Data):
+    """A dtype cast the precision policy inserted (its step is ``plan.steps[step]``)."""
+
+    step: int
+    value: str
+    from_dtype: str
+    to_dtype: str
+    why: str
+
+
+@dataclass(frozen=True)
+class Fallback(_Data):
+    """An FX node that runs on the CPU, and why no chip kernel could take it."""
+
+    node: str
+    op: str
+    reason: str
+
+
+@dataclass(frozen=True)
+class Rejected(_Data):
+    """An alternative that lost: ruled out (``reasons``; no time) or more expensive."""
+
+    nodes: tuple[str, ...]
+    kernel: str
+    reasons: tuple[str, ...]
+    predicted_time_s: float | None = None
+    chosen_time_s: float | None = None
+
+
+@dataclass(frozen=True)
+class Summary(_Data):
+    """Totals; :meth:`headline` is the first line of ``explain``."""
+
+    nodes_total: int
+    nodes_on_chip: int
+    kernels: int
+    fused_groups: int
+    conversions: int
+    casts: int
+    fallbacks: int
+    predicted_flops: float
+    predicted_bytes: float
+    predicted_time_s: float
+
+    def headline(self, chip: str) -> str:
+        return (
+            f"{self.nodes_on_chip} of {self.nodes_total} nodes on {chip} in {self.kernels} kernels "
+            f"({self.fused_groups} fused groups), {self.conversions} layout conversions, "
+            f"{self.fallbacks} fallbacks to CPU"
+        )
+
+
+@dataclass(frozen=True)
+class Capture:
+    """Process-local handles the runtime needs for a plan made in this process.
+
+    ``graph_module`` is the captured core-ATen graph (its node names are the plan's value
+    names); ``tensors`` maps parameter/buffer/constant placeholder names to tensors.
+    Never serialised.
+    """
+
+    graph_module: Any
+    tensors: dict[str, Any]
+    training: bool = False
+
+
+@dataclass(frozen=True)
+class Plan(_Data):
+    """The SME's decision for one graph on one chip (module docstring: the contract)."""
+
+    chip: str
+    chip_version: str
+    precision: str | None
+    inputs: tuple[PlanInput, ...]
+    outputs: tuple[str, ...]
+    values: dict[str, Value]
+    steps: tuple[Step, ...]
+    conversions: tuple[Conversion, ...]
+    casts: tuple[Cast, ...]
+    fallbacks: tuple[Fallback, ...]
+    rejected: tuple[Rejected, ...]
+    summary: Summary
+    notes: tuple[str, ...] = ()
+    capture: Capture | None = field(default=None, compare=False, repr=False, metadata={"json": False})
+
+    def to_json(self, indent: int | None = 2) -> str:
+        """Deterministic JSON (sorted keys); identical bytes for identical plans."""
+        separators = (",", ": ") if indent else (",", ":")
+        return json.dumps(self.to_dict(), sort_keys=True, indent=indent, separators=separators)
+
+    def explain(self, format: str = "text") -> str:  # noqa: A002 - the CLI's word
+        """The plan as ``text`` (EXPLAIN-style table), ``json`` or ``dot`` (Graphviz)."""
+        from torchfl.planner.explain import explain
+
+        return explain(self, format)
+
+    def step_of(self, value: str) -> Step | None:
+        producer = self.values[value].producer
+        return None if producer is None else self.steps[producer]
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> Plan:
+        """Inverse of :meth:`to_dict` (without ``capture``)."""
+
+        def build(klass, item):
+            kwargs = {}
+            for f in fields(klass):
+                if not f.metadata.get("json", True) or f.name not in item:
+                    continue
+                v = item[f.name]
+                kwargs[f.name] = v if isinstance(v, dict) else _tuple(v)
+            return klass(**kwargs)
+
+        return cls(
+            chip=data["chip"],
+            chip_version=data["chip_version"],
+            precision=data["precision"],
+            inputs=tuple(build(PlanInput, i) for i in data["inputs"]),
+            outputs=tuple(data["outputs"]),
+            values={k: build(Value, v) for k, v in data["values"].items()},
+            steps=tuple(build(Step, s) for s in data["steps"]),
+            conversions=tuple(build(Conversion, c) for c in data["conversions"]),
+            casts=tuple(build(Cast, c) for c in data["casts"]),
+            fallbacks=tuple(build(Fallback, f) for f in data["fallbacks"]),
+            rejected=tuple(build(Rejected, r) for r in data["rejected"]),
+            summary=build(Summary, data["summary"]),
+            notes=tuple(data.get("notes", ())),
+        )
+
+    @classmethod
+    def from_json(cls, text: str) -> Plan:
+        return cls.from_dict(json.loads(text))
