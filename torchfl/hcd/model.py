@@ -1,0 +1,264 @@
+"""The HCD v1 data model (pydantic v2): one field, one meaning, one unit.
+
+The model holds the *canonical* form: legacy unit keys (``peak_gflops``/``peak_gops``,
+which the source article uses with TFLOPS/TOPS values) are renamed before validation by
+:mod:`torchfl.hcd.validate`, which also reports where they were. Cross-field consistency
+rules live there too, because they must be located and reported all at once.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from functools import cached_property
+from typing import Annotated, Optional
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PrivateAttr
+
+SEMVER = re.compile(
+    r"^(0|[1-9]\d*)\.(0|[1-9]\d*)\.(0|[1-9]\d*)"
+    r"(?:-((?:0|[1-9]\d*|\d*[a-zA-Z-][0-9a-zA-Z-]*)(?:\.(?:0|[1-9]\d*|\d*[a-zA-Z-][0-9a-zA-Z-]*))*))?"
+    r"(?:\+([0-9a-zA-Z-]+(?:\.[0-9a-zA-Z-]+)*))?$"
+)
+CHIP_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
+DEVICE_TYPE = re.compile(r"^[a-z][a-z0-9_]{0,31}$")
+LAYOUT = re.compile(r"^[A-Z]{1,8}$")
+
+#: dtype (short name) -> the compute-unit key that runs it natively
+UNIT_OF_DTYPE = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32", "int8": "int8"}
+MATRIX_UNITS = ("fp16", "bf16", "fp32", "int8")
+
+
+def _semver(value: str) -> str:
+    if not SEMVER.match(value):
+        raise ValueError(f"{value!r} is not a semantic version; write MAJOR.MINOR.PATCH such as \"1.0.0\"")
+    return value
+
+
+def _chip_name(value: str) -> str:
+    if not CHIP_NAME.match(value):
+        raise ValueError(
+            f"{value!r} is not a valid chip name; use letters, digits, '.', '_' or '-' "
+            "(at most 64, starting with a letter or digit), e.g. \"NPU-V3\""
+        )
+    return value
+
+
+def _device_type(value: str) -> str:
+    if not DEVICE_TYPE.match(value):
+        raise ValueError(
+            f"{value!r} is not a valid device type; use lower-case letters, digits and '_', "
+            "starting with a letter, e.g. \"npu_v3\""
+        )
+    return value
+
+
+def _layout(value: str) -> str:
+    if not LAYOUT.match(value) or len(set(value)) != len(value):
+        raise ValueError(
+            f"{value!r} is not a layout: a layout is a permutation of distinct upper-case dimension "
+            "letters, e.g. NCHW, NHWC, NHCW or NCWH"
+        )
+    return value
+
+
+def _dtype(value: str) -> str:
+    short = value.removeprefix("torch.")
+    if not value.startswith("torch.") or short not in UNIT_OF_DTYPE:
+        known = ", ".join(f"torch.{d}" for d in UNIT_OF_DTYPE)
+        raise ValueError(f"{value!r} is not a dtype an HCD can list; write one of {known}")
+    return value
+
+
+def _power_of_two(value: int) -> int:
+    if value & (value - 1):
+        raise ValueError(f"{value} is not a power of two; DMA alignment is 1, 2, 4, ... bytes (e.g. 128 or 256)")
+    return value
+
+
+Semver = Annotated[str, AfterValidator(_semver)]
+Layout = Annotated[str, AfterValidator(_layout)]
+Dtype = Annotated[str, AfterValidator(_dtype)]
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+
+class Chip(_Model):
+    """Identity of the chip and of this descriptor."""
+
+    name: Annotated[str, AfterValidator(_chip_name)] = Field(
+        description="Unique chip identifier, e.g. NPU-V3 (the name users pass as options={'chip': ...}).")
+    vendor: str = Field(min_length=1, max_length=200, description="Vendor or certifying body.")
+    version: Semver = Field(description="Semantic version of this descriptor (MAJOR.MINOR.PATCH). "
+                                        "A published version is immutable: change the file, bump the version.")
+    device_type: Annotated[str, AfterValidator(_device_type)] = Field(
+        description="The device string users write for this chip, e.g. npu_v3.")
+
+
+class FloatUnit(_Model):
+    """A floating-point matrix/vector unit (fp16, bf16 or fp32)."""
+
+    count: int = Field(gt=0, le=1_000_000, description="Number of units of this kind (cores).")
+    peak_tflops: float = Field(gt=0, le=100_000, description="Aggregate peak of all `count` units, in TFLOPS "
+                                                             "(10^12 floating-point operations per second).")
+    supported_layouts: Optional[list[Layout]] = Field(
+        default=None, min_length=1,
+        description="Tensor layouts this unit computes in (permutations of dimension letters).")
+
+
+class IntUnit(_Model):
+    """An integer unit (int8 with int32 accumulation)."""
+
+    count: int = Field(gt=0, le=1_000_000, description="Number of units of this kind (cores).")
+    peak_tops: float = Field(gt=0, le=1_000_000, description="Aggregate peak of all `count` units, in TOPS "
+                                                             "(10^12 integer operations per second).")
+    supported_layouts: Optional[list[Layout]] = Field(
+        default=None, min_length=1,
+        description="Tensor layouts this unit computes in (permutations of dimension letters).")
+
+
+class AttentionUnit(_Model):
+    """A dedicated attention accelerator (scaled-dot-product attention)."""
+
+    enabled: bool = Field(description="Whether the attention unit is present and usable.")
+    max_sequence_length: Optional[int] = Field(default=None, gt=0, le=1 << 24,
+                                               description="Longest sequence the unit accepts, in tokens.")
+    supported_heads: Optional[list[int]] = Field(default=None, min_length=1,
+                                                 description="Head counts the unit runs (positive, unique).")
+
+
+class ComputeUnits(_Model):
+    """Compute units by kind. At least one of fp16, bf16, fp32, int8."""
+
+    fp16: Optional[FloatUnit] = None
+    bf16: Optional[FloatUnit] = None
+    fp32: Optional[FloatUnit] = None
+    int8: Optional[IntUnit] = None
+    attention: Optional[AttentionUnit] = None
+
+
+class OnChipCache(_Model):
+    size_kb: int = Field(gt=0, le=1 << 30, description="On-chip cache (scratchpad) size in KiB (1024 bytes).")
+    bandwidth_gb_per_s: float = Field(gt=0, le=1_000_000, description="On-chip cache bandwidth in GB/s (10^9 B/s).")
+
+
+class OffChipMemory(_Model):
+    bandwidth_gb_per_s: float = Field(gt=0, le=1_000_000, description="Off-chip memory bandwidth in GB/s (10^9 B/s).")
+    size_gb: Optional[float] = Field(default=None, gt=0, le=1_000_000,
+                                     description="Off-chip memory capacity in GiB (2^30 bytes); unbounded if absent.")
+
+
+class Memory(_Model):
+    on_chip_cache: OnChipCache
+    off_chip_memory: OffChipMemory
+
+
+class TensorRules(_Model):
+    max_rank: int = Field(ge=1, le=16, description="Highest tensor rank the chip accepts.")
+    supported_dtypes: list[Dtype] = Field(min_length=1, description="dtypes the chip stores and computes, "
+                                                                    "written torch.float16, torch.int8, ...")
+    default_layout: Layout = Field(description="Layout used when the user does not choose one; "
+                                               "must be among the units' supported_layouts.")
+
+
+class Constraints(_Model):
+    max_batch_size: int = Field(ge=1, le=1 << 31, description="Largest batch (dimension 0) accepted.")
+    max_sequence_length: int = Field(ge=1, le=1 << 31, description="Longest sequence accepted, in tokens.")
+    memory_alignment_bytes: Annotated[int, AfterValidator(_power_of_two)] = Field(
+        ge=1, le=1 << 20, description="Required alignment of every tensor address, in bytes (a power of two).")
+    bfloat16_emulation: bool = Field(default=False, description="bfloat16 is emulated through float16 "
+                                                                "(then list torch.float16, not torch.bfloat16).")
+
+
+class HCD(_Model):
+    """Hardware Capability Descriptor, format version 1."""
+
+    chip: Chip
+    compute_units: ComputeUnits
+    memory: Memory
+    tensor: TensorRules
+    constraints: Constraints
+
+    _warnings: tuple = PrivateAttr(default=())
+
+    @property
+    def warnings(self) -> tuple:
+        """Warning diagnostics found when this HCD was validated (e.g. legacy unit keys)."""
+        return self._warnings
+
+    # -- derived views (no new facts, only the ones above seen from the planner's side) --
+
+    @cached_property
+    def dtypes(self) -> tuple[str, ...]:
+        """Supported dtypes as short names (``float16``), in the file's order."""
+        return tuple(d.removeprefix("torch.") for d in self.tensor.supported_dtypes)
+
+    @cached_property
+    def layouts(self) -> tuple[str, ...]:
+        """Union of the units' layouts, the default first; just the default if no unit lists any."""
+        seen = [self.tensor.default_layout]
+        for unit in MATRIX_UNITS:
+            u = getattr(self.compute_units, unit)
+            for layout in (u.supported_layouts or []) if u else []:
+                if layout not in seen:
+                    seen.append(layout)
+        return tuple(seen)
+
+    def unit_for(self, dtype: str) -> str | None:
+        """The compute-unit key that runs ``dtype`` (short or ``torch.`` name), or None.
+
+        bfloat16 without a bf16 unit runs on the fp16 unit (at its peak) when the chip lists
+        bfloat16 or emulates it; validation warns about the former.
+        """
+        dtype = dtype.removeprefix("torch.")
+        unit = UNIT_OF_DTYPE.get(dtype)
+        if unit and getattr(self.compute_units, unit) is not None:
+            return unit
+        if dtype == "bfloat16" and self.compute_units.fp16 is not None and (
+            "bfloat16" in self.dtypes or self.constraints.bfloat16_emulation
+        ):
+            return "fp16"
+        return None
+
+    def peak_ops_per_s(self, dtype: str) -> float | None:
+        """Aggregate peak rate (operations per second) of the unit that runs ``dtype``."""
+        unit = self.unit_for(dtype)
+        if unit is None:
+            return None
+        u = getattr(self.compute_units, unit)
+        return (u.peak_tops if unit == "int8" else u.peak_tflops) * 1e12
+
+    def unit_layouts(self, unit: str) -> tuple[str, ...]:
+        """Layouts a unit computes in: its own list, else the chip's layouts."""
+        u = getattr(self.compute_units, unit, None)
+        if u is None:
+            return ()
+        return tuple(u.supported_layouts) if u.supported_layouts else self.layouts
+
+    @property
+    def attention_enabled(self) -> bool:
+        a = self.compute_units.attention
+        return bool(a and a.enabled)
+
+    @property
+    def name(self) -> str:
+        return self.chip.name
+
+    @property
+    def version(self) -> str:
+        return self.chip.version
+
+    # -- canonical form: what the registry hashes and stores --
+
+    def canonical(self) -> dict:
+        """Canonical keys and units, absent optionals dropped; JSON-serialisable."""
+        return self.model_dump(mode="json", exclude_none=True)
+
+    def canonical_json(self) -> str:
+        return json.dumps(self.canonical(), sort_keys=True, separators=(",", ":"))
+
+    def content_hash(self) -> str:
+        return hashlib.sha256(self.canonical_json().encode()).hexdigest()

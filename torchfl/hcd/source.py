@@ -1,0 +1,230 @@
+"""The one YAML loader of torchfl: safe, bounded, and keeping every value's source position.
+
+PyYAML's composer gives a node tree whose nodes carry line and column marks. We compose
+with ``SafeLoader`` (no tags that build objects), bound the document (size, nesting
+depth, number of aliases, number of nodes after alias expansion) and build plain Python
+values ourselves, so that duplicate keys are errors and every path maps to a position.
+An alias bomb is refused while composing or within the first bounded expansion, long
+before it can use memory.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+from yaml.constructor import SafeConstructor
+
+from torchfl.hcd.diagnostics import Diagnostic, YAMLLoadError, format_path
+
+MAX_BYTES = 1 << 20  # 1 MiB: an HCD or rule pack is a few KB; anything larger is a mistake
+MAX_DEPTH = 64
+MAX_ALIASES = 32
+MAX_NODES = 100_000  # after alias expansion
+
+_PLAIN_TAGS = {
+    "tag:yaml.org,2002:str",
+    "tag:yaml.org,2002:int",
+    "tag:yaml.org,2002:float",
+    "tag:yaml.org,2002:bool",
+    "tag:yaml.org,2002:null",
+    "tag:yaml.org,2002:timestamp",  # kept as the source text
+    "tag:yaml.org,2002:map",
+    "tag:yaml.org,2002:seq",
+}
+
+Path_ = tuple  # a path into the document: keys (str) and list indices (int)
+
+
+@dataclass
+class LocatedDocument:
+    """Plain data (dicts, lists, scalars) plus the 1-based position of every key and value."""
+
+    filename: str
+    data: object
+    value_pos: dict[Path_, tuple[int, int]] = field(default_factory=dict)
+    key_pos: dict[Path_, tuple[int, int]] = field(default_factory=dict)
+
+    def where(self, path: Path_, *, key: bool = False) -> tuple[int, int]:
+        """Position of ``path`` (its key when ``key``), else of its nearest located ancestor."""
+        path = tuple(path)
+        while True:
+            table = (self.key_pos, self.value_pos) if key else (self.value_pos, self.key_pos)
+            for t in table:
+                if path in t:
+                    return t[path]
+            if not path:
+                return (1, 1)
+            path = path[:-1]
+            key = True  # a missing child is reported at its parent's key
+
+    def diagnostic(self, path: Path_, message: str, severity: str = "error", *, key: bool = False) -> Diagnostic:
+        line, col = self.where(path, key=key)
+        return Diagnostic(self.filename, line, col, format_path(path), severity, message)
+
+
+class _Refused(Exception):
+    def __init__(self, message: str, mark=None):
+        super().__init__(message)
+        self.mark = mark
+
+
+class _BoundedLoader(yaml.SafeLoader):
+    """SafeLoader that refuses deep nesting and many aliases while composing."""
+
+    def __init__(self, stream):
+        super().__init__(stream)
+        self._depth = 0
+        self._aliases = 0
+
+    def compose_node(self, parent, index):  # noqa: D401 - PyYAML hook
+        if self.check_event(yaml.AliasEvent):
+            self._aliases += 1
+            if self._aliases > MAX_ALIASES:
+                raise _Refused(
+                    f"more than {MAX_ALIASES} aliases (*name): torchfl refuses alias-heavy "
+                    "documents (a 'billion laughs' guard); write the values out",
+                    self.peek_event().start_mark,
+                )
+        self._depth += 1
+        if self._depth > MAX_DEPTH:
+            raise _Refused(
+                f"nesting deeper than {MAX_DEPTH} levels; an HCD or rule pack is a few levels deep",
+                self.peek_event().start_mark,
+            )
+        try:
+            return super().compose_node(parent, index)
+        finally:
+            self._depth -= 1
+
+
+def _pos(mark) -> tuple[int, int]:
+    return (mark.line + 1, mark.column + 1)
+
+
+def _decode(raw: bytes, filename: str) -> str:
+    def fail(offset: int, message: str):
+        before = raw[:offset]
+        line = before.count(b"\n") + 1
+        col = offset - (before.rfind(b"\n") + 1) + 1
+        raise YAMLLoadError([Diagnostic(filename, line, col, "", "error", message)])
+
+    if len(raw) > MAX_BYTES:
+        fail(0, f"file is {len(raw):,} bytes; the limit is {MAX_BYTES:,} (1 MiB). Is this the right file?")
+    nul = raw.find(b"\x00")
+    if nul >= 0:
+        fail(nul, "binary data (NUL byte): expected a UTF-8 YAML text file")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        fail(exc.start, f"not valid UTF-8 (byte 0x{raw[exc.start]:02x}); save the file as UTF-8")
+    return text.removeprefix("\ufeff")
+
+
+def read_text(path: str | Path) -> str:
+    """Read a file as bounded UTF-8 text. Raises OSError if it cannot be read, YAMLLoadError if not text."""
+    p = Path(path)
+    with p.open("rb") as fh:
+        raw = fh.read(MAX_BYTES + 1)
+    return _decode(raw, str(path))
+
+
+def located_yaml(text: str, filename: str = "<string>") -> LocatedDocument:
+    """Parse one YAML document into plain data with positions. Raises :class:`YAMLLoadError`."""
+    if len(text.encode("utf-8", "surrogatepass")) > MAX_BYTES:
+        _decode(text.encode("utf-8", "surrogatepass"), filename)
+    loader = _BoundedLoader(text)
+    try:
+        root = loader.get_single_node()
+    except _Refused as exc:
+        line, col = _pos(exc.mark) if exc.mark else (1, 1)
+        raise YAMLLoadError([Diagnostic(filename, line, col, "", "error", str(exc))]) from None
+    except yaml.MarkedYAMLError as exc:
+        raise YAMLLoadError([_yaml_error(exc, text, filename)]) from None
+    except yaml.YAMLError as exc:  # ReaderError: control characters
+        position = getattr(exc, "position", 0) or 0
+        before = text[:position]
+        line, col = before.count("\n") + 1, position - (before.rfind("\n") + 1) + 1
+        raise YAMLLoadError(
+            [Diagnostic(filename, line, col, "", "error", f"unreadable character: {exc}; remove it")]
+        ) from None
+    except RecursionError:
+        raise YAMLLoadError([Diagnostic(filename, 1, 1, "", "error", "document nested too deeply")]) from None
+    finally:
+        loader.dispose()
+    doc = LocatedDocument(filename, None)
+    if root is None:
+        raise YAMLLoadError([Diagnostic(filename, 1, 1, "", "error", "the file is empty; expected a YAML mapping")])
+    builder = _Builder(doc)
+    doc.data = builder.build(root, ())
+    if builder.problems:
+        raise YAMLLoadError(builder.problems)
+    return doc
+
+
+def _yaml_error(exc: yaml.MarkedYAMLError, text: str, filename: str) -> Diagnostic:
+    mark = exc.problem_mark or exc.context_mark
+    line, col = _pos(mark) if mark else (1, 1)
+    problem = exc.problem or exc.context or "invalid YAML"
+    source_line = text.splitlines()[line - 1] if mark and line - 1 < len(text.splitlines()) else ""
+    if "\t" in problem or "\\t" in problem or "\t" in source_line[: col + 1]:
+        message = "tab character in indentation: YAML indents with spaces only; replace the tab with spaces"
+    else:
+        context = f" ({exc.context})" if exc.context and exc.problem else ""
+        message = f"invalid YAML: {problem}{context}"
+    return Diagnostic(filename, line, col, "", "error", message)
+
+
+class _Builder:
+    """Turns composed nodes into plain values, recording positions and refusing what is unsafe."""
+
+    def __init__(self, doc: LocatedDocument):
+        self.doc = doc
+        self.problems: list[Diagnostic] = []
+        self.nodes = 0
+        self.scalars = SafeConstructor()
+
+    def _problem(self, node, path, message):
+        line, col = _pos(node.start_mark)
+        self.problems.append(Diagnostic(self.doc.filename, line, col, format_path(path), "error", message))
+
+    def build(self, node, path):
+        self.nodes += 1
+        if self.nodes > MAX_NODES:
+            line, col = _pos(node.start_mark)
+            raise YAMLLoadError(
+                [Diagnostic(self.doc.filename, line, col, format_path(path), "error",
+                            f"document expands to more than {MAX_NODES:,} values (alias expansion?); refused")]
+            )
+        self.doc.value_pos.setdefault(path, _pos(node.start_mark))
+        if node.tag not in _PLAIN_TAGS:
+            self._problem(node, path, f"YAML tag {node.tag!r} is not allowed: torchfl files hold plain data only")
+            return None
+        if isinstance(node, yaml.MappingNode):
+            out: dict = {}
+            for key_node, value_node in node.value:
+                if not isinstance(key_node, yaml.ScalarNode) or key_node.tag == "tag:yaml.org,2002:null":
+                    self._problem(key_node, path, "mapping keys must be plain names")
+                    continue
+                key = key_node.value
+                if key == "<<":
+                    self._problem(key_node, path, "merge keys (<<) are not allowed; write the fields out")
+                    continue
+                if key in out:
+                    first = self.doc.key_pos.get(path + (key,), (0, 0))
+                    self._problem(key_node, path + (key,),
+                                  f"duplicate key {key!r} (first defined at line {first[0]}); keep only one")
+                    continue
+                self.doc.key_pos[path + (key,)] = _pos(key_node.start_mark)
+                out[key] = self.build(value_node, path + (key,))
+            return out
+        if isinstance(node, yaml.SequenceNode):
+            return [self.build(item, path + (i,)) for i, item in enumerate(node.value)]
+        if node.tag == "tag:yaml.org,2002:timestamp":
+            return node.value
+        try:
+            return self.scalars.construct_object(node, deep=True)
+        except yaml.YAMLError as exc:
+            self._problem(node, path, f"cannot read value {node.value!r}: {exc}")
+            return None
