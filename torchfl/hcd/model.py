@@ -14,7 +14,7 @@ import re
 from functools import cached_property
 from typing import Annotated, Optional
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PrivateAttr
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PrivateAttr, WithJsonSchema
 
 SEMVER = re.compile(
     r"^(0|[1-9]\d*)\.(0|[1-9]\d*)\.(0|[1-9]\d*)"
@@ -77,9 +77,15 @@ def _power_of_two(value: int) -> int:
     return value
 
 
-Semver = Annotated[str, AfterValidator(_semver)]
-Layout = Annotated[str, AfterValidator(_layout)]
-Dtype = Annotated[str, AfterValidator(_dtype)]
+def _string(pattern: str, description: str) -> WithJsonSchema:
+    return WithJsonSchema({"type": "string", "pattern": pattern, "description": description})
+
+
+Semver = Annotated[str, AfterValidator(_semver), _string(SEMVER.pattern, "Semantic version MAJOR.MINOR.PATCH.")]
+Layout = Annotated[str, AfterValidator(_layout), _string(
+    LAYOUT.pattern, "Permutation of distinct upper-case dimension letters, e.g. NCHW, NHWC, NHCW, NCWH.")]
+Dtype = Annotated[str, AfterValidator(_dtype), _string(
+    r"^torch\.(" + "|".join(UNIT_OF_DTYPE) + r")$", "A torch dtype name such as torch.float16.")]
 
 
 class _Model(BaseModel):
@@ -89,12 +95,12 @@ class _Model(BaseModel):
 class Chip(_Model):
     """Identity of the chip and of this descriptor."""
 
-    name: Annotated[str, AfterValidator(_chip_name)] = Field(
+    name: Annotated[str, AfterValidator(_chip_name), _string(CHIP_NAME.pattern, "Chip identifier.")] = Field(
         description="Unique chip identifier, e.g. NPU-V3 (the name users pass as options={'chip': ...}).")
     vendor: str = Field(min_length=1, max_length=200, description="Vendor or certifying body.")
     version: Semver = Field(description="Semantic version of this descriptor (MAJOR.MINOR.PATCH). "
                                         "A published version is immutable: change the file, bump the version.")
-    device_type: Annotated[str, AfterValidator(_device_type)] = Field(
+    device_type: Annotated[str, AfterValidator(_device_type), _string(DEVICE_TYPE.pattern, "Device string.")] = Field(
         description="The device string users write for this chip, e.g. npu_v3.")
 
 

@@ -1,0 +1,40 @@
+"""Rich rendering shared by the CLI commands (rich is imported only when a table is drawn)."""
+
+from __future__ import annotations
+
+
+def console():
+    from rich.console import Console
+
+    return Console(soft_wrap=False, highlight=False)
+
+
+def hcd_table(h) -> None:
+    """One chip's canonical HCD as a two-column table, units spelled out."""
+    from rich.table import Table
+
+    t = Table(title=f"{h.chip.name} {h.chip.version} ({h.chip.vendor}, device_type {h.chip.device_type})")
+    t.add_column("field")
+    t.add_column("value")
+    for unit in ("fp16", "bf16", "fp32", "int8"):
+        u = getattr(h.compute_units, unit)
+        if u is None:
+            continue
+        rate = f"{u.peak_tops} TOPS" if unit == "int8" else f"{u.peak_tflops} TFLOPS"
+        layouts = ", ".join(h.unit_layouts(unit))
+        t.add_row(f"compute_units.{unit}", f"{u.count} units, {rate} aggregate, layouts {layouts}")
+    a = h.compute_units.attention
+    if a is not None:
+        t.add_row("compute_units.attention",
+                  f"enabled={a.enabled}, max_seq={a.max_sequence_length}, heads={a.supported_heads}")
+    m = h.memory
+    t.add_row("memory.on_chip_cache", f"{m.on_chip_cache.size_kb} KiB at {m.on_chip_cache.bandwidth_gb_per_s} GB/s")
+    size = f"{m.off_chip_memory.size_gb} GiB" if m.off_chip_memory.size_gb else "unbounded"
+    t.add_row("memory.off_chip_memory", f"{size} at {m.off_chip_memory.bandwidth_gb_per_s} GB/s")
+    t.add_row("tensor", f"max_rank {h.tensor.max_rank}, dtypes {', '.join(h.dtypes)}, "
+                        f"default layout {h.tensor.default_layout}")
+    c = h.constraints
+    t.add_row("constraints", f"max_batch {c.max_batch_size}, max_seq {c.max_sequence_length}, "
+                             f"alignment {c.memory_alignment_bytes} B, bf16 emulation {c.bfloat16_emulation}")
+    t.add_row("content_hash", h.content_hash())
+    console().print(t)
