@@ -1,0 +1,114 @@
+"""Jitted dtype codecs used inside kernels (imports numba: only impl modules import this).
+
+``decode(code, bits)`` -> float32 and ``encode(code, x)`` -> storage bits, with the codes
+of ``dtypes.CODE``: 0 float32, 1 float16 (IEEE half bits, RNE), 2 bfloat16 (RNE),
+3 bfloat16 emulated through float16 (decode rounds to fp16 precision, encode goes through
+fp16 then truncates to bf16, SPEC section 7), 4 int8, 5 int32, 6 int64, 7 bool.
+"""
+from __future__ import annotations
+
+import numpy as np
+from numba import njit, types
+from numba.extending import intrinsic
+
+F32, F16, BF16, BF16E, I8, I32, I64, BOOL = range(8)
+
+
+@intrinsic
+def f32_bits(typingctx, x):
+    """float32 -> its uint32 bit pattern."""
+    if not isinstance(x, types.Float):
+        return None
+
+    def codegen(context, builder, sig, args):
+        v = context.cast(builder, args[0], sig.args[0], types.float32)
+        return builder.bitcast(v, context.get_value_type(types.uint32))
+    return types.uint32(x), codegen
+
+
+@intrinsic
+def bits_f32(typingctx, u):
+    """uint32 bit pattern -> float32."""
+    if not isinstance(u, types.Integer):
+        return None
+
+    def codegen(context, builder, sig, args):
+        v = context.cast(builder, args[0], sig.args[0], types.uint32)
+        return builder.bitcast(v, context.get_value_type(types.float32))
+    return types.float32(u), codegen
+
+
+_TWO112 = np.float32(5.192296858534828e33)   # 2**112
+_DENORM_MAGIC = np.uint32(((127 - 15) + (23 - 10) + 1) << 23)
+
+
+@njit(inline="always", cache=True)
+def f16_to_f32(h):
+    h = np.uint32(h)
+    sign = (h & np.uint32(0x8000)) << np.uint32(16)
+    em = h & np.uint32(0x7FFF)
+    if em >= np.uint32(0x7C00):                       # inf / nan
+        return bits_f32(sign | np.uint32(0x7F800000) | ((em & np.uint32(0x3FF)) << np.uint32(13)))
+    f = bits_f32(em << np.uint32(13)) * _TWO112      # normals and subnormals alike
+    return bits_f32(f32_bits(f) | sign)
+
+
+@njit(inline="always", cache=True)
+def f32_to_f16(x):
+    """Round to nearest even (F. Giesen's float_to_half_fast3_rtne)."""
+    u = f32_bits(np.float32(x))
+    sign = u & np.uint32(0x80000000)
+    u = u ^ sign
+    if u >= np.uint32((127 + 16) << 23):             # overflow -> inf, nan stays nan
+        o = np.uint32(0x7E00) if u > np.uint32(0x7F800000) else np.uint32(0x7C00)
+    elif u < np.uint32(113 << 23):                    # subnormal or zero
+        f = bits_f32(u) + bits_f32(_DENORM_MAGIC)
+        o = f32_bits(f) - _DENORM_MAGIC
+    else:
+        odd = (u >> np.uint32(13)) & np.uint32(1)
+        u = u + np.uint32(0xC8000FFF)                 # ((15 - 127) << 23) + 0xfff, mod 2^32
+        u = u + odd
+        o = u >> np.uint32(13)
+    return np.uint16(o | (sign >> np.uint32(16)))
+
+
+@njit(inline="always", cache=True)
+def bf16_to_f32(b):
+    return bits_f32(np.uint32(b) << np.uint32(16))
+
+
+@njit(inline="always", cache=True)
+def f32_to_bf16(x):
+    u = f32_bits(np.float32(x))
+    if (u & np.uint32(0x7FFFFFFF)) > np.uint32(0x7F800000):
+        return np.uint16((u >> np.uint32(16)) | np.uint32(0x40))
+    return np.uint16((u + np.uint32(0x7FFF) + ((u >> np.uint32(16)) & np.uint32(1))) >> np.uint32(16))
+
+
+@njit(inline="always", cache=True)
+def f32_to_bf16_trunc(x):
+    return np.uint16(f32_bits(np.float32(x)) >> np.uint32(16))
+
+
+@njit(inline="always", cache=True)
+def decode(code, v):
+    """Storage value -> float32 value as the chip computes with it."""
+    if code == F32:
+        return np.float32(v)
+    if code == F16:
+        return f16_to_f32(v)
+    if code == BF16:
+        return bf16_to_f32(v)
+    if code == BF16E:
+        return f16_to_f32(f32_to_f16(bf16_to_f32(v)))
+    return np.float32(v)
+
+
+@njit(inline="always", cache=True)
+def encode16(code, x):
+    """float32 -> uint16 bits for the 16-bit float codes."""
+    if code == F16:
+        return f32_to_f16(x)
+    if code == BF16:
+        return f32_to_bf16(x)
+    return f32_to_bf16_trunc(f16_to_f32(f32_to_f16(x)))   # BF16E

@@ -1,0 +1,90 @@
+"""Window geometry shared by convolution and pooling (pure Python, no numba/torch).
+
+Both families tile their output along H and W; an output tile ``[o0, o1)`` along one
+axis needs the input range ``[lo, hi)`` of that axis (``lo`` may be negative and ``hi``
+past the end: that part is padding, zero-filled on chip and never read off-chip). The
+tiling function (prediction) and the kernel (execution) both take their ranges from
+here, so the bytes they count cannot disagree.
+"""
+from __future__ import annotations
+
+__all__ = ["conv_out_size", "pool_out_size", "window_span", "adaptive_span",
+           "tile_starts", "clipped", "layout_strides", "check_layout"]
+
+
+def conv_out_size(n: int, k: int, stride: int, pad: int, dil: int) -> int:
+    """Output length of a convolution axis (torch's formula; 0 when the window is larger)."""
+    span = dil * (k - 1) + 1
+    return max(0, (n + 2 * pad - span) // stride + 1)
+
+
+def pool_out_size(n: int, k: int, stride: int, pad: int, dil: int, ceil_mode: bool) -> int:
+    """Output length of a pooling axis, torch's rule: with ``ceil_mode`` the last window
+    must start inside the input or the left padding."""
+    span = dil * (k - 1) + 1
+    num = n + 2 * pad - span
+    if num < 0:
+        return 0
+    out = (-(-num // stride) if ceil_mode else num // stride) + 1
+    if ceil_mode and (out - 1) * stride >= n + pad:
+        out -= 1
+    return out
+
+
+def window_span(o0: int, o1: int, stride: int, pad: int, dil: int, k: int) -> tuple[int, int]:
+    """Input range ``[lo, hi)`` (padding included) covered by outputs ``[o0, o1)``."""
+    lo = o0 * stride - pad
+    hi = (o1 - 1) * stride - pad + (k - 1) * dil + 1
+    return lo, hi
+
+
+def adaptive_span(o0: int, o1: int, n_in: int, n_out: int) -> tuple[int, int]:
+    """Input range of adaptive pooling outputs ``[o0, o1)`` (torch's start/end rule)."""
+    return (o0 * n_in) // n_out, -(-(o1 * n_in) // n_out)
+
+
+def tile_starts(n: int, t: int) -> list[tuple[int, int]]:
+    """Tiles ``[a, b)`` of ``range(n)`` with size ``t`` (last one shorter)."""
+    t = max(1, int(t))
+    return [(a, min(n, a + t)) for a in range(0, n, t)]
+
+
+def clipped(lo: int, hi: int, n: int) -> int:
+    """How many of ``[lo, hi)`` lie inside ``[0, n)``: the elements read off-chip."""
+    return max(0, min(hi, n) - max(lo, 0))
+
+
+def check_layout(layout: str, logical: str = "NCHW") -> str:
+    """Validate a layout: a permutation of the logical dimension letters."""
+    if not isinstance(layout, str) or sorted(layout) != sorted(logical):
+        raise ValueError(f"layout {layout!r} is not a permutation of {logical!r}; "
+                         f"write the {len(logical)} letters {logical} in storage order, "
+                         f"e.g. {logical!r} or {logical[0] + logical[2:] + logical[1]!r}")
+    return layout
+
+
+def layout_strides(shape: tuple[int, ...], layout: str, logical: str = "NCHW") -> tuple[int, ...]:
+    """Element strides, in logical-dimension order, of a dense tensor stored in ``layout``
+    (``layout`` lists the dims outermost first: NHWC has C innermost)."""
+    check_layout(layout, logical)
+    size = dict(zip(logical, shape))
+    stride, acc = {}, 1
+    for letter in reversed(layout):
+        stride[letter] = acc
+        acc *= size[letter]
+    return tuple(stride[d] for d in logical)
+
+
+def ceil_div(a: int, b: int) -> int:
+    return -(-a // b)
+
+
+def pow2_candidates(n: int) -> list[int]:
+    """Tile sizes tried along an axis of length ``n``: powers of two below it, and ``n``."""
+    out, p = [], 1
+    while p < n:
+        out.append(p)
+        p *= 2
+    out.append(max(1, n))
+    return out
+

@@ -1,0 +1,116 @@
+"""Emulated off-chip device memory: aligned buffers with truthful accounting.
+
+Every buffer's numpy array really starts at a multiple of the chip's alignment (we
+over-allocate by ``alignment`` bytes and offset into it, then verify the address).
+Allocations are accounted in whole alignment granules, like a real device allocator.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .errors import AlignmentError, DeviceOOMError
+
+__all__ = ["DeviceMemory", "DeviceBuffer", "check_alignment", "address_of"]
+
+
+def _fmt(n: int) -> str:
+    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= size:
+            return f"{n / size:.2f} {unit} ({n} B)"
+    return f"{n} B"
+
+
+def address_of(arr: np.ndarray) -> int:
+    return int(arr.__array_interface__["data"][0])
+
+
+class DeviceBuffer:
+    """``nbytes`` of device memory; ``array`` is the aligned uint8 view."""
+
+    __slots__ = ("memory", "array", "nbytes", "accounted", "freed", "_raw", "__weakref__")
+
+    def __init__(self, memory, raw, array, nbytes, accounted):
+        self.memory, self._raw, self.array = memory, raw, array
+        self.nbytes, self.accounted, self.freed = nbytes, accounted, False
+
+    @property
+    def address(self) -> int:
+        return address_of(self.array)
+
+    def view(self, dtype, shape, offset: int = 0) -> np.ndarray:
+        """Numpy view of ``shape`` elements of ``dtype`` starting ``offset`` bytes in."""
+        if self.freed:
+            raise ValueError(f"use of freed device buffer at 0x{self.address:x}")
+        dtype = np.dtype(dtype)
+        n = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        if offset + n > self.nbytes:
+            raise ValueError(f"view of {n} B at offset {offset} exceeds the {self.nbytes} B buffer")
+        return self.array[offset:offset + n].view(dtype).reshape(shape)
+
+    def free(self):
+        self.memory.free(self)
+
+
+class DeviceMemory:
+    """One emulated device's memory: ``alloc``/``free`` with current and peak usage."""
+
+    def __init__(self, chip):
+        self.chip = chip
+        self.alignment = int(chip.alignment)
+        self.capacity = chip.memory_bytes
+        self._allocated = 0
+        self._peak = 0
+
+    def _granule(self, nbytes: int) -> int:
+        a = self.alignment
+        return max(a, (nbytes + a - 1) // a * a)
+
+    def alloc(self, nbytes: int) -> DeviceBuffer:
+        nbytes = int(nbytes)
+        if nbytes < 0:
+            raise ValueError(f"cannot allocate a negative size ({nbytes} B)")
+        acc = self._granule(nbytes)
+        if self.capacity is not None and self._allocated + acc > self.capacity:
+            free = self.capacity - self._allocated
+            raise DeviceOOMError(
+                f"out of memory on {self.chip.name}: tried to allocate {_fmt(acc)}; "
+                f"{_fmt(free)} free of {_fmt(self.capacity)} (peak {_fmt(self._peak)}). "
+                "Free tensors you no longer need, use a smaller batch, or a chip with more "
+                "off_chip_memory.size_gb")
+        a = self.alignment
+        raw = np.empty(nbytes + a, dtype=np.uint8)
+        off = (-address_of(raw)) % a
+        arr = raw[off:off + nbytes]
+        if address_of(arr) % a:  # verify the address, not just the request
+            raise RuntimeError(f"allocator bug: 0x{address_of(arr):x} not {a}-byte aligned")
+        self._allocated += acc
+        self._peak = max(self._peak, self._allocated)
+        return DeviceBuffer(self, raw, arr, nbytes, acc)
+
+    def free(self, buf: DeviceBuffer):
+        if buf.memory is not self:
+            raise ValueError("buffer belongs to another device memory")
+        if buf.freed:
+            raise ValueError(f"double free of device buffer at 0x{buf.address:x}")
+        buf.freed = True
+        self._allocated -= buf.accounted
+        buf._raw = None
+
+    def memory_allocated(self) -> int:
+        return self._allocated
+
+    def max_memory_allocated(self) -> int:
+        return self._peak
+
+    def reset_peak_memory_stats(self):
+        self._peak = self._allocated
+
+
+def check_alignment(address: int, alignment: int, where: str):
+    """Raise AlignmentError naming the pointer, its misalignment and the requirement."""
+    mis = address % alignment
+    if mis:
+        raise AlignmentError(
+            f"{where}: pointer 0x{address:x} is misaligned by {mis} bytes; this chip requires "
+            f"{alignment}-byte alignment (memory_alignment_bytes). Allocate tensors through "
+            "DeviceMemory (torchfl device tensors) or copy into an aligned buffer")
