@@ -134,8 +134,9 @@ def located_yaml(text: str, filename: str = "<string>") -> LocatedDocument:
     """Parse one YAML document into plain data with positions. Raises :class:`YAMLLoadError`."""
     if len(text.encode("utf-8", "surrogatepass")) > MAX_BYTES:
         _decode(text.encode("utf-8", "surrogatepass"), filename)
-    loader = _BoundedLoader(text)
+    loader = None
     try:
+        loader = _BoundedLoader(text)  # the reader rejects control characters here already
         root = loader.get_single_node()
     except _Refused as exc:
         line, col = _pos(exc.mark) if exc.mark else (1, 1)
@@ -152,7 +153,8 @@ def located_yaml(text: str, filename: str = "<string>") -> LocatedDocument:
     except RecursionError:
         raise YAMLLoadError([Diagnostic(filename, 1, 1, "", "error", "document nested too deeply")]) from None
     finally:
-        loader.dispose()
+        if loader is not None:
+            loader.dispose()
     doc = LocatedDocument(filename, None)
     if root is None:
         raise YAMLLoadError([Diagnostic(filename, 1, 1, "", "error", "the file is empty; expected a YAML mapping")])

@@ -22,7 +22,7 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from torchfl.hcd.diagnostics import Diagnostic, HCDError, YAMLLoadError, errors
-from torchfl.hcd.model import HCD, MATRIX_UNITS, UNIT_OF_DTYPE
+from torchfl.hcd.model import HCD, LAYOUT, MATRIX_UNITS, UNIT_OF_DTYPE
 from torchfl.hcd.source import LocatedDocument, located_yaml, read_text
 
 # legacy key -> (canonical key, unit kinds where it is legal)
@@ -251,8 +251,10 @@ def _unknown_field(loc: tuple, model) -> str:
         close = difflib.get_close_matches(name, allowed, n=1, cutoff=0.6)
         if close:
             hint = f"; did you mean {close[0]!r}?"
+    sentence = f"unknown field {name!r}{hint}"
+    sentence += "" if sentence.endswith("?") else "."
     listing = f" Allowed in {parent}: {', '.join(allowed)}." if allowed else ""
-    return f"unknown field {name!r}{hint}.{listing}"
+    return sentence + listing
 
 
 # --------------------------------------------------------------------------- consistency
@@ -328,13 +330,15 @@ def _consistency(doc: LocatedDocument, data: dict) -> list[Diagnostic]:
             out.append(doc.diagnostic(path, "bfloat16_emulation computes bf16 through float16: list "
                                             "torch.float16 and declare an fp16 unit", key=True))
 
-    # layouts
+    # layouts (values that failed pass 2 are left out: one problem, one diagnostic)
     layouts = []
+    some_invalid = False
     for unit in present:
         lst = _get(units, unit, "supported_layouts")
         if isinstance(lst, list):
             for i, layout in enumerate(lst):
-                if not isinstance(layout, str):
+                if not _valid_layout(layout):
+                    some_invalid = True
                     continue
                 if layout in lst[:i]:
                     out.append(doc.diagnostic(("compute_units", unit, "supported_layouts", i),
@@ -342,20 +346,22 @@ def _consistency(doc: LocatedDocument, data: dict) -> list[Diagnostic]:
                 layouts.append(((("compute_units", unit, "supported_layouts", i)), layout))
     max_rank = _get(data, "tensor", "max_rank")
     default = _get(data, "tensor", "default_layout")
-    if isinstance(default, str):
+    if not _valid_layout(default):
+        default = None
+    else:
         layouts.append((("tensor", "default_layout"), default))
-    if isinstance(max_rank, int) and not isinstance(max_rank, bool):
+    if _is_int(max_rank) and 1 <= max_rank <= 16:
         for path, layout in layouts:
             if len(layout) > max_rank:
                 out.append(doc.diagnostic(path, f"layout {layout} has rank {len(layout)}, above tensor.max_rank "
                                                 f"{max_rank}; lower the layout's rank or raise max_rank"))
     listed = {layout for path, layout in layouts if path[0] == "compute_units"}
-    if isinstance(default, str) and listed and default not in listed:
+    if default and listed and not some_invalid and default not in listed:
         out.append(doc.diagnostic(("tensor", "default_layout"),
                                   f"default layout {default} is not among the supported layouts "
                                   f"[{', '.join(sorted(listed))}]; add it to a unit's supported_layouts "
                                   "or choose one of those"))
-    if len(layouts) > 1 and isinstance(default, str):
+    if len(layouts) > 1 and default:
         for path, layout in layouts:
             if len(layout) == len(default) and set(layout) != set(default):
                 out.append(doc.diagnostic(path, f"layout {layout} uses other dimension letters than the default "
@@ -388,6 +394,10 @@ def _consistency(doc: LocatedDocument, data: dict) -> list[Diagnostic]:
                 elif h in heads[:i]:
                     out.append(doc.diagnostic(path, f"head count {h} is listed twice; remove the duplicate"))
     return out
+
+
+def _valid_layout(value) -> bool:
+    return isinstance(value, str) and bool(LAYOUT.match(value)) and len(set(value)) == len(value)
 
 
 def _is_int(value) -> bool:
