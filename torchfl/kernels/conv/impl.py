@@ -17,7 +17,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from ._codec_shim import decode_value, encode_value  # TODO core codecs
+from ..codecs import decode, encode16
 from .microkernel import MR, NR, mk6x16
 
 EPI_BIAS, EPI_BN, EPI_RES, EPI_RELU = 1, 2, 4, 8
@@ -44,7 +44,7 @@ def load_slab(x, s0, s1, s2, s3, code, zp, n, c0, tc, lo_h, hi_h, lo_w, hi_w, H,
             elif c_inner:
                 b = base_n + h * s2 + w * s3
                 for c in range(tc):
-                    slab[o + c] = decode_value(x[b + c * s1], code) - zp
+                    slab[o + c] = decode(code, x[b + c * s1]) - zp
                 cnt += tc
     if not c_inner:  # channel-outer layouts (NCHW...): read rows contiguously along w
         for c in range(tc):
@@ -56,7 +56,7 @@ def load_slab(x, s0, s1, s2, s3, code, zp, n, c0, tc, lo_h, hi_h, lo_w, hi_w, H,
                 for j in range(cols):
                     w = lo_w + j
                     if 0 <= w < W:
-                        slab[(i * cols + j) * tc + c] = decode_value(x[bc + h * s2 + w * s3], code) - zp
+                        slab[(i * cols + j) * tc + c] = decode(code, x[bc + h * s2 + w * s3]) - zp
                         cnt += 1
     return cnt
 
@@ -74,7 +74,7 @@ def load_weights(w, s0, s1, s2, s3, code, zp, k0, tk, c0, tc, R, S, wpk):
                     for j in range(NR):
                         k = p * NR + j
                         if k < tk:
-                            wpk[o + j] = decode_value(w[(k0 + k) * s0 + (c0 + c) * s1 + r * s2 + s * s3], code) - zp
+                            wpk[o + j] = decode(code, w[(k0 + k) * s0 + (c0 + c) * s1 + r * s2 + s * s3]) - zp
                         else:
                             wpk[o + j] = 0.0
     return tk * tc * R * S
@@ -144,7 +144,7 @@ def store(acc, ldc, tk, toh, tow, n, k0, oh0, ow0, y, t0, t1, t2, t3, ycode, epi
                 if epi & EPI_BN:
                     v = v * scale[kk] + shift[kk]
                 if epi & EPI_RES:
-                    v += decode_value(res[rb + kk * r1], rcode)
+                    v += decode(rcode, res[rb + kk * r1])
                     nres += 1
                 if epi & EPI_RELU:
                     v = max(v, np.float32(0.0))
@@ -155,5 +155,130 @@ def store(acc, ldc, tk, toh, tow, n, k0, oh0, ow0, y, t0, t1, t2, t3, ycode, epi
                 elif ycode == 0:
                     y[yb + kk * t1] = v
                 else:
-                    y[yb + kk * t1] = encode_value(v, ycode)
+                    y[yb + kk * t1] = encode16(ycode, v)
     return toh * tow * tk, nres
+
+
+# ---------------------------------------------------------------- Python drivers (spec.impl)
+
+def _flat(t):
+    """Flat storage of a DeviceTensor and its logical element strides (layout-aware)."""
+    phys = t.physical()
+    es = phys.dtype.itemsize
+    strides = tuple(int(s) // es for s in t.logical().strides)
+    return phys.reshape(-1), strides
+
+
+def _code(name, chip):
+    from .. import dtypes as _dt
+
+    return _dt.code(name, chip.bf16_emulation)
+
+
+def _load_vec(ctx, name, k0, k1, dst):
+    """Load params[k0:k1] of a per-channel vector into on-chip dst (float32); counted."""
+    from .. import dtypes as _dt
+
+    t = ctx.inputs[name]
+    raw = t.logical()[k0:k1]
+    dst[k0:k1] = _dt.decode(np.ascontiguousarray(raw), t.dtype)
+    ctx.read((k1 - k0) * _dt.itemsize(t.dtype))
+
+
+def run_conv2d(ctx):
+    from . import _epilogue, _param_names, conv_geometry
+    from .. import dtypes as _dt
+    from .geometry import tile_starts, window_span
+
+    p, chip, cfg = ctx.problem, ctx.chip, ctx.plan.config
+    G = conv_geometry(p)
+    N, K, Cg, Kg, R, S, g = G["N"], G["K"], G["Cg"], G["Kg"], G["R"], G["S"], G["g"]
+    H, W, OH, OW = G["H"], G["W"], G["OH"], G["OW"]
+    sh, sw, ph, pw, dh, dw = G["sh"], G["sw"], G["ph"], G["pw"], G["dh"], G["dw"]
+    (yt,) = ctx.outputs()
+    if N * K * OH * OW == 0:
+        return [yt]
+    tk, toh, tow, tc = cfg.tile("k"), cfg.tile("oh"), cfg.tile("ow"), cfg.tile("c")
+    stationary = cfg.strategy == "weight_stationary"
+    e = _epilogue(p.kernel, p)
+    is_int = p.dtype == "int8"
+    a = p.attrs
+    x, xs = _flat(ctx.inputs["x"])
+    w, wst = _flat(ctx.inputs["weight"])
+    y, ys = _flat(yt)
+    xcode, wcode = _code(p.dtype, chip), _code(p.dtype_of("weight"), chip)
+    ycode = _code(yt.dtype, chip)
+    es, ew, ey = _dt.itemsize(p.dtype), _dt.itemsize(p.dtype_of("weight")), _dt.itemsize(yt.dtype)
+    xzp = np.float32(a["x_zero_point"] if is_int else 0)
+    wzp = np.float32(a["w_zero_point"] if is_int else 0)
+    deq = np.float32(a["x_scale"] * a["w_scale"]) if is_int else np.float32(1.0)
+    out_scale = np.float32(a["out_scale"] or 1.0)
+    out_zp = np.float32(a["out_zero_point"] or 0)
+    epi = (EPI_BIAS * e["bias"]) | (EPI_BN * e["bn"]) | (EPI_RES * e["residual"]) | (EPI_RELU * e["relu"])
+    bias = np.zeros(max(K, 1), np.float32)
+    bnw, bnb, mean, var = (np.zeros(max(K, 1), np.float32) for _ in range(4))
+    scale, shift = np.ones(max(K, 1), np.float32), np.zeros(max(K, 1), np.float32)
+    if e["residual"]:
+        res, rs = _flat(ctx.inputs["residual"])
+        rcode = _code(p.dtype_of("residual"), chip)
+        er = _dt.itemsize(p.dtype_of("residual"))
+    else:
+        res, rs, rcode, er = np.zeros(1, np.float32), (0, 0, 0, 0), 0, 0
+    eps = float(a["eps"])
+    n_epi = int(e["bias"]) + 2 * int(e["bn"]) + int(e["residual"]) + int(e["relu"])
+
+    rows_max = (toh - 1) * sh + (R - 1) * dh + 1
+    cols_max = (tow - 1) * sw + (S - 1) * dw + 1
+    slab = np.zeros(rows_max * cols_max * max(Cg if stationary else tc, 1), np.float32)
+    npanel = -(-tk // NR)
+    ldc = npanel * NR
+    mpad = -(-(toh * tow) // MR) * MR
+    acc = np.zeros(mpad * ldc, np.float64 if is_int else np.float32)
+    wpk = np.zeros(npanel * R * S * max(Cg if stationary else tc, 1) * NR, np.float32)
+    oh_tiles = tile_starts(OH, toh)
+    ow_tiles = tile_starts(OW, tow)
+    for gi in range(g):
+        for k0, k1 in tile_starts(Kg, tk):
+            kg0 = gi * Kg + k0          # global output channel of the block
+            tka = k1 - k0
+            # per-channel parameters of the block: loaded once, resident
+            for name in _param_names(p):
+                dst = {"bias": bias, "bn_weight": bnw, "bn_bias": bnb, "running_mean": mean,
+                       "running_var": var}[name]
+                _load_vec(ctx, name, kg0, kg0 + tka, dst)
+            if e["bn"]:
+                sl = slice(kg0, kg0 + tka)
+                wv = bnw[sl] if p.has("bn_weight") else np.ones(tka, np.float32)
+                bv = bnb[sl] if p.has("bn_bias") else np.zeros(tka, np.float32)
+                inv = (1.0 / np.sqrt(var[sl].astype(np.float64) + eps)).astype(np.float32)
+                scale[sl] = wv * inv
+                shift[sl] = bv - mean[sl] * scale[sl]
+            if stationary:
+                nread = load_weights(w, *wst, wcode, wzp, kg0, tka, 0, Cg, R, S, wpk)
+                ctx.read(nread * ew)
+            for n in range(N):
+                for oh0, oh1 in oh_tiles:
+                    lo_h, hi_h = window_span(oh0, oh1, sh, ph, dh, R)
+                    for ow0, ow1 in ow_tiles:
+                        lo_w, hi_w = window_span(ow0, ow1, sw, pw, dw, S)
+                        th, tw = oh1 - oh0, ow1 - ow0
+                        acc[:] = 0
+                        cb = [(0, Cg)] if stationary else tile_starts(Cg, tc)
+                        for c0, c1 in cb:
+                            tca = c1 - c0
+                            if not stationary:
+                                nread = load_weights(w, *wst, wcode, wzp, kg0, tka, c0, tca, R, S, wpk)
+                                ctx.read(nread * ew)
+                            nread = load_slab(x, *xs, xcode, xzp, n, gi * Cg + c0, tca, lo_h, hi_h,
+                                              lo_w, hi_w, H, W, slab)
+                            ctx.read(nread * es)
+                            if tca:
+                                compute(slab, hi_w - lo_w, tca, wpk, tka, R, S, sh, sw, dh, dw, th, tw,
+                                        acc, ldc, is_int)
+                            ctx.ops(2 * th * tw * tka * tca * R * S)
+                        nw, nr = store(acc, ldc, tka, th, tw, n, kg0, oh0, ow0, y, *ys, ycode, epi,
+                                       bias, scale, shift, res, *rs, rcode, out_scale, out_zp, deq)
+                        ctx.write(nw * ey)
+                        ctx.read(nr * er)
+                        ctx.ops(nw * n_epi)
+    return [yt]
