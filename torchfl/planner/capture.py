@@ -1,0 +1,144 @@
+"""Graph capture: module (or Dynamo graph) + example inputs -> core-ATen FX graph with meta.
+
+The recipe (measured in FINDINGS): ``torch.export.export`` then ``run_decompositions`` with
+the default table minus the ops that chip kernels serve whole (attention, linear,
+layer_norm, conv2d/convolution, gelu). Batch-norm arrives as
+``_native_batch_norm_legit_no_training``. Parameters and buffers are lifted to
+placeholders; their tensors are returned by placeholder name so the runtime can bind them.
+For training, AOTAutograd gives forward and backward graphs (there attention is already
+decomposed into bmm/_softmax and linear into addmm/mm; the candidates recognise those).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any
+
+KEEP_OPS = (
+    "scaled_dot_product_attention.default",
+    "linear.default",
+    "layer_norm.default",
+    "conv2d.default",
+    "convolution.default",
+    "gelu.default",
+)
+
+
+class CaptureError(RuntimeError):
+    """The model could not be captured as one graph (message says why and what to try)."""
+
+
+@dataclass
+class Captured:
+    """A captured graph: the FX module, its placeholders and the tensors of the lifted ones.
+
+    ``placeholders`` are ``(name, kind, target)`` in graph order, ``kind`` in
+    input/parameter/buffer/constant; ``outputs`` the names of the output node's values
+    (``None`` for a non-tensor output).
+    """
+
+    graph_module: Any
+    placeholders: list[tuple[str, str, Any]]
+    tensors: dict[str, Any]
+    outputs: list[str | None]
+    training: bool = False
+    extra: dict[str, Any] = field(default_factory=dict)
+
+
+def decomposition_table():
+    import torch
+
+    table = torch.export.default_decompositions()
+    for name in KEEP_OPS:
+        packet, overload = name.split(".")
+        table.pop(getattr(getattr(torch.ops.aten, packet), overload), None)
+    return table
+
+
+def _from_exported(ep, training: bool = False) -> Captured:
+    from torch.export.graph_signature import InputKind
+
+    sig = ep.graph_signature
+    kinds = {}
+    user_index = 0
+    state = dict(ep.state_dict)
+    constants = dict(getattr(ep, "constants", {}) or {})
+    tensors: dict[str, Any] = {}
+    placeholders = []
+    for spec in sig.input_specs:
+        name = spec.arg.name
+        if spec.kind == InputKind.USER_INPUT:
+            placeholders.append((name, "input", user_index))
+            user_index += 1
+            continue
+        kind = {InputKind.PARAMETER: "parameter", InputKind.BUFFER: "buffer"}.get(spec.kind, "constant")
+        target = spec.target
+        value = state.get(target, constants.get(target))
+        if value is None:
+            raise CaptureError(f"placeholder {name} ({kind} {target!r}) has no tensor in the exported program")
+        tensors[name] = value
+        placeholders.append((name, kind, target))
+        kinds[name] = kind
+    outputs = [getattr(spec.arg, "name", None) for spec in sig.output_specs]
+    return Captured(ep.graph_module, placeholders, tensors, outputs, training)
+
+
+def capture_module(module, example_inputs) -> Captured:
+    """Inference capture of ``module(*example_inputs)`` through torch.export."""
+    import torch
+
+    try:
+        ep = torch.export.export(module, tuple(example_inputs), strict=False)
+        ep = ep.run_decompositions(decomposition_table())
+    except Exception as exc:  # torch's own errors are long; keep the first line and the fix
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise CaptureError(
+            f"torch.export could not capture {type(module).__name__}: {first} "
+            "(the model must trace as one graph; remove data-dependent Python control flow "
+            "or return only tensors)") from exc
+    return _from_exported(ep)
+
+
+def capture_dynamo(gm, example_inputs) -> Captured:
+    """Capture what a torch.compile backend receives (a Dynamo ``GraphModule``)."""
+    return capture_module(gm, [x for x in example_inputs])
+
+
+def capture_training(module, example_inputs) -> tuple[Captured, Captured]:
+    """Forward and backward graphs from AOTAutograd (core-ATen decompositions).
+
+    Runs one forward and backward of ``module`` (gradients of the sum of the outputs) to
+    make AOTAutograd compile both graphs. Placeholders of these graphs are all ``input``s
+    (AOTAutograd passes parameters as primals).
+    """
+    import torch
+    from torch._dynamo.backends.common import aot_autograd
+    from torch._decomp import core_aten_decompositions
+
+    graphs: dict[str, Any] = {}
+
+    def grab(kind):
+        def compiler(gm, inputs):
+            graphs[kind] = (gm, list(inputs))
+            return gm.forward
+
+        return compiler
+
+    backend = aot_autograd(fw_compiler=grab("forward"), bw_compiler=grab("backward"),
+                           decompositions=core_aten_decompositions())
+    torch._dynamo.reset()
+    compiled = torch.compile(module, backend=backend, fullgraph=True)
+    out = compiled(*example_inputs)
+    outs = out if isinstance(out, (list, tuple)) else (out,)
+    sum(o.float().sum() for o in outs if isinstance(o, torch.Tensor) and o.requires_grad).backward()
+    if "forward" not in graphs or "backward" not in graphs:
+        raise CaptureError("AOTAutograd produced no backward graph: does the model have trainable parameters?")
+    result = []
+    for kind in ("forward", "backward"):
+        gm, _inputs = graphs[kind]
+        placeholders = [(n.name, "input", i) for i, n in enumerate(n for n in gm.graph.nodes if n.op == "placeholder")]
+        out_node = next(n for n in gm.graph.nodes if n.op == "output")
+        flat = out_node.args[0] if isinstance(out_node.args[0], (list, tuple)) else [out_node.args[0]]
+        outputs = [getattr(a, "name", None) for a in flat]
+        result.append(Captured(gm, placeholders, {}, outputs, training=True, extra={"graph": kind}))
+    return result[0], result[1]

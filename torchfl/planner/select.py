@@ -1,0 +1,356 @@
+"""Selection: the minimum-cost cover of a graph by kernel options and layouts.
+
+The problem (independent of torch and of the kernels, so it can be tested on synthetic
+costs): op nodes, each producing one value; graph inputs with fixed layouts; options,
+each covering a chain of nodes (one node, or a fusion group whose inner values have no
+other user) with required input layouts, an output layout and a cost; a price for
+converting a value between layouts; required layouts for the graph outputs.
+The objective is ``sum(option costs) + sum over every (consumer input, value) edge of
+conv(value, its layout, the layout the consumer needs) + output conversions``.
+
+Method (exact for chains *and* DAGs while the state count stays under ``beam``):
+
+1. On a networkx DiGraph of the nodes, contract every maximal *single-user path* (a node
+   whose only user is the next one) and take the lexicographic topological order of the
+   contracted graph, expanding each path in place. Every fusion group is a sub-path of
+   such a path, so it is contiguous in this order (the contracted graph is acyclic: an
+   edge can only leave a path at its last node).
+2. Dynamic programming over that order, one node per step: the state after node ``i`` is
+   the layouts of the values *live* there (produced at or before ``i``, possibly read
+   after it) plus the nodes *reserved* for a fusion group not yet completed. At node
+   ``i`` a transition either applies a single-node option, or reserves ``i`` for a group
+   it belongs to (no cost yet; its value gets no layout and nobody else may read it), or
+   completes a group whose last node is ``i`` (all its other members must be reserved).
+   Graph inputs have fixed layouts and are not in the state; a state with open
+   reservations at the end is infeasible. This is a shortest path through the layered
+   DAG of (node, state) pairs; it is exact for any DAG because a future cost depends only
+   on the layouts of live values and on the open reservations. On a chain the state is
+   one layout; residual blocks and attention keep 2-4 live values. The schedule of step 1
+   keeps fusion groups contiguous, so few reservations are open at once.
+3. If more than ``beam`` states survive at a boundary, only the ``beam`` cheapest are kept
+   (ties broken by the state key), and the result says it is no longer proven optimal.
+
+Deterministic: every iteration order is fixed by names and positions, ties keep the first
+candidate in the options' given order. Time O(nodes x options per node x states).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Any, Callable, Iterable
+
+import networkx as nx
+
+INF = math.inf
+
+
+class SelectionError(RuntimeError):
+    """The options cannot cover the graph (a node has no option, or none is feasible)."""
+
+
+@dataclass(frozen=True)
+class Option:
+    """One way to compute a chain of nodes: kernel id, layouts and cost (``payload``: caller's)."""
+
+    key: str
+    nodes: tuple[str, ...]
+    inputs: tuple[str, ...]
+    layouts_in: tuple[str, ...]
+    layout_out: str
+    cost: float
+    payload: Any = field(default=None, compare=False, hash=False, repr=False)
+
+
+@dataclass(frozen=True)
+class Problem:
+    """Nodes (name -> input value names), fixed input layouts, outputs, options, prices."""
+
+    nodes: dict[str, tuple[str, ...]]
+    input_layouts: dict[str, str]
+    outputs: tuple[tuple[str, str], ...]  # (value, required layout)
+    options: tuple[Option, ...]
+    conv_cost: Callable[[str, str, str], float]
+
+
+@dataclass(frozen=True)
+class Selection:
+    """The chosen options in execution order, each value's layout, the objective."""
+
+    chosen: tuple[Option, ...]
+    layouts: dict[str, str]
+    cost: float
+    order: tuple[str, ...]
+    exact: bool
+    max_states: int
+
+
+def _users(nodes: dict[str, tuple[str, ...]]) -> dict[str, list[str]]:
+    users: dict[str, list[str]] = {}
+    for name, inputs in nodes.items():
+        for value in dict.fromkeys(inputs):
+            users.setdefault(value, []).append(name)
+    return users
+
+
+def schedule(nodes: dict[str, tuple[str, ...]], outputs: Iterable[str] = (),
+             prefer: set[tuple[str, str]] = frozenset()) -> list[str]:
+    """A topological order of ``nodes`` in which chosen single-user paths are contiguous.
+
+    A node joins the path of one input whose only user it is: an input edge listed in
+    ``prefer`` (consecutive nodes of a fusion option) first, else its first such input.
+    """
+    graph = nx.DiGraph()
+    graph.add_nodes_from(nodes)
+    for name, inputs in nodes.items():
+        for value in inputs:
+            if value in nodes:
+                graph.add_edge(value, name)
+    escaping = set(outputs)
+    head: dict[str, str] = {}
+    paths: dict[str, list[str]] = {}
+    for name in nx.lexicographical_topological_sort(graph):
+        single = [p for p in dict.fromkeys(nodes[name])
+                  if p in nodes and graph.out_degree(p) == 1 and p not in escaping
+                  and paths[head[p]][-1] == p]
+        join = next((p for p in single if (p, name) in prefer), single[0] if single else None)
+        if join is not None:
+            h = head[join]
+        else:
+            h = name
+            paths[h] = []
+        head[name] = h
+        paths[h].append(name)
+    contracted = nx.DiGraph()
+    contracted.add_nodes_from(paths)
+    for u, v in graph.edges:
+        if head[u] != head[v]:
+            contracted.add_edge(head[u], head[v])
+    order: list[str] = []
+    for h in nx.lexicographical_topological_sort(contracted):
+        order.extend(paths[h])
+    return order
+
+
+def select(problem: Problem, beam: int = 256) -> Selection:
+    """Solve ``problem`` (module docstring: method, exactness, determinism)."""
+    nodes = problem.nodes
+    out_values = [v for v, _ in problem.outputs]
+    prefer = {(o.nodes[k], o.nodes[k + 1]) for o in problem.options for k in range(len(o.nodes) - 1)}
+    order = schedule(nodes, out_values, prefer)
+    pos = {name: i for i, name in enumerate(order)}
+    n = len(order)
+    for name in order:
+        for value in nodes[name]:
+            if value not in nodes and value not in problem.input_layouts:
+                raise SelectionError(f"node {name} reads {value!r}, which is neither a node nor a graph input")
+    if n == 0:
+        return Selection((), dict(problem.input_layouts), 0.0, (), True, 0)
+
+    # valid options: known nodes, inner values used only inside the group, not outputs
+    users = _users(nodes)
+    singles: dict[int, list[Option]] = {}
+    completes: dict[int, list[Option]] = {}
+    groups_of: dict[int, list[tuple[str, ...]]] = {}  # position -> groups it may be reserved for
+    covered: set[str] = set()
+    outs = set(out_values)
+    for opt in problem.options:
+        if any(x not in pos for x in opt.nodes):
+            raise SelectionError(f"option {opt.key} covers unknown node(s) {opt.nodes}")
+        if len(opt.inputs) != len(opt.layouts_in) or not all(isinstance(v, str) for v in opt.inputs):
+            raise SelectionError(f"option {opt.key}: inputs {opt.inputs!r} and layouts_in {opt.layouts_in!r} "
+                                 "must be equally long tuples of value names / layouts")
+        inner = opt.nodes[:-1]
+        if any(u not in opt.nodes for x in inner for u in users.get(x, ())) or set(inner) & outs:
+            continue
+        if len(set(opt.nodes)) != len(opt.nodes):
+            continue
+        last = pos[opt.nodes[-1]]
+        if any(pos[x] > last for x in inner):
+            continue
+        covered.update(opt.nodes)
+        if not inner:
+            singles.setdefault(last, []).append(opt)
+            continue
+        completes.setdefault(last, []).append(opt)
+        for x in inner:
+            lst = groups_of.setdefault(pos[x], [])
+            if opt.nodes not in lst:
+                lst.append(opt.nodes)
+    missing = [x for x in order if x not in covered]
+    if missing:
+        raise SelectionError(f"no kernel option covers node(s) {', '.join(missing[:10])}")
+
+    # a value read by a member of a group may be read as late as the group's last node
+    late = {x: pos[x] for x in order}
+    for p_, groups in groups_of.items():
+        for g in groups:
+            late[order[p_]] = max(late[order[p_]], pos[g[-1]])
+    last_use: dict[str, int] = {}
+    for name in order:
+        for value in nodes[name]:
+            if value in nodes:
+                last_use[value] = max(last_use.get(value, -1), late[name])
+    for value in out_values:
+        if value in nodes:
+            last_use[value] = n
+    live: list[tuple[str, ...]] = []
+    current: list[str] = []
+    for i, name in enumerate(order):
+        current = [v for v in current if last_use.get(v, -1) > i]
+        if last_use.get(name, -1) > i:
+            current.append(name)
+        live.append(tuple(current))
+    live_index = [{v: k for k, v in enumerate(t)} for t in live]
+
+    required_out: dict[str, list[str]] = {}
+    for value, layout in problem.outputs:
+        required_out.setdefault(value, []).append(layout)
+    conv = problem.conv_cost
+    conv_cache: dict[tuple[str, str, str], float] = {}
+
+    def price(value: str, have: str, need: str) -> float:
+        if have == need:
+            return 0.0
+        key = (value, have, need)
+        c = conv_cache.get(key)
+        if c is None:
+            c = conv_cache[key] = conv(value, have, need)
+        return c
+
+    # a state is (layouts of live values, reserved (node, group) pairs); "" = reserved value
+    State = tuple
+    prev_table: dict[State, tuple[float, Any]] = {((), ()): (0.0, None)}
+    tables: list[dict[State, tuple[float, Any]]] = []
+    exact = True
+    max_states = 1
+    for p in range(n):
+        name = order[p]
+        before = live_index[p - 1] if p > 0 else {}
+        cmap = tuple(before.get(v, -1) for v in live[p])
+        table: dict[State, tuple[float, Any]] = {}
+
+        def apply(opt: Option, base_reserved_check):
+            produced = opt.nodes[-1]
+            base = opt.cost
+            for need in required_out.get(produced, ()):
+                base += price(produced, opt.layout_out, need)
+            dynamic = []
+            for value, need in zip(opt.inputs, opt.layouts_in):
+                if not value:
+                    continue
+                if value in before:
+                    dynamic.append((before[value], value, need))
+                else:
+                    base += price(value, problem.input_layouts.get(value, need), need)
+            if base == INF:
+                return
+            for state, (cost, _back) in prev_table.items():
+                layouts, reserved = state
+                if base_reserved_check is not None:
+                    reserved = base_reserved_check(reserved)
+                    if reserved is None:
+                        continue
+                total = cost + base
+                ok = True
+                for idx, value, need in dynamic:
+                    have = layouts[idx]
+                    if not have:
+                        ok = False
+                        break
+                    total += price(value, have, need)
+                if not ok or total == INF:
+                    continue
+                new = (tuple(layouts[k] if k >= 0 else opt.layout_out for k in cmap), reserved)
+                old = table.get(new)
+                if old is None or total < old[0]:
+                    table[new] = (total, (state, opt))
+
+        for opt in singles.get(p, ()):
+            apply(opt, None)
+        for opt in completes.get(p, ()):
+            need_pairs = tuple(sorted((m, opt.nodes) for m in opt.nodes[:-1]))
+
+            def check(reserved, need_pairs=need_pairs):
+                if not all(pair in reserved for pair in need_pairs):
+                    return None
+                return tuple(r for r in reserved if r not in need_pairs)
+
+            apply(opt, check)
+        for group in groups_of.get(p, ()):
+            for state, (cost, _back) in prev_table.items():
+                layouts, reserved = state
+                new = (tuple(layouts[k] if k >= 0 else "" for k in cmap), tuple(sorted(reserved + ((name, group),))))
+                old = table.get(new)
+                if old is None or cost < old[0]:
+                    table[new] = (cost, (state, None))
+        if len(table) > max_states:
+            max_states = len(table)
+        if len(table) > beam:
+            exact = False
+            table = dict(sorted(table.items(), key=lambda kv: (kv[1][0], kv[0]))[:beam])
+        tables.append(table)
+        prev_table = table
+        if not table:
+            raise SelectionError(f"no feasible cover reaches node {name}: every option needs an impossible "
+                                 "layout conversion")
+    finals = [(k, v) for k, v in tables[-1].items() if not k[1]]
+    if not finals:
+        raise SelectionError("no feasible cover: a fusion group could not be completed")
+    final_state, (best, _b) = min(finals, key=lambda kv: (kv[1][0], kv[0]))
+    chosen: list[Option] = []
+    state = final_state
+    for p in range(n - 1, -1, -1):
+        _cost, (prev_state, opt) = tables[p][state]
+        if opt is not None:
+            chosen.append(opt)
+        state = prev_state
+    chosen.reverse()
+    layouts = dict(problem.input_layouts)
+    for opt in chosen:
+        layouts[opt.nodes[-1]] = opt.layout_out
+    return Selection(tuple(chosen), layouts, best, tuple(order), exact, max_states)
+
+
+def evaluate(problem: Problem, chosen: Iterable[Option]) -> float:
+    """The objective of a given cover (used by brute force and by tests)."""
+    chosen = list(chosen)
+    layouts = dict(problem.input_layouts)
+    for opt in chosen:
+        layouts[opt.nodes[-1]] = opt.layout_out
+    total = 0.0
+    for opt in chosen:
+        total += opt.cost
+        for value, need in zip(opt.inputs, opt.layouts_in):
+            if value and layouts.get(value, need) != need:
+                total += problem.conv_cost(value, layouts[value], need)
+    for value, need in problem.outputs:
+        if layouts[value] != need:
+            total += problem.conv_cost(value, layouts[value], need)
+    return total
+
+
+def brute_force(problem: Problem) -> float:
+    """Minimum objective over every cover (exponential; for tests on small graphs)."""
+    names = list(problem.nodes)
+    users = _users(problem.nodes)
+    out_values = {v for v, _ in problem.outputs}
+    valid = [o for o in problem.options
+             if not any(u not in o.nodes for x in o.nodes[:-1] for u in users.get(x, ()))
+             and not (set(o.nodes[:-1]) & out_values)]
+    best = INF
+
+    def rec(covered: frozenset, picked: list[Option]):
+        nonlocal best
+        first = next((x for x in names if x not in covered), None)
+        if first is None:
+            best = min(best, evaluate(problem, picked))
+            return
+        for o in valid:
+            if first in o.nodes and not (covered & set(o.nodes)):
+                picked.append(o)
+                rec(covered | set(o.nodes), picked)
+                picked.pop()
+
+    rec(frozenset(), [])
+    return best

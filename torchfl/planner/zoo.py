@@ -1,0 +1,194 @@
+"""Built-in models for ``torchfl plan explain MODEL``: each factory returns (module, inputs).
+
+ResNets are written here (torchvision is not a dependency); BERT and GPT-2 are Hugging Face
+transformers models built offline from their configs (random weights, nothing downloaded).
+Factories take ``batch`` and ``seq_len`` (ignored where meaningless) and a few size knobs so
+tests can use small configurations. ``load_model("path/to/file.py:factory")`` loads a user's.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import inspect
+from pathlib import Path
+
+
+class ModelError(ValueError):
+    """Unknown model name or a factory that cannot be loaded (message lists the choices)."""
+
+
+def _mlp(batch=8, seq_len=None, width=1024, depth=3, **_):
+    from torch import nn
+    import torch
+
+    layers = []
+    for _i in range(depth):
+        layers += [nn.Linear(width, width), nn.ReLU()]
+    layers.append(nn.Linear(width, 10))
+    torch.manual_seed(0)
+    return nn.Sequential(*layers).eval(), (torch.randn(batch, width),)
+
+
+def _resnet_classes():
+    from torch import nn
+
+    class BasicBlock(nn.Module):
+        expansion = 1
+
+        def __init__(self, cin, planes, stride=1):
+            super().__init__()
+            self.conv1 = nn.Conv2d(cin, planes, 3, stride, 1, bias=False)
+            self.bn1 = nn.BatchNorm2d(planes)
+            self.conv2 = nn.Conv2d(planes, planes, 3, 1, 1, bias=False)
+            self.bn2 = nn.BatchNorm2d(planes)
+            self.relu = nn.ReLU()
+            self.downsample = None
+            if stride != 1 or cin != planes:
+                self.downsample = nn.Sequential(nn.Conv2d(cin, planes, 1, stride, bias=False), nn.BatchNorm2d(planes))
+
+        def forward(self, x):
+            identity = x if self.downsample is None else self.downsample(x)
+            out = self.relu(self.bn1(self.conv1(x)))
+            out = self.bn2(self.conv2(out))
+            return self.relu(out + identity)
+
+    class Bottleneck(nn.Module):
+        expansion = 4
+
+        def __init__(self, cin, planes, stride=1):
+            super().__init__()
+            width = planes
+            self.conv1 = nn.Conv2d(cin, width, 1, bias=False)
+            self.bn1 = nn.BatchNorm2d(width)
+            self.conv2 = nn.Conv2d(width, width, 3, stride, 1, bias=False)
+            self.bn2 = nn.BatchNorm2d(width)
+            self.conv3 = nn.Conv2d(width, planes * 4, 1, bias=False)
+            self.bn3 = nn.BatchNorm2d(planes * 4)
+            self.relu = nn.ReLU()
+            self.downsample = None
+            if stride != 1 or cin != planes * 4:
+                self.downsample = nn.Sequential(nn.Conv2d(cin, planes * 4, 1, stride, bias=False),
+                                                nn.BatchNorm2d(planes * 4))
+
+        def forward(self, x):
+            identity = x if self.downsample is None else self.downsample(x)
+            out = self.relu(self.bn1(self.conv1(x)))
+            out = self.relu(self.bn2(self.conv2(out)))
+            out = self.bn3(self.conv3(out))
+            return self.relu(out + identity)
+
+    class ResNet(nn.Module):
+        """The torchvision ResNet topology (He et al. 2015), re-written without torchvision."""
+
+        def __init__(self, block, layers, num_classes=1000, width=64):
+            super().__init__()
+            self.conv1 = nn.Conv2d(3, width, 7, 2, 3, bias=False)
+            self.bn1 = nn.BatchNorm2d(width)
+            self.relu = nn.ReLU()
+            self.maxpool = nn.MaxPool2d(3, 2, 1)
+            cin, stages = width, []
+            for i, n in enumerate(layers):
+                planes = width * 2**i
+                blocks = []
+                for j in range(n):
+                    blocks.append(block(cin, planes, 2 if (j == 0 and i > 0) else 1))
+                    cin = planes * block.expansion
+                stages.append(nn.Sequential(*blocks))
+            self.layer1, self.layer2, self.layer3, self.layer4 = stages
+            self.avgpool = nn.AdaptiveAvgPool2d(1)
+            self.fc = nn.Linear(cin, num_classes)
+
+        def forward(self, x):
+            x = self.maxpool(self.relu(self.bn1(self.conv1(x))))
+            x = self.layer4(self.layer3(self.layer2(self.layer1(x))))
+            return self.fc(self.avgpool(x).flatten(1))
+
+    return BasicBlock, Bottleneck, ResNet
+
+
+def _resnet(kind, batch=1, seq_len=None, image=224, **_):
+    import torch
+
+    basic, bottleneck, resnet = _resnet_classes()
+    torch.manual_seed(0)
+    model = resnet(basic, [2, 2, 2, 2]) if kind == 18 else resnet(bottleneck, [3, 4, 6, 3])
+    return model.eval(), (torch.randn(batch, 3, image, image),)
+
+
+def _bert(size, batch=1, seq_len=128, layers=None, num_heads=None, hidden=None, **_):
+    import torch
+    from transformers import BertConfig, BertModel
+
+    base = dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072)
+    if size == "large":
+        base = dict(hidden_size=1024, num_hidden_layers=24, num_attention_heads=16, intermediate_size=4096)
+    if hidden:
+        base.update(hidden_size=hidden, intermediate_size=4 * hidden)
+    if layers:
+        base["num_hidden_layers"] = layers
+    if num_heads:
+        base["num_attention_heads"] = num_heads
+    config = BertConfig(**base, attn_implementation="sdpa")
+    torch.manual_seed(0)
+    model = BertModel(config, add_pooling_layer=False).eval()
+    return model, (torch.randint(0, config.vocab_size, (batch, seq_len)),)
+
+
+def _gpt2(batch=1, seq_len=128, layers=None, num_heads=None, hidden=None, **_):
+    import torch
+    from transformers import GPT2Config, GPT2Model
+
+    kw = dict(use_cache=False, attn_implementation="sdpa")
+    if layers:
+        kw["n_layer"] = layers
+    if num_heads:
+        kw["n_head"] = num_heads
+    if hidden:
+        kw["n_embd"] = hidden
+    config = GPT2Config(**kw)
+    torch.manual_seed(0)
+    model = GPT2Model(config).eval()
+    return model, (torch.randint(0, config.vocab_size, (batch, seq_len)),)
+
+
+ZOO = {
+    "mlp": _mlp,
+    "resnet18": lambda **kw: _resnet(18, **kw),
+    "resnet50": lambda **kw: _resnet(50, **kw),
+    "bert-base": lambda **kw: _bert("base", **kw),
+    "bert-large": lambda **kw: _bert("large", **kw),
+    "gpt2": _gpt2,
+}
+
+
+def load_model(spec: str, **options):
+    """``(module, example_inputs)`` for a zoo name or ``path/to/file.py:factory``.
+
+    Options (``batch``, ``seq_len``, ...) left as ``None`` are not passed; a user factory
+    receives only the options its signature accepts.
+    """
+    options = {k: v for k, v in options.items() if v is not None}
+    if spec in ZOO:
+        return ZOO[spec](**options)
+    if ":" in spec and spec.rsplit(":", 1)[0].endswith(".py"):
+        path_text, name = spec.rsplit(":", 1)
+        path = Path(path_text)
+        if not path.is_file():
+            raise ModelError(f"model file {path} does not exist (MODEL is a zoo name or path/to/file.py:factory)")
+        module_spec = importlib.util.spec_from_file_location(f"torchfl_user_model_{path.stem}", path)
+        module = importlib.util.module_from_spec(module_spec)
+        try:
+            module_spec.loader.exec_module(module)
+        except Exception as exc:  # a user's file: report, do not crash
+            raise ModelError(f"could not load {path}: {type(exc).__name__}: {exc}") from exc
+        factory = getattr(module, name, None)
+        if not callable(factory):
+            raise ModelError(f"{path} has no callable {name!r}; define `def {name}(): return module, example_inputs`")
+        params = inspect.signature(factory).parameters
+        accepts_all = any(p.kind is p.VAR_KEYWORD for p in params.values())
+        result = factory(**{k: v for k, v in options.items() if accepts_all or k in params})
+        if not (isinstance(result, tuple) and len(result) == 2):
+            raise ModelError(f"{spec} must return (module, example_inputs), got {type(result).__name__}")
+        module_obj, inputs = result
+        return module_obj, tuple(inputs) if isinstance(inputs, (list, tuple)) else (inputs,)
+    raise ModelError(f"unknown model {spec!r}; choose one of {', '.join(ZOO)} or path/to/file.py:factory")
