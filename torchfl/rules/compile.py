@@ -1,0 +1,382 @@
+"""Rule-pack file -> :class:`RulePack`, reporting every problem with file:line:column.
+
+Passes, all collecting diagnostics: the project's one YAML loader
+(:func:`torchfl.hcd.located_yaml`: bounded, duplicate keys refused); structure through
+the pydantic models of :mod:`torchfl.rules.format`; then meaning: kernels exist (nearest
+names otherwise), arg types are known, guards and bind expressions parse and type-check
+(the position is that of the offending character inside the YAML), bind names fit the
+kernel, fusion steps link to rules and to each other. Nothing from the file is executed.
+"""
+
+from __future__ import annotations
+
+import difflib
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from pydantic import ValidationError
+
+from torchfl.hcd import Diagnostic, YAMLLoadError, format_path, located_yaml, read_text
+from torchfl.hcd.source import LocatedDocument
+from torchfl.rules import kernels as K
+from torchfl.rules.format import FusionModel, GuardItem, PackModel, RuleModel
+from torchfl.rules.guards import GuardSyntaxError, compile_guard
+from torchfl.rules.guards.chip import CHIP
+from torchfl.rules.guards.types import ARG_TYPES, TENSOR, arg_type, record, strip
+from torchfl.rules.pack import (Binding, CheckedGuard, Fusion, FusionStep, NoRuleEntry, Rule, RulePack,
+                                rule_scope)
+
+
+@dataclass
+class PackReport:
+    """Outcome of checking one pack file; ``pack`` is set only when there is no error."""
+
+    file: str
+    pack: RulePack | None = None
+    diagnostics: list[Diagnostic] = field(default_factory=list)
+    source: str | None = None
+
+    @property
+    def ok(self) -> bool:
+        return self.pack is not None and not any(d.severity == "error" for d in self.diagnostics)
+
+
+class PackError(Exception):
+    """A rule pack that failed checking; ``.diagnostics`` lists every problem."""
+
+    def __init__(self, diagnostics: list[Diagnostic]):
+        self.diagnostics = sorted(diagnostics)
+        super().__init__("\n".join(str(d) for d in self.diagnostics) or "invalid rule pack")
+
+
+def check_pack(path) -> PackReport:
+    """Read and check one rule pack file. Never raises for bad input."""
+    name = str(path)
+    try:
+        text = read_text(path)
+    except YAMLLoadError as exc:
+        return PackReport(name, diagnostics=list(exc.diagnostics))
+    except IsADirectoryError:
+        return _unreadable(name, "is a directory, not a rule pack")
+    except FileNotFoundError:
+        return _unreadable(name, "no such file; check the path")
+    except PermissionError:
+        return _unreadable(name, "permission denied; make the file readable")
+    except OSError as exc:
+        return _unreadable(name, f"cannot be read ({exc.strerror or exc})")
+    return check_pack_text(text, name)
+
+
+def check_pack_text(text: str, filename: str = "<string>") -> PackReport:
+    """Check rule-pack source text. Never raises for bad input."""
+    report = PackReport(filename, source=text)
+    try:
+        doc = located_yaml(text, filename)
+    except YAMLLoadError as exc:
+        report.diagnostics = list(exc.diagnostics)
+        return report
+    try:
+        report.pack, report.diagnostics = _Compiler(doc, text).run()
+    except RecursionError:  # belt and braces: every bound is checked before this could happen
+        report.diagnostics = [Diagnostic(filename, 1, 1, "", "error", "rule pack nested too deeply")]
+    if any(d.severity == "error" for d in report.diagnostics):
+        report.pack = None
+    report.diagnostics.sort()
+    return report
+
+
+def load_pack(path) -> RulePack:
+    """A checked pack, or :class:`PackError`."""
+    return _require(check_pack(path))
+
+
+def load_pack_text(text: str, filename: str = "<string>") -> RulePack:
+    return _require(check_pack_text(text, filename))
+
+
+def _require(report: PackReport) -> RulePack:
+    if not report.ok:
+        raise PackError(report.diagnostics)
+    return report.pack
+
+
+def _unreadable(name: str, message: str) -> PackReport:
+    return PackReport(name, diagnostics=[Diagnostic(name, 1, 1, "", "error", f"{name} {message}")])
+
+
+def _near(word: str, choices, n: int = 3) -> str:
+    close = difflib.get_close_matches(word, sorted(choices), n=n, cutoff=0.5)
+    return f"; nearest: {', '.join(close)}" if close else ""
+
+
+class _Compiler:
+    def __init__(self, doc: LocatedDocument, text: str):
+        self.doc = doc
+        self.lines = text.splitlines()
+        self.diags: list[Diagnostic] = []
+
+    # -- diagnostics --
+    def error(self, path, message, *, key=False, severity="error"):
+        self.diags.append(self.doc.diagnostic(tuple(path), message, severity, key=key))
+
+    def guard_error(self, path, text: str, exc: GuardSyntaxError, what: str):
+        line, col = self.guard_position(tuple(path), text, exc.offset)
+        excerpt = text if len(text) <= 80 else text[: 77] + "..."
+        self.diags.append(Diagnostic(self.doc.filename, line, col, format_path(path), "error",
+                                     f"{what} {excerpt!r}: {exc.message}"))
+
+    def guard_position(self, path, text: str, offset: int) -> tuple[int, int]:
+        """file position of character ``offset`` of the scalar at ``path``."""
+        line, col = self.doc.where(path)
+        src = self.lines[line - 1] if 0 < line <= len(self.lines) else ""
+        lead = src[col - 1 : col] if col - 1 < len(src) else ""
+        offset = max(0, min(offset, len(text)))
+        if lead in "|>" and lead:
+            before = text[:offset]
+            rel_line = before.count("\n")
+            rel_col = offset - (before.rfind("\n") + 1)
+            body = line + 1 + rel_line
+            indent = 0
+            if body - 1 < len(self.lines):
+                body_src = self.lines[body - 1]
+                indent = len(body_src) - len(body_src.lstrip(" "))
+            return body, indent + rel_col + 1
+        if lead in ("'", '"'):
+            return line, col + 1 + offset
+        return line, col + offset
+
+    # -- passes --
+    def run(self):
+        data = self.doc.data
+        if not isinstance(data, dict):
+            self.error((), "a rule pack is a YAML mapping with pack:, rules: and optionally fusions:, no_rule:")
+            return None, self.diags
+        try:
+            model = PackModel.model_validate(data)
+        except ValidationError as exc:
+            self.structure(exc)
+            return None, self.diags
+        pname = model.pack.name
+        rules = tuple(r for r in (self.rule(pname, i, m) for i, m in enumerate(model.rules)) if r is not None)
+        by_op: dict[str, Rule] = {}
+        for r in rules:
+            by_op.setdefault(r.op, r)
+        fusions = tuple(f for f in (self.fusion(pname, i, m, by_op) for i, m in enumerate(model.fusions)) if f)
+        no_rule = []
+        for i, e in enumerate(model.no_rule):
+            if e.op in by_op:
+                self.error(("no_rule", i, "op"), f"{e.op} is listed under no_rule but has a rule; remove one of them")
+            no_rule.append(NoRuleEntry(e.op, e.reason))
+        if self.errors():
+            return None, self.diags
+        canonical = json.dumps(model.model_dump(mode="json", by_alias=True), sort_keys=True, separators=(",", ":"))
+        return RulePack(pname, model.pack.version, model.pack.description, rules, fusions, tuple(no_rule),
+                        self.doc.filename, canonical), self.diags
+
+    def errors(self) -> bool:
+        return any(d.severity == "error" for d in self.diags)
+
+    def structure(self, exc: ValidationError):
+        for err in exc.errors():
+            path = self.data_path(err["loc"])
+            kind = err["type"]
+            if kind == "missing":
+                self.error(path, f"required field {path[-1]!r} is missing; add it")
+            elif kind == "extra_forbidden":
+                parent = self.doc.data
+                for p in path[:-1]:
+                    parent = parent[p]
+                self.error(path, f"unknown field {path[-1]!r}{_near(str(path[-1]), _fields_at(path))}", key=True)
+            elif kind == "string_pattern_mismatch":
+                what = path[-1] if path else "value"
+                hint = {"op": " (an ATen overload name such as aten.convolution.default)",
+                        "version": " (semantic version MAJOR.MINOR.PATCH, e.g. 1.0.0; quote it in YAML)",
+                        "name": " (lower-case letters, digits, - and _)"}.get(str(what), "")
+                self.error(path, f"{what} {err['input']!r} is not valid{hint}")
+            elif kind == "literal_error":
+                self.error(path, f"{err['msg'].lower()}, got {err['input']!r}")
+            else:
+                self.error(path, f"{err['msg'].lower()}; got {_show(err.get('input'))}")
+
+    def data_path(self, loc) -> tuple:
+        """pydantic's loc minus union tags, mapped onto the document's keys."""
+        out, node = [], self.doc.data
+        for part in loc:
+            if isinstance(node, dict) and part in node:
+                out.append(part)
+                node = node[part]
+            elif isinstance(node, list) and isinstance(part, int) and part < len(node):
+                out.append(part)
+                node = node[part]
+            elif isinstance(node, dict) and part in ("if", "from") and part in node:
+                out.append(part)
+                node = node[part]
+            elif isinstance(part, str) and isinstance(node, dict) and not part.startswith(("str", "list", "dict",
+                                                                                              "GuardItem", "int",
+                                                                                              "bool", "float",
+                                                                                              "literal", "none")):
+                out.append(part.rstrip("_") if part.endswith("_") else part)
+                break
+        return tuple(out)
+
+    # -- rules --
+    def kernel(self, path, name: str) -> bool:
+        names = K.kernel_names()
+        if name not in names:
+            self.error(path, f"kernel {name!r} is not in the kernel catalog{_near(name, names)}")
+            return False
+        return True
+
+    def rule(self, pname: str, index: int, m: RuleModel) -> Rule | None:
+        base = ("rules", index)
+        before = len(self.diags)
+        self.kernel(base + ("kernel",), m.kernel)
+        for name, spelling in m.args.items():
+            if not name.isidentifier() or name.startswith("_"):
+                self.error(base + ("args", name), f"argument name {name!r} must be an identifier not starting with _",
+                           key=True)
+            if arg_type(spelling) is None:
+                self.error(base + ("args", name), f"unknown argument type {spelling!r}; use one of "
+                           f"{', '.join(sorted(ARG_TYPES))} (add ? for optional)")
+        for name in m.defaults:
+            if name not in m.args:
+                self.error(base + ("defaults", name), f"default for {name!r}, which is not in args", key=True)
+        args = tuple(m.args.items())
+        primary = m.primary
+        if primary is None:
+            primary = next((n for n, s in args if strip(arg_type(s) or TENSOR) == TENSOR), None)
+        elif primary not in m.args or strip(arg_type(m.args[primary]) or TENSOR) != TENSOR:
+            self.error(base + ("primary",), f"primary {primary!r} must name a tensor argument in args")
+        self.requires(base + ("requires",), m.requires, m.kernel)
+        scope = rule_scope(args, CHIP)
+        guards = self.guards(base + ("guards",), m.guards, scope)
+        bind = self.bindings(base + ("bind",), m.bind, scope, m.kernel, m.args)
+        if len(self.diags) > before and any(d.severity == "error" for d in self.diags[before:]):
+            return None
+        line = self.doc.where(base)[0]
+        return Rule(pname, index, m.op, m.kernel, args, primary, m.requires, guards, bind,
+                    tuple(m.defaults.items()), m.note, line)
+
+    def requires(self, path, req, kernel: str):
+        kd = K.kernel_dtypes(kernel)
+        if req.dtypes and kd is not None:
+            extra = [d for d in req.dtypes if d not in kd]
+            if extra:
+                self.error(path + ("dtypes",), f"kernel {kernel} does not compute in {', '.join(extra)} "
+                           f"(it supports {', '.join(kd)})")
+        if isinstance(req.layouts, list):
+            for i, lay in enumerate(req.layouts):
+                if not (lay.isalpha() and lay.isupper() and len(set(lay)) == len(lay) and 1 <= len(lay) <= 8):
+                    self.error(path + ("layouts", i), f"layout {lay!r} must be distinct capital letters, e.g. NHWC")
+
+    def guards(self, path, items, scope) -> tuple[CheckedGuard, ...]:
+        out = []
+        for i, item in enumerate(items):
+            gpath = path + (i,)
+            text, reason = (item, "") if isinstance(item, str) else (item.if_, item.reason)
+            if isinstance(item, GuardItem):
+                gpath = gpath + ("if",)
+            try:
+                g = compile_guard(text, scope)
+            except GuardSyntaxError as exc:
+                self.guard_error(gpath, text, exc, "guard")
+                continue
+            line, col = self.doc.where(gpath)
+            out.append(CheckedGuard(text, g, reason, line, col))
+        return tuple(out)
+
+    def bindings(self, path, bind: dict, scope, kernel: str, args: dict) -> tuple[Binding, ...]:
+        params = K.kernel_params(kernel)
+        out = []
+        for name, value in bind.items():
+            if params is not None and name not in params[0] | params[1]:
+                self.error(path + (name,), f"kernel {kernel} has no input or attribute {name!r}"
+                           f"{_near(name, params[0] | params[1])} (inputs: {', '.join(sorted(params[0]))}; "
+                           f"attrs: {', '.join(sorted(params[1])) or 'none'})", key=True)
+                continue
+            if isinstance(value, str):
+                try:
+                    out.append(Binding(name, compile_guard(value, scope, want_bool=False)))
+                except GuardSyntaxError as exc:
+                    self.guard_error(path + (name,), value, exc, "bind expression")
+            else:
+                out.append(Binding(name, None, value))
+        if params is not None:
+            bound = {b.name for b in out}
+            for same in (params[0] | params[1]) & set(args) - bound:  # same name: bound implicitly
+                out.append(Binding(same, compile_guard(same, scope, want_bool=False)))
+            spec = K.spec(kernel)
+            missing = [n for n in spec.required_inputs if n not in {b.name for b in out}]
+            if missing:
+                self.error(path, f"kernel {kernel} needs input(s) {', '.join(missing)}; bind them from the op's args"
+                           f" ({', '.join(args) or 'none declared'})", key=True)
+        return tuple(out)
+
+    # -- fusions --
+    def fusion(self, pname: str, index: int, m: FusionModel, by_op: dict[str, Rule]) -> Fusion | None:
+        base = ("fusions", index)
+        before = len(self.diags)
+        self.kernel(base + ("kernel",), m.kernel)
+        steps, seen, records, step_rules = [], [], {}, []
+        for i, s in enumerate(m.pattern):
+            spath = base + ("pattern", i)
+            ops = (s.op,) if isinstance(s.op, str) else tuple(s.op)
+            if s.id in seen or s.id in ("chip", "shape", "dtype", "layout", "rank", "out"):
+                self.error(spath + ("id",), f"step id {s.id!r} is used twice or is a reserved name")
+            rule = None
+            for j, op in enumerate(ops):
+                r = by_op.get(op)
+                if r is None:
+                    self.error(spath + (("op", j) if isinstance(s.op, list) else ("op",)),
+                               f"{op} has no rule in this pack; a fusion step takes its args from the op's rule"
+                               f"{_near(op, by_op)}")
+                elif rule is None:
+                    rule = r
+            producer = s.from_ if s.from_ is not None else (seen[-1] if seen else None)
+            if i == 0 and s.from_ is not None:
+                self.error(spath + ("from",), "the first step has no producer; remove from:")
+            if producer is not None and producer not in seen:
+                self.error(spath + ("from",), f"from: {producer!r} is not an earlier step (steps: {', '.join(seen)})")
+            feed = s.input
+            if rule is not None:
+                names = dict(rule.args)
+                if feed is None and i > 0:
+                    feed = rule.primary
+                if feed is not None and (feed not in names or strip(arg_type(names[feed]) or TENSOR) != TENSOR):
+                    self.error(spath + ("input",), f"input {feed!r} is not a tensor argument of {rule.op} "
+                               f"(args: {', '.join(names)})")
+                for c in s.commutative or ():
+                    if c not in names:
+                        self.error(spath + ("commutative",), f"{c!r} is not an argument of {rule.op}")
+                records[s.id] = record(s.id, **{n: arg_type(t) or TENSOR for n, t in rule.args}, out=TENSOR)
+                step_rules.append((s.id, rule))
+            seen.append(s.id)
+            steps.append(FusionStep(s.id, ops, feed if i > 0 else None, producer, s.output,
+                                    tuple(s.commutative or ())))
+        self.requires(base + ("requires",), m.requires, m.kernel)
+        scope = dict(rule_scope((), CHIP))
+        scope.update(records)
+        guards = self.guards(base + ("guards",), m.guards, scope)
+        bind = self.bindings(base + ("bind",), m.bind, scope, m.kernel, {})
+        if any(d.severity == "error" for d in self.diags[before:]):
+            return None
+        return Fusion(pname, index, m.name, m.kernel, tuple(steps), tuple(m.through), m.requires, guards, bind,
+                      m.note, self.doc.where(base)[0], tuple(step_rules))
+
+
+def _fields_at(path) -> list[str]:
+    from torchfl.rules import format as F
+
+    table = {("pack",): F.PackInfo, ("requires",): F.Requires, ("rules",): F.RuleModel,
+             ("fusions",): F.FusionModel, ("pattern",): F.FusionStep, ("no_rule",): F.NoRule}
+    keys = [p for p in path[:-1] if isinstance(p, str)]
+    model = F.PackModel
+    if keys:
+        model = table.get((keys[-1],), F.PackModel)
+    return [f.alias or n for n, f in model.model_fields.items()]
+
+
+def _show(v) -> str:
+    text = repr(v)
+    return text if len(text) <= 60 else text[:57] + "..."

@@ -1,0 +1,120 @@
+"""The rule-pack file format (``rules/*.yaml``), as pydantic models: structure only.
+
+Meaning (kernels exist, guards parse and type-check, bind names fit the kernel, fusion
+steps link up) is checked afterwards in :mod:`torchfl.rules.compile`, where every problem
+gets the file:line:column of the YAML value it is about.
+
+    pack: {name: core, version: 1.0.0, description: ...}
+    rules:
+      - op: aten.convolution.default          # ATen overload name
+        kernel: conv2d                         # a name in the kernel catalog
+        args: {input: tensor, weight: tensor, bias: tensor?, stride: int[], ...}
+        primary: input                         # tensor whose dtype/shape the rule is about
+        requires: {dtypes: [float16, bfloat16, int8], layouts: unit, attention: true,
+                   units: [fp16], device_types: [npu_v3], compute: true}
+        guards: ["not transposed", {if: "groups == 1", reason: "grouped conv unsupported"}]
+        bind: {x: input, weight: weight, stride: stride, groups: groups}
+    fusions:
+      - name: conv_bn_relu
+        kernel: conv2d_bn_relu
+        pattern:
+          - {id: conv, op: aten.convolution.default}
+          - {id: bn, op: aten._native_batch_norm_legit_no_training.default, input: input, output: 0}
+          - {id: relu, op: aten.relu.default}
+        guards: ["conv.groups == 1"]
+        bind: {x: conv.input, weight: conv.weight, ...}
+    no_rule:
+      - {op: aten.index.Tensor, reason: "..."}
+"""
+
+from __future__ import annotations
+
+from typing import Literal, Optional, Union
+
+from pydantic import BaseModel, ConfigDict, Field
+
+SEMVER = r"^(0|[1-9]\d*)\.(0|[1-9]\d*)\.(0|[1-9]\d*)(-[0-9A-Za-z.-]+)?(\+[0-9A-Za-z.-]+)?$"
+OP_NAME = r"^(aten|prims|torchfl)\.[A-Za-z0-9_]+\.[A-Za-z0-9_]+$"
+IDENT = r"^[A-Za-z][A-Za-z0-9_]*$"
+UNITS = Literal["fp16", "bf16", "fp32", "int8", "attention"]
+DTYPES = Literal["float32", "float16", "bfloat16", "int8", "int32", "int64", "bool"]
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+
+class PackInfo(_Model):
+    name: str = Field(pattern=r"^[a-z][a-z0-9_-]{0,63}$", description="Pack identifier, e.g. core.")
+    version: str = Field(pattern=SEMVER, description="Semantic version of this pack (MAJOR.MINOR.PATCH).")
+    description: str = Field(default="", max_length=2000)
+
+
+class Requires(_Model):
+    """Conditions on the HCD (not the call)."""
+
+    dtypes: Optional[list[DTYPES]] = Field(default=None, description="dtypes the rule computes in "
+                                           "(default: all the kernel supports); the chip must list one.")
+    units: Optional[list[UNITS]] = Field(default=None, description="compute units that must be present.")
+    attention: Optional[bool] = Field(default=None, description="true: the attention unit must be enabled.")
+    layouts: Union[Literal["unit", "chip", "none"], list[str]] = Field(
+        default="unit",
+        description="unit: the layouts of the unit running the dtype; chip: any layout the chip computes in "
+        "(layout-preserving ops); none: layout does not apply; or a list, intersected with the unit's.",
+    )
+    device_types: Optional[list[str]] = Field(default=None, description="restrict to these chip.device_type values.")
+    compute: bool = Field(default=True, description="false for data movement: the dtype must be stored, "
+                          "no compute unit needed.")
+
+
+class GuardItem(_Model):
+    if_: str = Field(alias="if", description="the condition")
+    reason: str = Field(default="", max_length=500, description="what to tell the user when it is false")
+
+
+GuardSpec = Union[str, GuardItem]
+BindValue = Union[bool, int, float, str, None]
+
+
+class RuleModel(_Model):
+    op: str = Field(pattern=OP_NAME)
+    kernel: str = Field(min_length=1, max_length=100)
+    args: dict[str, str] = Field(default_factory=dict, description="the op's arguments in ATen order: name -> type")
+    primary: Optional[str] = None
+    requires: Requires = Field(default_factory=Requires)
+    guards: list[GuardSpec] = Field(default_factory=list, max_length=32)
+    bind: dict[str, BindValue] = Field(default_factory=dict, description="kernel input/attr -> expression")
+    defaults: dict[str, BindValue] = Field(default_factory=dict, description="values of args the call may omit")
+    note: str = Field(default="", max_length=1000)
+
+
+class FusionStep(_Model):
+    id: str = Field(pattern=IDENT)
+    op: Union[str, list[str]]
+    input: Optional[str] = Field(default=None, description="arg of this op fed by the previous step (default: primary)")
+    from_: Optional[str] = Field(default=None, alias="from", description="step id feeding it (default: previous)")
+    output: int = Field(default=0, ge=0, description="which output of the feeding step (tuple-returning ops)")
+    commutative: Optional[list[str]] = Field(default=None, description="args that may be swapped, e.g. [self, other]")
+
+
+class FusionModel(_Model):
+    name: str = Field(pattern=IDENT)
+    kernel: str
+    pattern: list[FusionStep] = Field(min_length=2, max_length=16)
+    through: list[str] = Field(default_factory=list, description="view-like ops allowed between steps")
+    requires: Requires = Field(default_factory=Requires)
+    guards: list[GuardSpec] = Field(default_factory=list, max_length=32)
+    bind: dict[str, BindValue] = Field(default_factory=dict)
+    note: str = Field(default="", max_length=1000)
+
+
+class NoRule(_Model):
+    op: str = Field(pattern=OP_NAME)
+    reason: str = Field(min_length=1, max_length=1000)
+
+
+class PackModel(_Model):
+    pack: PackInfo
+    rules: list[RuleModel] = Field(default_factory=list, max_length=5000)
+    fusions: list[FusionModel] = Field(default_factory=list, max_length=500)
+    no_rule: list[NoRule] = Field(default_factory=list, max_length=5000)

@@ -1,0 +1,201 @@
+"""Static checking of a parsed guard against the names its rule makes available.
+
+Finds, before anything runs: unknown names and fields (with the nearest spellings),
+unknown functions, operators applied to the wrong kinds of value, comparisons that can
+never hold (``dtype == 16``), ``in`` against a non-list, and guards that are not
+conditions at all. What cannot be known statically (``any``) is checked again by the
+evaluator, which then fails the guard with a reason instead of crashing.
+"""
+
+from __future__ import annotations
+
+import difflib
+from typing import Mapping
+
+from torchfl.rules.guards import syntax as S
+from torchfl.rules.guards.types import (ANY, BOOL, FLOAT, INT, NONE, STR, Type, compatible, list_of, numeric,
+                                        strip, unify)
+
+FUNCTIONS = ("len", "min", "max", "abs", "all", "any")
+
+
+class GuardTypeError(S.GuardSyntaxError):
+    """A guard that parses but cannot be right (unknown name, wrong kind of value)."""
+
+
+def _near(word: str, choices) -> str:
+    close = difflib.get_close_matches(word, list(choices), n=3, cutoff=0.6)
+    return f"; did you mean {', '.join(close)}?" if close else ""
+
+
+def check(node: S.Node, scope: Mapping[str, Type], *, want_bool: bool = True) -> Type:
+    """Type of ``node`` in ``scope``; raises :class:`GuardTypeError` at the offending part."""
+    t = _Checker(scope).type(node)
+    if want_bool and strip(t).kind not in ("bool", "any"):
+        raise GuardTypeError(
+            f"a guard must be a condition (true or false), but this is {t}; compare it with something", node.start
+        )
+    return t
+
+
+class _Checker:
+    def __init__(self, scope: Mapping[str, Type]):
+        self.scopes = [dict(scope)]
+
+    def lookup(self, node: S.Name) -> Type:
+        for scope in reversed(self.scopes):
+            if node.id in scope:
+                return scope[node.id]
+        names = {k for s in self.scopes for k in s}
+        hint = _near(node.id, names) or (f"; known names: {', '.join(sorted(names))}" if len(names) <= 30 else "")
+        if node.id in FUNCTIONS:
+            hint = f"; {node.id} is a function: write {node.id}(...)"
+        raise GuardTypeError(f"unknown name {node.id!r}{hint}", node.start)
+
+    def type(self, n: S.Node) -> Type:  # noqa: C901 - one case per construct
+        if isinstance(n, S.Const):
+            v = n.value
+            if v is None:
+                return NONE
+            if isinstance(v, bool):
+                return BOOL
+            if isinstance(v, int):
+                return INT
+            if isinstance(v, float):
+                return FLOAT
+            return STR
+        if isinstance(n, S.Name):
+            return self.lookup(n)
+        if isinstance(n, S.ListLit):
+            return list_of(unify([self.type(i) for i in n.items]))
+        if isinstance(n, S.Attr):
+            base = strip(self.type(n.obj))
+            if base.kind == "any":
+                return ANY
+            if base.kind != "record":
+                raise GuardTypeError(f"{base} has no fields (.{n.name})", n.start)
+            f = base.field(n.name)
+            if f is None:
+                raise GuardTypeError(
+                    f"{base.name} has no field {n.name!r}{_near(n.name, base.field_names)} "
+                    f"(fields: {', '.join(base.field_names)})",
+                    n.obj.end,
+                )
+            return f
+        if isinstance(n, S.Index):
+            base, idx = strip(self.type(n.obj)), strip(self.type(n.index))
+            if idx.kind not in ("int", "any"):
+                raise GuardTypeError(f"an index must be an int, not {idx}", n.index.start)
+            if base.kind == "list":
+                return base.elem
+            if base.kind in ("str", "any"):
+                return base
+            raise GuardTypeError(f"cannot index {base} (only lists and strings)", n.start)
+        if isinstance(n, S.Slice):
+            base = strip(self.type(n.obj))
+            for part in (n.lower, n.upper):
+                if part is not None and strip(self.type(part)).kind not in ("int", "any"):
+                    raise GuardTypeError("slice bounds must be ints", part.start)
+            if base.kind in ("list", "str", "any"):
+                return base
+            raise GuardTypeError(f"cannot slice {base} (only lists and strings)", n.start)
+        if isinstance(n, S.Neg):
+            t = strip(self.type(n.operand))
+            if not numeric(t):
+                raise GuardTypeError(f"cannot negate {t}", n.start)
+            return t if t.kind != "bool" else INT
+        if isinstance(n, S.Not):
+            self.type(n.operand)
+            return BOOL
+        if isinstance(n, S.BoolOp):
+            for v in n.values:
+                self.type(v)
+            return BOOL
+        if isinstance(n, S.BinOp):
+            return self.binop(n)
+        if isinstance(n, S.Compare):
+            return self.compare(n)
+        if isinstance(n, S.Call):
+            return self.call(n)
+        if isinstance(n, S.Comprehension):
+            if n.func not in ("all", "any"):
+                raise GuardTypeError(f"only all(... for x in ...) and any(...) take a 'for' clause, not {n.func}", n.start)
+            it = strip(self.type(n.iter))
+            if it.kind not in ("list", "any"):
+                raise GuardTypeError(f"'for {n.var} in ...' needs a list, not {it}", n.iter.start)
+            self.scopes.append({n.var: it.elem if it.kind == "list" else ANY})
+            try:
+                self.type(n.elt)
+            finally:
+                self.scopes.pop()
+            return BOOL
+        raise GuardTypeError(f"unsupported construct {type(n).__name__}", n.start)  # pragma: no cover
+
+    def binop(self, n: S.BinOp) -> Type:
+        a, b = strip(self.type(n.left)), strip(self.type(n.right))
+        if "any" in (a.kind, b.kind):
+            return ANY
+        if numeric(a) and numeric(b):
+            if n.op == "/" or "float" in (a.kind, b.kind):
+                return FLOAT
+            return INT
+        if n.op == "+" and a.kind == b.kind and a.kind in ("str", "list"):
+            return a if a.kind == "str" else list_of(unify([a.elem, b.elem]))
+        raise GuardTypeError(f"cannot apply {n.op!r} to {a} and {b}", n.start)
+
+    def compare(self, n: S.Compare) -> Type:
+        left = self.type(n.left)
+        for op, comp_node in zip(n.ops, n.comparators):
+            right = self.type(comp_node)
+            a, b = strip(left), strip(right)
+            if op in ("in", "not in"):
+                if b.kind == "str":
+                    if a.kind not in ("str", "any"):
+                        raise GuardTypeError(f"'{op}' a string needs a string on the left, not {a}", n.start)
+                elif b.kind == "list":
+                    if not compatible(a, b.elem):
+                        raise GuardTypeError(f"{a} can never be in a {b}", n.start)
+                elif b.kind not in ("any",):
+                    raise GuardTypeError(f"'{op}' needs a list or string on the right, not {b}", comp_node.start)
+            elif op in ("==", "!="):
+                if not compatible(a, b):
+                    raise GuardTypeError(f"comparing {a} with {b} is always {'false' if op == '==' else 'true'}", n.start)
+            else:
+                ok = (numeric(a) and numeric(b)) or (a.kind == b.kind == "str") or "any" in (a.kind, b.kind)
+                if not ok:
+                    raise GuardTypeError(f"cannot order {a} and {b} with {op!r}", n.start)
+            left = right
+        return BOOL
+
+    def call(self, n: S.Call) -> Type:
+        if n.func not in FUNCTIONS:
+            raise GuardTypeError(
+                f"unknown function {n.func!r}{_near(n.func, FUNCTIONS)} (functions: {', '.join(FUNCTIONS)})", n.start
+            )
+        args = [strip(self.type(a)) for a in n.args]
+        if n.func == "len":
+            if len(args) != 1:
+                raise GuardTypeError("len takes one argument", n.start)
+            if args[0].kind not in ("list", "str", "any") and not (args[0].kind == "record" and args[0].name == "tensor"):
+                raise GuardTypeError(f"len needs a list, string or tensor, not {args[0]}", n.start)
+            return INT
+        if n.func == "abs":
+            if len(args) != 1 or not numeric(args[0]):
+                raise GuardTypeError("abs takes one number", n.start)
+            return args[0]
+        if n.func in ("min", "max"):
+            if not args:
+                raise GuardTypeError(f"{n.func} needs arguments", n.start)
+            items = args
+            if len(args) == 1:
+                if args[0].kind not in ("list", "any"):
+                    raise GuardTypeError(f"{n.func} of one argument needs a list, not {args[0]}", n.start)
+                items = [args[0].elem] if args[0].kind == "list" else [ANY]
+            for t in items:
+                if not numeric(t) and t.kind not in ("str", "any"):
+                    raise GuardTypeError(f"{n.func} needs numbers, not {t}", n.start)
+            return unify(items)
+        # all / any over a list
+        if len(args) != 1 or args[0].kind not in ("list", "any"):
+            raise GuardTypeError(f"{n.func} takes one list, or a form like {n.func}(x > 0 for x in shape)", n.start)
+        return BOOL
