@@ -133,7 +133,13 @@ def test_alias_expansion_bounded_below_alias_limit():
 
 def test_deep_nesting_refused():
     text = "a: " + "[" * 5000 + "]" * 5000 + "\n"
-    assert "nesting deeper" in first_error(check_hcd_text(text)).message
+    assert "nesting" in first_error(check_hcd_text(text)).message
+    text = "a:\n" + "".join("  " * i + f"k{i}:\n" for i in range(1, 80)) + "  " * 80 + "leaf: 1\n"
+    assert "nesting deeper than 64" in first_error(check_hcd_text(text)).message
+
+
+def test_recursive_alias_refused():
+    assert "recursive alias" in first_error(check_hcd_text("a: &a [1, *a]\n")).message
 
 
 def test_file_over_one_mib(tmp_path):
