@@ -1,0 +1,402 @@
+"""``Registry(url)``: the versioned store of chips and rule packs. The CLI is a thin face on it.
+
+Every method opens its own short transaction. Reads check once per instance that the
+schema revision is the one this code knows (older: run ``torchfl registry upgrade``;
+newer: reads allowed, writes refused). The default registry (no URL given) is created,
+migrated and seeded with the bundled chips and rule packs on first use.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import difflib
+import json
+import os
+from dataclasses import dataclass
+from datetime import datetime
+from pathlib import Path
+from typing import Iterable
+
+from torchfl.registry.engine import WRITE, check_url, create_registry_engine, file_missing, sqlite_file, translated
+from torchfl.registry.reader import engine_reader, sqlite_reader, timestamp
+from torchfl.registry.errors import ImportRefused, NotFound, RegistryUnavailable, SchemaMismatch
+from torchfl.registry.names import HEAD, REVISIONS, TABLE_NAMES
+from torchfl.registry.semver import semver_key
+from torchfl.registry.url import display_url, resolve_url
+
+
+@dataclass(frozen=True)
+class VersionInfo:
+    """One published version of a chip or rule pack (without its content)."""
+
+    kind: str
+    name: str
+    version: str
+    content_hash: str
+    imported_at: datetime
+    import_id: int
+    source_name: str
+
+    def as_dict(self) -> dict:
+        return dict(kind=self.kind, name=self.name, version=self.version, content_hash=self.content_hash,
+                    imported_at=self.imported_at.isoformat(), import_id=self.import_id, source_name=self.source_name)
+
+
+@dataclass(frozen=True)
+class Record(VersionInfo):
+    """A version with its content: the canonical form and the text as imported."""
+
+    canonical: dict = None  # type: ignore[assignment]
+    source_text: str = ""
+
+    def as_dict(self) -> dict:
+        out = super().as_dict()
+        out["canonical"] = self.canonical
+        return out
+
+
+@dataclass(frozen=True)
+class Summary:
+    """A chip or rule pack with its latest version."""
+
+    kind: str
+    name: str
+    latest: str
+    versions: tuple[str, ...]
+    imported_at: datetime
+    device_type: str | None = None
+    vendor: str | None = None
+
+    def as_dict(self) -> dict:
+        out = dict(kind=self.kind, name=self.name, latest=self.latest, versions=list(self.versions),
+                   imported_at=self.imported_at.isoformat())
+        if self.kind == "chip":
+            out.update(device_type=self.device_type, vendor=self.vendor)
+        return out
+
+
+@dataclass(frozen=True)
+class ImportResult:
+    outcomes: list
+    warnings: list
+
+    @property
+    def added(self) -> list:
+        return [o for o in self.outcomes if o.status == "added"]
+
+    @property
+    def unchanged(self) -> list:
+        return [o for o in self.outcomes if o.status == "unchanged"]
+
+    def as_dict(self) -> dict:
+        return {"imported": [o.as_dict() for o in self.outcomes],
+                "warnings": [str(w) for w in self.warnings],
+                "added": len(self.added), "unchanged": len(self.unchanged)}
+
+
+def _tool_version() -> str:
+    from torchfl import __version__
+
+    return __version__
+
+
+class Registry:
+    """A registry at ``url`` (``None``: ``TORCHFL_REGISTRY_URL``, else the user's default SQLite file)."""
+
+    def __init__(self, url: str | None = None):
+        self.url, self.is_default = resolve_url(url)
+        self.backend = check_url(self.url)
+        self._engine = None
+        self._schema_ok: str | None = None  # "head" or "newer" once checked
+
+    # ------------------------------------------------------------------ plumbing
+
+    @property
+    def display_url(self) -> str:
+        return display_url(self.url)
+
+    def close(self) -> None:
+        if self._engine is not None:
+            self._engine.dispose()
+            self._engine = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+    def _eng(self):
+        if self._engine is None:
+            self._engine = create_registry_engine(self.url)
+        return self._engine
+
+    def _missing_error(self) -> RegistryUnavailable:
+        return RegistryUnavailable(
+            f"no registry at {self.display_url} (the file does not exist); create it with "
+            f"`torchfl registry init --registry {self.display_url}`, or check the path")
+
+    @contextlib.contextmanager
+    def _reader(self):
+        """A read transaction; stdlib sqlite3 on SQLite (fast start), the engine otherwise."""
+        path = sqlite_file(self.url) if self.backend == "sqlite" else None
+        with translated(self.url):
+            if path is not None:
+                if not os.path.exists(path):
+                    raise self._missing_error()
+                with sqlite_reader(path) as reader:
+                    yield reader
+            else:
+                with engine_reader(self._eng()) as reader:
+                    yield reader
+
+    @contextlib.contextmanager
+    def _read(self):
+        self._ready(writing=False)
+        with self._reader() as reader:
+            yield reader
+
+    @contextlib.contextmanager
+    def _write(self):
+        self._ready(writing=True)
+        with translated(self.url, writing=True), self._eng().connect() as conn:
+            conn = conn.execution_options(**WRITE)
+            with conn.begin():
+                yield conn
+
+    def _ready(self, *, writing: bool) -> None:
+        """Create the default registry on first use; check the schema revision once."""
+        if self._schema_ok == "head" or (self._schema_ok == "newer" and not writing):
+            return
+        if self.is_default and (file_missing(self.url) or self.schema_revision() is None):
+            self._create_default()
+        revision = self.schema_revision()
+        if revision is None:
+            raise RegistryUnavailable(
+                f"{self.display_url} is not a torchfl registry (it has no schema version table); point --registry "
+                f"at a registry, or create one with `torchfl registry init --registry URL`")
+        if revision == HEAD:
+            self._schema_ok = "head"
+        elif revision in REVISIONS:
+            raise SchemaMismatch(
+                f"registry {self.display_url} has schema revision {revision}, older than this torchfl's {HEAD}; "
+                f"run `torchfl registry upgrade --registry {self.display_url}`")
+        else:
+            self._schema_ok = "newer"
+            if writing:
+                raise SchemaMismatch(
+                    f"registry {self.display_url} has schema revision {revision!r}, newer than this torchfl "
+                    f"knows ({HEAD}); refusing to write: upgrade torchfl (pip install -U torchfl)")
+
+    def _create_default(self) -> None:
+        """First use of the default registry: create, migrate and seed it, once, under a file lock."""
+        import fcntl
+
+        path = Path(sqlite_file(self.url))
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path.with_name(path.name + ".lock"), "w") as lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if path.exists() and self.schema_revision() == HEAD:
+                return
+            self.init(seed=True)
+
+    # ------------------------------------------------------------------ schema
+
+    def schema_revision(self) -> str | None:
+        """The stored Alembic revision, None if the database is not a registry."""
+        with self._reader() as reader:
+            return reader.revision()
+
+    def init(self, *, seed: bool = False) -> dict:
+        """Create (or bring to head) the schema; optionally import the bundled chips and rule packs."""
+        before = self.upgrade(create=True)
+        seeded = self.seed().as_dict() if seed else None
+        return {"url": self.display_url, "from": before, "to": HEAD, "seeded": seeded}
+
+    def upgrade(self, *, create: bool = False) -> str | None:
+        """Migrate to the head revision with Alembic; returns the revision it started from."""
+        from torchfl.registry.migrate import current_revision, upgrade
+
+        if file_missing(self.url):
+            if not create:
+                raise self._missing_error()
+            Path(sqlite_file(self.url)).parent.mkdir(parents=True, exist_ok=True)
+        with translated(self.url, writing=True), self._eng().connect() as conn:
+            conn = conn.execution_options(**WRITE)
+            with conn.begin():
+                before = current_revision(conn)
+                if before is not None and before not in REVISIONS:
+                    raise SchemaMismatch(
+                        f"registry {self.display_url} has schema revision {before!r}, newer than this torchfl "
+                        f"knows ({HEAD}); upgrade torchfl instead")
+                if before is None and not create:
+                    raise RegistryUnavailable(
+                        f"{self.display_url} is not a torchfl registry; create one with "
+                        f"`torchfl registry init --registry {self.display_url}`")
+                if before != HEAD:
+                    upgrade(conn, "head")
+        self._schema_ok = "head"
+        return before
+
+    def seed(self) -> ImportResult:
+        """Import the chips (and rule packs, where rule-pack support exists) bundled with torchfl."""
+        from torchfl.resources import bundled_hcds, bundled_rule_packs
+
+        files = [str(p) for p in bundled_hcds()]
+        try:
+            import torchfl.rules  # noqa: F401
+        except ModuleNotFoundError:
+            pass
+        else:
+            files += [str(p) for p in bundled_rule_packs()]
+        return self.import_files(files)
+
+    # ------------------------------------------------------------------ import
+
+    def import_files(self, paths: Iterable[str | os.PathLike], *, progress=None) -> ImportResult:
+        """Validate every file, then store them all in one transaction, or nothing.
+
+        Raises ImportRefused (nothing written) if any file is invalid or would change a
+        published version. ``progress(stage, done, total)``, if given, is called with
+        stage ``"validating"`` per file and ``"writing"`` per batch of rows.
+        """
+        from torchfl.registry.documents import load_documents
+
+        docs, diagnostics = load_documents([str(p) for p in paths], progress)
+        return self._store(docs, diagnostics, progress=progress)
+
+    def import_texts(self, items: Iterable[tuple[str, str]], *, progress=None) -> ImportResult:
+        """Like :meth:`import_files` for HCD source held in memory: ``(filename, text)`` pairs."""
+        from torchfl.registry.documents import document_from_hcd_text
+
+        docs, diagnostics, seen = [], [], set()
+        for filename, text in items:
+            doc, diags = document_from_hcd_text(text, filename)
+            diagnostics.extend(diags)
+            if doc is not None and (doc.name, doc.version, doc.content_hash) not in seen:
+                seen.add((doc.name, doc.version, doc.content_hash))
+                docs.append(doc)
+        return self._store(docs, diagnostics, progress=progress)
+
+    def _store(self, docs, diagnostics, *, progress=None) -> ImportResult:
+        from torchfl.hcd.diagnostics import errors
+
+        from torchfl.registry import store
+
+        bad = errors(diagnostics)
+        if bad:
+            files = sorted({d.file for d in bad})
+            raise ImportRefused(f"nothing imported: {len(files)} invalid file(s): {', '.join(files)}",
+                                diagnostics=sorted(diagnostics))
+        if not docs:
+            return ImportResult([], sorted(diagnostics))
+        for attempt in range(3):
+            try:
+                with self._write() as conn:
+                    outcomes, conflicts = store.write(conn, docs, tool_version=_tool_version(), progress=progress)
+                    if conflicts:
+                        raise ImportRefused(
+                            f"nothing imported: {len(conflicts)} published version(s) would change",
+                            diagnostics=sorted(diagnostics), conflicts=conflicts)
+                return ImportResult(outcomes, sorted(diagnostics))
+            except RegistryUnavailable as exc:
+                # PostgreSQL may abort one of two crossing transactions; run it again.
+                if attempt < 2 and ("deadlock" in str(exc) or "could not serialize" in str(exc)):
+                    continue
+                raise
+        raise AssertionError("unreachable")
+
+    # ------------------------------------------------------------------ queries
+
+    def _summaries(self, kind: str) -> list[Summary]:
+        table = TABLE_NAMES[kind]
+        extra_cols = ", device_type, vendor" if kind == "chip" else ""
+        by_name: dict[str, list] = {}
+        with self._read() as r:
+            for row in r.rows(f"SELECT name, version, imported_at{extra_cols} FROM {table}"):
+                by_name.setdefault(row[0], []).append(row)
+        out = []
+        for name in sorted(by_name):
+            rows = sorted(by_name[name], key=lambda row: semver_key(row[1]))
+            top = rows[-1]
+            extra = {"device_type": top[3], "vendor": top[4]} if kind == "chip" else {}
+            out.append(Summary(kind, name, top[1], tuple(row[1] for row in rows), timestamp(top[2]), **extra))
+        return out
+
+    def chips(self) -> list[Summary]:
+        """Every chip with its latest version (by semver), sorted by name."""
+        return self._summaries("chip")
+
+    def packs(self) -> list[Summary]:
+        """Every rule pack with its latest version, sorted by name."""
+        return self._summaries("pack")
+
+    def history(self, name: str, *, kind: str = "chip") -> list[VersionInfo]:
+        """The published versions of a chip (or pack), oldest first by semver."""
+        table = TABLE_NAMES[kind]
+        with self._read() as r:
+            rows = r.rows(f"SELECT name, version, content_hash, imported_at, import_id, source_name FROM {table} "
+                          "WHERE name = ?", (name,))
+            if not rows:
+                raise self._not_found(r, kind, name)
+        infos = [VersionInfo(kind, row[0], row[1], row[2], timestamp(row[3]), row[4], row[5]) for row in rows]
+        return sorted(infos, key=lambda i: semver_key(i.version))
+
+    def record(self, name: str, version: str | None = None, *, kind: str = "chip") -> Record:
+        """One version with its content; the latest by semver when ``version`` is None."""
+        table = TABLE_NAMES[kind]
+        with self._read() as r:
+            versions = [row[0] for row in r.rows(f"SELECT version FROM {table} WHERE name = ?", (name,))]
+            if not versions:
+                raise self._not_found(r, kind, name)
+            if version is None:
+                version = max(versions, key=semver_key)
+            elif version not in versions:
+                known = ", ".join(sorted(versions, key=semver_key))
+                raise NotFound(f"{kind} {name} has no version {version} in {self.display_url}; it has {known}")
+            row = r.first(f"SELECT name, version, content_hash, imported_at, import_id, source_name, canonical_json, "
+                          f"source_text FROM {table} WHERE name = ? AND version = ?", (name, version))
+        return Record(kind, row[0], row[1], row[2], timestamp(row[3]), row[4], row[5],
+                      canonical=json.loads(row[6]), source_text=row[7])
+
+    def chip(self, name: str, version: str | None = None):
+        """The HCD of a chip (latest by semver when ``version`` is None)."""
+        from torchfl.hcd import HCD, check_hcd_text
+
+        rec = self.record(name, version)
+        report = check_hcd_text(rec.source_text, f"{rec.name}@{rec.version}")
+        if report.ok and report.hcd is not None and report.hcd.content_hash() == rec.content_hash:
+            return report.hcd  # keeps the validation warnings
+        return HCD.model_validate_json(json.dumps(rec.canonical))
+
+    def pack(self, name: str, version: str | None = None):
+        """A rule pack (latest by semver when ``version`` is None), parsed by torchfl.rules."""
+        rec = self.record(name, version, kind="pack")
+        from torchfl.rules import load_pack_text  # type: ignore[attr-defined]
+
+        return load_pack_text(rec.source_text, f"{rec.name}@{rec.version}")
+
+    def diff(self, name: str, v1: str, v2: str, *, kind: str = "chip") -> list:
+        """Field-level changes from version ``v1`` to ``v2`` (dotted paths)."""
+        from torchfl.registry.diff import diff
+
+        return diff(self.record(name, v1, kind=kind).canonical, self.record(name, v2, kind=kind).canonical)
+
+    def _not_found(self, r, kind: str, name: str) -> NotFound:
+        names = [row[0] for row in r.rows(f"SELECT DISTINCT name FROM {TABLE_NAMES[kind]}")]
+        close = difflib.get_close_matches(name, names, n=3, cutoff=0.5)
+        close += [n for n in names if n.lower() == name.lower() and n not in close]
+        hint = f"; did you mean {', '.join(close)}?" if close else (
+            f"; known: {', '.join(sorted(names)[:10])}" if names else "; none is published yet: import one first")
+        return NotFound(f"no {kind} named {name!r} in {self.display_url}{hint}")
+
+    # ------------------------------------------------------------------ checks
+
+    def integrity_check(self) -> str:
+        """SQLite's ``PRAGMA integrity_check`` (``"ok"``); on PostgreSQL, ``"ok"`` after reading every table."""
+        with self._read() as r:
+            if r.dialect == "sqlite":
+                return r.first("PRAGMA integrity_check")[0]
+            for table in TABLE_NAMES.values():
+                r.rows(f"SELECT count(*) FROM {table}")
+            return "ok"

@@ -1,0 +1,167 @@
+"""Engines for the two supported backends, and the translation of driver errors into
+one-line messages that name the URL and the fix.
+
+SQLite: WAL journal (readers never block the writer), a busy timeout, and write
+transactions opened with ``BEGIN IMMEDIATE`` so that concurrent writers queue on the
+lock instead of failing when a read lock cannot be upgraded.
+PostgreSQL: psycopg 3, a connect timeout; correctness under concurrency comes from the
+unique constraints and ``INSERT ... ON CONFLICT DO NOTHING`` (see ``store.py``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+
+from torchfl.registry.errors import RegistryError, RegistryUnavailable
+from torchfl.registry.url import display_url
+
+BUSY_TIMEOUT_S = 60.0
+CONNECT_TIMEOUT_S = 5
+WRITE = {"torchfl_write": True}
+
+_HELP_URL = "set it with --registry URL or TORCHFL_REGISTRY_URL (sqlite:///PATH or postgresql://USER@HOST:PORT/DB)"
+
+
+def parse_url(url: str):
+    """A SQLAlchemy URL for a supported backend, or RegistryUnavailable."""
+    from sqlalchemy.engine import make_url
+    from sqlalchemy.exc import ArgumentError
+
+    try:
+        u = make_url(url)
+    except ArgumentError:
+        raise RegistryUnavailable(f"{url!r} is not a database URL; {_HELP_URL}") from None
+    backend = u.get_backend_name()
+    if backend == "postgresql":
+        if u.drivername in ("postgresql", "postgresql+psycopg2"):
+            u = u.set(drivername="postgresql+psycopg")
+    elif backend != "sqlite":
+        raise RegistryUnavailable(
+            f"registry {display_url(url)}: the {backend!r} backend is not supported; "
+            f"use SQLite or PostgreSQL ({_HELP_URL})")
+    return u
+
+
+def backend_of(url: str) -> str:
+    """``sqlite`` / ``postgresql`` / other, from the URL's scheme, without importing SQLAlchemy."""
+    scheme = url.split("://", 1)[0] if "://" in url else ""
+    return scheme.split("+", 1)[0].lower()
+
+
+def sqlite_file(url: str) -> str | None:
+    """The database file of an SQLite URL (``sqlite:///rel`` or ``sqlite:////abs``); None in memory."""
+    rest = url.split("://", 1)[1] if "://" in url else ""
+    path = rest[1:] if rest.startswith("/") else rest
+    path = path.split("?", 1)[0]
+    return None if path in ("", ":memory:") else path
+
+
+def check_url(url: str) -> str:
+    """The backend of a supported URL, or RegistryUnavailable (SQLAlchemy parses only odd ones)."""
+    backend = backend_of(url)
+    if backend == "sqlite":
+        return backend
+    return parse_url(url).get_backend_name()
+
+
+def create_registry_engine(url: str):
+    from sqlalchemy import create_engine, event
+
+    u = parse_url(url)
+    if u.get_backend_name() == "sqlite":
+        engine = create_engine(u, connect_args={"timeout": BUSY_TIMEOUT_S})
+
+        @event.listens_for(engine, "connect")
+        def _sqlite_connect(dbapi_conn, _record):
+            # Let SQLAlchemy (not pysqlite) issue BEGIN, so we choose its kind below.
+            dbapi_conn.isolation_level = None
+            cur = dbapi_conn.cursor()
+            cur.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_S * 1000)}")
+            cur.execute("PRAGMA foreign_keys = ON")
+            if cur.execute("PRAGMA journal_mode").fetchone()[0].lower() != "wal":
+                try:
+                    cur.execute("PRAGMA journal_mode = WAL")
+                except Exception:  # read-only file: stay in its mode; writes report it
+                    pass
+            cur.close()
+
+        @event.listens_for(engine, "begin")
+        def _sqlite_begin(conn):
+            kind = "IMMEDIATE" if conn.get_execution_options().get("torchfl_write") else "DEFERRED"
+            conn.exec_driver_sql(f"BEGIN {kind}")
+
+        return engine
+    return create_engine(u, connect_args={"connect_timeout": CONNECT_TIMEOUT_S}, pool_pre_ping=False)
+
+
+def _first_line(exc: BaseException) -> str:
+    orig = getattr(exc, "orig", None) or exc
+    text = str(orig).strip().splitlines()
+    return text[0].strip() if text else type(orig).__name__
+
+
+def explain_db_error(exc: BaseException, url: str, *, writing: bool) -> RegistryError:
+    """Turn a driver error into a RegistryUnavailable with a fix."""
+    shown = display_url(url)
+    detail = _first_line(exc)
+    low = detail.lower()
+    if "readonly" in low or "read-only" in low or "read only" in low:
+        return RegistryUnavailable(
+            f"registry {shown} is read-only ({detail}); make the file and its directory writable, "
+            f"or {'write to' if writing else 'use'} another registry with --registry URL")
+    if "file is not a database" in low or "not a database" in low:
+        return RegistryUnavailable(
+            f"{shown} is not a torchfl registry (not an SQLite database); point --registry at a "
+            "registry, or create a new one with `torchfl registry init --registry sqlite:///NEW.sqlite3`")
+    if "unable to open database file" in low:
+        return RegistryUnavailable(
+            f"cannot open registry {shown} ({detail}); check that its directory exists and is accessible, "
+            f"or create it with `torchfl registry init --registry {shown}`")
+    if "database is locked" in low or "database is busy" in low:
+        return RegistryUnavailable(
+            f"registry {shown} stayed locked by another process for {BUSY_TIMEOUT_S:.0f} s; retry when it is done")
+    if "disk i/o error" in low or "database disk image is malformed" in low:
+        return RegistryUnavailable(
+            f"registry {shown} is damaged or unreadable ({detail}); restore it from a backup")
+    if "does not exist" in low and "database" in low:
+        return RegistryUnavailable(
+            f"registry {shown}: {detail}; create the database (createdb) and run "
+            f"`torchfl registry init --registry {shown}`")
+    if "connect" in low or "connection" in low or "timeout" in low or "resolve" in low or "password" in low:
+        return RegistryUnavailable(
+            f"cannot connect to registry {shown} ({detail}); check that the server is running and the URL "
+            f"(host, port, user, database); {_HELP_URL}")
+    return RegistryUnavailable(f"registry {shown}: database error ({detail}); check the URL; {_HELP_URL}")
+
+
+def _is_db_error(exc: BaseException) -> bool:
+    import sqlite3
+    import sys
+
+    if isinstance(exc, sqlite3.Error):
+        return True
+    sa_exc = sys.modules.get("sqlalchemy.exc")
+    return sa_exc is not None and isinstance(exc, sa_exc.SQLAlchemyError)
+
+
+@contextlib.contextmanager
+def translated(url: str, *, writing: bool = False):
+    """Run a block, re-raising database and OS errors as one-line RegistryErrors."""
+    try:
+        yield
+    except RegistryError:
+        raise
+    except PermissionError as exc:
+        raise RegistryUnavailable(
+            f"registry {display_url(url)}: permission denied ({exc.filename or exc}); "
+            "make it accessible or use another registry with --registry URL") from None
+    except Exception as exc:
+        if _is_db_error(exc):
+            raise explain_db_error(exc, url, writing=writing) from None
+        raise
+
+
+def file_missing(url: str) -> bool:
+    path = sqlite_file(url) if backend_of(url) == "sqlite" else None
+    return path is not None and not os.path.exists(path)

@@ -1,0 +1,12 @@
+"""Schema facts the read path needs without importing SQLAlchemy (see ``reader.py``).
+
+``schema.py`` builds the SQLAlchemy tables from these names; a test checks they agree
+with the Alembic scripts' head.
+"""
+
+#: Alembic revisions this code knows, oldest first; the last is the one it writes.
+REVISIONS = ("0001", "0002")
+HEAD = REVISIONS[-1]
+
+#: kind -> table of published versions
+TABLE_NAMES = {"chip": "chip_versions", "pack": "pack_versions"}
