@@ -253,6 +253,16 @@ def _bwd_in_rows(h0, h1, st, pad, dil, k, n_out):
     return max(lo, 0), min(hi, n_out)
 
 
+def _valid_taps(i, st, pad, dil, k, n_out):
+    """How many kernel taps r reach input index i from a real output (stride holes skipped)."""
+    n = 0
+    for r in range(k):
+        t = i + pad - r * dil
+        if t >= 0 and t % st == 0 and t // st < n_out:
+            n += 1
+    return n
+
+
 def _check_bwd_in(p):
     G = conv_geometry(p)
     want = (G["N"], G["K"], G["OH"], G["OW"])
@@ -304,20 +314,22 @@ def conv_bwd_input_tiling(p, chip):
     hc = Counter()
     for a, b in tile_starts(H, th):
         lo, hi = _bwd_in_rows(a, b, G["sh"], G["ph"], G["dh"], R, G["OH"])
-        hc[(b - a, max(0, hi - lo))] += 1
+        taps = sum(_valid_taps(i, G["sh"], G["ph"], G["dh"], R, G["OH"]) for i in range(a, b))
+        hc[(b - a, max(0, hi - lo), taps)] += 1
     wc = Counter()
     for a, b in tile_starts(W, tw):
         lo, hi = _bwd_in_rows(a, b, G["sw"], G["pw"], G["dw"], S, G["OW"])
-        wc[(b - a, max(0, hi - lo))] += 1
+        taps = sum(_valid_taps(i, G["sw"], G["pw"], G["dw"], S, G["OW"]) for i in range(a, b))
+        wc[(b - a, max(0, hi - lo), taps)] += 1
     hfirst = next(iter(hc)) if hc else None
     wfirst = next(iter(wc)) if wc else None
     groups = Counter()
     for tca, nc in Counter(b - a for a, b in tile_starts(Cg, tc)).items():
-        for (h, rv), nh in hc.items():
-            for (w, cv), nw in wc.items():
-                base = Traffic(rv * cv * Kg * es, h * w * tca * es, h * w * tca * 2 * Kg * R * S)
+        for (h, rv, tr), nh in hc.items():
+            for (w, cv, tcol), nw in wc.items():
+                base = Traffic(rv * cv * Kg * es, h * w * tca * es, 2 * tr * tcol * Kg * tca)
                 cnt = g * nc * N * nh * nw
-                if (h, rv) == hfirst and (w, cv) == wfirst:
+                if (h, rv, tr) == hfirst and (w, cv, tcol) == wfirst:
                     cnt -= g * nc
                     groups[base + Traffic(tca * Kg * R * S * ew, 0, 0)] += g * nc
                 groups[base] += cnt
