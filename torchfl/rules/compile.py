@@ -178,8 +178,20 @@ class _Compiler:
         return any(d.severity == "error" for d in self.diags)
 
     def structure(self, exc: ValidationError):
+        grouped: dict[tuple, list[dict]] = {}
         for err in exc.errors():
-            path = self.data_path(err["loc"])
+            grouped.setdefault(self.data_path(err["loc"]), []).append(err)
+        for path, errs in grouped.items():
+            kinds = {e["type"] for e in errs}
+            if len(errs) > 1 and not kinds & {"missing", "extra_forbidden"}:
+                wanted = sorted({e["msg"].removeprefix("Input should be ").removeprefix("a valid ") for e in errs})
+                self.error(path, f"got {_show(errs[0].get('input'))}; expected {' or '.join(wanted)}")
+                continue
+            for err in errs:
+                self.structure_one(path, err)
+
+    def structure_one(self, path, err):
+        if True:
             kind = err["type"]
             if kind == "missing":
                 self.error(path, f"required field {path[-1]!r} is missing; add it")

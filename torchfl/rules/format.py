@@ -74,6 +74,7 @@ class GuardItem(_Model):
 
 GuardSpec = Union[str, GuardItem]
 BindValue = Union[bool, int, float, str, None]
+DefaultValue = Union[bool, int, float, str, None, list[Union[bool, int, float, str, None]]]
 
 
 class RuleModel(_Model):
@@ -84,7 +85,7 @@ class RuleModel(_Model):
     requires: Requires = Field(default_factory=Requires)
     guards: list[GuardSpec] = Field(default_factory=list, max_length=32)
     bind: dict[str, BindValue] = Field(default_factory=dict, description="kernel input/attr -> expression")
-    defaults: dict[str, BindValue] = Field(default_factory=dict, description="values of args the call may omit")
+    defaults: dict[str, DefaultValue] = Field(default_factory=dict, description="values of args the call may omit")
     note: str = Field(default="", max_length=1000)
 
 
