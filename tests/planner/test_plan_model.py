@@ -35,5 +35,5 @@ def test_headline_text():
 
 def test_identity_layouts():
     assert identity_layout(4) == "NCHW"
-    assert identity_layout(2) == "NC"
+    assert identity_layout(2) == "AB"
     assert len(set(identity_layout(7))) == 7

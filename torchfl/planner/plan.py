@@ -58,11 +58,11 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 STEP_KINDS = ("kernel", "fused", "cast", "layout", "fallback")
-_RANK_LETTERS = {0: "", 1: "C", 2: "NC", 3: "NCL", 4: "NCHW", 5: "NCDHW"}
+_RANK_LETTERS = {0: "", 3: "NCL", 4: "NCHW", 5: "NCDHW"}  # as torchfl.kernels.tensor.logical_letters
 
 
 def identity_layout(rank: int) -> str:
-    """Logical dimension letters of a rank-``rank`` tensor (rank 4: ``NCHW``)."""
+    """Logical dimension letters of a rank-``rank`` tensor (4: ``NCHW``, 3: ``NCL``, 2: ``AB``)."""
     if rank in _RANK_LETTERS:
         return _RANK_LETTERS[rank]
     return "ABCDEFGHIJKLMNOPQRSTUVWXYZ"[:rank]

@@ -1,0 +1,199 @@
+"""Selection result -> :class:`Plan`: casts, layout conversions, kernel and fallback steps.
+
+Order: input casts (the precision policy; static for parameters), then the chosen options
+in the selection's schedule, each preceded by the layout conversions its inputs need (one
+conversion per (value, layout), shared by every consumer), then the conversions and casts
+that bring the graph outputs back to the identity layout and the caller's dtype.
+"""
+
+from __future__ import annotations
+
+from torchfl.planner.plan import (Cast, Conversion, Fallback, Plan, PlanInput, Rejected, Step, Summary, Value,
+                                  identity_layout)
+
+
+def assemble(hcd, precision, ir, cands, selection, pricer, capture, input_layouts, notes=()):
+    steps: list[Step] = []
+    values: dict[str, Value] = {}
+    conversions: list[Conversion] = []
+    casts: list[Cast] = []
+    static_values: set[str] = set()
+    placeholder_names = {name for name, *_ in ir.placeholders}
+
+    def add_value(name, shape, dtype, layout, producer, static):
+        values[name] = Value(name, tuple(shape), dtype, layout, producer)
+        if static:
+            static_values.add(name)
+
+    inputs = []
+    user_i = 0
+    for name, kind, target, info in ir.placeholders:
+        layout = identity_layout(info.rank)
+        if kind == "input":
+            lay = input_layouts[user_i] if user_i < len(input_layouts) else None
+            layout = lay or layout
+            user_i += 1
+        inputs.append(PlanInput(name, kind, target, info.shape, info.graph_dtype, layout))
+        add_value(name, info.shape, info.graph_dtype, layout, None, info.static)
+
+    def emit(**kw):
+        index = len(steps)
+        step = Step(index=index, **kw)
+        steps.append(step)
+        return step
+
+    for cname, src, to in ir.casts:
+        info = ir.values[cname]
+        src_layout = values[src].layout
+        priced = pricer.cast(info.shape, info.graph_dtype, to)
+        emit(kind="cast", kernel="cast", nodes=(), ops=(), inputs=(src,), outputs=(cname,),
+             layouts_in=(src_layout,), layout_out=src_layout, dtype=to, tile=priced.tile,
+             attrs={"dtype": to}, predicted_flops=float(priced.flops), predicted_bytes=float(priced.bytes),
+             predicted_time_s=priced.time_s, static=info.static,
+             note=f"precision policy: {info.graph_dtype} -> {to}" + (" (parameter, once)" if info.static else ""))
+        add_value(cname, info.shape, to, src_layout, len(steps) - 1, info.static)
+        casts.append(Cast(len(steps) - 1, src, info.graph_dtype, to,
+                          f"precision={precision}: {values[src].dtype} {'parameter' if info.static else 'input'}"))
+
+    converted: dict[tuple[str, str], str] = {}
+
+    def plan_name(ir_name, fx_name):
+        return ir_name if fx_name in placeholder_names else fx_name
+
+    def need(value: str, layout: str, consumer: str) -> str:
+        have = values[value].layout
+        if have == layout:
+            return value
+        key = (value, layout)
+        if key in converted:
+            return converted[key]
+        v = values[value]
+        priced = pricer.layout(v.shape, v.dtype, have, layout)
+        new = f"{value}.{layout}"
+        static = value in static_values
+        emit(kind="layout", kernel="layout_transform", nodes=(), ops=(), inputs=(value,), outputs=(new,),
+             layouts_in=(have,), layout_out=layout, dtype=v.dtype, tile=priced.tile, attrs={"layout": layout},
+             predicted_flops=float(priced.flops), predicted_bytes=float(priced.bytes),
+             predicted_time_s=priced.time_s, static=static, note=f"{have} -> {layout} for {consumer}")
+        add_value(new, v.shape, v.dtype, layout, len(steps) - 1, static)
+        conversions.append(Conversion(len(steps) - 1, value, have, layout, consumer))
+        converted[key] = new
+        return new
+
+    fx_name_of = {}  # IR value -> FX value names it stands for
+    for opt in selection.chosen:
+        p = opt.payload
+        consumer = opt.nodes[-1]
+        ins, lays = [], []
+        for kinput, fx_name, ir_name, lay in zip(p.kernel_inputs or p.fx_inputs, p.fx_inputs, opt.inputs,
+                                                 opt.layouts_in):
+            name = plan_name(ir_name, fx_name)
+            ins.append(need(name, lay, consumer))
+            lays.append(lay)
+        index = len(steps)
+        outs = tuple(p.outs) if p.outs else (opt.nodes[-1],)
+        static = p.static and all(i in static_values for i in ins)
+        if p.kind == "fallback":
+            note = "CPU fallback: " + cands.fallbacks.get(opt.nodes[0], "")
+        else:
+            note = p.priced.tile.get("notes", "")
+        emit(kind=p.kind if p.kind != "kernel" or len(opt.nodes) == 1 else "fused", kernel=p.kernel,
+             nodes=p.nodes, ops=p.ops, inputs=tuple(ins), outputs=outs, layouts_in=tuple(lays),
+             layout_out=opt.layout_out, dtype=p.dtype, tile=p.priced.tile, attrs=p.attrs,
+             predicted_flops=float(p.priced.flops), predicted_bytes=float(p.priced.bytes),
+             predicted_time_s=p.priced.time_s, static=static, note=note)
+        info = ir.values.get(opt.nodes[-1])
+        for o in outs:
+            if o and info is not None:
+                add_value(o, _shape_of(ir, o, info), info.dtype if p.kind != "fallback" else info.dtype,
+                          opt.layout_out, index, static)
+
+    outputs = []
+    for fx_name in ir.outputs:
+        ir_name = ir.fx_to_ir.get(fx_name, fx_name)
+        name = plan_name(ir_name, fx_name) if fx_name in values or ir_name in values else fx_name
+        if name not in values:
+            name = fx_name
+        v = values[name]
+        name = need(name, identity_layout(len(v.shape)), "output")
+        v = values[name]
+        graph_dtype = ir.values[ir_name].graph_dtype if ir_name in ir.values else v.dtype
+        if v.dtype != graph_dtype:
+            priced = pricer.cast(v.shape, v.dtype, graph_dtype)
+            new = f"{name}.{graph_dtype}"
+            emit(kind="cast", kernel="cast", nodes=(), ops=(), inputs=(name,), outputs=(new,),
+                 layouts_in=(v.layout,), layout_out=v.layout, dtype=graph_dtype, tile=priced.tile,
+                 attrs={"dtype": graph_dtype}, predicted_flops=float(priced.flops),
+                 predicted_bytes=float(priced.bytes), predicted_time_s=priced.time_s, static=False,
+                 note=f"output back to the caller's {graph_dtype}")
+            add_value(new, v.shape, graph_dtype, v.layout, len(steps) - 1, False)
+            casts.append(Cast(len(steps) - 1, name, v.dtype, graph_dtype, "output in the caller's dtype"))
+            name = new
+        outputs.append(name)
+
+    fallbacks = tuple(Fallback(n, ir.nodes[n].op, cands.fallbacks[n]) for opt in selection.chosen
+                      for n in opt.nodes if opt.payload.kind == "fallback")
+    rejected = _rejected(cands, selection)
+    compute = [s for s in steps if s.kind in ("kernel", "fused")]
+    on_chip = sum(len([x for x in s.nodes if x in ir.nodes]) for s in compute)
+    summary = Summary(
+        nodes_total=ir.total_ops,
+        nodes_on_chip=on_chip,
+        kernels=len(compute),
+        fused_groups=sum(1 for s in compute if s.kind == "fused"),
+        conversions=len(conversions),
+        casts=len(casts),
+        fallbacks=len(fallbacks),
+        predicted_flops=float(sum(s.predicted_flops for s in steps)),
+        predicted_bytes=float(sum(s.predicted_bytes for s in steps)),
+        predicted_time_s=float(sum(s.predicted_time_s for s in steps)),
+    )
+    return Plan(chip=hcd.chip.name, chip_version=str(hcd.chip.version), precision=precision,
+                inputs=tuple(inputs), outputs=tuple(outputs), values=values, steps=tuple(steps),
+                conversions=tuple(conversions), casts=tuple(casts), fallbacks=fallbacks, rejected=rejected,
+                summary=summary, notes=tuple(notes), capture=capture)
+
+
+def _shape_of(ir, fx_name, info):
+    node = ir.nodes.get(fx_name)
+    if node is None:
+        # a getitem output: its own meta
+        for n in ir.nodes.values():
+            if fx_name in n.outs:
+                for u in n.fx.users:
+                    if u.name == fx_name and "val" in u.meta and hasattr(u.meta["val"], "shape"):
+                        return tuple(int(s) for s in u.meta["val"].shape)
+    return info.shape
+
+
+def _rejected(cands, selection):
+    """Alternatives that lost on cost (cheapest per other kernel) and those ruled out."""
+    chosen_by_node = {}
+    for opt in selection.chosen:
+        for n in opt.nodes:
+            chosen_by_node[n] = opt
+    out = []
+    seen = set()
+    best_alt = {}
+    for opt in cands.options:
+        mine = chosen_by_node.get(opt.nodes[-1])
+        if mine is None or opt is mine or opt.key == mine.key:
+            continue
+        k = (opt.nodes, opt.payload.kernel, opt.layout_out)
+        if k not in best_alt or opt.cost < best_alt[k].cost:
+            best_alt[k] = opt
+    for k in sorted(best_alt, key=lambda k: (k[0], str(k[1]), k[2])):
+        opt = best_alt[k]
+        mine = chosen_by_node[opt.nodes[-1]]
+        why = (f"{opt.cost:.3g} s vs {mine.cost:.3g} s for {mine.payload.kernel or 'cpu'} "
+               f"({mine.layout_out})" if opt.nodes == mine.nodes else
+               f"covers {'+'.join(opt.nodes)}; the chosen cover of these nodes is cheaper overall")
+        out.append(Rejected(opt.nodes, f"{opt.payload.kernel or 'cpu'} ({opt.layout_out})", (f"more expensive: {why}",),
+                            opt.cost, mine.cost))
+    for nodes, kernel, reasons in cands.rejected:
+        key = (nodes, kernel, reasons)
+        if key in seen:
+            continue
+        seen.add(key)
+        out.append(Rejected(tuple(nodes), kernel or "(no rule)", tuple(reasons)))
+    return tuple(out)

@@ -1,0 +1,116 @@
+"""Hard constraints of the HCD, checked on the whole graph before any candidate is priced.
+
+Each error names the limit, the value, the HCD field and the node, and says what to do;
+the layout and attention messages are the seed article's own words.
+"""
+
+from __future__ import annotations
+
+from torchfl.planner.errors import ChoiceError, HardConstraintError, UnsupportedAttention
+
+PRECISIONS = ("float16", "bfloat16")
+ATTENTION_OPS = ("aten.scaled_dot_product_attention.default",
+                 "aten._scaled_dot_product_flash_attention_for_cpu.default",
+                 "aten._scaled_dot_product_flash_attention.default",
+                 "aten._scaled_dot_product_efficient_attention.default")
+
+
+def check_precision(hcd, precision):
+    """The precision policy itself must be one the chip stores."""
+    if precision is None:
+        return
+    if precision not in PRECISIONS:
+        raise ChoiceError(f"unknown precision {precision!r}; choose one of {', '.join(PRECISIONS)}")
+    stored = set(hcd.dtypes) | ({"bfloat16"} if hcd.constraints.bfloat16_emulation else set())
+    if precision not in stored or hcd.unit_for(precision) is None:
+        ok = [p for p in PRECISIONS if p in stored and hcd.unit_for(p) is not None]
+        raise HardConstraintError(
+            f"precision {precision} is not supported on {hcd.chip.name}: tensor.supported_dtypes is "
+            f"{', '.join(hcd.dtypes)}; use precision={' or '.join(repr(p) for p in ok) or 'none available'}",
+            field="tensor.supported_dtypes", limit=list(hcd.dtypes), value=precision)
+
+
+def check_layout_inputs(hcd, example_inputs):
+    """A channels-last (NHWC) user input needs a chip that computes in NHWC."""
+    import torch
+
+    for i, x in enumerate(example_inputs):
+        if isinstance(x, torch.Tensor) and x.dim() == 4 and not x.is_contiguous() \
+                and x.is_contiguous(memory_format=torch.channels_last):
+            if "NHWC" not in hcd.layouts:
+                raise HardConstraintError(f"Layout channels_last not supported on {hcd.chip.name}",
+                                          field="compute_units.*.supported_layouts", limit=list(hcd.layouts),
+                                          value="NHWC", node=f"input {i}")
+
+
+def input_layouts(example_inputs) -> list[str | None]:
+    """Layout letters of each example input as it arrives (NHWC for channels-last)."""
+    import torch
+
+    out = []
+    for x in example_inputs:
+        if isinstance(x, torch.Tensor) and x.dim() == 4 and not x.is_contiguous() \
+                and x.is_contiguous(memory_format=torch.channels_last):
+            out.append("NHWC")
+        else:
+            out.append(None)
+    return out
+
+
+def check_graph(hcd, ir, precision):
+    """Rank, batch, sequence, attention heads and dtype limits over every value and op."""
+    chip = hcd.chip.name
+    max_rank = hcd.tensor.max_rank
+    for name, info in ir.values.items():
+        if info.rank > max_rank:
+            raise HardConstraintError(
+                f"Tensor rank {info.rank} of {name} (shape {list(info.shape)}) exceeds max_rank {max_rank} of "
+                f"{chip} (HCD field tensor.max_rank); reshape to at most {max_rank} dimensions",
+                field="tensor.max_rank", limit=max_rank, value=info.rank, node=name)
+    cons = hcd.constraints
+    for name, kind, _target, info in ir.placeholders:
+        if kind == "input" and info.rank >= 1 and info.shape[0] > cons.max_batch_size:
+            raise HardConstraintError(
+                f"Batch size {info.shape[0]} of input {name} exceeds max_batch_size {cons.max_batch_size} of "
+                f"{chip} (HCD field constraints.max_batch_size); split the batch",
+                field="constraints.max_batch_size", limit=cons.max_batch_size, value=info.shape[0], node=name)
+        if kind == "input" and info.rank == 2 and info.graph_dtype in ("int64", "int32") \
+                and info.shape[1] > cons.max_sequence_length:
+            raise HardConstraintError(
+                f"Sequence length {info.shape[1]} of input {name} exceeds max_sequence_length "
+                f"{cons.max_sequence_length} of {chip} (HCD field constraints.max_sequence_length)",
+                field="constraints.max_sequence_length", limit=cons.max_sequence_length, value=info.shape[1],
+                node=name)
+    att = hcd.compute_units.attention
+    for node in ir.nodes.values():
+        if node.op not in ATTENTION_OPS:
+            continue
+        q = node.fx.args[0].meta["val"]
+        k = node.fx.args[1].meta["val"]
+        seq = max(int(q.shape[-2]), int(k.shape[-2]))
+        if seq > cons.max_sequence_length:
+            raise HardConstraintError(
+                f"Sequence length {seq} at {node.name} exceeds max_sequence_length {cons.max_sequence_length} of "
+                f"{chip} (HCD field constraints.max_sequence_length)",
+                field="constraints.max_sequence_length", limit=cons.max_sequence_length, value=seq, node=node.name)
+        if att is None or not att.enabled:
+            continue  # no attention unit: the op falls back to the CPU, explicitly (never rewritten)
+        heads = int(q.shape[1]) if q.dim() == 4 else 1
+        if att.supported_heads and heads not in att.supported_heads:
+            raise UnsupportedAttention(f"MultiheadAttention with num_heads={heads} not supported on {chip}",
+                                       heads=heads, supported=att.supported_heads, node=node.name)
+        if att.max_sequence_length is not None and seq > att.max_sequence_length:
+            raise HardConstraintError(
+                f"Sequence length {seq} at {node.name} exceeds the attention unit's max_sequence_length "
+                f"{att.max_sequence_length} on {chip} (HCD field compute_units.attention.max_sequence_length)",
+                field="compute_units.attention.max_sequence_length", limit=att.max_sequence_length, value=seq,
+                node=node.name)
+    if precision is None and hcd.unit_for("float32") is None:
+        f32 = [n for n, v in ir.values.items() if v.dtype == "float32"]
+        if f32:
+            raise HardConstraintError(
+                f"{chip} has no float32 compute unit and this graph computes in float32 (e.g. {f32[0]}); "
+                f"supported dtypes are {', '.join(hcd.dtypes)}. Ask for a precision policy: "
+                f"precision=\"float16\" or \"bfloat16\" (torch.compile options={{\"precision\": \"float16\"}}, "
+                f"CLI --precision float16)",
+                field="tensor.supported_dtypes", limit=list(hcd.dtypes), value="float32", node=f32[0])

@@ -1,0 +1,47 @@
+"""The planner's errors. Hard constraints are raised before anything runs, in the words
+the seed article uses; each is a subclass of the builtin it reads as, so callers may
+catch ``RuntimeError`` / ``NotImplementedError`` and the CLI prints that name."""
+
+from __future__ import annotations
+
+
+class PlanError(Exception):
+    """Base of planner errors; ``kind`` is the builtin name the CLI prints."""
+
+    kind = "Error"
+
+
+class HardConstraintError(PlanError, RuntimeError):
+    """A limit of the chip's HCD is exceeded (layout, rank, batch, sequence, dtype)."""
+
+    kind = "RuntimeError"
+
+    def __init__(self, message: str, *, field: str | None = None, limit=None, value=None, node=None):
+        super().__init__(message)
+        self.field, self.limit, self.value, self.node = field, limit, value, node
+
+
+class UnsupportedAttention(PlanError, NotImplementedError):
+    """An attention op whose head count the chip's attention unit does not support."""
+
+    kind = "NotImplementedError"
+
+    def __init__(self, message: str, *, heads=None, supported=(), node=None):
+        super().__init__(message)
+        self.heads, self.supported, self.node = heads, tuple(supported), node
+
+
+class StrictFallbackError(PlanError, RuntimeError):
+    """``strict=True`` and some ops would fall back to the CPU (all are listed)."""
+
+    kind = "RuntimeError"
+
+    def __init__(self, message: str, fallbacks=()):
+        super().__init__(message)
+        self.fallbacks = tuple(fallbacks)
+
+
+class ChoiceError(PlanError, ValueError):
+    """An unknown chip, model, precision or format; the message lists the choices."""
+
+    kind = "Error"
