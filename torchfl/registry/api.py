@@ -239,7 +239,13 @@ class Registry:
         return before
 
     def seed(self) -> ImportResult:
-        """Import the chips (and rule packs, where rule-pack support exists) bundled with torchfl."""
+        """Import the chips (and rule packs, where rule-pack support exists) bundled with torchfl.
+
+        A bundled file that fails validation is a packaging bug; it is skipped with an
+        error-severity entry in ``warnings`` rather than keeping the registry unusable.
+        """
+        from torchfl.hcd.diagnostics import errors
+        from torchfl.registry.documents import load_documents
         from torchfl.resources import bundled_hcds, bundled_rule_packs
 
         files = [str(p) for p in bundled_hcds()]
@@ -249,7 +255,11 @@ class Registry:
             pass
         else:
             files += [str(p) for p in bundled_rule_packs()]
-        return self.import_files(files)
+        docs, diagnostics = load_documents(files)
+        broken = {d.file for d in errors(diagnostics)}
+        result = self._store([d for d in docs if d.file not in broken],
+                             [d for d in diagnostics if d.file not in broken])
+        return ImportResult(result.outcomes, result.warnings + [d for d in diagnostics if d.file in broken])
 
     # ------------------------------------------------------------------ import
 
