@@ -1,0 +1,245 @@
+"""Numba bodies of the pooling family (imported lazily by the specs' ``run``).
+
+Tiles move through the convolution family's loaders (``load_slab``: a strided gather from
+any layout into an on-chip ``[rows][cols][channels]`` slab) and stores; the pooling
+windows are evaluated on chip, skipping the padding (max ignores it, avg counts it only
+when ``count_include_pad``).
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import njit, prange
+
+from ..conv.impl import _code, _flat, load_rows, load_slab, store_plain
+
+MAX, AVG, ADAPTIVE = 0, 1, 2
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _win(kind, o, n_in, n_out, k, s, p):
+    """(first index, end index, divisor-length) of output o along one axis; for max/avg
+    the range is the full window (padding included), clipped by the caller."""
+    if kind == ADAPTIVE:
+        a = (o * n_in) // n_out
+        b = -((-(o + 1) * n_in) // n_out)
+        return a, b, b - a
+    a = o * s - p
+    return a, a + (k - 1) + 1, min(a + k, n_in + p) - a
+
+
+@njit(cache=True, nogil=True, parallel=True)
+def pool_fwd(slab, cols, tc, lo_h, lo_w, H, W, kind, kh, kw, sh, sw, ph, pw, dh, dw, OH, OW,
+             oh0, th, ow0, tw, include_pad, divisor, acc, idx):
+    """Pool one output tile from the slab. Returns the window operations performed."""
+    ops = 0
+    for m in prange(th * tw):
+        oh = oh0 + m // tw
+        ow = ow0 + m % tw
+        n_ops = 0
+        if kind == MAX:
+            hs = oh * sh - ph
+            ws = ow * sw - pw
+            for c in range(tc):
+                acc[m * tc + c] = -np.inf
+                idx[m * tc + c] = -1
+            for r in range(kh):
+                h = hs + r * dh
+                if h < 0 or h >= H:
+                    continue
+                for s in range(kw):
+                    w = ws + s * dw
+                    if w < 0 or w >= W:
+                        continue
+                    n_ops += tc
+                    b = ((h - lo_h) * cols + (w - lo_w)) * tc
+                    for c in range(tc):
+                        v = slab[b + c]
+                        if v > acc[m * tc + c] or math.isnan(v):
+                            acc[m * tc + c] = v
+                            idx[m * tc + c] = h * W + w
+        else:
+            ha, hb, hlen = _win(kind, oh, H, OH, kh, sh, ph)
+            wa, wb, wlen = _win(kind, ow, W, OW, kw, sw, pw)
+            hc0, hc1 = max(ha, 0), min(hb, H)
+            wc0, wc1 = max(wa, 0), min(wb, W)
+            if divisor > 0:
+                div = np.float32(divisor)
+            elif kind == ADAPTIVE or include_pad:
+                div = np.float32(hlen * wlen)
+            else:
+                div = np.float32(max(hc1 - hc0, 0) * max(wc1 - wc0, 0))
+            for c in range(tc):
+                acc[m * tc + c] = 0.0
+            for h in range(hc0, hc1):
+                for w in range(wc0, wc1):
+                    n_ops += tc
+                    b = ((h - lo_h) * cols + (w - lo_w)) * tc
+                    for c in range(tc):
+                        acc[m * tc + c] += slab[b + c]
+            for c in range(tc):
+                acc[m * tc + c] /= div
+        ops += n_ops
+    return ops
+
+
+@njit(cache=True, nogil=True)
+def store_idx(idx, tc, th, tw, n, c0, h0, w0, y, t0, t1, t2, t3):
+    for i in range(th):
+        for j in range(tw):
+            m = i * tw + j
+            b = n * t0 + (h0 + i) * t2 + (w0 + j) * t3
+            for c in range(tc):
+                y[b + (c0 + c) * t1] = idx[m * tc + c]
+    return th * tw * tc
+
+
+@njit(cache=True, nogil=True)
+def load_idx(src, s0, s1, s2, s3, n, c0, tc, lo_h, hi_h, lo_w, hi_w, dst):
+    cols = hi_w - lo_w
+    for i in range(hi_h - lo_h):
+        for j in range(cols):
+            b = n * s0 + c0 * s1 + (lo_h + i) * s2 + (lo_w + j) * s3
+            for c in range(tc):
+                dst[(i * cols + j) * tc + c] = src[b + c * s1]
+    return (hi_h - lo_h) * cols * tc
+
+
+@njit(cache=True, nogil=True)
+def pool_bwd(g, gidx, rlo, rows, clo, cols, tc, H, W, kind, kh, kw, sh, sw, ph, pw, OH, OW,
+             include_pad, divisor, h0, th, w0, tw, acc):
+    """grad_input tile [h0:h0+th, w0:w0+tw] from the loaded grad_out rows. Returns ops."""
+    for i in range(th * tw * tc):
+        acc[i] = 0.0
+    ops = 0
+    for i in range(rows):
+        oh = rlo + i
+        for j in range(cols):
+            ow = clo + j
+            b = (i * cols + j) * tc
+            if kind == MAX:
+                for c in range(tc):
+                    ops += 1
+                    q = gidx[b + c]
+                    h = q // W
+                    w = q % W
+                    if h0 <= h < h0 + th and w0 <= w < w0 + tw:
+                        acc[((h - h0) * tw + (w - w0)) * tc + c] += g[b + c]
+                continue
+            ha, hb, hlen = _win(kind, oh, H, OH, kh, sh, ph)
+            wa, wb, wlen = _win(kind, ow, W, OW, kw, sw, pw)
+            hc0, hc1 = max(ha, 0), min(hb, H)
+            wc0, wc1 = max(wa, 0), min(wb, W)
+            if divisor > 0:
+                div = np.float32(divisor)
+            elif kind == ADAPTIVE or include_pad:
+                div = np.float32(hlen * wlen)
+            else:
+                div = np.float32(max(hc1 - hc0, 0) * max(wc1 - wc0, 0))
+            ops += tc
+            for h in range(max(hc0, h0), min(hc1, h0 + th)):
+                for w in range(max(wc0, w0), min(wc1, w0 + tw)):
+                    o = ((h - h0) * tw + (w - w0)) * tc
+                    ops += tc
+                    for c in range(tc):
+                        acc[o + c] += g[b + c] / div
+    return ops
+
+
+def _params(G, p):
+    h, w = G["axes"]
+    kind = MAX if p.kernel.startswith("max") else ADAPTIVE if p.kernel.startswith("adaptive") else AVG
+    a = p.attrs
+    return dict(kind=kind, kh=h.k, kw=w.k, sh=h.s, sw=w.s, ph=h.p, pw=w.p, dh=h.d, dw=w.d,
+                include_pad=bool(a.get("count_include_pad", True)),
+                divisor=int(a.get("divisor_override") or 0))
+
+
+def run_pool(ctx):
+    from . import pool_geometry
+    from .. import dtypes as _dt
+    from ..conv.geometry import tile_starts
+
+    p, chip, cfg = ctx.problem, ctx.chip, ctx.plan.config
+    G = pool_geometry(p)
+    N, C, H, W, OH, OW = (G[k] for k in ("N", "C", "H", "W", "OH", "OW"))
+    hax, wax = G["axes"]
+    outs = ctx.outputs()
+    if N * C * OH * OW == 0:
+        return outs
+    P = _params(G, p)
+    tc, th, tw = cfg.tile("c"), cfg.tile("oh"), cfg.tile("ow")
+    x, xs = _flat(ctx.inputs["x"])
+    y, ys = _flat(outs[0])
+    with_idx = len(outs) > 1
+    if with_idx:
+        yi, yis = _flat(outs[1])
+    code = _code(p.dtype, chip)
+    es = _dt.itemsize(p.dtype)
+    oh_t = [(a, b, *hax.span(a, b)) for a, b in tile_starts(OH, th)]
+    ow_t = [(a, b, *wax.span(a, b)) for a, b in tile_starts(OW, tw)]
+    rows = max(hi - lo for _, _, lo, hi in oh_t)
+    cols = max(hi - lo for _, _, lo, hi in ow_t)
+    slab = np.zeros(rows * cols * tc, np.float32)
+    acc = np.zeros(th * tw * tc, np.float32)
+    idx = np.zeros(th * tw * tc, np.int64)
+    for n in range(N):
+        for c0, c1 in tile_starts(C, tc):
+            tca = c1 - c0
+            for oh0, oh1, lo_h, hi_h in oh_t:
+                for ow0, ow1, lo_w, hi_w in ow_t:
+                    ctx.read(load_slab(x, *xs, code, np.float32(0), n, c0, tca, lo_h, hi_h, lo_w, hi_w,
+                                       H, W, slab) * es)
+                    ops = pool_fwd(slab, hi_w - lo_w, tca, lo_h, lo_w, H, W, P["kind"], P["kh"], P["kw"],
+                                   P["sh"], P["sw"], P["ph"], P["pw"], P["dh"], P["dw"], OH, OW,
+                                   oh0, oh1 - oh0, ow0, ow1 - ow0, P["include_pad"], P["divisor"], acc, idx)
+                    nout = (oh1 - oh0) * (ow1 - ow0) * tca
+                    ctx.ops(ops + (0 if P["kind"] == MAX else nout))
+                    ctx.write(store_plain(acc, tca, oh1 - oh0, ow1 - ow0, n, c0, oh0, ow0, y, *ys, code) * es)
+                    if with_idx:
+                        ctx.write(store_idx(idx, tca, oh1 - oh0, ow1 - ow0, n, c0, oh0, ow0, yi, *yis) * 8)
+    return outs
+
+
+def run_pool_backward(ctx):
+    from . import pool_geometry
+    from .. import dtypes as _dt
+    from ..conv.geometry import tile_starts
+
+    p, chip, cfg = ctx.problem, ctx.chip, ctx.plan.config
+    G = pool_geometry(p)
+    N, C, H, W, OH, OW = (G[k] for k in ("N", "C", "H", "W", "OH", "OW"))
+    hax, wax = G["axes"]
+    (dxt,) = ctx.outputs()
+    if N * C * H * W == 0:
+        return [dxt]
+    P = _params(G, p)
+    tc, th, tw = cfg.tile("c"), cfg.tile("h"), cfg.tile("w")
+    g, gs = _flat(ctx.inputs["grad_out"])
+    is_max = P["kind"] == MAX
+    if is_max:
+        gi, gis = _flat(ctx.inputs["indices"])
+    dx, dxs = _flat(dxt)
+    code = _code(p.dtype, chip)
+    es = _dt.itemsize(p.dtype)
+    h_t = [(a, b, *hax.out_range(a, b)) for a, b in tile_starts(H, th)]
+    w_t = [(a, b, *wax.out_range(a, b)) for a, b in tile_starts(W, tw)]
+    rows = max(hi - lo for _, _, lo, hi in h_t)
+    cols = max(hi - lo for _, _, lo, hi in w_t)
+    gbuf = np.zeros(max(1, rows * cols * tc), np.float32)
+    ibuf = np.zeros(max(1, rows * cols * tc), np.int64)
+    acc = np.zeros(th * tw * tc, np.float32)
+    for n in range(N):
+        for c0, c1 in tile_starts(C, tc):
+            tca = c1 - c0
+            for h0, h1, rlo, rhi in h_t:
+                for w0, w1, clo, chi in w_t:
+                    ctx.read(load_rows(g, *gs, code, n, c0, tca, rlo, rhi, clo, chi, gbuf) * es)
+                    if is_max:
+                        ctx.read(load_idx(gi, *gis, n, c0, tca, rlo, rhi, clo, chi, ibuf) * 8)
+                    ctx.ops(pool_bwd(gbuf, ibuf, rlo, rhi - rlo, clo, chi - clo, tca, H, W, P["kind"],
+                                     P["kh"], P["kw"], P["sh"], P["sw"], P["ph"], P["pw"], OH, OW,
+                                     P["include_pad"], P["divisor"], h0, h1 - h0, w0, w1 - w0, acc))
+                    ctx.write(store_plain(acc, tca, h1 - h0, w1 - w0, n, c0, h0, w0, dx, *dxs, code) * es)
+    return [dxt]
