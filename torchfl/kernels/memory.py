@@ -78,9 +78,10 @@ class DeviceMemory:
                 "Free tensors you no longer need, use a smaller batch, or a chip with more "
                 "off_chip_memory.size_gb")
         a = self.alignment
-        raw = np.empty(nbytes + a, dtype=np.uint8)
+        n1 = max(nbytes, 1)   # an empty slice would not keep its address
+        raw = np.empty(n1 + a, dtype=np.uint8)
         off = (-address_of(raw)) % a
-        arr = raw[off:off + nbytes]
+        arr = raw[off:off + n1]
         if address_of(arr) % a:  # verify the address, not just the request
             raise RuntimeError(f"allocator bug: 0x{address_of(arr):x} not {a}-byte aligned")
         self._allocated += acc

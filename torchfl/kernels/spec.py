@@ -145,6 +145,8 @@ class KernelSpec:
             if self.layouts != "any" and lay not in self.layouts:
                 raise KernelError(f"kernel {self.name}: input {k} layout {lay} not supported; "
                                   f"use one of {', '.join(self.layouts)}")
+        from .tensor import _canon
+        layouts = {k: v for k, v in layouts.items() if _canon(v, len(shapes[k])) is not None}
         p = Problem(self.name, shapes, full, dtype, layouts,
                     {k: v for k, v in dtypes.items() if k in shapes and v != dtype})
         if self.check is not None:

@@ -1,0 +1,79 @@
+"""Shared helpers for kernel tests: device tensors from torch, tolerance checks, and the
+counted == predicted / bigger-cache checks every kernel must pass."""
+import numpy as np
+import torch
+
+from torchfl.kernels import ChipModel, DeviceMemory, DeviceTensor
+from torchfl.kernels.catalog import CATALOG
+
+from .tolerances import TOL
+
+CACHES = (16 << 10, 256 << 10, 8 << 20)   # small caches force streamed tiles
+
+
+def chip_for(dtype, cache=8 << 20, **kw):
+    emu = dtype == "bfloat16_emulated"
+    return ChipModel(cache_bytes=cache, bf16_emulation=emu, **kw)
+
+
+def storage(dtype):
+    return "bfloat16" if dtype == "bfloat16_emulated" else dtype
+
+
+def dev(x, mem, dtype=None, layout=None):
+    """torch tensor -> DeviceTensor (rounded into ``dtype`` storage)."""
+    if dtype is not None and dtype not in ("int8", "int32", "int64", "bool"):
+        x = x.to(torch.float32).to(getattr(torch, storage(dtype)))
+    return DeviceTensor.from_torch(x, mem, layout=layout)
+
+
+def as_f32(t):
+    """Device tensor -> float32 torch tensor of its logical values."""
+    return torch.from_numpy(t.to_numpy().astype(np.float32) if t.dtype != "bool" else t.to_numpy())
+
+
+def round_to(ref, dtype):
+    """The torch reference rounded to the storage dtype, as float32."""
+    if dtype in ("float16", "bfloat16", "bfloat16_emulated"):
+        return ref.to(getattr(torch, storage(dtype))).to(torch.float32)
+    return ref
+
+
+def assert_close(got, ref, dtype, scale=1.0, what=""):
+    rtol, atol = TOL[dtype]
+    ref = round_to(ref.to(torch.float32), dtype) if got.dtype == torch.float32 else ref
+    torch.testing.assert_close(got, ref, rtol=rtol * scale, atol=atol * scale, equal_nan=True,
+                               msg=lambda m: f"{what} [{dtype}]: {m}")
+
+
+def run_checked(name, chip, inputs, attrs=None):
+    """Run a kernel with its plan, assert counted == predicted, and return outputs+plan."""
+    spec = CATALOG[name]
+    prob = spec.problem({k: v.shape for k, v in inputs.items()}, attrs, None if not spec.mixed_dtypes else None,
+                        {k: v.layout for k, v in inputs.items()}, {k: v.dtype for k, v in inputs.items()})
+    plan = spec.tile(prob, chip)
+    assert plan.on_chip_bytes <= chip.cache_bytes, (plan.on_chip_bytes, chip.cache_bytes)
+    outs, counted = spec.run(chip, inputs, attrs, plan=plan)
+    assert counted == plan.traffic, f"{name}: counted {counted} != predicted {plan.traffic} ({plan.config})"
+    metas = spec.output_meta(prob)
+    assert [(o.shape, o.dtype) for o in outs] == [(m.shape, m.dtype) for m in metas]
+    return outs, plan
+
+
+def bytes_monotone(name, inputs_shapes, attrs, dtype, caches=(4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 8 << 20),
+                   layouts=None, dtypes=None):
+    """A bigger cache never increases the predicted (= counted) off-chip bytes."""
+    spec = CATALOG[name]
+    prob = spec.problem(inputs_shapes, attrs, dtype, layouts, dtypes)
+    last = None
+    for c in caches:
+        try:
+            plan = spec.tile(prob, ChipModel(cache_bytes=c))
+        except Exception:
+            assert last is None, f"{name}: cache {c} refused after a smaller one worked"
+            continue
+        b = plan.traffic.bytes
+        if last is not None:
+            assert b <= last, f"{name}: cache {c} moves {b} B > {last} B with a smaller cache"
+        last = b
+    assert last is not None

@@ -1,0 +1,109 @@
+"""Matmul family execution: maps each kernel onto the tiled GEMM engine (gemm.py)."""
+from __future__ import annotations
+
+import numpy as np
+
+from .. import dtypes as dt
+from ..gemm import run_float, run_int8
+from . import Gemm, out_dtype
+
+
+def _flat(t):
+    return t.physical().reshape(-1)
+
+
+def _estrides(t):
+    lv = t.logical()
+    return [s // lv.itemsize for s in lv.strides], lv
+
+
+def _row_offsets(t, lead_axes):
+    """Element offsets of every row (all axes but the last) of tensor t, flattened."""
+    st, lv = _estrides(t)
+    shape = t.shape[:lead_axes]
+    off = np.zeros(shape, np.int64)
+    for ax in range(lead_axes):
+        idx = np.arange(shape[ax], dtype=np.int64) * st[ax]
+        off = off + idx.reshape((-1,) + (1,) * (lead_axes - ax - 1))
+    return off.reshape(-1), st[-1]
+
+
+def run_gemm(ctx):
+    p, plan = ctx.problem, ctx.plan
+    g = Gemm(p)
+    ins = ctx.inputs
+    (out,) = ctx.outputs()
+    if p.kernel in ("matmul", "bmm"):
+        a, b = ins["a"], ins["b"]
+    else:
+        a, b = ins["x"], ins["w"]
+    M, N, K, Bt = g.M, g.N, g.K, g.batch
+    cfg = plan.config
+    TM, TN, TK = cfg.tile("m"), cfg.tile("n"), cfg.tile("k")
+    b_res = bool(cfg.tile("b_resident", 0))
+    bias = ins.get("bias")
+    bias_arr = None if bias is None else np.ascontiguousarray(_flat(bias))
+    C = _flat(out)
+    if out.numel == 0:
+        return [out]
+    code = dt.code(p.dtype, ctx.chip.bf16_emulation)
+    esa = g.esa
+    if K == 0 or M == 0 or N == 0:
+        # C = epilogue(0): the bias (if any) is read once, C written once
+        vals = np.zeros(out.shape, np.float32)
+        if bias is not None:
+            vals = vals + p.attrs.get("beta", 1.0) * dt.decode(bias_arr, bias.dtype)
+            ctx.read(bias.nbytes)
+        if g.act == 1:
+            vals = np.maximum(vals, 0)
+        out.logical()[...] = dt.encode(vals, out.dtype)
+        ctx.write(out.nbytes)
+        ctx.ops(Bt * M * N * (int(bias is not None) + int(g.act > 0)))
+        return [out]
+    # A rows
+    if p.kernel == "bmm":
+        ar, aks = _row_offsets(a, 2)
+        a_rows = ar.reshape(Bt, M)
+        bst, _ = _estrides(b)
+        b_base = np.arange(Bt, dtype=np.int64) * bst[0]
+        b_ks, b_ns = bst[1], bst[2]
+        c_rows = (np.arange(Bt * M, dtype=np.int64) * N).reshape(Bt, M)
+    else:
+        ar, aks = _row_offsets(a, a.ndim - 1)
+        a_rows = ar.reshape(1, M)
+        bst, _ = _estrides(b)
+        b_base = np.zeros(1, np.int64)
+        if p.kernel == "matmul":
+            b_ks, b_ns = bst[0], bst[1]
+        else:                      # w[N, K]: B[k, n] = w[n, k]
+            b_ks, b_ns = bst[1], bst[0]
+        c_rows = (np.arange(M, dtype=np.int64) * N).reshape(1, M)
+    A, B = _flat(a), _flat(b)
+    if p.dtype == "int8":
+        at = p.attrs
+        oq = bool(at["out_scale"])
+        rd, wr, ops = run_int8(A, a_rows, aks, B, b_base, b_ks, b_ns, C, c_rows, 1, M=M, N=N, K=K, TM=TM,
+                               TN=TN, TK=TK, b_res=b_res, esc=dt.itemsize(out_dtype(p)), za=at["a_zero"],
+                               zb=at["b_zero"], scale=at["a_scale"] * at["b_scale"], bias=bias_arr,
+                               act=g.act, out_q=oq, oscale=at["out_scale"] or 1.0, ozero=at["out_zero"])
+    else:
+        ln = None
+        if g.ln:
+            xs = dt.decode(np.ascontiguousarray(a.logical()), a.dtype).reshape(M, K).astype(np.float32)
+            if code == dt.CODE["bfloat16_emulated"]:
+                xs = xs.astype(np.float16).astype(np.float32)
+            mean = xs.mean(axis=1, dtype=np.float64)
+            var = np.square(xs - mean[:, None]).mean(axis=1)
+            rstd = (1.0 / np.sqrt(var + p.attrs["eps"])).astype(np.float32)
+            gw = ins.get("ln_weight")
+            gb = ins.get("ln_bias")
+            dec = lambda t: None if t is None else np.ascontiguousarray(dt.decode(_flat(t), t.dtype), np.float32)
+            ln = (mean.astype(np.float32), rstd, dec(gw), dec(gb))
+            ctx.read(sum(t.nbytes for t in (gw, gb) if t is not None))
+        rd, wr, ops = run_float(A, a_rows, aks, B, b_base, b_ks, b_ns, C, c_rows, 1, M=M, N=N, K=K, TM=TM,
+                                TN=TN, TK=TK, b_res=b_res, code=code, esa=esa, esc=g.esc, bias=bias_arr,
+                                alpha=p.attrs.get("alpha", 1.0), beta=p.attrs.get("beta", 1.0), act=g.act, ln=ln)
+    ctx.read(rd)
+    ctx.write(wr)
+    ctx.ops(ops)
+    return [out]
