@@ -167,30 +167,43 @@ def _shape_of(ir, fx_name, info):
 
 
 def _rejected(cands, selection):
-    """Alternatives that lost on cost (cheapest per other kernel) and those ruled out."""
+    """Alternatives that lost on cost (the cheapest per kernel and layout) and those ruled out.
+
+    An alternative is compared with the chosen steps covering the same nodes: its own price
+    against theirs (layout conversions are priced on edges and not included on either side).
+    """
     chosen_by_node = {}
     for opt in selection.chosen:
         for n in opt.nodes:
             chosen_by_node[n] = opt
-    out = []
-    seen = set()
+    position = {n: i for i, n in enumerate(selection.order)}
     best_alt = {}
+    chosen_keys = {o.key for o in selection.chosen}
     for opt in cands.options:
-        mine = chosen_by_node.get(opt.nodes[-1])
-        if mine is None or opt is mine or opt.key == mine.key:
+        if opt.key in chosen_keys or opt.nodes[-1] not in chosen_by_node:
             continue
         k = (opt.nodes, opt.payload.kernel, opt.layout_out)
         if k not in best_alt or opt.cost < best_alt[k].cost:
             best_alt[k] = opt
-    for k in sorted(best_alt, key=lambda k: (k[0], str(k[1]), k[2])):
+    out = []
+    for k in sorted(best_alt, key=lambda k: (position.get(k[0][-1], 0), k[0], str(k[1]), k[2])):
         opt = best_alt[k]
-        mine = chosen_by_node[opt.nodes[-1]]
-        why = (f"{opt.cost:.3g} s vs {mine.cost:.3g} s for {mine.payload.kernel or 'cpu'} "
-               f"({mine.layout_out})" if opt.nodes == mine.nodes else
-               f"covers {'+'.join(opt.nodes)}; the chosen cover of these nodes is cheaper overall")
-        out.append(Rejected(opt.nodes, f"{opt.payload.kernel or 'cpu'} ({opt.layout_out})", (f"more expensive: {why}",),
-                            opt.cost, mine.cost))
-    for nodes, kernel, reasons in cands.rejected:
+        mine = list(dict.fromkeys(chosen_by_node[n].key for n in opt.nodes))
+        chosen = [o for o in selection.chosen if o.key in mine]
+        chosen_cost = sum(o.cost for o in chosen)
+        label = " + ".join(f"{o.payload.kernel or 'cpu'} ({o.layout_out})" for o in chosen)
+        if opt.cost == chosen_cost:
+            why = f"tie at {opt.cost:.3g} s with the chosen {label}; the earlier candidate is kept"
+        elif opt.cost > chosen_cost:
+            why = f"{opt.cost:.3g} s vs {chosen_cost:.3g} s for the chosen {label}"
+        else:
+            why = (f"{opt.cost:.3g} s alone, but the chosen {label} ({chosen_cost:.3g} s) is cheaper once the "
+                   "layout conversions and fusions around it are counted")
+        out.append(Rejected(opt.nodes, f"{opt.payload.kernel or 'cpu'} ({opt.layout_out})", (why,),
+                            opt.cost, chosen_cost))
+    seen = set()
+    for nodes, kernel, reasons in sorted(cands.rejected, key=lambda r: (position.get(r[0][-1], 0), r[0],
+                                                                        str(r[1]), r[2])):
         key = (nodes, kernel, reasons)
         if key in seen:
             continue

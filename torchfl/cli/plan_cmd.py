@@ -1,0 +1,64 @@
+"""``torchfl plan explain MODEL --chip NAME``: the SME's plan for a zoo model or a user's factory.
+
+torch and the planner are imported inside the command, so ``torchfl --help`` stays fast.
+Errors a user can fix (unknown model/chip, a chip's hard constraint, strict fallbacks) are
+printed as one ``Kind: message`` line on stderr with exit code 1, never a traceback.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import click
+
+ZOO_NAMES = ("mlp", "resnet18", "resnet50", "bert-base", "bert-large", "gpt2")
+
+
+@click.group()
+def plan() -> None:
+    """Plan models on a chip with the cost-based SME and explain the decisions."""
+
+
+@plan.command()
+@click.argument("model")
+@click.option("--chip", required=True, help="Chip name in the registry, e.g. NPU-V3.")
+@click.option("--batch", type=click.IntRange(min=1), default=None, help="Batch size of the example input.")
+@click.option("--seq-len", type=click.IntRange(min=1), default=None, help="Sequence length (BERT, GPT-2).")
+@click.option("--heads", type=click.IntRange(min=1), default=None, help="Attention heads (BERT, GPT-2).")
+@click.option("--layers", type=click.IntRange(min=1), default=None, help="Encoder/decoder layers (BERT, GPT-2).")
+@click.option("--precision", type=click.Choice(["float16", "bfloat16"]), default=None,
+              help="Precision policy for float32 models on chips without an fp32 unit.")
+@click.option("--strict", is_flag=True, help="Fail instead of falling back to the CPU for any op.")
+@click.option("--format", "fmt", type=click.Choice(["text", "json", "dot"]), default="text", show_default=True)
+@click.option("--registry", default=None, help="Registry URL (default: TORCHFL_REGISTRY_URL or the user's).")
+def explain(model, chip, batch, seq_len, heads, layers, precision, strict, fmt, registry) -> None:
+    """Show the plan of MODEL (a zoo name: mlp, resnet18, resnet50, bert-base, bert-large,
+    gpt2; or path/to/file.py:factory returning (module, example_inputs)) on --chip."""
+    import os
+    import warnings
+
+    os.environ.setdefault("TORCHDYNAMO_VERBOSE", "0")
+    warnings.filterwarnings("ignore")
+    from torchfl.planner import plan_module
+    from torchfl.planner.errors import PlanError
+    from torchfl.planner.zoo import ModelError, load_model
+
+    try:
+        module, inputs = load_model(model, batch=batch, seq_len=seq_len, num_heads=heads, layers=layers)
+        result = plan_module(module, inputs, chip=chip, precision=precision, strict=strict, registry=registry)
+    except ModelError as exc:
+        _fail("Error", str(exc))
+    except PlanError as exc:
+        _fail(exc.kind, str(exc))
+    except Exception as exc:  # registry unreachable, capture failures: one line, the fix in it
+        from torchfl.registry import RegistryError
+
+        if isinstance(exc, RegistryError):
+            _fail("Error", str(exc))
+        raise
+    click.echo(result.explain(fmt), nl=False)
+
+
+def _fail(kind: str, message: str) -> None:
+    click.echo(f"{kind}: {message}", err=True)
+    sys.exit(1)
