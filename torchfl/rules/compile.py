@@ -345,6 +345,9 @@ class _Compiler:
                                f"{_near(op, by_op)}")
                 elif rule is None:
                     rule = r
+                elif r.arg_names() != rule.arg_names():
+                    self.error(spath + ("op", j), f"{op} takes ({', '.join(r.arg_names())}) but {rule.op} takes "
+                               f"({', '.join(rule.arg_names())}); alternatives in one step need the same args")
             producer = s.from_ if s.from_ is not None else (seen[-1] if seen else None)
             if i == 0 and s.from_ is not None:
                 self.error(spath + ("from",), "the first step has no producer; remove from:")

@@ -172,7 +172,8 @@ def requirements(rule: Rule | Fusion, hcd, dtype: str | None, layout: str | None
                                   "compute_units.attention.enabled", False, rule.id))
     allowed, field_name, describe = _allowed_layouts(rule, hcd, unit)
     if layout is not None and req.layouts != "none" and layout not in allowed:
-        reasons.append(Reason("layout", f"layout {layout} not in {describe} {_fmt(allowed)} of {label}",
+        where = f"{describe} {_fmt(allowed)}" if "(" not in describe else describe.replace(" (", f" {_fmt(allowed)} (", 1)
+        reasons.append(Reason("layout", f"layout {layout} not in {where} of {label}",
                               field_name, list(allowed), rule.id if isinstance(req.layouts, list) else None))
     return reasons, unit, allowed, warnings
 
@@ -190,7 +191,7 @@ def _allowed_layouts(rule, hcd, unit):
     own = getattr(hcd.compute_units, unit).supported_layouts
     base = tuple(hcd.unit_layouts(unit))
     fieldname = f"compute_units.{unit}.supported_layouts"
-    describe = fieldname if own else f"the layouts of compute_units.{unit} (none listed, so the chip's)"
+    describe = fieldname if own else f"the chip's layouts (compute_units.{unit} lists no supported_layouts)"
     if isinstance(mode, list):
         return tuple(x for x in base if x in mode), fieldname, f"{describe} ∩ {rule.id} layouts {_fmt(mode)} ="
     return base, fieldname, describe
@@ -292,8 +293,9 @@ def _free_names(node: S.Node) -> set[str]:
 def _static(pack, rule, hcd, op, dtype, unit, layout, allowed, warnings, chip):
     pending = []
     env = {"chip": chip, "dtype": dtype, "compute_dtype": dtype, "layout": layout, "compute_layout": layout}
+    chip_only = CHIP_ONLY - set(rule.arg_names())  # an arg named dtype/layout is the call's, not the candidate's
     for g in rule.guards:
-        if _free_names(g.guard.tree) <= CHIP_ONLY and (layout is not None or not
+        if _free_names(g.guard.tree) <= chip_only and (layout is not None or not
                                                         {"layout", "compute_layout"} & _free_names(g.guard.tree)):
             ok, why = g.guard.test(env)
             if not ok:
@@ -319,8 +321,14 @@ def _bind(rule, env) -> tuple[dict, dict]:
 # -- fusions ---------------------------------------------------------------------------
 
 def match_fusion(fusion: Fusion, hcd, calls: Mapping[str, Call], *, dtype: str | None = None,
-                 layout: str | None = None, pack: str | None = None) -> Match | Rejection:
-    """Does ``fusion`` serve this group? ``calls`` maps each pattern step id to its call."""
+                 layout: str | None = None, pack: str | None = None,
+                 fed: Mapping[str, str] | None = None) -> Match | Rejection:
+    """Does ``fusion`` serve this group? ``calls`` maps each pattern step id to its call.
+
+    ``fed`` (optional) maps a step id to the argument name its producer's value actually
+    arrives in; for a ``commutative`` step fed through the other operand (``add(x, conv)``)
+    the two operands are swapped, so guards and binds see the pattern's order.
+    """
     name = f"fusion {fusion.name}"
     chip = _view(hcd)
     env: dict[str, Any] = {"chip": chip}
@@ -335,6 +343,10 @@ def match_fusion(fusion: Fusion, hcd, calls: Mapping[str, Call], *, dtype: str |
         if err:
             return Rejection(name, (Reason("args", f"{fusion.id} step {step.id}: {err}", rule=fusion.id),), fusion)
         values = dict(values)
+        arrived = (fed or {}).get(step.id)
+        if (step.commutative and step.input and arrived and arrived != step.input
+                and arrived in step.commutative and step.input in step.commutative):
+            values[step.input], values[arrived] = values.get(arrived), values.get(step.input)
         values["out"] = call.out
         env[step.id] = values
         if first_primary is None:

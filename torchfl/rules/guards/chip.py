@@ -45,10 +45,19 @@ CHIP = record(
 
 
 def chip_view(hcd) -> dict:
-    """Plain data for ``chip.*`` from an HCD (absent optional units are absent keys)."""
+    """Plain data for ``chip.*`` from an HCD; every field of :data:`CHIP` is present, absent ones as None."""
     data = hcd.canonical()
     data.pop("chip", None)
     data.setdefault("constraints", {}).setdefault("bfloat16_emulation", False)
     data["dtypes"] = list(hcd.dtypes)
     data["layouts"] = list(hcd.layouts)
-    return data
+    return _fill(data, CHIP)
+
+
+def _fill(data, t):
+    """Keep only the fields the type declares (nothing else is reachable) and add absent ones as None."""
+    if t.kind == "optional":
+        t = t.elem
+    if t.kind != "record" or not isinstance(data, dict):
+        return data
+    return {name: (None if data.get(name) is None else _fill(data[name], ft)) for name, ft in t.fields}

@@ -302,7 +302,8 @@ def explain_false(node: S.Node, text: str, env: Mapping[str, Any]) -> str:
 def _operands(ev: Evaluator, nodes) -> str:
     parts = []
     for part in nodes:
-        if isinstance(part, (S.Const, S.ListLit)) and all(isinstance(i, S.Const) for i in getattr(part, "items", ())):
+        items = part.items if isinstance(part, S.ListLit) else ()
+        if isinstance(part, (S.Const, S.ListLit)) and all(isinstance(i, S.Const) for i in items):
             continue
         try:
             parts.append(f"{ev.src(part)} = {show(ev.value(part))}")

@@ -134,6 +134,8 @@ def _prescan(text: str) -> None:
         )
     depth, quote = 0, None
     for i, ch in enumerate(text):
+        if ord(ch) < 32 and ch not in "\t\r\n":
+            raise GuardSyntaxError(f"control character U+{ord(ch):04X} in guard", i)
         if quote:
             if ch == quote:
                 quote = None

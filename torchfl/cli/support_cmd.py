@@ -1,0 +1,159 @@
+"""``torchfl registry ops|support|why-not``: the support matrix, read through the Registry.
+
+Thin: the answers are computed by :mod:`torchfl.rules.support` (pure functions over HCDs
+and rule packs); this module reads chips and packs from the registry, prints text or
+``--json``, and turns unknown names into one line on stderr (exit 1) listing near
+matches. Neither torch nor numba is imported.
+"""
+
+from __future__ import annotations
+
+import click
+
+from torchfl.cli.registry_cmd import _emit_json, _fail, handles_errors, json_option, open_registry, registry_option
+
+
+def _packs(reg):
+    from torchfl.rules import PackError
+
+    packs = []
+    for summary in sorted(reg.packs(), key=lambda s: s.name):
+        try:
+            packs.append(reg.pack(summary.name))
+        except PackError as exc:
+            _fail(f"rule pack {summary.name} {summary.version} in {reg.display_url} no longer checks: "
+                  f"{exc.diagnostics[0] if exc.diagnostics else exc}", 1)
+    if not packs:
+        _fail(f"no rule packs in {reg.display_url}: run `torchfl registry import rules/core.yaml`", 1)
+    return packs
+
+
+def _guarded(f):
+    """SupportError (unknown op/dtype/layout) -> one line, exit 1."""
+    import functools
+
+    @functools.wraps(f)
+    def wrapper(*args, **kwargs):
+        from torchfl.rules.support import SupportError
+
+        try:
+            return f(*args, **kwargs)
+        except SupportError as exc:
+            _fail(str(exc), 1)
+
+    return handles_errors(wrapper)
+
+
+def _lays(xs) -> str:
+    return ", ".join(xs) if xs else "n/a (layout-free)"
+
+
+@click.command("ops")
+@click.option("--chip", "chip_name", required=True, metavar="NAME", help="Chip name, e.g. NPU-V3.")
+@click.option("--version", "chip_version", default=None, metavar="V", help="Chip version (default: latest).")
+@registry_option
+@json_option
+@_guarded
+def ops(chip_name, chip_version, registry_url, as_json):
+    """Every op a chip supports: dtypes, layouts and kernels; and the fusion groups available."""
+    from torchfl.rules.support import chip_ops
+
+    reg = open_registry(registry_url)
+    hcd = reg.chip(chip_name, chip_version)
+    result = chip_ops(hcd, _packs(reg))
+    if as_json:
+        return _emit_json(result)
+    c = result["chip"]
+    click.echo(f"{c['name']} {c['version']} (device_type {c['device_type']}), packs: {', '.join(result['packs'])}")
+    width = max((len(o["op"]) for o in result["ops"]), default=10)
+    for o in result["ops"]:
+        click.echo(f"  {o['op']:<{width}}  {', '.join(o['kernels']):<22} dtypes {', '.join(o['dtypes']):<26} "
+                   f"layouts {_lays(o['layouts'])}")
+    fus = [f for f in result["fusions"] if f["supported"]]
+    if fus:
+        click.echo("fusion groups:")
+        for f in fus:
+            chain = " -> ".join("|".join(s) for s in f["pattern"])
+            click.echo(f"  {f['name']} -> {f['kernel']}: {chain}")
+    for u in result["unsupported"]:
+        click.echo(f"  not supported: {u['op']}: {u['reasons'][0]['message'] if u['reasons'] else ''}")
+    for f in result["fusions"]:
+        if not f["supported"]:
+            click.echo(f"  fusion not available: {f['name']}: {f['reasons'][0]['message']}")
+    click.echo(f"{len(result['ops'])} ops supported, {len(result['unsupported'])} with rules not supported, "
+               f"{len(result['no_rule'])} known ops without a rule (see `registry why-not OP --chip`)")
+
+
+@click.command("support")
+@click.argument("op")
+@registry_option
+@json_option
+@_guarded
+def support(op, registry_url, as_json):
+    """One op across every chip in the registry (dtypes, layouts, kernel)."""
+    from torchfl.rules.support import op_support
+
+    reg = open_registry(registry_url)
+    packs = _packs(reg)
+    chips = [reg.chip(s.name) for s in reg.chips()]
+    if not chips:
+        _fail(f"no chips in {reg.display_url}: run `torchfl registry import hcd_registry/*.hcd`", 1)
+    result = op_support(op, chips, packs)
+    if as_json:
+        return _emit_json(result)
+    click.echo(f"{result['op']} ({result['rules']} rule{'s' if result['rules'] != 1 else ''})")
+    for row in result["chips"]:
+        c = row["chip"]
+        name = f"{c['name']} {c['version']}"
+        if row["supported"]:
+            click.echo(f"  {name:<20} {', '.join(row['kernels']):<22} dtypes {', '.join(row['dtypes']):<26} "
+                       f"layouts {_lays(row['layouts'])}")
+        else:
+            click.echo(f"  {name:<20} not supported: {row['reasons'][0]['message']}")
+
+
+@click.command("why-not")
+@click.argument("op")
+@click.option("--chip", "chip_name", required=True, metavar="NAME", help="Chip name, e.g. NPU-V2.")
+@click.option("--version", "chip_version", default=None, metavar="V", help="Chip version (default: latest).")
+@click.option("--dtype", default=None, metavar="D", help="dtype to ask about (float16, torch.bfloat16, ...).")
+@click.option("--layout", default=None, metavar="L", help="Layout to ask about (NCHW, NHWC, NHCW, ...).")
+@registry_option
+@json_option
+@_guarded
+def why_not(op, chip_name, chip_version, dtype, layout, registry_url, as_json):
+    """Why an op is not served on a chip (each reason names the HCD field or the rule and guard)."""
+    from torchfl.rules.support import layouts_of, normalise_dtype, normalise_layout, why_not as query
+
+    normalise_dtype(dtype), normalise_layout(layout)  # unknown names fail before the registry is read
+    reg = open_registry(registry_url)
+    hcd = reg.chip(chip_name, chip_version)
+    packs = _packs(reg)
+    others = layouts_of([reg.chip(s.name) for s in reg.chips()])
+    result = query(op, hcd, packs, dtype=dtype, layout=layout, known_layouts=others)
+    if as_json:
+        return _emit_json(result)
+    c = result["chip"]
+    asked = " ".join(x for x in (result["dtype"], result["layout"]) if x)
+    click.echo(f"{result['op']}{' ' + asked if asked else ''} on {c['name']} {c['version']}: "
+               f"{'supported' if result['supported'] else 'not supported'}")
+    seen = set()
+    for s in result["served"]:
+        key = (s["kernel"], s["dtype"], s["rule"])
+        if key in seen:
+            continue
+        seen.add(key)
+        lays = [x["layout"] for x in result["served"] if (x["kernel"], x["dtype"], x["rule"]) == key and x["layout"]]
+        where = f" in {', '.join(lays)}" if lays else ""
+        cond = f"; if the call meets: {'; '.join(s['guards'])}" if s["guards"] else ""
+        click.echo(f"  served: {s['dtype']}{where} by {s['kernel']} ({s['rule']}) on compute_units."
+                   f"{s['unit'] or '-'}{cond}")
+        for w in s["warnings"]:
+            click.echo(f"    warning: {w}")
+    for g in result["gaps"]:
+        what = " ".join(x for x in (g["dtype"], g["layout"]) if x) or "any"
+        for r in g["reasons"]:
+            click.echo(f"  not {what}: {r['message']}")
+
+
+COMMANDS = [ops, support, why_not]
