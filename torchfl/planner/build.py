@@ -192,7 +192,12 @@ def _rejected(cands, selection):
         chosen = [o for o in selection.chosen if o.key in mine]
         chosen_cost = sum(o.cost for o in chosen)
         label = " + ".join(f"{o.payload.kernel or 'cpu'} ({o.layout_out})" for o in chosen)
-        if opt.cost == chosen_cost:
+        covered = {n for o in chosen for n in o.nodes}
+        if set(opt.nodes) != covered:
+            why = (f"covers {'+'.join(opt.nodes)} for {opt.cost:.3g} s; the chosen {label} covers "
+                   f"{'+'.join(sorted(covered, key=lambda n: position.get(n, 0)))} for {chosen_cost:.3g} s "
+                   "and the whole cover is cheaper")
+        elif opt.cost == chosen_cost:
             why = f"tie at {opt.cost:.3g} s with the chosen {label}; the earlier candidate is kept"
         elif opt.cost > chosen_cost:
             why = f"{opt.cost:.3g} s vs {chosen_cost:.3g} s for the chosen {label}"
