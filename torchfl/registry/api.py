@@ -17,7 +17,7 @@ from datetime import datetime
 from pathlib import Path
 from typing import Iterable
 
-from torchfl.registry.engine import WRITE, check_url, create_registry_engine, file_missing, sqlite_file, translated
+from torchfl.registry.engine import WRITE, check_sqlite_writable, check_url, create_registry_engine, file_missing, sqlite_file, translated
 from torchfl.registry.reader import engine_reader, sqlite_reader, timestamp
 from torchfl.registry.errors import ImportRefused, NotFound, RegistryUnavailable, SchemaMismatch
 from torchfl.registry.names import HEAD, REVISIONS, TABLE_NAMES
@@ -158,6 +158,7 @@ class Registry:
 
     @contextlib.contextmanager
     def _write(self):
+        check_sqlite_writable(self.url)
         self._ready(writing=True)
         with translated(self.url, writing=True), self._eng().connect() as conn:
             conn = conn.execution_options(**WRITE)

@@ -110,6 +110,10 @@ def explain_db_error(exc: BaseException, url: str, *, writing: bool) -> Registry
         return RegistryUnavailable(
             f"registry {shown} is read-only ({detail}); make the file and its directory writable, "
             f"or {'write to' if writing else 'use'} another registry with --registry URL")
+    if "permission denied" in low or "insufficient privilege" in low or "insufficientprivilege" in low:
+        return RegistryUnavailable(
+            f"registry {shown} is read-only for this user ({detail}); ask its owner for write access, "
+            f"or {'write to' if writing else 'use'} another registry with --registry URL")
     if "file is not a database" in low or "not a database" in low:
         return RegistryUnavailable(
             f"{shown} is not a torchfl registry (not an SQLite database); point --registry at a "
@@ -160,6 +164,20 @@ def translated(url: str, *, writing: bool = False):
         if _is_db_error(exc):
             raise explain_db_error(exc, url, writing=writing) from None
         raise
+
+
+def check_sqlite_writable(url: str) -> None:
+    """A clear refusal before writing to an SQLite file this process may not write."""
+    path = sqlite_file(url) if backend_of(url) == "sqlite" else None
+    if path is None or not os.path.exists(path):
+        return
+    folder = os.path.dirname(os.path.abspath(path))
+    for what, p in (("file", path), ("directory", folder)):
+        if not os.access(p, os.W_OK):
+            raise RegistryUnavailable(
+                f"registry {display_url(url)} is read-only (no write permission on its {what} {p}; SQLite also "
+                "writes -wal/-shm files beside it); make both writable, or import into another registry "
+                "with --registry URL")
 
 
 def file_missing(url: str) -> bool:

@@ -49,7 +49,17 @@ def sqlite_reader(path: str):
     """A deferred (snapshot) read transaction on an SQLite file, without SQLAlchemy."""
     import sqlite3
 
-    conn = sqlite3.connect(path, timeout=BUSY_TIMEOUT_S, isolation_level=None)
+    import os
+    from urllib.parse import quote
+
+    folder = os.path.dirname(os.path.abspath(path))
+    if not os.access(folder, os.W_OK) and not os.path.exists(path + "-shm"):
+        # A read-only directory: SQLite cannot create the WAL index, but nobody can write
+        # here either, so the file is read as immutable.
+        conn = sqlite3.connect(f"file:{quote(os.path.abspath(path))}?immutable=1", uri=True,
+                               timeout=BUSY_TIMEOUT_S, isolation_level=None)
+    else:
+        conn = sqlite3.connect(path, timeout=BUSY_TIMEOUT_S, isolation_level=None)
     try:
         conn.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_S * 1000)}")
         conn.execute("BEGIN")

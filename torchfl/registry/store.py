@@ -39,6 +39,8 @@ def write(conn, docs, *, tool_version: str, progress=None) -> tuple[list[Outcome
     outcomes: list[Outcome] = []
     conflicts: list[Conflict] = []
     total, done = len(docs), 0
+    if progress:
+        progress("writing", 0, total)
     for kind, table in TABLES.items():
         mine = sorted((d for d in docs if d.kind == kind), key=lambda d: (d.name, d.version))
         if not mine:
