@@ -88,6 +88,7 @@ class KernelSpec:
     tiler: Callable | None = None
     impl: str = ""
     mixed_dtypes: bool = False   # inputs may differ in dtype (cast, where, int8 scales...)
+    dtype_input: str | None = None   # input whose dtype is the problem's (default: the first)
 
     # -- inputs --
     @property
@@ -123,7 +124,7 @@ class KernelSpec:
         full = {**self.attrs, **attrs}
         dtypes = dict(dtypes or {})
         if dtype is None:
-            first = self.required_inputs[0] if self.required_inputs else None
+            first = self.dtype_input or (self.required_inputs[0] if self.required_inputs else None)
             dtype = dtypes.get(first, "float32")
         if dtype not in self.dtypes:
             raise KernelError(f"kernel {self.name} does not compute in {dtype}; it supports "
@@ -172,7 +173,7 @@ class KernelSpec:
         for k, t in inputs.items():
             t.check_alignment(chip.alignment, f"kernel {self.name}: input {k!r}")
         problem = self.problem({k: t.shape for k, t in inputs.items()}, attrs,
-                               None if self.mixed_dtypes else _first_dtype(self, inputs),
+                               _first_dtype(self, inputs) if (not self.mixed_dtypes or self.dtype_input) else None,
                                {k: t.layout for k, t in inputs.items()},
                                {k: t.dtype for k, t in inputs.items()})
         if plan is None:
@@ -191,6 +192,8 @@ class KernelSpec:
 
 
 def _first_dtype(spec, inputs):
+    if spec.dtype_input and spec.dtype_input in inputs:
+        return inputs[spec.dtype_input].dtype
     for n in spec.input_names:
         if n in inputs:
             return inputs[n].dtype

@@ -1,0 +1,127 @@
+"""Normalisation family vs torch / autograd, any layout, resident and chunked tilings."""
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from torchfl.kernels import ChipModel, DeviceMemory, KernelError
+from torchfl.kernels.catalog import get
+from test_conv import close, dev, run_checked
+
+CACHES = [8 << 20, 1024, 64]   # resident / several segments per tile / chunked
+
+
+@pytest.mark.parametrize("cache", CACHES)
+@pytest.mark.parametrize("shape,layout", [((2, 3, 5, 7), "NHWC"), ((4, 5), None), ((1, 7, 3), "CLN"),
+                                          ((3, 2, 4, 1), "WCNH")])
+def test_batch_norm_infer(shape, layout, cache):
+    chip = ChipModel(cache_bytes=cache)
+    mem = DeviceMemory(chip)
+    torch.manual_seed(0)
+    C = shape[1]
+    x = torch.randn(*shape)
+    w, b, m, v = torch.rand(C) + 0.5, torch.randn(C), torch.randn(C), torch.rand(C) + 0.1
+    ins = {"x": dev(x, mem, layout), "weight": dev(w, mem), "bias": dev(b, mem),
+           "running_mean": dev(m, mem), "running_var": dev(v, mem)}
+    (y,), _ = run_checked("batch_norm_infer", chip, ins, {"eps": 1e-3})
+    close(y.to_numpy(), F.batch_norm(x, m, v, w, b, False, 0.1, 1e-3).numpy(), "float32")
+
+
+@pytest.mark.parametrize("cache", CACHES)
+@pytest.mark.parametrize("shape,layout", [((2, 3, 5, 7), "NHWC"), ((6, 4), None), ((3, 2, 4, 5), "HCWN")])
+def test_batch_norm_train_and_backward(shape, layout, cache):
+    chip = ChipModel(cache_bytes=cache)
+    mem = DeviceMemory(chip)
+    torch.manual_seed(1)
+    C = shape[1]
+    x = (torch.randn(*shape) * 3 + 2).requires_grad_(True)
+    w = (torch.rand(C) + 0.5).requires_grad_(True)
+    b = torch.randn(C).requires_grad_(True)
+    rm, rv = torch.randn(C), torch.rand(C) + 0.5
+    # ATen's functional training op: (out, save_mean, save_rstd, new_running_mean, new_running_var)
+    out, smean, srstd, nrm, nrv = torch.ops.aten._native_batch_norm_legit_functional(
+        x, w, b, rm, rv, True, 0.1, 1e-5)
+    ins = {"x": dev(x.detach(), mem, layout), "weight": dev(w.detach(), mem), "bias": dev(b.detach(), mem),
+           "running_mean": dev(rm, mem), "running_var": dev(rv, mem)}
+    (y, mt, it, rmt, rvt), _ = run_checked("batch_norm_train", chip, ins, {"momentum": 0.1})
+    close(y.to_numpy(), out.detach().numpy(), "float32")
+    close(mt.to_numpy(), smean.numpy(), "float32")
+    close(it.to_numpy(), srstd.numpy(), "float32")
+    close(rmt.to_numpy(), nrm.numpy(), "float32")
+    close(rvt.to_numpy(), nrv.numpy(), "float32")
+    gy = torch.randn_like(out)
+    out.backward(gy)
+    bins = {"grad_out": dev(gy, mem, layout), "x": dev(x.detach(), mem, "NCHW"[:len(shape)]),
+            "weight": dev(w.detach(), mem), "save_mean": dev(smean, mem), "save_invstd": dev(srstd, mem)}
+    (dx, dw, db), _ = run_checked("batch_norm_backward", chip, bins)
+    close(dx.to_numpy(), x.grad.numpy(), "float32")
+    close(dw.to_numpy(), w.grad.numpy(), "float32", scale=10)
+    close(db.to_numpy(), b.grad.numpy(), "float32", scale=10)
+
+
+def test_batch_norm_train_rejects_single_value():
+    with pytest.raises(KernelError, match="more than 1 value"):
+        get("batch_norm_train").problem({"x": (1, 3, 1, 1)}, {}, "float32")
+
+
+@pytest.mark.parametrize("cache", CACHES)
+@pytest.mark.parametrize("shape,ns,layout", [((4, 7), (7,), None), ((2, 3, 10), (10,), "CNL"),
+                                             ((2, 3, 4, 5), (4, 5), "NHCW"), ((1, 1), (1,), None),
+                                             ((5, 768), (768,), None)])
+def test_layer_norm_and_backward(shape, ns, layout, cache):
+    chip = ChipModel(cache_bytes=cache)
+    mem = DeviceMemory(chip)
+    torch.manual_seed(2)
+    x = (torch.randn(*shape) * 2 + 1).requires_grad_(True)
+    w = (torch.rand(*ns) + 0.5).requires_grad_(True)
+    b = torch.randn(*ns).requires_grad_(True)
+    out, mean, rstd = torch.ops.aten.native_layer_norm(x, list(ns), w, b, 1e-5)
+    ins = {"x": dev(x.detach(), mem, layout), "weight": dev(w.detach(), mem), "bias": dev(b.detach(), mem)}
+    (y, mt, rt), _ = run_checked("layer_norm", chip, ins, {"normalized_shape": ns})
+    close(y.to_numpy(), out.detach().numpy(), "float32")
+    assert mt.shape == tuple(mean.shape)
+    close(mt.to_numpy(), mean.numpy(), "float32")
+    close(rt.to_numpy(), rstd.numpy(), "float32")
+    gy = torch.randn_like(out)
+    out.backward(gy)
+    if cache == 64 and shape[-1] > 1:
+        pytest.skip("layer_norm_backward keeps whole rows on chip (no chunked backward)")
+    bins = {"grad_out": dev(gy, mem, layout), "x": dev(x.detach(), mem), "mean": dev(mean, mem),
+            "rstd": dev(rstd, mem), "weight": dev(w.detach(), mem), "bias": dev(b.detach(), mem)}
+    (dx, dw, db), _ = run_checked("layer_norm_backward", chip, bins, {"normalized_shape": ns})
+    close(dx.to_numpy(), x.grad.numpy(), "float32")
+    close(dw.to_numpy(), w.grad.numpy(), "float32", scale=5)
+    close(db.to_numpy(), b.grad.numpy(), "float32", scale=5)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_norm_half(dtype):
+    chip = ChipModel()
+    mem = DeviceMemory(chip)
+    tdt = getattr(torch, dtype)
+    x = torch.randn(3, 4, 6, 5).to(tdt)
+    w, b = torch.rand(5).to(tdt) + 0.5, torch.randn(5).to(tdt)
+    (y, _, _), _ = run_checked("layer_norm", chip, {"x": dev(x, mem, "NHWC"), "weight": dev(w, mem),
+                                                    "bias": dev(b, mem)})
+    assert y.dtype == dtype
+    ref = F.layer_norm(x.float(), (5,), w.float(), b.float())
+    close(y.to_numpy(), ref.numpy(), dtype, scale=2)
+    C = 4
+    m, v = torch.randn(C).to(tdt), (torch.rand(C) + 0.5).to(tdt)
+    (y,), _ = run_checked("batch_norm_infer", chip, {"x": dev(x, mem, "NHWC"), "running_mean": dev(m, mem),
+                                                     "running_var": dev(v, mem)})
+    close(y.to_numpy(), F.batch_norm(x.float(), m.float(), v.float()).numpy(), dtype, scale=2)
+
+
+def test_norm_bigger_cache_never_moves_more():
+    for name, shapes in [("layer_norm", {"x": (64, 4096), "weight": (4096,)}),
+                         ("batch_norm_train", {"x": (8, 16, 30, 30)}),
+                         ("batch_norm_backward", {"grad_out": (8, 16, 30, 30), "x": (8, 16, 30, 30),
+                                                  "save_mean": (16,), "save_invstd": (16,)})]:
+        spec = get(name)
+        prob = spec.problem(shapes, {}, "float32")
+        last = None
+        for kb in [1, 4, 16, 64, 256, 4096, 65536]:
+            t = spec.tile(prob, ChipModel(cache_bytes=kb << 10)).traffic.bytes
+            assert last is None or t <= last, (name, kb)
+            last = t

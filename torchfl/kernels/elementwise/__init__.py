@@ -1,0 +1,141 @@
+"""Elementwise and activation kernels (forward and backward), pure-Python part.
+
+One tiling for the whole family (``plan_elementwise``): the output is walked in its
+physical order in tiles of whole elements (``stream_plan``). Inputs of the output's size
+stream beside it (double-buffered); a broadcast input (fewer elements) is loaded once and
+kept on chip when all broadcast inputs fit in half the cache, else it streams expanded.
+Ops per element are FLOP-equivalents from ``COST`` (transcendentals count several).
+"""
+from __future__ import annotations
+
+from ..errors import KernelError
+from ..spec import KernelSpec, TensorMeta
+from ..tiling import stream_plan
+
+FLOATS = ("float32", "float16", "bfloat16")
+ES = {"float32": 4, "float16": 2, "bfloat16": 2, "bool": 1, "int8": 1, "int32": 4, "int64": 8}
+
+# name: (op code, inputs, attrs, cost, fuses, doc)
+OPS = {
+    "add": (0, ("a", "b?"), {"scalar": 0.0, "alpha": 1.0}, 1, ("aten.add",), "a + alpha*b (b tensor, broadcast, or scalar)"),
+    "sub": (1, ("a", "b?"), {"scalar": 0.0, "alpha": 1.0}, 1, ("aten.sub",), "a - alpha*b"),
+    "mul": (2, ("a", "b?"), {"scalar": 1.0}, 1, ("aten.mul",), "a * b"),
+    "div": (3, ("a", "b?"), {"scalar": 1.0}, 1, ("aten.div",), "a / b"),
+    "relu": (4, ("a",), {}, 1, ("aten.relu",), "max(a, 0)"),
+    "gelu": (5, ("a",), {"approximate": "none"}, 8, ("aten.gelu",), "gelu, erf (none) or tanh form"),
+    "silu": (6, ("a",), {}, 5, ("aten.silu",), "a * sigmoid(a)"),
+    "sigmoid": (7, ("a",), {}, 4, ("aten.sigmoid",), "1 / (1 + exp(-a))"),
+    "tanh": (8, ("a",), {}, 4, ("aten.tanh",), "tanh(a)"),
+    "neg": (9, ("a",), {}, 1, ("aten.neg",), "-a"),
+    "rsqrt": (10, ("a",), {}, 2, ("aten.rsqrt",), "1 / sqrt(a)"),
+    "pow": (11, ("a", "b?"), {"exponent": 2.0}, 2, ("aten.pow",), "a ** b (tensor) or a ** exponent"),
+    "where": (12, ("cond", "a", "b"), {}, 1, ("aten.where",), "cond ? a : b (cond bool; all broadcast)"),
+    "relu_backward": (13, ("grad", "x"), {"threshold": 0.0}, 1, ("aten.threshold_backward",),
+                      "grad where x > threshold else 0"),
+    "gelu_backward": (14, ("grad", "x"), {"approximate": "none"}, 12, ("aten.gelu_backward",), "d gelu"),
+    "silu_backward": (15, ("grad", "x"), {}, 8, ("aten.silu_backward",), "d silu"),
+    "sigmoid_backward": (16, ("grad", "out"), {}, 3, ("aten.sigmoid_backward",), "grad * out * (1 - out)"),
+    "tanh_backward": (17, ("grad", "out"), {}, 3, ("aten.tanh_backward",), "grad * (1 - out^2)"),
+}
+
+
+def broadcast_shape(shapes, kernel):
+    rank = max((len(s) for s in shapes), default=0)
+    out = [1] * rank
+    for s in shapes:
+        s = (1,) * (rank - len(s)) + tuple(s)
+        for i, (o, n) in enumerate(zip(out, s)):
+            if n != o and n != 1 and o != 1:
+                raise KernelError(f"{kernel}: shapes {', '.join(str(list(x)) for x in shapes)} do not "
+                                  "broadcast (sizes must match or be 1, aligned from the right)")
+            if o == 1:
+                out[i] = n
+    return tuple(out)
+
+
+def _names(p):
+    return [n for n in OPS[p.kernel][1] if n.rstrip("?") in p.shapes]
+
+
+def _out_shape(p):
+    return broadcast_shape([p.shapes[n.rstrip("?")] for n in _names(p)], p.kernel)
+
+
+def _out_layout(p, shape):
+    lay = p.attrs.get("out_layout")
+    if lay is not None:
+        return lay
+    first = OPS[p.kernel][1][0] if p.kernel != "where" else "a"
+    if tuple(p.shapes[first]) == shape:
+        return p.layouts.get(first)
+    return None
+
+
+def _check(p):
+    shape = _out_shape(p)
+    for n in _names(p):
+        n = n.rstrip("?")
+        want = "bool" if (p.kernel == "where" and n == "cond") else p.dtype
+        if p.dtype_of(n) != want:
+            raise KernelError(f"{p.kernel}: input {n} must be {want}, got {p.dtype_of(n)}; insert a cast")
+    if p.attrs.get("approximate", "none") not in ("none", "tanh"):
+        raise KernelError(f"{p.kernel}: approximate must be 'none' or 'tanh', got {p.attrs['approximate']!r}")
+    lay = p.attrs.get("out_layout")
+    if lay is not None:
+        from ..tensor import layout_perm
+
+        try:
+            layout_perm(lay, len(shape))
+        except ValueError as e:
+            raise KernelError(f"{p.kernel}: out_layout: {e}") from None
+
+
+def _meta(p):
+    shape = _out_shape(p)
+    return [TensorMeta(shape, p.dtype, _out_layout(p, shape))]
+
+
+def _numel(s):
+    n = 1
+    for x in s:
+        n *= x
+    return n
+
+
+def plan_elementwise(p, chip):
+    """THE tiling function of the elementwise family (see the module docstring)."""
+    shape = _out_shape(p)
+    n = _numel(shape)
+    es_out = ES[p.dtype]
+    streamed, resident, mask = 0, 0, 0
+    bc = [(i, nm.rstrip("?")) for i, nm in enumerate(_names(p)) if _numel(p.shapes[nm.rstrip("?")]) < n]
+    bc_bytes = sum(_numel(p.shapes[nm]) * ES[p.dtype_of(nm)] for _, nm in bc)
+    keep = bc_bytes <= chip.cache_bytes // 2
+    for i, nm in enumerate(_names(p)):
+        nm = nm.rstrip("?")
+        es = ES[p.dtype_of(nm)]
+        if keep and any(j == i for j, _ in bc):
+            resident += _numel(p.shapes[nm]) * es
+            mask |= 1 << i
+        else:
+            streamed += es
+    cost = OPS[p.kernel][3]
+    plan = stream_plan(p.kernel, p.key, n, streamed, es_out, cost, chip, resident_bytes=resident,
+                       unit_name="elements")
+    if plan is None:
+        raise KernelError(f"{p.kernel}: not even one element fits the {chip.cache_bytes} B cache of {chip.name}")
+    from dataclasses import replace
+
+    cfg = replace(plan.config, tiles=plan.config.tiles + (("resident_mask", mask),))
+    return replace(plan, config=cfg)
+
+
+def _spec(name):
+    code, inputs, attrs, cost, fuses, doc = OPS[name]
+    return KernelSpec(name=name, family="elementwise", inputs=inputs, attrs={**attrs, "out_layout": None},
+                      dtypes=FLOATS, layouts="any", fuses=(), doc=doc, check=_check, meta=_meta,
+                      tiler=plan_elementwise, impl="run_elementwise", mixed_dtypes=name == "where",
+                      dtype_input="a" if name == "where" else None)
+
+
+KERNELS = [_spec(n) for n in OPS]
