@@ -138,9 +138,8 @@ class _Compiler:
             rel_col = offset - (before.rfind("\n") + 1)
             body = line + 1 + rel_line
             indent = 0
-            if body - 1 < len(self.lines):
-                body_src = self.lines[body - 1]
-                indent = len(body_src) - len(body_src.lstrip(" "))
+            first = next((x for x in self.lines[line:] if x.strip()), "")  # block indentation: first content line
+            indent = len(first) - len(first.lstrip(" "))
             return body, indent + rel_col + 1
         if lead in ("'", '"'):
             return line, col + 1 + offset
@@ -162,6 +161,7 @@ class _Compiler:
         by_op: dict[str, Rule] = {}
         for r in rules:
             by_op.setdefault(r.op, r)
+        self.broken_ops = {m.op for m in model.rules} - set(by_op)  # their errors are reported already
         fusions = tuple(f for f in (self.fusion(pname, i, m, by_op) for i, m in enumerate(model.fusions)) if f)
         no_rule = []
         for i, e in enumerate(model.no_rule):
@@ -339,6 +339,8 @@ class _Compiler:
             rule = None
             for j, op in enumerate(ops):
                 r = by_op.get(op)
+                if r is None and op in self.broken_ops:
+                    return None
                 if r is None:
                     self.error(spath + (("op", j) if isinstance(s.op, list) else ("op",)),
                                f"{op} has no rule in this pack; a fusion step takes its args from the op's rule"
