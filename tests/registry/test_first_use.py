@@ -1,0 +1,53 @@
+"""Right after install: the default registry is created, migrated and seeded on first use.
+
+An explicit URL is never created behind the user's back: it says to run ``init``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+from torchfl.resources import bundled_hcds
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def _env(tmp_path: Path, url: str | None) -> dict:
+    env = {k: v for k, v in os.environ.items() if k != "TORCHFL_REGISTRY_URL"}
+    env["XDG_DATA_HOME"] = str(tmp_path / "data")  # platformdirs' user data dir on Linux
+    if url:
+        env["TORCHFL_REGISTRY_URL"] = url
+    return env
+
+
+def _cli(env, *args):
+    return subprocess.Popen([sys.executable, "-m", "torchfl.cli", "registry", *args], cwd=ROOT, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+
+
+def test_first_use(registry_url, tmp_path):
+    expected = {p.stem.upper().replace("_", "-") for p in bundled_hcds()}
+    if registry_url.startswith("sqlite"):
+        env = _env(tmp_path, None)
+        # two first uses at once: one creates and seeds under the lock, the other waits
+        procs = [_cli(env, "list", "--json"), _cli(env, "list", "--json")]
+        outs = [p.communicate(timeout=120) for p in procs]
+        for (out, err), p in zip(outs, procs):
+            assert p.returncode == 0, err
+            data = json.loads(out)
+            assert {c["name"] for c in data["chips"]} == expected
+            assert data["url"] == f"sqlite:///{tmp_path}/data/torchfl/registry.sqlite3"
+        assert (tmp_path / "data/torchfl/registry.sqlite3").exists()
+    else:
+        env = _env(tmp_path, registry_url)
+        out, err = _cli(env, "list").communicate(timeout=120)
+        assert "not a torchfl registry" in err and "torchfl registry init" in err
+        p = _cli(env, "init")
+        out, err = p.communicate(timeout=120)
+        assert p.returncode == 0 and "created schema 0002" in out and "bundled: " in out, err
+        out, err = _cli(env, "list", "--json").communicate(timeout=120)
+        assert {c["name"] for c in json.loads(out)["chips"]} == expected
