@@ -1,0 +1,236 @@
+"""Explain analyze: execute a plan and set what was measured beside what was predicted.
+
+Per step: off-chip bytes the kernel counted (a fallback: the device->host->device round
+trip of its tensors, as the planner prices it), simulated time from those counts, and
+the kernel's wall time on this CPU. Simulated time uses the executed tile plan's tiles
+(per tile the larger of compute and memory time, as ``torchfl.kernels.tiling``) with
+each tile's bytes and operations scaled by counted / planned, so it equals the
+prediction exactly when the kernel moved what its tiling said. Route accounting counts,
+per ATen op, the nodes that ran on each kernel or on the CPU during the run.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+__all__ = ["StepAnalysis", "AnalyzedPlan", "analyze", "from_record"]
+
+
+@dataclass(frozen=True)
+class StepAnalysis:
+    index: int
+    kind: str
+    kernel: str
+    label: str
+    tile: str
+    predicted_bytes: int
+    measured_bytes: int
+    predicted_time_s: float
+    simulated_time_s: float
+    wall_s: float
+
+    @property
+    def time_error(self) -> float:
+        """(predicted - simulated) / simulated (0 when both are 0)."""
+        if self.simulated_time_s == 0:
+            return 0.0 if self.predicted_time_s == 0 else float("inf")
+        return (self.predicted_time_s - self.simulated_time_s) / self.simulated_time_s
+
+    @property
+    def bytes_match(self) -> bool:
+        return int(round(self.predicted_bytes)) == int(self.measured_bytes)
+
+
+@dataclass
+class AnalyzedPlan:
+    """A plan with one measured run; :meth:`render` gives the text, :meth:`to_dict` JSON."""
+
+    plan: object
+    steps: list
+    routes: dict
+    wall_s: float
+    kernel_s: float
+    peak_bytes: int
+    title: str = ""
+    extra: dict = field(default_factory=dict)
+
+    # -- totals --
+    @property
+    def predicted_bytes(self) -> int:
+        return int(sum(round(s.predicted_bytes) for s in self.steps))
+
+    @property
+    def measured_bytes(self) -> int:
+        return int(sum(s.measured_bytes for s in self.steps))
+
+    @property
+    def predicted_time_s(self) -> float:
+        return float(sum(s.predicted_time_s for s in self.steps))
+
+    @property
+    def simulated_time_s(self) -> float:
+        return float(sum(s.simulated_time_s for s in self.steps))
+
+    @property
+    def overhead_per_step_s(self) -> float:
+        return max(0.0, self.wall_s - self.kernel_s) / max(1, len(self.steps))
+
+    @property
+    def worst(self):
+        """The step with the largest |predicted - simulated| time error (None: no steps)."""
+        if not self.steps:
+            return None
+        return max(self.steps, key=lambda s: (abs(s.time_error), -s.index))
+
+    @property
+    def mismatched(self) -> list:
+        return [s for s in self.steps if not s.bytes_match]
+
+    def route_lines(self) -> list:
+        out = []
+        for op in sorted(self.routes):
+            parts = ", ".join(f"{n} x {k}" for k, n in sorted(self.routes[op].items(), key=lambda kv: (-kv[1], kv[0])))
+            out.append((op, parts))
+        return out
+
+    def to_dict(self) -> dict:
+        w = self.worst
+        return {
+            "title": self.title, "chip": self.plan.chip, "precision": self.plan.precision,
+            "steps": [{"index": s.index, "kind": s.kind, "kernel": s.kernel, "ops": s.label, "tile": s.tile,
+                       "predicted_bytes": int(round(s.predicted_bytes)), "measured_bytes": s.measured_bytes,
+                       "predicted_time_s": s.predicted_time_s, "simulated_time_s": s.simulated_time_s,
+                       "time_error": s.time_error if s.time_error != float("inf") else None,
+                       "wall_s": s.wall_s} for s in self.steps],
+            "totals": {"predicted_bytes": self.predicted_bytes, "measured_bytes": self.measured_bytes,
+                       "predicted_time_s": self.predicted_time_s, "simulated_time_s": self.simulated_time_s,
+                       "wall_s": self.wall_s, "kernel_wall_s": self.kernel_s,
+                       "overhead_per_step_s": self.overhead_per_step_s, "peak_device_bytes": self.peak_bytes},
+            "largest_time_error": None if w is None else {"step": w.index, "kernel": w.kernel,
+                                                          "error": w.time_error if w.time_error != float("inf") else None},
+            "routes": {op: dict(c) for op, c in sorted(self.routes.items())},
+        }
+
+    def render(self) -> str:
+        from .logs import short_dtype
+
+        plan = self.plan
+        head = self.title or f"EXPLAIN ANALYZE on {plan.chip}"
+        lines = [f"{head}  (chip {plan.chip} {plan.chip_version}, precision {plan.precision or 'as captured'})"]
+        hdr = ("step", "kind", "kernel", "ops", "tile", "pred bytes", "meas bytes", "pred time", "sim time",
+               "err", "wall")
+        rows = []
+        for s in self.steps:
+            err = "inf" if s.time_error == float("inf") else f"{s.time_error * 100:+.1f}%"
+            mark = "" if s.bytes_match else " !"
+            rows.append((str(s.index), s.kind, s.kernel, _clip(s.label, 44), _clip(s.tile, 22),
+                         f"{int(round(s.predicted_bytes)):,}", f"{s.measured_bytes:,}{mark}",
+                         _t(s.predicted_time_s), _t(s.simulated_time_s), err, _t(s.wall_s)))
+        widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(hdr)]
+        right = {0, 5, 6, 7, 8, 9, 10}
+
+        def fmt(r):
+            return "  ".join(c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths)))
+
+        lines.append(fmt(hdr))
+        lines.append("  ".join("-" * w for w in widths))
+        lines.extend(fmt(r) for r in rows)
+        eq = "equal on every step" if not self.mismatched else \
+            f"DIFFER on {len(self.mismatched)} step(s): " + ", ".join(str(s.index) for s in self.mismatched)
+        lines.append("")
+        lines.append(f"Totals: off-chip bytes predicted {self.predicted_bytes:,} / measured {self.measured_bytes:,} "
+                     f"({eq})")
+        lines.append(f"        time predicted {_t(self.predicted_time_s)} / simulated from counts "
+                     f"{_t(self.simulated_time_s)}; wall {_t(self.wall_s)} (kernels {_t(self.kernel_s)}, "
+                     f"executor overhead {self.overhead_per_step_s * 1e6:.1f} us/step over {len(self.steps)} steps)")
+        lines.append(f"        peak device memory {self.peak_bytes:,} B")
+        w = self.worst
+        if w is not None:
+            err = "inf" if w.time_error == float("inf") else f"{w.time_error * 100:+.2f}%"
+            lines.append(f"Largest predicted-vs-simulated time error: step {w.index} ({w.kernel}, {w.label}): {err}")
+        lines.append("Routes (per ATen op, counted during the run):")
+        rl = self.route_lines()
+        wop = max((len(op) for op, _ in rl), default=0)
+        for op, parts in rl:
+            lines.append(f"  {op.ljust(wop)}  {parts}")
+        if not rl:
+            lines.append("  (no ops)")
+        return "\n".join(lines)
+
+
+def _clip(text: str, n: int) -> str:
+    return text if len(text) <= n else text[: n - 1] + "~"
+
+
+def _t(seconds: float) -> str:
+    if seconds == 0:
+        return "0"
+    a = abs(seconds)
+    if a >= 1:
+        return f"{seconds:.3f} s"
+    if a >= 1e-3:
+        return f"{seconds * 1e3:.3f} ms"
+    if a >= 1e-6:
+        return f"{seconds * 1e6:.3f} us"
+    return f"{seconds * 1e9:.1f} ns"
+
+
+def _label(step) -> str:
+    from .errors import aten_name
+
+    if step.kind in ("cast", "layout"):
+        return f"{','.join(step.inputs)} -> {','.join(o for o in step.outputs if o)}"
+    return " + ".join(aten_name(o) for o in step.ops) or ",".join(step.nodes)
+
+
+def _tile_text(step) -> str:
+    t = step.tile or {}
+    tiles = t.get("tiles") or {}
+    if isinstance(tiles, dict) and tiles:
+        return f"{t.get('strategy', '')} " + "x".join(f"{k}{v}" for k, v in tiles.items())
+    return str(t.get("strategy", ""))
+
+
+def _simulated(step, rec, prep, chip) -> float:
+    """Per-tile roofline of the executed tile plan, scaled to the counted totals."""
+    from torchfl.kernels.tiling import Traffic
+
+    bytes_ = rec.bytes_read + rec.bytes_written
+    if step.kind == "fallback" or prep is None or prep.tile_plan is None:
+        return bytes_ * 2 / chip.offchip_bw if step.kind == "fallback" else 0.0
+    tp = prep.tile_plan
+    planned_b, planned_f = tp.traffic.bytes, tp.traffic.flops
+    kb = bytes_ / planned_b if planned_b else 1.0
+    kf = rec.flops / planned_f if planned_f else 1.0
+    peak = chip.peak_for(step.dtype)
+    bw = chip.offchip_bw
+    total = 0.0
+    for c, t in tp.groups:
+        total += c * max(t.flops * kf / peak, t.bytes * kb / bw)
+    if not tp.groups and (bytes_ or rec.flops):
+        total = max(rec.flops / peak, bytes_ / bw)
+    return float(total)
+
+
+def from_record(plan, record, executor, title: str = "") -> AnalyzedPlan:
+    """Build the analysis of one measured run of ``executor`` (which ran ``plan``)."""
+    preps = {p.step.index: p for p in executor.preps}
+    steps = []
+    for r in record.steps:
+        step = plan.steps[r.index]
+        steps.append(StepAnalysis(
+            index=r.index, kind=step.kind, kernel=step.kernel or "CPU (torch)", label=_label(step),
+            tile=_tile_text(step), predicted_bytes=step.predicted_bytes,
+            measured_bytes=r.bytes_read + r.bytes_written, predicted_time_s=step.predicted_time_s,
+            simulated_time_s=_simulated(step, r, preps.get(r.index), executor.chip), wall_s=r.wall_s))
+    return AnalyzedPlan(plan, steps, {k: dict(v) for k, v in record.routes.items()}, record.total_s,
+                        record.kernel_s, record.peak_bytes, title)
+
+
+def analyze(plan, inputs, *, chip=None, registry=None, executor=None, title: str = "") -> AnalyzedPlan:
+    """Execute ``plan`` once on ``inputs`` (flattened user inputs) and measure every step."""
+    from .executor import Executor, Record
+
+    ex = executor or Executor(plan, chip, registry=registry)
+    rec = Record()
+    ex.run(tuple(inputs), rec)
+    return from_record(plan, rec, ex, title)

@@ -1,0 +1,273 @@
+"""The ``torchfl`` torch.compile backend (registered as a ``torch_dynamo_backends`` entry
+point, so ``backend="torchfl"`` needs no torchfl import in user code).
+
+    torch.compile(model, backend="torchfl",
+                  options={"chip": "NPU-V3", "precision": "float16", "strict": False,
+                           "registry": "sqlite:///path/registry.db"})
+
+Dynamo hands over one FX graph per frame (graph breaks give several); each becomes a
+:class:`CompiledGraph`. Inference graphs are planned with ``plan_graph``; when autograd
+is recording (an input requires grad), AOTAutograd splits the graph into forward and
+backward core-ATen graphs and both are planned and executed on the emulated chip.
+
+Planning happens at the first call of each input signature (shapes, dtypes,
+channels-last), from the real inputs: a new shape replans, also after Dynamo has made the
+graph shape-polymorphic (a dynamic graph is specialised per concrete shape). Errors of
+planning (hard constraints, strict mode, bad options) are raised unchanged to the caller
+at that call, before anything runs, instead of being wrapped by Dynamo in
+``BackendCompilerFailed``.
+"""
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+
+__all__ = ["torchfl_backend", "CompiledGraph", "Options", "recording"]
+
+_OPTION_KEYS = ("chip", "precision", "strict", "registry")
+
+
+@dataclass(frozen=True)
+class Options:
+    """The backend's options (``torch.compile(..., options={...})``)."""
+
+    chip: object
+    precision: str | None = None
+    strict: bool = False
+    registry: object = None
+
+    @classmethod
+    def parse(cls, options) -> "Options":
+        from .logs import strict_env
+
+        options = dict(options or {})
+        unknown = sorted(set(options) - set(_OPTION_KEYS))
+        if unknown:
+            raise ValueError(f"torchfl backend: unknown option(s) {', '.join(map(repr, unknown))}; "
+                             f"it accepts {', '.join(_OPTION_KEYS)}")
+        chip = options.get("chip")
+        if not chip:
+            raise ValueError(_no_chip_message(options.get("registry")))
+        strict = options.get("strict", False)
+        if not isinstance(strict, bool):
+            raise ValueError(f"torchfl backend: strict must be True or False, got {strict!r}")
+        return cls(chip, options.get("precision"), strict or strict_env(), options.get("registry"))
+
+
+def _no_chip_message(registry) -> str:
+    msg = ('torchfl backend: no chip given; use torch.compile(model, backend="torchfl", '
+           'options={"chip": NAME})')
+    try:
+        from torchfl.registry import Registry
+
+        names = sorted(s.name for s in Registry(registry).chips())
+        if names:
+            msg += f"; registered chips: {', '.join(names)}"
+    except Exception:  # the hint is best effort; the error stands without it
+        pass
+    return msg
+
+
+# ---------------------------------------------------------------- explain recording
+
+_TLS = threading.local()
+
+
+class _Recorder:
+    """Collects (plan, record) of every graph executed while active (explain)."""
+
+    def __init__(self, analyze: bool):
+        self.analyze = analyze
+        self.entries = []   # (CompiledGraph, plan, Record | None)
+
+
+class recording:
+    """``with recording(analyze) as rec:`` -- graphs executed inside report to ``rec``."""
+
+    def __init__(self, analyze: bool = False):
+        self.rec = _Recorder(analyze)
+
+    def __enter__(self):
+        stack = getattr(_TLS, "stack", None)
+        if stack is None:
+            stack = _TLS.stack = []
+        stack.append(self.rec)
+        return self.rec
+
+    def __exit__(self, *exc):
+        _TLS.stack.pop()
+
+
+def _active():
+    stack = getattr(_TLS, "stack", None)
+    return stack[-1] if stack else None
+
+
+# ---------------------------------------------------------------- compiled graphs
+
+def _signature(args) -> tuple:
+    import torch
+
+    sig = []
+    for a in args:
+        if isinstance(a, torch.Tensor):
+            cl = a.dim() == 4 and not a.is_contiguous() and a.is_contiguous(memory_format=torch.channels_last)
+            sig.append((tuple(a.shape), a.dtype, cl))
+        elif isinstance(a, (int, float, bool)):
+            sig.append((type(a).__name__, a))
+        else:
+            sig.append(type(a).__name__)
+    return tuple(sig)
+
+
+def _static_positions(args) -> tuple:
+    import torch
+
+    out = []
+    for i, a in enumerate(args):
+        if isinstance(a, torch.nn.Parameter) or getattr(a, "_dynamo_static_input_type", None):
+            out.append(i)
+    return tuple(out)
+
+
+class _Entry:
+    __slots__ = ("plan", "executor", "error")
+
+    def __init__(self, plan=None, executor=None, error=None):
+        self.plan, self.executor, self.error = plan, executor, error
+
+
+class CompiledGraph:
+    """What the backend returns for one graph: plans per input signature, executes."""
+
+    def __init__(self, gm, options: Options, kind: str = "inference"):
+        self.gm = gm
+        self.options = options
+        self.kind = kind            # inference | forward | backward
+        self.entries: dict = {}
+
+    # -- planning --
+    def _plan(self, args):
+        from torchfl import planner
+
+        o = self.options
+        if self.kind == "inference":
+            return planner.plan_graph(self.gm, list(args), chip=o.chip, precision=o.precision,
+                                      strict=o.strict, registry=o.registry)
+        from torchfl.planner.api import plan_captured
+        from torchfl.planner.source import resolve
+
+        gm = _concrete(self.gm, args)
+        hcd, packs = resolve(o.chip, o.registry)
+        return plan_captured(_captured_aot(gm, self.kind), (), hcd, packs, precision=o.precision,
+                             strict=o.strict)
+
+    def _entry(self, args) -> _Entry:
+        sig = _signature(args)
+        entry = self.entries.get(sig)
+        if entry is None:
+            from .executor import Executor
+
+            try:
+                plan = self._plan(args)
+                ex = Executor(plan, registry=self.options.registry, strict=self.options.strict,
+                              static_inputs=_static_positions(args))
+                entry = _Entry(plan, ex)
+            except Exception as exc:   # raised to the caller now and at every call of this signature
+                entry = _Entry(error=exc)
+            self.entries[sig] = entry
+        return entry
+
+    @property
+    def plans(self) -> list:
+        return [e.plan for e in self.entries.values() if e.plan is not None]
+
+    def __call__(self, *args):
+        entry = self._entry(args)
+        if entry.error is not None:
+            raise entry.error
+        rec = _active()
+        if rec is None:
+            return _as_output(entry.executor.run(args), self.kind)
+        record = None
+        if rec.analyze:
+            from .executor import Record
+
+            record = Record()
+        out = entry.executor.run(args, record)
+        rec.entries.append((self, entry.plan, record))
+        return _as_output(out, self.kind)
+
+
+def _as_output(out, kind):
+    return list(out) if kind != "inference" else out
+
+
+def _concrete(gm, args):
+    """An AOT graph traced with symbolic shapes, re-traced on the concrete ``args``."""
+    import torch
+
+    symbolic = False
+    for n in gm.graph.nodes:
+        v = n.meta.get("val")
+        if isinstance(v, torch.Tensor) and any(not isinstance(s, int) for s in v.shape):
+            symbolic = True
+            break
+        if isinstance(v, torch.SymInt):
+            symbolic = True
+            break
+    if not symbolic:
+        return gm
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    with torch.no_grad():
+        return make_fx(gm, tracing_mode="real")(*args)
+
+
+def _captured_aot(gm, kind):
+    """The planner's Captured for an AOTAutograd graph (all placeholders are inputs)."""
+    from torchfl.planner.capture import Captured
+
+    placeholders = [(n.name, "input", i) for i, n in
+                    enumerate(n for n in gm.graph.nodes if n.op == "placeholder")]
+    out_node = next(n for n in gm.graph.nodes if n.op == "output")
+    flat = out_node.args[0] if isinstance(out_node.args[0], (list, tuple)) else [out_node.args[0]]
+    outputs = [getattr(a, "name", None) for a in flat]
+    return Captured(gm, placeholders, {}, outputs, training=True, extra={"graph": kind})
+
+
+# ---------------------------------------------------------------- the backend
+
+def _deferred(exc):
+    def raise_it(*_args):
+        raise exc
+    return raise_it
+
+
+def torchfl_backend(gm, example_inputs, options=None, **kwargs):
+    """Dynamo backend: plan each graph for the chip in ``options`` and run it there."""
+    import torch
+
+    try:
+        if kwargs.get("mode") not in (None, "default"):
+            raise ValueError(f"torchfl backend: mode={kwargs['mode']!r} is not supported; use options=")
+        opts = Options.parse(options)
+    except ValueError as exc:
+        return _deferred(exc)
+    training = torch.is_grad_enabled() and any(
+        isinstance(x, torch.Tensor) and x.requires_grad for x in example_inputs)
+    if not training:
+        return CompiledGraph(gm, opts, "inference")
+
+    from functorch.compile import make_boxed_func
+    from torch._decomp import core_aten_decompositions
+    from torch._dynamo.backends.common import aot_autograd
+
+    def compiler(kind):
+        def compile_aot(aot_gm, _example_inputs):
+            return make_boxed_func(CompiledGraph(aot_gm, opts, kind))
+        return compile_aot
+
+    return aot_autograd(fw_compiler=compiler("forward"), bw_compiler=compiler("backward"),
+                        inference_compiler=compiler("forward"),
+                        decompositions=core_aten_decompositions())(gm, example_inputs)

@@ -1,0 +1,80 @@
+"""The ``torchfl`` logger: mapping lines under TORCH_FL_DEBUG=1, fallbacks always.
+
+Lines keep the seed's form, one per plan step (not per call):
+
+    [SME] Mapping aten::convolution -> conv2d_nhwc (layout=NHWC, dtype=fp16)
+    [SME] Fallback to CPU: aten::cumsum (no rule maps aten.cumsum.default)
+"""
+from __future__ import annotations
+
+import logging
+import os
+
+from torchfl.planner.plan import identity_layout
+
+from .errors import aten_name
+
+LOG = logging.getLogger("torchfl")
+_SHORT = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16", "int8": "int8",
+          "int32": "int32", "int64": "int64", "bool": "bool"}
+
+
+def debug_enabled() -> bool:
+    return os.environ.get("TORCH_FL_DEBUG", "").strip().lower() not in ("", "0", "false", "no", "off")
+
+
+def strict_env() -> bool:
+    return os.environ.get("TORCHFL_STRICT", "").strip().lower() not in ("", "0", "false", "no", "off")
+
+
+def _ensure_handler() -> None:
+    """TORCH_FL_DEBUG=1 with no logging configured: print to stderr, like torch's logs."""
+    if not LOG.handlers and not logging.getLogger().handlers:
+        h = logging.StreamHandler()
+        h.setFormatter(logging.Formatter("%(message)s"))
+        LOG.addHandler(h)
+    if LOG.level == logging.NOTSET or LOG.level > logging.DEBUG:
+        LOG.setLevel(logging.DEBUG)
+
+
+def short_dtype(dtype: str) -> str:
+    return _SHORT.get(dtype, dtype)
+
+
+def kernel_display(step, plan) -> str:
+    """``conv2d`` stored NHWC displays as ``conv2d_nhwc``; identity layouts add nothing."""
+    name = step.kernel or "?"
+    lay = step.layout_out
+    if lay and step.outputs:
+        val = plan.values.get(step.outputs[0]) if step.outputs[0] else None
+        rank = len(val.shape) if val is not None else len(lay)
+        if lay != identity_layout(rank) and len(lay) >= 3:
+            name = f"{name}_{lay.lower()}"
+    return name
+
+
+def mapping_line(step, plan) -> str:
+    ops = " + ".join(aten_name(o) for o in step.ops) or step.kind
+    layout = (step.layouts_in[0] if step.layouts_in else "") or step.layout_out
+    return f"[SME] Mapping {ops} -> {kernel_display(step, plan)} (layout={layout}, dtype={short_dtype(step.dtype)})"
+
+
+def fallback_line(fb) -> str:
+    return f"[SME] Fallback to CPU: {aten_name(fb.op)} ({fb.reason})"
+
+
+def log_plan(plan) -> None:
+    """Once per plan: fallbacks as warnings; with TORCH_FL_DEBUG every mapping as well."""
+    debug = debug_enabled()
+    if debug:
+        _ensure_handler()
+        LOG.debug("[SME] Plan for %s: %s", plan.chip, plan.summary.headline(plan.chip))
+        for step in plan.steps:
+            if step.kind in ("kernel", "fused"):
+                LOG.debug(mapping_line(step, plan))
+            elif step.kind in ("cast", "layout"):
+                LOG.debug("[SME] %s %s -> %s (%s, dtype=%s)", "Cast" if step.kind == "cast" else "Layout",
+                          ",".join(step.inputs), ",".join(step.outputs), step.kernel,
+                          short_dtype(step.dtype))
+    for fb in plan.fallbacks:
+        LOG.warning(fallback_line(fb))
