@@ -49,6 +49,9 @@ def value(text, env=ENV):
     ("y == none", True), ("x.shape == [2, 12, 16, 64]", True), ("stride == [1, 2]", True),
     ("stride + x.shape[len(stride):]", [1, 2, 16, 64]),
     ("anything[0] + 1", 4),
+    ("1 if flag else 2", 2), ("'a' if groups == 2 else 'b'", "a"), ("1 if flag else 2 if flag else 3", 3),
+    ("[s * 2 for s in stride]", [2, 4]), ("[t.shape[1] for t in tensors]", [2, 3]), ("range(3)", [0, 1, 2]),
+    ("range(1, 3)", [1, 2]), ("[groups if i == 1 else i for i in range(3)]", [0, 2, 2]),
 ])
 def test_every_construct_evaluates(text, expected):
     assert value(text) == expected
@@ -92,6 +95,8 @@ def test_runtime_problems_fail_the_guard_with_a_reason(text, fragment):
     ("all(s for s in groups)", "needs a list"),
     ("len == 1", "len is a function"),
     ("stride[mode] == 1", "an index must be an int"),
+    ("range(mode) == []", "range takes one or two ints"),
+    ("[s for s in groups] == []", "needs a list"),
 ])
 def test_static_type_errors(text, fragment):
     with pytest.raises(GuardTypeError) as info:
@@ -146,6 +151,8 @@ def test_evaluation_cost_is_bounded():
     g = compile_guard("all(all(all(a + b + c >= 0 for c in anything) for b in anything) for a in anything)", SCOPE)
     ok, why = g.test(dict(ENV, anything=big))
     assert not ok and "budget" in why
+    ok, why = compile_guard("len(range(anything)) > 0", SCOPE).test(dict(ENV, anything=10 ** 9))
+    assert not ok and "the limit is 4096" in why
     g = compile_guard("anything * anything * anything * anything * anything > 0", SCOPE)
     ok, why = g.test(dict(ENV, anything=10 ** 15))
     assert not ok and "out of range" in why

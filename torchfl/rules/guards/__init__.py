@@ -2,13 +2,14 @@
 
 Grammar (``grammar.lark``), by precedence, lowest first::
 
+    x if cond else y
     a or b    a and b    not a
     a == b  a != b  a < b  a <= b  a > b  a >= b  a in b  a not in b   (chains: 0 < x <= 8)
     a + b  a - b        a * b  a / b  a // b  a % b        -a
     x.field   x[i]   x[i:j]   f(args)   all(e for v in list)   any(e for v in list)
-    literals: 1  2.5  'str'  "str"  [1, 2]  true false none (also True False None)
+    [e for v in list]   literals: 1  2.5  'str'  "str"  [1, 2]  true false none (also True False None)
 
-Functions: ``len``, ``min``, ``max``, ``abs``, ``all``, ``any``. Names are a rule's call
+Functions: ``len``, ``min``, ``max``, ``abs``, ``all``, ``any``, ``range`` (at most 4096 values). Names are a rule's call
 arguments (declared in its ``args:``), ``shape``/``dtype``/``layout``/``rank`` (of the
 primary input, with ``dtype``/``layout`` the candidate's), ``out`` (the result), and
 ``chip`` (:mod:`torchfl.rules.guards.chip`). Names starting with ``_`` are refused.

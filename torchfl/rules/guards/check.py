@@ -16,7 +16,7 @@ from torchfl.rules.guards import syntax as S
 from torchfl.rules.guards.types import (ANY, BOOL, FLOAT, INT, NONE, STR, Type, compatible, list_of, numeric,
                                         strip, unify)
 
-FUNCTIONS = ("len", "min", "max", "abs", "all", "any")
+FUNCTIONS = ("len", "min", "max", "abs", "all", "any", "range")
 
 
 class GuardTypeError(S.GuardSyntaxError):
@@ -117,6 +117,18 @@ class _Checker:
             return self.compare(n)
         if isinstance(n, S.Call):
             return self.call(n)
+        if isinstance(n, S.IfElse):
+            self.type(n.test)
+            return unify([self.type(n.body), self.type(n.orelse)])
+        if isinstance(n, S.ListComp):
+            it = strip(self.type(n.iter))
+            if it.kind not in ("list", "any"):
+                raise GuardTypeError(f"'for {n.var} in ...' needs a list, not {it}", n.iter.start)
+            self.scopes.append({n.var: it.elem if it.kind == "list" else ANY})
+            try:
+                return list_of(self.type(n.elt))
+            finally:
+                self.scopes.pop()
         if isinstance(n, S.Comprehension):
             if n.func not in ("all", "any"):
                 raise GuardTypeError(f"only all(... for x in ...) and any(...) take a 'for' clause, not {n.func}", n.start)
@@ -179,6 +191,10 @@ class _Checker:
             if args[0].kind not in ("list", "str", "any") and not (args[0].kind == "record" and args[0].name == "tensor"):
                 raise GuardTypeError(f"len needs a list, string or tensor, not {args[0]}", n.start)
             return INT
+        if n.func == "range":
+            if not 1 <= len(args) <= 2 or not all(strip(a).kind in ("int", "any") for a in args):
+                raise GuardTypeError("range takes one or two ints: range(n), range(a, b)", n.start)
+            return list_of(INT)
         if n.func == "abs":
             if len(args) != 1 or not numeric(args[0]):
                 raise GuardTypeError("abs takes one number", n.start)

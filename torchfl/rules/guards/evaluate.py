@@ -14,6 +14,7 @@ from typing import Any, Mapping
 from torchfl.rules.guards import syntax as S
 
 STEP_BUDGET = 20_000
+MAX_RANGE = 4096
 
 
 class GuardEvalError(Exception):
@@ -156,6 +157,21 @@ class Evaluator:
             return True
         if isinstance(n, S.Call):
             return self.call(n)
+        if isinstance(n, S.IfElse):
+            return self.value(n.body) if self.truth(self.value(n.test), n.test) else self.value(n.orelse)
+        if isinstance(n, S.ListComp):
+            seq = self.value(n.iter)
+            if not isinstance(seq, (list, tuple)):
+                self.fail(f"{self.src(n.iter)} is {_kind(seq)}, not a list", n.iter)
+            out = []
+            self.scopes.append({})
+            try:
+                for item in seq:
+                    self.scopes[-1][n.var] = item
+                    out.append(self.value(n.elt))
+            finally:
+                self.scopes.pop()
+            return out
         if isinstance(n, S.Comprehension):
             seq = self.value(n.iter)
             if not isinstance(seq, (list, tuple)):
@@ -253,6 +269,16 @@ class Evaluator:
             if not isinstance(v, (list, tuple, str)):
                 self.fail(f"len of {_kind(v)} {self.src(n.args[0])}", n)
             return len(v)
+        if f == "range":
+            if not all(isinstance(a, int) and not isinstance(a, bool) for a in args):
+                self.fail(f"range needs ints, got {show(args)}", n)
+            lo, hi = (0, args[0]) if len(args) == 1 else (args[0], args[1])
+            if hi - lo > MAX_RANGE:
+                self.fail(f"range of {hi - lo} values; the limit is {MAX_RANGE}", n)
+            self.budget -= max(0, hi - lo)
+            if self.budget < 0:
+                self.fail("guard exceeded its evaluation budget", n)
+            return list(range(lo, hi))
         if f == "abs":
             self._need_number(args[0], n.args[0])
             return abs(args[0])

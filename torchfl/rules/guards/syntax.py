@@ -108,6 +108,20 @@ class Call(Node):
 
 
 @dataclass(frozen=True)
+class IfElse(Node):
+    body: Node
+    test: Node
+    orelse: Node
+
+
+@dataclass(frozen=True)
+class ListComp(Node):
+    elt: Node
+    var: str
+    iter: Node
+
+
+@dataclass(frozen=True)
 class Comprehension(Node):
     func: str  # "all" | "any"
     elt: Node
@@ -116,7 +130,7 @@ class Comprehension(Node):
 
 
 CONSTANTS = {"true": True, "True": True, "false": False, "False": False, "none": None, "None": None, "null": None}
-KEYWORDS = {"and", "or", "not", "in", "for"}
+KEYWORDS = {"and", "or", "not", "in", "for", "if", "else"}
 
 
 @lru_cache(maxsize=1)
@@ -300,6 +314,10 @@ class _Convert:
         if kind == "call":
             func = self._name(ch[0])
             return Call(s, e, func, tuple(self.node(c) for c in ch[1:] if c is not None))
+        if kind == "ternary":
+            return IfElse(s, e, self.node(ch[0]), self.node(ch[1]), self.node(ch[2]))
+        if kind == "listcomp":
+            return ListComp(s, e, self.node(ch[0]), self._name(ch[1]), self.node(ch[2]))
         if kind == "comprehension":
             func = self._name(ch[0])
             return Comprehension(s, e, func, self.node(ch[1]), self._name(ch[2]), self.node(ch[3]))
