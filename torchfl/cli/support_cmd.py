@@ -21,7 +21,7 @@ def _packs(reg):
         try:
             packs.append(reg.pack(summary.name))
         except PackError as exc:
-            _fail(f"rule pack {summary.name} {summary.version} in {reg.display_url} no longer checks: "
+            _fail(f"rule pack {summary.name} {summary.latest} in {reg.display_url} no longer checks: "
                   f"{exc.diagnostics[0] if exc.diagnostics else exc}", 1)
     if not packs:
         _fail(f"no rule packs in {reg.display_url}: run `torchfl registry import rules/core.yaml`", 1)
