@@ -71,6 +71,7 @@ rules:
   - op: aten.relu.default
     kernel: relu
     args: {{self: tensor}}
+    bind: {{a: self}}
     note: {note}
 """
 

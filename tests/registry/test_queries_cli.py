@@ -106,3 +106,18 @@ def test_diff_added_and_removed_fields(reg):
         "compute_units.attention.enabled", "compute_units.attention.max_sequence_length",
         "compute_units.attention.supported_heads"}
     assert reg.diff("Z-1", "1.0.0", "1.0.0") == []
+
+
+def test_import_a_directory_and_subcommand_registry_option(registry_url, reg, tmp_path):
+    from click.testing import CliRunner
+
+    from torchfl.cli.main import cli as root
+
+    write_hcds(tmp_path / "chips", [("a.hcd", hcd_text("A-1")), ("b.hcd", hcd_text("B-1"))])
+    (tmp_path / "chips" / "README.txt").write_text("not imported")
+    runner = CliRunner()
+    r = runner.invoke(root, ["registry", "import", str(tmp_path / "chips"), "--registry", registry_url, "--json"])
+    assert r.exit_code == 0, r.output
+    assert json.loads(r.stdout)["added"] == 2
+    r = runner.invoke(root, ["registry", "list", "--json"], env={"TORCHFL_REGISTRY_URL": registry_url})
+    assert [c["name"] for c in json.loads(r.stdout)["chips"]] == ["A-1", "B-1"]

@@ -72,7 +72,8 @@ def _emit_json(data) -> None:
 def _console():
     from rich.console import Console
 
-    return Console(highlight=False, soft_wrap=False)
+    # Piped output is not cut to 80 columns: tables stay one row per version.
+    return Console(highlight=False, soft_wrap=False, width=None if sys.stdout.isatty() else 200)
 
 
 def _when(dt) -> str:
@@ -145,6 +146,19 @@ def _progress_printer(total_files: int):
     return bar, report
 
 
+def _expand(files) -> list[str]:
+    from pathlib import Path
+
+    out: list[str] = []
+    for f in files:
+        p = Path(f)
+        if p.is_dir():
+            out += sorted(str(c) for c in p.iterdir() if c.suffix.lower() in (".hcd", ".yaml", ".yml") and c.is_file())
+        else:
+            out.append(f)
+    return out
+
+
 @registry.command("import")
 @click.argument("files", nargs=-1, required=True, type=click.Path(dir_okay=True, path_type=str))
 @registry_option
@@ -153,12 +167,15 @@ def _progress_printer(total_files: int):
 def import_cmd(files, registry_url, as_json):
     """Import HCDs (*.hcd) and rule packs (*.yaml with `pack:`): all of them or none.
 
+    A directory stands for the *.hcd, *.yaml and *.yml files in it.
+
     A published (name, version) is immutable: identical content is `unchanged`, different
     content is refused (bump the version). Exit 1 if anything is invalid or refused.
     """
     from torchfl.registry.errors import ImportRefused
 
     reg = open_registry(registry_url)
+    files = _expand(files)
     bar, report = _progress_printer(len(files))
     try:
         if bar is not None:
