@@ -58,57 +58,74 @@ def _jsonable(v):
 
 
 class _CallBuilder:
-    """FX node -> rules Call, remembering which TensorMeta stands for which value."""
+    """FX nodes -> rules Calls. Every TensorMeta gets a *path* (step, arg position, list
+    index) so that a match found for one call can be replayed on another call with the same
+    signature (repeated blocks), and a signature that keys that cache."""
 
     def __init__(self, ir: IRGraph):
         self.ir = ir
-        self.ids: dict[int, tuple[str, str]] = {}  # id(TensorMeta) -> (ir value, fx value)
+        self.path_of: dict[int, tuple] = {}  # id(TensorMeta) -> path
+        self.values: dict[tuple, tuple[str, str]] = {}  # path -> (ir value, fx value)
         self.keep: list = []
 
-    def meta(self, fx_name: str, layout: str | None):
+    def meta(self, fx_name: str, layout: str | None, path):
         from torchfl.rules import TensorMeta
 
         ir_name = self.ir.fx_to_ir.get(fx_name)
         info = self.ir.values.get(ir_name)
         if info is None:
-            return None
+            return None, None
         lay = layout if (info.rank == 4 and not info.static and layout) else (
             identity_layout(4) if info.rank == 4 else None)
         tm = TensorMeta(info.shape, info.dtype, lay)
-        self.ids[id(tm)] = (ir_name, fx_name)
+        if path is not None:
+            self.path_of[id(tm)] = path
+            self.values[path] = (ir_name, fx_name)
         self.keep.append(tm)
-        return tm
+        return tm, ("T", info.shape, info.dtype, lay, info.static)
 
-    def convert(self, value, layout):
+    def convert(self, value, layout, path):
         import torch
 
         if isinstance(value, torch.fx.Node):
-            tm = self.meta(value.name, layout)
+            tm, sig = self.meta(value.name, layout, path)
             if tm is not None:
-                return tm
+                return tm, sig
             val = value.meta.get("val")
             if isinstance(val, (torch.SymInt, int)):
-                return int(val)
-            return None
+                return int(val), int(val)
+            return None, None
         if isinstance(value, (list, tuple)):
-            return [self.convert(v, layout) for v in value]
+            pairs = [self.convert(v, layout, path + (i,)) for i, v in enumerate(value)]
+            return [p[0] for p in pairs], tuple(p[1] for p in pairs)
         if isinstance(value, torch.dtype):
-            return short_dtype(value)
+            d = short_dtype(value)
+            return d, d
         if isinstance(value, (torch.device, torch.layout, torch.memory_format)):
-            return str(value).removeprefix("torch.")
-        return value
+            d = str(value).removeprefix("torch.")
+            return d, d
+        return value, (type(value).__name__, value)
 
-    def call(self, node, layout):
+    def call(self, node, layout, step=None):
+        """(Call, signature) of one FX node."""
         from torchfl.rules import Call
 
-        args = tuple(self.convert(a, layout) for a in node.args)
-        kwargs = {k: self.convert(v, layout) for k, v in node.kwargs.items()}
+        args, sig_args = [], []
+        for i, a in enumerate(node.args):
+            v, sig = self.convert(a, layout, (step, i))
+            args.append(v)
+            sig_args.append(sig)
+        kwargs, sig_kw = {}, []
+        for k in sorted(node.kwargs):
+            v, sig = self.convert(node.kwargs[k], layout, (step, k))
+            kwargs[k] = v
+            sig_kw.append((k, sig))
         out = None
+        out_sig = None
         if node.name in self.ir.values:
-            out = self.meta(node.name, layout)
-            if out is not None:
-                self.ids.pop(id(out), None)
-        return Call(args=args, kwargs=kwargs, layout=layout, out=out)
+            out, out_sig = self.meta(node.name, layout, None)
+        call = Call(args=tuple(args), kwargs=kwargs, layout=layout, out=out)
+        return call, (str(node.target), tuple(sig_args), tuple(sig_kw), out_sig, layout)
 
 
 class Generator:
@@ -118,6 +135,8 @@ class Generator:
         self.ir, self.hcd, self.packs, self.chip, self.pricer = ir, hcd, packs, chip, pricer
         self.out = Candidates()
         self.layouts4 = tuple(hcd.layouts)
+        self._match_cache: dict = {}  # call signature -> outcomes (replayable by path)
+        self._kernel_cache: dict = {}  # problem key -> (priced, metas, problem) or error sentence
         self._fx_users: dict[str, list] = {}
         for n in ir.nodes.values():
             for a in n.fx.all_input_nodes:
@@ -152,37 +171,86 @@ class Generator:
 
         for layout in self.layout_choices([node]):
             builder = _CallBuilder(self.ir)
-            call = builder.call(node.fx, layout)
-            results = rule_candidates(self.packs, self.hcd, node.op, call, layout=layout)
-            if not results:
+            call, sig = builder.call(node.fx, layout)
+            outcomes = self._match_cache.get(sig)
+            if outcomes is None:
+                results = rule_candidates(self.packs, self.hcd, node.op, call, layout=layout)
+                outcomes = self._match_cache[sig] = self._record(results, builder)
+            if not outcomes:
                 from torchfl.rules.matching import no_rule_reason
 
                 self.out.rejected.append(((node.name,), None, (str(no_rule_reason(self.packs, node.op)),)))
                 return
-            for r in results:
-                if not r.ok:
-                    kernel = getattr(r.rule, "kernel", None)
-                    self.out.rejected.append(((node.name,), kernel, tuple(str(x) for x in r.reasons)))
-                    continue
-                self.option([node], r, builder, layout, "kernel")
+            self._replay([node], outcomes, builder, layout, "kernel")
 
-    def option(self, nodes, match, builder, layout, kind):
+    @staticmethod
+    def _record(results, builder):
+        """Match/Rejection list -> replayable outcomes (kernel inputs as arg paths)."""
+        out = []
+        for r in results:
+            kernel = getattr(r.rule, "kernel", None)
+            if not r.ok:
+                out.append(("reject", kernel, tuple(str(x) for x in r.reasons)))
+                continue
+            paths = {}
+            for kname, tm in r.inputs.items():
+                if tm is None:
+                    continue
+                path = builder.path_of.get(id(tm))
+                if path is None:
+                    paths = None
+                    break
+                paths[kname] = path
+            if paths is None:
+                out.append(("reject", kernel, (f"{kernel}: an input is bound to something that is not a graph value",)))
+                continue
+            out.append(("match", kernel, paths, dict(r.attrs), r.dtype, getattr(r.rule, "id", ""), tuple(r.warnings)))
+        return out
+
+    def _replay(self, nodes, outcomes, builder, layout, kind):
+        names = tuple(n.name for n in nodes)
+        for o in outcomes:
+            if o[0] == "reject":
+                self.out.rejected.append((names, o[1], o[2]))
+            else:
+                _, kernel, paths, attrs, dtype, rule_id, warnings = o
+                bound = {k: builder.values[p] for k, p in paths.items()}
+                self.option(nodes, kernel, bound, attrs, dtype, rule_id, warnings, layout, kind)
+
+    def _kernel(self, spec, shapes, attrs, dtype, layouts, dtypes):
+        def frz(v):
+            if isinstance(v, dict):
+                return tuple(sorted((k, frz(x)) for k, x in v.items()))
+            if isinstance(v, (list, tuple)):
+                return tuple(frz(x) for x in v)
+            return v
+
+        key = (spec.name, frz(shapes), frz(attrs), dtype, frz(layouts), frz(dtypes))
+        hit = self._kernel_cache.get(key)
+        if hit is None:
+            try:
+                problem = spec.problem(shapes, attrs, dtype, layouts, dtypes)
+                metas = spec.output_meta(problem)
+                plan = spec.tile(problem, self.chip)
+                hit = (price_plan(plan, self.chip, problem.dtype), metas, problem)
+            except Exception as exc:  # noqa: BLE001 - the kernel's own check: its sentence is the reason
+                hit = f"{spec.name}: {exc}"
+            self._kernel_cache[key] = hit
+        return hit
+
+    def option(self, nodes, kernel, bound, match_attrs, match_dtype, rule_id, warnings, layout, kind):
         from torchfl.kernels.catalog import CATALOG
 
         names = tuple(n.name for n in nodes)
-        spec = CATALOG.get(match.kernel)
+        spec = CATALOG.get(kernel)
         if spec is None:
-            self.out.rejected.append((names, match.kernel, (f"kernel {match.kernel} is not in this build's catalog",)))
+            self.out.rejected.append((names, kernel, (f"kernel {kernel} is not in this build's catalog",)))
             return
         shapes, layouts, dtypes, ir_inputs, fx_inputs, knames = {}, {}, {}, [], [], []
         for kname in spec.input_names:
-            tm = match.inputs.get(kname)
-            if tm is None:
-                continue
-            ref = builder.ids.get(id(tm))
+            ref = bound.get(kname)
             if ref is None:
-                self.out.rejected.append((names, match.kernel, (f"{match.kernel}: input {kname} is not a graph value",)))
-                return
+                continue
             ir_name, fx_name = ref
             info = self.ir.values[ir_name]
             shapes[kname] = info.shape
@@ -192,38 +260,35 @@ class Generator:
             ir_inputs.append((ir_name, lay or identity_layout(info.rank)))
             fx_inputs.append(fx_name)
             knames.append(kname)
-        attrs = {k: v for k, v in match.attrs.items() if k in spec.attrs}
-        dtype = match.dtype or (dtypes.get(spec.input_names[0]) if spec.input_names else None)
-        try:
-            problem = spec.problem(shapes, attrs, dtype, layouts, dtypes)
-            metas = spec.output_meta(problem)
-            plan = spec.tile(problem, self.chip)
-        except Exception as exc:  # noqa: BLE001 - the kernel's own check: keep its sentence as the reason
-            self.out.rejected.append((names, match.kernel, (f"{match.kernel}: {exc}",)))
+        attrs = {k: v for k, v in match_attrs.items() if k in spec.attrs}
+        dtype = match_dtype or (dtypes.get(spec.input_names[0]) if spec.input_names else None)
+        hit = self._kernel(spec, shapes, attrs, dtype, layouts, dtypes)
+        if isinstance(hit, str):
+            self.out.rejected.append((names, kernel, (hit,)))
             return
+        priced, metas, problem = hit
         last = nodes[-1]
         info = self.ir.values.get(last.name)
         out_meta = metas[0] if metas else None
         if info is not None and out_meta is not None:
             if tuple(out_meta.shape) != tuple(info.shape) and numel(out_meta.shape) != numel(info.shape):
-                self.out.rejected.append((names, match.kernel, (
-                    f"{match.kernel} would produce shape {list(out_meta.shape)}, the graph needs {list(info.shape)}",)))
+                self.out.rejected.append((names, kernel, (
+                    f"{kernel} would produce shape {list(out_meta.shape)}, the graph needs {list(info.shape)}",)))
                 return
             if out_meta.dtype != info.dtype:
-                self.out.rejected.append((names, match.kernel, (
-                    f"{match.kernel} would produce {out_meta.dtype}, the plan needs {info.dtype} here",)))
+                self.out.rejected.append((names, kernel, (
+                    f"{kernel} would produce {out_meta.dtype}, the plan needs {info.dtype} here",)))
                 return
         rank = info.rank if info is not None else 0
         layout_out = (out_meta.layout if out_meta is not None and out_meta.layout else None) or identity_layout(rank)
-        priced = price_plan(plan, self.chip, problem.dtype)
         fx_nodes = []
         for n in nodes:
             fx_nodes.append(n.name)
             fx_nodes.extend(o for o in n.outs if o and o != n.name)
-        payload = Payload(kind, match.kernel, tuple(fx_nodes), tuple(n.op for n in nodes), tuple(fx_inputs),
+        payload = Payload(kind, kernel, tuple(fx_nodes), tuple(n.op for n in nodes), tuple(fx_inputs),
                           tuple(knames), _jsonable(dict(problem.attrs)), problem.dtype, priced, tuple(last.outs),
-                          all(n.static for n in nodes), getattr(match.rule, "id", ""), tuple(match.warnings))
-        key = f"{match.kernel}@{'+'.join(names)}:{layout_out}"
+                          all(n.static for n in nodes), rule_id, tuple(warnings))
+        key = f"{kernel}@{'+'.join(names)}:{layout_out}"
         self.out.options.append(Option(key, names, tuple(v for v, _ in ir_inputs), tuple(l for _, l in ir_inputs),
                                        layout_out, priced.time_s, payload))
 
@@ -242,13 +307,16 @@ class Generator:
                 nodes, step_nodes = group
                 for layout in self.layout_choices(nodes):
                     builder = _CallBuilder(self.ir)
-                    calls = {sid: builder.call(n.fx, layout) for sid, n in step_nodes.items()}
-                    m = match_fusion(fusion, self.hcd, calls, layout=layout)
-                    names = tuple(n.name for n in nodes)
-                    if not m.ok:
-                        self.out.rejected.append((names, fusion.kernel, tuple(str(x) for x in m.reasons)))
-                        continue
-                    self.option(nodes, m, builder, layout, "fused")
+                    calls, sigs = {}, []
+                    for sid, n in step_nodes.items():
+                        calls[sid], sig = builder.call(n.fx, layout, sid)
+                        sigs.append((sid, sig))
+                    key = (fusion.id, tuple(sigs), tuple(n.op for n in nodes))
+                    outcomes = self._match_cache.get(key)
+                    if outcomes is None:
+                        m = match_fusion(fusion, self.hcd, calls, layout=layout)
+                        outcomes = self._match_cache[key] = self._record([m], builder)
+                    self._replay(nodes, outcomes, builder, layout, "fused")
 
     def walk(self, fusion, start):
         """The IR nodes of ``fusion`` starting at ``start``, or None when the pattern does not match."""

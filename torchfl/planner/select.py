@@ -19,7 +19,7 @@ Method (exact for chains *and* DAGs while the state count stays under ``beam``):
    the layouts of the values *live* there (produced at or before ``i``, possibly read
    after it) plus the nodes *reserved* for a fusion group not yet completed. At node
    ``i`` a transition either applies a single-node option, or reserves ``i`` for a group
-   it belongs to (no cost yet; its value gets no layout and nobody else may read it), or
+   it belongs to (no cost yet; its value's layout slot is ``RESERVED`` and nobody else may read it), or
    completes a group whose last node is ``i`` (all its other members must be reserved).
    Graph inputs have fixed layouts and are not in the state; a state with open
    reservations at the end is infeasible. This is a shortest path through the layered
@@ -43,6 +43,7 @@ from typing import Any, Callable, Iterable
 import networkx as nx
 
 INF = math.inf
+RESERVED = "~"  # layout slot of a value reserved for an open fusion group (layouts are letters, "" is rank 0)
 
 
 class SelectionError(RuntimeError):
@@ -218,7 +219,7 @@ def select(problem: Problem, beam: int = 256) -> Selection:
             c = conv_cache[key] = conv(value, have, need)
         return c
 
-    # a state is (layouts of live values, reserved (node, group) pairs); "" = reserved value
+    # a state is (layouts of live values, reserved (node, group) pairs); RESERVED = reserved value
     State = tuple
     prev_table: dict[State, tuple[float, Any]] = {((), ()): (0.0, None)}
     tables: list[dict[State, tuple[float, Any]]] = []
@@ -255,7 +256,7 @@ def select(problem: Problem, beam: int = 256) -> Selection:
                 ok = True
                 for idx, value, need in dynamic:
                     have = layouts[idx]
-                    if not have:
+                    if have == RESERVED:
                         ok = False
                         break
                     total += price(value, have, need)
@@ -280,7 +281,8 @@ def select(problem: Problem, beam: int = 256) -> Selection:
         for group in groups_of.get(p, ()):
             for state, (cost, _back) in prev_table.items():
                 layouts, reserved = state
-                new = (tuple(layouts[k] if k >= 0 else "" for k in cmap), tuple(sorted(reserved + ((name, group),))))
+                new = (tuple(layouts[k] if k >= 0 else RESERVED for k in cmap),
+                       tuple(sorted(reserved + ((name, group),))))
                 old = table.get(new)
                 if old is None or cost < old[0]:
                     table[new] = (cost, (state, None))

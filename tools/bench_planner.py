@@ -1,0 +1,72 @@
+"""Planning time of the SME (capture excluded): warm median of 5 runs per case.
+
+    .venv/bin/python tools/bench_planner.py [--json] [--chip NPU-V3] [--repeat 5]
+
+Cases: resnet50 (224x224, batch 1), bert-base with 8 heads (seq 128), and chains of
+50/100/200/400/800 linear layers (64 wide). One JSON object per case with ``case``,
+``nodes`` (ATen op nodes) and ``plan_s``; targets: ResNet-50 <= 50 ms, BERT-base <= 250 ms,
+<= 2.2x per doubling of the chain.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import time
+import warnings
+
+
+def _chain(n):
+    import torch
+    from torch import nn
+
+    torch.manual_seed(0)
+    return nn.Sequential(*[nn.Linear(64, 64) for _ in range(n)]).eval(), (torch.randn(8, 64),)
+
+
+def main(argv=None) -> int:
+    warnings.filterwarnings("ignore")
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--json", action="store_true", help="one JSON object per line")
+    ap.add_argument("--chip", default="NPU-V3")
+    ap.add_argument("--repeat", type=int, default=5)
+    ap.add_argument("--cases", default="resnet50,bert-base,chain50,chain100,chain200,chain400,chain800")
+    args = ap.parse_args(argv)
+
+    from torchfl.planner.api import plan_captured
+    from torchfl.planner.capture import capture_module
+    from torchfl.planner.source import bundled_chips, bundled_packs
+    from torchfl.planner.zoo import load_model
+
+    hcd, packs = bundled_chips()[args.chip], bundled_packs()
+    results = []
+    for case in args.cases.split(","):
+        if case.startswith("chain"):
+            module, inputs = _chain(int(case[5:]))
+        elif case == "bert-base":
+            module, inputs = load_model("bert-base", num_heads=8, seq_len=128)
+        else:
+            module, inputs = load_model(case)
+        cap = capture_module(module, inputs)
+        plan = plan_captured(cap, inputs, hcd, packs, precision="float16")  # warm-up
+        times = []
+        for _ in range(args.repeat):
+            t0 = time.perf_counter()
+            plan_captured(cap, inputs, hcd, packs, precision="float16")
+            times.append(time.perf_counter() - t0)
+        row = {"case": case, "nodes": plan.summary.nodes_total, "plan_s": round(statistics.median(times), 5),
+               "chip": args.chip, "fallbacks": plan.summary.fallbacks}
+        results.append(row)
+        print(json.dumps(row) if args.json else f"{case:10s} {row['nodes']:6d} nodes  {row['plan_s'] * 1e3:8.1f} ms",
+              flush=True)
+    chains = [r for r in results if r["case"].startswith("chain")]
+    if not args.json and len(chains) > 1:
+        ratios = [b["plan_s"] / a["plan_s"] for a, b in zip(chains, chains[1:])]
+        print("per doubling: " + ", ".join(f"{r:.2f}x" for r in ratios))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
