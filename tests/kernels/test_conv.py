@@ -9,7 +9,7 @@ import torch.nn.functional as F
 from torchfl.kernels import ChipModel, DeviceMemory, DeviceTensor, KernelError
 from torchfl.kernels.catalog import get
 
-from tolerances import TOL
+from .tolerances import TOL
 
 ALL_LAYOUTS = ["".join(p) for p in itertools.permutations("NCHW")]
 

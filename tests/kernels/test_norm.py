@@ -6,7 +6,7 @@ import torch.nn.functional as F
 
 from torchfl.kernels import ChipModel, DeviceMemory, KernelError
 from torchfl.kernels.catalog import get
-from test_conv import close, dev, run_checked
+from .test_conv import close, dev, run_checked
 
 CACHES = [8 << 20, 1024, 64]   # resident / several segments per tile / chunked
 
@@ -51,7 +51,7 @@ def test_batch_norm_train_and_backward(shape, layout, cache):
     close(rvt.to_numpy(), nrv.numpy(), "float32")
     gy = torch.randn_like(out)
     out.backward(gy)
-    bins = {"grad_out": dev(gy, mem, layout), "x": dev(x.detach(), mem, "NCHW"[:len(shape)]),
+    bins = {"grad_out": dev(gy, mem, layout), "x": dev(x.detach(), mem),
             "weight": dev(w.detach(), mem), "save_mean": dev(smean, mem), "save_invstd": dev(srstd, mem)}
     (dx, dw, db), _ = run_checked("batch_norm_backward", chip, bins)
     close(dx.to_numpy(), x.grad.numpy(), "float32")
@@ -89,7 +89,7 @@ def test_layer_norm_and_backward(shape, ns, layout, cache):
     bins = {"grad_out": dev(gy, mem, layout), "x": dev(x.detach(), mem), "mean": dev(mean, mem),
             "rstd": dev(rstd, mem), "weight": dev(w.detach(), mem), "bias": dev(b.detach(), mem)}
     (dx, dw, db), _ = run_checked("layer_norm_backward", chip, bins, {"normalized_shape": ns})
-    close(dx.to_numpy(), x.grad.numpy(), "float32")
+    close(dx.to_numpy(), x.grad.numpy(), "float32", scale=max(1.0, float(rstd.max())))  # D=1: noise * rstd
     close(dw.to_numpy(), w.grad.numpy(), "float32", scale=5)
     close(db.to_numpy(), b.grad.numpy(), "float32", scale=5)
 

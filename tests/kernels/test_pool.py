@@ -8,7 +8,7 @@ import torch.nn.functional as F
 
 from torchfl.kernels import ChipModel, DeviceMemory, DeviceTensor, KernelError
 from torchfl.kernels.catalog import get
-from test_conv import close, dev, run_checked
+from .test_conv import close, dev, run_checked
 
 ALL_LAYOUTS = ["".join(p) for p in itertools.permutations("NCHW")]
 

@@ -1,0 +1,55 @@
+"""Cast family: ``cast`` between float32/float16/bfloat16/int8/int32/int64/bool.
+
+Semantics follow ``torch.Tensor.to``: floats round to nearest even into float16/bfloat16,
+float -> integer truncates toward zero (saturating at the integer range, where torch is
+undefined), integer -> integer wraps, anything -> bool is ``!= 0``. With
+``quantize=True`` and int8: float -> int8 is ``clamp(rint(x / scale) + zero_point)`` and
+int8 -> float is ``(q - zero_point) * scale`` (per-tensor affine quantisation).
+Tiling: a stream of elements (``stream_plan``), reads = in bytes, writes = out bytes.
+"""
+from __future__ import annotations
+
+from ..errors import KernelError
+from ..spec import KernelSpec, TensorMeta
+from ..tiling import stream_plan
+
+ALL = ("float32", "float16", "bfloat16", "int8", "int32", "int64", "bool")
+ES = {"float32": 4, "float16": 2, "bfloat16": 2, "bool": 1, "int8": 1, "int32": 4, "int64": 8}
+
+
+def _n(s):
+    n = 1
+    for x in s:
+        n *= x
+    return n
+
+
+def _check(p):
+    to = p.attrs["to"]
+    if to not in ALL:
+        raise KernelError(f"cast: unknown target dtype {to!r}; use one of {', '.join(ALL)}")
+    if p.attrs["quantize"] and "int8" not in (to, p.dtype):
+        raise KernelError("cast: quantize=True needs int8 on one side")
+    if p.attrs["quantize"] and not p.attrs["scale"] > 0:
+        raise KernelError(f"cast: quantisation scale must be positive, got {p.attrs['scale']}")
+
+
+def _meta(p):
+    return [TensorMeta(p.shapes["x"], p.attrs["to"], p.attrs["out_layout"] or p.layouts.get("x"))]
+
+
+def plan_cast(p, chip):
+    """THE tiling function of the cast family."""
+    plan = stream_plan("cast", p.key, _n(p.shapes["x"]), ES[p.dtype], ES[p.attrs["to"]], 1, chip,
+                       unit_name="elements")
+    if plan is None:
+        raise KernelError(f"cast: no tile fits the {chip.cache_bytes} B cache of {chip.name}")
+    return plan
+
+
+KERNELS = [KernelSpec(
+    name="cast", family="cast", inputs=("x",),
+    attrs={"to": "float32", "quantize": False, "scale": 1.0, "zero_point": 0, "out_layout": None},
+    dtypes=ALL, layouts="any", fuses=("aten._to_copy", "aten.to"),
+    doc="dtype conversion (RNE into 16-bit floats; int8 affine quantisation with quantize=True)",
+    check=_check, meta=_meta, tiler=plan_cast, impl="run_cast")]

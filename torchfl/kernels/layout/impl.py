@@ -1,0 +1,94 @@
+"""Layout execution: gather each output tile from the input walk, store contiguously."""
+from __future__ import annotations
+
+import numpy as np
+
+from ..stream import Access, out_order
+from ..tensor import DeviceTensor
+from . import ES, MAXCAT
+
+
+def _copy_tiles(ctx, src_accs, out, T):
+    """src_accs: list of (Access, count_bytes_per_elem). All walks are in out's physical order."""
+    n = out.numel
+    oflat = out.physical().reshape(-1)
+    es = ES[out.dtype]
+    for s in range(0, n, T):
+        e = min(n, s + T)
+        for acc, per in src_accs:
+            tile = acc.load(s, e)
+            oflat[s:e] = tile
+            ctx.read((e - s) * per)
+        ctx.write((e - s) * es)
+
+
+def run_layout(ctx):
+    p, plan = ctx.problem, ctx.plan
+    k, a = p.kernel, p.attrs
+    (meta,) = ctx.spec.output_meta(p)
+    if plan.config.strategy == "metadata":
+        x = ctx.inputs["x"]
+        return [DeviceTensor(x.buffer, meta.shape, None, x.dtype, x.offset)]
+    out = ctx.output(meta)
+    if out.numel == 0:
+        return [out]
+    T = plan.config.tile("elements")
+    order = out_order(out.shape, out.layout)
+    es = ES[p.dtype]
+    if k in ("layout_transform", "copy", "expand"):
+        x = ctx.inputs["x"]
+        acc = Access(x, order, out.shape)
+        per = es
+        if k == "expand" and plan.traffic.bytes_read == x.nbytes and x.numel < out.numel:
+            ctx.read(x.nbytes)   # resident: loaded once, expanded on chip
+            per = 0
+        _copy_tiles(ctx, [(acc, per)], out, T)
+        return [out]
+    if k == "reshape":
+        # non-row-major input: walk it in logical (row-major) order, which is out's order
+        x = ctx.inputs["x"]
+        acc = Access(x, list(range(x.ndim)))
+        _copy_tiles(ctx, [(acc, es)], out, T)
+        return [out]
+    if k == "slice":
+        x = ctx.inputs["x"]
+        d = a["dim"] % x.ndim
+        start, end, step = slice(a["start"], a["end"], a["step"]).indices(x.shape[d])
+        acc = Access(x, order, None)
+        # restrict the walk: shape = out shape, base offset and stride on dim d
+        lv = x.logical()
+        st = [s // lv.itemsize for s in lv.strides]
+        pos = order.index(d)
+        acc.shape = np.array([out.shape[o] for o in order] or [1], np.int64)
+        acc.strides = np.array([st[o] * (step if o == d else 1) for o in order] or [1], np.int64)
+        base = start * st[d]
+        acc.flat = acc.flat[base:] if base < acc.flat.shape[0] else acc.flat[:0]
+        acc.contiguous = False
+        _copy_tiles(ctx, [(acc, es)], out, T)
+        return [out]
+    if k == "concat":
+        xs = [ctx.inputs[f"x{i}"] for i in range(MAXCAT) if f"x{i}" in ctx.inputs]
+        d = a["dim"] % out.ndim
+        n = out.numel
+        oflat = out.physical().reshape(-1)
+        # walk the output: each element comes from exactly one input; gather per input region
+        offs = np.cumsum([0] + [t.shape[d] for t in xs])
+        for s in range(0, n, T):
+            e = min(n, s + T)
+            idx = np.unravel_index(np.arange(s, e), out.physical_shape)
+            logical_d = idx[order.index(d)]
+            tile = np.empty(e - s, oflat.dtype)
+            for i, t in enumerate(xs):
+                sel = (logical_d >= offs[i]) & (logical_d < offs[i + 1])
+                if not sel.any():
+                    continue
+                li = [None] * out.ndim
+                for pi, ax in enumerate(order):
+                    li[ax] = idx[pi][sel]
+                li[d] = li[d] - offs[i]
+                tile[sel] = t.logical()[tuple(li)]     # strided DMA gather of the region
+                ctx.read(int(sel.sum()) * es)
+            oflat[s:e] = tile
+            ctx.write((e - s) * es)
+        return [out]
+    raise AssertionError(k)
