@@ -73,3 +73,26 @@ def test_eight_processes_same_chip_one_row(registry_url):
         assert [(c.name, c.versions) for c in r.chips()] == [("SAME-1", ("1.0.0",))]
         assert len(r.history("SAME-1")) == 1
         assert r.integrity_check() == "ok"
+
+
+def _init_worker(url: str, barrier, results) -> None:
+    try:
+        r = Registry(url)
+        barrier.wait(timeout=120)
+        results.put(("ok", [r.init()["from"]]))
+    except BaseException:
+        results.put(("error", traceback.format_exc()))
+
+
+def test_concurrent_init_of_a_fresh_registry(registry_url):
+    ctx = mp.get_context("fork")
+    barrier, results = ctx.Barrier(4), ctx.Queue()
+    procs = [ctx.Process(target=_init_worker, args=(registry_url, barrier, results)) for _ in range(4)]
+    for p in procs:
+        p.start()
+    out = [results.get(timeout=300) for _ in procs]
+    for p in procs:
+        p.join(timeout=60)
+    assert [k for k, _ in out] == ["ok"] * 4, [d for k, d in out if k == "error"][:1]
+    assert sorted(str(v[0]) for _, v in out) == ["0002", "0002", "0002", "None"]
+    assert Registry(registry_url).schema_revision() == "0002"

@@ -225,6 +225,10 @@ class Registry:
         with translated(self.url, writing=True), self._eng().connect() as conn:
             conn = conn.execution_options(**WRITE)
             with conn.begin():
+                if conn.dialect.name == "postgresql":  # two inits at once: the second waits, then sees head
+                    from sqlalchemy import text
+
+                    conn.execute(text("SELECT pg_advisory_xact_lock(7315001)"))
                 before = current_revision(conn)
                 if before is not None and before not in REVISIONS:
                     raise SchemaMismatch(
