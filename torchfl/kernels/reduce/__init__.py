@@ -1,0 +1,105 @@
+"""Reductions: sum, mean, amax over dims (keepdim), any input layout (pure Python part).
+
+The one tiling function is :func:`reduce_tiling`: outputs are tiled ``TM`` at a time with
+their float accumulators resident; each output's inputs stream through double-buffered
+chunks of ``TR`` elements. Every input element is read exactly once whatever the tiling
+(outputs own disjoint inputs), so the bytes are the input plus the output; the tiling
+only bounds the footprint. Ops: one add/compare per input element, one divide per
+output for ``mean``.
+"""
+from __future__ import annotations
+
+from .. import dtypes as _dt
+from ..errors import KernelError
+from ..spec import KernelSpec, TensorMeta
+from ..tiling import TileConfig, Traffic, make_plan
+
+__all__ = ["KERNELS", "reduce_dims", "reduce_tiling"]
+
+FLOATS = ("float32", "float16", "bfloat16")
+ACC = 8   # float64 accumulator per output
+
+
+def reduce_dims(p) -> tuple:
+    """Normalised reduced dims (sorted, unique) of a reduce problem."""
+    shape = p.shapes["x"]
+    nd = len(shape)
+    dim = p.attrs["dim"]
+    if dim is None or (isinstance(dim, (list, tuple)) and len(dim) == 0):
+        return tuple(range(nd))
+    dims = (dim,) if isinstance(dim, int) else tuple(dim)
+    out = []
+    for d in dims:
+        if not isinstance(d, int) or not -max(nd, 1) <= d < max(nd, 1):
+            raise KernelError(f"kernel {p.kernel}: dim {d!r} out of range for a rank-{nd} input "
+                              f"(use -{nd}..{nd - 1})")
+        d = d % nd if nd else 0
+        if d in out:
+            raise KernelError(f"kernel {p.kernel}: dim {d} appears twice in {dims}")
+        out.append(d)
+    return tuple(sorted(out))
+
+
+def _sizes(p):
+    shape = p.shapes["x"]
+    dims = reduce_dims(p)
+    R = 1
+    for d in dims:
+        R *= shape[d]
+    M = 1
+    for i, s in enumerate(shape):
+        if i not in dims:
+            M *= s
+    return M, R, dims
+
+
+def _check(p):
+    M, R, dims = _sizes(p)
+    if p.kernel == "amax" and R == 0 and M:
+        raise KernelError(f"kernel amax: cannot reduce over an empty dim of {p.shapes['x']} "
+                          "(torch raises too: the maximum of nothing is undefined)")
+
+
+def _meta(p):
+    shape = p.shapes["x"]
+    dims = reduce_dims(p)
+    if p.attrs["keepdim"]:
+        out = tuple(1 if i in dims else s for i, s in enumerate(shape))
+    else:
+        out = tuple(s for i, s in enumerate(shape) if i not in dims)
+    return [TensorMeta(out, p.dtype, None)]
+
+
+def reduce_tiling(p, chip):
+    """The reduce family's one tiling function."""
+    M, R, _ = _sizes(p)
+    es = _dt.itemsize(p.dtype)
+    if M == 0:
+        return make_plan(p.kernel, p.key, TileConfig("streamed", (("outputs", 0), ("chunk", 0))), (), 0)
+    cache = chip.cache_bytes
+    tr = max(1, min(R, (cache // 2) // (2 * es)))      # half the cache for the input stream
+    tm = max(1, min(M, (cache - 2 * tr * es) // ACC))
+    need = tm * ACC + 2 * min(tr, max(R, 1)) * es
+    extra = 1 if p.kernel == "mean" else 0
+    full, rest = divmod(M, tm)
+    groups = []
+    for n, cnt in ((tm, full), (rest, 1 if rest else 0)):
+        if cnt:
+            groups.append((cnt, Traffic(n * R * es, n * es, n * (R + extra))))
+    strategy = "resident" if tm == M and tr >= R else "streamed"
+    cfg = TileConfig(strategy, (("outputs", tm), ("chunk", tr)), strategy == "streamed",
+                     f"{tm} accumulators resident, input streamed in chunks of {tr}; footprint {need} B")
+    return make_plan(p.kernel, p.key, cfg, groups, need)
+
+
+def _spec(name, fuses, doc):
+    return KernelSpec(name, "reduce", ("x",), {"dim": None, "keepdim": False}, FLOATS, "any", fuses, doc,
+                      _check, _meta, reduce_tiling, "run_reduce")
+
+
+KERNELS = [
+    _spec("sum", ("aten.sum.dim_IntList", "aten.sum.default"),
+          "Sum over dims (float64 accumulation, stored in the input dtype), any input layout."),
+    _spec("mean", ("aten.mean.dim", "aten.mean.default"), "Mean over dims, any input layout."),
+    _spec("amax", ("aten.amax.default",), "Maximum over dims (NaN propagates), any input layout."),
+]

@@ -1,0 +1,73 @@
+"""Numba body of the reductions (imported lazily by the specs' ``run``).
+
+Layout-free addressing as in the norm family: output m reads ``base[m] + offset[r]``
+from offset tables built from the input's logical strides, streamed in chunks into an
+on-chip buffer and folded into a float64 accumulator.
+"""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import njit, prange
+
+from ..codecs import encode16
+from ..conv.impl import _code
+from ..norm.impl import _load, _tables
+
+SUM, MEAN, AMAX = 0, 1, 2
+
+
+@njit(cache=True, nogil=True, parallel=True)
+def reduce_tile(x, seg, el, est, code, m0, m1, R, tr, op, out, ocode):
+    for m in prange(m0, m1):
+        buf = np.empty(max(tr, 1), np.float32)
+        acc = -np.inf if op == AMAX else 0.0
+        nan = False
+        for r0 in range(0, R, tr):
+            r1 = min(R, r0 + tr)
+            _load(x, seg[m], el, est, code, r0, r1, buf)
+            if op == AMAX:
+                for i in range(r1 - r0):
+                    v = buf[i]
+                    if math.isnan(v):
+                        nan = True
+                    elif v > acc:
+                        acc = v
+            else:
+                for i in range(r1 - r0):
+                    acc += buf[i]
+        if op == MEAN:
+            acc = acc / R if R else np.nan
+        if nan:
+            acc = np.nan
+        if ocode == 0:
+            out[m] = acc
+        else:
+            out[m] = encode16(ocode, np.float32(acc))
+
+
+def run_reduce(ctx):
+    from . import _sizes
+    from ..conv.geometry import tile_starts
+    from .. import dtypes as _dt
+
+    p, chip, cfg = ctx.problem, ctx.chip, ctx.plan.config
+    M, R, dims = _sizes(p)
+    (yt,) = ctx.outputs()
+    if M == 0:
+        return [yt]
+    kept = tuple(d for d in range(len(p.shapes["x"])) if d not in dims)
+    x, seg, el, est = _tables(ctx.inputs["x"], kept)
+    out = yt.physical().reshape(-1)
+    code = _code(p.dtype, chip)
+    op = {"sum": SUM, "mean": MEAN, "amax": AMAX}[p.kernel]
+    es = _dt.itemsize(p.dtype)
+    tm, tr = cfg.tile("outputs"), cfg.tile("chunk")
+    for m0, m1 in tile_starts(M, tm):
+        reduce_tile(x, seg, el, est, code, m0, m1, R, tr, op, out, code)
+        n = m1 - m0
+        ctx.read(n * R * es)
+        ctx.write(n * es)
+        ctx.ops(n * (R + (1 if op == MEAN else 0)))
+    return [yt]
