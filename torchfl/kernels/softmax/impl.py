@@ -1,0 +1,187 @@
+"""Softmax execution: rows walked with ``dim`` innermost (in the tensor's own layout),
+whole-row tiles (parallel over rows) or two-pass row_split chunks."""
+from __future__ import annotations
+
+import math
+
+import numpy as np
+from numba import njit, prange
+
+from .. import dtypes as dt
+from ..codecs import decode, encode16
+from ..mathfn import exp32
+from ..stream import Access
+from . import COST, ES, _dim, ins
+
+KIND = {"softmax": 0, "log_softmax": 1, "softmax_backward": 2, "log_softmax_backward": 3}
+
+
+@njit(cache=True, parallel=True, fastmath=True)
+def rows_fwd(x, out, m, L, kind):
+    for r in prange(m):
+        o = r * L
+        mx = np.float32(-np.inf)
+        for j in range(L):
+            mx = max(mx, x[o + j])
+        if mx == -np.inf:
+            mx = np.float32(0.0)
+        s = np.float32(0.0)
+        if kind == 0:
+            for j in range(L):
+                e = exp32(x[o + j] - mx)
+                out[o + j] = e
+                s += e
+            inv = np.float32(1.0) / s
+            for j in range(L):
+                out[o + j] *= inv
+        else:
+            for j in range(L):
+                s += exp32(x[o + j] - mx)
+            lse = mx + np.float32(math.log(s))
+            for j in range(L):
+                out[o + j] = x[o + j] - lse
+
+
+@njit(cache=True, parallel=True, fastmath=True)
+def rows_bwd(g, y, out, m, L, kind):
+    for r in prange(m):
+        o = r * L
+        s = np.float32(0.0)
+        if kind == 2:
+            for j in range(L):
+                s += g[o + j] * y[o + j]
+            for j in range(L):
+                out[o + j] = y[o + j] * (g[o + j] - s)
+        else:
+            for j in range(L):
+                s += g[o + j]
+            for j in range(L):
+                out[o + j] = g[o + j] - exp32(y[o + j]) * s
+
+
+@njit(cache=True, parallel=True)
+def dec(code, src, dst):
+    for i in prange(src.shape[0]):
+        dst[i] = decode(code, src[i])
+
+
+@njit(cache=True, parallel=True)
+def enc(code, src, dst):
+    for i in prange(src.shape[0]):
+        dst[i] = encode16(code, src[i])
+
+
+def _order(t, d):
+    perm = list(t.perm) if t.ndim else [0]
+    return [a for a in perm if a != d] + [d]
+
+
+def run_softmax(ctx):
+    p, plan = ctx.problem, ctx.plan
+    (out,) = ctx.outputs()
+    if out.numel == 0:
+        return [out]
+    names = ins(p)
+    d = _dim(p)
+    t0 = ctx.inputs[names[0]]
+    shape = out.shape or (1,)
+    L = shape[d]
+    rows = out.numel // L
+    code = dt.code(p.dtype, ctx.chip.bf16_emulation)
+    es = ES[p.dtype]
+    kind = KIND[p.kernel]
+    cost = COST[p.kernel]
+    if not out.shape:      # 0-d: treat as one row of one
+        order = [0]
+    else:
+        order = _order(out, d)
+    accs = [Access(ctx.inputs[n], order) if out.shape else None for n in names]
+    oacc = Access(out, order) if out.shape else None
+    if plan.config.strategy == "row_split":
+        return _row_split(ctx, accs, oacc, out, rows, L, code, es, kind, cost)
+    T = plan.config.tile("rows")
+    f32 = [np.empty(min(T, rows) * L, np.float32) for _ in names]
+    res = np.empty(min(T, rows) * L, np.float32)
+    for r0 in range(0, rows, T):
+        r1 = min(rows, r0 + T)
+        m = r1 - r0
+        s, e = r0 * L, r1 * L
+        tiles = []
+        for i, a in enumerate(accs):
+            raw = a.load(s, e)
+            ctx.read((e - s) * es)
+            if code == 0:
+                tiles.append(raw)
+            else:
+                dec(code, raw, f32[i][:e - s])
+                tiles.append(f32[i][:e - s])
+        direct = code == 0 and oacc.contiguous
+        r = oacc.flat[s:e] if direct else res[:e - s]
+        if kind <= 1:
+            rows_fwd(tiles[0], r, m, L, kind)
+        else:
+            rows_bwd(tiles[0], tiles[1], r, m, L, kind)
+        if not direct:
+            if code == 0:
+                oacc.store(s, e, r)
+            else:
+                ob = np.empty(e - s, np.uint16)
+                enc(code, r, ob)
+                oacc.store(s, e, ob)
+        ctx.write((e - s) * es)
+        ctx.ops(m * L * cost)
+    return [out]
+
+
+def _row_split(ctx, accs, oacc, out, rows, L, code, es, kind, cost):
+    """Two passes per row over chunks of C: statistics, then normalise and store."""
+    C = ctx.plan.config.tile("chunk")
+    nin = len(accs)
+
+    def chunk(a, s, e):
+        raw = a.load(s, e)
+        ctx.read((e - s) * es)
+        if code == 0:
+            return raw.astype(np.float32, copy=True)
+        f = np.empty(e - s, np.float32)
+        dec(code, raw, f)
+        return f
+
+    for r in range(rows):
+        base = r * L
+        # pass 1: running max and sum (online), or the backward's dot product
+        mx, s1 = np.float32(-np.inf), np.float32(0.0)
+        for c0 in range(0, L, C):
+            c1 = min(L, c0 + C)
+            tiles = [chunk(a, base + c0, base + c1) for a in accs]
+            if kind <= 1:
+                cm = max(mx, tiles[0].max())
+                if cm != -np.inf:
+                    s1 = s1 * np.float32(np.exp(mx - cm)) + np.exp(tiles[0] - cm).sum(dtype=np.float32)
+                mx = cm
+            elif kind == 2:
+                s1 += (tiles[0] * tiles[1]).sum(dtype=np.float32)
+            else:
+                s1 += tiles[0].sum(dtype=np.float32)
+        # pass 2
+        for c0 in range(0, L, C):
+            c1 = min(L, c0 + C)
+            tiles = [chunk(a, base + c0, base + c1) for a in accs]
+            if kind == 0:
+                y = np.exp(tiles[0] - mx) / s1
+            elif kind == 1:
+                y = tiles[0] - (mx + np.log(s1))
+            elif kind == 2:
+                y = tiles[1] * (tiles[0] - s1)
+            else:
+                y = tiles[0] - np.exp(tiles[1]) * s1
+            y = y.astype(np.float32)
+            if code == 0:
+                oacc.store(base + c0, base + c1, y)
+            else:
+                ob = np.empty(c1 - c0, np.uint16)
+                enc(code, y, ob)
+                oacc.store(base + c0, base + c1, ob)
+            ctx.write((c1 - c0) * es)
+            ctx.ops((c1 - c0) * cost)
+    return [out]
