@@ -22,8 +22,9 @@ KEEP = (
     "linear.default",
     "layer_norm.default",
     "conv2d.default",
+    "convolution.default",
     "gelu.default",
-)
+)  # the same as torchfl.planner.capture.KEEP_OPS
 
 
 def resnet50(num_classes: int = 10):
@@ -83,42 +84,32 @@ def zoo():
     ]
 
 
-def _ops_of(gm, into, tag):
-    for node in gm.graph.nodes:
-        if node.op == "call_function":
-            target = node.target
-            name = str(target) if hasattr(target, "_schema") else getattr(target, "__name__", str(target))
-            if hasattr(target, "_schema"):
-                name = f"aten.{target._schema.name.split('::')[1]}.{target._overloadname}"
-            into[name].add(tag)
-
-
-def capture(models=None):
-    """Map op name -> set of 'model/mode' tags where it appears."""
+def graphs(models=None):
+    """Yield ("model/mode", GraphModule) for every zoo model and capture mode; failures go to FAILURES."""
     import torch
     from torch._decomp import core_aten_decompositions
     from torch._functorch.aot_autograd import aot_module_simplified
 
-    ops: dict[str, set[str]] = defaultdict(set)
     for name, model, inputs in models or zoo():
         model.eval()
         table = torch.export.default_decompositions()
         for k in KEEP:
-            op = getattr(torch.ops.aten, k.split(".")[0]).default
-            table.pop(op, None)
+            packet, overload = k.split(".")
+            table.pop(getattr(getattr(torch.ops.aten, packet), overload), None)
         for mode, tab in (("export", torch.export.default_decompositions()), ("export-keep", table)):
             try:
                 gm = torch.export.export(model, inputs).run_decompositions(tab).graph_module
             except Exception as exc:  # noqa: BLE001 - recorded, the test decides
                 FAILURES.append(f"{name}/{mode}: {type(exc).__name__}: {str(exc).splitlines()[0]}")
                 continue
-            _ops_of(gm, ops, f"{name}/{mode}")
+            yield f"{name}/{mode}", gm
 
         model.train()
+        grabbed = []
 
         def compiler(tag):
             def fn(gm, _example):
-                _ops_of(gm, ops, f"{name}/{tag}")
+                grabbed.append((f"{name}/{tag}", gm))
                 return gm.forward
             return fn
 
@@ -134,6 +125,22 @@ def capture(models=None):
             out.float().sum().backward()
         except Exception as exc:  # noqa: BLE001 - recorded, the test decides
             FAILURES.append(f"{name}/train: {type(exc).__name__}: {str(exc).splitlines()[0]}")
+        yield from grabbed
+
+
+def op_name(target) -> str:
+    if hasattr(target, "_schema"):
+        return f"aten.{target._schema.name.split('::')[1]}.{target._overloadname}"
+    return getattr(target, "__name__", str(target))
+
+
+def capture(models=None):
+    """Map op name -> set of 'model/mode' tags where it appears."""
+    ops: dict[str, set[str]] = defaultdict(set)
+    for tag, gm in graphs(models):
+        for node in gm.graph.nodes:
+            if node.op == "call_function":
+                ops[op_name(node.target)].add(tag)
     return ops
 
 
