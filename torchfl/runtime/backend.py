@@ -105,14 +105,22 @@ def _active():
 
 # ---------------------------------------------------------------- compiled graphs
 
+def _is_static(a) -> bool:
+    import torch
+
+    return isinstance(a, torch.nn.Parameter) or bool(getattr(a, "_dynamo_static_input_type", None))
+
+
 def _signature(args) -> tuple:
+    """What a plan depends on: shapes, dtypes, channels-last, and which tensors the
+    parameters are (a plan holds its parameters: new parameter objects replan)."""
     import torch
 
     sig = []
     for a in args:
         if isinstance(a, torch.Tensor):
             cl = a.dim() == 4 and not a.is_contiguous() and a.is_contiguous(memory_format=torch.channels_last)
-            sig.append((tuple(a.shape), a.dtype, cl))
+            sig.append((tuple(a.shape), a.dtype, cl, id(a) if _is_static(a) else None))
         elif isinstance(a, (int, float, bool)):
             sig.append((type(a).__name__, a))
         else:
@@ -121,20 +129,76 @@ def _signature(args) -> tuple:
 
 
 def _static_positions(args) -> tuple:
+    return tuple(i for i, a in enumerate(args) if _is_static(a))
+
+
+def _lift_static(gm, args):
+    """Dynamo passes parameters and buffers as graph inputs; give the planner a graph that
+    holds them as parameters/buffers (``get_attr``), so they are planned as weights (static
+    casts and layout transforms, no batch limits on an embedding table) and the plan keeps
+    them. Returns (graph module, positions of the remaining user inputs)."""
+    import copy
+
     import torch
 
-    out = []
-    for i, a in enumerate(args):
-        if isinstance(a, torch.nn.Parameter) or getattr(a, "_dynamo_static_input_type", None):
-            out.append(i)
-    return tuple(out)
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    if len(placeholders) != len(args):
+        return gm, tuple(range(len(args)))
+    static = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor) and _is_static(a)]
+    if not static:
+        return gm, tuple(range(len(args)))
+    graph = copy.deepcopy(gm.graph)
+    new_ph = [n for n in graph.nodes if n.op == "placeholder"]
+    root = torch.nn.Module()
+    for name, mod in gm.named_children():
+        root.add_module(name, mod)
+    for attr in {n.target for n in graph.nodes if n.op == "get_attr"}:
+        obj = gm
+        for part in str(attr).split("."):
+            obj = getattr(obj, part)
+        _set_attr(root, str(attr), obj)
+    first = next(n for n in graph.nodes if n.op != "placeholder")
+    for i in static:
+        node = new_ph[i]
+        target = f"_torchfl_static_{i}"
+        a = args[i]
+        if isinstance(a, torch.nn.Parameter):
+            root.register_parameter(target, a)
+        else:
+            root.register_buffer(target, a)
+        with graph.inserting_before(first):
+            ga = graph.get_attr(target)
+        ga.meta = dict(node.meta)
+        node.replace_all_uses_with(ga)
+        graph.erase_node(node)
+    lifted = torch.fx.GraphModule(root, graph)
+    return lifted, tuple(i for i in range(len(args)) if i not in set(static))
+
+
+def _set_attr(root, dotted, value):
+    import torch
+
+    *path, last = dotted.split(".")
+    obj = root
+    for part in path:
+        if not hasattr(obj, part):
+            obj.add_module(part, torch.nn.Module())
+        obj = getattr(obj, part)
+    if isinstance(value, torch.nn.Module):
+        obj.add_module(last, value)
+    elif isinstance(value, torch.nn.Parameter):
+        obj.register_parameter(last, value)
+    elif isinstance(value, torch.Tensor):
+        obj.register_buffer(last, value)
+    else:
+        setattr(obj, last, value)
 
 
 class _Entry:
-    __slots__ = ("plan", "executor", "error")
+    __slots__ = ("plan", "executor", "error", "user")
 
-    def __init__(self, plan=None, executor=None, error=None):
-        self.plan, self.executor, self.error = plan, executor, error
+    def __init__(self, plan=None, executor=None, error=None, user=None):
+        self.plan, self.executor, self.error, self.user = plan, executor, error, user
 
 
 class CompiledGraph:
@@ -148,19 +212,23 @@ class CompiledGraph:
 
     # -- planning --
     def _plan(self, args):
+        """(plan, positions of the user inputs among ``args``)."""
         from torchfl import planner
 
         o = self.options
         if self.kind == "inference":
-            return planner.plan_graph(self.gm, list(args), chip=o.chip, precision=o.precision,
+            gm, user = _lift_static(self.gm, args)
+            plan = planner.plan_graph(gm, [args[i] for i in user], chip=o.chip, precision=o.precision,
                                       strict=o.strict, registry=o.registry)
+            return plan, user
         from torchfl.planner.api import plan_captured
         from torchfl.planner.source import resolve
 
         gm = _concrete(self.gm, args)
         hcd, packs = resolve(o.chip, o.registry)
-        return plan_captured(_captured_aot(gm, self.kind), (), hcd, packs, precision=o.precision,
+        plan = plan_captured(_captured_aot(gm, self.kind), (), hcd, packs, precision=o.precision,
                              strict=o.strict)
+        return plan, tuple(range(len(args)))
 
     def _entry(self, args) -> _Entry:
         sig = _signature(args)
@@ -169,10 +237,11 @@ class CompiledGraph:
             from .executor import Executor
 
             try:
-                plan = self._plan(args)
+                plan, user = self._plan(args)
+                static = _static_positions([args[i] for i in user])
                 ex = Executor(plan, registry=self.options.registry, strict=self.options.strict,
-                              static_inputs=_static_positions(args))
-                entry = _Entry(plan, ex)
+                              static_inputs=static)
+                entry = _Entry(plan, ex, user=None if len(user) == len(args) else user)
             except Exception as exc:   # raised to the caller now and at every call of this signature
                 entry = _Entry(error=exc)
             self.entries[sig] = entry
@@ -186,6 +255,8 @@ class CompiledGraph:
         entry = self._entry(args)
         if entry.error is not None:
             raise entry.error
+        if entry.user is not None:
+            args = tuple(args[i] for i in entry.user)
         rec = _active()
         if rec is None:
             return _as_output(entry.executor.run(args), self.kind)

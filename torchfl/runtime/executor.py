@@ -300,8 +300,11 @@ class Executor:
         return self._lifted_env
 
     def _static_inputs_key(self, args):
-        return tuple((i, id(args[i]), getattr(args[i], "_version", 0)) for i in sorted(self.static_positions)
-                     if i < len(args))
+        """Identity and version of everything the cached device state was made from: an
+        in-place update of a weight (optimizer step, load_state_dict) invalidates it."""
+        return (tuple((i, id(args[i]), getattr(args[i], "_version", 0)) for i in sorted(self.static_positions)
+                      if i < len(args)),
+                tuple(getattr(t, "_version", 0) for _n, t, _l, _d in self.lifted))
 
     def release(self):
         """Free everything this executor keeps on the device (cached weights)."""
@@ -346,18 +349,13 @@ class Executor:
             env.update({n: self._upload(t, lay, dt) for n, t, lay, dt in self.lifted})
             static_cached = False
         else:
+            key = self._static_inputs_key(args)
+            if self._static_key is not None and key != self._static_key:
+                self.release()          # weights changed: upload and cast them again
             lifted = self._lifted()
             env.update(lifted)
             pinned.update(id(v.buffer) for v in lifted.values() if isinstance(v, DeviceTensor))
-            key = self._static_inputs_key(args)
             static_cached = self._static_env is not None and key == self._static_key
-            if not static_cached and self._static_env is not None:
-                keep = {id(v.buffer) for v in lifted.values() if isinstance(v, DeviceTensor)}
-                for v in self._static_env.values():
-                    if isinstance(v, DeviceTensor) and not v.buffer.freed and id(v.buffer) not in keep:
-                        keep.add(id(v.buffer))
-                        v.buffer.free()
-                self._static_env = None
             if static_cached:
                 env.update(self._static_env)
                 pinned.update(id(v.buffer) for v in self._static_env.values() if isinstance(v, DeviceTensor))
@@ -421,10 +419,10 @@ class Executor:
             for v in p.free_after:
                 self._drop(env, v, refs, pinned)
 
-        if not measuring and not static_cached and self.static_vals:
+        if not measuring and not static_cached:
             self._static_env = {v: env[v] for v in self.static_vals if v in env
                                 and v not in self._lifted_env}
-            self._static_key = self._static_inputs_key(args)
+            self._static_key = key
 
         values = []
         for name in self.plan.outputs:

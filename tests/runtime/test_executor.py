@@ -1,0 +1,151 @@
+"""The executor over a Plan built by hand from the Plan dataclasses and the kernels' own
+specs (no planner): real kernels, real device memory, a real CPU fallback."""
+import numpy as np
+import pytest
+import torch
+
+from torchfl.kernels import ChipModel
+from torchfl.kernels.catalog import CATALOG
+from torchfl.planner.plan import Capture, Fallback, Plan, PlanInput, Step, Summary, Value
+from torchfl.runtime import device
+from torchfl.runtime.analyze import analyze
+from torchfl.runtime.errors import FallbackNotAllowed, PlanMismatch
+from torchfl.runtime.executor import Executor
+
+CHIP = ChipModel(name="HAND-1", cache_bytes=16 << 10, alignment=128)
+
+
+def _graph():
+    """x -> convolution(x, w) -> relu, as a core-ATen FX graph."""
+    g = torch.fx.Graph()
+    x = g.placeholder("x")
+    w = g.placeholder("p_w")
+    conv = g.call_function(torch.ops.aten.convolution.default,
+                           (x, w, None, [1, 1], [1, 1], [1, 1], False, [0, 0], 1))
+    relu = g.call_function(torch.ops.aten.relu.default, (conv,))
+    g.output((relu,))
+    gm = torch.fx.GraphModule(torch.nn.Module(), g)
+    return gm, conv.name, relu.name
+
+
+def _kstep(index, kernel, inputs, metas, outputs, attrs, chip, kind="kernel", nodes=(), ops=(), static=False):
+    """A Step priced by the kernel's own tiling (what a planner would write)."""
+    spec = CATALOG[kernel]
+    shapes = {n: m[0] for n, m in zip(spec.input_names, metas) if m}
+    dtypes = {n: m[1] for n, m in zip(spec.input_names, metas) if m}
+    layouts = {n: m[2] for n, m in zip(spec.input_names, metas) if m}
+    first = next(m[1] for m in metas if m)
+    problem = spec.problem(shapes, attrs, None if spec.mixed_dtypes else first, layouts, dtypes)
+    tp = spec.tile(problem, chip)
+    (out,) = spec.output_meta(problem)
+    from torchfl.kernels.tiling import simulated_time
+
+    step = Step(index=index, kind=kind, kernel=kernel, nodes=tuple(nodes), ops=tuple(ops),
+                inputs=tuple(inputs), outputs=tuple(outputs),
+                layouts_in=tuple((m[2] or "NCHW") if m else "" for m in metas),
+                layout_out=out.layout or "NCHW", dtype=problem.dtype, tile=tp.config.as_dict(),
+                attrs=dict(attrs), predicted_flops=float(tp.traffic.flops),
+                predicted_bytes=float(tp.traffic.bytes), predicted_time_s=simulated_time(tp, chip, problem.dtype),
+                static=static)
+    return step, (out.shape, out.dtype, out.layout)
+
+
+def hand_plan(x_shape=(1, 3, 8, 8), w_shape=(4, 3, 3, 3)):
+    gm, conv_name, relu_name = _graph()
+    torch.manual_seed(0)
+    w = torch.randn(w_shape)
+    s0, m0 = _kstep(0, "layout_transform", ("x",), [(x_shape, "float32", None)], ("x.NHWC",),
+                    {"layout": "NHWC"}, CHIP, kind="layout")
+    s1, m1 = _kstep(1, "cast", ("p_w",), [(w_shape, "float32", None)], ("p_w.float16",),
+                    {"to": "float16"}, CHIP, kind="cast", static=True)
+    s2, m2 = _kstep(2, "cast", ("x.NHWC",), [m0], ("x.NHWC.float16",), {"to": "float16"}, CHIP, kind="cast")
+    s3, m3 = _kstep(3, "conv2d", ("x.NHWC.float16", "p_w.float16", ""), [m2, m1, None], (conv_name,),
+                    {"stride": [1, 1], "padding": [1, 1], "out_layout": "NHWC"}, CHIP,
+                    nodes=(conv_name,), ops=("aten.convolution.default",))
+    s4, m4 = _kstep(4, "layout_transform", (conv_name,), [m3], (f"{conv_name}.NCHW",), {"layout": "NCHW"},
+                    CHIP, kind="layout")
+    s5, m5 = _kstep(5, "cast", (f"{conv_name}.NCHW",), [m4], (f"{conv_name}.NCHW.float32",),
+                    {"to": "float32"}, CHIP, kind="cast")
+    nbytes = int(np.prod(m5[0])) * 4
+    s6 = Step(index=6, kind="fallback", kernel=None, nodes=(relu_name,), ops=("aten.relu.default",),
+              inputs=(f"{conv_name}.NCHW.float32",), outputs=(relu_name,), layouts_in=("NCHW",),
+              layout_out="NCHW", dtype="float32", tile={"strategy": "cpu"}, attrs={},
+              predicted_flops=0.0, predicted_bytes=float(2 * nbytes),
+              predicted_time_s=2 * nbytes * 2 / CHIP.offchip_bw)
+    steps = (s0, s1, s2, s3, s4, s5, s6)
+    values = {"x": Value("x", x_shape, "float32", "NCHW", None), "p_w": Value("p_w", w_shape, "float32", "NCHW", None)}
+    for st, m in zip(steps, (m0, m1, m2, m3, m4, m5, (m5[0], "float32", None))):
+        for o in st.outputs:
+            values[o] = Value(o, tuple(m[0]), m[1], m[2] or "NCHW", st.index)
+    summary = Summary(2, 1, 6, 0, 2, 3, 1, sum(s.predicted_flops for s in steps),
+                      sum(s.predicted_bytes for s in steps), sum(s.predicted_time_s for s in steps))
+    plan = Plan(chip=CHIP.name, chip_version="0.0.1", precision="float16",
+                inputs=(PlanInput("x", "input", 0, x_shape, "float32", "NCHW"),
+                        PlanInput("p_w", "parameter", "w", w_shape, "float32", "NCHW")),
+                outputs=(relu_name,), values=values, steps=steps, conversions=(), casts=(),
+                fallbacks=(Fallback(relu_name, "aten.relu.default", "hand-built: runs on the CPU"),),
+                rejected=(), summary=summary, capture=Capture(gm, {"p_w": w}))
+    return plan, w
+
+
+def _reference(x, w):
+    xh, wh = x.half().float(), w.half().float()
+    return torch.relu(torch.nn.functional.conv2d(xh, wh, padding=1))
+
+
+def test_hand_plan_runs_real_kernels_and_fallback():
+    plan, w = hand_plan()
+    device.register_chip(CHIP)
+    ex = Executor(plan, CHIP)
+    x = torch.randn(1, 3, 8, 8)
+    (y,) = ex.run((x,))
+    assert y.dtype == torch.float32 and y.shape == (1, 4, 8, 8) and y.is_contiguous()
+    torch.testing.assert_close(y, _reference(x, w), rtol=2e-3, atol=2e-3)
+    # a second call reuses the cached fp16 weight (static step) and gives the same result
+    (y2,) = ex.run((x,))
+    torch.testing.assert_close(y2, y, rtol=0, atol=0)
+
+
+def test_memory_is_freed_and_static_weights_stay():
+    plan, _w = hand_plan()
+    ex = Executor(plan, CHIP)
+    mem = ex.memory
+    base = mem.memory_allocated()
+    ex.run((torch.randn(1, 3, 8, 8),))
+    kept = mem.memory_allocated() - base
+    # what stays is exactly the fp32 weight upload and its fp16 cast, in alignment granules
+    g = CHIP.alignment
+    want = -(-4 * 3 * 3 * 3 * 4 // g) * g + -(-4 * 3 * 3 * 3 * 2 // g) * g
+    assert kept == want
+    ex.run((torch.randn(1, 3, 8, 8),))
+    assert mem.memory_allocated() - base == want
+    ex.release()
+    assert mem.memory_allocated() == base
+
+
+def test_analyze_predicted_bytes_equal_measured():
+    plan, _w = hand_plan()
+    an = analyze(plan, (torch.randn(1, 3, 8, 8),), chip=CHIP)
+    assert len(an.steps) == len(plan.steps)
+    for s in an.steps:
+        assert s.bytes_match, (s.index, s.kernel, s.predicted_bytes, s.measured_bytes)
+        assert s.measured_bytes > 0
+    assert an.routes["aten.convolution.default"] == {"conv2d": 1}
+    assert an.routes["aten.relu.default"] == {"CPU fallback": 1}
+    text = an.render()
+    assert "equal on every step" in text and "Largest predicted-vs-simulated" in text
+
+
+def test_strict_refuses_fallbacks_before_running():
+    plan, _w = hand_plan()
+    with pytest.raises(FallbackNotAllowed) as err:
+        Executor(plan, CHIP, strict=True)
+    assert "aten::relu" in str(err.value) and "hand-built" in str(err.value)
+
+
+def test_tiling_mismatch_is_refused():
+    plan, _w = hand_plan()
+    small = ChipModel(name="HAND-1", cache_bytes=2 << 10, alignment=128)
+    ex = Executor(plan, small)
+    with pytest.raises(PlanMismatch, match="re-plan"):
+        ex.run((torch.randn(1, 3, 8, 8),))
