@@ -10,6 +10,7 @@ are refused outright.
 
 from __future__ import annotations
 
+import re
 from dataclasses import dataclass
 from functools import lru_cache
 from pathlib import Path
@@ -214,10 +215,33 @@ def _describe_unexpected(exc, text: str) -> GuardSyntaxError:
     return GuardSyntaxError(f"syntax error: {exc}", 0)
 
 
+_DOTTED = re.compile(r"[A-Za-z][A-Za-z0-9_]*(\.[A-Za-z][A-Za-z0-9_]*)*")
+
+
+def _dotted(text: str) -> Node | None:
+    """Fast path for the most common expressions (``input``, ``conv.weight``): no parser needed."""
+    if len(text) > 200 or not _DOTTED.fullmatch(text):
+        return None
+    parts = text.split(".")
+    if parts[0] in CONSTANTS or any(p in KEYWORDS for p in parts):
+        return None
+    node: Node = Name(0, len(parts[0]), parts[0])
+    end = len(parts[0])
+    for part in parts[1:]:
+        end += 1 + len(part)
+        node = Attr(0, end, node, part)
+    return node
+
+
+@lru_cache(maxsize=4096)
 def parse(text: str) -> Node:
     """Parse one guard. Raises :class:`GuardSyntaxError` (never anything else) for bad text."""
     from lark.exceptions import LarkError
 
+    if isinstance(text, str):
+        fast = _dotted(text)
+        if fast is not None:
+            return fast
     if not isinstance(text, str):
         raise GuardSyntaxError(f"a guard must be text, got {type(text).__name__}")
     if not text.strip():
