@@ -51,3 +51,26 @@ def test_first_use(registry_url, tmp_path):
         assert p.returncode == 0 and "created schema 0002" in out and "bundled: " in out, err
         out, err = _cli(env, "list", "--json").communicate(timeout=120)
         assert {c["name"] for c in json.loads(out)["chips"]} == expected
+
+
+def test_queries_import_neither_torch_nor_numba(registry_url, tmp_path):
+    """The cold-start rule: registry queries never load torch or numba; on SQLite not even SQLAlchemy."""
+    from torchfl.registry import Registry
+
+    with Registry(registry_url) as r:
+        r.init(seed=True)
+    code = (
+        "import sys\nfrom torchfl.cli.main import cli\n"
+        "for args in (['list'], ['list', '--json'], ['show', 'NPU-V3'], ['history', 'NPU-V3', '--json'],"
+        " ['diff', 'NPU-V3', '1.0.0', '1.0.0']):\n"
+        f"    try:\n        cli(['registry', '--registry', {registry_url!r}, *args], prog_name='torchfl')\n"
+        "    except SystemExit as e:\n        assert e.code in (0, None), (args, e.code)\n"
+        "print('LOADED', ' '.join(m for m in ('torch', 'numba', 'sqlalchemy', 'alembic', 'pydantic')"
+        " if m in sys.modules))\n"
+    )
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path)
+    assert proc.returncode == 0, proc.stderr
+    loaded = proc.stdout.rsplit("LOADED", 1)[1].split()
+    assert "torch" not in loaded and "numba" not in loaded and "alembic" not in loaded
+    if registry_url.startswith("sqlite"):
+        assert "sqlalchemy" not in loaded, loaded
