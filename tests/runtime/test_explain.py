@@ -1,0 +1,57 @@
+"""explain / explain analyze: the plan as text; executed, predicted beside measured."""
+import pytest
+import torch
+
+import torchfl
+from models import SmallCNN, TwoGraphs, seeded
+
+V3 = {"chip": "NPU-V3", "precision": "float16"}
+
+
+def test_explain_compiled_model_text():
+    m = seeded(SmallCNN)
+    x = torch.randn(1, 3, 16, 16)
+    c = torch.compile(m, backend="torchfl", options=V3)
+    text = torchfl.explain(c, x)
+    assert "NPU-V3" in text and "fallbacks to CPU" in text
+
+
+def test_explain_plain_module_with_chip():
+    m = seeded(SmallCNN)
+    text = torchfl.explain(m, torch.randn(1, 3, 16, 16), chip="NPU-V3", precision="float16")
+    assert "NPU-V3" in text
+
+
+def test_explain_needs_a_chip_for_a_plain_module():
+    with pytest.raises(ValueError, match="chip="):
+        torchfl.explain(seeded(SmallCNN), torch.randn(1, 3, 16, 16))
+
+
+@pytest.mark.parametrize("compiled", [True, False])
+def test_analyze_predicted_bytes_equal_measured_on_every_step(compiled):
+    m = seeded(SmallCNN)
+    x = torch.randn(2, 3, 16, 16)
+    target = torch.compile(m, backend="torchfl", options=V3) if compiled else m
+    kw = {} if compiled else dict(chip="NPU-V3", precision="float16")
+    text, analyses = torchfl.explain(target, x, analyze=True, return_analysis=True, **kw)
+    assert analyses
+    for an in analyses:
+        assert len(an.steps) == len(an.plan.steps)        # every step executed and measured
+        for s in an.steps:
+            assert int(round(s.predicted_bytes)) == s.measured_bytes, (s.index, s.kernel, s.label)
+            assert s.wall_s > 0
+        # route accounting was counted during the run: every captured node is accounted for
+        counted = sum(n for per_op in an.routes.values() for n in per_op.values())
+        assert counted == an.plan.summary.nodes_total
+    assert "equal on every step" in text
+    assert "Largest predicted-vs-simulated time error" in text
+    assert "Routes (per ATen op, counted during the run)" in text
+    assert "aten.convolution.default" in text or "aten.conv2d.default" in text
+
+
+def test_analyze_each_graph_of_a_graph_break():
+    m = seeded(TwoGraphs)
+    c = torch.compile(m, backend="torchfl", options=V3)
+    text, analyses = torchfl.explain(c, torch.randn(4, 16), analyze=True, return_analysis=True)
+    assert len(analyses) == 2
+    assert text.count("EXPLAIN ANALYZE graph") == 2

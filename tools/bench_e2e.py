@@ -1,0 +1,116 @@
+"""End-to-end benchmark: models compiled with backend="torchfl" vs eager torch, side by side.
+
+    python tools/bench_e2e.py [--json] [--runs 5] [--cases resnet50_b1,bert_layer_s128,gpt2_small_s128]
+
+Per case: the first call (plan + Numba kernel compile + run) is timed as first_compile_s;
+one more warm-up call; then ``--runs`` alternating timed calls of the compiled model and of
+eager torch fp32 on the same inputs, and their medians: torchfl_s, torch_eager_s,
+ratio = torch_eager_s / torchfl_s. Executor overhead per step = (wall time of the plan's
+executors - wall time inside kernel calls) / number of steps executed, median over runs.
+The machine is shared: compare only figures from one run.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+os.environ.setdefault("NUMBA_CACHE_DIR", os.path.join(os.path.dirname(__file__), "..", ".cache", "numba"))
+
+CASES = {
+    # name: (zoo model, options to load_model, chip, precision, note)
+    "resnet50_b1": ("resnet50", dict(batch=1, image=224), "NPU-V3", "float16", "ResNet-50, 1x3x224x224"),
+    "bert_layer_s128": ("bert-large", dict(batch=1, seq_len=128, layers=1), "NPU-V3", "float16",
+                        "BERT-large-shaped encoder layer (1024 hidden, 16 heads), 128 tokens"),
+    "gpt2_small_s128": ("gpt2", dict(batch=1, seq_len=128, layers=12), "TFL-X1", "float16",
+                        "GPT-2 small (12 layers, 12 heads: runs on TFL-X1; NPU-V3 has no 12-head attention)"),
+}
+
+
+def _tensor(out):
+    return out.last_hidden_state if hasattr(out, "last_hidden_state") else out
+
+
+def run_case(name, runs, registry=None):
+    import torch
+
+    from torchfl.planner.zoo import load_model
+    from torchfl.runtime.backend import recording
+
+    zoo, kw, chip, precision, note = CASES[name]
+    model, inputs = load_model(zoo, **kw)
+    compiled = torch.compile(model, backend="torchfl",
+                             options={"chip": chip, "precision": precision, "registry": registry})
+    with torch.no_grad():
+        t0 = time.perf_counter()
+        y = _tensor(compiled(*inputs))
+        first = time.perf_counter() - t0
+        with recording() as rec:
+            compiled(*inputs)
+        executors = []
+        for cg, plan, _r in rec.entries:
+            executors += [e.executor for e in cg.entries.values() if e.plan is plan]
+        n_steps = sum(len(e.plan.steps) for e in executors)
+        ref = _tensor(model(*inputs))
+        ours, eager, overhead = [], [], []
+        for _ in range(runs):
+            t0 = time.perf_counter()
+            compiled(*inputs)
+            ours.append(time.perf_counter() - t0)
+            overhead.append(sum(e.last_total_s - e.last_kernel_s for e in executors) / max(1, n_steps))
+            t0 = time.perf_counter()
+            model(*inputs)
+            eager.append(time.perf_counter() - t0)
+    rel = float((y.float() - ref.float()).abs().max() / ref.float().abs().max())
+    fb = sum(len(e.plan.fallbacks) for e in executors)
+    t_ours, t_eager = statistics.median(ours), statistics.median(eager)
+    return {"case": name, "model": note, "chip": chip, "precision": precision,
+            "torchfl_s": t_ours, "torch_eager_s": t_eager, "ratio": t_eager / t_ours,
+            "first_compile_s": first, "executor_overhead_per_step_us": statistics.median(overhead) * 1e6,
+            "steps": n_steps, "graphs": len(executors), "fallbacks": fb, "rel_err_vs_eager": rel,
+            "runs": runs}
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--json", action="store_true", help="print the results as JSON")
+    ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--cases", default=",".join(CASES))
+    ap.add_argument("--registry", default=None)
+    a = ap.parse_args(argv)
+    import warnings
+
+    warnings.filterwarnings("ignore")
+    import torch
+
+    results = []
+    for name in a.cases.split(","):
+        if name not in CASES:
+            ap.error(f"unknown case {name!r}; choose from {', '.join(CASES)}")
+        torch._dynamo.reset()
+        try:
+            results.append(run_case(name, a.runs, a.registry))
+        except Exception as exc:  # report the case as failed, keep measuring the others
+            results.append({"case": name, "error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"})
+        if not a.json:
+            print(_line(results[-1]), flush=True)
+    if a.json:
+        json.dump({"threads": torch.get_num_threads(), "results": results}, sys.stdout, indent=2)
+        print()
+    return 0 if all("error" not in r for r in results) else 1
+
+
+def _line(r):
+    if "error" in r:
+        return f"{r['case']:<18} ERROR {r['error']}"
+    return (f"{r['case']:<18} torchfl {r['torchfl_s'] * 1e3:9.1f} ms  eager {r['torch_eager_s'] * 1e3:8.1f} ms  "
+            f"ratio {r['ratio']:.3f}  first {r['first_compile_s']:.1f} s  overhead "
+            f"{r['executor_overhead_per_step_us']:.1f} us/step ({r['steps']} steps, {r['graphs']} graphs, "
+            f"{r['fallbacks']} fallbacks)  rel err {r['rel_err_vs_eager']:.2e}")
+
+
+if __name__ == "__main__":
+    sys.exit(main())
