@@ -82,6 +82,10 @@ def conv_geometry(p) -> dict:
                           f"need C == weight.shape[1]*groups ({Cg}*{g}) and K % groups == 0")
     OH = conv_out_size(H, R, stride[0], pad[0], dil[0])
     OW = conv_out_size(W, S, stride[1], pad[1], dil[1])
+    if (OH == 0 or OW == 0) and R * S:
+        raise KernelError(f"kernel {k}: the dilated kernel ({dil[0] * (R - 1) + 1} x {dil[1] * (S - 1) + 1}) is "
+                          f"larger than the padded input ({H + 2 * pad[0]} x {W + 2 * pad[1]}); torch refuses "
+                          "this too: pad the input or use a smaller kernel")
     return dict(N=N, C=C, H=H, W=W, K=K, Cg=Cg, Kg=K // g, R=R, S=S, g=g, sh=stride[0],
                 sw=stride[1], ph=pad[0], pw=pad[1], dh=dil[0], dw=dil[1], OH=OH, OW=OW)
 
