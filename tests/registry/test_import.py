@@ -76,6 +76,8 @@ def test_same_version_twice_in_one_command(reg, tmp_path):
     with pytest.raises(ImportRefused) as err:
         reg.import_files(clash)
     assert "different content" in str(err.value.diagnostics[0])
+    with pytest.raises(ImportRefused, match="invalid"):
+        reg.import_texts([("c.hcd", hcd_text("C-1")), ("c2.hcd", hcd_text("C-1", alignment=512))])
     assert [c.name for c in reg.chips()] == ["A-1"]
 
 

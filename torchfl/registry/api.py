@@ -282,16 +282,16 @@ class Registry:
 
     def import_texts(self, items: Iterable[tuple[str, str]], *, progress=None) -> ImportResult:
         """Like :meth:`import_files` for HCD source held in memory: ``(filename, text)`` pairs."""
-        from torchfl.registry.documents import document_from_hcd_text
+        from torchfl.registry.documents import document_from_hcd_text, unique
 
-        docs, diagnostics, seen = [], [], set()
+        found, diagnostics = [], []
         for filename, text in items:
             doc, diags = document_from_hcd_text(text, filename)
             diagnostics.extend(diags)
-            if doc is not None and (doc.name, doc.version, doc.content_hash) not in seen:
-                seen.add((doc.name, doc.version, doc.content_hash))
-                docs.append(doc)
-        return self._store(docs, diagnostics, progress=progress)
+            if doc is not None:
+                found.append(doc)
+        docs, clashes = unique(found)
+        return self._store(docs, diagnostics + clashes, progress=progress)
 
     def _store(self, docs, diagnostics, *, progress=None) -> ImportResult:
         from torchfl.hcd.diagnostics import errors

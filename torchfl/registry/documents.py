@@ -94,12 +94,8 @@ def load_document(path: str | Path):
 
 
 def load_documents(paths, progress=None) -> tuple[list[Document], list[Diagnostic]]:
-    """Validate every file; return the documents and all diagnostics (errors and warnings).
-
-    Two files publishing the same (kind, name, version) in one import are an error when
-    their contents differ and a single document when they agree.
-    """
-    docs: dict[tuple, Document] = {}
+    """Validate every file; return the documents and all diagnostics (errors and warnings)."""
+    found: list[Document] = []
     out: list[Diagnostic] = []
     paths = list(paths)
     for i, path in enumerate(paths, 1):
@@ -107,8 +103,21 @@ def load_documents(paths, progress=None) -> tuple[list[Document], list[Diagnosti
         if progress:
             progress("validating", i, len(paths))
         out.extend(diags)
-        if doc is None:
-            continue
+        if doc is not None:
+            found.append(doc)
+    docs, clashes = unique(found)
+    return docs, out + clashes
+
+
+def unique(found) -> tuple[list[Document], list[Diagnostic]]:
+    """One document per (kind, name, version) of one import.
+
+    Two that agree are one; two that differ are an error (the registry would otherwise
+    have to pick one).
+    """
+    docs: dict[tuple, Document] = {}
+    out: list[Diagnostic] = []
+    for doc in found:
         key = (doc.kind, doc.name, doc.version)
         seen = docs.get(key)
         if seen is None:
