@@ -32,7 +32,16 @@ def upgrade() -> None:
         sa.PrimaryKeyConstraint("id", name="pk_pack_versions"),
         sa.UniqueConstraint("name", "version", name="uq_pack_versions_name_version"),
     )
+    if op.get_bind().dialect.name == "postgresql":
+        op.execute("CREATE TRIGGER trg_pack_versions_immutable BEFORE UPDATE ON pack_versions "
+                   "FOR EACH ROW EXECUTE FUNCTION torchfl_refuse_update()")
+    else:
+        op.execute("CREATE TRIGGER trg_pack_versions_immutable BEFORE UPDATE ON pack_versions BEGIN "
+                   "SELECT RAISE(ABORT, 'pack_versions rows are immutable: a published version never changes; "
+                   "publish a new version'); END")
 
 
 def downgrade() -> None:
+    on = " ON pack_versions" if op.get_bind().dialect.name == "postgresql" else ""
+    op.execute(f"DROP TRIGGER IF EXISTS trg_pack_versions_immutable{on}")
     op.drop_table("pack_versions")

@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from registry_gen import hcd_text
+from registry_gen import hcd_text, pack_text
 
 from torchfl.registry import Registry, migrate
 from torchfl.registry.engine import WRITE, create_registry_engine
@@ -66,3 +66,23 @@ def test_code_knows_the_scripts_head(registry_url):
     assert migrate.script_head() == HEAD and REVISIONS[-1] == HEAD
     with Registry(registry_url) as r:
         assert r.init()["to"] == HEAD
+
+
+@pytest.mark.parametrize("table", ["chip_versions", "pack_versions"])
+def test_published_rows_cannot_be_updated_even_by_sql(registry_url, table, tmp_path):
+    from sqlalchemy import text
+    from sqlalchemy.exc import DBAPIError
+
+    with Registry(registry_url) as r:
+        r.init()
+        r.import_texts([("a.hcd", hcd_text("A-1"))])
+        pack = tmp_path / "mini.yaml"
+        pack.write_text(pack_text())
+        r.import_files([pack])
+        before = r.record("A-1").content_hash
+    engine = create_registry_engine(registry_url)
+    with pytest.raises(DBAPIError, match="immutable"):
+        with engine.begin() as conn:
+            conn.execute(text(f"UPDATE {table} SET content_hash = 'forged'"))
+    engine.dispose()
+    assert Registry(registry_url).record("A-1").content_hash == before
