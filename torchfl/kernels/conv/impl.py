@@ -20,7 +20,6 @@ from numba import njit, prange
 from ..codecs import decode, encode16
 from .microkernel import MR, NR, mk6x16
 
-EPI_BIAS, EPI_BN, EPI_RES, EPI_RELU = 1, 2, 4, 8
 
 
 @njit(cache=True, nogil=True)
@@ -125,38 +124,36 @@ def compute(slab, cols, tc, wpk, tk, R, S, sh, sw, dh, dw, toh, tow, acc, ldc, e
 
 
 @njit(cache=True, nogil=True)
-def store(acc, ldc, tk, toh, tow, n, k0, oh0, ow0, y, t0, t1, t2, t3, ycode, epi, bias, scale, shift,
-          res, r0, r1, r2, r3, rcode, out_scale, out_zp, deq):
-    """Epilogue + store of one tile: v = acc*deq (+bias) (*scale+shift) (+res) (relu), encoded
-    into y's storage (for int8 output: q = clamp(rne(v/out_scale)+out_zp)).
-    Returns (elements written, residual elements read)."""
-    nres = 0
+def store(acc, ldc, tk, toh, tow, n, k0, oh0, ow0, y, t0, t1, t2, t3, ycode, ea, eb, relu,
+          has_res, res, r0, r1, r2, r3, rcode, out_scale, out_zp):
+    """Epilogue + store of one tile: v = acc*ea[k] + eb[k] (dequantisation, bias and folded
+    batch-norm in one FMA) (+ residual) (relu), encoded into y's storage (int8 output:
+    q = clamp(rne(v/out_scale) + out_zp)). Returns (elements written, residual elements read)."""
+    lo = np.float32(0.0) if relu else np.float32(-np.inf)
     for i in range(toh):
         for j in range(tow):
             m = i * tow + j
-            yb = n * t0 + (oh0 + i) * t2 + (ow0 + j) * t3
-            rb = n * r0 + (oh0 + i) * r2 + (ow0 + j) * r3
+            mo = m * ldc
+            yb = n * t0 + (oh0 + i) * t2 + (ow0 + j) * t3 + k0 * t1
+            if ycode == 0 and t1 == 1 and not has_res:      # fast path: contiguous fp32 channels
+                for k in range(tk):
+                    y[yb + k] = max(acc[mo + k] * ea[k0 + k] + eb[k0 + k], lo)
+                continue
+            rb = n * r0 + (oh0 + i) * r2 + (ow0 + j) * r3 + k0 * r1
             for k in range(tk):
-                kk = k0 + k
-                v = acc[m * ldc + k] * deq
-                if epi & EPI_BIAS:
-                    v += bias[kk]
-                if epi & EPI_BN:
-                    v = v * scale[kk] + shift[kk]
-                if epi & EPI_RES:
-                    v += decode(rcode, res[rb + kk * r1])
-                    nres += 1
-                if epi & EPI_RELU:
-                    v = max(v, np.float32(0.0))
+                v = np.float32(acc[mo + k] * ea[k0 + k] + eb[k0 + k])
+                if has_res:
+                    v += decode(rcode, res[rb + k * r1])
+                v = max(v, lo)
                 if ycode == 4:
                     q = np.round(v / out_scale) + out_zp
                     q = min(max(q, -128.0), 127.0)
-                    y[yb + kk * t1] = np.int8(q)
+                    y[yb + k * t1] = np.int8(q)
                 elif ycode == 0:
-                    y[yb + kk * t1] = v
+                    y[yb + k * t1] = v
                 else:
-                    y[yb + kk * t1] = encode16(ycode, v)
-    return toh * tow * tk, nres
+                    y[yb + k * t1] = encode16(ycode, v)
+    return toh * tow * tk, (toh * tow * tk if has_res else 0)
 
 
 # ---------------------------------------------------------------- Python drivers (spec.impl)
@@ -214,10 +211,10 @@ def run_conv2d(ctx):
     deq = np.float32(a["x_scale"] * a["w_scale"]) if is_int else np.float32(1.0)
     out_scale = np.float32(a["out_scale"] or 1.0)
     out_zp = np.float32(a["out_zero_point"] or 0)
-    epi = (EPI_BIAS * e["bias"]) | (EPI_BN * e["bn"]) | (EPI_RES * e["residual"]) | (EPI_RELU * e["relu"])
     bias = np.zeros(max(K, 1), np.float32)
     bnw, bnb, mean, var = (np.zeros(max(K, 1), np.float32) for _ in range(4))
     scale, shift = np.ones(max(K, 1), np.float32), np.zeros(max(K, 1), np.float32)
+    ea, eb = np.ones(max(K, 1), np.float32), np.zeros(max(K, 1), np.float32)
     if e["residual"]:
         res, rs = _flat(ctx.inputs["residual"])
         rcode = _code(p.dtype_of("residual"), chip)
@@ -253,6 +250,10 @@ def run_conv2d(ctx):
                 inv = (1.0 / np.sqrt(var[sl].astype(np.float64) + eps)).astype(np.float32)
                 scale[sl] = wv * inv
                 shift[sl] = bv - mean[sl] * scale[sl]
+            # fold dequantisation, bias and batch-norm into one per-channel FMA
+            sl = slice(kg0, kg0 + tka)
+            ea[sl] = deq * scale[sl]
+            eb[sl] = (bias[sl] * scale[sl] if e["bias"] else 0.0) + shift[sl]
             if stationary:
                 nread = load_weights(w, *wst, wcode, wzp, kg0, tka, 0, Cg, R, S, wpk)
                 ctx.read(nread * ew)
@@ -276,8 +277,8 @@ def run_conv2d(ctx):
                                 compute(slab, hi_w - lo_w, tca, wpk, tka, R, S, sh, sw, dh, dw, th, tw,
                                         acc, ldc, is_int)
                             ctx.ops(2 * th * tw * tka * tca * R * S)
-                        nw, nr = store(acc, ldc, tka, th, tw, n, kg0, oh0, ow0, y, *ys, ycode, epi,
-                                       bias, scale, shift, res, *rs, rcode, out_scale, out_zp, deq)
+                        nw, nr = store(acc, ldc, tka, th, tw, n, kg0, oh0, ow0, y, *ys, ycode, ea, eb,
+                                       e["relu"], e["residual"], res, *rs, rcode, out_scale, out_zp)
                         ctx.write(nw * ey)
                         ctx.read(nr * er)
                         ctx.ops(nw * n_epi)

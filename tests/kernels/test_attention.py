@@ -1,0 +1,78 @@
+"""Attention vs torch SDPA: causal, masks (bool / additive, broadcast), dtypes, layouts,
+Lq != Lk, Dv != D, caches that force streamed / kv_resident / resident tilings."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+from torchfl.kernels import DeviceMemory, KernelError
+from torchfl.kernels.catalog import CATALOG
+
+from .helpers import as_f32, assert_close, bytes_monotone, chip_for, dev, run_checked
+
+DT = ["float32", "float16", "bfloat16", "bfloat16_emulated"]
+SHAPES = [(1, 1, 1, 1, 1, 1), (2, 3, 37, 53, 16, 24), (1, 2, 130, 130, 64, 64), (1, 1, 5, 200, 8, 8),
+          (1, 2, 0, 7, 8, 8)]
+
+
+@pytest.mark.parametrize("dtype", DT)
+@pytest.mark.parametrize("shape", SHAPES)
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("cache", (32 << 10, 256 << 10, 8 << 20))
+def test_attention(dtype, shape, causal, cache):
+    B, H, L, S, D, Dv = shape
+    chip = chip_for(dtype, cache)
+    mem = DeviceMemory(chip)
+    g = torch.Generator().manual_seed(L + S)
+    q = dev(torch.randn(B, H, L, D, generator=g), mem, dtype, "NHCW")
+    k = dev(torch.randn(B, H, S, D, generator=g), mem, dtype)
+    v = dev(torch.randn(B, H, S, Dv, generator=g), mem, dtype, "NCWH")
+    (o,), plan = run_checked("attention", chip, {"q": q, "k": k, "v": v}, {"causal": causal})
+    ref = F.scaled_dot_product_attention(as_f32(q), as_f32(k), as_f32(v), is_causal=causal)
+    assert_close(as_f32(o), ref, dtype, scale=2, what=f"attention {plan.config.strategy}")
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+@pytest.mark.parametrize("mshape", [(1, 1, 37, 53), (37, 53), (2, 1, 1, 53), (2, 3, 37, 53)])
+@pytest.mark.parametrize("kind", ["bool", "float"])
+@pytest.mark.parametrize("cache", (32 << 10, 8 << 20))
+def test_attention_mask(dtype, mshape, kind, cache):
+    chip = chip_for(dtype, cache)
+    mem = DeviceMemory(chip)
+    q, k, v = torch.randn(2, 3, 37, 16), torch.randn(2, 3, 53, 16), torch.randn(2, 3, 53, 16)
+    if kind == "bool":
+        m = torch.rand(*mshape) > 0.3
+        m[..., 0] = True   # no fully-masked row
+        md = dev(m, mem)
+    else:
+        m = torch.randn(*mshape)
+        md = dev(m, mem, dtype)
+    qd, kd, vd = dev(q, mem, dtype), dev(k, mem, dtype), dev(v, mem, dtype)
+    (o,), _ = run_checked("attention", chip, {"q": qd, "k": kd, "v": vd, "mask": md}, {"scale": 0.3})
+    ref = F.scaled_dot_product_attention(as_f32(qd), as_f32(kd), as_f32(vd),
+                                         attn_mask=m if kind == "bool" else as_f32(md), scale=0.3)
+    assert_close(as_f32(o), ref, dtype, scale=2)
+
+
+def test_causal_streamed_skips_upper_tiles():
+    spec = CATALOG["attention"]
+    shapes = {"q": (1, 1, 512, 64), "k": (1, 1, 512, 64), "v": (1, 1, 512, 64)}
+    chip = chip_for("float32", 64 << 10)
+    full = spec.tile(spec.problem(shapes, {"causal": False}), chip)
+    half = spec.tile(spec.problem(shapes, {"causal": True}), chip)
+    assert half.traffic.bytes_read < full.traffic.bytes_read
+    assert half.traffic.flops < full.traffic.flops
+
+
+def test_errors():
+    spec = CATALOG["attention"]
+    with pytest.raises(KernelError, match="do not agree"):
+        spec.problem({"q": (1, 2, 3, 4), "k": (1, 2, 3, 5), "v": (1, 2, 3, 4)})
+    with pytest.raises(KernelError, match="does not broadcast"):
+        spec.problem({"q": (1, 2, 3, 4), "k": (1, 2, 5, 4), "v": (1, 2, 5, 4), "mask": (3, 4)},
+                     dtypes={"mask": "bool"})
+
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_bigger_cache_never_more_bytes(causal):
+    bytes_monotone("attention", {"q": (2, 4, 300, 64), "k": (2, 4, 300, 64), "v": (2, 4, 300, 64)},
+                   {"causal": causal}, "float32")

@@ -1,0 +1,156 @@
+"""Attention: scaled-dot-product attention, flash-style (online softmax), pure-Python part.
+
+q[B,H,Lq,D], k[B,H,Lk,D], v[B,H,Lk,Dv], optional mask (bool keep-mask or additive float,
+broadcastable to [B,H,Lq,Lk]), ``causal`` (key j visible to query i iff j <= i, like
+torch's is_causal), ``scale`` (default 1/sqrt(D)).
+
+Tiling (``plan_attention``), per head: Q tiles of Br rows, K/V tiles of Bc rows; for each
+Q tile the needed K/V tiles are loaded (all of them; with causal, those starting at or
+before the tile's last row), scores S (Br x Bc, fp32), running max/sum and the fp32
+output accumulator stay on chip; O is stored once per Q tile. Bytes per head:
+
+    Q + O + (#K/V tiles loaded) x Bc x (D + Dv) x es + mask elements of loaded tiles
+
+``kv_resident``: K and V of a head fit beside the stream and are loaded once per head.
+``resident``: everything fits at once. Candidates that fit the cache are scored by
+bytes, then tile count; a bigger cache only adds candidates, so bytes never grow.
+"""
+from __future__ import annotations
+
+import math
+
+from ..errors import KernelError
+from ..spec import KernelSpec, TensorMeta
+from ..tiling import TileConfig, Traffic, make_plan
+
+FLOATS = ("float32", "float16", "bfloat16")
+ES = {"float32": 4, "float16": 2, "bfloat16": 2, "bool": 1}
+SOFTMAX_OPS = 5   # scale/mask, max, exp, sum, rescale per score
+
+
+def dims(p):
+    q, k, v = p.shapes["q"], p.shapes["k"], p.shapes["v"]
+    if len(q) != 4 or len(k) != 4 or len(v) != 4:
+        raise KernelError(f"attention: q, k, v must be [B, H, L, D]; got {list(q)}, {list(k)}, {list(v)}")
+    B, H, Lq, D = q
+    if k[:2] != (B, H) or v[:2] != (B, H) or k[3] != D or v[2] != k[2]:
+        raise KernelError(f"attention: shapes do not agree: q{list(q)} k{list(k)} v{list(v)} "
+                          "(need k [B,H,Lk,D] and v [B,H,Lk,Dv])")
+    return B, H, Lq, k[2], D, v[3]
+
+
+def _check(p):
+    B, H, Lq, Lk, D, Dv = dims(p)
+    for n in ("q", "k", "v"):
+        if p.dtype_of(n) != p.dtype:
+            raise KernelError(f"attention: {n} must be {p.dtype}, got {p.dtype_of(n)}; insert a cast")
+    if "mask" in p.shapes:
+        m = p.shapes["mask"]
+        if len(m) > 4 or any(a not in (1, b) for a, b in zip((1,) * (4 - len(m)) + tuple(m), (B, H, Lq, Lk))):
+            raise KernelError(f"attention: mask {list(m)} does not broadcast to [{B}, {H}, {Lq}, {Lk}]")
+        if p.dtype_of("mask") not in ("bool", p.dtype):
+            raise KernelError(f"attention: mask must be bool or {p.dtype}, got {p.dtype_of('mask')}")
+        if p.attrs["causal"]:
+            raise KernelError("attention: give either a mask or causal=True, not both (as torch)")
+
+
+def _meta(p):
+    B, H, Lq, Lk, D, Dv = dims(p)
+    return [TensorMeta((B, H, Lq, Dv), p.dtype, None)]
+
+
+def _cands(n, lo=16):
+    c = {n}
+    t = lo
+    while t < n:
+        c.add(t)
+        t *= 2
+    return sorted(c)
+
+
+def k_tiles_needed(i0, tq, Lk, Bc, causal):
+    """Number of K tiles a Q tile [i0, i0+tq) loads."""
+    if not causal:
+        return -(-Lk // Bc)
+    last = min(i0 + tq - 1, Lk - 1)
+    return last // Bc + 1 if last >= 0 else 0
+
+
+def k_tile_sizes(i0, tq, Lk, Bc, causal):
+    n = k_tiles_needed(i0, tq, Lk, Bc, causal)
+    return [min(Bc, Lk - j * Bc) for j in range(n)]
+
+
+def plan_attention(p, chip):
+    """THE tiling function of attention (see the module docstring)."""
+    B, H, Lq, Lk, D, Dv = dims(p)
+    es = ES[p.dtype]
+    causal = bool(p.attrs["causal"])
+    has_mask = "mask" in p.shapes
+    esm = ES[p.dtype_of("mask")] if has_mask else 0
+    heads = B * H
+    cache = chip.cache_bytes
+    key = p.key
+    if heads == 0 or Lq == 0 or Dv == 0:
+        return make_plan(p.kernel, key, TileConfig("resident", (("q", Lq), ("k", Lk)), False, "empty"), (), 0)
+
+    def schedule(Br, Bc, kv_once):
+        """Per-Q-tile traffic groups for one head; total bytes."""
+        groups = {}
+        for i0 in range(0, Lq, Br):
+            tq = min(Br, Lq - i0)
+            ks = k_tile_sizes(i0, tq, Lk, Bc, causal)
+            kv = 0 if kv_once else sum(ks) * (D + Dv) * es
+            mk = sum(ks) * tq * esm
+            fl = sum(ks) * tq * (2 * D + 2 * Dv + SOFTMAX_OPS)
+            t = Traffic(tq * D * es + kv + mk, tq * Dv * es, fl)
+            groups[t] = groups.get(t, 0) + heads
+        out = [(c, t) for t, c in groups.items()]
+        if kv_once:
+            out.append((heads, Traffic(Lk * (D + Dv) * es, 0, 0)))
+        return out
+
+    best = None
+
+    def consider(strategy, Br, Bc, kv_once, fp):
+        nonlocal best
+        if fp > cache:
+            return
+        groups = schedule(Br, Bc, kv_once)
+        total = sum(c * t.bytes for c, t in groups)
+        ntiles = heads * (-(-Lq // Br)) * (1 if kv_once else -(-max(Lk, 1) // Bc))
+        rank = {"resident": 0, "kv_resident": 1, "streamed": 2}[strategy]
+        score = (total, ntiles, rank)
+        if best is None or score < best[0]:
+            best = (score, strategy, Br, Bc, kv_once, groups, fp)
+
+    Lk1 = max(Lk, 1)
+    acc = 4
+    # resident: all heads at once
+    fp_res = heads * ((Lq * D + Lk * (D + Dv) + Lq * Dv) * es + Lq * Lk1 * (acc + esm) + Lq * (Dv + 2) * acc)
+    consider("resident", Lq, Lk1, True, fp_res)
+    for Br in _cands(Lq, 8):
+        # kv_resident: one head's K, V loaded once; Q tiles double-buffered
+        fp = Lk * (D + Dv) * es + 2 * Br * D * es + Br * Lk1 * (acc + 2 * esm) + Br * (Dv + 2) * acc + 2 * Br * Dv * es
+        consider("kv_resident", Br, Lk1, True, fp)
+        for Bc in _cands(Lk1, 16):
+            fp = (2 * Br * D * es + 2 * Bc * (D + Dv) * es + Br * Bc * (acc + 2 * esm)
+                  + Br * (Dv + 2) * acc + 2 * Br * Dv * es)
+            consider("streamed", Br, Bc, False, fp)
+    if best is None:
+        raise KernelError(f"attention: no tile of D={D}, Dv={Dv} fits the {cache} B cache of {chip.name}")
+    _, strategy, Br, Bc, kv_once, groups, fp = best
+    notes = {"resident": "all heads' q, k, v fit the cache: each loaded once",
+             "kv_resident": f"each head's K and V loaded once; Q tiles of {Br} double-buffered",
+             "streamed": f"Q tiles of {Br}, K/V tiles of {Bc} double-buffered, online softmax"}[strategy]
+    cfg = TileConfig(strategy, (("q", Br), ("k", Bc), ("kv_once", int(kv_once))), strategy != "resident", notes)
+    return make_plan(p.kernel, key, cfg, groups, fp)
+
+
+KERNELS = [KernelSpec(
+    name="attention", family="attention", inputs=("q", "k", "v", "mask?"),
+    attrs={"causal": False, "scale": None}, dtypes=FLOATS, layouts="any",
+    fuses=("aten.scaled_dot_product_attention",),
+    doc="softmax(q k^T * scale + mask) v, flash-style tiles with an online softmax",
+    check=_check, meta=_meta, tiler=plan_attention, impl="run_attention", mixed_dtypes=True,
+    dtype_input="q")]

@@ -1,0 +1,220 @@
+"""Attention execution (Numba): the plan's Q-tile x K-tile schedule, flash-style.
+
+Per task (head, Q tile) in parallel: the Q tile is loaded (packed, scaled, decoded), then
+every needed K/V tile; scores and P @ V go through the LLVM-IR micro-kernel in CPU
+sub-blocks (48 queries x 128 keys) inside the loaded tiles, with the online softmax
+(running max m, sum l, rescaled fp32 accumulator) across them. K and V are converted to
+the micro-kernel's panel format once per head (a CPU format, not a chip transfer); each
+task counts the chip tiles it loads and stores.
+"""
+from __future__ import annotations
+
+import numpy as np
+from numba import njit, prange
+
+from .. import dtypes as dt
+from ..codecs import decode, encode16
+from ..mathfn import exp32
+from ..ukernel import MR, NR, ukernel_6x16
+from . import ES, SOFTMAX_OPS, dims
+
+MQ = 48     # queries per CPU sub-block (multiple of MR)
+NK = 128    # keys per CPU sub-block (multiple of NR)
+
+
+@njit(cache=True, parallel=True)
+def _prepack(K, kst, V, vst, code, H, heads, Lk, D, Dv, npk, npv, Lkp, kp, vp):
+    for bh in prange(heads):
+        b, h = bh // H, bh % H
+        kb = b * kst[0] + h * kst[1]
+        vb = b * vst[0] + h * vst[1]
+        ko = bh * npk * D * NR
+        for pnl in range(npk):
+            for d in range(D):
+                for c in range(NR):
+                    j = pnl * NR + c
+                    kp[ko + (pnl * D + d) * NR + c] = decode(code, K[kb + j * kst[2] + d * kst[3]]) if j < Lk else 0.0
+        vo = bh * npv * Lkp * NR
+        for pnl in range(npv):
+            for j in range(Lkp):
+                for c in range(NR):
+                    e = pnl * NR + c
+                    vp[vo + (pnl * Lkp + j) * NR + c] = (decode(code, V[vb + j * vst[2] + e * vst[3]])
+                                                         if (j < Lk and e < Dv) else 0.0)
+
+
+@njit(cache=True, parallel=True, fastmath=True)
+def _attend(Q, qst, kp, vp, O, ost, M, mst, mkind, code, H, heads, Lq, Lk, D, Dv, npk, npv, Lkp,
+            Br, Bc, kv_once, causal, scale, es, esm, cnt):
+    nq = (Lq + Br - 1) // Br
+    Dvp = npv * NR
+    ntask = heads * nq
+    for t in prange(ntask):
+        bh, qi = t // nq, t % nq
+        b, h = bh // H, bh % H
+        i0 = qi * Br
+        tq = min(Br, Lq - i0)
+        # ---- what the chip moves for this Q tile ----
+        last = min(i0 + tq - 1, Lk - 1) if causal else Lk - 1
+        nkt = last // Bc + 1 if last >= 0 else 0
+        keys = 0
+        for j in range(nkt):
+            keys += min(Bc, Lk - j * Bc)
+        rd = tq * D * es + keys * tq * esm
+        if not kv_once:
+            rd += keys * (D + Dv) * es
+        elif qi == 0:
+            rd += Lk * (D + Dv) * es
+        cnt[t, 0] = rd
+        cnt[t, 1] = tq * Dv * es
+        cnt[t, 2] = keys * tq * (2 * D + 2 * Dv + SOFTMAX_OPS)
+        # ---- compute, CPU sub-blocks inside the loaded tiles ----
+        qpack = np.zeros(MQ * D, np.float32)
+        S = np.zeros(MQ * NK, np.float32)
+        ppack = np.zeros(MQ * NK, np.float32)
+        acc = np.zeros(MQ * Dvp, np.float32)
+        mrow = np.empty(MQ, np.float32)
+        lrow = np.empty(MQ, np.float32)
+        qb = b * qst[0] + h * qst[1]
+        kpo = bh * npk * D * NR
+        vpo = bh * npv * Lkp * NR
+        mb = b * mst[0] + h * mst[1]
+        for qs in range(i0, i0 + tq, MQ):
+            mq = min(MQ, i0 + tq - qs)
+            mqp = (mq + MR - 1) // MR
+            for r in range(mqp * MR):
+                base = (r // MR) * D * MR + r % MR
+                if r < mq:
+                    off = qb + (qs + r) * qst[2]
+                    for d in range(D):
+                        qpack[base + d * MR] = decode(code, Q[off + d * qst[3]]) * scale
+                else:
+                    for d in range(D):
+                        qpack[base + d * MR] = 0.0
+            for r in range(MQ):
+                mrow[r] = -np.inf
+                lrow[r] = 0.0
+            acc[:] = 0.0
+            for j in range(nkt):
+                kj0 = j * Bc
+                tk = min(Bc, Lk - kj0)
+                for ks in range(kj0, kj0 + tk, NK):
+                    if causal and ks > qs + mq - 1:
+                        break
+                    nk = min(NK, kj0 + tk - ks)
+                    npn = (nk + NR - 1) // NR
+                    S[:] = 0.0
+                    for ip in range(mqp):
+                        for jp in range(npn):
+                            ukernel_6x16(D, qpack, ip * D * MR, kp, kpo + (ks // NR + jp) * D * NR, S,
+                                         ip * MR * NK + jp * NR, NK)
+                    for r in range(mq):
+                        i = qs + r
+                        so = r * NK
+                        mx = mrow[r]
+                        for c in range(nk):
+                            s = S[so + c]
+                            if mkind == 1:
+                                if M[mb + i * mst[2] + (ks + c) * mst[3]] == 0:
+                                    s = -np.inf
+                            elif mkind == 2:
+                                s += decode(code, M[mb + i * mst[2] + (ks + c) * mst[3]])
+                            if causal and ks + c > i:
+                                s = -np.inf
+                            S[so + c] = s
+                            mx = max(mx, s)
+                        alpha = np.float32(0.0) if mrow[r] == -np.inf else exp32(mrow[r] - mx)
+                        ssum = np.float32(0.0)
+                        pb = (r // MR) * NK * MR + r % MR
+                        if mx == -np.inf:
+                            for c in range(nk):
+                                ppack[pb + c * MR] = 0.0
+                        else:
+                            for c in range(nk):
+                                pv = exp32(S[so + c] - mx)
+                                ppack[pb + c * MR] = pv
+                                ssum += pv
+                        lrow[r] = lrow[r] * alpha + ssum
+                        mrow[r] = mx
+                        ao = r * Dvp
+                        for e in range(Dvp):
+                            acc[ao + e] *= alpha
+                    for ip in range(mqp):
+                        for jp in range(npv):
+                            ukernel_6x16(nk, ppack, ip * NK * MR, vp, vpo + (jp * Lkp + ks) * NR, acc,
+                                         ip * MR * Dvp + jp * NR, Dvp)
+            ob = b * ost[0] + h * ost[1]
+            for r in range(mq):
+                inv = np.float32(1.0) / lrow[r] if lrow[r] > 0 else np.float32(np.nan)
+                off = ob + (qs + r) * ost[2]
+                for e in range(Dv):
+                    v = acc[r * Dvp + e] * inv
+                    if code == 0:
+                        O[off + e * ost[3]] = v
+                    else:
+                        O[off + e * ost[3]] = encode16(code, v)
+
+
+def _acc(t):
+    lv = t.logical()
+    return t.physical().reshape(-1), np.array([s // lv.itemsize for s in lv.strides], np.int64)
+
+
+def run_attention(ctx):
+    p, plan = ctx.problem, ctx.plan
+    B, H, Lq, Lk, D, Dv = dims(p)
+    (out,) = ctx.outputs()
+    if out.numel == 0:
+        return [out]
+    heads = B * H
+    code = dt.code(p.dtype, ctx.chip.bf16_emulation)
+    q, k, v = (ctx.inputs[n] for n in ("q", "k", "v"))
+    Qf, qst = _acc(q)
+    Kf, kst = _acc(k)
+    Vf, vst = _acc(v)
+    Of, ost = _acc(out)
+    mask = ctx.inputs.get("mask")
+    if mask is None:
+        Mf = np.zeros(1, Qf.dtype)
+        mst = np.zeros(4, np.int64)
+        mkind, esm = 0, 0
+    else:
+        lv = mask.logical()
+        st = [s // lv.itemsize for s in lv.strides]
+        shp = list(mask.shape)
+        pad = 4 - len(shp)
+        shp, st = [1] * pad + shp, [0] * pad + st
+        mst = np.array([0 if shp[i] == 1 else st[i] for i in range(4)], np.int64)
+        Mf = mask.physical().reshape(-1)
+        if mask.dtype == "bool":
+            Mf = Mf.view(np.uint8)
+            mkind = 1
+        else:
+            mkind = 2
+        esm = ES[mask.dtype]
+    scale = p.attrs["scale"]
+    scale = np.float32(1.0 / np.sqrt(D) if scale is None else scale)
+    cfg = plan.config
+    Br, Bc, kv_once = cfg.tile("q"), cfg.tile("k"), bool(cfg.tile("kv_once"))
+    es = ES[p.dtype]
+    if Lk == 0:   # softmax over no keys: torch gives NaN
+        out.logical()[...] = dt.encode(np.full(out.shape, np.nan, np.float32), out.dtype)
+        nq = -(-Lq // Br)
+        ctx.read(heads * Lq * D * es)
+        ctx.write(out.nbytes)
+        return [out]
+    npk = -(-Lk // NR)
+    npv = -(-Dv // NR)
+    Lkp = npk * NR
+    kp = np.empty(heads * npk * D * NR, np.float32)
+    vp = np.empty(heads * npv * Lkp * NR, np.float32)
+    _prepack(Kf, kst, Vf, vst, code, H, heads, Lk, D, Dv, npk, npv, Lkp, kp, vp)
+    nq = -(-Lq // Br)
+    cnt = np.zeros((heads * nq, 3), np.int64)
+    _attend(Qf, qst, kp, vp, Of, ost, Mf, mst, mkind, code, H, heads, Lq, Lk, D, Dv, npk, npv, Lkp,
+            Br, Bc, kv_once, bool(p.attrs["causal"]), scale, es, esm, cnt)
+    tot = cnt.sum(axis=0)
+    ctx.read(int(tot[0]))
+    ctx.write(int(tot[1]))
+    ctx.ops(int(tot[2]))
+    return [out]
