@@ -13,7 +13,10 @@ from torchfl.rules.guards import GuardSyntaxError, GuardTypeError, compile_guard
 from torchfl.rules.guards.syntax import MAX_CHARS, parse
 from torchfl.rules.guards.types import ANY, BOOL, FLOAT, INT, STR, TENSOR, list_of, optional
 
+from torchfl.rules.guards.chip import CHIP  # noqa: E402
+
 SCOPE = {
+    "chip": CHIP,
     "x": TENSOR, "y": optional(TENSOR), "groups": INT, "eps": FLOAT, "mode": STR, "flag": BOOL,
     "stride": list_of(INT), "shape": list_of(INT), "dtype": STR, "anything": ANY,
     "tensors": list_of(TENSOR),
@@ -96,6 +99,8 @@ def test_runtime_problems_fail_the_guard_with_a_reason(text, fragment):
     ("len == 1", "len is a function"),
     ("stride[mode] == 1", "an index must be an int"),
     ("range(mode) == []", "range takes one or two ints"),
+    ("chip.name == 'NPU-V2'", "chip-agnostic"),
+    ("chip.chip.device_type == 'npu'", "requires.device_types"),
     ("[s for s in groups] == []", "needs a list"),
 ])
 def test_static_type_errors(text, fragment):

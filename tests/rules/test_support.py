@@ -111,6 +111,20 @@ def test_unknown_names_list_near_matches(registry, args, fragment):
     assert fragment in (out + (err or "")), out
 
 
+def test_hostile_or_invalid_pack_import_writes_nothing(registry, tmp_path):
+    evil = tmp_path / "evil.yaml"
+    evil.write_text("pack: {name: evil, version: 1.0.0}\nrules:\n  - {op: aten.relu.default, kernel: relu, "
+                    "args: {self: tensor}, bind: {a: self}, guards: [\"__import__('os').system('touch x')\"]}\n")
+    typo = tmp_path / "typo.yaml"
+    typo.write_text("pack: {name: typo, version: 1.0.0}\nrules:\n  - {op: aten.relu.default, kernel: rleu, "
+                    "args: {self: tensor}, bind: {a: self}}\n")
+    for path, fragment in ((evil, "dunder"), (typo, "nearest: relu")):
+        code, out, err = run(registry, "import", str(path))
+        assert code == 1 and fragment in out + (err or ""), out
+    listing = run_json(registry, "list")
+    assert [p["name"] for p in listing["packs"]] == ["core"]
+
+
 def test_short_op_names_resolve(registry):
     code, out, _ = run(registry, "why-not", "conv2d", "--chip", "NPU-V2")
     assert code == 0 and out.startswith("aten.conv2d.default on NPU-V2 2.1.0")

@@ -1,6 +1,7 @@
 """The core pack covers the real graphs of the model zoo, and its rules bind their real calls.
 
-Captures ResNet-50, BERT and GPT-2 (small configs, built offline) the three ways the
+Captures ResNet-50 (one bottleneck per stage: the same op set), BERT and GPT-2 (small
+configs, built offline) the three ways the
 planner does (``zoo_ops.py``): every ATen op found must have a rule in rules/core.yaml or
 be listed in its ``no_rule:`` section. Then every node with a rule is matched, with its
 real arguments, on a chip that can run float32 (TFL-X1): a rejection must be a guard
@@ -41,7 +42,7 @@ EXPECTED_GUARDS = {
 def graphs():
     os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(Path(__file__).resolve().parents[2] / ".cache" / "inductor"))
     zoo_ops.FAILURES.clear()
-    return list(zoo_ops.graphs())
+    return list(zoo_ops.graphs(zoo_ops.zoo(small=True)))
 
 
 def test_captures_ran(graphs):

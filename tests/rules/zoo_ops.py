@@ -27,8 +27,12 @@ KEEP = (
 )  # the same as torchfl.planner.capture.KEEP_OPS
 
 
-def resnet50(num_classes: int = 10):
-    """Torchvision-shaped ResNet-50 (bottleneck 3-4-6-3), written here: no torchvision."""
+def resnet50(num_classes: int = 10, blocks=(3, 4, 6, 3)):
+    """Torchvision-shaped ResNet-50 (bottleneck 3-4-6-3), written here: no torchvision.
+
+    ``blocks=(1, 1, 1, 1)`` gives the same op set (every stage keeps its downsampling
+    bottleneck) in a quarter of the capture time; the tests use it.
+    """
     import torch.nn as nn
 
     class Bottleneck(nn.Module):
@@ -55,15 +59,15 @@ def resnet50(num_classes: int = 10):
 
     layers = [nn.Conv2d(3, 64, 7, 2, 3, bias=False), nn.BatchNorm2d(64), nn.ReLU(), nn.MaxPool2d(3, 2, 1)]
     cin = 64
-    for width, blocks, stride in ((64, 3, 1), (128, 4, 2), (256, 6, 2), (512, 3, 2)):
-        for i in range(blocks):
+    for width, count, stride in zip((64, 128, 256, 512), blocks, (1, 2, 2, 2)):
+        for i in range(count):
             layers.append(Bottleneck(cin, width, stride if i == 0 else 1))
             cin = width * 4
     layers += [nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(cin, num_classes)]
     return nn.Sequential(*layers)
 
 
-def zoo():
+def zoo(small: bool = False):
     """(name, model, example inputs) for each zoo model, small enough to capture quickly."""
     import torch
     from transformers import BertConfig, BertModel, GPT2Config, GPT2Model
@@ -77,7 +81,7 @@ def zoo():
                                       use_cache=False, attn_implementation="eager"))
     ids = torch.randint(0, 100, (2, 16))
     return [
-        ("resnet50", resnet50(), (torch.randn(2, 3, 64, 64),)),
+        ("resnet50", resnet50(blocks=(1, 1, 1, 1) if small else (3, 4, 6, 3)), (torch.randn(2, 3, 64, 64),)),
         ("bert", bert, (ids,)),
         ("gpt2", gpt2, (ids,)),
         ("gpt2-eager", gpt2_eager, (ids,)),

@@ -75,6 +75,10 @@ class _Checker:
             if base.kind != "record":
                 raise GuardTypeError(f"{base} has no fields (.{n.name})", n.start)
             f = base.field(n.name)
+            if f is None and base.name == "chip" and n.name in ("chip", "name", "vendor", "version", "device_type"):
+                raise GuardTypeError(
+                    f"chip.{n.name}: a chip's identity is not visible to guards; rule packs are chip-agnostic "
+                    "(condition on capabilities, or restrict with requires.device_types)", n.obj.end)
             if f is None:
                 raise GuardTypeError(
                     f"{base.name} has no field {n.name!r}{_near(n.name, base.field_names)} "
