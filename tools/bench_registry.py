@@ -157,7 +157,16 @@ def bench_cold_start(b: Backend, runs: int) -> None:
             "file=sys.stderr)\n")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
     heavy = proc.stderr.strip().rsplit("HEAVY", 1)[-1].strip()
+    def plain(cmd):
+        def run():
+            start = time.perf_counter()
+            subprocess.run(cmd, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            return time.perf_counter() - start
+        return run
+
     emit(backend=b.name, case="cold_start", runs=runs,
+         python_floor_s=round(median_of(plain([sys.executable, "-c", "pass"]), runs), 3),
+         torchfl_help_s=round(median_of(plain([EXE, "--help"]), runs), 3),
          registry_list_s=round(median_of(lambda: cli(url, "list"), runs), 3),
          registry_list_json_s=round(median_of(lambda: cli(url, "list", "--json"), runs), 3),
          heavy_modules_imported=heavy)
