@@ -13,6 +13,7 @@ import atexit
 import glob
 import os
 import re
+import shlex
 import shutil
 import socket
 import subprocess
@@ -81,7 +82,12 @@ class PostgresServer:
     # -- process helpers
 
     def _run(self, *args: str, timeout: float = 60) -> subprocess.CompletedProcess:
-        cmd = ([("runuser"), "-u", PG_USER, "--"] if self.as_root else []) + list(args)
+        if not self.as_root:
+            cmd = list(args)
+        elif shutil.which("runuser"):
+            cmd = ["runuser", "-u", PG_USER, "--", *args]
+        else:  # no util-linux runuser: su with a shell, since the user's login shell is nologin
+            cmd = ["su", "-s", "/bin/sh", PG_USER, "-c", shlex.join(args)]
         return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=self.dir)
 
     def _check(self, proc: subprocess.CompletedProcess, what: str) -> None:
