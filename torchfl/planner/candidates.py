@@ -68,26 +68,35 @@ class _CallBuilder:
         self.values: dict[tuple, tuple[str, str]] = {}  # path -> (ir value, fx value)
         self.keep: list = []
 
-    def meta(self, fx_name: str, layout: str | None, path):
-        from torchfl.rules import TensorMeta
+    build = True  # False: signature and paths only (no TensorMeta objects), for cache hits
 
+    def meta(self, fx_name: str, layout: str | None, path):
         ir_name = self.ir.fx_to_ir.get(fx_name)
         info = self.ir.values.get(ir_name)
         if info is None:
             return None, None
         lay = layout if (info.rank == 4 and not info.static and layout) else (
             identity_layout(4) if info.rank == 4 else None)
+        sig = ("T", info.shape, info.dtype, lay, info.static)
+        if not self.build:
+            if path is not None:
+                self.values[path] = (ir_name, fx_name)
+            return True, sig
+        from torchfl.rules import TensorMeta
+
         tm = TensorMeta(info.shape, info.dtype, lay)
         if path is not None:
             self.path_of[id(tm)] = path
             self.values[path] = (ir_name, fx_name)
         self.keep.append(tm)
-        return tm, ("T", info.shape, info.dtype, lay, info.static)
+        return tm, sig
 
     def convert(self, value, layout, path):
         import torch
 
-        if isinstance(value, torch.fx.Node):
+        _Node = torch.fx.Node
+
+        if isinstance(value, _Node):
             tm, sig = self.meta(value.name, layout, path)
             if tm is not None:
                 return tm, sig
@@ -106,9 +115,16 @@ class _CallBuilder:
             return d, d
         return value, (type(value).__name__, value)
 
+    def signature(self, node, layout, step=None):
+        """The signature of a call (and its value paths) without building it."""
+        self.build = False
+        try:
+            return self.call(node, layout, step)[1]
+        finally:
+            self.build = True
+
     def call(self, node, layout, step=None):
-        """(Call, signature) of one FX node."""
-        from torchfl.rules import Call
+        """(Call, signature) of one FX node (Call is None in signature-only mode)."""
 
         args, sig_args = [], []
         for i, a in enumerate(node.args):
@@ -124,8 +140,37 @@ class _CallBuilder:
         out_sig = None
         if node.name in self.ir.values:
             out, out_sig = self.meta(node.name, layout, None)
-        call = Call(args=tuple(args), kwargs=kwargs, layout=layout, out=out)
-        return call, (str(node.target), tuple(sig_args), tuple(sig_kw), out_sig, layout)
+        sig = (str(node.target), tuple(sig_args), tuple(sig_kw), out_sig, layout)
+        if not self.build:
+            return None, sig
+        from torchfl.rules import Call
+
+        return Call(args=tuple(args), kwargs=kwargs, layout=layout, out=out), sig
+
+
+_CACHES: dict = {}
+_CACHE_CHIPS = 16
+
+
+def _shared_cache(hcd, packs, chip) -> dict:
+    """The process-wide outcome cache of one (chip, rule packs) pair.
+
+    An outcome (which rules match a call signature, their kernels' tile plans and prices)
+    is a pure function of the signature, the HCD, the chip model and the packs, all in the
+    key, so planning the same layer shapes again (repeated blocks, a second model, a
+    recompile) replays it. Bounded to the last few chips."""
+    key = (hcd.content_hash(), hash(chip), chip.cache_bytes, tuple(p.content_hash() for p in packs))
+    cache = _CACHES.get(key)
+    if cache is None:
+        if len(_CACHES) >= _CACHE_CHIPS:
+            _CACHES.pop(next(iter(_CACHES)))
+        cache = _CACHES[key] = {}
+    return cache
+
+
+def clear_caches() -> None:
+    """Forget every cached outcome (benchmarks measure cold planning with it)."""
+    _CACHES.clear()
 
 
 class Generator:
@@ -135,8 +180,7 @@ class Generator:
         self.ir, self.hcd, self.packs, self.chip, self.pricer = ir, hcd, packs, chip, pricer
         self.out = Candidates()
         self.layouts4 = tuple(hcd.layouts)
-        self._match_cache: dict = {}  # call signature -> outcomes (replayable by path)
-        self._kernel_cache: dict = {}  # problem key -> (priced, metas, problem) or error sentence
+        self._match_cache = _shared_cache(hcd, packs, chip)  # call signature -> priced outcomes
         self._fx_users: dict[str, list] = {}
         for n in ir.nodes.values():
             for a in n.fx.all_input_nodes:
@@ -160,8 +204,9 @@ class Generator:
         for node in self.ir.nodes.values():
             self.single(node)
         self.fusions()
+        covered = {n for o in self.out.options for n in o.nodes}
         for node in self.ir.nodes.values():
-            if not any(node.name in o.nodes for o in self.out.options):
+            if node.name not in covered:
                 self.fallback(node)
         return self.out
 
@@ -171,11 +216,13 @@ class Generator:
 
         for layout in self.layout_choices([node]):
             builder = _CallBuilder(self.ir)
-            call, sig = builder.call(node.fx, layout)
+            sig = builder.signature(node.fx, layout)
             outcomes = self._match_cache.get(sig)
             if outcomes is None:
+                builder = _CallBuilder(self.ir)
+                call, sig = builder.call(node.fx, layout)
                 results = rule_candidates(self.packs, self.hcd, node.op, call, layout=layout)
-                outcomes = self._match_cache[sig] = self._record(results, builder)
+                outcomes = self._match_cache[sig] = self._record(results, builder, [node], layout)
             if not outcomes:
                 from torchfl.rules.matching import no_rule_reason
 
@@ -183,9 +230,9 @@ class Generator:
                 return
             self._replay([node], outcomes, builder, layout, "kernel")
 
-    @staticmethod
-    def _record(results, builder):
-        """Match/Rejection list -> replayable outcomes (kernel inputs as arg paths)."""
+    def _record(self, results, builder, nodes, layout):
+        """Match/Rejection list -> replayable outcomes: kernel inputs as arg paths, already
+        priced (everything a price depends on is in the call's signature)."""
         out = []
         for r in results:
             kernel = getattr(r.rule, "kernel", None)
@@ -204,93 +251,67 @@ class Generator:
             if paths is None:
                 out.append(("reject", kernel, (f"{kernel}: an input is bound to something that is not a graph value",)))
                 continue
-            out.append(("match", kernel, paths, dict(r.attrs), r.dtype, getattr(r.rule, "id", ""), tuple(r.warnings)))
+            out.append(self._price(nodes, kernel, paths, builder, dict(r.attrs), r.dtype, getattr(r.rule, "id", ""),
+                                   tuple(r.warnings), layout))
         return out
+
+    def _price(self, nodes, kernel, paths, builder, match_attrs, match_dtype, rule_id, warnings, layout):
+        from torchfl.kernels.catalog import CATALOG
+
+        spec = CATALOG.get(kernel)
+        if spec is None:
+            return ("reject", kernel, (f"kernel {kernel} is not in this build's catalog",))
+        shapes, layouts, dtypes, inputs = {}, {}, {}, []
+        for kname in spec.input_names:
+            path = paths.get(kname)
+            if path is None:
+                continue
+            ir_name, _fx = builder.values[path]
+            info = self.ir.values[ir_name]
+            shapes[kname] = info.shape
+            dtypes[kname] = info.dtype
+            lay = layout if (layout and info.rank == 4 and not info.static) else None
+            layouts[kname] = lay
+            inputs.append((kname, path, lay or identity_layout(info.rank)))
+        attrs = {k: v for k, v in match_attrs.items() if k in spec.attrs}
+        dtype = match_dtype or (dtypes.get(spec.input_names[0]) if spec.input_names else None)
+        try:
+            problem = spec.problem(shapes, attrs, dtype, layouts, dtypes)
+            metas = spec.output_meta(problem)
+            priced = price_plan(spec.tile(problem, self.chip), self.chip, problem.dtype)
+        except Exception as exc:  # noqa: BLE001 - the kernel's own check: its sentence is the reason
+            return ("reject", kernel, (f"{kernel}: {exc}",))
+        info = self.ir.values.get(nodes[-1].name)
+        out_meta = metas[0] if metas else None
+        if info is not None and out_meta is not None:
+            if tuple(out_meta.shape) != tuple(info.shape) and numel(out_meta.shape) != numel(info.shape):
+                return ("reject", kernel, (f"{kernel} would produce shape {list(out_meta.shape)}, the graph needs "
+                                           f"{list(info.shape)}",))
+            if out_meta.dtype != info.dtype:
+                return ("reject", kernel, (f"{kernel} would produce {out_meta.dtype}, the plan needs {info.dtype} here",))
+        rank = info.rank if info is not None else 0
+        layout_out = (out_meta.layout if out_meta is not None and out_meta.layout else None) or identity_layout(rank)
+        return ("match", kernel, tuple(inputs), priced, layout_out, _jsonable(dict(problem.attrs)), problem.dtype,
+                rule_id, warnings)
 
     def _replay(self, nodes, outcomes, builder, layout, kind):
         names = tuple(n.name for n in nodes)
         for o in outcomes:
             if o[0] == "reject":
                 self.out.rejected.append((names, o[1], o[2]))
-            else:
-                _, kernel, paths, attrs, dtype, rule_id, warnings = o
-                bound = {k: builder.values[p] for k, p in paths.items()}
-                self.option(nodes, kernel, bound, attrs, dtype, rule_id, warnings, layout, kind)
-
-    def _kernel(self, spec, shapes, attrs, dtype, layouts, dtypes):
-        def frz(v):
-            if isinstance(v, dict):
-                return tuple(sorted((k, frz(x)) for k, x in v.items()))
-            if isinstance(v, (list, tuple)):
-                return tuple(frz(x) for x in v)
-            return v
-
-        key = (spec.name, frz(shapes), frz(attrs), dtype, frz(layouts), frz(dtypes))
-        hit = self._kernel_cache.get(key)
-        if hit is None:
-            try:
-                problem = spec.problem(shapes, attrs, dtype, layouts, dtypes)
-                metas = spec.output_meta(problem)
-                plan = spec.tile(problem, self.chip)
-                hit = (price_plan(plan, self.chip, problem.dtype), metas, problem)
-            except Exception as exc:  # noqa: BLE001 - the kernel's own check: its sentence is the reason
-                hit = f"{spec.name}: {exc}"
-            self._kernel_cache[key] = hit
-        return hit
-
-    def option(self, nodes, kernel, bound, match_attrs, match_dtype, rule_id, warnings, layout, kind):
-        from torchfl.kernels.catalog import CATALOG
-
-        names = tuple(n.name for n in nodes)
-        spec = CATALOG.get(kernel)
-        if spec is None:
-            self.out.rejected.append((names, kernel, (f"kernel {kernel} is not in this build's catalog",)))
-            return
-        shapes, layouts, dtypes, ir_inputs, fx_inputs, knames = {}, {}, {}, [], [], []
-        for kname in spec.input_names:
-            ref = bound.get(kname)
-            if ref is None:
                 continue
-            ir_name, fx_name = ref
-            info = self.ir.values[ir_name]
-            shapes[kname] = info.shape
-            dtypes[kname] = info.dtype
-            lay = layout if (layout and info.rank == 4 and not info.static) else None
-            layouts[kname] = lay
-            ir_inputs.append((ir_name, lay or identity_layout(info.rank)))
-            fx_inputs.append(fx_name)
-            knames.append(kname)
-        attrs = {k: v for k, v in match_attrs.items() if k in spec.attrs}
-        dtype = match_dtype or (dtypes.get(spec.input_names[0]) if spec.input_names else None)
-        hit = self._kernel(spec, shapes, attrs, dtype, layouts, dtypes)
-        if isinstance(hit, str):
-            self.out.rejected.append((names, kernel, (hit,)))
-            return
-        priced, metas, problem = hit
-        last = nodes[-1]
-        info = self.ir.values.get(last.name)
-        out_meta = metas[0] if metas else None
-        if info is not None and out_meta is not None:
-            if tuple(out_meta.shape) != tuple(info.shape) and numel(out_meta.shape) != numel(info.shape):
-                self.out.rejected.append((names, kernel, (
-                    f"{kernel} would produce shape {list(out_meta.shape)}, the graph needs {list(info.shape)}",)))
-                return
-            if out_meta.dtype != info.dtype:
-                self.out.rejected.append((names, kernel, (
-                    f"{kernel} would produce {out_meta.dtype}, the plan needs {info.dtype} here",)))
-                return
-        rank = info.rank if info is not None else 0
-        layout_out = (out_meta.layout if out_meta is not None and out_meta.layout else None) or identity_layout(rank)
-        fx_nodes = []
-        for n in nodes:
-            fx_nodes.append(n.name)
-            fx_nodes.extend(o for o in n.outs if o and o != n.name)
-        payload = Payload(kind, kernel, tuple(fx_nodes), tuple(n.op for n in nodes), tuple(fx_inputs),
-                          tuple(knames), _jsonable(dict(problem.attrs)), problem.dtype, priced, tuple(last.outs),
-                          all(n.static for n in nodes), rule_id, tuple(warnings))
-        key = f"{kernel}@{'+'.join(names)}:{layout_out}"
-        self.out.options.append(Option(key, names, tuple(v for v, _ in ir_inputs), tuple(l for _, l in ir_inputs),
-                                       layout_out, priced.time_s, payload))
+            _, kernel, inputs, priced, layout_out, attrs, dtype, rule_id, warnings = o
+            refs = [builder.values[path] for _k, path, _l in inputs]
+            fx_nodes = []
+            for n in nodes:
+                fx_nodes.append(n.name)
+                fx_nodes.extend(x for x in n.outs if x and x != n.name)
+            payload = Payload(kind, kernel, tuple(fx_nodes), tuple(n.op for n in nodes), tuple(f for _i, f in refs),
+                              tuple(k for k, _p, _l in inputs), attrs, dtype, priced, tuple(nodes[-1].outs),
+                              all(n.static for n in nodes), rule_id, warnings)
+            self.out.options.append(Option(f"{kernel}@{'+'.join(names)}:{layout_out}", names,
+                                           tuple(i for i, _f in refs), tuple(l for _k, _p, l in inputs),
+                                           layout_out, priced.time_s, payload))
 
     # -- fusion groups --
     def fusions(self):
@@ -307,15 +328,14 @@ class Generator:
                 nodes, step_nodes = group
                 for layout in self.layout_choices(nodes):
                     builder = _CallBuilder(self.ir)
-                    calls, sigs = {}, []
-                    for sid, n in step_nodes.items():
-                        calls[sid], sig = builder.call(n.fx, layout, sid)
-                        sigs.append((sid, sig))
-                    key = (fusion.id, tuple(sigs), tuple(n.op for n in nodes))
+                    sigs = tuple((sid, builder.signature(n.fx, layout, sid)) for sid, n in step_nodes.items())
+                    key = (fusion.id, sigs, tuple(n.op for n in nodes), tuple(n.static for n in nodes))
                     outcomes = self._match_cache.get(key)
                     if outcomes is None:
+                        builder = _CallBuilder(self.ir)
+                        calls = {sid: builder.call(n.fx, layout, sid)[0] for sid, n in step_nodes.items()}
                         m = match_fusion(fusion, self.hcd, calls, layout=layout)
-                        outcomes = self._match_cache[key] = self._record([m], builder)
+                        outcomes = self._match_cache[key] = self._record([m], builder, nodes, layout)
                     self._replay(nodes, outcomes, builder, layout, "fused")
 
     def walk(self, fusion, start):

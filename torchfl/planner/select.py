@@ -154,6 +154,7 @@ def select(problem: Problem, beam: int = 256) -> Selection:
     completes: dict[int, list[Option]] = {}
     groups_of: dict[int, list[tuple[str, ...]]] = {}  # position -> groups it may be reserved for
     covered: set[str] = set()
+    dominant: dict[tuple, Option] = {}
     outs = set(out_values)
     for opt in problem.options:
         if any(x not in pos for x in opt.nodes):
@@ -170,10 +171,17 @@ def select(problem: Problem, beam: int = 256) -> Selection:
         if any(pos[x] > last for x in inner):
             continue
         covered.update(opt.nodes)
+        shape_key = (opt.nodes, opt.inputs, opt.layouts_in, opt.layout_out)
+        kept = dominant.get(shape_key)
+        if kept is not None and kept.cost <= opt.cost:
+            continue  # same transition, not cheaper: can never be chosen (ties keep the first)
+        dominant[shape_key] = opt
         if not inner:
             singles.setdefault(last, []).append(opt)
+        else:
+            completes.setdefault(last, []).append(opt)
+        if not inner:
             continue
-        completes.setdefault(last, []).append(opt)
         for x in inner:
             lst = groups_of.setdefault(pos[x], [])
             if opt.nodes not in lst:
@@ -231,7 +239,11 @@ def select(problem: Problem, beam: int = 256) -> Selection:
         cmap = tuple(before.get(v, -1) for v in live[p])
         table: dict[State, tuple[float, Any]] = {}
 
-        def apply(opt: Option, base_reserved_check):
+        by_res: dict[tuple, list] = {}
+        for state, (cost, _back) in prev_table.items():
+            by_res.setdefault(state[1], []).append((state, cost))
+
+        def apply(opt: Option, need_pairs):
             produced = opt.nodes[-1]
             base = opt.cost
             for need in required_out.get(produced, ()):
@@ -246,38 +258,33 @@ def select(problem: Problem, beam: int = 256) -> Selection:
                     base += price(value, problem.input_layouts.get(value, need), need)
             if base == INF:
                 return
-            for state, (cost, _back) in prev_table.items():
-                layouts, reserved = state
-                if base_reserved_check is not None:
-                    reserved = base_reserved_check(reserved)
-                    if reserved is None:
+            out_layout = opt.layout_out
+            for reserved, members in by_res.items():
+                if need_pairs:
+                    if not all(pair in reserved for pair in need_pairs):
                         continue
-                total = cost + base
-                ok = True
-                for idx, value, need in dynamic:
-                    have = layouts[idx]
-                    if have == RESERVED:
-                        ok = False
-                        break
-                    total += price(value, have, need)
-                if not ok or total == INF:
-                    continue
-                new = (tuple(layouts[k] if k >= 0 else opt.layout_out for k in cmap), reserved)
-                old = table.get(new)
-                if old is None or total < old[0]:
-                    table[new] = (total, (state, opt))
+                    reserved = tuple(r for r in reserved if r not in need_pairs)
+                for state, cost in members:
+                    layouts = state[0]
+                    total = cost + base
+                    for idx, value, need in dynamic:
+                        have = layouts[idx]
+                        if have == RESERVED:
+                            total = INF
+                            break
+                        if have != need:
+                            total += price(value, have, need)
+                    if total == INF:
+                        continue
+                    new = (tuple([layouts[k] if k >= 0 else out_layout for k in cmap]), reserved)
+                    old = table.get(new)
+                    if old is None or total < old[0]:
+                        table[new] = (total, (state, opt))
 
         for opt in singles.get(p, ()):
-            apply(opt, None)
+            apply(opt, ())
         for opt in completes.get(p, ()):
-            need_pairs = tuple(sorted((m, opt.nodes) for m in opt.nodes[:-1]))
-
-            def check(reserved, need_pairs=need_pairs):
-                if not all(pair in reserved for pair in need_pairs):
-                    return None
-                return tuple(r for r in reserved if r not in need_pairs)
-
-            apply(opt, check)
+            apply(opt, tuple(sorted((m, opt.nodes) for m in opt.nodes[:-1])))
         for group in groups_of.get(p, ()):
             for state, (cost, _back) in prev_table.items():
                 layouts, reserved = state
