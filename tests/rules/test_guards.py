@@ -10,7 +10,7 @@ from hypothesis import given, settings, strategies as st
 
 from torchfl.rules.call import TensorMeta
 from torchfl.rules.guards import GuardSyntaxError, GuardTypeError, compile_guard
-from torchfl.rules.guards.syntax import MAX_CHARS, parse
+from torchfl.rules.guards.syntax import parse
 from torchfl.rules.guards.types import ANY, BOOL, FLOAT, INT, STR, TENSOR, list_of, optional
 
 from torchfl.rules.guards.chip import CHIP  # noqa: E402

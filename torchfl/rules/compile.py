@@ -13,7 +13,6 @@ from __future__ import annotations
 import difflib
 import json
 from dataclasses import dataclass, field
-from pathlib import Path
 
 from pydantic import ValidationError
 
@@ -191,25 +190,24 @@ class _Compiler:
                 self.structure_one(path, err)
 
     def structure_one(self, path, err):
-        if True:
-            kind = err["type"]
-            if kind == "missing":
-                self.error(path, f"required field {path[-1]!r} is missing; add it")
-            elif kind == "extra_forbidden":
-                parent = self.doc.data
-                for p in path[:-1]:
-                    parent = parent[p]
-                self.error(path, f"unknown field {path[-1]!r}{_near(str(path[-1]), _fields_at(path))}", key=True)
-            elif kind == "string_pattern_mismatch":
-                what = path[-1] if path else "value"
-                hint = {"op": " (an ATen overload name such as aten.convolution.default)",
-                        "version": " (semantic version MAJOR.MINOR.PATCH, e.g. 1.0.0; quote it in YAML)",
-                        "name": " (lower-case letters, digits, - and _)"}.get(str(what), "")
-                self.error(path, f"{what} {err['input']!r} is not valid{hint}")
-            elif kind == "literal_error":
-                self.error(path, f"{err['msg'].lower()}, got {err['input']!r}")
-            else:
-                self.error(path, f"{err['msg'].lower()}; got {_show(err.get('input'))}")
+        kind = err["type"]
+        if kind == "missing":
+            self.error(path, f"required field {path[-1]!r} is missing; add it")
+        elif kind == "extra_forbidden":
+            self.error(path, f"unknown field {path[-1]!r}{_near(str(path[-1]), _fields_at(path))}", key=True)
+        elif kind == "string_pattern_mismatch":
+            what = path[-1] if path else "value"
+            hint = {"op": " (an ATen overload name such as aten.convolution.default)",
+                    "version": " (semantic version MAJOR.MINOR.PATCH, e.g. 1.0.0)",
+                    "name": " (lower-case letters, digits, - and _)"}.get(str(what), "")
+            self.error(path, f"{what} {err['input']!r} is not valid{hint}")
+        elif kind == "literal_error":
+            self.error(path, f"{err['msg'].lower()}, got {err['input']!r}")
+        elif path and path[-1] == "version" and isinstance(err.get("input"), (int, float)):
+            self.error(path, f"version {err['input']!r} was read as a number; write a semantic version "
+                       "MAJOR.MINOR.PATCH such as 1.0.0")
+        else:
+            self.error(path, f"{err['msg'].lower()}; got {_show(err.get('input'))}")
 
     def data_path(self, loc) -> tuple:
         """pydantic's loc minus union tags, mapped onto the document's keys."""

@@ -16,7 +16,7 @@ from typing import Any, Mapping
 from torchfl.rules.call import Call, TensorMeta
 from torchfl.rules.format import Requires
 from torchfl.rules.guards import Guard
-from torchfl.rules.guards.types import TENSOR, Type, arg_type, list_of, strip
+from torchfl.rules.guards.types import Type, arg_type, list_of
 
 BUILTIN_NAMES = ("shape", "rank", "dtype", "layout", "compute_dtype", "compute_layout", "out", "chip")
 
@@ -198,7 +198,3 @@ class RulePack:
     @property
     def label(self) -> str:
         return f"{self.name} {self.version}"
-
-
-def tensor_args(rule: Rule) -> tuple[str, ...]:
-    return tuple(n for n, s in rule.args if strip(arg_type(s) or TENSOR) == TENSOR)
