@@ -116,8 +116,7 @@ def init_cmd(registry_url, no_seed, as_json):
         return _emit_json(result)
     was = result["from"]
     state = "created" if was is None else ("already at" if was == result["to"] else f"upgraded from {was} to")
-    click.echo(f"{reg.display_url}: {state} schema {result['to']}" if was is None or was != result["to"]
-               else f"{reg.display_url}: {state} schema {result['to']}")
+    click.echo(f"{reg.display_url}: {state} schema {result['to']}")
     if result["seeded"]:
         s = result["seeded"]
         click.echo(f"bundled: {s['added']} added, {s['unchanged']} unchanged")
