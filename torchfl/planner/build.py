@@ -48,7 +48,7 @@ def assemble(hcd, precision, ir, cands, selection, pricer, capture, input_layout
         priced = pricer.cast(info.shape, info.graph_dtype, to)
         emit(kind="cast", kernel="cast", nodes=(), ops=(), inputs=(src,), outputs=(cname,),
              layouts_in=(src_layout,), layout_out=src_layout, dtype=to, tile=priced.tile,
-             attrs={"dtype": to}, predicted_flops=float(priced.flops), predicted_bytes=float(priced.bytes),
+             attrs={"to": to}, predicted_flops=float(priced.flops), predicted_bytes=float(priced.bytes),
              predicted_time_s=priced.time_s, static=info.static,
              note=f"precision policy: {info.graph_dtype} -> {to}" + (" (parameter, once)" if info.static else ""))
         add_value(cname, info.shape, to, src_layout, len(steps) - 1, info.static)
@@ -123,7 +123,7 @@ def assemble(hcd, precision, ir, cands, selection, pricer, capture, input_layout
             new = f"{name}.{graph_dtype}"
             emit(kind="cast", kernel="cast", nodes=(), ops=(), inputs=(name,), outputs=(new,),
                  layouts_in=(v.layout,), layout_out=v.layout, dtype=graph_dtype, tile=priced.tile,
-                 attrs={"dtype": graph_dtype}, predicted_flops=float(priced.flops),
+                 attrs={"to": graph_dtype}, predicted_flops=float(priced.flops),
                  predicted_bytes=float(priced.bytes), predicted_time_s=priced.time_s, static=False,
                  note=f"output back to the caller's {graph_dtype}")
             add_value(new, v.shape, graph_dtype, v.layout, len(steps) - 1, False)

@@ -290,7 +290,12 @@ class Generator:
             if out_meta.dtype != info.dtype:
                 return ("reject", kernel, (f"{kernel} would produce {out_meta.dtype}, the plan needs {info.dtype} here",))
         rank = info.rank if info is not None else 0
-        layout_out = (out_meta.layout if out_meta is not None and out_meta.layout else None) or identity_layout(rank)
+        layout_out = out_meta.layout if out_meta is not None else None
+        if not isinstance(layout_out, str) or len(layout_out) != rank:
+            # a permutation given as axis indices (permute/transpose as a layout_transform):
+            # its physical order, read row-major, is the node's permuted logical shape
+            layout_out = None
+        layout_out = layout_out or identity_layout(rank)
         return ("match", kernel, tuple(inputs), priced, layout_out, _jsonable(dict(problem.attrs)), problem.dtype,
                 rule_id, warnings)
 

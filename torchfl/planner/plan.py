@@ -42,6 +42,13 @@ are given in the identity layout and the listed dtype, its output is returned li
 static values (casts and layout transforms of weights): the runtime may run it once and
 cache the result.
 
+A ``layout_transform`` step that covers an FX node (``permute``/``transpose``/``t``) has
+``attrs["layout"]`` as axis indices: the kernel stores its input in that physical axis
+order, and that buffer read row-major *is* the node's permuted logical tensor, so its output
+value has the node's (permuted) shape in the identity layout. A ``layout`` step (kind
+``layout``, no FX node) keeps the logical shape and changes the physical layout to
+``attrs["layout"]`` letters. Cast steps carry ``attrs["to"]``.
+
 Layouts are strings of dimension letters (any permutation); the logical (identity) letters
 of a rank-r tensor are given by :func:`identity_layout`. ``layouts_in[i]`` is the layout in
 which ``inputs[i]`` must be stored (the value's own layout: the planner inserts a ``layout``
