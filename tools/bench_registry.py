@@ -48,11 +48,27 @@ def emit(**row) -> None:
     print(json.dumps(row), flush=True)
 
 
+CPU: list[float] = []  # user+sys seconds of each CLI process, beside its wall time
+
+
+def _child_cpu() -> float:
+    import resource
+
+    ru = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return ru.ru_utime + ru.ru_stime
+
+
+def cpu_median(n: int) -> float:
+    return round(statistics.median(CPU[-n:]), 3)
+
+
 def cli(url: str, *args: str) -> float:
+    cpu0 = _child_cpu()
     start = time.perf_counter()
     proc = subprocess.run([EXE, "registry", "--registry", url, *args], stdout=subprocess.DEVNULL,
                           stderr=subprocess.PIPE, text=True)
     elapsed = time.perf_counter() - start
+    CPU.append(_child_cpu() - cpu0)
     if proc.returncode != 0:
         raise SystemExit(f"torchfl registry {' '.join(args[:2])} failed: {proc.stderr.strip()}")
     return elapsed
@@ -93,7 +109,7 @@ def bench_imports(b: Backend, files: list[str], sample: int) -> None:
     Registry(url).init()
     t = cli(url, "import", *files)
     assert len(Registry(url).chips()) == n
-    emit(backend=b.name, case="import_one_command", files=n, seconds=round(t, 3),
+    emit(backend=b.name, case="import_one_command", files=n, seconds=round(t, 3), cpu_s=cpu_median(1),
          per_file_ms=round(1000 * t / n, 2))
 
     url = b.fresh()
@@ -112,7 +128,7 @@ def bench_imports(b: Backend, files: list[str], sample: int) -> None:
     times = [cli(url, "import", f) for f in files[:sample]]
     per = statistics.median(times)
     emit(backend=b.name, case="import_one_by_one_cli", files=n, sampled=sample,
-         median_per_process_s=round(per, 3), extrapolated_seconds=round(per * n, 1))
+         median_per_process_s=round(per, 3), median_cpu_s=cpu_median(sample), extrapolated_seconds=round(per * n, 1))
 
 
 def bench_queries(b: Backend, chips: int, versions: int, runs: int) -> None:
@@ -141,9 +157,9 @@ def bench_queries(b: Backend, chips: int, versions: int, runs: int) -> None:
     emit(backend=b.name, case="api_latency", chips=chips, versions=versions, list_ms=round(1000 * lst, 1),
          show_latest_ms=round(1000 * show, 2), history_ms=round(1000 * hist, 2))
     emit(backend=b.name, case="cli_latency", chips=chips, versions=versions, runs=runs,
-         list_s=round(median_of(lambda: cli(url, "list"), runs), 3),
+         list_s=round(median_of(lambda: cli(url, "list"), runs), 3), list_cpu_s=cpu_median(runs),
          list_json_s=round(median_of(lambda: cli(url, "list", "--json"), runs), 3),
-         show_s=round(median_of(lambda: cli(url, "show", f"Q-{chips // 2:04d}"), runs), 3),
+         show_s=round(median_of(lambda: cli(url, "show", f"Q-{chips // 2:04d}"), runs), 3), show_cpu_s=cpu_median(runs),
          show_json_s=round(median_of(lambda: cli(url, "show", f"Q-{chips // 2:04d}", "--json"), runs), 3))
 
 
@@ -168,6 +184,7 @@ def bench_cold_start(b: Backend, runs: int) -> None:
          python_floor_s=round(median_of(plain([sys.executable, "-c", "pass"]), runs), 3),
          torchfl_help_s=round(median_of(plain([EXE, "--help"]), runs), 3),
          registry_list_s=round(median_of(lambda: cli(url, "list"), runs), 3),
+         registry_list_cpu_s=cpu_median(runs),
          registry_list_json_s=round(median_of(lambda: cli(url, "list", "--json"), runs), 3),
          heavy_modules_imported=heavy)
 
@@ -182,6 +199,9 @@ def main() -> None:
     ap.add_argument("--pg-url", default=None, help="an existing, empty PostgreSQL database to use")
     ap.add_argument("--skip", default="", help="comma list of: imports,queries,cold")
     args = ap.parse_args()
+    import signal
+
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))  # run the finally blocks: stop the server
     skip = set(filter(None, args.skip.split(",")))
     work = Path(tempfile.mkdtemp(prefix="torchfl-bench-"))
     try:
