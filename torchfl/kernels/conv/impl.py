@@ -42,8 +42,12 @@ def load_slab(x, s0, s1, s2, s3, code, zp, n, c0, tc, lo_h, hi_h, lo_w, hi_w, H,
                     slab[o + c] = 0.0
             elif c_inner:
                 b = base_n + h * s2 + w * s3
-                for c in range(tc):
-                    slab[o + c] = decode(code, x[b + c * s1]) - zp
+                if s1 == 1:
+                    for c in range(tc):
+                        slab[o + c] = decode(code, x[b + c]) - zp
+                else:
+                    for c in range(tc):
+                        slab[o + c] = decode(code, x[b + c * s1]) - zp
                 cnt += tc
     if not c_inner:  # channel-outer layouts (NCHW...): read rows contiguously along w
         for c in range(tc):
@@ -79,17 +83,50 @@ def load_weights(w, s0, s1, s2, s3, code, zp, k0, tk, c0, tc, R, S, wpk):
     return tk * tc * R * S
 
 
+@njit(cache=True, nogil=True)
+def _pix(toh, tow, sh, sw, cols, tc):
+    """Slab offset of each output pixel's first tap (rows padded to the micro-kernel's 6)."""
+    M = toh * tow
+    pix = np.zeros((M + MR - 1) // MR * MR, dtype=np.int64)
+    for m in range(M):
+        pix[m] = (((m // tow) * sh) * cols + (m % tow) * sw) * tc
+    return pix
+
+
+@njit(cache=True, nogil=True)
+def _compute_range(slab, pix, cols, tc, wpk, tk, R, S, dh, dw, acc, ldc, mp0, mp1):
+    """Float implicit GEMM for micro-panels [mp0, mp1) (6 pixels each)."""
+    npanel = (tk + NR - 1) // NR
+    if tk >= 8:
+        for mp in range(mp0, mp1):
+            for p in range(npanel):
+                for r in range(R):
+                    for s in range(S):
+                        tap = (r * dh * cols + s * dw) * tc
+                        boff = ((p * R + r) * S + s) * tc * NR
+                        mk6x16(slab, pix, mp * MR, tap, wpk, boff, tc, acc, mp * MR * ldc + p * NR, ldc)
+    else:
+        for m in range(mp0 * MR, mp1 * MR):
+            row = m * ldc
+            for r in range(R):
+                for s in range(S):
+                    t = pix[m] + (r * dh * cols + s * dw) * tc
+                    wo = ((r * S + s) * tc) * NR
+                    for c in range(tc):
+                        a = slab[t + c]
+                        for k in range(NR):
+                            acc[row + k] += a * wpk[wo + c * NR + k]
+
+
 @njit(cache=True, nogil=True, parallel=True)
 def compute(slab, cols, tc, wpk, tk, R, S, sh, sw, dh, dw, toh, tow, acc, ldc, exact_int):
     """acc[m, k] += sum_{r,s,c} slab[pixel m, tap (r,s), c] * w[k, c, r, s] for the tile's
-    toh*tow output pixels m (acc has ldc = 16*panels columns and rows padded to 6).
-    ``exact_int``: int8 path, products accumulated in int64 then stored (exact)."""
+    toh*tow output pixels m (acc has ldc = 16*panels columns and rows padded to 6), the work
+    split across host threads inside the tile. ``exact_int``: int8 path, products summed
+    in int64 (exact)."""
     M = toh * tow
-    npanel = (tk + NR - 1) // NR
+    pix = _pix(toh, tow, sh, sw, cols, tc)
     nmp = (M + MR - 1) // MR
-    pix = np.zeros(nmp * MR, dtype=np.int64)
-    for m in range(M):
-        pix[m] = (((m // tow) * sh) * cols + (m % tow) * sw) * tc
     if exact_int:
         for m in prange(M):
             for k in range(tk):
@@ -102,25 +139,11 @@ def compute(slab, cols, tc, wpk, tk, R, S, sh, sw, dh, dw, toh, tow, acc, ldc, e
                         for c in range(tc):
                             a += np.int64(slab[t + c]) * np.int64(wpk[wo + c * NR])
                 acc[m * ldc + k] += a
-    elif tk >= 8:
-        for mp in prange(nmp):
-            for p in range(npanel):
-                for r in range(R):
-                    for s in range(S):
-                        tap = (r * dh * cols + s * dw) * tc
-                        boff = ((p * R + r) * S + s) * tc * NR
-                        mk6x16(slab, pix, mp * MR, tap, wpk, boff, tc, acc, mp * MR * ldc + p * NR, ldc)
     else:
-        for m in prange(M):
-            row = m * ldc
-            for r in range(R):
-                for s in range(S):
-                    t = pix[m] + (r * dh * cols + s * dw) * tc
-                    wo = ((r * S + s) * tc) * NR
-                    for c in range(tc):
-                        a = slab[t + c]
-                        for k in range(NR):
-                            acc[row + k] += a * wpk[wo + c * NR + k]
+        nch = min(nmp, 64)
+        for ch in prange(nch):
+            _compute_range(slab, pix, cols, tc, wpk, tk, R, S, dh, dw, acc, ldc,
+                           (nmp * ch) // nch, (nmp * (ch + 1)) // nch)
 
 
 @njit(cache=True, nogil=True)
@@ -154,6 +177,37 @@ def store(acc, ldc, tk, toh, tow, n, k0, oh0, ow0, y, t0, t1, t2, t3, ycode, ea,
                 else:
                     y[yb + k * t1] = encode16(ycode, v)
     return toh * tow * tk, (toh * tow * tk if has_res else 0)
+
+
+@njit(cache=True, nogil=True, parallel=True)
+def conv_tiles(x, s0, s1, s2, s3, code, c0, tc, H, W, wpk, tk, R, S, sh, sw, ph, pw, dh, dw, tiles, ldc,
+               y, t0, t1, t2, t3, ycode, k0, ea, eb, relu, has_res, res, r0, r1, r2, r3, rcode):
+    """Weight-stationary float tiles of one K block, the tiles spread over host threads (each
+    tile is loaded, computed and stored by one thread, as the chip would stream them).
+    tiles[t] = (n, oh0, oh1, ow0, ow1). Returns (input elements read, output elements
+    written, residual elements read)."""
+    nread = 0
+    nwritten = 0
+    nres = 0
+    zp = np.float32(0.0)
+    for t in prange(tiles.shape[0]):
+        n, oh0, oh1, ow0, ow1 = tiles[t, 0], tiles[t, 1], tiles[t, 2], tiles[t, 3], tiles[t, 4]
+        lo_h = oh0 * sh - ph
+        hi_h = (oh1 - 1) * sh - ph + (R - 1) * dh + 1
+        lo_w = ow0 * sw - pw
+        hi_w = (ow1 - 1) * sw - pw + (S - 1) * dw + 1
+        cols = hi_w - lo_w
+        th, tw = oh1 - oh0, ow1 - ow0
+        slab = np.empty((hi_h - lo_h) * cols * tc, np.float32)
+        nread += load_slab(x, s0, s1, s2, s3, code, zp, n, c0, tc, lo_h, hi_h, lo_w, hi_w, H, W, slab)
+        pix = _pix(th, tw, sh, sw, cols, tc)
+        acc = np.zeros(pix.size * ldc, np.float32)
+        _compute_range(slab, pix, cols, tc, wpk, tk, R, S, dh, dw, acc, ldc, 0, pix.size // MR)
+        a, b = store(acc, ldc, tk, th, tw, n, k0, oh0, ow0, y, t0, t1, t2, t3, ycode, ea, eb, relu,
+                     has_res, res, r0, r1, r2, r3, rcode, np.float32(1.0), np.float32(0.0))
+        nwritten += a
+        nres += b
+    return nread, nwritten, nres
 
 
 # ---------------------------------------------------------------- Python drivers (spec.impl)
@@ -257,6 +311,17 @@ def run_conv2d(ctx):
             if stationary:
                 nread = load_weights(w, *wst, wcode, wzp, kg0, tka, 0, Cg, R, S, wpk)
                 ctx.read(nread * ew)
+            ntile = N * len(oh_tiles) * len(ow_tiles)
+            if stationary and not is_int and ntile >= 2:
+                tiles = np.array([(n, a0, a1, b0, b1) for n in range(N) for a0, a1 in oh_tiles
+                                  for b0, b1 in ow_tiles], dtype=np.int64)
+                nr_x, nw, nr = conv_tiles(x, *xs, xcode, gi * Cg, Cg, H, W, wpk, tka, R, S, sh, sw, ph, pw,
+                                          dh, dw, tiles, ldc, y, *ys, ycode, kg0, ea, eb, e["relu"],
+                                          e["residual"], res, *rs, rcode)
+                ctx.read(nr_x * es + nr * er)
+                ctx.write(nw * ey)
+                ctx.ops(nw * (2 * Cg * R * S + n_epi))
+                continue
             for n in range(N):
                 for oh0, oh1 in oh_tiles:
                     lo_h, hi_h = window_span(oh0, oh1, sh, ph, dh, R)
