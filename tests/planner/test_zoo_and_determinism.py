@@ -78,3 +78,39 @@ def test_plan_json_round_trips(chips, packs):
     assert Plan.from_json(plan.to_json()).to_json() == plan.to_json()
     assert hashlib.sha256(plan.to_json().encode()).hexdigest() == \
         hashlib.sha256(plan_captured(cap, x, chips["NPU-V3"], packs, precision="float16").to_json().encode()).hexdigest()
+
+
+def test_training_graphs_plan_forward_and_backward(chips):
+    import torch
+    from torch import nn
+
+    from torchfl.planner.api import plan_training
+
+    torch.manual_seed(0)
+    model = nn.Sequential(nn.Linear(16, 32), nn.ReLU(), nn.Linear(32, 4))
+    fw, bw = plan_training(model, (torch.randn(8, 16),), chip=chips["TFL-X1"])
+    assert fw.capture.training and bw.capture.training
+    assert any(s.kernel == "matmul" for s in bw.steps)  # the weight gradients run as GEMMs on the chip
+    assert bw.summary.nodes_total > fw.summary.nodes_total
+
+
+def test_plan_graph_from_a_dynamo_backend(chips):
+    import torch
+
+    from torchfl.planner import plan_graph
+    from torchfl.planner.zoo import load_model
+
+    plans = []
+
+    def backend(gm, example_inputs):
+        plans.append(plan_graph(gm, example_inputs, chip=chips["NPU-V3"], precision="float16"))
+        return gm.forward
+
+    model, x = load_model("mlp", width=64)
+    torch._dynamo.reset()
+    out = torch.compile(model, backend=backend)(*x)
+    assert out.shape == (8, 10) and len(plans) == 1
+    plan = plans[0]
+    assert plan.summary.fallbacks == 0 and plan.summary.nodes_on_chip == plan.summary.nodes_total
+    names = {n.name for n in plan.capture.graph_module.graph.nodes}
+    assert all(n in names for s in plan.steps for n in s.nodes)  # the plan names the re-captured graph
