@@ -236,14 +236,23 @@ def _dotted(text: str) -> Node | None:
 @lru_cache(maxsize=4096)
 def parse(text: str) -> Node:
     """Parse one guard. Raises :class:`GuardSyntaxError` (never anything else) for bad text."""
-    from lark.exceptions import LarkError
-
-    if isinstance(text, str):
-        fast = _dotted(text)
-        if fast is not None:
-            return fast
     if not isinstance(text, str):
         raise GuardSyntaxError(f"a guard must be text, got {type(text).__name__}")
+    fast = _dotted(text)
+    if fast is not None:
+        return fast
+    if not text.strip():
+        raise GuardSyntaxError("empty guard")
+    _prescan(text)
+    from torchfl.rules.guards.parser import parse_text
+
+    return parse_text(text)
+
+
+def parse_reference(text: str) -> Node:
+    """The same, through lark and ``grammar.lark`` (the specification; used by the tests)."""
+    from lark.exceptions import LarkError
+
     if not text.strip():
         raise GuardSyntaxError("empty guard")
     _prescan(text)
@@ -271,6 +280,8 @@ class _Convert:
 
     def _name(self, tok) -> str:
         name = str(tok)
+        if name in KEYWORDS:  # lark's contextual lexer lets a keyword through where it cannot be one
+            raise GuardSyntaxError(f"unexpected {name!r}", tok.start_pos)
         if name.startswith("_"):
             raise GuardSyntaxError(
                 f"name {name!r} refused: names starting with '_' (private or dunder access) are not part of "
