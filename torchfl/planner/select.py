@@ -37,6 +37,7 @@ candidate in the options' given order. Time O(nodes x options per node x states)
 from __future__ import annotations
 
 import math
+from operator import itemgetter
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
@@ -243,6 +244,22 @@ def select(problem: Problem, beam: int = 256) -> Selection:
         for state, (cost, _back) in prev_table.items():
             by_res.setdefault(state[1], []).append((state, cost))
 
+        width = len(live[p - 1]) if p > 0 else 0
+        idx = [k if k >= 0 else width for k in cmap]  # -1 -> the produced value, appended
+        if len(idx) == 0:
+            def make(layouts, out_layout):
+                return ()
+        elif len(idx) == 1:
+            j = idx[0]
+
+            def make(layouts, out_layout, j=j):
+                return ((layouts + (out_layout,))[j],)
+        else:
+            getter = itemgetter(*idx)
+
+            def make(layouts, out_layout, getter=getter):
+                return getter(layouts + (out_layout,))
+
         def apply(opt: Option, need_pairs):
             produced = opt.nodes[-1]
             base = opt.cost
@@ -253,7 +270,7 @@ def select(problem: Problem, beam: int = 256) -> Selection:
                 if not value:
                     continue
                 if value in before:
-                    dynamic.append((before[value], value, need))
+                    dynamic.append((before[value], value, need, {need: 0.0, RESERVED: INF}))
                 else:
                     base += price(value, problem.input_layouts.get(value, need), need)
             if base == INF:
@@ -267,16 +284,15 @@ def select(problem: Problem, beam: int = 256) -> Selection:
                 for state, cost in members:
                     layouts = state[0]
                     total = cost + base
-                    for idx, value, need in dynamic:
-                        have = layouts[idx]
-                        if have == RESERVED:
-                            total = INF
-                            break
-                        if have != need:
-                            total += price(value, have, need)
+                    for k, value, need, memo in dynamic:
+                        have = layouts[k]
+                        c = memo.get(have)
+                        if c is None:
+                            c = memo[have] = price(value, have, need)
+                        total += c
                     if total == INF:
                         continue
-                    new = (tuple([layouts[k] if k >= 0 else out_layout for k in cmap]), reserved)
+                    new = (make(layouts, out_layout), reserved)
                     old = table.get(new)
                     if old is None or total < old[0]:
                         table[new] = (total, (state, opt))
