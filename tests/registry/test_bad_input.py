@@ -43,14 +43,16 @@ def _closed_port() -> int:
 def _unreachable(registry_url: str, tmp_path: Path) -> str:
     if registry_url.startswith("sqlite"):
         return f"sqlite:///{tmp_path}/no/such/dir/registry.sqlite3"
-    return f"postgresql://postgres@127.0.0.1:{_closed_port()}/torchfl"
+    return f"postgresql://postgres:hunter2@127.0.0.1:{_closed_port()}/torchfl"
 
 
 def test_unreachable_url(registry_url, tmp_path):
     url = _unreachable(registry_url, tmp_path)
+    shown = url.replace(":hunter2@", ":***@")
     for args in (["list"], ["show", "NPU-V3", "--json"], ["import", str(ROOT / "hcd_registry/npu_v3.hcd")]):
         proc = run_cli("--registry", url, *args)
-        line = one_line_error(proc, url)
+        line = one_line_error(proc, shown)
+        assert "hunter2" not in line
         assert "torchfl registry init" in line or "check that the server is running" in line
 
 

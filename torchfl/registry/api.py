@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Iterable
 
 from torchfl.registry.engine import WRITE, check_sqlite_writable, check_url, create_registry_engine, file_missing, sqlite_file, translated
-from torchfl.registry.reader import engine_reader, sqlite_reader, timestamp
+from torchfl.registry.reader import pg_reader, sqlite_reader, timestamp
 from torchfl.registry.errors import ImportRefused, NotFound, RegistryUnavailable, SchemaMismatch
 from torchfl.registry.names import HEAD, REVISIONS, TABLE_NAMES
 from torchfl.registry.semver import semver_key
@@ -138,7 +138,7 @@ class Registry:
 
     @contextlib.contextmanager
     def _reader(self):
-        """A read transaction; stdlib sqlite3 on SQLite (fast start), the engine otherwise."""
+        """A read transaction straight on the driver (sqlite3 or psycopg): no SQLAlchemy import."""
         path = sqlite_file(self.url) if self.backend == "sqlite" else None
         with translated(self.url):
             if path is not None:
@@ -147,7 +147,7 @@ class Registry:
                 with sqlite_reader(path) as reader:
                     yield reader
             else:
-                with engine_reader(self._eng()) as reader:
+                with pg_reader(self.url) as reader:
                     yield reader
 
     @contextlib.contextmanager

@@ -60,9 +60,9 @@ def sqlite_file(url: str) -> str | None:
 def check_url(url: str) -> str:
     """The backend of a supported URL, or RegistryUnavailable (SQLAlchemy parses only odd ones)."""
     backend = backend_of(url)
-    if backend == "sqlite":
+    if backend in ("sqlite", "postgresql") and "://" in url:
         return backend
-    return parse_url(url).get_backend_name()
+    return parse_url(url).get_backend_name()  # raises the helpful error
 
 
 def create_registry_engine(url: str):
@@ -146,7 +146,10 @@ def _is_db_error(exc: BaseException) -> bool:
     if isinstance(exc, sqlite3.Error):
         return True
     sa_exc = sys.modules.get("sqlalchemy.exc")
-    return sa_exc is not None and isinstance(exc, sa_exc.SQLAlchemyError)
+    if sa_exc is not None and isinstance(exc, sa_exc.SQLAlchemyError):
+        return True
+    pg = sys.modules.get("psycopg")
+    return pg is not None and isinstance(exc, pg.Error)
 
 
 @contextlib.contextmanager

@@ -34,12 +34,15 @@ def resolve_url(url: str | None) -> tuple[str, bool]:
 
 
 def display_url(url: str) -> str:
-    """The URL with any password hidden, for messages."""
-    if url.startswith("sqlite:"):
-        return url  # no credentials; and no SQLAlchemy import on the fast path
-    try:
-        from sqlalchemy.engine import make_url
+    """The URL with any password hidden, for messages (no SQLAlchemy import)."""
+    from urllib.parse import urlsplit, urlunsplit
 
-        return make_url(url).render_as_string(hide_password=True)
-    except Exception:  # an unparsable URL is shown as given (it holds no parsed password)
+    try:
+        parts = urlsplit(url)
+        if parts.password is None:
+            return url
+        user, host = parts.netloc.rsplit("@", 1)
+        name = user.split(":", 1)[0]
+        return urlunsplit(parts._replace(netloc=f"{name}:***@{host}"))
+    except ValueError:  # not a URL at all: shown as given (nothing parsed, nothing to hide)
         return url
