@@ -100,6 +100,7 @@ def test_runtime_problems_fail_the_guard_with_a_reason(text, fragment):
     ("stride[mode] == 1", "an index must be an int"),
     ("range(mode) == []", "range takes one or two ints"),
     ("chip.name == 'NPU-V2'", "chip-agnostic"),
+    ("4 in chip.attention.supported_heads", "did you mean chip.compute_units.attention?"),
     ("chip.chip.device_type == 'npu'", "requires.device_types"),
     ("[s for s in groups] == []", "needs a list"),
 ])

@@ -1,9 +1,15 @@
 """Rule packs: declarative op -> kernel and fusion rules, a safe guard language, matching.
 
-    from torchfl.rules import check_pack, load_pack, match, candidates
-    report = check_pack("rules/core.yaml")        # PackReport(.pack, .diagnostics, .source, .ok)
-    m = match(report.pack, hcd, "aten.convolution.default", call)   # Match | Rejection
+    from torchfl.rules import check_pack, load_pack, match, candidates, Call, TensorMeta
+    report = check_pack("rules/core.yaml")     # PackReport(.pack, .diagnostics, .source, .ok); never raises
+    pack = report.pack                         # .name .version .canonical() .canonical_json() .content_hash()
+    m = match(pack, hcd, "aten.convolution.default", Call(args, kwargs), layout="NHCW")
+    m.ok -> Match(.kernel .dtype .unit .layout .layouts .inputs .attrs .warnings .rule)
+         or Rejection(.reasons: Reason(code, message, field, value, rule, guard))
 
+Matching of fusion groups: :func:`torchfl.rules.matching.match_fusion`; the support
+queries (ops / support / why-not): :mod:`torchfl.rules.support`. The file format is in
+:mod:`torchfl.rules.format`, the guard language in :mod:`torchfl.rules.guards`.
 Imports neither torch nor numba (the kernel catalog is pure Python).
 """
 
@@ -12,14 +18,17 @@ from torchfl.rules.compile import PackError, PackReport, check_pack, check_pack_
 from torchfl.rules.pack import Fusion, Rule, RulePack
 
 __all__ = [
-    "Call", "Fusion", "PackError", "PackReport", "Rule", "RulePack", "TensorMeta", "call_from_node",
-    "check_pack", "check_pack_text", "load_pack", "load_pack_text",
+    "Call", "Fusion", "Match", "PackError", "PackReport", "Reason", "Rejection", "Rule", "RulePack", "TensorMeta",
+    "call_from_node", "candidates", "check_pack", "check_pack_text", "load_pack", "load_pack_text", "match",
+    "match_fusion",
 ]
 
+_LAZY = ("match", "candidates", "Match", "Rejection", "Reason", "match_fusion")
 
-def __getattr__(name):  # matching and support load on first use (they need nothing heavy either)
-    if name in ("match", "candidates", "Match", "Rejection", "Reason", "match_fusion", "static_support"):
+
+def __getattr__(name):  # matching loads on first use
+    if name in _LAZY:
         from torchfl.rules import matching
 
         return getattr(matching, name)
-    raise AttributeError(name)
+    raise AttributeError(f"module 'torchfl.rules' has no attribute {name!r}")

@@ -79,6 +79,9 @@ class _Checker:
                 raise GuardTypeError(
                     f"chip.{n.name}: a chip's identity is not visible to guards; rule packs are chip-agnostic "
                     "(condition on capabilities, or restrict with requires.device_types)", n.obj.end)
+            if f is None and base.name == "chip" and n.name in ("fp16", "bf16", "fp32", "int8", "attention"):
+                raise GuardTypeError(f"chip has no field {n.name!r}; did you mean chip.compute_units.{n.name}?",
+                                     n.obj.end)
             if f is None:
                 raise GuardTypeError(
                     f"{base.name} has no field {n.name!r}{_near(n.name, base.field_names)} "
