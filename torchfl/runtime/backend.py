@@ -158,14 +158,16 @@ def _lift_static(gm, args):
             obj = getattr(obj, part)
         _set_attr(root, str(attr), obj)
     first = next(n for n in graph.nodes if n.op != "placeholder")
+    used = set()
+    taken = {n for n, _m in gm.named_children()} | {str(n.target).split(".")[0] for n in graph.nodes
+                                                   if n.op == "get_attr"}
     for i in static:
         node = new_ph[i]
-        target = f"_torchfl_static_{i}"
+        target = _readable(node.name, i, used)
+        if target.split(".")[0] in taken:     # never write into the user's own submodules
+            target = f"torchfl_static_{i}"
         a = args[i]
-        if isinstance(a, torch.nn.Parameter):
-            root.register_parameter(target, a)
-        else:
-            root.register_buffer(target, a)
+        _set_attr(root, target, a)
         with graph.inserting_before(first):
             ga = graph.get_attr(target)
         ga.meta = dict(node.meta)
@@ -173,6 +175,25 @@ def _lift_static(gm, args):
         graph.erase_node(node)
     lifted = torch.fx.GraphModule(root, graph)
     return lifted, tuple(i for i in range(len(args)) if i not in set(static))
+
+
+def _readable(placeholder: str, i: int, used: set) -> str:
+    """Dynamo's ``l_self_modules_layer1_modules_0_modules_conv1_parameters_weight_`` ->
+    ``layer1.0.conv1.weight`` (the state-dict key the user knows); unique."""
+    import re
+
+    name = re.sub(r"^l_(self|fn|args_\d+|kwargs)_", "", placeholder.lower()).strip("_")
+    name = re.sub(r"(^|_)(modules|parameters|buffers)_", ".", name).strip(".")
+    parts = [p for p in name.split(".") if p]
+    if not parts or any(not re.fullmatch(r"[a-z_][a-z0-9_]*|\d+", p) for p in parts):
+        parts = [f"static_{i}"]
+    if parts[0].isdigit():
+        parts = ["m"] + parts
+    dotted = ".".join(parts)
+    while dotted in used or any(u.startswith(dotted + ".") or dotted.startswith(u + ".") for u in used):
+        dotted = f"{dotted}_{i}"
+    used.add(dotted)
+    return dotted
 
 
 def _set_attr(root, dotted, value):
@@ -331,8 +352,12 @@ def torchfl_backend(gm, example_inputs, options=None, **kwargs):
         return CompiledGraph(gm, opts, "inference")
 
     from functorch.compile import make_boxed_func
-    from torch._decomp import core_aten_decompositions
     from torch._dynamo.backends.common import aot_autograd
+
+    try:
+        decompositions = training_decompositions(opts)
+    except Exception as exc:   # unknown chip, registry unavailable: raised at the call
+        return _deferred(exc)
 
     def compiler(kind):
         def compile_aot(aot_gm, _example_inputs):
@@ -341,4 +366,18 @@ def torchfl_backend(gm, example_inputs, options=None, **kwargs):
 
     return aot_autograd(fw_compiler=compiler("forward"), bw_compiler=compiler("backward"),
                         inference_compiler=compiler("forward"),
-                        decompositions=core_aten_decompositions())(gm, example_inputs)
+                        decompositions=decompositions)(gm, example_inputs)
+
+
+def training_decompositions(opts):
+    """Core-ATen decompositions, except the ops a rule of the chip's rule packs maps whole
+    (``native_layer_norm_backward``, ``native_batch_norm_backward``, ``gelu_backward``,
+    ``convolution_backward``, ...): decomposed, they would become primitive ops that no
+    kernel serves (exp, erf, comparisons), i.e. CPU fallbacks."""
+    from torch._decomp import core_aten_decompositions
+
+    from torchfl.planner.source import resolve
+
+    _hcd, packs = resolve(opts.chip, opts.registry)
+    whole = {r.op for pack in packs for r in pack.rules}
+    return {op: fn for op, fn in core_aten_decompositions().items() if str(op) not in whole}

@@ -72,7 +72,7 @@ class _Prep:
     """One step, prepared once: resolved spec, input binding, tile plan (lazily checked)."""
 
     __slots__ = ("step", "kind", "spec", "bind", "attrs", "outputs", "tile_plan", "free_after",
-                 "static", "node", "base")
+                 "static", "node", "base", "n_out", "relabel")
 
     def __init__(self, step):
         self.step = step
@@ -86,6 +86,15 @@ class _Prep:
         self.static = False
         self.node = None
         self.base = {}
+        # permute/transpose/t as layout_transform: the stored buffer, read row-major, is the
+        # node's permuted tensor (plan.py): relabel the output as that, in identity layout
+        self.relabel = step.kernel == "layout_transform" and bool(step.nodes)
+
+
+def _relabel(t):
+    from torchfl.kernels.tensor import DeviceTensor
+
+    return DeviceTensor(t.buffer, t.physical_shape, None, t.dtype, t.offset)
 
 
 def _same_tiling(planned: dict, config) -> bool:
@@ -180,6 +189,9 @@ class Executor:
                 static_vals.update(o for o in p.outputs if o)
             self.preps.append(p)
         self.static_vals = frozenset(static_vals)
+        self.dynamic_preps = tuple(p for p in self.preps if not p.static)
+        for p in self.preps:
+            p.n_out = sum(1 for o in p.outputs if o)
 
         # liveness: free each non-static value after its last reader (outputs: at the end)
         last = {}
@@ -200,6 +212,7 @@ class Executor:
             p.free_after = p.free_after + tuple(dead)
 
         self.out_spec = self._output_spec()
+        self._base_env, self._base_pinned = {}, frozenset()
         self._static_env = None       # value -> DeviceTensor, valid for _static_key
         self._static_key = None
         self._lifted_env = None
@@ -317,6 +330,7 @@ class Executor:
                     seen.add(id(v.buffer))
                     v.buffer.free()
         self._static_env = self._lifted_env = self._static_key = None
+        self._base_env, self._base_pinned = {}, frozenset()
 
     def __del__(self):
         try:
@@ -345,20 +359,21 @@ class Executor:
 
         # cached state: lifted tensors and static values (skipped when measuring: analyze
         # executes and counts every step, static ones included)
+        static_cached = False
         if measuring:
             env.update({n: self._upload(t, lay, dt) for n, t, lay, dt in self.lifted})
-            static_cached = False
         else:
             key = self._static_inputs_key(args)
             if self._static_key is not None and key != self._static_key:
                 self.release()          # weights changed: upload and cast them again
-            lifted = self._lifted()
-            env.update(lifted)
-            pinned.update(id(v.buffer) for v in lifted.values() if isinstance(v, DeviceTensor))
-            static_cached = self._static_env is not None and key == self._static_key
-            if static_cached:
-                env.update(self._static_env)
-                pinned.update(id(v.buffer) for v in self._static_env.values() if isinstance(v, DeviceTensor))
+            if self._static_env is not None and key == self._static_key:
+                static_cached = True
+                env = dict(self._base_env)
+                pinned = self._base_pinned
+            else:
+                lifted = self._lifted()
+                env.update(lifted)
+                pinned.update(id(v.buffer) for v in lifted.values() if isinstance(v, DeviceTensor))
 
         for name, pos, lay, dt in self.user_inputs:
             if (static_cached and name in self.static_vals) or name in self.unread_inputs:
@@ -375,9 +390,7 @@ class Executor:
         kernel_s = 0.0
         chip = self.chip
         perf = time.perf_counter
-        for p in self.preps:
-            if p.static and static_cached:
-                continue
+        for p in (self.dynamic_preps if static_cached else self.preps):
             if p.kind == "fallback":
                 k0 = perf()
                 outs = self._run_fallback(p, env)
@@ -397,13 +410,15 @@ class Executor:
                 k0 = perf()
                 outs, counted = p.spec.run(chip, inputs, p.attrs, p.tile_plan, mem)
                 dt_s = perf() - k0
+                if p.relabel:
+                    outs = [_relabel(o) for o in outs]
                 kernel_s += dt_s
                 if measuring:
                     record.steps.append(StepRecord(p.step.index, p.kind, p.step.kernel, counted.bytes_read,
                                                    counted.bytes_written, counted.flops, dt_s, True))
                     for op in p.step.ops:
                         record.routes[op][p.step.kernel] += 1
-            if len(outs) < len([o for o in p.outputs if o]):
+            if len(outs) < p.n_out:
                 raise PlanMismatch(f"step {p.step.index} ({p.step.kernel or p.kind}) returned {len(outs)} "
                                    f"outputs; the plan names {p.outputs}")
             for name, o in zip(p.outputs, outs):
@@ -423,6 +438,9 @@ class Executor:
             self._static_env = {v: env[v] for v in self.static_vals if v in env
                                 and v not in self._lifted_env}
             self._static_key = key
+            self._base_env = {**self._lifted_env, **self._static_env}
+            self._base_pinned = frozenset(id(v.buffer) for v in self._base_env.values()
+                                          if isinstance(v, DeviceTensor))
 
         values = []
         for name in self.plan.outputs:
