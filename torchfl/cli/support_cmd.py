@@ -67,7 +67,7 @@ def ops(chip_name, chip_version, registry_url, as_json):
     click.echo(f"{c['name']} {c['version']} (device_type {c['device_type']}), packs: {', '.join(result['packs'])}")
     width = max((len(o["op"]) for o in result["ops"]), default=10)
     for o in result["ops"]:
-        click.echo(f"  {o['op']:<{width}}  {', '.join(o['kernels']):<22} dtypes {', '.join(o['dtypes']):<26} "
+        click.echo(f"  {o['op']:<{width}}  {', '.join(o['kernels']):<28} dtypes {', '.join(o['dtypes']):<26} "
                    f"layouts {_lays(o['layouts'])}")
     fus = [f for f in result["fusions"] if f["supported"]]
     if fus:
@@ -106,7 +106,7 @@ def support(op, registry_url, as_json):
         c = row["chip"]
         name = f"{c['name']} {c['version']}"
         if row["supported"]:
-            click.echo(f"  {name:<20} {', '.join(row['kernels']):<22} dtypes {', '.join(row['dtypes']):<26} "
+            click.echo(f"  {name:<20} {', '.join(row['kernels']):<28} dtypes {', '.join(row['dtypes']):<26} "
                        f"layouts {_lays(row['layouts'])}")
         else:
             click.echo(f"  {name:<20} not supported: {row['reasons'][0]['message']}")
