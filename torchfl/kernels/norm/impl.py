@@ -16,6 +16,9 @@ from ..codecs import decode, encode16
 from ..conv.impl import _code, _flat
 
 
+# reassociation (vectorised sums) and FMA contraction only: NaN/inf semantics are kept
+_FM = {"reassoc", "contract"}
+
 # ------------------------------------------------------------------ addressing helpers
 
 def _tables(t, seg_dims):
@@ -43,7 +46,10 @@ def _tables(t, seg_dims):
 
 @njit(cache=True, nogil=True, inline="always")
 def _load(x, base, el, est, code, e0, e1, buf):
-    if est >= 0:
+    if est == 1 and code == 0:        # contiguous float32: a plain copy
+        for e in range(e0, e1):
+            buf[e - e0] = x[base + e]
+    elif est >= 0:
         for e in range(e0, e1):
             buf[e - e0] = decode(code, x[base + e * est])
     else:
@@ -54,7 +60,10 @@ def _load(x, base, el, est, code, e0, e1, buf):
 @njit(cache=True, nogil=True, inline="always")
 def _store(y, base, el, est, code, e0, e1, buf):
     if code == 0:
-        if est >= 0:
+        if est == 1:
+            for e in range(e0, e1):
+                y[base + e] = buf[e - e0]
+        elif est >= 0:
             for e in range(e0, e1):
                 y[base + e * est] = buf[e - e0]
         else:
@@ -68,49 +77,51 @@ def _store(y, base, el, est, code, e0, e1, buf):
 
 # ------------------------------------------------------------------ segment kernels
 
-@njit(cache=True, nogil=True, parallel=True)
-def seg_affine(x, xseg, xel, xest, code, y, yseg, yel, yest, ycode, s0, s1, e0, e1, scale, shift):
+@njit(cache=True, nogil=True, parallel=True, fastmath=_FM)
+def seg_affine(x, xseg, xel, xest, code, y, yseg, yel, yest, ycode, bounds, e0, e1, scale, shift):
     """y = x * scale[s] + shift[s] over segments [s0, s1), elements [e0, e1)."""
-    for s in prange(s0, s1):
-        buf = np.empty(e1 - e0, np.float32)
-        _load(x, xseg[s], xel, xest, code, e0, e1, buf)
-        a, b = scale[s], shift[s]
-        for i in range(e1 - e0):
-            buf[i] = buf[i] * a + b
-        _store(y, yseg[s], yel, yest, ycode, e0, e1, buf)
+    for t in prange(bounds.size - 1):
+        for s in range(bounds[t], bounds[t + 1]):
+            buf = np.empty(e1 - e0, np.float32)
+            _load(x, xseg[s], xel, xest, code, e0, e1, buf)
+            a, b = scale[s], shift[s]
+            for i in range(e1 - e0):
+                buf[i] = buf[i] * a + b
+            _store(y, yseg[s], yel, yest, ycode, e0, e1, buf)
 
 
-@njit(cache=True, nogil=True, parallel=True)
-def seg_normalize(x, xseg, xel, xest, code, y, yseg, yel, yest, ycode, s0, s1, L, eps, w, b, wstride,
+@njit(cache=True, nogil=True, parallel=True, fastmath=_FM)
+def seg_normalize(x, xseg, xel, xest, code, y, yseg, yel, yest, ycode, bounds, L, eps, w, b, wstride,
                   mean_out, rstd_out):
     """Whole segments on chip: mean, biased variance (two passes over the on-chip copy),
     y = (x - mean) * rstd * w + b; w/b per segment (wstride 0) or per element (1)."""
-    for s in prange(s0, s1):
+    for t in prange(bounds.size - 1):
         buf = np.empty(L, np.float32)
-        _load(x, xseg[s], xel, xest, code, 0, L, buf)
-        acc = 0.0
-        for i in range(L):
-            acc += buf[i]
-        mean = acc / L
-        sq = 0.0
-        for i in range(L):
-            d = buf[i] - mean
-            sq += d * d
-        rstd = 1.0 / math.sqrt(sq / L + eps)
-        mean_out[s] = mean
-        rstd_out[s] = rstd
-        m32, r32 = np.float32(mean), np.float32(rstd)
-        if wstride == 0:
-            a = r32 * w[s]
+        for s in range(bounds[t], bounds[t + 1]):
+            _load(x, xseg[s], xel, xest, code, 0, L, buf)
+            acc = 0.0
             for i in range(L):
-                buf[i] = (buf[i] - m32) * a + b[s]
-        else:
+                acc += buf[i]
+            mean = acc / L
+            sq = 0.0
             for i in range(L):
-                buf[i] = (buf[i] - m32) * r32 * w[i] + b[i]
-        _store(y, yseg[s], yel, yest, ycode, 0, L, buf)
+                d = buf[i] - mean
+                sq += d * d
+            rstd = 1.0 / math.sqrt(sq / L + eps)
+            mean_out[s] = mean
+            rstd_out[s] = rstd
+            m32, r32 = np.float32(mean), np.float32(rstd)
+            if wstride == 0:
+                a = r32 * w[s]
+                for i in range(L):
+                    buf[i] = (buf[i] - m32) * a + b[s]
+            else:
+                for i in range(L):
+                    buf[i] = (buf[i] - m32) * r32 * w[i] + b[i]
+            _store(y, yseg[s], yel, yest, ycode, 0, L, buf)
 
 
-@njit(cache=True, nogil=True, parallel=True)
+@njit(cache=True, nogil=True, parallel=True, fastmath=_FM)
 def seg_sums(x, xseg, xel, xest, code, s0, s1, e0, e1, shift, s1_acc, s2_acc):
     """Chunked statistics pass: shifted sums (float64) of elements [e0, e1)."""
     for s in prange(s0, s1):
@@ -134,7 +145,7 @@ def seg_first(x, xseg, xel, xest, code, s, out):
     out[s] = buf[0]
 
 
-@njit(cache=True, nogil=True, parallel=True)
+@njit(cache=True, nogil=True, parallel=True, fastmath=_FM)
 def seg_affine_el(x, xseg, xel, xest, code, y, yseg, yel, yest, ycode, s0, s1, e0, e1, mean, rstd, w, b):
     """Chunked layer-norm apply: y = (x - mean[s]) * rstd[s] * w[e] + b[e]."""
     for s in prange(s0, s1):
@@ -146,7 +157,7 @@ def seg_affine_el(x, xseg, xel, xest, code, y, yseg, yel, yest, ycode, s0, s1, e
         _store(y, yseg[s], yel, yest, ycode, e0, e1, buf)
 
 
-@njit(cache=True, nogil=True, parallel=True)
+@njit(cache=True, nogil=True, parallel=True, fastmath=_FM)
 def bn_bwd_sums(g, gseg, gel, gest, x, xseg, xel, xest, code, s0, s1, e0, e1, mean, sdy, sdyx):
     for s in prange(s0, s1):
         gb = np.empty(e1 - e0, np.float32)
@@ -163,7 +174,7 @@ def bn_bwd_sums(g, gseg, gel, gest, x, xseg, xel, xest, code, s0, s1, e0, e1, me
         sdyx[s] += q
 
 
-@njit(cache=True, nogil=True, parallel=True)
+@njit(cache=True, nogil=True, parallel=True, fastmath=_FM)
 def bn_bwd_apply(g, gseg, gel, gest, x, xseg, xel, xest, code, y, yseg, yel, yest, ycode, s0, s1, e0, e1,
                  mean, k1, k2, k3):
     """dx = k1[s] * dy - k2[s] - k3[s] * (x - mean[s])."""
@@ -178,37 +189,38 @@ def bn_bwd_apply(g, gseg, gel, gest, x, xseg, xel, xest, code, y, yseg, yel, yes
         _store(y, yseg[s], yel, yest, ycode, e0, e1, gb)
 
 
-@njit(cache=True, nogil=True, parallel=True)
-def bn_bwd_resident(g, gseg, gel, gest, x, xseg, xel, xest, code, y, yseg, yel, yest, ycode, s0, s1, L,
+@njit(cache=True, nogil=True, parallel=True, fastmath=_FM)
+def bn_bwd_resident(g, gseg, gel, gest, x, xseg, xel, xest, code, y, yseg, yel, yest, ycode, bounds, L,
                     mean, invstd, w, train, sdy_out, sdyx_out):
-    for s in prange(s0, s1):
-        gb = np.empty(L, np.float32)
-        xb = np.empty(L, np.float32)
-        _load(g, gseg[s], gel, gest, code, 0, L, gb)
-        _load(x, xseg[s], xel, xest, code, 0, L, xb)
-        a = 0.0
-        q = 0.0
-        m = mean[s]
-        for i in range(L):
-            a += gb[i]
-            q += gb[i] * (xb[i] - m)
-        sdy_out[s] = a
-        sdyx_out[s] = q
-        inv = invstd[s]
-        k1 = np.float32(w[s] * inv)
-        if train:
-            k2 = np.float32(w[s] * inv * a / L)
-            k3 = np.float32(w[s] * inv * inv * inv * q / L)
-        else:
-            k2 = np.float32(0.0)
-            k3 = np.float32(0.0)
-        m32 = np.float32(m)
-        for i in range(L):
-            gb[i] = k1 * gb[i] - k2 - k3 * (xb[i] - m32)
-        _store(y, yseg[s], yel, yest, ycode, 0, L, gb)
+    for t in prange(bounds.size - 1):
+        for s in range(bounds[t], bounds[t + 1]):
+            gb = np.empty(L, np.float32)
+            xb = np.empty(L, np.float32)
+            _load(g, gseg[s], gel, gest, code, 0, L, gb)
+            _load(x, xseg[s], xel, xest, code, 0, L, xb)
+            a = 0.0
+            q = 0.0
+            m = mean[s]
+            for i in range(L):
+                a += gb[i]
+                q += gb[i] * (xb[i] - m)
+            sdy_out[s] = a
+            sdyx_out[s] = q
+            inv = invstd[s]
+            k1 = np.float32(w[s] * inv)
+            if train:
+                k2 = np.float32(w[s] * inv * a / L)
+                k3 = np.float32(w[s] * inv * inv * inv * q / L)
+            else:
+                k2 = np.float32(0.0)
+                k3 = np.float32(0.0)
+            m32 = np.float32(m)
+            for i in range(L):
+                gb[i] = k1 * gb[i] - k2 - k3 * (xb[i] - m32)
+            _store(y, yseg[s], yel, yest, ycode, 0, L, gb)
 
 
-@njit(cache=True, nogil=True, parallel=True)
+@njit(cache=True, nogil=True, parallel=True, fastmath=_FM)
 def ln_bwd_rows(g, gseg, gel, gest, x, xseg, xel, xest, code, y, yseg, yel, yest, ycode, r0, r1, D,
                 mean, rstd, w, dw_part, db_part):
     """Layer-norm backward over rows [r0, r1); grad_weight/bias partials per worker."""
@@ -263,6 +275,12 @@ def _seg_tiles(ctx, S):
     return tile_starts(S, ctx.plan.config.tile("segments") or 1)
 
 
+def _bounds(tiles):
+    """Tile boundaries [s0, s1, s2, ...] for the one parallel call that runs all tiles (each
+    tile is processed by one host thread, in order, as the chip streams them)."""
+    return np.array([a for a, _ in tiles] + [tiles[-1][1]], np.int64)
+
+
 def _write_vec(ctx, t, vals):
     from .. import dtypes as _dt
 
@@ -299,9 +317,11 @@ def run_batch_norm_infer(ctx):
         ctx.ops((hi - lo) * ops_seg)
 
     if cfg.strategy == "resident":
-        for s0, s1 in _seg_tiles(ctx, S):
-            fold(s0, s1)
-            seg_affine(x, xseg, xel, xest, code, y, yseg, yel, yest, code, s0, s1, 0, L, scale, shift)
+        tiles = _seg_tiles(ctx, S)
+        for s0, s1 in tiles:
+            fold(s0, s1)      # each tile's parameters, resident beside it
+        seg_affine(x, xseg, xel, xest, code, y, yseg, yel, yest, code, _bounds(tiles), 0, L, scale, shift)
+        for s0, s1 in tiles:
             ctx.read((s1 - s0) * L * es)
             ctx.write((s1 - s0) * L * es)
             ctx.ops((s1 - s0) * L * ope[0])
@@ -311,7 +331,7 @@ def run_batch_norm_infer(ctx):
         for s in range(S):
             fold(s, s + 1)
             for e0, e1 in tile_starts(L, cfg.tile("elements")):
-                seg_affine(x, xseg, xel, xest, code, y, yseg, yel, yest, code, s, s + 1, e0, e1, scale, shift)
+                seg_affine(x, xseg, xel, xest, code, y, yseg, yel, yest, code, np.array([s, s + 1], np.int64), e0, e1, scale, shift)
                 ctx.read((e1 - e0) * es)
                 ctx.write((e1 - e0) * es)
                 ctx.ops((e1 - e0) * ope[0])
@@ -353,10 +373,12 @@ def run_batch_norm_train(ctx):
 
     stat_bytes = 2 * 4 + sum(_dt.itemsize(p.dtype_of(n)) for n in ("running_mean", "running_var") if p.has(n))
     if cfg.strategy == "resident":
-        for s0, s1 in _seg_tiles(ctx, S):
+        tiles = _seg_tiles(ctx, S)
+        for s0, s1 in tiles:
             params(s0, s1)
-            seg_normalize(x, xseg, xel, xest, code, y, yseg, yel, yest, code, s0, s1, L, eps, w_all, b_all,
-                          0, mean, rstd)
+        seg_normalize(x, xseg, xel, xest, code, y, yseg, yel, yest, code, _bounds(tiles), L, eps, w_all, b_all,
+                      0, mean, rstd)
+        for s0, s1 in tiles:
             ctx.read((s1 - s0) * L * es)
             ctx.write((s1 - s0) * (L * es + stat_bytes))
             ctx.ops((s1 - s0) * L * sum(ope))
@@ -384,7 +406,7 @@ def run_batch_norm_train(ctx):
             scale[s] = np.float32(w_all[s] * rstd[s])
             shift[s] = np.float32(b_all[s] - mean[s] * w_all[s] * rstd[s])
             for e0, e1 in chunks:
-                seg_affine(x, xseg, xel, xest, code, y, yseg, yel, yest, code, s, s + 1, e0, e1, scale, shift)
+                seg_affine(x, xseg, xel, xest, code, y, yseg, yel, yest, code, np.array([s, s + 1], np.int64), e0, e1, scale, shift)
                 ctx.read((e1 - e0) * es)
                 ctx.write((e1 - e0) * es)
                 ctx.ops((e1 - e0) * ope[1])
@@ -435,10 +457,12 @@ def run_batch_norm_backward(ctx):
 
     gbytes = 2 * es if wg else 0
     if cfg.strategy == "resident":
-        for s0, s1 in _seg_tiles(ctx, S):
+        tiles = _seg_tiles(ctx, S)
+        for s0, s1 in tiles:
             params(s0, s1)
-            bn_bwd_resident(g, gseg, gel, gest, x, xseg, xel, xest, code, y, yseg, yel, yest, code, s0, s1, L,
-                            mean, inv, w, train, sdy, sdyx)
+        bn_bwd_resident(g, gseg, gel, gest, x, xseg, xel, xest, code, y, yseg, yel, yest, code, _bounds(tiles), L,
+                        mean, inv, w, train, sdy, sdyx)
+        for s0, s1 in tiles:
             ctx.read((s1 - s0) * L * 2 * es)
             ctx.write((s1 - s0) * (L * es + gbytes))
             ctx.ops((s1 - s0) * L * sum(ope))
@@ -499,9 +523,10 @@ def run_layer_norm(ctx):
     if cfg.strategy == "resident":
         w = _vec(ctx, "weight", D, 1.0)
         b = _vec(ctx, "bias", D, 0.0)
-        for s0, s1 in _seg_tiles(ctx, M):
-            seg_normalize(x, xseg, xel, xest, code, y, yseg, yel, yest, code, s0, s1, D, eps, w, b, 1,
-                          mean, rstd)
+        tiles = _seg_tiles(ctx, M)
+        seg_normalize(x, xseg, xel, xest, code, y, yseg, yel, yest, code, _bounds(tiles), D, eps, w, b, 1,
+                      mean, rstd)
+        for s0, s1 in tiles:
             ctx.read((s1 - s0) * D * es)
             ctx.write((s1 - s0) * (D * es + 8))
             ctx.ops((s1 - s0) * (D * sum(ope) + ops_seg))
