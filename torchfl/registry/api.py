@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Iterable
 
 from torchfl.registry.engine import WRITE, check_sqlite_writable, check_url, create_registry_engine, file_missing, sqlite_file, translated
-from torchfl.registry.reader import pg_reader, sqlite_reader, timestamp
+from torchfl.registry.reader import pg_connect, pg_reader, sqlite_reader, timestamp
 from torchfl.registry.errors import ImportRefused, NotFound, RegistryUnavailable, SchemaMismatch
 from torchfl.registry.names import HEAD, REVISIONS, TABLE_NAMES
 from torchfl.registry.semver import semver_key
@@ -107,6 +107,7 @@ class Registry:
         self.url, self.is_default = resolve_url(url)
         self.backend = check_url(self.url)
         self._engine = None
+        self._pg = None  # psycopg connection for reads (PostgreSQL)
         self._schema_ok: str | None = None  # "head" or "newer" once checked
 
     # ------------------------------------------------------------------ plumbing
@@ -116,6 +117,9 @@ class Registry:
         return display_url(self.url)
 
     def close(self) -> None:
+        if self._pg is not None:
+            self._pg.close()
+            self._pg = None
         if self._engine is not None:
             self._engine.dispose()
             self._engine = None
@@ -147,8 +151,15 @@ class Registry:
                 with sqlite_reader(path) as reader:
                     yield reader
             else:
-                with pg_reader(self.url) as reader:
-                    yield reader
+                if self._pg is None or self._pg.closed or self._pg.broken:
+                    self._pg = pg_connect(self.url)  # kept: a planner reads many chips
+                try:
+                    with pg_reader(self._pg) as reader:
+                        yield reader
+                except Exception:
+                    self._pg.close()
+                    self._pg = None
+                    raise
 
     @contextlib.contextmanager
     def _read(self):

@@ -90,15 +90,23 @@ def pg_connect_args(url: str) -> dict:
     return args
 
 
-@contextlib.contextmanager
-def pg_reader(url: str):
-    """A read-only transaction over psycopg, without SQLAlchemy."""
+def pg_connect(url: str):
+    """A read-only psycopg connection (each use is one transaction; see :func:`pg_reader`)."""
     import psycopg
 
-    with psycopg.connect(**pg_connect_args(url)) as conn:
-        conn.read_only = True
+    conn = psycopg.connect(**pg_connect_args(url))
+    conn.read_only = True
+    return conn
+
+
+@contextlib.contextmanager
+def pg_reader(conn):
+    """One read-only transaction on ``conn``, without SQLAlchemy; always ended by a rollback."""
+    try:
         yield Reader(conn, "postgresql")
-        conn.rollback()
+    finally:
+        if not conn.closed:
+            conn.rollback()
 
 
 def timestamp(value) -> datetime:
