@@ -54,7 +54,7 @@ def value(text, env=ENV):
     ("anything[0] + 1", 4),
     ("1 if flag else 2", 2), ("'a' if groups == 2 else 'b'", "a"), ("1 if flag else 2 if flag else 3", 3),
     ("[s * 2 for s in stride]", [2, 4]), ("[t.shape[1] for t in tensors]", [2, 3]), ("range(3)", [0, 1, 2]),
-    ("range(1, 3)", [1, 2]), ("[groups if i == 1 else i for i in range(3)]", [0, 2, 2]),
+    ("range(1, 3)", [1, 2]), ("is_tensor(x)", True), ("is_tensor(groups)", False), ("is_tensor(y)", False), ("[groups if i == 1 else i for i in range(3)]", [0, 2, 2]),
 ])
 def test_every_construct_evaluates(text, expected):
     assert value(text) == expected

@@ -175,6 +175,16 @@ def test_kwargs_defaults_and_bad_arity():
     assert not m.ok and "inplace=" in str(m)
 
 
+def test_a_python_number_standing_for_a_tensor_binds_the_scalar_attr():
+    x = TensorMeta((2, 3), "float16")
+    m = match(CORE, CHIPS["NPU-V3"], "aten.mul.Tensor", Call((x, 0.5)))
+    assert m.ok and m.inputs["b"] is None and m.attrs["scalar"] == 0.5
+    m = match(CORE, CHIPS["NPU-V3"], "aten.mul.Tensor", Call((x, x)))
+    assert m.ok and m.inputs["b"] is x and m.attrs["scalar"] == 1
+    m = match(CORE, CHIPS["NPU-V3"], "aten.div.Tensor", Call((x, 0)))
+    assert not m.ok and "division by a zero scalar" in str(m)
+
+
 def test_guard_failures_name_the_rule_and_the_guard():
     x = TensorMeta((1, 8, 16, 16), "float16")
     w = TensorMeta((16, 8, 3, 3), "float16")

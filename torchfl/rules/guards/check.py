@@ -16,7 +16,7 @@ from torchfl.rules.guards import syntax as S
 from torchfl.rules.guards.types import (ANY, BOOL, FLOAT, INT, NONE, STR, Type, compatible, list_of, numeric,
                                         strip, unify)
 
-FUNCTIONS = ("len", "min", "max", "abs", "all", "any", "range")
+FUNCTIONS = ("len", "min", "max", "abs", "all", "any", "range", "is_tensor")
 
 
 class GuardTypeError(S.GuardSyntaxError):
@@ -198,6 +198,10 @@ class _Checker:
             if args[0].kind not in ("list", "str", "any") and not (args[0].kind == "record" and args[0].name == "tensor"):
                 raise GuardTypeError(f"len needs a list, string or tensor, not {args[0]}", n.start)
             return INT
+        if n.func == "is_tensor":
+            if len(args) != 1:
+                raise GuardTypeError("is_tensor takes one argument", n.start)
+            return BOOL
         if n.func == "range":
             if not 1 <= len(args) <= 2 or not all(strip(a).kind in ("int", "any") for a in args):
                 raise GuardTypeError("range takes one or two ints: range(n), range(a, b)", n.start)

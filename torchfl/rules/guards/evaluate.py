@@ -269,6 +269,10 @@ class Evaluator:
             if not isinstance(v, (list, tuple, str)):
                 self.fail(f"len of {_kind(v)} {self.src(n.args[0])}", n)
             return len(v)
+        if f == "is_tensor":
+            from torchfl.rules.call import TensorMeta
+
+            return isinstance(args[0], TensorMeta)
         if f == "range":
             if not all(isinstance(a, int) and not isinstance(a, bool) for a in args):
                 self.fail(f"range needs ints, got {show(args)}", n)

@@ -107,7 +107,7 @@ class _Parser:
         if t.text == "*" and "**" in self.text[max(0, t.start - 1): t.start + 2]:
             extra = " ('**' is not part of the guard language)"
         elif t.text == "(" and self.text[: t.start].rstrip()[-1:].isalnum():
-            extra = " (only len, min, max, abs, all, any and range can be called; there are no methods)"
+            extra = " (only len, min, max, abs, all, any, range and is_tensor can be called; there are no methods)"
         raise S.GuardSyntaxError(f"unexpected {t.text!r}{extra}", t.start)
 
     def expect(self, text: str) -> _Tok:
