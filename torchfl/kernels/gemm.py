@@ -77,19 +77,37 @@ def _pack_b(B, base, ks, ns, k0, tk, j0, tn, code, pb):
 
 
 @njit(cache=True, parallel=True)
-def _compute(pa, pb, acc, ldc, tm, tn, tk):
+def _compute(pa, pb, acc, ldc, tm, tn, tk, nthreads):
+    """acc[tm, tn] += A_tile @ B_tile on packed panels. Work is split over N panels when
+    there are enough of them (every thread then has the same share: FINDINGS), else over
+    blocks of MC rows; per thread the loops are BLIS's kc -> MC block -> NR panel -> MR panel."""
     npa = (tm + MR - 1) // MR
     npb = (tn + NR - 1) // NR
     nblk = (npa + MCP - 1) // MCP
-    for blk in prange(nblk):
-        p0 = blk * MCP
-        p1 = min(npa, p0 + MCP)
-        for kc0 in range(0, tk, KC):
-            kc = min(KC, tk - kc0)
-            for jp in range(npb):
-                boff = (jp * tk + kc0) * NR
-                for ip in range(p0, p1):
-                    ukernel_6x16(kc, pa, (ip * tk + kc0) * MR, pb, boff, acc, ip * MR * ldc + jp * NR, ldc)
+    if npb >= 2 * nthreads or nblk < nthreads:
+        nch = min(npb, nthreads)
+        for ch in prange(nch):
+            j0 = ch * npb // nch
+            j1 = (ch + 1) * npb // nch
+            for kc0 in range(0, tk, KC):
+                kc = min(KC, tk - kc0)
+                for blk in range(nblk):
+                    p0 = blk * MCP
+                    p1 = min(npa, p0 + MCP)
+                    for jp in range(j0, j1):
+                        boff = (jp * tk + kc0) * NR
+                        for ip in range(p0, p1):
+                            ukernel_6x16(kc, pa, (ip * tk + kc0) * MR, pb, boff, acc, ip * MR * ldc + jp * NR, ldc)
+    else:
+        for blk in prange(nblk):
+            p0 = blk * MCP
+            p1 = min(npa, p0 + MCP)
+            for kc0 in range(0, tk, KC):
+                kc = min(KC, tk - kc0)
+                for jp in range(npb):
+                    boff = (jp * tk + kc0) * NR
+                    for ip in range(p0, p1):
+                        ukernel_6x16(kc, pa, (ip * tk + kc0) * MR, pb, boff, acc, ip * MR * ldc + jp * NR, ldc)
 
 
 @njit(cache=True)
@@ -133,6 +151,9 @@ def run_float(A, a_rows, a_ks, B, b_base, b_ks, b_ns, C, c_rows, c_ns, *, M, N, 
 
     ``ln`` = (mean, rstd, gamma|None, beta|None) applies layer-norm while packing A.
     """
+    from numba import get_num_threads
+
+    nthreads = get_num_threads()
     batch = a_rows.shape[0]
     tm_pad = (min(TM, M) + MR - 1) // MR * MR
     ldc = (min(TN, N) + NR - 1) // NR * NR
@@ -179,7 +200,7 @@ def run_float(A, a_rows, a_ks, B, b_base, b_ks, b_ns, C, c_rows, c_ns, *, M, N, 
                     else:
                         _pack_b(B, b_base[0 if b_base.shape[0] == 1 else bt], b_ks, b_ns, k0, tk, j0, tn, code, pb)
                         rd += tk * tn * esa
-                    _compute(pa, pb, acc, ldc, tm, tn, tk)
+                    _compute(pa, pb, acc, ldc, tm, tn, tk, nthreads)
                     ops += 2 * tm * tn * tk
                 if has_bias and not b_res:
                     rd += tn * esb

@@ -108,37 +108,51 @@ def _attend(Q, qst, kp, vp, O, ost, M, mst, mkind, code, H, heads, Lq, Lk, D, Dv
                         for jp in range(npn):
                             ukernel_6x16(D, qpack, ip * D * MR, kp, kpo + (ks // NR + jp) * D * NR, S,
                                          ip * MR * NK + jp * NR, NK)
+                    if mkind != 0 or causal:
+                        for r in range(mq):
+                            i = qs + r
+                            so = r * NK
+                            for c in range(nk):
+                                s = S[so + c]
+                                if mkind == 1:
+                                    if M[mb + i * mst[2] + (ks + c) * mst[3]] == 0:
+                                        s = -np.inf
+                                elif mkind == 2:
+                                    s += decode(code, M[mb + i * mst[2] + (ks + c) * mst[3]])
+                                if causal and ks + c > i:
+                                    s = -np.inf
+                                S[so + c] = s
                     for r in range(mq):
-                        i = qs + r
                         so = r * NK
                         mx = mrow[r]
-                        for c in range(nk):
-                            s = S[so + c]
-                            if mkind == 1:
-                                if M[mb + i * mst[2] + (ks + c) * mst[3]] == 0:
-                                    s = -np.inf
-                            elif mkind == 2:
-                                s += decode(code, M[mb + i * mst[2] + (ks + c) * mst[3]])
-                            if causal and ks + c > i:
-                                s = -np.inf
-                            S[so + c] = s
-                            mx = max(mx, s)
+                        for c in range(nk):          # vectorised max
+                            mx = max(mx, S[so + c])
                         alpha = np.float32(0.0) if mrow[r] == -np.inf else exp32(mrow[r] - mx)
                         ssum = np.float32(0.0)
-                        pb = (r // MR) * NK * MR + r % MR
                         if mx == -np.inf:
                             for c in range(nk):
-                                ppack[pb + c * MR] = 0.0
+                                S[so + c] = 0.0
                         else:
-                            for c in range(nk):
+                            for c in range(nk):      # vectorised exp and sum, in place
                                 pv = exp32(S[so + c] - mx)
-                                ppack[pb + c * MR] = pv
+                                S[so + c] = pv
                                 ssum += pv
                         lrow[r] = lrow[r] * alpha + ssum
                         mrow[r] = mx
                         ao = r * Dvp
                         for e in range(Dvp):
                             acc[ao + e] *= alpha
+                    for ip in range(mqp):           # P into MR-row panels (rows >= mq stay 0)
+                        for rr in range(MR):
+                            r = ip * MR + rr
+                            pb = ip * NK * MR + rr
+                            if r < mq:
+                                so = r * NK
+                                for c in range(nk):
+                                    ppack[pb + c * MR] = S[so + c]
+                            else:
+                                for c in range(nk):
+                                    ppack[pb + c * MR] = 0.0
                     for ip in range(mqp):
                         for jp in range(npv):
                             ukernel_6x16(nk, ppack, ip * NK * MR, vp, vpo + (jp * Lkp + ks) * NR, acc,

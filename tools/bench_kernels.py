@@ -1,0 +1,164 @@
+#!/usr/bin/env python
+"""Kernel speed against PyTorch, side by side in one run (never a timed test).
+
+Each case runs the torchfl kernel through the catalog (``spec.run`` with the plan made
+for the reference chip: 8 MiB cache, every dtype) and the torch op on the same inputs,
+alternating, after a warm-up; medians of ``--runs`` (>= 5). ``ratio`` = torch_s /
+torchfl_s (higher is better); ``gflops`` is torchfl's rate; GEMM cases also report the
+fraction of the machine's fp32 peak (tools/peak.py). ``first_call_s`` is the first call
+(JIT compile, or a load from NUMBA_CACHE_DIR; ``--cold`` uses an empty cache directory).
+Cases whose kernel is not in the catalog are skipped with a note on stderr.
+
+    python tools/bench_kernels.py --json [--runs 7] [--cases gemm_f32_1024,softmax_f32] [--cold]
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+
+def _setup_cache(cold):
+    if cold:
+        os.environ["NUMBA_CACHE_DIR"] = tempfile.mkdtemp(prefix="torchfl-numba-cold-")
+    else:
+        os.environ.setdefault("NUMBA_CACHE_DIR", str(ROOT / ".cache" / "numba"))
+
+
+def cases():
+    import torch
+    import torch.nn.functional as F
+
+    g = torch.Generator().manual_seed(0)
+    r = lambda *s: torch.randn(*s, generator=g)
+    n = 1024
+    a, b = r(n, n), r(n, n)
+    ah, bh = a.half(), b.half()
+    q, k, v = r(1, 8, 1024, 64), r(1, 8, 1024, 64), r(1, 8, 1024, 64)
+    xs = r(8192, 1024)
+    xc = r(8, 64, 56, 56)
+    wc = r(64, 64, 3, 3)
+    xcl = xc.contiguous(memory_format=torch.channels_last)
+    xl, wl, bl = r(8192, 768), r(768), r(768)
+    conv_attrs = {"padding": (1, 1)}
+    return [
+        # case, kernel, inputs {name: (tensor, layout)}, attrs, torch fn, flops
+        ("gemm_f32_1024", "matmul", {"a": (a, None), "b": (b, None)}, {}, lambda: a @ b, 2 * n ** 3),
+        ("gemm_f16_1024", "matmul", {"a": (ah, None), "b": (bh, None)}, {}, lambda: ah @ bh, 2 * n ** 3),
+        ("attention_f32_s1024", "attention", {"q": (q, None), "k": (k, None), "v": (v, None)}, {},
+         lambda: F.scaled_dot_product_attention(q, k, v), 4 * 8 * 1024 * 1024 * 64),
+        ("softmax_f32", "softmax", {"x": (xs, None)}, {"dim": -1}, lambda: torch.softmax(xs, -1), 5 * xs.numel()),
+        ("conv3x3_nhwc_f32", "conv2d", {"x": (xc, "NHWC"), "weight": (wc, None)}, conv_attrs,
+         lambda: F.conv2d(xcl, wc, padding=1), 2 * 8 * 64 * 64 * 9 * 56 * 56),
+        ("conv3x3_nchw_f32", "conv2d", {"x": (xc, None), "weight": (wc, None)}, conv_attrs,
+         lambda: F.conv2d(xc, wc, padding=1), 2 * 8 * 64 * 64 * 9 * 56 * 56),
+        ("layernorm_f32", "layer_norm", {"x": (xl, None), "weight": (wl, None), "bias": (bl, None)},
+         {"normalized_shape": (768,), "eps": 1e-5}, lambda: F.layer_norm(xl, (768,), wl, bl), 8 * xl.numel()),
+    ]
+
+
+def _median(xs):
+    xs = sorted(xs)
+    return xs[len(xs) // 2]
+
+
+def run_case(case, kernel, inputs, attrs, torch_fn, flops, runs, chip, peak):
+    from torchfl.kernels import DeviceMemory, DeviceTensor
+    from torchfl.kernels.catalog import CATALOG
+
+    spec = CATALOG[kernel]
+    mem = DeviceMemory(chip)
+    dev = {nm: DeviceTensor.from_torch(t, mem, layout=lay) for nm, (t, lay) in inputs.items()}
+    prob = spec.problem({k: t.shape for k, t in dev.items()}, attrs, None,
+                        {k: t.layout for k, t in dev.items()}, {k: t.dtype for k, t in dev.items()})
+    plan = spec.tile(prob, chip)
+    t0 = time.perf_counter()
+    outs, counted = spec.run(chip, dev, attrs, plan=plan)
+    first = time.perf_counter() - t0
+    ref = torch_fn()
+    err = float((outs[0].to_torch().float() - ref.float()).abs().max()) if ref.numel() else 0.0
+    for o in outs:
+        o.free()
+    for _ in range(2):   # warm-up both (page faults, thread pools)
+        for o in spec.run(chip, dev, attrs, plan=plan)[0]:
+            o.free()
+        torch_fn()
+    tf, tt = [], []
+    for _ in range(runs):
+        t = time.perf_counter()
+        outs, _ = spec.run(chip, dev, attrs, plan=plan)
+        tf.append(time.perf_counter() - t)
+        for o in outs:
+            o.free()
+        t = time.perf_counter()
+        torch_fn()
+        tt.append(time.perf_counter() - t)
+    f, g = _median(tf), _median(tt)
+    res = {"case": case, "kernel": kernel, "torchfl_s": round(f, 6), "torch_s": round(g, 6),
+           "ratio": round(g / f, 3), "gflops": round(flops / f / 1e9, 2), "first_call_s": round(first, 2),
+           "max_abs_err": err, "strategy": plan.config.strategy, "counted_equals_predicted": counted == plan.traffic}
+    if peak and case.startswith("gemm_f32"):
+        res["fraction_of_peak"] = round(flops / f / 1e9 / peak, 3)
+    return res
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--json", action="store_true", help="one JSON object per line")
+    ap.add_argument("--runs", type=int, default=7, help="timed runs per side (median; at least 5)")
+    ap.add_argument("--cases", default="", help="comma-separated case names (default: all)")
+    ap.add_argument("--cold", action="store_true", help="empty NUMBA_CACHE_DIR: first_call_s is the compile time")
+    ap.add_argument("--threads", type=int, default=0,
+                    help="threads for both sides (default: all cores); 1 is steadier on a shared machine")
+    ap.add_argument("--no-peak", action="store_true", help="skip tools/peak.py's fp32 peak measurement")
+    a = ap.parse_args(argv)
+    if a.runs < 5:
+        ap.error("--runs must be at least 5")
+    _setup_cache(a.cold)
+    if a.threads:
+        os.environ["NUMBA_NUM_THREADS"] = str(a.threads)
+    import torch
+
+    if a.threads:
+        torch.set_num_threads(a.threads)
+
+    from torchfl.kernels import reference_chip
+    from torchfl.kernels.catalog import CATALOG
+
+    peak = None
+    if not a.no_peak:
+        sys.path.insert(0, str(ROOT / "tools"))
+        import peak as peakmod
+
+        peak = peakmod.fp32_peak(0.5)[0] / 1e9
+        info = {"case": "machine", "fp32_peak_gflops": round(peak, 1), "torch_threads": torch.get_num_threads()}
+        print(json.dumps(info) if a.json else f"fp32 peak {peak:.1f} GFLOP/s", flush=True)
+    want = {c for c in a.cases.split(",") if c}
+    chip = reference_chip()
+    for case, kernel, inputs, attrs, fn, flops in cases():
+        if want and case not in want:
+            continue
+        if kernel not in CATALOG:
+            print(f"note: {case}: kernel {kernel!r} is not in the catalog yet; skipped", file=sys.stderr)
+            continue
+        try:
+            res = run_case(case, kernel, inputs, attrs, fn, flops, a.runs, chip, peak)
+        except Exception as e:   # report and go on: one family's bug must not hide the others
+            print(f"note: {case}: failed: {type(e).__name__}: {e}", file=sys.stderr)
+            continue
+        if a.json:
+            print(json.dumps(res), flush=True)
+        else:
+            print(f"{case:22s} torchfl {res['torchfl_s'] * 1e3:8.2f} ms  torch {res['torch_s'] * 1e3:8.2f} ms  "
+                  f"ratio {res['ratio']:5.2f}  {res['gflops']:7.1f} GF/s  first {res['first_call_s']:.1f} s", flush=True)
+
+
+if __name__ == "__main__":
+    main()
