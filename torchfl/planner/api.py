@@ -73,7 +73,7 @@ def plan_captured(captured, example_inputs, hcd, packs, precision=None, strict=F
     ir = build_ir(captured, precision)
     check_graph(hcd, ir, precision)
     chip = chip_model or ChipModel.from_hcd(hcd)
-    pricer = Pricer(chip)
+    pricer = Pricer.for_chip(chip)
     cands = Generator(ir, hcd, packs, chip, pricer).run()
     if strict and cands.fallbacks:
         lines = [f"  {n} ({ir.nodes[n].op}): {why}" for n, why in cands.fallbacks.items()]

@@ -169,8 +169,11 @@ def _shared_cache(hcd, packs, chip) -> dict:
 
 
 def clear_caches() -> None:
-    """Forget every cached outcome (benchmarks measure cold planning with it)."""
+    """Forget every cached outcome and price (benchmarks measure cold planning with it)."""
+    from torchfl.planner.cost import _PRICERS
+
     _CACHES.clear()
+    _PRICERS.clear()
 
 
 class Generator:

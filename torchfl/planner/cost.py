@@ -57,8 +57,24 @@ def _kernel_price(kernel, shapes, attrs, dtype, layouts, dtypes, chip):
     return price_plan(spec.tile(problem, chip), chip, dtype), problem
 
 
+_PRICERS: dict = {}
+
+
 class Pricer:
-    """Caches conversion and cast prices per (shape, dtype, layouts) on one chip."""
+    """Caches conversion and cast prices per (shape, dtype, layouts) on one chip.
+
+    ``Pricer.for_chip(chip)`` shares one per chip model in the process (prices are pure
+    functions of the chip's numbers and the shape)."""
+
+    @classmethod
+    def for_chip(cls, chip) -> "Pricer":
+        key = (hash(chip), chip.cache_bytes, chip.offchip_bw, tuple(sorted(chip.peak.items())))
+        pricer = _PRICERS.get(key)
+        if pricer is None:
+            if len(_PRICERS) >= 16:
+                _PRICERS.pop(next(iter(_PRICERS)))
+            pricer = _PRICERS[key] = cls(chip)
+        return pricer
 
     def __init__(self, chip):
         self.chip = chip

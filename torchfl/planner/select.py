@@ -15,12 +15,15 @@ Method (exact for chains *and* DAGs while the state count stays under ``beam``):
    contracted graph, expanding each path in place. Every fusion group is a sub-path of
    such a path, so it is contiguous in this order (the contracted graph is acyclic: an
    edge can only leave a path at its last node).
-2. Dynamic programming over that order, one node per step: the state after node ``i`` is
-   the layouts of the values *live* there (produced at or before ``i``, possibly read
-   after it) plus the nodes *reserved* for a fusion group not yet completed. At node
-   ``i`` a transition either applies a single-node option, or reserves ``i`` for a group
-   it belongs to (no cost yet; its value's layout slot is ``RESERVED`` and nobody else may read it), or
-   completes a group whose last node is ``i`` (all its other members must be reserved).
+2. Dynamic programming over that order: the state after node ``i`` is the layouts of the
+   values *live* there (produced at or before ``i``, possibly read after it) plus the
+   nodes *reserved* for a fusion group not yet completed. A transition into node ``i``
+   applies a single-node option (from ``i-1``), or a fusion group contiguous in the
+   schedule that ends at ``i`` (from the node before its first member: one transition,
+   no reservation), or, for a group that is not contiguous (two single-user chains
+   merging into one node), reserves ``i`` for it (no cost yet; its value's layout slot
+   is ``RESERVED`` and nobody else may read it) or completes it at its last node (all
+   its other members must be reserved).
    Graph inputs have fixed layouts and are not in the state; a state with open
    reservations at the end is infeasible. This is a shortest path through the layered
    DAG of (node, state) pairs; it is exact for any DAG because a future cost depends only
@@ -152,7 +155,8 @@ def select(problem: Problem, beam: int = 256) -> Selection:
     # valid options: known nodes, inner values used only inside the group, not outputs
     users = _users(nodes)
     singles: dict[int, list[Option]] = {}
-    completes: dict[int, list[Option]] = {}
+    completes: dict[int, list[Option]] = {}  # fusion groups not contiguous in the schedule
+    segments: dict[int, list[tuple[int, Option]]] = {}  # contiguous fusion groups: (first position, option)
     groups_of: dict[int, list[tuple[str, ...]]] = {}  # position -> groups it may be reserved for
     covered: set[str] = set()
     dominant: dict[tuple, Option] = {}
@@ -179,10 +183,12 @@ def select(problem: Problem, beam: int = 256) -> Selection:
         dominant[shape_key] = opt
         if not inner:
             singles.setdefault(last, []).append(opt)
-        else:
-            completes.setdefault(last, []).append(opt)
-        if not inner:
             continue
+        start = pos[opt.nodes[0]]
+        if [pos[x] for x in opt.nodes] == list(range(start, last + 1)):
+            segments.setdefault(last, []).append((start, opt))  # contiguous: one transition, no reservation
+            continue
+        completes.setdefault(last, []).append(opt)
         for x in inner:
             lst = groups_of.setdefault(pos[x], [])
             if opt.nodes not in lst:
@@ -234,19 +240,18 @@ def select(problem: Problem, beam: int = 256) -> Selection:
     tables: list[dict[State, tuple[float, Any]]] = []
     exact = True
     max_states = 1
-    for p in range(n):
-        name = order[p]
-        before = live_index[p - 1] if p > 0 else {}
-        cmap = tuple(before.get(v, -1) for v in live[p])
-        table: dict[State, tuple[float, Any]] = {}
+    start_table: dict[State, tuple[float, Any]] = {((), ()): (0.0, None)}
+    maps: dict[tuple[int, int], Any] = {}
 
-        by_res: dict[tuple, list] = {}
-        for state, (cost, _back) in prev_table.items():
-            by_res.setdefault(state[1], []).append((state, cost))
-
-        width = len(live[p - 1]) if p > 0 else 0
-        idx = [k if k >= 0 else width for k in cmap]  # -1 -> the produced value, appended
-        if len(idx) == 0:
+    def state_map(src: int, dst: int):
+        """(live index at src, function building the layouts at dst) for a transition."""
+        hit = maps.get((src, dst))
+        if hit is not None:
+            return hit
+        before = live_index[src] if src >= 0 else {}
+        width = len(live[src]) if src >= 0 else 0
+        idx = [before.get(v, width) for v in live[dst]]  # width -> the produced value, appended
+        if not idx:
             def make(layouts, out_layout):
                 return ()
         elif len(idx) == 1:
@@ -259,8 +264,29 @@ def select(problem: Problem, beam: int = 256) -> Selection:
 
             def make(layouts, out_layout, getter=getter):
                 return getter(layouts + (out_layout,))
+        hit = maps[(src, dst)] = (before, make)
+        return hit
 
-        def apply(opt: Option, need_pairs):
+    groups_cache: dict[int, dict] = {}
+
+    def grouped(src: int):
+        g = groups_cache.get(src)
+        if g is None:
+            g = {}
+            for state, (cost, _back) in (tables[src] if src >= 0 else start_table).items():
+                g.setdefault(state[1], []).append((state, cost))
+            groups_cache[src] = g
+            groups_cache.pop(src - 64, None)  # segments reach back a few positions only
+        return g
+
+    for p in range(n):
+        name = order[p]
+        before = live_index[p - 1] if p > 0 else {}
+        cmap = tuple(before.get(v, -1) for v in live[p])
+        table: dict[State, tuple[float, Any]] = {}
+
+        def apply(opt: Option, need_pairs, src: int):
+            before, make = state_map(src, p)
             produced = opt.nodes[-1]
             base = opt.cost
             for need in required_out.get(produced, ()):
@@ -276,7 +302,7 @@ def select(problem: Problem, beam: int = 256) -> Selection:
             if base == INF:
                 return
             out_layout = opt.layout_out
-            for reserved, members in by_res.items():
+            for reserved, members in grouped(src).items():
                 if need_pairs:
                     if not all(pair in reserved for pair in need_pairs):
                         continue
@@ -295,12 +321,14 @@ def select(problem: Problem, beam: int = 256) -> Selection:
                     new = (make(layouts, out_layout), reserved)
                     old = table.get(new)
                     if old is None or total < old[0]:
-                        table[new] = (total, (state, opt))
+                        table[new] = (total, (state, opt, src))
 
         for opt in singles.get(p, ()):
-            apply(opt, ())
+            apply(opt, (), p - 1)
+        for start, opt in segments.get(p, ()):
+            apply(opt, (), start - 1)
         for opt in completes.get(p, ()):
-            apply(opt, tuple(sorted((m, opt.nodes) for m in opt.nodes[:-1])))
+            apply(opt, tuple(sorted((m, opt.nodes) for m in opt.nodes[:-1])), p - 1)
         for group in groups_of.get(p, ()):
             for state, (cost, _back) in prev_table.items():
                 layouts, reserved = state
@@ -308,7 +336,7 @@ def select(problem: Problem, beam: int = 256) -> Selection:
                        tuple(sorted(reserved + ((name, group),))))
                 old = table.get(new)
                 if old is None or cost < old[0]:
-                    table[new] = (cost, (state, None))
+                    table[new] = (cost, (state, None, p - 1))
         if len(table) > max_states:
             max_states = len(table)
         if len(table) > beam:
@@ -316,6 +344,7 @@ def select(problem: Problem, beam: int = 256) -> Selection:
             table = dict(sorted(table.items(), key=lambda kv: (kv[1][0], kv[0]))[:beam])
         tables.append(table)
         prev_table = table
+        groups_cache.pop(p, None)
         if not table:
             raise SelectionError(f"no feasible cover reaches node {name}: every option needs an impossible "
                                  "layout conversion")
@@ -324,12 +353,12 @@ def select(problem: Problem, beam: int = 256) -> Selection:
         raise SelectionError("no feasible cover: a fusion group could not be completed")
     final_state, (best, _b) = min(finals, key=lambda kv: (kv[1][0], kv[0]))
     chosen: list[Option] = []
-    state = final_state
-    for p in range(n - 1, -1, -1):
-        _cost, (prev_state, opt) = tables[p][state]
+    state, p = final_state, n - 1
+    while p >= 0:
+        _cost, (prev_state, opt, src) = tables[p][state]
         if opt is not None:
             chosen.append(opt)
-        state = prev_state
+        state, p = prev_state, src
     chosen.reverse()
     layouts = dict(problem.input_layouts)
     for opt in chosen:
