@@ -1,0 +1,60 @@
+"""Fused conv kernels (conv+relu, conv+bn, conv+bn+relu, conv+add+relu) vs torch, and the
+off-chip bytes fusion saves (the intermediate's round trip)."""
+import pytest
+import torch
+import torch.nn.functional as F
+
+from torchfl.kernels import ChipModel, DeviceMemory
+
+from .test_conv import close, dev, run_checked
+
+
+def _bn_params(K):
+    return (torch.rand(K) + 0.5, torch.randn(K), torch.randn(K), torch.rand(K) + 0.1)
+
+
+@pytest.mark.parametrize("name", ["conv2d_relu", "conv2d_bn", "conv2d_bn_relu", "conv2d_add_relu"])
+def test_fused_conv_matches_torch_and_saves_bytes(name):
+    chip = ChipModel()
+    mem = DeviceMemory(chip)
+    torch.manual_seed(4)
+    x, w, b = torch.randn(2, 8, 12, 10), torch.randn(16, 8, 3, 3), torch.randn(16)
+    gamma, beta, mean, var = _bn_params(16)
+    ins = {"x": dev(x, mem, "NHWC"), "weight": dev(w, mem), "bias": dev(b, mem)}
+    y0 = F.conv2d(x, w, b, padding=1)
+    ref = y0
+    if "bn" in name:
+        ins.update(bn_weight=dev(gamma, mem), bn_bias=dev(beta, mem), running_mean=dev(mean, mem),
+                   running_var=dev(var, mem))
+        ref = F.batch_norm(ref, mean, var, gamma, beta, False, 0.0, 1e-5)
+    if "add" in name:
+        r = torch.randn_like(y0)
+        ins["residual"] = dev(r, mem, "NHWC")
+        ref = ref + r
+    if "relu" in name:
+        ref = F.relu(ref)
+    (y,), fused = run_checked(name, chip, ins, {"padding": 1})
+    close(y.to_numpy(), ref.numpy(), "float32", scale=9)
+    # unfused: conv2d then the separate elementwise passes, each a full round trip
+    _, conv = run_checked("conv2d", chip, {k: ins[k] for k in ("x", "weight", "bias")}, {"padding": 1})
+    inter = 2 * 16 * 12 * 10 * 2 * 4   # bytes of the intermediate, read + written once more
+    assert fused.traffic.bytes < conv.traffic.bytes + inter
+    assert fused.traffic.bytes - conv.traffic.bytes < inter
+
+
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_fused_conv_bn_relu_half_nhcw(dtype):
+    chip = ChipModel()
+    mem = DeviceMemory(chip)
+    torch.manual_seed(6)
+    tdt = getattr(torch, dtype)
+    x, w = torch.randn(1, 8, 9, 7).to(tdt), torch.randn(16, 8, 3, 3).to(tdt)
+    gamma, beta, mean, var = (t.to(tdt) for t in _bn_params(16))
+    ins = {"x": dev(x, mem, "NHCW"), "weight": dev(w, mem), "bn_weight": dev(gamma, mem),
+           "bn_bias": dev(beta, mem), "running_mean": dev(mean, mem), "running_var": dev(var, mem)}
+    (y,), _ = run_checked("conv2d_bn_relu", chip, ins, {"padding": 1, "stride": 2})
+    ref = F.relu(F.batch_norm(F.conv2d(x.float(), w.float(), padding=1, stride=2), mean.float(), var.float(),
+                              gamma.float(), beta.float(), False, 0.0, 1e-5))
+    close(y.to_numpy(), ref.numpy(), dtype, scale=8)
