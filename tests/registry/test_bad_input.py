@@ -62,6 +62,7 @@ def test_url_in_environment_and_bad_url_syntax(registry_url, tmp_path):
     one_line_error(run_cli("list", env={"TORCHFL_REGISTRY_URL": url}), url.replace(":hunter2@", ":***@"))
     one_line_error(run_cli("--registry", "not a url", "list"), "not a database URL", "sqlite:///PATH")
     one_line_error(run_cli("--registry", "mysql://u@h/db", "list"), "not supported")
+    one_line_error(run_cli("--registry", "sqlite://", "list"), "in-memory", "sqlite:///PATH")
 
 
 def test_not_a_registry(registry_url, tmp_path):

@@ -17,9 +17,10 @@ from datetime import datetime
 from pathlib import Path
 from typing import Iterable
 
-from torchfl.registry.engine import WRITE, check_sqlite_writable, check_url, create_registry_engine, file_missing, sqlite_file, translated
+from torchfl.registry.engine import (WRITE, check_sqlite_writable, check_url, create_registry_engine, file_missing,
+                                     sqlite_file, translated)
 from torchfl.registry.reader import pg_connect, pg_reader, sqlite_reader, timestamp
-from torchfl.registry.errors import ImportRefused, NotFound, RegistryUnavailable, SchemaMismatch
+from torchfl.registry.errors import ImportRefused, NotFound, RegistryError, RegistryUnavailable, SchemaMismatch
 from torchfl.registry.names import HEAD, REVISIONS, TABLE_NAMES
 from torchfl.registry.semver import semver_key
 from torchfl.registry.url import display_url, resolve_url
@@ -156,6 +157,8 @@ class Registry:
                 try:
                     with pg_reader(self._pg) as reader:
                         yield reader
+                except RegistryError:  # an answer (e.g. not found), not a broken connection
+                    raise
                 except Exception:
                     self._pg.close()
                     self._pg = None

@@ -60,6 +60,10 @@ def sqlite_file(url: str) -> str | None:
 def check_url(url: str) -> str:
     """The backend of a supported URL, or RegistryUnavailable (SQLAlchemy parses only odd ones)."""
     backend = backend_of(url)
+    if backend == "sqlite" and "://" in url and sqlite_file(url) is None:
+        raise RegistryUnavailable(
+            f"{url!r} is an in-memory SQLite database, which vanishes with each connection; "
+            "give a file: sqlite:///PATH")
     if backend in ("sqlite", "postgresql") and "://" in url:
         return backend
     return parse_url(url).get_backend_name()  # raises the helpful error
