@@ -42,6 +42,12 @@ def test_first_use(registry_url, tmp_path):
             assert {c["name"] for c in data["chips"]} == expected
             assert data["url"] == f"sqlite:///{tmp_path}/data/torchfl/registry.sqlite3"
         assert (tmp_path / "data/torchfl/registry.sqlite3").exists()
+        # a data directory that cannot be created: one line, exit 2
+        (tmp_path / "afile").write_text("")
+        env["XDG_DATA_HOME"] = str(tmp_path / "afile" / "data")
+        p = _cli(env, "list")
+        out, err = p.communicate(timeout=120)
+        assert p.returncode == 2 and err.count("\n") == 1 and "Not a directory" in err and "--registry" in err
     else:
         env = _env(tmp_path, registry_url)
         out, err = _cli(env, "list").communicate(timeout=120)

@@ -208,8 +208,10 @@ class Registry:
         import fcntl
 
         path = Path(sqlite_file(self.url))
-        path.parent.mkdir(parents=True, exist_ok=True)
-        with open(path.with_name(path.name + ".lock"), "w") as lock:
+        with translated(self.url, writing=True):
+            path.parent.mkdir(parents=True, exist_ok=True)
+            lock = open(path.with_name(path.name + ".lock"), "w")
+        with lock:
             fcntl.flock(lock, fcntl.LOCK_EX)
             if path.exists() and self.schema_revision() == HEAD:
                 return
@@ -235,7 +237,8 @@ class Registry:
         if file_missing(self.url):
             if not create:
                 raise self._missing_error()
-            Path(sqlite_file(self.url)).parent.mkdir(parents=True, exist_ok=True)
+            with translated(self.url, writing=True):
+                Path(sqlite_file(self.url)).parent.mkdir(parents=True, exist_ok=True)
         with translated(self.url, writing=True), self._eng().connect() as conn:
             conn = conn.execution_options(**WRITE)
             with conn.begin():

@@ -167,6 +167,10 @@ def translated(url: str, *, writing: bool = False):
         raise RegistryUnavailable(
             f"registry {display_url(url)}: permission denied ({exc.filename or exc}); "
             "make it accessible or use another registry with --registry URL") from None
+    except OSError as exc:
+        raise RegistryUnavailable(
+            f"registry {display_url(url)}: {exc.strerror or exc} ({exc.filename or 'file system'}); check the "
+            "path and its permissions, or use another registry with --registry URL") from None
     except Exception as exc:
         if _is_db_error(exc):
             raise explain_db_error(exc, url, writing=writing) from None
