@@ -63,7 +63,7 @@ def demo(registry, quick, full_tables) -> None:
 
     from torchfl.registry import Registry, RegistryError
 
-    out = Console(highlight=False, soft_wrap=False)
+    out = Console(highlight=False, soft_wrap=True)
     t_start = time.perf_counter()
     progress = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
                         TextColumn("{task.completed}/{task.total}"), TimeElapsedColumn(), console=out,

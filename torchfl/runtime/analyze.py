@@ -140,8 +140,9 @@ class AnalyzedPlan:
         lines.append(f"Totals: off-chip bytes predicted {self.predicted_bytes:,} / measured {self.measured_bytes:,} "
                      f"({eq})")
         lines.append(f"        time predicted {_t(self.predicted_time_s)} / simulated from counts "
-                     f"{_t(self.simulated_time_s)}; wall {_t(self.wall_s)} (kernels {_t(self.kernel_s)}, "
-                     f"executor overhead {self.overhead_per_step_s * 1e6:.1f} us/step over {len(self.steps)} steps)")
+                     f"{_t(self.simulated_time_s)}; wall {_t(self.wall_s)} (kernels {_t(self.kernel_s)}; outside "
+                     f"kernels, with this run's weight uploads: {self.overhead_per_step_s * 1e6:.1f} us/step "
+                     f"over {len(self.steps)} steps)")
         lines.append(f"        peak device memory {self.peak_bytes:,} B")
         w = self.worst
         if w is not None:
