@@ -115,3 +115,13 @@ def test_init_seeds_bundled_chips_idempotently(registry_url):
         assert {"NPU-V2", "NPU-V3"} <= names and len(names) == len(bundled_hcds())
         again = r.init(seed=True)
         assert again["from"] == "0002" and again["seeded"]["added"] == 0
+
+
+def test_semver_precedence_of_the_specification(reg):
+    """semver.org §11's own example chain, stored shuffled, comes back in order; latest is the release."""
+    chain = ["1.0.0-alpha", "1.0.0-alpha.1", "1.0.0-alpha.beta", "1.0.0-beta", "1.0.0-beta.2", "1.0.0-beta.11",
+             "1.0.0-rc.1", "1.0.0", "2.0.0", "2.1.0", "2.1.1", "10.0.0"]
+    shuffled = chain[5:] + chain[:5]
+    reg.import_texts([(f"{v}.hcd", hcd_text("SPEC-1", v, count=1 + i)) for i, v in enumerate(shuffled)])
+    assert [i.version for i in reg.history("SPEC-1")] == chain
+    assert reg.chips()[0].latest == "10.0.0"
