@@ -184,6 +184,7 @@ class Generator:
         self.out = Candidates()
         self.layouts4 = tuple(hcd.layouts)
         self._match_cache = _shared_cache(hcd, packs, chip)  # call signature -> priced outcomes
+        self._sigs: dict = {}
         self._fx_users: dict[str, list] = {}
         for n in ir.nodes.values():
             for a in n.fx.all_input_nodes:
@@ -217,21 +218,31 @@ class Generator:
     def single(self, node):
         from torchfl.rules import candidates as rule_candidates
 
+        base, values = self._sig(node, None)
         for layout in self.layout_choices([node]):
-            builder = _CallBuilder(self.ir)
-            sig = builder.signature(node.fx, layout)
-            outcomes = self._match_cache.get(sig)
+            key = (base, layout)
+            outcomes = self._match_cache.get(key)
             if outcomes is None:
                 builder = _CallBuilder(self.ir)
-                call, sig = builder.call(node.fx, layout)
+                call, _sig = builder.call(node.fx, layout)
                 results = rule_candidates(self.packs, self.hcd, node.op, call, layout=layout)
-                outcomes = self._match_cache[sig] = self._record(results, builder, [node], layout)
+                outcomes = self._match_cache[key] = self._record(results, builder, [node], layout)
             if not outcomes:
                 from torchfl.rules.matching import no_rule_reason
 
                 self.out.rejected.append(((node.name,), None, (str(no_rule_reason(self.packs, node.op)),)))
                 return
-            self._replay([node], outcomes, builder, layout, "kernel")
+            self._replay([node], outcomes, values, layout, "kernel")
+
+    def _sig(self, node, step):
+        """Layout-free signature of a node's call and its value paths, once per (node, step):
+        the layout only changes the rank-4 non-static slots, so (signature, layout) is a key."""
+        key = (node.name, step)
+        hit = self._sigs.get(key)
+        if hit is None:
+            builder = _CallBuilder(self.ir)
+            hit = self._sigs[key] = (builder.signature(node.fx, None, step), builder.values)
+        return hit
 
     def _record(self, results, builder, nodes, layout):
         """Match/Rejection list -> replayable outcomes: kernel inputs as arg paths, already
@@ -302,14 +313,14 @@ class Generator:
         return ("match", kernel, tuple(inputs), priced, layout_out, _jsonable(dict(problem.attrs)), problem.dtype,
                 rule_id, warnings)
 
-    def _replay(self, nodes, outcomes, builder, layout, kind):
+    def _replay(self, nodes, outcomes, values, layout, kind):
         names = tuple(n.name for n in nodes)
         for o in outcomes:
             if o[0] == "reject":
                 self.out.rejected.append((names, o[1], o[2]))
                 continue
             _, kernel, inputs, priced, layout_out, attrs, dtype, rule_id, warnings = o
-            refs = [builder.values[path] for _k, path, _l in inputs]
+            refs = [values[path] for _k, path, _l in inputs]
             fx_nodes = []
             for n in nodes:
                 fx_nodes.append(n.name)
@@ -334,17 +345,22 @@ class Generator:
                 if group is None:
                     continue
                 nodes, step_nodes = group
+                values = {}
+                sigs = []
+                for sid, n in step_nodes.items():
+                    sig, vals = self._sig(n, sid)
+                    sigs.append((sid, sig))
+                    values.update(vals)
+                sigs = tuple(sigs)
                 for layout in self.layout_choices(nodes):
-                    builder = _CallBuilder(self.ir)
-                    sigs = tuple((sid, builder.signature(n.fx, layout, sid)) for sid, n in step_nodes.items())
-                    key = (fusion.id, sigs, tuple(n.op for n in nodes), tuple(n.static for n in nodes))
+                    key = (fusion.id, sigs, tuple(n.op for n in nodes), tuple(n.static for n in nodes), layout)
                     outcomes = self._match_cache.get(key)
                     if outcomes is None:
                         builder = _CallBuilder(self.ir)
                         calls = {sid: builder.call(n.fx, layout, sid)[0] for sid, n in step_nodes.items()}
                         m = match_fusion(fusion, self.hcd, calls, layout=layout)
                         outcomes = self._match_cache[key] = self._record([m], builder, nodes, layout)
-                    self._replay(nodes, outcomes, builder, layout, "fused")
+                    self._replay(nodes, outcomes, values, layout, "fused")
 
     def walk(self, fusion, start):
         """The IR nodes of ``fusion`` starting at ``start``, or None when the pattern does not match."""
