@@ -18,7 +18,7 @@ import numpy as np
 from numba import njit, prange
 
 from ..codecs import decode, encode16
-from .microkernel import MR, NR, mk6x16
+from .microkernel import MR, NR, mk6x16_taps
 
 
 
@@ -98,13 +98,15 @@ def _compute_range(slab, pix, cols, tc, wpk, tk, R, S, dh, dw, acc, ldc, mp0, mp
     """Float implicit GEMM for micro-panels [mp0, mp1) (6 pixels each)."""
     npanel = (tk + NR - 1) // NR
     if tk >= 8:
+        taps = np.empty(R * S, np.int64)
+        for r in range(R):
+            for s in range(S):
+                taps[r * S + s] = (r * dh * cols + s * dw) * tc
         for mp in range(mp0, mp1):
             for p in range(npanel):
-                for r in range(R):
-                    for s in range(S):
-                        tap = (r * dh * cols + s * dw) * tc
-                        boff = ((p * R + r) * S + s) * tc * NR
-                        mk6x16(slab, pix, mp * MR, tap, wpk, boff, tc, acc, mp * MR * ldc + p * NR, ldc)
+                # the packed panel p is contiguous over (r, s, c): one call covers all taps
+                mk6x16_taps(slab, pix, mp * MR, taps, R * S, wpk, p * R * S * tc * NR, tc, acc,
+                            mp * MR * ldc + p * NR, ldc)
     else:
         for m in range(mp0 * MR, mp1 * MR):
             row = m * ldc

@@ -76,3 +76,65 @@ def mk6x16(typingctx, A, pix, m0, tap, B, boff, kc, C, coff, ldc):
         return context.get_dummy_value()
 
     return sig, codegen
+
+
+@intrinsic
+def mk6x16_taps(typingctx, A, pix, m0, taps, ntaps, B, boff, kc, C, coff, ldc):
+    """The same 6x16 block, accumulated over ``ntaps`` kernel taps in registers (C is
+    loaded and stored once per block instead of once per tap):
+
+        acc[m, :] += sum_t sum_k A[pix[m0 + m] + taps[t] + k] * B[boff + 16 (t kc + k) : +16]
+    """
+    sig = types.void(A, pix, m0, taps, ntaps, B, boff, kc, C, coff, ldc)
+
+    def codegen(context, builder, signature, args):
+        a_arr, pix_arr, m0_v, taps_arr, nt_v, b_arr, boff_v, kc_v, c_arr, coff_v, ldc_v = args
+        sa = signature.args
+        A_ = context.make_array(sa[0])(context, builder, a_arr)
+        P_ = context.make_array(sa[1])(context, builder, pix_arr)
+        T_ = context.make_array(sa[3])(context, builder, taps_arr)
+        B_ = context.make_array(sa[5])(context, builder, b_arr)
+        C_ = context.make_array(sa[8])(context, builder, c_arr)
+        i64 = ir.IntType(64)
+        f32 = ir.FloatType()
+        v8 = ir.VectorType(f32, 8)
+        v8p = v8.as_pointer()
+        fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(v8, [v8, v8, v8]),
+                                             "llvm.fma.v8f32")
+        zero8 = ir.Constant(ir.VectorType(ir.IntType(32), 8), [0] * 8)
+        pixoff = []
+        for m in range(MR):
+            idx = builder.add(m0_v, ir.Constant(i64, m))
+            pixoff.append(builder.load(builder.gep(P_.data, [idx])))
+        cptr, accs = [], []
+        for m in range(MR):
+            rowoff = builder.add(coff_v, builder.mul(ldc_v, ir.Constant(i64, m)))
+            for h in range(2):
+                p = builder.bitcast(builder.gep(C_.data, [builder.add(rowoff, ir.Constant(i64, 8 * h))]), v8p)
+                cptr.append(p)
+                slot = cgutils.alloca_once(builder, v8)
+                builder.store(builder.load(p, align=4), slot)
+                accs.append(slot)
+        bbase = builder.gep(B_.data, [boff_v])
+        with cgutils.for_range(builder, nt_v) as tloop:
+            t = tloop.index
+            toff = builder.load(builder.gep(T_.data, [t]))
+            arow = [builder.gep(A_.data, [builder.add(po, toff)]) for po in pixoff]
+            bt = builder.gep(bbase, [builder.mul(builder.mul(t, kc_v), ir.Constant(i64, NR))])
+            with cgutils.for_range(builder, kc_v) as loop:
+                k = loop.index
+                bp = builder.gep(bt, [builder.mul(k, ir.Constant(i64, NR))])
+                b0 = builder.load(builder.bitcast(bp, v8p), align=4)
+                b1 = builder.load(builder.bitcast(builder.gep(bp, [ir.Constant(i64, 8)]), v8p), align=4)
+                for m in range(MR):
+                    a = builder.load(builder.gep(arow[m], [k]))
+                    av = builder.insert_element(ir.Constant(v8, ir.Undefined), a, ir.Constant(ir.IntType(32), 0))
+                    av = builder.shuffle_vector(av, ir.Constant(v8, ir.Undefined), zero8)
+                    for h, b in enumerate((b0, b1)):
+                        slot = accs[2 * m + h]
+                        builder.store(builder.call(fma, [av, b, builder.load(slot)]), slot)
+        for slot, p in zip(accs, cptr):
+            builder.store(builder.load(slot), p, align=4)
+        return context.get_dummy_value()
+
+    return sig, codegen
