@@ -105,7 +105,7 @@ def assemble(hcd, precision, ir, cands, selection, pricer, capture, input_layout
         info = ir.values.get(opt.nodes[-1])
         for o in outs:
             if o and info is not None:
-                add_value(o, _shape_of(ir, o, info), info.dtype if p.kind != "fallback" else info.dtype,
+                add_value(o, _shape_of(ir, o, info, ir.nodes.get(opt.nodes[-1])), info.dtype,
                           opt.layout_out, index, static)
 
     outputs = []
@@ -154,15 +154,12 @@ def assemble(hcd, precision, ir, cands, selection, pricer, capture, input_layout
                 summary=summary, notes=tuple(notes), capture=capture)
 
 
-def _shape_of(ir, fx_name, info):
-    node = ir.nodes.get(fx_name)
-    if node is None:
-        # a getitem output: its own meta
-        for n in ir.nodes.values():
-            if fx_name in n.outs:
-                for u in n.fx.users:
-                    if u.name == fx_name and "val" in u.meta and hasattr(u.meta["val"], "shape"):
-                        return tuple(int(s) for s in u.meta["val"].shape)
+def _shape_of(ir, fx_name, info, producer=None):
+    """Shape of an output value: a getitem output has its own meta."""
+    if fx_name not in ir.nodes and producer is not None:
+        for u in producer.fx.users:
+            if u.name == fx_name and "val" in u.meta and hasattr(u.meta["val"], "shape"):
+                return tuple(int(s) for s in u.meta["val"].shape)
     return info.shape
 
 
@@ -188,8 +185,7 @@ def _rejected(cands, selection):
     out = []
     for k in sorted(best_alt, key=lambda k: (position.get(k[0][-1], 0), k[0], str(k[1]), k[2])):
         opt = best_alt[k]
-        mine = list(dict.fromkeys(chosen_by_node[n].key for n in opt.nodes))
-        chosen = [o for o in selection.chosen if o.key in mine]
+        chosen = list({id(c): c for c in (chosen_by_node[n] for n in opt.nodes)}.values())
         chosen_cost = sum(o.cost for o in chosen)
         label = " + ".join(f"{o.payload.kernel or 'cpu'} ({o.layout_out})" for o in chosen)
         covered = {n for o in chosen for n in o.nodes}
