@@ -8,7 +8,7 @@ from ..codecs import decode, encode16
 from ..conv.impl import _code, _flat
 
 
-@njit(cache=True, nogil=True, parallel=True)
+@njit(cache=True, nogil=True)
 def gather(w, w0, w1, code, ids, i0, i1, c0, c1, V, out, ocode, D):
     """out[i, c0:c1] = w[ids[i], c0:c1] for i in [i0, i1); returns how many ids were out of range."""
     bad = 0

@@ -121,7 +121,7 @@ def seg_normalize(x, xseg, xel, xest, code, y, yseg, yel, yest, ycode, bounds, L
             _store(y, yseg[s], yel, yest, ycode, 0, L, buf)
 
 
-@njit(cache=True, nogil=True, parallel=True, fastmath=_FM)
+@njit(cache=True, nogil=True, fastmath=_FM)
 def seg_sums(x, xseg, xel, xest, code, s0, s1, e0, e1, shift, s1_acc, s2_acc):
     """Chunked statistics pass: shifted sums (float64) of elements [e0, e1)."""
     for s in prange(s0, s1):
@@ -145,7 +145,7 @@ def seg_first(x, xseg, xel, xest, code, s, out):
     out[s] = buf[0]
 
 
-@njit(cache=True, nogil=True, parallel=True, fastmath=_FM)
+@njit(cache=True, nogil=True, fastmath=_FM)
 def seg_affine_el(x, xseg, xel, xest, code, y, yseg, yel, yest, ycode, s0, s1, e0, e1, mean, rstd, w, b):
     """Chunked layer-norm apply: y = (x - mean[s]) * rstd[s] * w[e] + b[e]."""
     for s in prange(s0, s1):
@@ -157,7 +157,7 @@ def seg_affine_el(x, xseg, xel, xest, code, y, yseg, yel, yest, ycode, s0, s1, e
         _store(y, yseg[s], yel, yest, ycode, e0, e1, buf)
 
 
-@njit(cache=True, nogil=True, parallel=True, fastmath=_FM)
+@njit(cache=True, nogil=True, fastmath=_FM)
 def bn_bwd_sums(g, gseg, gel, gest, x, xseg, xel, xest, code, s0, s1, e0, e1, mean, sdy, sdyx):
     for s in prange(s0, s1):
         gb = np.empty(e1 - e0, np.float32)
@@ -174,7 +174,7 @@ def bn_bwd_sums(g, gseg, gel, gest, x, xseg, xel, xest, code, s0, s1, e0, e1, me
         sdyx[s] += q
 
 
-@njit(cache=True, nogil=True, parallel=True, fastmath=_FM)
+@njit(cache=True, nogil=True, fastmath=_FM)
 def bn_bwd_apply(g, gseg, gel, gest, x, xseg, xel, xest, code, y, yseg, yel, yest, ycode, s0, s1, e0, e1,
                  mean, k1, k2, k3):
     """dx = k1[s] * dy - k2[s] - k3[s] * (x - mean[s])."""

@@ -29,7 +29,7 @@ def _win(kind, o, n_in, n_out, k, s, p):
     return a, a + (k - 1) + 1, min(a + k, n_in + p) - a
 
 
-@njit(cache=True, nogil=True, parallel=True)
+@njit(cache=True, nogil=True)
 def pool_fwd(slab, cols, tc, lo_h, lo_w, H, W, kind, kh, kw, sh, sw, ph, pw, dh, dw, OH, OW,
              oh0, th, ow0, tw, include_pad, divisor, acc, idx):
     """Pool one output tile from the slab. Returns the window operations performed."""

@@ -18,7 +18,7 @@ from ..norm.impl import _load, _tables
 SUM, MEAN, AMAX = 0, 1, 2
 
 
-@njit(cache=True, nogil=True, parallel=True, fastmath={"reassoc", "contract"})
+@njit(cache=True, nogil=True, fastmath={"reassoc", "contract"})
 def reduce_tile(x, seg, el, est, code, m0, m1, R, tr, op, out, ocode):
     for m in prange(m0, m1):
         buf = np.empty(max(tr, 1), np.float32)
