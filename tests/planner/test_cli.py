@@ -36,6 +36,7 @@ def test_text_json_dot(registry):
     assert json.loads(out.stdout)["chip"] == "NPU-V3"
     out = run("mlp", "--chip", "NPU-V3", "--precision", "float16", "--format", "dot", registry=registry)
     assert out.stdout.startswith("digraph plan {") and "cluster_" in out.stdout
+    assert "\\\\n" not in out.stdout and "\\n" in out.stdout  # DOT line breaks, not literal backslashes
 
 
 def test_unknown_model_chip_format(registry):

@@ -126,7 +126,9 @@ def _colour(kernel: str | None) -> str:
 
 
 def _q(text: str) -> str:
-    return '"' + str(text).replace("\\", "\\\\").replace('"', '\\"') + '"'
+    """A DOT string literal; newlines become DOT's ``\\n`` line breaks."""
+    escaped = str(text).replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n")
+    return '"' + escaped + '"'
 
 
 def _dot(plan) -> str:
@@ -139,7 +141,7 @@ def _dot(plan) -> str:
     for st in plan.steps:
         sid = f"s{st.index}"
         colour = _colour(st.kernel if st.kind != "fallback" else None)
-        tip = f"{st.kind} {st.kernel or 'cpu'}\\n{st.layout_out} {st.dtype}\\n{_time(st.predicted_time_s)}"
+        tip = f"{st.kind} {st.kernel or 'cpu'}\n{st.layout_out} {st.dtype}\n{_time(st.predicted_time_s)}"
         if st.kind == "fused":
             out.append(f"  subgraph cluster_{st.index} {{")
             out.append(f"    label={_q(f'fused {st.kernel} ({_time(st.predicted_time_s)})')}; style=filled; "
@@ -153,8 +155,8 @@ def _dot(plan) -> str:
             entry[st.index], exit_[st.index] = names[0], names[-1]
         else:
             shape = {"cast": "hexagon", "layout": "parallelogram", "fallback": "octagon"}.get(st.kind, "box")
-            label = (f"{st.kernel or 'CPU'}\\n{_covers(st)}" if st.kind in ("kernel", "fallback")
-                     else f"{st.kernel}\\n{st.inputs[0]} -> {st.layout_out if st.kind == 'layout' else st.dtype}")
+            label = (f"{st.kernel or 'CPU'}\n{_covers(st)}" if st.kind in ("kernel", "fallback")
+                     else f"{st.kernel}\n{st.inputs[0]} -> {st.layout_out if st.kind == 'layout' else st.dtype}")
             out.append(f"  {_q(sid)} [shape={shape}, fillcolor={_q(colour)}, label={_q(label)}, "
                        f"tooltip={_q(tip)}];")
             entry[st.index] = exit_[st.index] = sid
