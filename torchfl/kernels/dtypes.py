@@ -22,21 +22,21 @@ int8       exact        int32 accumulation is exact; requantisation RNE within 1
 """
 from __future__ import annotations
 
-import numpy as np
-
 __all__ = ["DTYPES", "CODE", "storage_dtype", "itemsize", "encode", "decode", "check_dtype",
            "is_float", "from_torch_dtype", "torch_dtype"]
 
-# short name -> numpy storage dtype
+# short name -> numpy storage dtype name (numpy itself is imported lazily: the catalog
+# and the planner use itemsize() without loading numpy)
 DTYPES = {
-    "float32": np.dtype(np.float32),
-    "float16": np.dtype(np.uint16),
-    "bfloat16": np.dtype(np.uint16),
-    "int8": np.dtype(np.int8),
-    "int32": np.dtype(np.int32),
-    "int64": np.dtype(np.int64),
-    "bool": np.dtype(np.bool_),
+    "float32": "float32",
+    "float16": "uint16",
+    "bfloat16": "uint16",
+    "int8": "int8",
+    "int32": "int32",
+    "int64": "int64",
+    "bool": "bool",
 }
+ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2, "int8": 1, "int32": 4, "int64": 8, "bool": 1}
 
 # integer codes the jitted kernels branch on (one compiled body serves all floats)
 CODE = {"float32": 0, "float16": 1, "bfloat16": 2, "bfloat16_emulated": 3, "int8": 4,
@@ -51,12 +51,14 @@ def check_dtype(name: str) -> str:
     return name
 
 
-def storage_dtype(name: str) -> np.dtype:
-    return DTYPES[check_dtype(name)]
+def storage_dtype(name: str):
+    import numpy as np
+
+    return np.dtype(DTYPES[check_dtype(name)])
 
 
 def itemsize(name: str) -> int:
-    return storage_dtype(name).itemsize
+    return ITEMSIZE[check_dtype(name)]
 
 
 def is_float(name: str) -> bool:
@@ -70,7 +72,9 @@ def code(name: str, bf16_emulation: bool = False) -> int:
     return CODE[check_dtype(name)]
 
 
-def _f32_to_bf16_bits(x: np.ndarray) -> np.ndarray:
+def _f32_to_bf16_bits(x):
+    import numpy as np
+
     u = np.ascontiguousarray(x, dtype=np.float32).view(np.uint32)
     rounded = ((u + np.uint32(0x7FFF) + ((u >> np.uint32(16)) & np.uint32(1))) >> np.uint32(16))
     nan = np.isnan(x)
@@ -80,8 +84,10 @@ def _f32_to_bf16_bits(x: np.ndarray) -> np.ndarray:
     return out
 
 
-def encode(x, name: str) -> np.ndarray:
+def encode(x, name: str):
     """Logical values (any float/int array) -> storage array of dtype ``name`` (RNE)."""
+    import numpy as np
+
     x = np.asarray(x)
     if name == "float32":
         return x.astype(np.float32)
@@ -92,8 +98,10 @@ def encode(x, name: str) -> np.ndarray:
     return x.astype(storage_dtype(name))
 
 
-def decode(s, name: str) -> np.ndarray:
+def decode(s, name: str):
     """Storage array -> values (float32 for float dtypes, the integer/bool type otherwise)."""
+    import numpy as np
+
     s = np.asarray(s)
     if name == "float16":
         return s.view(np.float16).astype(np.float32)

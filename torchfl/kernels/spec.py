@@ -12,7 +12,6 @@ import importlib
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
-from . import dtypes as _dt
 from .errors import KernelError
 from .tiling import TilePlan, Traffic
 
@@ -158,7 +157,15 @@ class KernelSpec:
         return list(self.meta(problem))
 
     def tile(self, problem: Problem, chip) -> TilePlan:
-        return self.tiler(problem, chip)
+        """The plan for ``problem`` on ``chip`` (memoised: the planner asks repeatedly)."""
+        key = (problem.key, chip)
+        plan = _PLANS.get(key)
+        if plan is None:
+            plan = self.tiler(problem, chip)
+            if len(_PLANS) > 50_000:
+                _PLANS.clear()
+            _PLANS[key] = plan
+        return plan
 
     # -- execution --
     def run(self, chip, inputs: dict, attrs: dict | None = None, plan: TilePlan | None = None,
@@ -189,6 +196,9 @@ class KernelSpec:
         for o in outputs:
             o.check_alignment(chip.alignment, f"kernel {self.name}: output")
         return outputs, ctx.counted
+
+
+_PLANS: dict = {}
 
 
 def _first_dtype(spec, inputs):

@@ -112,17 +112,34 @@ def plan_attention(p, chip):
 
     best = None
 
+    def total_bytes(Br, Bc, kv_once):
+        """Bytes of schedule(Br, Bc, kv_once) without building it (the tiler scores many)."""
+        nfull, rest = divmod(Lq, Br)
+        if not causal:
+            keys_full = keys_rest = Lk
+            keys = Lk * (nfull + (1 if rest else 0))
+            mk = Lk * Lq * esm
+        else:
+            keys = mk = 0
+            for i0 in range(0, Lq, Br):
+                tq = min(Br, Lq - i0)
+                last = min(i0 + tq - 1, Lk - 1)
+                kk = min(Lk, (last // Bc + 1) * Bc) if last >= 0 else 0
+                keys += kk
+                mk += kk * tq * esm
+        per_head = Lq * D * es + Lq * Dv * es + mk + (Lk if kv_once else keys) * (D + Dv) * es
+        return heads * per_head
+
     def consider(strategy, Br, Bc, kv_once, fp):
         nonlocal best
         if fp > cache:
             return
-        groups = schedule(Br, Bc, kv_once)
-        total = sum(c * t.bytes for c, t in groups)
+        total = total_bytes(Br, Bc, kv_once)
         ntiles = heads * (-(-Lq // Br)) * (1 if kv_once else -(-max(Lk, 1) // Bc))
         rank = {"resident": 0, "kv_resident": 1, "streamed": 2}[strategy]
         score = (total, ntiles, rank)
         if best is None or score < best[0]:
-            best = (score, strategy, Br, Bc, kv_once, groups, fp)
+            best = (score, strategy, Br, Bc, kv_once, None, fp)
 
     Lk1 = max(Lk, 1)
     acc = 4
@@ -139,7 +156,9 @@ def plan_attention(p, chip):
             consider("streamed", Br, Bc, False, fp)
     if best is None:
         raise KernelError(f"attention: no tile of D={D}, Dv={Dv} fits the {cache} B cache of {chip.name}")
-    _, strategy, Br, Bc, kv_once, groups, fp = best
+    _, strategy, Br, Bc, kv_once, _, fp = best
+    groups = schedule(Br, Bc, kv_once)
+    assert sum(c * t.bytes for c, t in groups) == best[0][0]
     notes = {"resident": "all heads' q, k, v fit the cache: each loaded once",
              "kv_resident": f"each head's K and V loaded once; Q tiles of {Br} double-buffered",
              "streamed": f"Q tiles of {Br}, K/V tiles of {Bc} double-buffered, online softmax"}[strategy]

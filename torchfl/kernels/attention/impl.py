@@ -22,9 +22,9 @@ MQ = 48     # queries per CPU sub-block (multiple of MR)
 NK = 128    # keys per CPU sub-block (multiple of NR)
 
 
-@njit(cache=True, parallel=True)
+@njit(cache=True)
 def _prepack(K, kst, V, vst, code, H, heads, Lk, D, Dv, npk, npv, Lkp, kp, vp):
-    for bh in prange(heads):
+    for bh in range(heads):
         b, h = bh // H, bh % H
         kb = b * kst[0] + h * kst[1]
         vb = b * vst[0] + h * vst[1]

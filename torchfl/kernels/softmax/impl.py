@@ -59,15 +59,15 @@ def rows_bwd(g, y, out, m, L, kind):
                 out[o + j] = g[o + j] - exp32(y[o + j]) * s
 
 
-@njit(cache=True, parallel=True)
+@njit(cache=True)
 def dec(code, src, dst):
-    for i in prange(src.shape[0]):
+    for i in range(src.shape[0]):
         dst[i] = decode(code, src[i])
 
 
-@njit(cache=True, parallel=True)
+@njit(cache=True)
 def enc(code, src, dst):
-    for i in prange(src.shape[0]):
+    for i in range(src.shape[0]):
         dst[i] = encode16(code, src[i])
 
 
