@@ -144,6 +144,129 @@ def _store(acc, ldc, tm, tn, j0, C, crows, cns, code, alpha, beta, bias, has_bia
                 C[row + n * cns] = encode16(code, v)
 
 
+@njit(cache=True, parallel=True)
+def _tile(A, rows, a_ks, B, b_base, b_ks, b_ns, j0, tm, tn, K, TK, code, esa, esc, esb,
+          has_ln, mean, rstd, g, bb, has_g, has_b, pres, use_res,
+          acc, ldc, C, crows, c_ns, alpha, beta, bias, has_bias, act, nthreads, cnt):
+    """One C tile (all its K tiles) in ONE parallel region: each thread owns a slice of C
+    (its NR panels, or its MR panels when N is narrow), packs the B panels and the A blocks
+    it needs (the tile loads), runs the micro-kernel and stores its slice. Threads never
+    wait for each other. cnt[ch] = (bytes read, bytes written, ops) as the chip counts
+    them: every tile element loaded once, however many CPU threads packed a copy."""
+    npa = (tm + MR - 1) // MR
+    npb = (tn + NR - 1) // NR
+    split_n = npb >= 2 * nthreads or npa < 2 * nthreads
+    nch = max(1, min(npb if split_n else npa, nthreads))
+    epi = int(has_bias) + int(act > 0)
+    for ch in prange(nch):
+        if split_n:
+            jp0, jp1 = ch * npb // nch, (ch + 1) * npb // nch
+            ip0, ip1 = 0, npa
+        else:
+            jp0, jp1 = 0, npb
+            ip0, ip1 = ch * npa // nch, (ch + 1) * npa // nch
+        c0, c1 = jp0 * NR, min(tn, jp1 * NR)
+        r0, r1 = ip0 * MR, min(tm, ip1 * MR)
+        for r in range(r0, ip1 * MR):
+            for c in range(jp0 * NR, jp1 * NR):
+                acc[r * ldc + c] = 0.0
+        nj = jp1 - jp0
+        pbl = np.empty(nj * min(TK, K) * NR, np.float32)
+        pal = np.empty(MCP * MR * KC, np.float32)
+        rd = 0
+        for k0 in range(0, K, TK):
+            tk = min(TK, K - k0)
+            # --- tile loads (counted once per chip tile) ---
+            if split_n:
+                if ch == 0:
+                    rd += tm * tk * esa
+                if not use_res:
+                    rd += tk * (c1 - c0) * esa
+            else:
+                rd += tk * (r1 - r0) * esa
+                if ch == 0 and not use_res:
+                    rd += tk * tn * esa
+            if not use_res:
+                for jq in range(nj):
+                    jp = jp0 + jq
+                    full = (jp + 1) * NR <= tn
+                    for k in range(tk):
+                        o = (jq * tk + k) * NR
+                        src = b_base + (k0 + k) * b_ks + (j0 + jp * NR) * b_ns
+                        for c in range(NR):
+                            if full or jp * NR + c < tn:
+                                v = B[src + c * b_ns]
+                                pbl[o + c] = np.float32(v) if code == 0 else decode(code, v)
+                            else:
+                                pbl[o + c] = 0.0
+            for kc0 in range(0, tk, KC):
+                kc = min(KC, tk - kc0)
+                for p0 in range(ip0, ip1, MCP):
+                    p1 = min(ip1, p0 + MCP)
+                    # pack the A block [p0, p1) x [k0+kc0, +kc) (decode, layer-norm)
+                    for pp in range(p0, p1):
+                        for rr in range(MR):
+                            m = pp * MR + rr
+                            base = (pp - p0) * kc * MR + rr
+                            if m >= tm:
+                                for k in range(kc):
+                                    pal[base + k * MR] = 0.0
+                                continue
+                            off = rows[m] + (k0 + kc0) * a_ks
+                            if code == 0:
+                                for k in range(kc):
+                                    pal[base + k * MR] = np.float32(A[off + k * a_ks])
+                            else:
+                                for k in range(kc):
+                                    pal[base + k * MR] = decode(code, A[off + k * a_ks])
+                            if has_ln:
+                                mu = mean[m]
+                                rs = rstd[m]
+                                for k in range(kc):
+                                    v = (pal[base + k * MR] - mu) * rs
+                                    if has_g:
+                                        v = v * g[k0 + kc0 + k]
+                                    if has_b:
+                                        v = v + bb[k0 + kc0 + k]
+                                    pal[base + k * MR] = v
+                    for jp in range(jp0, jp1):
+                        if use_res:
+                            boff = (jp * K + k0 + kc0) * NR
+                            bsrc = pres
+                        else:
+                            boff = ((jp - jp0) * tk + kc0) * NR
+                            bsrc = pbl
+                        for ip in range(p0, p1):
+                            ukernel_6x16(kc, pal, (ip - p0) * kc * MR, bsrc, boff, acc, ip * MR * ldc + jp * NR, ldc)
+        # --- epilogue and store of this thread's slice ---
+        if has_bias and not use_res and ch == 0:
+            rd += tn * esb
+        plain = (not has_bias) and act == 0 and alpha == 1.0
+        for m in range(r0, r1):
+            row = crows[m] + j0 * c_ns
+            a0 = m * ldc
+            if plain and code == 0 and c_ns == 1:
+                for n in range(c0, c1):
+                    C[row + n] = acc[a0 + n]
+                continue
+            for n in range(c0, c1):
+                v = alpha * acc[a0 + n]
+                if has_bias:
+                    bv = bias[j0 + n]
+                    v += beta * (np.float32(bv) if code == 0 else decode(code, bv))
+                if act == 1:
+                    v = max(v, np.float32(0.0))
+                elif act >= 2:
+                    v = np.float32(_gelu(np.float64(v), act))
+                if code == 0:
+                    C[row + n * c_ns] = v
+                else:
+                    C[row + n * c_ns] = encode16(code, v)
+        cnt[ch, 0] = rd
+        cnt[ch, 1] = (r1 - r0) * (c1 - c0) * esc
+        cnt[ch, 2] = (r1 - r0) * (c1 - c0) * (2 * K + epi)
+
+
 def run_float(A, a_rows, a_ks, B, b_base, b_ks, b_ns, C, c_rows, c_ns, *, M, N, K, TM, TN, TK,
               b_res, code, esa, esc, bias=None, alpha=1.0, beta=1.0, act=0, ln=None, counter=None):
     """Run the tiled float GEMM over batches (a_rows/c_rows: [batch, M] element offsets,
@@ -157,8 +280,7 @@ def run_float(A, a_rows, a_ks, B, b_base, b_ks, b_ns, C, c_rows, c_ns, *, M, N, 
     batch = a_rows.shape[0]
     tm_pad = (min(TM, M) + MR - 1) // MR * MR
     ldc = (min(TN, N) + NR - 1) // NR * NR
-    pa = np.empty(tm_pad * min(TK, K) if not b_res else tm_pad * K, np.float32)
-    pb = np.empty(ldc * (K if b_res else min(TK, K)), np.float32)
+    pb = np.empty(ldc * K if b_res else 1, np.float32)
     acc = np.empty(tm_pad * ldc, np.float32)
     has_bias = bias is not None
     bias_arr = bias if has_bias else np.zeros(1, np.float32 if code == 0 else np.uint16)
@@ -172,42 +294,29 @@ def run_float(A, a_rows, a_ks, B, b_base, b_ks, b_ns, C, c_rows, c_ns, *, M, N, 
     rd = wr = ops = 0
     epi = int(has_bias) + int(act > 0)
     ln_ops = 4 if has_ln else 0
+    cnt = np.zeros((max(nthreads, 1), 3), np.int64)
     b_loaded = -1
     for bt in range(batch):
         rows_b = a_rows[bt]
         crow_b = c_rows[bt]
+        bkey = 0 if b_base.shape[0] == 1 else bt
+        if b_res and b_loaded != bkey:
+            _pack_b(B, b_base[bkey], b_ks, b_ns, 0, K, 0, N, code, pb)   # B loaded once, kept
+            rd += K * N * esa + (N * esb if has_bias else 0)
+            b_loaded = bkey
         for i0 in range(0, M, TM):
             tm = min(TM, M - i0)
-            rows = rows_b[i0:i0 + tm]
             for j0 in range(0, N, TN):
                 tn = min(TN, N - j0)
-                acc[:] = 0.0
-                for k0 in range(0, K, TK):
-                    tk = min(TK, K - k0)
-                    if has_ln:
-                        _pack_a(A, rows, a_ks, k0, tk, tm, code, pa, True, mean[i0:i0 + tm], rstd[i0:i0 + tm],
-                                g, bb, has_g, has_b)
-                    else:
-                        _pack_a(A, rows, a_ks, k0, tk, tm, code, pa, False, e32, e32, e32, e32, False, False)
-                    rd += tm * tk * esa
-                    ops += ln_ops * tm * tk
-                    if b_res:
-                        key = 0 if b_base.shape[0] == 1 else bt
-                        if b_loaded != key:
-                            _pack_b(B, b_base[key], b_ks, b_ns, 0, K, 0, N, code, pb)
-                            rd += K * N * esa + (N * esb if has_bias else 0)
-                            b_loaded = key
-                    else:
-                        _pack_b(B, b_base[0 if b_base.shape[0] == 1 else bt], b_ks, b_ns, k0, tk, j0, tn, code, pb)
-                        rd += tk * tn * esa
-                    _compute(pa, pb, acc, ldc, tm, tn, tk, nthreads)
-                    ops += 2 * tm * tn * tk
-                if has_bias and not b_res:
-                    rd += tn * esb
-                _store(acc, ldc, tm, tn, j0, C, crow_b[i0:i0 + tm], c_ns, code, np.float32(alpha),
-                       np.float32(beta), bias_arr, has_bias, code, act)
-                wr += tm * tn * esc
-                ops += tm * tn * epi
+                cnt[:] = 0
+                _tile(A, rows_b[i0:i0 + tm], a_ks, B, b_base[bkey], b_ks, b_ns, j0, tm, tn, K, TK, code,
+                      esa, esc, esb, has_ln, mean[i0:i0 + tm] if has_ln else e32, rstd[i0:i0 + tm] if has_ln else e32,
+                      g, bb, has_g, has_b, pb, b_res, acc, ldc, C, crow_b[i0:i0 + tm], c_ns, np.float32(alpha),
+                      np.float32(beta), bias_arr, has_bias, act, nthreads, cnt)
+                t = cnt.sum(axis=0)
+                rd += int(t[0])
+                wr += int(t[1])
+                ops += int(t[2]) + ln_ops * tm * K
     return rd, wr, ops
 
 
