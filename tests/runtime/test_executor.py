@@ -149,3 +149,27 @@ def test_tiling_mismatch_is_refused():
     ex = Executor(plan, small)
     with pytest.raises(PlanMismatch, match="re-plan"):
         ex.run((torch.randn(1, 3, 8, 8),))
+
+
+def test_caching_allocator_accounting_and_oom():
+    from torchfl.kernels import DeviceOOMError
+    from torchfl.runtime.device import caching_memory
+
+    chip = ChipModel(name="HAND-OOM", alignment=256, memory_bytes=64 << 10)
+    mem = caching_memory(chip)
+    a = mem.alloc(1000)
+    assert a.address % 256 == 0 and mem.memory_allocated() == 1024
+    a.free()
+    assert mem.memory_allocated() == 0 and mem.memory_reserved() == 1024
+    b = mem.alloc(900)                      # same granule: the cached block is reused
+    assert b.address == a.address and mem.memory_reserved() == 1024
+    with pytest.raises(ValueError, match="freed"):
+        a.view("uint8", (10,))
+    b.free()
+    big = mem.alloc(60 << 10)               # needs the cache emptied first: still fits
+    assert mem.memory_allocated() == 60 << 10
+    with pytest.raises(DeviceOOMError, match="out of memory on HAND-OOM"):
+        mem.alloc(8 << 10)
+    big.free()
+    mem.empty_cache()
+    assert mem.memory_reserved() == 0

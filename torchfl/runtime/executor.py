@@ -210,6 +210,8 @@ class Executor:
         for i, p in enumerate(self.preps):
             dead = [o for o in p.outputs if o and o not in last and o not in outs]
             p.free_after = p.free_after + tuple(dead)
+        for p in self.preps:          # static values stay on the device: never freed per call
+            p.free_after = tuple(v for v in p.free_after if v not in self.static_vals)
 
         self.out_spec = self._output_spec()
         self._base_env, self._base_pinned = {}, frozenset()
@@ -467,12 +469,12 @@ class Executor:
         return tuple(results)
 
     def _drop(self, env, name, refs, pinned):
-        from torchfl.kernels.tensor import DeviceTensor
-
         v = env.get(name)
-        if not isinstance(v, DeviceTensor) or name in self.static_vals:
+        buf = getattr(v, "buffer", None)
+        if buf is None or name in self.static_vals:
             return
-        b = id(v.buffer)
-        refs[b] -= 1
-        if refs[b] <= 0 and b not in pinned and not v.buffer.freed:
-            v.buffer.free()
+        b = id(buf)
+        n = refs[b] - 1
+        refs[b] = n
+        if n <= 0 and b not in pinned and not buf.freed:
+            buf.free()
