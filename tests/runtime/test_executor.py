@@ -173,3 +173,10 @@ def test_caching_allocator_accounting_and_oom():
     big.free()
     mem.empty_cache()
     assert mem.memory_reserved() == 0
+
+
+def test_analyze_reports_progress_per_step():
+    plan, _w = hand_plan()
+    seen = []
+    analyze(plan, (torch.randn(1, 3, 8, 8),), chip=CHIP, progress=lambda d, t, s: seen.append((d, t, s.index)))
+    assert seen == [(i + 1, len(plan.steps), i) for i in range(len(plan.steps))]

@@ -59,6 +59,7 @@ class Record:
     total_s: float = 0.0
     kernel_s: float = 0.0
     peak_bytes: int = 0
+    on_step: object = None     # callable(done, total, step) after each step (progress bars)
 
 
 def _kernel_layout(layout: str | None, rank: int):
@@ -435,6 +436,8 @@ class Executor:
                     refs[id(o.buffer)] += 1
             for v in p.free_after:
                 self._drop(env, v, refs, pinned)
+            if measuring and record.on_step is not None:
+                record.on_step(len(record.steps), len(self.preps), p.step)
 
         if not measuring and not static_cached:
             self._static_env = {v: env[v] for v in self.static_vals if v in env
