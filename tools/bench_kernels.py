@@ -64,6 +64,39 @@ def cases():
     ]
 
 
+def compile_probe(as_json):
+    """First call (compile, or cache load) and second call of one small problem per family."""
+    import torch
+
+    from torchfl.kernels import DeviceMemory, DeviceTensor, reference_chip
+    from torchfl.kernels.catalog import CATALOG
+
+    ch = reference_chip()
+    m = DeviceMemory(ch)
+    D = lambda x, lay=None: DeviceTensor.from_torch(x, m, layout=lay)  # noqa: E731
+    probes = [
+        ("matmul f32", "matmul", {"a": D(torch.randn(64, 64)), "b": D(torch.randn(64, 64))}, {}),
+        ("matmul f16", "matmul", {"a": D(torch.randn(64, 64).half()), "b": D(torch.randn(64, 64).half())}, {}),
+        ("matmul int8", "matmul", {"a": D(torch.randint(-5, 5, (8, 8), dtype=torch.int8)),
+                                   "b": D(torch.randint(-5, 5, (8, 8), dtype=torch.int8))}, {}),
+        ("attention f32", "attention", {k: D(torch.randn(1, 2, 64, 32)) for k in "qkv"}, {}),
+        ("softmax f32", "softmax", {"x": D(torch.randn(64, 64))}, {}),
+        ("elementwise f32 (add, broadcast)", "add", {"a": D(torch.randn(64, 64)), "b": D(torch.randn(64))}, {}),
+        ("elementwise f16 (gelu)", "gelu", {"a": D(torch.randn(64, 64).half())}, {}),
+        ("layout f32 (NCHW->NHWC)", "layout_transform", {"x": D(torch.randn(2, 3, 4, 5))}, {"layout": "NHWC"}),
+        ("cast f32->f16", "cast", {"x": D(torch.randn(64, 64))}, {"to": "float16"}),
+    ]
+    for name, k, ins, attrs in probes:
+        t = time.perf_counter()
+        CATALOG[k].run(ch, ins, attrs)
+        a = time.perf_counter() - t
+        t = time.perf_counter()
+        CATALOG[k].run(ch, ins, attrs)
+        b = time.perf_counter() - t
+        r = {"case": f"first_call {name}", "first_call_s": round(a, 2), "second_call_ms": round(b * 1e3, 2)}
+        print(json.dumps(r) if as_json else f"{name:34s} first {a:6.2f} s  second {b * 1e3:7.2f} ms", flush=True)
+
+
 def _median(xs):
     xs = sorted(xs)
     return xs[len(xs) // 2]
@@ -117,6 +150,8 @@ def main(argv=None):
     ap.add_argument("--cold", action="store_true", help="empty NUMBA_CACHE_DIR: first_call_s is the compile time")
     ap.add_argument("--threads", type=int, default=0,
                     help="threads for both sides (default: all cores); 1 is steadier on a shared machine")
+    ap.add_argument("--compile-times", action="store_true",
+                    help="only probe first-call time per family (use with --cold for compile time)")
     ap.add_argument("--no-peak", action="store_true", help="skip tools/peak.py's fp32 peak measurement")
     a = ap.parse_args(argv)
     if a.runs < 5:
@@ -132,6 +167,9 @@ def main(argv=None):
     from torchfl.kernels import reference_chip
     from torchfl.kernels.catalog import CATALOG
 
+    if a.compile_times:
+        compile_probe(a.json)
+        return
     peak = None
     if not a.no_peak:
         sys.path.insert(0, str(ROOT / "tools"))
