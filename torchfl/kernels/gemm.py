@@ -6,7 +6,8 @@ storage dtype (and layer-normalised for layernorm_linear) — which is the expli
 off-chip -> on-chip transfer, counted in bytes; the fp32 accumulator tile stays on chip;
 the epilogue (alpha, bias, activation, RNE encode) *stores* the tile, counted. Inside a
 loaded tile the CPU walks KC x MC sub-blocks with the LLVM-IR micro-kernel; that
-sub-blocking is a CPU cache detail and moves no emulated bytes.
+sub-blocking is a CPU cache detail and moves no emulated bytes. A resident B (plan
+``b_resident``) is packed once per batch by ``_pack_b`` and shared by every tile.
 """
 from __future__ import annotations
 
@@ -20,36 +21,6 @@ from .ukernel import MR, NR, ukernel_6x16
 
 KC = 256      # CPU sub-block along K (L1/L2 reuse of the packed panels)
 MCP = 16      # A panels (of MR rows) per parallel block: MC = 96 rows
-
-
-@njit(cache=True, parallel=True)
-def _pack_a(A, rows, ks, k0, tk, tm, code, pa, has_ln, mean, rstd, g, b, has_g, has_b):
-    npan = (tm + MR - 1) // MR
-    for p in prange(npan):
-        for r in range(MR):
-            m = p * MR + r
-            base = p * tk * MR + r
-            if m >= tm:
-                for k in range(tk):
-                    pa[base + k * MR] = 0.0
-                continue
-            off = rows[m] + k0 * ks
-            if code == 0:
-                for k in range(tk):
-                    pa[base + k * MR] = np.float32(A[off + k * ks])
-            else:
-                for k in range(tk):
-                    pa[base + k * MR] = decode(code, A[off + k * ks])
-            if has_ln:
-                mu = mean[m]
-                rs = rstd[m]
-                for k in range(tk):
-                    v = (pa[base + k * MR] - mu) * rs
-                    if has_g:
-                        v = v * g[k0 + k]
-                    if has_b:
-                        v = v + b[k0 + k]
-                    pa[base + k * MR] = v
 
 
 @njit(cache=True, parallel=True)
@@ -76,72 +47,12 @@ def _pack_b(B, base, ks, ns, k0, tk, j0, tn, code, pb):
                         pb[o + c] = 0.0
 
 
-@njit(cache=True, parallel=True)
-def _compute(pa, pb, acc, ldc, tm, tn, tk, nthreads):
-    """acc[tm, tn] += A_tile @ B_tile on packed panels. Work is split over N panels when
-    there are enough of them (every thread then has the same share: FINDINGS), else over
-    blocks of MC rows; per thread the loops are BLIS's kc -> MC block -> NR panel -> MR panel."""
-    npa = (tm + MR - 1) // MR
-    npb = (tn + NR - 1) // NR
-    nblk = (npa + MCP - 1) // MCP
-    if npb >= 2 * nthreads or nblk < nthreads:
-        nch = min(npb, nthreads)
-        for ch in prange(nch):
-            j0 = ch * npb // nch
-            j1 = (ch + 1) * npb // nch
-            for kc0 in range(0, tk, KC):
-                kc = min(KC, tk - kc0)
-                for blk in range(nblk):
-                    p0 = blk * MCP
-                    p1 = min(npa, p0 + MCP)
-                    for jp in range(j0, j1):
-                        boff = (jp * tk + kc0) * NR
-                        for ip in range(p0, p1):
-                            ukernel_6x16(kc, pa, (ip * tk + kc0) * MR, pb, boff, acc, ip * MR * ldc + jp * NR, ldc)
-    else:
-        for blk in prange(nblk):
-            p0 = blk * MCP
-            p1 = min(npa, p0 + MCP)
-            for kc0 in range(0, tk, KC):
-                kc = min(KC, tk - kc0)
-                for jp in range(npb):
-                    boff = (jp * tk + kc0) * NR
-                    for ip in range(p0, p1):
-                        ukernel_6x16(kc, pa, (ip * tk + kc0) * MR, pb, boff, acc, ip * MR * ldc + jp * NR, ldc)
-
-
 @njit(cache=True)
 def _gelu(v, act):
     if act == 2:
         return 0.5 * v * (1.0 + math.erf(v * 0.7071067811865476))
     u = 0.7978845608028654 * (v + 0.044715 * v * v * v)
     return 0.5 * v * (1.0 + math.tanh(u))
-
-
-@njit(cache=True, parallel=True)
-def _store(acc, ldc, tm, tn, j0, C, crows, cns, code, alpha, beta, bias, has_bias, bcode, act):
-    plain = (not has_bias) and act == 0 and alpha == 1.0
-    tmp = np.empty(0, np.float32)
-    for m in prange(tm):
-        row = crows[m] + j0 * cns
-        a0 = m * ldc
-        if plain and code == 0 and cns == 1:
-            for n in range(tn):
-                C[row + n] = acc[a0 + n]
-            continue
-        for n in range(tn):
-            v = alpha * acc[a0 + n]
-            if has_bias:
-                bv = bias[j0 + n]
-                v += beta * (np.float32(bv) if bcode == 0 else decode(bcode, bv))
-            if act == 1:
-                v = max(v, np.float32(0.0))
-            elif act >= 2:
-                v = np.float32(_gelu(np.float64(v), act))
-            if code == 0:
-                C[row + n * cns] = v
-            else:
-                C[row + n * cns] = encode16(code, v)
 
 
 @njit(cache=True, parallel=True)
