@@ -5,7 +5,9 @@
 Per case: the first call (plan + Numba kernel compile + run) is timed as first_compile_s;
 one more warm-up call; then ``--runs`` alternating timed calls of the compiled model and of
 eager torch fp32 on the same inputs, and their medians: torchfl_s, torch_eager_s,
-ratio = torch_eager_s / torchfl_s. Executor overhead per step = (wall time of the plan's
+ratio = torch_eager_s / torchfl_s. Eager is also timed alone before torchfl runs anything
+(torch_eager_alone_s, ratio_vs_eager_alone): the emulator's Numba worker threads can slow
+eager torch down when the two alternate on 2 cores. Executor overhead per step = (wall time of the plan's
 executors - wall time inside kernel calls) / number of steps executed, median over runs.
 The machine is shared: compare only figures from one run.
 """
@@ -42,6 +44,13 @@ def run_case(name, runs, registry=None):
 
     zoo, kw, chip, precision, note = CASES[name]
     model, inputs = load_model(zoo, **kw)
+    with torch.no_grad():          # eager alone, before any emulator thread exists
+        model(*inputs)
+        alone = []
+        for _ in range(runs):
+            t0 = time.perf_counter()
+            model(*inputs)
+            alone.append(time.perf_counter() - t0)
     compiled = torch.compile(model, backend="torchfl",
                              options={"chip": chip, "precision": precision, "registry": registry})
     with torch.no_grad():
@@ -69,6 +78,8 @@ def run_case(name, runs, registry=None):
     t_ours, t_eager = statistics.median(ours), statistics.median(eager)
     return {"case": name, "model": note, "chip": chip, "precision": precision,
             "torchfl_s": t_ours, "torch_eager_s": t_eager, "ratio": t_eager / t_ours,
+            "torch_eager_alone_s": statistics.median(alone),
+            "ratio_vs_eager_alone": statistics.median(alone) / t_ours,
             "first_compile_s": first, "executor_overhead_per_step_us": statistics.median(overhead) * 1e6,
             "steps": n_steps, "graphs": len(executors), "fallbacks": fb, "rel_err_vs_eager": rel,
             "runs": runs}
