@@ -31,7 +31,9 @@ def plan() -> None:
 @click.option("--strict", is_flag=True, help="Fail instead of falling back to the CPU for any op.")
 @click.option("--format", "fmt", type=click.Choice(["text", "json", "dot"]), default="text", show_default=True)
 @click.option("--registry", default=None, help="Registry URL (default: TORCHFL_REGISTRY_URL or the user's).")
-def explain(model, chip, batch, seq_len, heads, layers, precision, strict, fmt, registry) -> None:
+@click.option("--analyze", is_flag=True,
+              help="Execute the plan on the emulated chip; show predicted beside measured per step.")
+def explain(model, chip, batch, seq_len, heads, layers, precision, strict, fmt, registry, analyze) -> None:
     """Show the plan of MODEL (a zoo name: mlp, resnet18, resnet50, bert-base, bert-large,
     gpt2; or path/to/file.py:factory returning (module, example_inputs)) on --chip."""
     import os
@@ -56,7 +58,39 @@ def explain(model, chip, batch, seq_len, heads, layers, precision, strict, fmt, 
         if isinstance(exc, RegistryError):
             _fail("Error", str(exc))
         raise
+    if analyze:
+        if fmt == "dot":
+            _fail("Error", "--analyze prints text or json; use --format text or --format json")
+        analysed = _analyze(result, inputs, registry)
+        if fmt == "json":
+            import json
+
+            click.echo(json.dumps(analysed.to_dict(), indent=2, sort_keys=True))
+        else:
+            click.echo(result.explain("text"), nl=False)
+            click.echo(analysed.render())
+        return
     click.echo(result.explain(fmt), nl=False)
+
+
+def _analyze(plan, inputs, registry):
+    """Run the plan once with a progress bar (the first call of each kernel JIT-compiles)."""
+    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+    from torchfl.runtime.analyze import analyze
+
+    import torch.utils._pytree as pytree
+
+    flat = pytree.tree_leaves(inputs)
+    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                  transient=True, console=None) as progress:
+        task = progress.add_task("compiling kernels and running", total=len(plan.steps))
+
+        def on_step(done, total, step):
+            progress.update(task, completed=done, total=total,
+                            description=f"step {done}/{total}: {step.kernel or step.kind}")
+
+        return analyze(plan, flat, registry=registry, progress=on_step)
 
 
 def _fail(kind: str, message: str) -> None:
