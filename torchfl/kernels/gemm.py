@@ -185,9 +185,15 @@ def run_float(A, a_rows, a_ks, B, b_base, b_ks, b_ns, C, c_rows, c_ns, *, M, N, 
 
     ``ln`` = (mean, rstd, gamma|None, beta|None) applies layer-norm while packing A.
     """
-    from numba import get_num_threads
+    from .threads import threads_for
 
-    nthreads = get_num_threads()
+    with threads_for(2 * M * N * K * a_rows.shape[0]) as nthreads:
+        return _run_float(A, a_rows, a_ks, B, b_base, b_ks, b_ns, C, c_rows, c_ns, M, N, K, TM, TN, TK, b_res,
+                          code, esa, esc, bias, alpha, beta, act, ln, nthreads)
+
+
+def _run_float(A, a_rows, a_ks, B, b_base, b_ks, b_ns, C, c_rows, c_ns, M, N, K, TM, TN, TK, b_res, code, esa,
+               esc, bias, alpha, beta, act, ln, nthreads):
     batch = a_rows.shape[0]
     tm_pad = (min(TM, M) + MR - 1) // MR * MR
     ldc = (min(TN, N) + NR - 1) // NR * NR

@@ -225,8 +225,11 @@ def run_attention(ctx):
     _prepack(Kf, kst, Vf, vst, code, H, heads, Lk, D, Dv, npk, npv, Lkp, kp, vp)
     nq = -(-Lq // Br)
     cnt = np.zeros((heads * nq, 3), np.int64)
-    _attend(Qf, qst, kp, vp, Of, ost, Mf, mst, mkind, code, H, heads, Lq, Lk, D, Dv, npk, npv, Lkp,
-            Br, Bc, kv_once, bool(p.attrs["causal"]), scale, es, esm, cnt)
+    from ..threads import threads_for
+
+    with threads_for(heads * Lq * Lk * (2 * D + 2 * Dv)):
+        _attend(Qf, qst, kp, vp, Of, ost, Mf, mst, mkind, code, H, heads, Lq, Lk, D, Dv, npk, npv, Lkp,
+                Br, Bc, kv_once, bool(p.attrs["causal"]), scale, es, esm, cnt)
     tot = cnt.sum(axis=0)
     ctx.read(int(tot[0]))
     ctx.write(int(tot[1]))
