@@ -71,7 +71,7 @@ def plan_captured(captured, example_inputs, hcd, packs, precision=None, strict=F
     check_precision(hcd, precision)
     check_layout_inputs(hcd, example_inputs)
     ir = build_ir(captured, precision)
-    check_graph(hcd, ir, precision)
+    check_graph(hcd, ir, precision, unbatched=frozenset(captured.extra.get("unbatched", ())))
     chip = chip_model or ChipModel.from_hcd(hcd)
     pricer = Pricer.for_chip(chip)
     cands = Generator(ir, hcd, packs, chip, pricer).run()

@@ -90,6 +90,8 @@ def assemble(hcd, precision, ir, cands, selection, pricer, capture, input_layout
             name = plan_name(ir_name, fx_name)
             ins.append(need(name, lay, consumer))
             lays.append(lay)
+        if p.kind != "fallback" and p.kernel_inputs:
+            ins, lays = _positional(p.kernel, p.kernel_inputs, ins, lays)
         index = len(steps)
         outs = tuple(p.outs) if p.outs else (opt.nodes[-1],)
         static = p.static and all(i in static_values for i in ins)
@@ -105,8 +107,11 @@ def assemble(hcd, precision, ir, cands, selection, pricer, capture, input_layout
         info = ir.values.get(opt.nodes[-1])
         for o in outs:
             if o and info is not None:
-                add_value(o, _shape_of(ir, o, info, ir.nodes.get(opt.nodes[-1])), info.dtype,
-                          opt.layout_out, index, static)
+                shape = _shape_of(ir, o, info, ir.nodes.get(opt.nodes[-1]))
+                # a multi-output op's side outputs (batch-norm's saved mean/invstd) have
+                # another rank than the main one: they are stored in their identity layout
+                layout = opt.layout_out if len(shape) == len(opt.layout_out) else identity_layout(len(shape))
+                add_value(o, shape, info.dtype, layout, index, static)
 
     outputs = []
     for fx_name in ir.outputs:
@@ -211,3 +216,20 @@ def _rejected(cands, selection):
         seen.add(key)
         out.append(Rejected(tuple(nodes), kernel or "(no rule)", tuple(reasons)))
     return tuple(out)
+
+
+def _positional(kernel: str, names, ins: list, lays: list) -> tuple[list, list]:
+    """Inputs in the kernel's own order, ``""`` for an omitted optional one (the Plan contract).
+
+    Candidates list only the inputs a call provides; a conv without bias must not shift its
+    batch-norm inputs one place left.
+    """
+    from torchfl.kernels.catalog import CATALOG
+
+    order = CATALOG[kernel].input_names
+    given = dict(zip(names, zip(ins, lays)))
+    if set(given) - set(order):
+        return ins, lays  # not a spec-named binding: leave as produced
+    last = max(order.index(n) for n in given) if given else -1
+    picked = [given.get(n, ("", "")) for n in order[: last + 1]]
+    return [v for v, _ in picked], [lay for _, lay in picked]

@@ -57,8 +57,13 @@ def input_layouts(example_inputs) -> list[str | None]:
     return out
 
 
-def check_graph(hcd, ir, precision):
-    """Rank, batch, sequence, attention heads and dtype limits over every value and op."""
+def check_graph(hcd, ir, precision, unbatched=frozenset()):
+    """Rank, batch, sequence, attention heads and dtype limits over every value and op.
+
+    ``unbatched`` names graph inputs that carry no batch dimension although they are
+    inputs of the graph: the parameters and buffers an AOTAutograd forward graph takes as
+    primals, and every input of a backward graph (activations saved by the forward,
+    which already checked the user's inputs)."""
     chip = hcd.chip.name
     max_rank = hcd.tensor.max_rank
     for name, info in ir.values.items():
@@ -69,6 +74,8 @@ def check_graph(hcd, ir, precision):
                 field="tensor.max_rank", limit=max_rank, value=info.rank, node=name)
     cons = hcd.constraints
     for name, kind, _target, info in ir.placeholders:
+        if name in unbatched:
+            continue
         if kind == "input" and info.rank >= 1 and info.shape[0] > cons.max_batch_size:
             raise HardConstraintError(
                 f"Batch size {info.shape[0]} of input {name} exceeds max_batch_size {cons.max_batch_size} of "

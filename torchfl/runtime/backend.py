@@ -225,10 +225,11 @@ class _Entry:
 class CompiledGraph:
     """What the backend returns for one graph: plans per input signature, executes."""
 
-    def __init__(self, gm, options: Options, kind: str = "inference"):
+    def __init__(self, gm, options: Options, kind: str = "inference", static_positions=()):
         self.gm = gm
         self.options = options
         self.kind = kind            # inference | forward | backward
+        self.static_positions = tuple(static_positions)  # forward: Dynamo inputs that are weights
         self.entries: dict = {}
 
     # -- planning --
@@ -247,7 +248,8 @@ class CompiledGraph:
 
         gm = _concrete(self.gm, args)
         hcd, packs = resolve(o.chip, o.registry)
-        plan = plan_captured(_captured_aot(gm, self.kind), (), hcd, packs, precision=o.precision,
+        plan = plan_captured(_captured_aot(gm, self.kind, self.static_positions), (), hcd, packs,
+                             precision=o.precision,
                              strict=o.strict)
         return plan, tuple(range(len(args)))
 
@@ -316,16 +318,24 @@ def _concrete(gm, args):
         return make_fx(gm, tracing_mode="real")(*args)
 
 
-def _captured_aot(gm, kind):
-    """The planner's Captured for an AOTAutograd graph (all placeholders are inputs)."""
+def _captured_aot(gm, kind, static_positions=()):
+    """The planner's Captured for an AOTAutograd graph (all placeholders are inputs).
+
+    Parameters change at every optimiser step, so they stay inputs (never cached), but
+    they carry no batch dimension: the forward's weight primals (the Dynamo graph's static
+    inputs, same positions) and every backward input are exempt from the batch limit."""
     from torchfl.planner.capture import Captured
 
     placeholders = [(n.name, "input", i) for i, n in
                     enumerate(n for n in gm.graph.nodes if n.op == "placeholder")]
+    if kind == "backward":
+        unbatched = [name for name, _k, _i in placeholders]
+    else:
+        unbatched = [placeholders[i][0] for i in static_positions if i < len(placeholders)]
     out_node = next(n for n in gm.graph.nodes if n.op == "output")
     flat = out_node.args[0] if isinstance(out_node.args[0], (list, tuple)) else [out_node.args[0]]
     outputs = [getattr(a, "name", None) for a in flat]
-    return Captured(gm, placeholders, {}, outputs, training=True, extra={"graph": kind})
+    return Captured(gm, placeholders, {}, outputs, training=True, extra={"graph": kind, "unbatched": unbatched})
 
 
 # ---------------------------------------------------------------- the backend
@@ -359,9 +369,15 @@ def torchfl_backend(gm, example_inputs, options=None, **kwargs):
     except Exception as exc:   # unknown chip, registry unavailable: raised at the call
         return _deferred(exc)
 
+    static = _static_positions(example_inputs)
+
     def compiler(kind):
         def compile_aot(aot_gm, _example_inputs):
-            return make_boxed_func(CompiledGraph(aot_gm, opts, kind))
+            n_user = sum(1 for n in aot_gm.graph.nodes if n.op == "placeholder")
+            # the forward's primals are the Dynamo graph's inputs, in order (no extra ones
+            # when no input is mutated); otherwise exempt nothing rather than guess
+            ok = kind != "forward" or n_user == len(example_inputs)
+            return make_boxed_func(CompiledGraph(aot_gm, opts, kind, static if ok else ()))
         return compile_aot
 
     return aot_autograd(fw_compiler=compiler("forward"), bw_compiler=compiler("backward"),

@@ -106,7 +106,8 @@ def _meta(p):
     lay = p.layouts.get("x")
     C, _ = segments(p)
     if k == "batch_norm_infer":
-        return [TensorMeta(x, p.dtype, lay)]
+        # as ATen's _native_batch_norm_legit_no_training: (out, empty save_mean, empty save_invstd)
+        return [TensorMeta(x, p.dtype, lay), TensorMeta((0,), "float32"), TensorMeta((0,), "float32")]
     if k == "batch_norm_train":
         out = [TensorMeta(x, p.dtype, lay), TensorMeta((C,), "float32"), TensorMeta((C,), "float32")]
         if p.has("running_mean"):

@@ -312,9 +312,10 @@ def run_batch_norm_infer(ctx):
 
     p, chip = ctx.problem, ctx.chip
     S, L = segments(p)
-    (yt,) = ctx.outputs()
+    outs = ctx.outputs()
+    yt = outs[0]
     if S * L == 0:
-        return [yt]
+        return outs
     x, xseg, xel, xest = _tables(ctx.inputs["x"], (1,))
     y, yseg, yel, yest = _tables(yt, (1,))
     code = _code(p.dtype, chip)
@@ -354,7 +355,7 @@ def run_batch_norm_infer(ctx):
                 ctx.read((e1 - e0) * es)
                 ctx.write((e1 - e0) * es)
                 ctx.ops((e1 - e0) * ope[0])
-    return [yt]
+    return outs
 
 
 def run_batch_norm_train(ctx):
