@@ -44,6 +44,48 @@ def rows_fwd(x, out, m, L, kind):
 
 
 @njit(cache=True, parallel=True, fastmath=True)
+def tiles_fwd(x, out, rows, L, T, kind, es, cost, cnt):
+    """All streamed tiles of a contiguous fp32 softmax in one parallel call: the tiles are
+    the parallel units (one wake-up of the worker threads, not one per tile); each tile
+    counts its own load, store and ops in cnt[tile]."""
+    nt = (rows + T - 1) // T
+    for t in prange(nt):
+        r0 = t * T
+        m = min(T, rows - r0)
+        o = r0 * L
+        rows_fwd_serial(x[o:o + m * L], out[o:o + m * L], m, L, kind)
+        cnt[t, 0] = m * L * es
+        cnt[t, 1] = m * L * es
+        cnt[t, 2] = m * L * cost
+
+
+@njit(cache=True, fastmath=True)
+def rows_fwd_serial(x, out, m, L, kind):
+    for r in range(m):
+        o = r * L
+        mx = np.float32(-np.inf)
+        for j in range(L):
+            mx = max(mx, x[o + j])
+        if mx == -np.inf:
+            mx = np.float32(0.0)
+        s = np.float32(0.0)
+        if kind == 0:
+            for j in range(L):
+                e = exp32(x[o + j] - mx)
+                out[o + j] = e
+                s += e
+            inv = np.float32(1.0) / s
+            for j in range(L):
+                out[o + j] *= inv
+        else:
+            for j in range(L):
+                s += exp32(x[o + j] - mx)
+            lse = mx + np.float32(math.log(s))
+            for j in range(L):
+                out[o + j] = x[o + j] - lse
+
+
+@njit(cache=True, parallel=True, fastmath=True)
 def rows_bwd(g, y, out, m, L, kind):
     for r in prange(m):
         o = r * L
@@ -101,6 +143,15 @@ def run_softmax(ctx):
     if plan.config.strategy == "row_split":
         return _row_split(ctx, accs, oacc, out, rows, L, code, es, kind, cost)
     T = plan.config.tile("rows")
+    ntiles = -(-rows // T)
+    if kind <= 1 and code == 0 and accs[0].contiguous and oacc.contiguous and ntiles >= 2:
+        cnt = np.zeros((ntiles, 3), np.int64)
+        tiles_fwd(accs[0].flat, oacc.flat, rows, L, T, kind, es, cost, cnt)
+        tot = cnt.sum(axis=0)
+        ctx.read(int(tot[0]))
+        ctx.write(int(tot[1]))
+        ctx.ops(int(tot[2]))
+        return [out]
     f32 = [np.empty(min(T, rows) * L, np.float32) for _ in names]
     res = np.empty(min(T, rows) * L, np.float32)
     for r0 in range(0, rows, T):
