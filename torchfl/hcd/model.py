@@ -104,26 +104,27 @@ class Chip(_Model):
         description="The device string users write for this chip, e.g. npu_v3.")
 
 
-class FloatUnit(_Model):
+class _Unit(_Model):
+    """What every compute unit states: how many, and the layouts it computes in."""
+
+    count: int = Field(gt=0, le=1_000_000, description="Number of units of this kind (cores).")
+    supported_layouts: Optional[list[Layout]] = Field(
+        default=None, min_length=1,
+        description="Tensor layouts this unit computes in (permutations of dimension letters).")
+
+
+class FloatUnit(_Unit):
     """A floating-point matrix/vector unit (fp16, bf16 or fp32)."""
 
-    count: int = Field(gt=0, le=1_000_000, description="Number of units of this kind (cores).")
     peak_tflops: float = Field(gt=0, le=100_000, description="Aggregate peak of all `count` units, in TFLOPS "
                                                              "(10^12 floating-point operations per second).")
-    supported_layouts: Optional[list[Layout]] = Field(
-        default=None, min_length=1,
-        description="Tensor layouts this unit computes in (permutations of dimension letters).")
 
 
-class IntUnit(_Model):
+class IntUnit(_Unit):
     """An integer unit (int8 with int32 accumulation)."""
 
-    count: int = Field(gt=0, le=1_000_000, description="Number of units of this kind (cores).")
     peak_tops: float = Field(gt=0, le=1_000_000, description="Aggregate peak of all `count` units, in TOPS "
                                                              "(10^12 integer operations per second).")
-    supported_layouts: Optional[list[Layout]] = Field(
-        default=None, min_length=1,
-        description="Tensor layouts this unit computes in (permutations of dimension letters).")
 
 
 class AttentionUnit(_Model):
