@@ -1,0 +1,41 @@
+"""A published (name, version) is immutable: the bundled chips and rule packs may not change
+content without a version bump, or every registry seeded from an earlier torchfl refuses
+them at seeding (``make demo`` then fails on an existing machine).
+
+When you change a bundled file on purpose: bump its version, then record the new hash here.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from torchfl.hcd import load_hcd
+from torchfl.resources import bundled_hcds, bundled_rule_packs
+from torchfl.rules import load_pack
+
+PUBLISHED = {
+    ("DSP-M4", "0.9.1"): "5b9a93780d04a69cec4b312c19be4f1d9410a4c5605dec0242c174f8fcf09b5a",
+    ("EDGE-C2", "3.0.0"): "1b10d932f09d42e505b2aef0cd02c2dc1a5395ec9a1a511c851223f3dbb4d2ae",
+    ("NPU-E1", "1.2.0"): "4f934dd534df4f30be43d72ac43bec694cb8f9c5b157036a56f59dfa1ed6d67f",
+    ("NPU-V2", "2.1.0"): "57bfa8264a5ca897ccf720c9a1d3986528a038c646d6a493b5bcc6a0105280e9",
+    ("NPU-V3", "1.0.0"): "ab6bd6b896bf28af70188c7884e3459fc0fdf467bda1d05e4d138cd6033bfa4e",
+    ("TFL-X1", "1.0.0"): "58ed6ce9e2f24330ee0a818a27c3990df003cba35b4c57aaa5cdcf67b57e7da0",
+    ("core", "1.1.0"): "c15736687fbf9c6d338ee2193ad39a6d79876ac13502aaa81e6c1f3270708664",
+}
+
+
+def _bundled():
+    for path in bundled_hcds():
+        h = load_hcd(path)
+        yield path.name, h.chip.name, h.chip.version, h.content_hash()
+    for path in bundled_rule_packs():
+        p = load_pack(path)
+        yield path.name, p.name, p.version, p.content_hash()
+
+
+@pytest.mark.parametrize("file,name,version,digest", list(_bundled()), ids=lambda v: str(v)[:16])
+def test_bundled_content_matches_its_published_version(file, name, version, digest):
+    known = PUBLISHED.get((name, version))
+    assert known is not None, f"{file}: {name} {version} is new; record its hash {digest} in PUBLISHED"
+    assert digest == known, (f"{file}: the content of {name} {version} changed (hash {digest}, published "
+                             f"{known}); bump its version and record the new hash")
