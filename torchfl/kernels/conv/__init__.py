@@ -27,7 +27,7 @@ from .. import dtypes as _dt
 from ..errors import KernelError
 from ..spec import KernelSpec, TensorMeta
 from ..tiling import TileConfig, Traffic, make_plan
-from .geometry import clipped, conv_out_size, pow2_candidates, tile_starts, window_span
+from .geometry import clipped, pair, conv_out_size, pow2_candidates, tile_starts, window_span
 
 __all__ = ["KERNELS", "conv_geometry", "conv_tiling", "conv_bwd_input_tiling",
            "conv_bwd_weight_tiling"]
@@ -42,24 +42,13 @@ _QUANT_ATTRS = {"x_scale": 1.0, "x_zero_point": 0, "w_scale": 1.0, "w_zero_point
 _EPI_OPS = {"bias": 1, "bn": 2, "residual": 1, "relu": 1}
 
 
-def _pair(v, name, kernel):
-    if isinstance(v, int):
-        v = (v, v)
-    v = tuple(v)
-    if len(v) == 1:
-        v = (v[0], v[0])
-    if len(v) != 2 or not all(isinstance(i, int) for i in v):
-        raise KernelError(f"kernel {kernel}: {name} must be an int or a pair of ints, got {v!r}")
-    return v
-
-
 def conv_geometry(p) -> dict:
     """All sizes of a conv problem (forward or backward), validated."""
     k = p.kernel
     a = p.attrs
-    stride = _pair(a["stride"], "stride", k)
-    pad = _pair(a["padding"], "padding", k)
-    dil = _pair(a["dilation"], "dilation", k)
+    stride = pair(a["stride"], "stride", k)
+    pad = pair(a["padding"], "padding", k)
+    dil = pair(a["dilation"], "dilation", k)
     g = a["groups"]
     if min(stride) < 1 or min(dil) < 1 or min(pad) < 0 or not isinstance(g, int) or g < 1:
         raise KernelError(f"kernel {k}: stride and dilation must be >= 1, padding >= 0, groups a "

@@ -8,8 +8,24 @@ here, so the bytes they count cannot disagree.
 """
 from __future__ import annotations
 
-__all__ = ["conv_out_size", "pool_out_size", "window_span", "adaptive_span",
+from ..errors import KernelError
+
+__all__ = ["pair", "conv_out_size", "pool_out_size", "window_span", "adaptive_span",
            "tile_starts", "clipped", "layout_strides", "check_layout"]
+
+
+def pair(v, name: str, kernel: str, allow_none: bool = False):
+    """An int or 1-/2-sequence of ints as an (h, w) pair (None kept when allowed), or KernelError."""
+    if v is None and allow_none:
+        return None
+    if isinstance(v, int):
+        v = (v, v)
+    v = tuple(v)
+    if len(v) == 1:
+        v = (v[0], v[0])
+    if len(v) != 2 or not all(isinstance(i, int) for i in v):
+        raise KernelError(f"kernel {kernel}: {name} must be an int or a pair of ints, got {v!r}")
+    return v
 
 
 def conv_out_size(n: int, k: int, stride: int, pad: int, dil: int) -> int:

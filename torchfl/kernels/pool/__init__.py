@@ -14,7 +14,7 @@ from collections import Counter
 from functools import lru_cache
 
 from .. import dtypes as _dt
-from ..conv.geometry import (adaptive_span, clipped, pool_out_size, pow2_candidates, tile_starts,
+from ..conv.geometry import (adaptive_span, clipped, pair, pool_out_size, pow2_candidates, tile_starts,
                              window_span)
 from ..errors import KernelError
 from ..spec import KernelSpec, TensorMeta
@@ -60,19 +60,6 @@ class Axis:
         return lo, max(lo, hi)
 
 
-def _pair(v, name, kernel, allow_none=False):
-    if v is None and allow_none:
-        return None
-    if isinstance(v, int):
-        v = (v, v)
-    v = tuple(v)
-    if len(v) == 1:
-        v = (v[0], v[0])
-    if len(v) != 2 or not all(isinstance(i, int) for i in v):
-        raise KernelError(f"kernel {kernel}: {name} must be an int or a pair of ints, got {v!r}")
-    return v
-
-
 def pool_geometry(p) -> dict:
     """Validated sizes of a pooling problem: N, C, H, W, OH, OW and the two axes."""
     k, a = p.kernel, p.attrs
@@ -86,15 +73,15 @@ def pool_geometry(p) -> dict:
                           + ("" if fwd else "; pass attrs input_shape=(N, C, H, W)"))
     N, C, H, W = shape
     if k.startswith("adaptive"):
-        osz = _pair(a["output_size"], "output_size", k)
+        osz = pair(a["output_size"], "output_size", k)
         if min(osz) < 0 or (min(osz) == 0 and H * W):
             raise KernelError(f"kernel {k}: output_size must be positive, got {osz}")
         ax = (Axis("adaptive", H, osz[0]), Axis("adaptive", W, osz[1]))
     else:
-        ks = _pair(a["kernel_size"], "kernel_size", k)
-        st = _pair(a["stride"], "stride", k, allow_none=True) or ks
-        pad = _pair(a["padding"], "padding", k)
-        dil = _pair(a.get("dilation", 1), "dilation", k)
+        ks = pair(a["kernel_size"], "kernel_size", k)
+        st = pair(a["stride"], "stride", k, allow_none=True) or ks
+        pad = pair(a["padding"], "padding", k)
+        dil = pair(a.get("dilation", 1), "dilation", k)
         if min(ks) < 1 or min(st) < 1 or min(dil) < 1 or min(pad) < 0:
             raise KernelError(f"kernel {k}: kernel_size, stride, dilation must be >= 1 and padding "
                               f">= 0 (got {ks}, {st}, {dil}, {pad})")
