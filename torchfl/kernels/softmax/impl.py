@@ -17,30 +17,41 @@ from . import COST, ES, _dim, ins
 KIND = {"softmax": 0, "log_softmax": 1, "softmax_backward": 2, "log_softmax_backward": 3}
 
 
+@njit(cache=True, fastmath=True, inline="always")
+def row_fwd(x, out, o, L, kind):
+    """Softmax (kind 0) or log-softmax (1) of the row ``x[o:o + L]`` into ``out``."""
+    mx = np.float32(-np.inf)
+    for j in range(L):
+        mx = max(mx, x[o + j])
+    if mx == -np.inf:
+        mx = np.float32(0.0)
+    s = np.float32(0.0)
+    if kind == 0:
+        for j in range(L):
+            e = exp32(x[o + j] - mx)
+            out[o + j] = e
+            s += e
+        inv = np.float32(1.0) / s
+        for j in range(L):
+            out[o + j] *= inv
+    else:
+        for j in range(L):
+            s += exp32(x[o + j] - mx)
+        lse = mx + np.float32(math.log(s))
+        for j in range(L):
+            out[o + j] = x[o + j] - lse
+
+
 @njit(cache=True, parallel=True, fastmath=True)
 def rows_fwd(x, out, m, L, kind):
     for r in prange(m):
-        o = r * L
-        mx = np.float32(-np.inf)
-        for j in range(L):
-            mx = max(mx, x[o + j])
-        if mx == -np.inf:
-            mx = np.float32(0.0)
-        s = np.float32(0.0)
-        if kind == 0:
-            for j in range(L):
-                e = exp32(x[o + j] - mx)
-                out[o + j] = e
-                s += e
-            inv = np.float32(1.0) / s
-            for j in range(L):
-                out[o + j] *= inv
-        else:
-            for j in range(L):
-                s += exp32(x[o + j] - mx)
-            lse = mx + np.float32(math.log(s))
-            for j in range(L):
-                out[o + j] = x[o + j] - lse
+        row_fwd(x, out, r * L, L, kind)
+
+
+@njit(cache=True, fastmath=True)
+def rows_fwd_serial(x, out, m, L, kind):
+    for r in range(m):
+        row_fwd(x, out, r * L, L, kind)
 
 
 @njit(cache=True, parallel=True, fastmath=True)
@@ -57,32 +68,6 @@ def tiles_fwd(x, out, rows, L, T, kind, es, cost, cnt):
         cnt[t, 0] = m * L * es
         cnt[t, 1] = m * L * es
         cnt[t, 2] = m * L * cost
-
-
-@njit(cache=True, fastmath=True)
-def rows_fwd_serial(x, out, m, L, kind):
-    for r in range(m):
-        o = r * L
-        mx = np.float32(-np.inf)
-        for j in range(L):
-            mx = max(mx, x[o + j])
-        if mx == -np.inf:
-            mx = np.float32(0.0)
-        s = np.float32(0.0)
-        if kind == 0:
-            for j in range(L):
-                e = exp32(x[o + j] - mx)
-                out[o + j] = e
-                s += e
-            inv = np.float32(1.0) / s
-            for j in range(L):
-                out[o + j] *= inv
-        else:
-            for j in range(L):
-                s += exp32(x[o + j] - mx)
-            lse = mx + np.float32(math.log(s))
-            for j in range(L):
-                out[o + j] = x[o + j] - lse
 
 
 @njit(cache=True, parallel=True, fastmath=True)
