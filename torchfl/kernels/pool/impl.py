@@ -29,6 +29,23 @@ def _win(kind, o, n_in, n_out, k, s, p):
     return a, a + (k - 1) + 1, min(a + k, n_in + p) - a
 
 
+@njit(cache=True, nogil=True, inline="always")
+def _avg_window(kind, oh, ow, H, W, OH, OW, kh, kw, sh, sw, ph, pw, include_pad, divisor):
+    """Clipped input window of output (oh, ow) and its divisor, as torch's avg/adaptive pooling
+    defines it; forward and backward must agree, so both take it from here."""
+    ha, hb, hlen = _win(kind, oh, H, OH, kh, sh, ph)
+    wa, wb, wlen = _win(kind, ow, W, OW, kw, sw, pw)
+    hc0, hc1 = max(ha, 0), min(hb, H)
+    wc0, wc1 = max(wa, 0), min(wb, W)
+    if divisor > 0:
+        div = np.float32(divisor)
+    elif kind == ADAPTIVE or include_pad:
+        div = np.float32(hlen * wlen)
+    else:
+        div = np.float32(max(hc1 - hc0, 0) * max(wc1 - wc0, 0))
+    return hc0, hc1, wc0, wc1, div
+
+
 @njit(cache=True, nogil=True)
 def pool_fwd(slab, cols, tc, lo_h, lo_w, H, W, kind, kh, kw, sh, sw, ph, pw, dh, dw, OH, OW,
              oh0, th, ow0, tw, include_pad, divisor, acc, idx):
@@ -60,16 +77,8 @@ def pool_fwd(slab, cols, tc, lo_h, lo_w, H, W, kind, kh, kw, sh, sw, ph, pw, dh,
                             acc[m * tc + c] = v
                             idx[m * tc + c] = h * W + w
         else:
-            ha, hb, hlen = _win(kind, oh, H, OH, kh, sh, ph)
-            wa, wb, wlen = _win(kind, ow, W, OW, kw, sw, pw)
-            hc0, hc1 = max(ha, 0), min(hb, H)
-            wc0, wc1 = max(wa, 0), min(wb, W)
-            if divisor > 0:
-                div = np.float32(divisor)
-            elif kind == ADAPTIVE or include_pad:
-                div = np.float32(hlen * wlen)
-            else:
-                div = np.float32(max(hc1 - hc0, 0) * max(wc1 - wc0, 0))
+            hc0, hc1, wc0, wc1, div = _avg_window(kind, oh, ow, H, W, OH, OW, kh, kw, sh, sw, ph, pw,
+                                                   include_pad, divisor)
             for c in range(tc):
                 acc[m * tc + c] = 0.0
             for h in range(hc0, hc1):
@@ -127,16 +136,8 @@ def pool_bwd(g, gidx, rlo, rows, clo, cols, tc, H, W, kind, kh, kw, sh, sw, ph, 
                     if h0 <= h < h0 + th and w0 <= w < w0 + tw:
                         acc[((h - h0) * tw + (w - w0)) * tc + c] += g[b + c]
                 continue
-            ha, hb, hlen = _win(kind, oh, H, OH, kh, sh, ph)
-            wa, wb, wlen = _win(kind, ow, W, OW, kw, sw, pw)
-            hc0, hc1 = max(ha, 0), min(hb, H)
-            wc0, wc1 = max(wa, 0), min(wb, W)
-            if divisor > 0:
-                div = np.float32(divisor)
-            elif kind == ADAPTIVE or include_pad:
-                div = np.float32(hlen * wlen)
-            else:
-                div = np.float32(max(hc1 - hc0, 0) * max(wc1 - wc0, 0))
+            hc0, hc1, wc0, wc1, div = _avg_window(kind, oh, ow, H, W, OH, OW, kh, kw, sh, sw, ph, pw,
+                                                   include_pad, divisor)
             ops += tc
             for h in range(max(hc0, h0), min(hc1, h0 + th)):
                 for w in range(max(wc0, w0), min(wc1, w0 + tw)):
