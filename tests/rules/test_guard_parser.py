@@ -74,7 +74,8 @@ def test_token_soup_is_accepted_or_refused_identically(text):
 def test_known_cases():
     for text in ("a.b.c[1:][0] == -2", "not not x", "1 if x else 2 if y else 3", "x[:]", "f()", "[]",
                  "- -1", "a < b <= c", "x not in [1, 2]", "all(s > 0 for s in x.shape[2:])",
-                 "(a or b) and c", "a or b and c", "-x.y", "[[1], [2]]", "len([e for e in x]) > 0"):
+                 "(a or b) and c", "a or b and c", "-x.y", "[[1], [2]]", "len([e for e in x]) > 0",
+                 "--(1.) // (groups)", "-(2) * -(3) + (-(4))"):  # folded parenthesised constants
         check_same(text)
         assert outcome(parse.__wrapped__, text)[0] == "ok", text
     for text in ("x[]", "()", "(1, 2)", "f(1,)", "x[1:2:3]", "a if b", "not", "x.5", "1.x", "a.(b)",

@@ -79,7 +79,9 @@ def parse_text(text: str) -> S.Node:
 class _Parser:
     def __init__(self, text: str, toks: list[_Tok]):
         self.text, self.toks, self.i, self.depth, self.count = text, toks, 0, 0, 0
-        self.extent: dict[int, tuple[int, int]] = {}  # id(node) -> span including its parentheses
+        # id(node) -> (start, end including its parentheses, node): the node is held so that its
+        # id cannot be reused by a later node while this parse runs (a folded ``-(1.)`` is dropped)
+        self.extent: dict[int, tuple[int, int, S.Node]] = {}
 
     def lo(self, n: S.Node) -> int:
         return self.extent.get(id(n), (n.start, n.end))[0]
@@ -337,6 +339,6 @@ class _Parser:
             finally:
                 self.depth -= 1
             end = self.expect(")").end
-            self.extent[id(inner)] = (t.start, end)
+            self.extent[id(inner)] = (t.start, end, inner)
             return inner
         self.unexpected()
