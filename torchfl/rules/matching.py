@@ -256,16 +256,24 @@ def _match_rule(pack: RulePack, rule: Rule, hcd, op: str, call: Call | None, dty
     if call is None:
         return _static(pack, rule, hcd, op, dtype, unit, layout, allowed, warnings, chip)
     env = call_env(rule, values, call, dtype, layout, chip)
-    for g in rule.guards:
+    bound = _guard_and_bind(rule, op, env)
+    if isinstance(bound, Rejection):
+        return bound
+    inputs, attrs = bound
+    return Match(op, rule.kernel, rule, pack.label, dtype, unit, layout, allowed, inputs, attrs, tuple(warnings))
+
+
+def _guard_and_bind(owner, name: str, env):
+    """Evaluate a rule's or fusion's guards, then its bindings: (inputs, attrs) or the Rejection."""
+    for g in owner.guards:
         ok, why = g.guard.test(env)
         if not ok:
-            return Rejection(op, (_guard_reason(rule, g, why),), rule)
+            return Rejection(name, (_guard_reason(owner, g, why),), owner)
     try:
-        inputs, attrs = _bind(rule, env)
+        return _bind(owner, env)
     except GuardEvalError as exc:
-        return Rejection(op, (Reason("bind", f"{rule.id}: cannot bind the kernel's arguments: {exc.message}",
-                                     rule=rule.id),), rule)
-    return Match(op, rule.kernel, rule, pack.label, dtype, unit, layout, allowed, inputs, attrs, tuple(warnings))
+        return Rejection(name, (Reason("bind", f"{owner.id}: cannot bind the kernel's arguments: {exc.message}",
+                                       rule=owner.id),), owner)
 
 
 def _guard_reason(rule, g, why) -> Reason:
@@ -363,15 +371,10 @@ def match_fusion(fusion: Fusion, hcd, calls: Mapping[str, Call], *, dtype: str |
     if isinstance(first_primary, TensorMeta):
         env["shape"], env["rank"] = list(first_primary.shape), len(first_primary.shape)
     env.update(dtype=dtype, compute_dtype=dtype, layout=layout, compute_layout=layout, out=None)
-    for g in fusion.guards:
-        ok, why = g.guard.test(env)
-        if not ok:
-            return Rejection(name, (_guard_reason(fusion, g, why),), fusion)
-    try:
-        inputs, attrs = _bind(fusion, env)
-    except GuardEvalError as exc:
-        return Rejection(name, (Reason("bind", f"{fusion.id}: cannot bind the kernel's arguments: {exc.message}",
-                                       rule=fusion.id),), fusion)
+    bound = _guard_and_bind(fusion, name, env)
+    if isinstance(bound, Rejection):
+        return bound
+    inputs, attrs = bound
     return Match(name, fusion.kernel, fusion, pack or fusion.pack, dtype, unit, layout, allowed, inputs, attrs,
                  tuple(warnings))
 
