@@ -126,6 +126,32 @@ def read_text(path: str | Path) -> str:
     return _decode(raw, str(path))
 
 
+def read_source(path: str | Path, kind: str) -> tuple[str | None, list[Diagnostic], bool]:
+    """Read a user's file for checking: ``(text, [], True)``, or ``(None, diagnostics, readable)``.
+
+    ``readable`` is False when the file cannot be opened at all (the CLI's exit 2), True
+    when it was read but is not acceptable text (binary, not UTF-8, too large). ``kind``
+    names what the file should be, e.g. ``"an HCD file"``. Never raises for bad input.
+    """
+    name = str(path)
+
+    def unreadable(message: str):
+        return None, [Diagnostic(name, 1, 1, "", "error", message)], False
+
+    try:
+        return read_text(path), [], True
+    except YAMLLoadError as exc:
+        return None, list(exc.diagnostics), True
+    except IsADirectoryError:
+        return unreadable(f"is a directory, not {kind}")
+    except FileNotFoundError:
+        return unreadable("no such file; check the path")
+    except PermissionError:
+        return unreadable("permission denied; make the file readable")
+    except OSError as exc:
+        return unreadable(f"cannot be read ({exc.strerror or exc})")
+
+
 def located_yaml(text: str, filename: str = "<string>") -> LocatedDocument:
     """Parse one YAML document into plain data with positions. Raises :class:`YAMLLoadError`."""
     if len(text.encode("utf-8", "surrogatepass")) > MAX_BYTES:

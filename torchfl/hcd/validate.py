@@ -23,7 +23,7 @@ from pydantic import BaseModel, ValidationError
 
 from torchfl.hcd.diagnostics import Diagnostic, HCDError, YAMLLoadError, errors
 from torchfl.hcd.model import HCD, LAYOUT, MATRIX_UNITS, UNIT_OF_DTYPE
-from torchfl.hcd.source import LocatedDocument, located_yaml, read_text
+from torchfl.hcd.source import LocatedDocument, located_yaml, read_source
 
 # legacy key -> (canonical key, unit kinds where it is legal)
 LEGACY_KEYS = {
@@ -49,21 +49,10 @@ class HCDReport:
 
 def check_hcd(path: str | Path) -> HCDReport:
     """Read and validate one HCD file. Never raises for bad input."""
-    name = str(path)
-    try:
-        text = read_text(path)
-    except YAMLLoadError as exc:
-        return HCDReport(name, diagnostics=exc.diagnostics)
-    except IsADirectoryError:
-        return _unreadable(name, "is a directory, not an HCD file")
-    except FileNotFoundError:
-        return _unreadable(name, "no such file; check the path")
-    except PermissionError:
-        return _unreadable(name, "permission denied; make the file readable")
-    except OSError as exc:
-        return _unreadable(name, f"cannot be read ({exc.strerror or exc})")
-    report = check_hcd_text(text, name)
-    return report
+    text, diagnostics, readable = read_source(path, "an HCD file")
+    if text is None:
+        return HCDReport(str(path), diagnostics=diagnostics, readable=readable)
+    return check_hcd_text(text, str(path))
 
 
 def check_hcd_text(text: str, filename: str = "<string>") -> HCDReport:
@@ -91,10 +80,6 @@ def _require(report: HCDReport) -> HCD:
     if not report.ok or report.hcd is None:
         raise HCDError(report.diagnostics)
     return report.hcd
-
-
-def _unreadable(name: str, message: str) -> HCDReport:
-    return HCDReport(name, diagnostics=[Diagnostic(name, 1, 1, "", "error", message)], readable=False)
 
 
 # --------------------------------------------------------------------------- passes

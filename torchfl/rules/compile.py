@@ -16,8 +16,8 @@ from dataclasses import dataclass, field
 
 from pydantic import ValidationError
 
-from torchfl.hcd import Diagnostic, YAMLLoadError, format_path, located_yaml, read_text
-from torchfl.hcd.source import LocatedDocument
+from torchfl.hcd import Diagnostic, YAMLLoadError, format_path, located_yaml
+from torchfl.hcd.source import LocatedDocument, read_source
 from torchfl.rules import kernels as K
 from torchfl.rules.format import FusionModel, GuardItem, PackModel, RuleModel
 from torchfl.rules.guards import GuardSyntaxError, compile_guard
@@ -51,20 +51,10 @@ class PackError(Exception):
 
 def check_pack(path) -> PackReport:
     """Read and check one rule pack file. Never raises for bad input."""
-    name = str(path)
-    try:
-        text = read_text(path)
-    except YAMLLoadError as exc:
-        return PackReport(name, diagnostics=list(exc.diagnostics))
-    except IsADirectoryError:
-        return _unreadable(name, "is a directory, not a rule pack")
-    except FileNotFoundError:
-        return _unreadable(name, "no such file; check the path")
-    except PermissionError:
-        return _unreadable(name, "permission denied; make the file readable")
-    except OSError as exc:
-        return _unreadable(name, f"cannot be read ({exc.strerror or exc})")
-    return check_pack_text(text, name)
+    text, diagnostics, _readable = read_source(path, "a rule pack")
+    if text is None:
+        return PackReport(str(path), diagnostics=diagnostics)
+    return check_pack_text(text, str(path))
 
 
 def check_pack_text(text: str, filename: str = "<string>") -> PackReport:
@@ -98,10 +88,6 @@ def _require(report: PackReport) -> RulePack:
     if not report.ok:
         raise PackError(report.diagnostics)
     return report.pack
-
-
-def _unreadable(name: str, message: str) -> PackReport:
-    return PackReport(name, diagnostics=[Diagnostic(name, 1, 1, "", "error", f"{name} {message}")])
 
 
 def _near(word: str, choices, n: int = 3) -> str:
