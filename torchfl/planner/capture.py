@@ -101,7 +101,49 @@ def capture_module(module, example_inputs) -> Captured:
 
 def capture_dynamo(gm, example_inputs) -> Captured:
     """Capture what a torch.compile backend receives (a Dynamo ``GraphModule``)."""
-    return capture_module(gm, [x for x in example_inputs])
+    return capture_module(specialise_scalars(gm, example_inputs), [x for x in example_inputs])
+
+
+def _is_scalar_read(node) -> bool:
+    import torch
+
+    if node.op == "call_method":
+        return node.target == "item"
+    return node.op == "call_function" and node.target in (torch.ops.aten.item.default,
+                                                          torch.ops.aten._local_scalar_dense.default)
+
+
+def scalar_reads(gm) -> tuple[int, ...]:
+    """Positions of the graph inputs it reads as Python numbers (``x.item()``).
+
+    After a recompile Dynamo stops specialising a float attribute (GPT-2's attention
+    ``scaling``) and passes it as a 0-d tensor read with ``item()``, which torch.export
+    cannot trace. A plan is made for their values: callers key plans on them."""
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    return tuple(i for i, p in enumerate(placeholders) if any(_is_scalar_read(u) for u in p.users))
+
+
+def specialise_scalars(gm, example_inputs):
+    """``gm`` with every ``x.item()`` of an input replaced by its value in ``example_inputs``
+    (a copy; ``gm`` itself is left as it is). The input stays, unused."""
+    import copy
+
+    from torch.fx.node import map_arg
+
+    positions = scalar_reads(gm)
+    if not positions:
+        return gm
+    gm = copy.deepcopy(gm)
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    for i in positions:
+        value = example_inputs[i].item()
+        for read in [u for u in placeholders[i].users if _is_scalar_read(u)]:
+            for user in list(read.users):
+                user.args = map_arg(user.args, lambda n, read=read: value if n is read else n)
+                user.kwargs = map_arg(user.kwargs, lambda n, read=read: value if n is read else n)
+            gm.graph.erase_node(read)
+    gm.recompile()
+    return gm
 
 
 def capture_training(module, example_inputs) -> tuple[Captured, Captured]:

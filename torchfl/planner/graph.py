@@ -102,7 +102,7 @@ def build_ir(captured, precision: str | None) -> IRGraph:
             placeholders.append((node.name, kind, target, info))
             fx_to_ir[node.name] = node.name
             want = onchip(dt)
-            if want != dt:
+            if want != dt and node.users:   # an unused input (a specialised scalar) is never cast
                 cname = f"{node.name}.{want}"
                 values[cname] = VInfo(cname, shape, dt, want, info.static, "cast")
                 fx_to_ir[node.name] = cname

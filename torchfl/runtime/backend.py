@@ -111,16 +111,18 @@ def _is_static(a) -> bool:
     return isinstance(a, torch.nn.Parameter) or bool(getattr(a, "_dynamo_static_input_type", None))
 
 
-def _signature(args) -> tuple:
-    """What a plan depends on: shapes, dtypes, channels-last, and which tensors the
-    parameters are (a plan holds its parameters: new parameter objects replan)."""
+def _signature(args, scalars=()) -> tuple:
+    """What a plan depends on: shapes, dtypes, channels-last, which tensors the parameters
+    are (a plan holds its parameters: new parameter objects replan), and the values of the
+    inputs the graph reads as numbers (``scalars``: positions, see ``scalar_reads``)."""
     import torch
 
     sig = []
-    for a in args:
+    for i, a in enumerate(args):
         if isinstance(a, torch.Tensor):
             cl = a.dim() == 4 and not a.is_contiguous() and a.is_contiguous(memory_format=torch.channels_last)
-            sig.append((tuple(a.shape), a.dtype, cl, id(a) if _is_static(a) else None))
+            value = a.item() if i in scalars else None
+            sig.append((tuple(a.shape), a.dtype, cl, id(a) if _is_static(a) else None, value))
         elif isinstance(a, (int, float, bool)):
             sig.append((type(a).__name__, a))
         else:
@@ -231,6 +233,12 @@ class CompiledGraph:
         self.kind = kind            # inference | forward | backward
         self.static_positions = tuple(static_positions)  # forward: Dynamo inputs that are weights
         self.entries: dict = {}
+        if kind == "inference":    # inputs read with item(): plans are specialised on their values
+            from torchfl.planner.capture import scalar_reads
+
+            self.scalar_positions = frozenset(scalar_reads(gm))
+        else:
+            self.scalar_positions = frozenset()
 
     # -- planning --
     def _plan(self, args):
@@ -254,7 +262,7 @@ class CompiledGraph:
         return plan, tuple(range(len(args)))
 
     def _entry(self, args) -> _Entry:
-        sig = _signature(args)
+        sig = _signature(args, self.scalar_positions)
         entry = self.entries.get(sig)
         if entry is None:
             from .executor import Executor
