@@ -70,23 +70,11 @@ class DeviceMemory:
         if nbytes < 0:
             raise ValueError(f"cannot allocate a negative size ({nbytes} B)")
         acc = self._granule(nbytes)
-        if self.capacity is not None and self._allocated + acc > self.capacity:
-            free = self.capacity - self._allocated
-            raise DeviceOOMError(
-                f"out of memory on {self.chip.name}: tried to allocate {_fmt(acc)}; "
-                f"{_fmt(free)} free of {_fmt(self.capacity)} (peak {_fmt(self._peak)}). "
-                "Free tensors you no longer need, use a smaller batch, or a chip with more "
-                "off_chip_memory.size_gb")
-        a = self.alignment
-        n1 = max(nbytes, 1)   # an empty slice would not keep its address
-        raw = np.empty(n1 + a, dtype=np.uint8)
-        off = (-address_of(raw)) % a
-        arr = raw[off:off + n1]
-        if address_of(arr) % a:  # verify the address, not just the request
-            raise RuntimeError(f"allocator bug: 0x{address_of(arr):x} not {a}-byte aligned")
+        raw, full = self._obtain(acc)
         self._allocated += acc
         self._peak = max(self._peak, self._allocated)
-        return DeviceBuffer(self, raw, arr, nbytes, acc)
+        # an empty slice would not keep its address: an empty buffer still views one byte
+        return DeviceBuffer(self, raw, full[:max(nbytes, 1)], nbytes, acc)
 
     def free(self, buf: DeviceBuffer):
         if buf.memory is not self:
@@ -95,7 +83,33 @@ class DeviceMemory:
             raise ValueError(f"double free of device buffer at 0x{buf.address:x}")
         buf.freed = True
         self._allocated -= buf.accounted
-        buf._raw = None
+        raw, buf._raw = buf._raw, None
+        if raw is not None:
+            self._recycle(raw, buf.accounted)
+
+    # -- the block policy: a subclass (the runtime's caching allocator) overrides these two --
+
+    def _obtain(self, acc: int) -> tuple[np.ndarray, np.ndarray]:
+        """A fresh block of ``acc`` bytes: (raw allocation, aligned view), or DeviceOOMError."""
+        if self.capacity is not None and self._allocated + acc > self.capacity:
+            free = self.capacity - self._allocated
+            raise DeviceOOMError(
+                f"out of memory on {self.chip.name}: tried to allocate {_fmt(acc)}; "
+                f"{_fmt(free)} free of {_fmt(self.capacity)} (peak {_fmt(self._peak)}). "
+                "Free tensors you no longer need, use a smaller batch, or a chip with more "
+                "off_chip_memory.size_gb")
+        raw = np.empty(acc + self.alignment, dtype=np.uint8)
+        full = self._aligned(raw, acc)
+        if address_of(full) % self.alignment:  # verify the address, not just the request
+            raise RuntimeError(f"allocator bug: 0x{address_of(full):x} not {self.alignment}-byte aligned")
+        return raw, full
+
+    def _recycle(self, raw: np.ndarray, acc: int) -> None:
+        """A freed block: returned to the host allocator (dropped)."""
+
+    def _aligned(self, raw: np.ndarray, acc: int) -> np.ndarray:
+        off = (-address_of(raw)) % self.alignment
+        return raw[off:off + acc]
 
     def memory_allocated(self) -> int:
         return self._allocated

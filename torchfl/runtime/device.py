@@ -72,9 +72,7 @@ def caching_memory(chip, max_reserved: int = 1 << 30):
     emptied before an allocation is refused. Blocks are reused only for the same aligned
     size, and a freed buffer's handle refuses use as before.
     """
-    import numpy as np
-
-    from torchfl.kernels.memory import DeviceBuffer, DeviceMemory, address_of
+    from torchfl.kernels.memory import DeviceMemory
 
     class CachingDeviceMemory(DeviceMemory):
         def __init__(self, chip):
@@ -83,43 +81,19 @@ def caching_memory(chip, max_reserved: int = 1 << 30):
             self._reserved = 0
             self.max_reserved = int(max_reserved)
 
-        def alloc(self, nbytes: int):
-            nbytes = int(nbytes)
-            if nbytes < 0:
-                raise ValueError(f"cannot allocate a negative size ({nbytes} B)")
-            acc = self._granule(nbytes)
+        def _obtain(self, acc: int):
             blocks = self._pool.get(acc)
             if blocks:
-                raw, full = blocks.pop()
                 self._reserved -= acc
-            else:
-                if self.capacity is not None and self._allocated + self._reserved + acc > self.capacity:
-                    self.empty_cache()
-                if self.capacity is not None and self._allocated + acc > self.capacity:
-                    return super().alloc(nbytes)      # raises the located out-of-memory error
-                a = self.alignment
-                raw = np.empty(acc + a, dtype=np.uint8)
-                off = (-address_of(raw)) % a
-                full = raw[off:off + acc]
-                if address_of(full) % a:
-                    raise RuntimeError(f"allocator bug: 0x{address_of(full):x} not {a}-byte aligned")
-            self._allocated += acc
-            self._peak = max(self._peak, self._allocated)
-            return DeviceBuffer(self, raw, full[:nbytes], nbytes, acc)
+                return blocks.pop()
+            if self.capacity is not None and self._allocated + self._reserved + acc > self.capacity:
+                self.empty_cache()
+            return super()._obtain(acc)   # a fresh block, or the located out-of-memory error
 
-        def free(self, buf):
-            if buf.memory is not self:
-                raise ValueError("buffer belongs to another device memory")
-            if buf.freed:
-                raise ValueError(f"double free of device buffer at 0x{buf.address:x}")
-            buf.freed = True
-            self._allocated -= buf.accounted
-            raw, buf._raw = buf._raw, None
-            if raw is not None and self._reserved + buf.accounted <= self.max_reserved:
-                a = self.alignment
-                off = (-address_of(raw)) % a
-                self._pool.setdefault(buf.accounted, []).append((raw, raw[off:off + buf.accounted]))
-                self._reserved += buf.accounted
+        def _recycle(self, raw, acc: int) -> None:
+            if self._reserved + acc <= self.max_reserved:
+                self._pool.setdefault(acc, []).append((raw, self._aligned(raw, acc)))
+                self._reserved += acc
 
         def memory_reserved(self) -> int:
             return self._allocated + self._reserved
