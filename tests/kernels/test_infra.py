@@ -103,6 +103,19 @@ def test_tensor_roundtrip(layout, dtype, rng):
     assert back.dtype == tx.dtype and torch.equal(back, tx)
 
 
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16", "int64", "bool"])
+def test_zero_dim_tensor_keeps_its_shape(dtype):
+    """A 0-d tensor (BatchNorm's num_batches_tracked) comes back 0-d, not shape [1]: AOT
+    autograd copies a mutated buffer back with its own shape."""
+    import torch
+
+    m = DeviceMemory(ChipModel())
+    x = torch.tensor(3).to(getattr(torch, dtype))
+    t = DeviceTensor.from_torch(x, m)
+    assert t.shape == () and t.to_torch().shape == () and torch.equal(t.to_torch(), x)
+    assert t.to_numpy().shape == ()
+
+
 def test_codecs_match_torch_bits(rng):
     import torch
     from numba import njit

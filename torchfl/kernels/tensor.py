@@ -138,15 +138,20 @@ class DeviceTensor:
         arr = x.contiguous().numpy()
         return cls.from_numpy(arr, memory, layout, dtype or src)
 
+    def _contiguous(self) -> np.ndarray:
+        """The storage in logical order, contiguous, with the logical shape (a 0-d tensor
+        stays 0-d: ``np.ascontiguousarray`` alone returns at least one dimension)."""
+        return np.ascontiguousarray(self.logical()).reshape(self.shape)
+
     def to_numpy(self) -> np.ndarray:
         """Logical-order values: float32 for float dtypes, otherwise the storage type."""
-        return np.ascontiguousarray(_dt.decode(np.ascontiguousarray(self.logical()), self.dtype))
+        return _dt.decode(self._contiguous(), self.dtype)
 
     def to_torch(self):
         """A torch tensor of the same dtype (float16/bfloat16 bit-exact), logical order."""
         import torch
 
-        bits = np.ascontiguousarray(self.logical())
+        bits = self._contiguous()
         if self.dtype == "float16":
             return torch.from_numpy(bits.view(np.float16).copy())
         if self.dtype == "bfloat16":
