@@ -21,6 +21,7 @@ PUBLISHED = {
     ("NPU-V3", "1.0.0"): "ab6bd6b896bf28af70188c7884e3459fc0fdf467bda1d05e4d138cd6033bfa4e",
     ("TFL-X1", "1.0.0"): "58ed6ce9e2f24330ee0a818a27c3990df003cba35b4c57aaa5cdcf67b57e7da0",
     ("core", "1.1.0"): "c15736687fbf9c6d338ee2193ad39a6d79876ac13502aaa81e6c1f3270708664",
+    ("core", "1.2.0"): "56e9e7a1e3cf288b344fd8e8cadd3edb0f9063048cf58e6fa7be7a289681456d",
 }
 
 

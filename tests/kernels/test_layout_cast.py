@@ -77,6 +77,27 @@ def test_slice(dim, start, end, step, layout):
     assert torch.equal(y.to_torch(), x[tuple(idx)])
 
 
+@pytest.mark.parametrize("dim,sizes", [(0, [1, 1]), (1, [0, 2, 1]), (3, [3, 3, 1]), (-1, [7])])
+@pytest.mark.parametrize("layout", [None, "NHWC"])
+@pytest.mark.parametrize("dtype", ["float32", "float16", "int64"])
+def test_split(dim, sizes, layout, dtype):
+    chip = chip_for("float32", 1 << 10)   # 1 KiB: several tiles per output
+    mem = DeviceMemory(chip)
+    x = _rand((2, 3, 5, 7), dtype, torch.Generator().manual_seed(1))
+    t = dev(x, mem, layout=layout)
+    ys, plan = run_checked("split", chip, {"x": t}, {"dim": dim, "sizes": sizes})
+    want = torch.split(x, sizes, dim)
+    assert len(ys) == len(want)
+    for y, w in zip(ys, want):   # each piece keeps the input's layout
+        assert y.layout == t.layout and torch.equal(y.to_torch(), w)
+    assert plan.traffic.bytes_written == x.numel() * x.element_size()
+
+
+def test_split_sizes_must_cover_the_dim():
+    with pytest.raises(KernelError, match=r"sizes \[2, 2\] must be non-negative and add up to 5"):
+        CATALOG["split"].problem({"x": (3, 5)}, {"dim": 1, "sizes": [2, 2]})
+
+
 @pytest.mark.parametrize("dim", [0, 1, -1])
 @pytest.mark.parametrize("layouts", [(None, None, None), ("NHWC", None, "HWCN")])
 def test_concat(dim, layouts):

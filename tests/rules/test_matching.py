@@ -229,3 +229,20 @@ def test_fusion_match_with_commutative_operand():
     assert not m.ok and "add.alpha == 1" in str(m)
     m = match_fusion(fusion, CHIPS["NPU-V2"], {"conv": conv, "add": add, "act": relu}, layout="NHCW")
     assert not m.ok and "layout NHCW not in compute_units.fp16.supported_layouts [NCHW, NHWC] of NPU-V2" in str(m)
+
+
+def test_views_of_index_data_need_no_storage_dtype_but_copies_do():
+    """requires.storage: false -- a reshape moves no bytes, so int64 token ids already on
+    the device may be viewed on a chip that lists no int64; a copy (slice) may not."""
+    hcd = CHIPS["NPU-V3"]
+    ids = TensorMeta((1, 32), "int64")
+    m = match(CORE, hcd, "aten.view.default", Call((ids, [-1, 32])))
+    assert m.ok and m.kernel == "reshape" and m.dtype == "int64"
+    r = match(CORE, hcd, "aten.slice.Tensor", Call((ids, 1, 0, 16)))
+    assert not r.ok and any("int64 not in tensor.supported_dtypes" in str(x) for x in r.reasons)
+
+
+def test_split_with_sizes_maps_to_the_split_kernel():
+    qkv = TensorMeta((1, 32, 3 * 64), "float16")
+    m = match(CORE, CHIPS["NPU-V3"], "aten.split_with_sizes.default", Call((qkv, [64, 64, 64], 2)))
+    assert m.ok and m.kernel == "split" and m.attrs["sizes"] == [64, 64, 64] and m.attrs["dim"] == 2

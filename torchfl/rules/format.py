@@ -65,6 +65,9 @@ class Requires(_Model):
     device_types: Optional[list[str]] = Field(default=None, description="restrict to these chip.device_type values.")
     compute: bool = Field(default=True, description="false for data movement: the dtype must be stored, "
                           "no compute unit needed.")
+    storage: bool = Field(default=True, description="false for a view that moves no data (reshape, "
+                          "unsqueeze): the value is already on the device, so its dtype need not be one the "
+                          "chip lists (int64 token ids reshaped before an embedding).")
 
 
 class GuardItem(_Model):

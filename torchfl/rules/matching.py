@@ -144,7 +144,7 @@ def requirements(rule: Rule | Fusion, hcd, dtype: str | None, layout: str | None
         served = rule_dtypes(rule)
         if dtype not in served:
             reasons.append(Reason("dtype", f"{rule.id} computes in {_fmt(served)}, not {dtype}", rule=rule.id))
-        elif not chip_stores(hcd, dtype):
+        elif req.storage and not chip_stores(hcd, dtype):
             listed = list(hcd.tensor.supported_dtypes)
             reasons.append(Reason("dtype", f"dtype {dtype} not in tensor.supported_dtypes {_fmt(listed)} of {label}",
                                   "tensor.supported_dtypes", listed))

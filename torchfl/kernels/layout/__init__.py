@@ -1,5 +1,6 @@
 """Layout family: layout_transform (any permutation to any), copy, reshape (metadata
-only for row-major tensors: zero bytes), concat, slice, expand.
+only for row-major tensors: zero bytes), concat, slice, split (several slices along one
+dim, one output each: GPT-2's fused q/k/v projection), expand.
 
 One tiling (``plan_layout``): the output is written in its physical order in tiles of
 whole elements; each output element reads one input element (a strided DMA gather), so
@@ -76,6 +77,13 @@ def out_meta(p):
         shp = list(x)
         shp[d] = _slice_len(x[d], a["start"], a["end"], a["step"])
         return [TensorMeta(tuple(shp), p.dtype, lay)]
+    if k == "split":
+        d = _dim(a["dim"], len(x), k)
+        sizes = [int(v) for v in a["sizes"]]
+        if not sizes or any(v < 0 for v in sizes) or sum(sizes) != x[d]:
+            raise KernelError(f"split: sizes {sizes} must be non-negative and add up to {x[d]}, the size of "
+                              f"dim {d} of the input {list(x)}")
+        return [TensorMeta(tuple(v if i == d else n for i, n in enumerate(x)), p.dtype, lay) for v in sizes]
     if k == "expand":
         tgt = list(a["shape"])
         pad = len(tgt) - len(x)
@@ -115,9 +123,8 @@ def _check(p):
 
 def plan_layout(p, chip):
     """THE tiling function of the layout family (see the module docstring)."""
-    (m,) = out_meta(p)
     es = ES[p.dtype]
-    n = _n(m.shape)
+    n = sum(_n(m.shape) for m in out_meta(p))
     if p.kernel == "reshape" and p.layouts.get("x") is None:
         cfg = TileConfig("metadata", (), False, "row-major reshape: a new view, no bytes move")
         return make_plan(p.kernel, p.key, cfg, (), 0)
@@ -145,5 +152,7 @@ KERNELS = [
           "new shape; zero bytes for a row-major input, else a gathering copy"),
     _spec("concat", CAT_IN, {"dim": 0}, ("aten.cat",), f"concatenate up to {MAXCAT} tensors along dim"),
     _spec("slice", ("x",), {"dim": 0, "start": 0, "end": None, "step": 1}, ("aten.slice",), "x[start:end:step] on dim"),
+    _spec("split", ("x",), {"dim": 0, "sizes": ()}, ("aten.split_with_sizes",),
+          "x cut along dim into pieces of the given sizes, one output each"),
     _spec("expand", ("x",), {"shape": ()}, ("aten.expand",), "broadcast x to shape (materialised)"),
 ]

@@ -22,9 +22,36 @@ def _copy_tiles(ctx, src_accs, out, T):
         ctx.write((e - s) * es)
 
 
+def _slice_into(ctx, x, out, d, start, step, T):
+    """out = x[start::step] along logical dim d (out's shape bounds the walk): a strided
+    DMA gather of the region, tile by tile in out's physical order."""
+    order = out_order(out.shape, out.layout)
+    acc = Access(x, order, None)
+    lv = x.logical()
+    st = [s // lv.itemsize for s in lv.strides]
+    acc.shape = np.array([out.shape[o] for o in order] or [1], np.int64)
+    acc.strides = np.array([st[o] * (step if o == d else 1) for o in order] or [1], np.int64)
+    base = start * st[d]
+    acc.flat = acc.flat[base:] if base < acc.flat.shape[0] else acc.flat[:0]
+    acc.contiguous = False
+    _copy_tiles(ctx, [(acc, ES[out.dtype])], out, T)
+
+
 def run_layout(ctx):
     p, plan = ctx.problem, ctx.plan
     k, a = p.kernel, p.attrs
+    T = plan.config.tile("elements") if plan.config.strategy != "metadata" else 0
+    if k == "split":
+        x = ctx.inputs["x"]
+        d = a["dim"] % x.ndim
+        outs, start = [], 0
+        for meta in ctx.spec.output_meta(p):
+            out = ctx.output(meta)
+            if out.numel:
+                _slice_into(ctx, x, out, d, start, 1, T)
+            start += meta.shape[d]
+            outs.append(out)
+        return outs
     (meta,) = ctx.spec.output_meta(p)
     if plan.config.strategy == "metadata":
         x = ctx.inputs["x"]
@@ -32,7 +59,6 @@ def run_layout(ctx):
     out = ctx.output(meta)
     if out.numel == 0:
         return [out]
-    T = plan.config.tile("elements")
     order = out_order(out.shape, out.layout)
     es = ES[p.dtype]
     if k in ("layout_transform", "copy", "expand"):
@@ -53,18 +79,8 @@ def run_layout(ctx):
     if k == "slice":
         x = ctx.inputs["x"]
         d = a["dim"] % x.ndim
-        start, end, step = slice(a["start"], a["end"], a["step"]).indices(x.shape[d])
-        acc = Access(x, order, None)
-        # restrict the walk: shape = out shape, base offset and stride on dim d
-        lv = x.logical()
-        st = [s // lv.itemsize for s in lv.strides]
-        pos = order.index(d)
-        acc.shape = np.array([out.shape[o] for o in order] or [1], np.int64)
-        acc.strides = np.array([st[o] * (step if o == d else 1) for o in order] or [1], np.int64)
-        base = start * st[d]
-        acc.flat = acc.flat[base:] if base < acc.flat.shape[0] else acc.flat[:0]
-        acc.contiguous = False
-        _copy_tiles(ctx, [(acc, es)], out, T)
+        start, _end, step = slice(a["start"], a["end"], a["step"]).indices(x.shape[d])
+        _slice_into(ctx, x, out, d, start, step, T)
         return [out]
     if k == "concat":
         xs = [ctx.inputs[f"x{i}"] for i in range(MAXCAT) if f"x{i}" in ctx.inputs]
