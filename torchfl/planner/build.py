@@ -1,4 +1,4 @@
-"""Selection result -> :class:`Plan`: casts, layout conversions, kernel and fallback steps.
+"""Selection result -> :class:`Plan`: casts, layout conversions, kernel, fold and fallback steps.
 
 Order: input casts (the precision policy; static for parameters), then the chosen options
 in the selection's schedule, each preceded by the layout conversions its inputs need (one
@@ -8,8 +8,8 @@ that bring the graph outputs back to the identity layout and the caller's dtype.
 
 from __future__ import annotations
 
-from torchfl.planner.plan import (Cast, Conversion, Fallback, Plan, PlanInput, Rejected, Step, Summary, Value,
-                                  identity_layout)
+from torchfl.planner.plan import (HOST_STEPS, Cast, Conversion, Fallback, Plan, PlanInput, Rejected, Step, Summary,
+                                  Value, identity_layout)
 
 
 def assemble(hcd, precision, ir, cands, selection, pricer, capture, input_layouts, notes=()):
@@ -90,13 +90,16 @@ def assemble(hcd, precision, ir, cands, selection, pricer, capture, input_layout
             name = plan_name(ir_name, fx_name)
             ins.append(need(name, lay, consumer))
             lays.append(lay)
-        if p.kind != "fallback" and p.kernel_inputs:
+        if p.kind not in HOST_STEPS and p.kernel_inputs:
             ins, lays = _positional(p.kernel, p.kernel_inputs, ins, lays)
         index = len(steps)
         outs = tuple(p.outs) if p.outs else (opt.nodes[-1],)
         static = p.static and all(i in static_values for i in ins)
         if p.kind == "fallback":
             note = "CPU fallback: " + cands.fallbacks.get(opt.nodes[0], "")
+        elif p.kind == "fold":
+            note = ("folded: input-independent, computed once on the host and kept on the chip (no kernel: "
+                    + cands.folded.get(opt.nodes[0], "") + ")")
         else:
             note = p.priced.tile.get("notes", "")
         emit(kind=p.kind if p.kind != "kernel" or len(opt.nodes) == 1 else "fused", kernel=p.kernel,
@@ -138,6 +141,8 @@ def assemble(hcd, precision, ir, cands, selection, pricer, capture, input_layout
 
     fallbacks = tuple(Fallback(n, ir.nodes[n].op, cands.fallbacks[n]) for opt in selection.chosen
                       for n in opt.nodes if opt.payload.kind == "fallback")
+    folded = tuple(Fallback(n, ir.nodes[n].op, cands.folded[n]) for opt in selection.chosen
+                   for n in opt.nodes if opt.payload.kind == "fold")
     rejected = _rejected(cands, selection)
     compute = [s for s in steps if s.kind in ("kernel", "fused")]
     on_chip = sum(len([x for x in s.nodes if x in ir.nodes]) for s in compute)
@@ -149,13 +154,15 @@ def assemble(hcd, precision, ir, cands, selection, pricer, capture, input_layout
         conversions=len(conversions),
         casts=len(casts),
         fallbacks=len(fallbacks),
+        folded=len(folded),
         predicted_flops=float(sum(s.predicted_flops for s in steps)),
         predicted_bytes=float(sum(s.predicted_bytes for s in steps)),
         predicted_time_s=float(sum(s.predicted_time_s for s in steps)),
     )
     return Plan(chip=hcd.chip.name, chip_version=str(hcd.chip.version), precision=precision,
                 inputs=tuple(inputs), outputs=tuple(outputs), values=values, steps=tuple(steps),
-                conversions=tuple(conversions), casts=tuple(casts), fallbacks=fallbacks, rejected=rejected,
+                conversions=tuple(conversions), casts=tuple(casts), fallbacks=fallbacks, folded=folded,
+                rejected=rejected,
                 summary=summary, notes=tuple(notes), capture=capture)
 
 

@@ -24,7 +24,7 @@ from torchfl.planner.select import Option
 class Payload:
     """What a chosen option turns into in the plan."""
 
-    kind: str  # kernel | fused | fallback
+    kind: str  # kernel | fused | fallback | fold
     kernel: str | None
     nodes: tuple  # FX node names covered (through/getitem included)
     ops: tuple
@@ -44,6 +44,7 @@ class Candidates:
     options: list = field(default_factory=list)
     rejected: list = field(default_factory=list)  # (nodes, kernel, reasons)
     fallbacks: dict = field(default_factory=dict)  # node -> reason
+    folded: dict = field(default_factory=dict)  # node -> why no kernel took it (computed once on the host)
     warnings: list = field(default_factory=list)
 
 
@@ -55,6 +56,20 @@ def _jsonable(v):
     if isinstance(v, (bool, int, float, str)) or v is None:
         return v
     return str(v)
+
+
+def foldable(node) -> bool:
+    """Constant folding: a node no kernel takes whose value depends on no user input (only on
+    parameters, buffers, constants, or nothing: ``arange``, ``full``) is computed once on the
+    host with torch and kept on the chip as a static value, as a compiler folds constants,
+    instead of a per-call CPU fallback. The executor computes it again when a parameter or
+    buffer it reads changes. Ops with random results are never folded."""
+    import torch
+
+    target = node.fx.target
+    if not node.static or not isinstance(target, torch._ops.OpOverload):
+        return False
+    return torch.Tag.nondeterministic_seeded not in target.tags and not target._schema.is_mutable
 
 
 class _CallBuilder:
@@ -401,11 +416,12 @@ class Generator:
             step_nodes[step.id] = nxt
         return chain, step_nodes
 
-    # -- CPU fallback --
+    # -- CPU fallback, or a fold of an input-independent node --
     def fallback(self, node):
         reasons = [r for nodes, _k, rs in self.out.rejected if nodes == (node.name,) for r in rs]
         reason = "; ".join(dict.fromkeys(reasons)) or f"no rule for {node.op}"
-        self.out.fallbacks[node.name] = reason
+        kind = "fold" if foldable(node) else "fallback"
+        (self.out.folded if kind == "fold" else self.out.fallbacks)[node.name] = reason
         fx_inputs = tuple(a.name for a in node.fx.all_input_nodes if a.name in self.ir.fx_to_ir)
         in_bytes = sum(numel(self.ir.values[self.ir.fx_to_ir[a]].shape) * ELEM.get(
             self.ir.values[self.ir.fx_to_ir[a]].dtype, 4) for a in fx_inputs)
@@ -415,7 +431,7 @@ class Generator:
         ir_inputs = tuple(self.ir.fx_to_ir[a] for a in fx_inputs)
         layouts_in = tuple(identity_layout(self.ir.values[v].rank) for v in ir_inputs)
         layout_out = identity_layout(info.rank if info else 0)
-        payload = Payload("fallback", None, (node.name,) + tuple(o for o in node.outs if o and o != node.name),
+        payload = Payload(kind, None, (node.name,) + tuple(o for o in node.outs if o and o != node.name),
                           (node.op,), fx_inputs, (), {}, info.dtype if info else "", priced, tuple(node.outs),
                           node.static, "", ())
         self.out.options.append(Option(f"cpu@{node.name}", (node.name,), ir_inputs, layouts_in, layout_out,

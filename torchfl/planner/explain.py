@@ -3,7 +3,7 @@
 Text: the headline (``N of M nodes on <chip> in K kernels (F fused groups), C layout
 conversions, B fallbacks to CPU``), one line per step (kernel, covered ops, layouts,
 dtype, tiling, predicted time and off-chip bytes) with a detail line saying why the
-tiling was chosen, totals, then rejected alternatives, fallbacks and notes.
+tiling was chosen, totals, then rejected alternatives, folded nodes, fallbacks and notes.
 """
 
 from __future__ import annotations
@@ -83,7 +83,8 @@ def _text(plan) -> str:
         lay_in = ",".join(dict.fromkeys(st.layouts_in)) or "-"
         layout = f"{lay_in}->{st.layout_out}" if lay_in != st.layout_out else st.layout_out
         kind = st.kind + ("*" if st.static else "")
-        rows.append((str(st.index), kind, st.kernel or "cpu", _covers(st), layout, st.dtype, _tiling(st.tile),
+        where = st.kernel or ("host" if st.kind == "fold" else "cpu")
+        rows.append((str(st.index), kind, where, _covers(st), layout, st.dtype, _tiling(st.tile),
                      _time(st.predicted_time_s), _bytes(st.predicted_bytes)))
         details.append(st.note)
     widths = [min(max(len(r[i]) for r in rows), 48) for i in range(len(rows[0]))]
@@ -106,6 +107,11 @@ def _text(plan) -> str:
             lines.append(f"  {'+'.join(r.nodes)}: {r.kernel}: {'; '.join(r.reasons)}")
         if len(plan.rejected) > MAX_REJECTED_TEXT:
             lines.append(f"  ... and {len(plan.rejected) - MAX_REJECTED_TEXT} more (--format json lists all)")
+    if plan.folded:
+        lines.append(f"Folded on the host ({len(plan.folded)}; input-independent, computed once and kept on "
+                     "the chip):")
+        for f in plan.folded:
+            lines.append(f"  {f.node} ({f.op}): no kernel: {f.reason}")
     if plan.fallbacks:
         lines.append(f"Fallbacks to CPU ({len(plan.fallbacks)}):")
         for f in plan.fallbacks:
@@ -140,7 +146,7 @@ def _dot(plan) -> str:
             out.append(f"  {_q('in:' + inp.name)} [shape=ellipse, fillcolor=white, label={_q(inp.name)}];")
     for st in plan.steps:
         sid = f"s{st.index}"
-        colour = _colour(st.kernel if st.kind != "fallback" else None)
+        colour = "#e0e0e0" if st.kind == "fold" else _colour(st.kernel if st.kind != "fallback" else None)
         tip = f"{st.kind} {st.kernel or 'cpu'}\n{st.layout_out} {st.dtype}\n{_time(st.predicted_time_s)}"
         if st.kind == "fused":
             out.append(f"  subgraph cluster_{st.index} {{")
@@ -154,8 +160,10 @@ def _dot(plan) -> str:
             out.append("  }")
             entry[st.index], exit_[st.index] = names[0], names[-1]
         else:
-            shape = {"cast": "hexagon", "layout": "parallelogram", "fallback": "octagon"}.get(st.kind, "box")
-            label = (f"{st.kernel or 'CPU'}\n{_covers(st)}" if st.kind in ("kernel", "fallback")
+            shape = {"cast": "hexagon", "layout": "parallelogram", "fallback": "octagon",
+                     "fold": "note"}.get(st.kind, "box")
+            host = "host (folded)" if st.kind == "fold" else "CPU"
+            label = (f"{st.kernel or host}\n{_covers(st)}" if st.kind in ("kernel", "fallback", "fold")
                      else f"{st.kernel}\n{st.inputs[0]} -> {st.layout_out if st.kind == 'layout' else st.dtype}")
             out.append(f"  {_q(sid)} [shape={shape}, fillcolor={_q(colour)}, label={_q(label)}, "
                        f"tooltip={_q(tip)}];")

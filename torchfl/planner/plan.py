@@ -32,12 +32,15 @@ Values
 Steps
 -----
 ``kind`` is one of ``kernel`` (one FX node), ``fused`` (a fusion group, ``len(nodes) > 1``),
-``cast``, ``layout`` and ``fallback``. For kernel, fused, cast and layout steps the runtime
+``cast``, ``layout``, ``fallback`` and ``fold``. For kernel, fused, cast and layout steps the runtime
 calls ``CATALOG[step.kernel].run(chip, inputs, step.attrs, tile_plan)`` where the tile plan
 is rebuilt from ``step.tile`` (``TileConfig.as_dict()``) and ``step.attrs`` are the kernel
 attributes bound from the call (JSON scalars and lists). A ``fallback`` step runs the single
 FX node ``step.nodes[0]`` of ``plan.capture.graph_module`` on the CPU with torch; its inputs
 are given in the identity layout and the listed dtype, its output is returned likewise.
+A ``fold`` step is the same host computation for a node that depends on no user input
+(only on parameters, buffers, constants, or nothing, like ``arange``): it is ``static``, run
+once and kept on the device (constant folding), listed in ``plan.folded``, not a fallback.
 ``static`` is true for a step whose inputs are all parameters/buffers/constants or other
 static values (casts and layout transforms of weights): the runtime may run it once and
 cache the result.
@@ -64,7 +67,8 @@ import json
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-STEP_KINDS = ("kernel", "fused", "cast", "layout", "fallback")
+STEP_KINDS = ("kernel", "fused", "cast", "layout", "fallback", "fold")
+HOST_STEPS = ("fallback", "fold")  # run by torch on the host: per call, or once (folded)
 _RANK_LETTERS = {0: "", 3: "NCL", 4: "NCHW", 5: "NCDHW"}  # as torchfl.kernels.tensor.logical_letters
 
 
@@ -174,7 +178,8 @@ class Cast(_Data):
 
 @dataclass(frozen=True)
 class Fallback(_Data):
-    """An FX node that runs on the CPU, and why no chip kernel could take it."""
+    """An FX node run by torch on the host, and why no chip kernel could take it: per call
+    (``plan.fallbacks``) or once, as a folded constant (``plan.folded``)."""
 
     node: str
     op: str
@@ -206,12 +211,14 @@ class Summary(_Data):
     predicted_flops: float
     predicted_bytes: float
     predicted_time_s: float
+    folded: int = 0  # nodes computed once on the host (input-independent), neither on chip nor fallbacks
 
     def headline(self, chip: str) -> str:
+        folded = f"{self.folded} input-independent nodes folded (once, on the host), " if self.folded else ""
         return (
             f"{self.nodes_on_chip} of {self.nodes_total} nodes on {chip} in {self.kernels} kernels "
             f"({self.fused_groups} fused groups), {self.conversions} layout conversions, "
-            f"{self.fallbacks} fallbacks to CPU"
+            f"{folded}{self.fallbacks} fallbacks to CPU"
         )
 
 
@@ -246,6 +253,7 @@ class Plan(_Data):
     rejected: tuple[Rejected, ...]
     summary: Summary
     notes: tuple[str, ...] = ()
+    folded: tuple[Fallback, ...] = ()
     capture: Capture | None = field(default=None, compare=False, repr=False, metadata={"json": False})
 
     def to_json(self, indent: int | None = 2) -> str:
@@ -290,6 +298,7 @@ class Plan(_Data):
             rejected=tuple(build(Rejected, r) for r in data["rejected"]),
             summary=build(Summary, data["summary"]),
             notes=tuple(data.get("notes", ())),
+            folded=tuple(build(Fallback, f) for f in data.get("folded", ())),
         )
 
     @classmethod

@@ -1,7 +1,7 @@
 """Explain analyze: execute a plan and set what was measured beside what was predicted.
 
 Per step: off-chip bytes the kernel counted (a fallback: the device->host->device round
-trip of its tensors, as the planner prices it), simulated time from those counts, and
+trip of its tensors, as the planner prices it; a fold likewise), simulated time from those counts, and
 the kernel's wall time on this CPU. Simulated time uses the executed tile plan's tiles
 (per tile the larger of compute and memory time, as ``torchfl.kernels.tiling``) with
 each tile's bytes and operations scaled by counted / planned, so it equals the
@@ -11,6 +11,10 @@ per ATen op, the nodes that ran on each kernel or on the CPU during the run.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+
+from torchfl.planner.plan import HOST_STEPS
+
+HOST_LABEL = {"fallback": "CPU (torch)", "fold": "host (torch, folded)"}
 
 __all__ = ["StepAnalysis", "AnalyzedPlan", "analyze", "from_record"]
 
@@ -196,8 +200,8 @@ def _simulated(step, rec, prep, chip) -> float:
     from torchfl.kernels.tiling import Traffic
 
     bytes_ = rec.bytes_read + rec.bytes_written
-    if step.kind == "fallback" or prep is None or prep.tile_plan is None:
-        return bytes_ * 2 / chip.offchip_bw if step.kind == "fallback" else 0.0
+    if step.kind in HOST_STEPS or prep is None or prep.tile_plan is None:
+        return bytes_ * 2 / chip.offchip_bw if step.kind in HOST_STEPS else 0.0
     tp = prep.tile_plan
     planned_b, planned_f = tp.traffic.bytes, tp.traffic.flops
     kb = bytes_ / planned_b if planned_b else 1.0
@@ -219,7 +223,7 @@ def from_record(plan, record, executor, title: str = "") -> AnalyzedPlan:
     for r in record.steps:
         step = plan.steps[r.index]
         steps.append(StepAnalysis(
-            index=r.index, kind=step.kind, kernel=step.kernel or "CPU (torch)", label=_label(step),
+            index=r.index, kind=step.kind, kernel=step.kernel or HOST_LABEL[step.kind], label=_label(step),
             tile=_tile_text(step), predicted_bytes=step.predicted_bytes,
             measured_bytes=r.bytes_read + r.bytes_written, predicted_time_s=step.predicted_time_s,
             simulated_time_s=_simulated(step, r, preps.get(r.index), executor.chip), wall_s=r.wall_s))

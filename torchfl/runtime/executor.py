@@ -12,7 +12,8 @@ What it does, per the Plan contract (``torchfl/planner/plan.py``):
   on the device; inputs that are parameters (what Dynamo passes) are cached too, keyed by
   the tensor's version counter, so an optimizer step invalidates them;
 * a ``fallback`` step runs its FX node with torch on the CPU (logged when the plan is
-  made; ``strict`` refuses the plan before anything runs);
+  made; ``strict`` refuses the plan before anything runs); a ``fold`` step runs the same
+  way, but is static: once, and again only when a weight or buffer it reads changes;
 * a value is freed after its last reader (buffers are reference counted, so a
   metadata-only reshape sharing its input's buffer keeps it alive);
 * outputs come back as ordinary torch tensors in the identity layout and the caller's dtype.
@@ -26,7 +27,7 @@ import time
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 
-from torchfl.planner.plan import identity_layout
+from torchfl.planner.plan import HOST_STEPS, identity_layout
 
 from .errors import FallbackNotAllowed, PlanMismatch
 from .logs import log_plan
@@ -34,6 +35,7 @@ from .logs import log_plan
 __all__ = ["Executor", "Record", "StepRecord"]
 
 _CHIP_STEPS = ("kernel", "fused", "cast", "layout")
+HOST_ROUTES = {"fallback": "CPU fallback", "fold": "host fold (once)"}  # route accounting labels
 
 
 @dataclass
@@ -174,10 +176,10 @@ class Executor:
                     raise PlanMismatch(f"step {step.index} ({step.kernel}) has {len(step.inputs)} inputs; "
                                        f"the kernel takes {', '.join(p.spec.inputs)}")
                 p.bind = tuple((n, v) for n, v in zip(names, step.inputs) if v)
-            elif step.kind == "fallback":
+            elif step.kind in HOST_STEPS:
                 node = nodes.get(step.nodes[0]) if step.nodes else None
                 if node is None:
-                    raise PlanMismatch(f"fallback step {step.index}: FX node {step.nodes[:1]} is not in the "
+                    raise PlanMismatch(f"{step.kind} step {step.index}: FX node {step.nodes[:1]} is not in the "
                                        "captured graph; re-plan the model in this process")
                 p.node = node
                 p.bind = tuple(("", v) for v in step.inputs if v)
@@ -185,7 +187,9 @@ class Executor:
             else:
                 raise PlanMismatch(f"step {step.index} has unknown kind {step.kind!r}")
             ins = [v for _, v in p.bind]
-            p.static = bool(ins) and (step.static or all(v in static_vals for v in ins))
+            # a fold is static by definition, even with no input at all (arange, full)
+            p.static = (step.kind == "fold" and step.static) or (
+                bool(ins) and (step.static or all(v in static_vals for v in ins)))
             if p.static:
                 static_vals.update(o for o in p.outputs if o)
             self.preps.append(p)
@@ -394,7 +398,7 @@ class Executor:
         chip = self.chip
         perf = time.perf_counter
         for p in (self.dynamic_preps if static_cached else self.preps):
-            if p.kind == "fallback":
+            if p.kind in HOST_STEPS:
                 k0 = perf()
                 outs = self._run_fallback(p, env)
                 dt_s = perf() - k0
@@ -405,7 +409,7 @@ class Executor:
                     wr = sum(o.nbytes for o in outs if isinstance(o, DeviceTensor))
                     record.steps.append(StepRecord(p.step.index, p.kind, None, rd, wr, 0, dt_s, True))
                     for op in p.step.ops:
-                        record.routes[op]["CPU fallback"] += 1
+                        record.routes[op][HOST_ROUTES[p.kind]] += 1
             else:
                 inputs = {n: env[v] for n, v in p.bind}
                 if p.tile_plan is None:

@@ -76,5 +76,8 @@ def log_plan(plan) -> None:
                 LOG.debug("[SME] %s %s -> %s (%s, dtype=%s)", "Cast" if step.kind == "cast" else "Layout",
                           ",".join(step.inputs), ",".join(step.outputs), step.kernel,
                           short_dtype(step.dtype))
+        for fold in plan.folded:
+            LOG.debug("[SME] Fold on host: %s (input-independent: computed once, kept on the chip)",
+                      aten_name(fold.op))
     for fb in plan.fallbacks:
         LOG.warning(fallback_line(fb))
