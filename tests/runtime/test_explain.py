@@ -55,3 +55,21 @@ def test_analyze_each_graph_of_a_graph_break():
     text, analyses = torchfl.explain(c, torch.randn(4, 16), analyze=True, return_analysis=True)
     assert len(analyses) == 2
     assert text.count("EXPLAIN ANALYZE graph") == 2
+
+
+class TopK(torch.nn.Module):
+    """topk has no kernel: a multi-output CPU fallback (values and indices)."""
+
+    def forward(self, x):
+        v, i = torch.topk(x * 2, 3, dim=-1)
+        return v * 3, i
+
+
+def test_multi_output_fallback_is_priced_with_every_output():
+    x = torch.randn(4, 64)
+    _text, (an,) = torchfl.explain(TopK(), x, chip="NPU-V3", precision="float16", analyze=True,
+                                   return_analysis=True)
+    (fb,) = [s for s in an.steps if s.kind == "fallback"]
+    assert int(round(fb.predicted_bytes)) == fb.measured_bytes
+    # inputs read (4x64 fp16) plus both outputs written (4x3 each)
+    assert fb.measured_bytes > 4 * 64 * 2 + 4 * 3 * 2

@@ -416,6 +416,13 @@ class Generator:
             step_nodes[step.id] = nxt
         return chain, step_nodes
 
+    def _out_bytes(self, node, out: str, info) -> int:
+        """Bytes of one output of ``node`` as the plan stores it: a multi-output op's side
+        outputs (split pieces, saved statistics) have their own shape (their getitem's meta)."""
+        from torchfl.planner.build import _shape_of
+
+        return numel(_shape_of(self.ir, out, info, node)) * ELEM.get(info.dtype, 4)
+
     # -- CPU fallback, or a fold of an input-independent node --
     def fallback(self, node):
         reasons = [r for nodes, _k, rs in self.out.rejected if nodes == (node.name,) for r in rs]
@@ -426,7 +433,7 @@ class Generator:
         in_bytes = sum(numel(self.ir.values[self.ir.fx_to_ir[a]].shape) * ELEM.get(
             self.ir.values[self.ir.fx_to_ir[a]].dtype, 4) for a in fx_inputs)
         info = self.ir.values.get(node.name)
-        out_bytes = numel(info.shape) * ELEM.get(info.dtype, 4) if info else 0
+        out_bytes = sum(self._out_bytes(node, o, info) for o in node.outs if o) if info else 0
         priced = self.pricer.fallback(in_bytes, out_bytes)
         ir_inputs = tuple(self.ir.fx_to_ir[a] for a in fx_inputs)
         layouts_in = tuple(identity_layout(self.ir.values[v].rank) for v in ir_inputs)
