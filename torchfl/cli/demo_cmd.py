@@ -159,18 +159,21 @@ def demo(registry, quick, full_tables) -> None:
     # summary
     out.rule("[bold]Summary")
     t = Table(show_header=True, header_style="bold")
-    for col in ("model", "chip", "max |diff| vs eager", "relative", "outcome"):
+    for col in ("model", "chip", "nodes on chip/folded/CPU", "max |diff| vs eager", "relative", "outcome"):
         t.add_column(col)
     bad = []
-    for chip, name, err, rel, failure, _x in results:
+    for chip, name, err, rel, failure, extra in results:
         if failure:
-            t.add_row(name, chip, "-", "-", failure[:60])
+            t.add_row(name, chip, "-", "-", "-", failure[:60])
             bad.append(f"{name} on {chip}")
         else:
             outcome = "ok" if rel < 5e-2 else "TOO FAR from eager"
             if rel >= 5e-2:
                 bad.append(f"{name} on {chip}")
-            t.add_row(name, chip, f"{err:.3g}", f"{rel:.3g}", outcome)
+            plans = [an.plan.summary for an in extra[1]]
+            routes = (f"{sum(p.nodes_on_chip for p in plans)} / {sum(p.folded for p in plans)} / "
+                      f"{sum(p.fallbacks for p in plans)}")
+            t.add_row(name, chip, routes, f"{err:.3g}", f"{rel:.3g}", outcome)
     out.print(t)
     out.print(f"demo finished in {time.perf_counter() - t_start:.1f} s")
     if bad or not ok_error:
