@@ -101,3 +101,15 @@ def test_debug_log_names_folds(monkeypatch, caplog):
         _run(BufferScale().eval(), torch.randn(2, 16))
     assert "[SME] Fold on host: aten::cumsum" in caplog.text
     assert "Fallback to CPU" not in caplog.text
+
+
+def test_analyze_counts_folds_like_the_plan_prices_them():
+    import torchfl
+
+    m = BufferScale().eval()
+    c = torch.compile(m, backend="torchfl", options=V3)
+    _text, (an,) = torchfl.explain(c, torch.randn(4, 16), analyze=True, return_analysis=True)
+    assert any(s.kind == "fold" for s in an.steps)
+    for s in an.steps:
+        assert int(round(s.predicted_bytes)) == s.measured_bytes, (s.index, s.kind, s.label)
+    assert "host (torch, folded)" in an.render()
