@@ -2,7 +2,6 @@
 executed on NPU-V3 with precision float16; gradients vs eager; an optimizer step."""
 import copy
 
-import pytest
 import torch
 from torch import nn
 
@@ -16,9 +15,13 @@ GRAD_TOL = 5e-2
 
 
 class ConvNet(nn.Module):
+    """conv -> batch-norm -> relu -> linear. The conv has no bias, as before any batch-norm:
+    its gradient would be identically zero (the batch-norm removes every per-channel
+    constant), so a relative error against eager's would measure rounding noise only."""
+
     def __init__(self):
         super().__init__()
-        self.conv = nn.Conv2d(3, 8, 3, padding=1)
+        self.conv = nn.Conv2d(3, 8, 3, padding=1, bias=False)
         self.bn = nn.BatchNorm2d(8)
         self.fc = nn.Linear(8 * 8 * 8, 10)
 
@@ -61,10 +64,23 @@ def _grads_vs_eager(factory, x, target):
     return ours, eager, compiled, rec
 
 
-@pytest.mark.xfail(strict=True, reason="known gap (issue 8 open): the conv/batch-norm training step fails in the backward graph ('output with shape [] doesn't match the broadcast shape [1]'); not yet diagnosed")
+def _relu_margin(factory, x) -> float:
+    """How far eager's pre-activations (after the batch-norm) stay from the ReLU threshold."""
+    torch.manual_seed(0)       # the initialisation _grads_vs_eager uses
+    m = factory().train()
+    with torch.no_grad():
+        return float(m.bn(m.conv(x)).abs().min())
+
+
 def test_convnet_training_step_gradients_and_sgd():
+    torch.manual_seed(0)       # the data do not depend on which tests ran before
     x = torch.randn(4, 3, 8, 8)
     target = torch.tensor([1, 3, 5, 7])
+    # The float16 policy rounds parameters and activations: a pre-activation within ~1e-4 of
+    # zero may change side (an ideal fp16 computation flips it too), and one ReLU mask bit in
+    # this batch of 256 values per channel moves the conv and bn gradients by several percent.
+    # The data keep a margin, so that the comparison measures the chip, not that tie.
+    assert _relu_margin(ConvNet, x) > 2e-4
     ours, eager, compiled, rec = _grads_vs_eager(ConvNet, x, target)
     bw_routes = rec.entries[1][2].routes
     kernels = {k for per_op in bw_routes.values() for k in per_op}
@@ -82,8 +98,8 @@ def test_convnet_training_step_gradients_and_sgd():
         assert rel_err(compiled(x), eager(x)) < GRAD_TOL
 
 
-@pytest.mark.xfail(strict=True, reason="known gap (issue 8 open): the float16 policy casts layer-norm's saved mean/rstd to float16 while layer_norm_backward needs float32 statistics, so native_layer_norm_backward falls back to the CPU")
 def test_layer_norm_mlp_backward_on_chip():
+    torch.manual_seed(0)
     x = torch.randn(2, 8, 32, requires_grad=False)
     _ours, _eager, _c, rec = _grads_vs_eager(Block, x, None)
     bw_routes = rec.entries[1][2].routes

@@ -1,9 +1,15 @@
 """The planner's view of a captured FX graph: op nodes over named values, with on-chip dtypes.
 
 ``getitem`` nodes are folded into their multi-output producer (the producer's outputs are
-named after them); ``_assert_*`` nodes are dropped. The precision policy decides each
-value's on-chip dtype: float32 becomes the policy dtype, everything else stays. Graph
-inputs that change dtype are read through a cast value ``<name>.<dtype>``.
+named after them); ``_assert_*`` nodes are dropped. For layouts and selection a
+multi-output node is one value (its name); each of its outputs still has its own shape
+and dtype (``IRGraph.slots``, ``IRGraph.info(fx_name)``): a split piece, saved statistics,
+max-pool indices. ``bind_outputs`` says which op output each output of a kernel is.
+
+The precision policy decides each value's on-chip dtype: float32 becomes the policy
+dtype, everything else stays, except saved normalisation statistics (``ACCUMULATOR_*``),
+which are accumulator-precision data and stay float32. Graph inputs that change dtype are
+read through a cast value ``<name>.<dtype>``.
 """
 
 from __future__ import annotations
@@ -58,12 +64,61 @@ class IRGraph:
     outputs: list  # FX names of the graph outputs (flattened)
     dropped: list
     total_ops: int
+    # multi-output node -> one VInfo (or None: not a tensor) per op output position, and
+    # the same VInfos by the FX name of their getitem
+    slots: dict = field(default_factory=dict)
+    out_values: dict = field(default_factory=dict)
 
     def ir(self, fx_name: str) -> str:
         return self.fx_to_ir[fx_name]
 
+    def info(self, fx_name: str):
+        """The VInfo of an FX value: its own for an output of a multi-output node (shape
+        and dtype of that output), else that of the IR value it reads (a cast input)."""
+        own = self.out_values.get(fx_name)
+        if own is not None:
+            return own
+        return self.values.get(self.fx_to_ir.get(fx_name, fx_name))
+
 
 FLOAT_TYPES = ("float32", "float64")
+STAT_DTYPES = ("float32", "float16", "bfloat16")
+
+# SPEC 8: the precision policy casts activations and parameters and accumulates in fp32.
+# The saved statistics of the normalisations (mean and invstd / rstd) are accumulator
+# data, not activations: the norm kernels write them float32 whatever dtype they compute
+# in and read them float32 in the backward (torchfl/kernels/norm: STAT, ``_meta``,
+# ``_check``). So they are never downcast, and a graph input the backward reads only as
+# such a statistic stays float32 (no cast). tests/planner/test_training_precision.py checks
+# this table against the kernel catalog.
+ACCUMULATOR_OUTPUTS = {   # op -> positions of its outputs that are saved statistics
+    "aten.native_layer_norm.default": (1, 2),
+    "aten._native_batch_norm_legit_functional.default": (1, 2),
+    "aten._native_batch_norm_legit.default": (1, 2),
+    "aten._native_batch_norm_legit_no_training.default": (1, 2),
+    "aten.native_batch_norm.default": (1, 2),
+}
+ACCUMULATOR_ARGS = {      # op -> arguments (ATen schema names) that are saved statistics
+    "aten.native_batch_norm_backward.default": ("save_mean", "save_invstd"),
+    "aten.native_layer_norm_backward.default": ("mean", "rstd"),
+}
+
+
+def _stat_only(node) -> bool:
+    """Does every user read ``node`` only as a saved statistic (ACCUMULATOR_ARGS)?"""
+    if not node.users:
+        return False
+    for user in node.users:
+        names = ACCUMULATOR_ARGS.get(str(user.target))
+        schema = getattr(user.target, "_schema", None)
+        if not names or schema is None:
+            return False
+        args = [a.name for a in schema.arguments]
+        reads = [args[i] if i < len(args) else None for i, a in enumerate(user.args) if a is node]
+        reads += [k for k, a in user.kwargs.items() if a is node]
+        if not reads or any(r not in names for r in reads):
+            return False
+    return True
 
 
 def build_ir(captured, precision: str | None) -> IRGraph:
@@ -80,6 +135,11 @@ def build_ir(captured, precision: str | None) -> IRGraph:
             return precision
         return dt
 
+    def onchip_out(op: str, index: int, dt: str) -> str:
+        if index in ACCUMULATOR_OUTPUTS.get(op, ()) and dt in STAT_DTYPES:
+            return "float32"     # a saved statistic: accumulator precision, never downcast
+        return onchip(dt)
+
     def meta_of(node):
         val = node.meta.get("val")
         if isinstance(val, torch.Tensor):
@@ -87,6 +147,8 @@ def build_ir(captured, precision: str | None) -> IRGraph:
         return None
 
     nodes: dict[str, INode] = {}
+    slots: dict[str, tuple] = {}
+    out_values: dict[str, VInfo] = {}
     dropped = []
     total = 0
     for node in gm.graph.nodes:
@@ -102,6 +164,8 @@ def build_ir(captured, precision: str | None) -> IRGraph:
             placeholders.append((node.name, kind, target, info))
             fx_to_ir[node.name] = node.name
             want = onchip(dt)
+            if want != dt and _stat_only(node):
+                want = dt   # read only as a saved statistic (float32): kept as it is
             if want != dt and node.users:   # an unused input (a specialised scalar) is never cast
                 cname = f"{node.name}.{want}"
                 values[cname] = VInfo(cname, shape, dt, want, info.static, "cast")
@@ -120,9 +184,14 @@ def build_ir(captured, precision: str | None) -> IRGraph:
                 outs[idx] = node.name
                 producer.outs = tuple(outs)
                 fx_to_ir[node.name] = src.name
+                shape, dt = meta_of(node)
+                per = slots.get(src.name, ())
+                slot = per[idx] if idx < len(per) else None
+                own = VInfo(node.name, shape, dt, slot.dtype if slot else onchip_out(producer.op, idx, dt),
+                            producer.static, "node")
+                out_values[node.name] = own
                 if src.name not in values:
-                    shape, dt = meta_of(node)
-                    values[src.name] = VInfo(src.name, shape, dt, onchip(dt), producer.static, "node")
+                    values[src.name] = VInfo(src.name, shape, dt, own.dtype, producer.static, "node")
                 continue
         op = str(node.target)
         if op.startswith("aten._assert") and not node.users:
@@ -141,6 +210,20 @@ def build_ir(captured, precision: str | None) -> IRGraph:
         m = meta_of(node)
         outs = (node.name,) if m is not None else ()
         nodes[node.name] = INode(node.name, node, op, tuple(ins), outs, static)
+        val = node.meta.get("val")
+        if m is None and isinstance(val, (list, tuple)):
+            # every output position's own shape and dtype; the node's value is its first tensor
+            per = []
+            for i, v in enumerate(val):
+                if isinstance(v, torch.Tensor):
+                    sh, dt = tuple(int(s) for s in v.shape), short_dtype(v.dtype)
+                    per.append(VInfo(node.name, sh, dt, onchip_out(op, i, dt), static, "node"))
+                else:
+                    per.append(None)
+            slots[node.name] = tuple(per)
+            first = next((v for v in per if v is not None), None)
+            if first is not None:
+                values[node.name] = first
         if m is not None:
             shape, dt = m
             values[node.name] = VInfo(node.name, shape, dt, onchip(dt), static, "node")
@@ -169,7 +252,74 @@ def build_ir(captured, precision: str | None) -> IRGraph:
             if isinstance(val, (list, tuple)) and val and isinstance(val[0], torch.Tensor):
                 values[n.name] = VInfo(n.name, tuple(int(s) for s in val[0].shape), short_dtype(val[0].dtype),
                                        onchip(short_dtype(val[0].dtype)), n.static, "node")
-    return IRGraph(nodes, values, fx_to_ir, placeholders, casts, flat, dropped, total)
+    return IRGraph(nodes, values, fx_to_ir, placeholders, casts, flat, dropped, total, slots, out_values)
+
+
+def _numel(shape) -> int:
+    n = 1
+    for s in shape:
+        n *= int(s)
+    return n
+
+
+def bind_outputs(ir: IRGraph, node: INode, kernel: str, metas) -> tuple | str:
+    """Which op output each output of ``kernel`` is, for ``node``: a tuple of op output
+    positions (one per kernel output, in order), or the reason the kernel cannot stand in
+    for the node (a sentence for the rejection list).
+
+    A kernel's outputs are an ordered subset of its op's outputs: all of them, or a prefix
+    (batch-norm in a fused conv), or another subset (``conv2d_backward_weight`` computes
+    ``convolution_backward``'s outputs 1 and 2, the weight and bias gradients, as its outputs
+    0 and 1). A kernel may also compute an output the call does not ask for (the op's
+    ``output_mask`` is false there, so the op's output is not a tensor: layer-norm backward
+    when the input needs no gradient): that kernel output is unused. The positions come
+    from the shapes: among the order-preserving assignments of kernel outputs to op outputs
+    of the same shape (or to op outputs that are not tensors), those that use the fewest
+    non-tensor outputs; the identity if it is one of them, else the only one (none, or
+    several, reject the kernel: never a guess). Dtypes must then be those the plan stores.
+    Kernel outputs beyond the op's last output are dropped.
+    """
+    slots = ir.slots.get(node.name)
+    if slots is None:   # one output: the kernel's first is it (a relabelled permute may differ in shape)
+        info = ir.values.get(node.name)
+        out_meta = metas[0] if metas else None
+        if info is not None and out_meta is not None:
+            if tuple(out_meta.shape) != tuple(info.shape) and _numel(out_meta.shape) != _numel(info.shape):
+                return f"{kernel} would produce shape {list(out_meta.shape)}, the graph needs {list(info.shape)}"
+            if out_meta.dtype != info.dtype:
+                return f"{kernel} would produce {out_meta.dtype}, the plan needs {info.dtype} here"
+        return (0,) if metas else ()
+    from itertools import combinations
+
+    metas = list(metas)[:len(slots)]
+    shapes = [tuple(int(s) for s in m.shape) for m in metas]
+
+    def unasked(pos):   # None when the assignment does not fit, else how many non-tensor outputs it uses
+        n = 0
+        for j, sh in zip(pos, shapes):
+            if slots[j] is None:
+                n += 1
+            elif slots[j].shape != sh:
+                return None
+        return n
+
+    scored = [(unasked(c), c) for c in combinations(range(len(slots)), len(metas))]
+    fitting = [(n, c) for n, c in scored if n is not None]
+    best = [c for n, c in fitting if n == min(n for n, _c in fitting)] if fitting else []
+    identity = tuple(range(len(metas)))
+    if identity in best:
+        pos = identity
+    elif len(best) == 1:
+        pos = best[0]
+    else:
+        have = [list(s.shape) if s is not None else None for s in slots]
+        why = "matches none" if not best else f"could be {' or '.join(str(list(c)) for c in best)}"
+        return (f"{kernel}'s outputs {[list(s) for s in shapes]} cannot be placed among {node.op}'s outputs "
+                f"{have}: the assignment by shape {why}")
+    for j, m in zip(pos, metas):
+        if slots[j] is not None and m.dtype != slots[j].dtype:
+            return f"{kernel} would produce {m.dtype} as output {j} of {node.op}, the plan needs {slots[j].dtype} here"
+    return pos
 
 
 def default_layout(info: VInfo) -> str:

@@ -218,10 +218,15 @@ def _set_attr(root, dotted, value):
 
 
 class _Entry:
-    __slots__ = ("plan", "executor", "error", "user")
+    __slots__ = ("plan", "executor", "error", "user", "aot")
 
-    def __init__(self, plan=None, executor=None, error=None, user=None):
+    def __init__(self, plan=None, executor=None, error=None, user=None, aot=None):
         self.plan, self.executor, self.error, self.user = plan, executor, error, user
+        self.aot = aot    # a graph that mutates its inputs: its AOTAutograd callable
+
+
+class _MutatesInputs(Exception):
+    """The inference graph writes to its inputs (see CompiledGraph._plan)."""
 
 
 class CompiledGraph:
@@ -250,6 +255,10 @@ class CompiledGraph:
             gm, user = _lift_static(self.gm, args)
             plan = planner.plan_graph(gm, [args[i] for i in user], chip=o.chip, precision=o.precision,
                                       strict=o.strict, registry=o.registry)
+            if len(plan.outputs) != _n_outputs(self.gm):
+                # torch.export returned the inputs the graph writes to (a train-mode batch-norm's
+                # running statistics and num_batches_tracked, under no_grad) as extra outputs
+                raise _MutatesInputs
             return plan, user
         from torchfl.planner.api import plan_captured
         from torchfl.planner.source import resolve
@@ -273,6 +282,13 @@ class CompiledGraph:
                 ex = Executor(plan, registry=self.options.registry, strict=self.options.strict,
                               static_inputs=static)
                 entry = _Entry(plan, ex, user=None if len(user) == len(args) else user)
+            except _MutatesInputs:
+                # as a training graph: AOTAutograd functionalises the writes, its forward graph
+                # returns the new values, and its runtime wrapper copies them into the inputs
+                try:
+                    entry = _Entry(aot=_aot_compile(self.gm, list(args), self.options))
+                except Exception as exc:
+                    entry = _Entry(error=exc)
             except Exception as exc:   # raised to the caller now and at every call of this signature
                 entry = _Entry(error=exc)
             self.entries[sig] = entry
@@ -286,6 +302,8 @@ class CompiledGraph:
         entry = self._entry(args)
         if entry.error is not None:
             raise entry.error
+        if entry.aot is not None:
+            return entry.aot(*args)
         if entry.user is not None:
             args = tuple(args[i] for i in entry.user)
         rec = _active()
@@ -303,6 +321,14 @@ class CompiledGraph:
 
 def _as_output(out, kind):
     return list(out) if kind != "inference" else out
+
+
+def _n_outputs(gm) -> int:
+    """How many values the graph returns (its output, flattened)."""
+    import torch
+
+    out = next(n for n in gm.graph.nodes if n.op == "output")
+    return len(torch.utils._pytree.tree_leaves(out.args[0]))
 
 
 def _concrete(gm, args):
@@ -368,15 +394,22 @@ def torchfl_backend(gm, example_inputs, options=None, **kwargs):
         isinstance(x, torch.Tensor) and x.requires_grad for x in example_inputs)
     if not training:
         return CompiledGraph(gm, opts, "inference")
-
-    from functorch.compile import make_boxed_func
-    from torch._dynamo.backends.common import aot_autograd
-
     try:
         decompositions = training_decompositions(opts)
     except Exception as exc:   # unknown chip, registry unavailable: raised at the call
         return _deferred(exc)
+    return _aot_compile(gm, example_inputs, opts, decompositions)
 
+
+def _aot_compile(gm, example_inputs, opts, decompositions=None):
+    """AOTAutograd's callable for ``gm``: forward and backward (or, under no_grad, the
+    inference) core-ATen graphs, each a :class:`CompiledGraph`; mutated inputs are
+    functionalised into extra forward outputs and copied back by AOTAutograd."""
+    from functorch.compile import make_boxed_func
+    from torch._dynamo.backends.common import aot_autograd
+
+    if decompositions is None:
+        decompositions = training_decompositions(opts)
     static = _static_positions(example_inputs)
 
     def compiler(kind):
