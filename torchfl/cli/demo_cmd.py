@@ -159,7 +159,7 @@ def demo(registry, quick, full_tables) -> None:
     # summary
     out.rule("[bold]Summary")
     t = Table(show_header=True, header_style="bold")
-    for col in ("model", "chip", "nodes on chip/folded/CPU", "max |diff| vs eager", "relative", "outcome"):
+    for col in ("model", "chip", "nodes on chip / folded / CPU", "max |diff| vs eager", "relative", "outcome"):
         t.add_column(col)
     bad = []
     for chip, name, err, rel, failure, extra in results:
