@@ -180,3 +180,61 @@ def test_train_mode_batch_norm_under_no_grad_updates_its_buffers():
     assert int(ours.bn.num_batches_tracked) == int(eager.bn.num_batches_tracked) == 1
     assert rel_err(ours.bn.running_mean, eager.bn.running_mean) < 1e-2
     assert rel_err(ours.bn.running_var, eager.bn.running_var) < 1e-2
+
+
+class TwoConvs(nn.Module):
+    """The second conv needs the input gradient *and* the weight and bias gradients."""
+
+    def __init__(self):
+        super().__init__()
+        self.c1 = nn.Conv2d(3, 8, 3, padding=1)
+        self.c2 = nn.Conv2d(8, 8, 3, padding=1)
+        self.fc = nn.Linear(8 * 6 * 6, 4)
+
+    def forward(self, x):
+        return self.fc(torch.relu(self.c2(torch.relu(self.c1(x)))).flatten(1))
+
+
+def test_conv_backward_with_every_gradient_runs_both_kernels_on_the_chip():
+    torch.manual_seed(6)
+    rec = _train_step(TwoConvs, torch.randn(2, 3, 6, 6))
+    bw = rec.entries[1][1]
+    assert not bw.fallbacks, bw.fallbacks      # one node would need two kernels: split in two calls
+    kernels = [s.kernel for s in bw.steps]
+    assert kernels.count("conv2d_backward_input") == 1 and kernels.count("conv2d_backward_weight") == 2
+
+
+def _registry_with_core_edited(tmp_path, old, new):
+    from torchfl.registry import Registry
+    from torchfl.resources import bundled_hcds, bundled_rule_packs
+
+    (core,) = [p for p in bundled_rule_packs() if p.name == "core.yaml"]
+    text = core.read_text()
+    assert text.count(old) == 1
+    pack = tmp_path / "core.yaml"
+    pack.write_text(text.replace(old, new))
+    url = f"sqlite:///{tmp_path / 'registry.db'}"
+    reg = Registry(url)
+    reg.init()
+    reg.import_files([p for p in bundled_hcds() if p.name == "npu_v3.hcd"] + [pack])
+    return url
+
+
+def test_a_norm_backward_on_the_cpu_gets_one_dtype(tmp_path):
+    """A layer-norm backward that falls back reads float16 activations beside float32 saved
+    statistics: torch's CPU kernel wants one dtype, so the host runs it in the graph's."""
+    url = _registry_with_core_edited(
+        tmp_path, 'guards: ["len(normalized_shape) >= 1"]',
+        'guards: [{if: "len(normalized_shape) >= 100", reason: "this test pack has no layer-norm backward"}]')
+    torch.manual_seed(7)
+    eager = LNBlock().train()
+    ours = copy.deepcopy(eager)
+    compiled = torch.compile(ours, backend="torchfl", options={**V3, "registry": url})
+    x = torch.randn(3, 4, 16)
+    with recording() as rec:
+        compiled(x).pow(2).mean().backward()
+    eager(x).pow(2).mean().backward()
+    bw = rec.entries[1][1]
+    assert [f.op for f in bw.fallbacks] == ["aten.native_layer_norm_backward.default"]
+    for (name, p), q in zip(ours.named_parameters(), eager.parameters()):
+        assert rel_err(p.grad, q.grad) < GRAD_TOL, (name, rel_err(p.grad, q.grad))
