@@ -114,7 +114,8 @@ def assemble(hcd, precision, ir, cands, selection, pricer, capture, input_layout
                 # a multi-output op's side outputs (batch-norm's saved mean/invstd) have
                 # another rank than the main one: they are stored in their identity layout
                 layout = opt.layout_out if len(shape) == len(opt.layout_out) else identity_layout(len(shape))
-                add_value(o, shape, info.dtype, layout, index, static)
+                own = ir.out_values.get(o)   # its own dtype (float32 statistics, int64 indices)
+                add_value(o, shape, own.dtype if own is not None else info.dtype, layout, index, static)
 
     outputs = []
     for fx_name in ir.outputs:
@@ -125,7 +126,7 @@ def assemble(hcd, precision, ir, cands, selection, pricer, capture, input_layout
         v = values[name]
         name = need(name, identity_layout(len(v.shape)), "output")
         v = values[name]
-        graph_dtype = ir.values[ir_name].graph_dtype if ir_name in ir.values else v.dtype
+        graph_dtype = ir.info(fx_name).graph_dtype if ir.info(fx_name) is not None else v.dtype
         if v.dtype != graph_dtype:
             priced = pricer.cast(v.shape, v.dtype, graph_dtype)
             new = f"{name}.{graph_dtype}"

@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from torchfl.planner.cost import ELEM, Priced, Pricer, numel, price_plan
-from torchfl.planner.graph import IRGraph, short_dtype
+from torchfl.planner.graph import IRGraph, bind_outputs, short_dtype
 from torchfl.planner.plan import identity_layout
 from torchfl.planner.select import Option
 
@@ -87,7 +87,7 @@ class _CallBuilder:
 
     def meta(self, fx_name: str, layout: str | None, path):
         ir_name = self.ir.fx_to_ir.get(fx_name)
-        info = self.ir.values.get(ir_name)
+        info = self.ir.info(fx_name)   # a multi-output node's output: its own shape and dtype
         if info is None:
             return None, None
         lay = layout if (info.rank == 4 and not info.static and layout) else (
@@ -296,7 +296,7 @@ class Generator:
             if path is None:
                 continue
             ir_name, _fx = builder.values[path]
-            info = self.ir.values[ir_name]
+            info = self.ir.info(_fx)
             shapes[kname] = info.shape
             dtypes[kname] = info.dtype
             lay = layout if (layout and info.rank == 4 and not info.static) else None
@@ -312,12 +312,9 @@ class Generator:
             return ("reject", kernel, (f"{kernel}: {exc}",))
         info = self.ir.values.get(nodes[-1].name)
         out_meta = metas[0] if metas else None
-        if info is not None and out_meta is not None:
-            if tuple(out_meta.shape) != tuple(info.shape) and numel(out_meta.shape) != numel(info.shape):
-                return ("reject", kernel, (f"{kernel} would produce shape {list(out_meta.shape)}, the graph needs "
-                                           f"{list(info.shape)}",))
-            if out_meta.dtype != info.dtype:
-                return ("reject", kernel, (f"{kernel} would produce {out_meta.dtype}, the plan needs {info.dtype} here",))
+        slots = bind_outputs(self.ir, nodes[-1], kernel, metas)  # kernel output i is op output slots[i]
+        if isinstance(slots, str):
+            return ("reject", kernel, (slots,))
         rank = info.rank if info is not None else 0
         layout_out = out_meta.layout if out_meta is not None else None
         if not isinstance(layout_out, str) or len(layout_out) != rank:
@@ -326,7 +323,7 @@ class Generator:
             layout_out = None
         layout_out = layout_out or identity_layout(rank)
         return ("match", kernel, tuple(inputs), priced, layout_out, _jsonable(dict(problem.attrs)), problem.dtype,
-                rule_id, warnings)
+                rule_id, warnings, slots)
 
     def _replay(self, nodes, outcomes, values, layout, kind):
         names = tuple(n.name for n in nodes)
@@ -334,14 +331,22 @@ class Generator:
             if o[0] == "reject":
                 self.out.rejected.append((names, o[1], o[2]))
                 continue
-            _, kernel, inputs, priced, layout_out, attrs, dtype, rule_id, warnings = o
+            _, kernel, inputs, priced, layout_out, attrs, dtype, rule_id, warnings, slots = o
+            # the kernel's outputs by FX name (graph.bind_outputs); every output the graph reads must be one
+            op_outs = nodes[-1].outs
+            outs = tuple(op_outs[j] if j < len(op_outs) else "" for j in slots) if op_outs else ()
+            unread = [x for x in op_outs if x and x not in outs]
+            if unread:
+                self.out.rejected.append((names, kernel, (f"{kernel} computes output(s) {list(slots)} of "
+                                                          f"{nodes[-1].op}; the graph also reads {', '.join(unread)}",)))
+                continue
             refs = [values[path] for _k, path, _l in inputs]
             fx_nodes = []
             for n in nodes:
                 fx_nodes.append(n.name)
                 fx_nodes.extend(x for x in n.outs if x and x != n.name)
             payload = Payload(kind, kernel, tuple(fx_nodes), tuple(n.op for n in nodes), tuple(f for _i, f in refs),
-                              tuple(k for k, _p, _l in inputs), attrs, dtype, priced, tuple(nodes[-1].outs),
+                              tuple(k for k, _p, _l in inputs), attrs, dtype, priced, outs,
                               all(n.static for n in nodes), rule_id, warnings)
             self.out.options.append(Option(f"{kernel}@{'+'.join(names)}:{layout_out}", names,
                                            tuple(i for i, _f in refs), tuple(l for _k, _p, l in inputs),
@@ -421,6 +426,9 @@ class Generator:
         outputs (split pieces, saved statistics) have their own shape (their getitem's meta)."""
         from torchfl.planner.build import _shape_of
 
+        own = self.ir.out_values.get(out)   # its own dtype too (topk's int64 indices, float32 statistics)
+        if own is not None:
+            return numel(own.shape) * ELEM.get(own.dtype, 4)
         return numel(_shape_of(self.ir, out, info, node)) * ELEM.get(info.dtype, 4)
 
     # -- CPU fallback, or a fold of an input-independent node --
@@ -430,8 +438,7 @@ class Generator:
         kind = "fold" if foldable(node) else "fallback"
         (self.out.folded if kind == "fold" else self.out.fallbacks)[node.name] = reason
         fx_inputs = tuple(a.name for a in node.fx.all_input_nodes if a.name in self.ir.fx_to_ir)
-        in_bytes = sum(numel(self.ir.values[self.ir.fx_to_ir[a]].shape) * ELEM.get(
-            self.ir.values[self.ir.fx_to_ir[a]].dtype, 4) for a in fx_inputs)
+        in_bytes = sum(numel(self.ir.info(a).shape) * ELEM.get(self.ir.info(a).dtype, 4) for a in fx_inputs)
         info = self.ir.values.get(node.name)
         out_bytes = sum(self._out_bytes(node, o, info) for o in node.outs if o) if info else 0
         priced = self.pricer.fallback(in_bytes, out_bytes)

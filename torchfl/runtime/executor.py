@@ -295,6 +295,15 @@ class Executor:
         node = p.node
         args = map_arg(node.args, value_of)
         kwargs = map_arg(node.kwargs, value_of)
+        floats = {a.dtype for a in torch.utils._pytree.tree_leaves((args, kwargs))
+                  if isinstance(a, torch.Tensor) and a.is_floating_point()}
+        if len(floats) > 1:
+            # float32 saved statistics beside float16 activations (planner/graph.py): torch's
+            # CPU ops want one dtype, so the host runs the node in the graph's own dtypes
+            def in_graph_dtype(n):
+                v, want = value_of(n), getattr(n.meta.get("val"), "dtype", None)
+                return v.to(want) if isinstance(v, torch.Tensor) and v.is_floating_point() and want else v
+            args, kwargs = map_arg(node.args, in_graph_dtype), map_arg(node.kwargs, in_graph_dtype)
         with torch.no_grad():
             result = node.target(*args, **kwargs)
         results = result if isinstance(result, (tuple, list)) else (result,)
