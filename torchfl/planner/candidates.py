@@ -421,16 +421,6 @@ class Generator:
             step_nodes[step.id] = nxt
         return chain, step_nodes
 
-    def _out_bytes(self, node, out: str, info) -> int:
-        """Bytes of one output of ``node`` as the plan stores it: a multi-output op's side
-        outputs (split pieces, saved statistics) have their own shape (their getitem's meta)."""
-        from torchfl.planner.build import _shape_of
-
-        own = self.ir.out_values.get(out)   # its own dtype too (topk's int64 indices, float32 statistics)
-        if own is not None:
-            return numel(own.shape) * ELEM.get(own.dtype, 4)
-        return numel(_shape_of(self.ir, out, info, node)) * ELEM.get(info.dtype, 4)
-
     # -- CPU fallback, or a fold of an input-independent node --
     def fallback(self, node):
         reasons = [r for nodes, _k, rs in self.out.rejected if nodes == (node.name,) for r in rs]
@@ -440,7 +430,9 @@ class Generator:
         fx_inputs = tuple(a.name for a in node.fx.all_input_nodes if a.name in self.ir.fx_to_ir)
         in_bytes = sum(numel(self.ir.info(a).shape) * ELEM.get(self.ir.info(a).dtype, 4) for a in fx_inputs)
         info = self.ir.values.get(node.name)
-        out_bytes = sum(self._out_bytes(node, o, info) for o in node.outs if o) if info else 0
+        # every output it writes back, each in its own shape and dtype (topk: values and indices)
+        out_bytes = sum(numel(self.ir.info(o).shape) * ELEM.get(self.ir.info(o).dtype, 4) for o in node.outs
+                        if o and self.ir.info(o) is not None)
         priced = self.pricer.fallback(in_bytes, out_bytes)
         ir_inputs = tuple(self.ir.fx_to_ir[a] for a in fx_inputs)
         layouts_in = tuple(identity_layout(self.ir.values[v].rank) for v in ir_inputs)
