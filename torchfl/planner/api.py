@@ -23,7 +23,7 @@ def plan_module(module, example_inputs, chip, precision=None, strict=False, regi
     check_precision(hcd, precision)
     check_layout_inputs(hcd, example_inputs)
     if training:
-        captured, _bw = capture_training(module, example_inputs)
+        captured, _bw = capture_training(module, example_inputs, packs)
     else:
         captured = capture_module(module, example_inputs)
     return plan_captured(captured, example_inputs, hcd, packs, precision=precision, strict=strict)
@@ -37,7 +37,7 @@ def plan_training(module, example_inputs, chip, precision=None, strict=False, re
 
     hcd, packs = resolve(chip, registry)
     check_precision(hcd, precision)
-    fw, bw = capture_training(module, tuple(example_inputs))
+    fw, bw = capture_training(module, tuple(example_inputs), packs)
     return (plan_captured(fw, (), hcd, packs, precision=precision, strict=strict),
             plan_captured(bw, (), hcd, packs, precision=precision, strict=strict))
 

@@ -146,8 +146,45 @@ def specialise_scalars(gm, example_inputs):
     return gm
 
 
-def capture_training(module, example_inputs) -> tuple[Captured, Captured]:
-    """Forward and backward graphs from AOTAutograd (core-ATen decompositions).
+def training_decompositions(packs) -> dict:
+    """Core-ATen decompositions, except the ops a rule of ``packs`` maps whole
+    (``native_layer_norm_backward``, ``native_batch_norm_backward``, ``gelu_backward``,
+    ``convolution_backward``, ...): decomposed, they would become primitive ops that no
+    kernel serves (exp, erf, comparisons), i.e. CPU fallbacks. A ``convolution_backward``
+    that needs the input and the weight gradients is split in two calls, one per kernel."""
+    import torch
+    from torch._decomp import core_aten_decompositions
+
+    whole = {r.op for pack in packs for r in pack.rules}
+    table = {op: fn for op, fn in core_aten_decompositions().items() if str(op) not in whole}
+    conv_bwd = torch.ops.aten.convolution_backward.default
+    if {"conv2d_backward_input", "conv2d_backward_weight"} <= {r.kernel for pack in packs for r in pack.rules
+                                                               if r.op == str(conv_bwd)}:
+        table[conv_bwd] = _split_convolution_backward
+    return table
+
+
+def _split_convolution_backward(grad_output, input, weight, bias_sizes, stride, padding, dilation,
+                                transposed, output_padding, groups, output_mask):
+    """``convolution_backward`` asked for the input gradient *and* the weight (or bias)
+    gradient, as two calls: the input gradient alone, then the weight and bias gradients.
+    Each is one kernel's work (``conv2d_backward_input``, ``conv2d_backward_weight``), so
+    both run on the chip; as one node no single kernel computes every output it returns.
+    Any other call is left whole (``NotImplemented``: traced as it is)."""
+    import torch
+
+    if not (output_mask[0] and (output_mask[1] or output_mask[2])):
+        return NotImplemented
+    op = torch.ops.aten.convolution_backward.default
+    args = (bias_sizes, stride, padding, dilation, transposed, output_padding, groups)
+    grad_input = op(grad_output, input, weight, *args, [True, False, False])[0]
+    _gi, grad_weight, grad_bias = op(grad_output, input, weight, *args, [False, output_mask[1], output_mask[2]])
+    return grad_input, grad_weight, grad_bias
+
+
+def capture_training(module, example_inputs, packs=None) -> tuple[Captured, Captured]:
+    """Forward and backward graphs from AOTAutograd (core-ATen decompositions, minus the
+    ops ``packs`` map whole: :func:`training_decompositions`; all of core ATen without packs).
 
     Runs one forward and backward of ``module`` (gradients of the sum of the outputs) to
     make AOTAutograd compile both graphs. Placeholders of these graphs are all ``input``s
@@ -155,7 +192,6 @@ def capture_training(module, example_inputs) -> tuple[Captured, Captured]:
     """
     import torch
     from torch._dynamo.backends.common import aot_autograd
-    from torch._decomp import core_aten_decompositions
 
     graphs: dict[str, Any] = {}
 
@@ -167,7 +203,7 @@ def capture_training(module, example_inputs) -> tuple[Captured, Captured]:
         return compiler
 
     backend = aot_autograd(fw_compiler=grab("forward"), bw_compiler=grab("backward"),
-                           decompositions=core_aten_decompositions())
+                           decompositions=training_decompositions(packs or ()))
     torch._dynamo.reset()
     compiled = torch.compile(module, backend=backend, fullgraph=True)
     out = compiled(*example_inputs)

@@ -427,40 +427,9 @@ def _aot_compile(gm, example_inputs, opts, decompositions=None):
 
 
 def training_decompositions(opts):
-    """Core-ATen decompositions, except the ops a rule of the chip's rule packs maps whole
-    (``native_layer_norm_backward``, ``native_batch_norm_backward``, ``gelu_backward``,
-    ``convolution_backward``, ...): decomposed, they would become primitive ops that no
-    kernel serves (exp, erf, comparisons), i.e. CPU fallbacks. A ``convolution_backward``
-    that needs the input and the weight gradients is split in two calls, one per kernel."""
-    from torch._decomp import core_aten_decompositions
-
+    """The planner's training decompositions for the chip and rule packs in ``opts``."""
+    from torchfl.planner.capture import training_decompositions as for_packs
     from torchfl.planner.source import resolve
 
-    import torch
-
     _hcd, packs = resolve(opts.chip, opts.registry)
-    whole = {r.op for pack in packs for r in pack.rules}
-    table = {op: fn for op, fn in core_aten_decompositions().items() if str(op) not in whole}
-    conv_bwd = torch.ops.aten.convolution_backward.default
-    if {"conv2d_backward_input", "conv2d_backward_weight"} <= {r.kernel for pack in packs for r in pack.rules
-                                                               if r.op == str(conv_bwd)}:
-        table[conv_bwd] = _split_convolution_backward
-    return table
-
-
-def _split_convolution_backward(grad_output, input, weight, bias_sizes, stride, padding, dilation,
-                                transposed, output_padding, groups, output_mask):
-    """``convolution_backward`` asked for the input gradient *and* the weight (or bias)
-    gradient, as two calls: the input gradient alone, then the weight and bias gradients.
-    Each is one kernel's work (``conv2d_backward_input``, ``conv2d_backward_weight``), so
-    both run on the chip; as one node no single kernel computes every output it returns.
-    Any other call is left whole (``NotImplemented``: traced as it is)."""
-    import torch
-
-    if not (output_mask[0] and (output_mask[1] or output_mask[2])):
-        return NotImplemented
-    op = torch.ops.aten.convolution_backward.default
-    args = (bias_sizes, stride, padding, dilation, transposed, output_padding, groups)
-    grad_input = op(grad_output, input, weight, *args, [True, False, False])[0]
-    _gi, grad_weight, grad_bias = op(grad_output, input, weight, *args, [False, output_mask[1], output_mask[2]])
-    return grad_input, grad_weight, grad_bias
+    return for_packs(packs)
