@@ -25,17 +25,15 @@ def address_of(arr: np.ndarray) -> int:
 
 
 class DeviceBuffer:
-    """``nbytes`` of device memory; ``array`` is the aligned uint8 view."""
+    """``nbytes`` of device memory; ``array`` is the aligned uint8 view; ``address`` its
+    first byte (a buffer never moves: kept, not recomputed on every alignment check)."""
 
-    __slots__ = ("memory", "array", "nbytes", "accounted", "freed", "_raw", "__weakref__")
+    __slots__ = ("memory", "array", "nbytes", "accounted", "freed", "address", "_raw", "__weakref__")
 
-    def __init__(self, memory, raw, array, nbytes, accounted):
+    def __init__(self, memory, raw, array, nbytes, accounted, address=None):
         self.memory, self._raw, self.array = memory, raw, array
         self.nbytes, self.accounted, self.freed = nbytes, accounted, False
-
-    @property
-    def address(self) -> int:
-        return address_of(self.array)
+        self.address = address_of(array) if address is None else address
 
     def view(self, dtype, shape, offset: int = 0) -> np.ndarray:
         """Numpy view of ``shape`` elements of ``dtype`` starting ``offset`` bytes in."""
@@ -70,11 +68,12 @@ class DeviceMemory:
         if nbytes < 0:
             raise ValueError(f"cannot allocate a negative size ({nbytes} B)")
         acc = self._granule(nbytes)
-        raw, full = self._obtain(acc)
+        block = self._obtain(acc)
         self._allocated += acc
-        self._peak = max(self._peak, self._allocated)
+        if self._allocated > self._peak:
+            self._peak = self._allocated
         # an empty slice would not keep its address: an empty buffer still views one byte
-        return DeviceBuffer(self, raw, full[:max(nbytes, 1)], nbytes, acc)
+        return DeviceBuffer(self, block, block[1][:max(nbytes, 1)], nbytes, acc, block[2])
 
     def free(self, buf: DeviceBuffer):
         if buf.memory is not self:
@@ -83,14 +82,15 @@ class DeviceMemory:
             raise ValueError(f"double free of device buffer at 0x{buf.address:x}")
         buf.freed = True
         self._allocated -= buf.accounted
-        raw, buf._raw = buf._raw, None
-        if raw is not None:
-            self._recycle(raw, buf.accounted)
+        block, buf._raw = buf._raw, None
+        if block is not None:
+            self._recycle(block, buf.accounted)
 
     # -- the block policy: a subclass (the runtime's caching allocator) overrides these two --
 
-    def _obtain(self, acc: int) -> tuple[np.ndarray, np.ndarray]:
-        """A fresh block of ``acc`` bytes: (raw allocation, aligned view), or DeviceOOMError."""
+    def _obtain(self, acc: int) -> tuple:
+        """A fresh block of ``acc`` bytes: (raw allocation, aligned view, its address), or
+        DeviceOOMError."""
         if self.capacity is not None and self._allocated + acc > self.capacity:
             free = self.capacity - self._allocated
             raise DeviceOOMError(
@@ -100,12 +100,13 @@ class DeviceMemory:
                 "off_chip_memory.size_gb")
         raw = np.empty(acc + self.alignment, dtype=np.uint8)
         full = self._aligned(raw, acc)
-        if address_of(full) % self.alignment:  # verify the address, not just the request
-            raise RuntimeError(f"allocator bug: 0x{address_of(full):x} not {self.alignment}-byte aligned")
-        return raw, full
+        addr = address_of(full)
+        if addr % self.alignment:  # verify the address, not just the request
+            raise RuntimeError(f"allocator bug: 0x{addr:x} not {self.alignment}-byte aligned")
+        return raw, full, addr
 
-    def _recycle(self, raw: np.ndarray, acc: int) -> None:
-        """A freed block: returned to the host allocator (dropped)."""
+    def _recycle(self, block: tuple, acc: int) -> None:
+        """A freed block (as ``_obtain`` made it): returned to the host allocator (dropped)."""
 
     def _aligned(self, raw: np.ndarray, acc: int) -> np.ndarray:
         off = (-address_of(raw)) % self.alignment

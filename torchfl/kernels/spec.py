@@ -15,7 +15,7 @@ from typing import Any, Callable
 from .errors import KernelError
 from .tiling import TilePlan, Traffic
 
-__all__ = ["KernelSpec", "Problem", "TensorMeta", "RunContext"]
+__all__ = ["KernelSpec", "Problem", "TensorMeta", "RunContext", "BoundRun"]
 
 
 @dataclass(frozen=True)
@@ -185,16 +185,56 @@ class KernelSpec:
                                {k: t.dtype for k, t in inputs.items()})
         if plan is None:
             plan = self.tile(problem, chip)
-        elif plan.key != problem.key:
-            raise KernelError(f"kernel {self.name}: the plan was made for another problem "
-                              f"({plan.key[1:3]}), not {problem.key[1:3]}; re-plan")
         if memory is None:
             memory = next((t.buffer.memory for t in inputs.values()), None) or DeviceMemory(chip)
-        mod = importlib.import_module(f"torchfl.kernels.{self.family}.impl")
-        ctx = RunContext(chip, self, problem, plan, inputs, memory)
-        outputs = getattr(mod, self.impl)(ctx)
+        return self.bind(chip, problem, plan, memory).execute(inputs)
+
+    def bind(self, chip, problem: Problem, plan: TilePlan, memory) -> "BoundRun":
+        """``run`` for one problem, resolved once (impl function, plan checked against the
+        problem): a caller that runs the same step again and again (the executor) pays the
+        validation once and a signature check per call."""
+        if plan.key != problem.key:
+            raise KernelError(f"kernel {self.name}: the plan was made for another problem "
+                              f"({plan.key[1:3]}), not {problem.key[1:3]}; re-plan")
+        return BoundRun(self, chip, problem, plan, memory)
+
+
+class BoundRun:
+    """One kernel call site: spec, chip, validated problem, its tile plan, device memory and
+    the impl function. ``bound(inputs)`` executes exactly the plan; inputs whose shape,
+    dtype or layout differ from the bound problem go through ``spec.run``'s full checks
+    (which refuse a plan made for another problem). Alignment is checked on every call."""
+
+    __slots__ = ("spec", "chip", "problem", "plan", "memory", "fn", "sig", "align")
+
+    def __init__(self, spec, chip, problem, plan, memory):
+        self.spec, self.chip, self.problem, self.plan, self.memory = spec, chip, problem, plan, memory
+        mod = importlib.import_module(f"torchfl.kernels.{spec.family}.impl")
+        self.fn = getattr(mod, spec.impl)
+        self.sig = tuple((k, problem.shapes[k], problem.dtype_of(k), problem.layouts.get(k))
+                         for k in problem.shapes)
+        self.align = int(chip.alignment)
+
+    def __call__(self, inputs: dict):
+        if len(inputs) != len(self.sig):
+            return self.spec.run(self.chip, inputs, self.problem.attrs, self.plan, self.memory)
+        for k, shape, dtype, layout in self.sig:
+            t = inputs.get(k)
+            if t is None or t.shape != shape or t.dtype != dtype or t.layout != layout:
+                return self.spec.run(self.chip, inputs, self.problem.attrs, self.plan, self.memory)
+        return self.execute(inputs)
+
+    def execute(self, inputs: dict):
+        """Run on ``inputs`` already known to match the bound problem: (outputs, counted)."""
+        align, name = self.align, self.spec.name
+        for k, t in inputs.items():
+            if (t.buffer.address + t.offset) % align:
+                t.check_alignment(align, f"kernel {name}: input {k!r}")
+        ctx = RunContext(self.chip, self.spec, self.problem, self.plan, inputs, self.memory)
+        outputs = self.fn(ctx)
         for o in outputs:
-            o.check_alignment(chip.alignment, f"kernel {self.name}: output")
+            if (o.buffer.address + o.offset) % align:
+                o.check_alignment(align, f"kernel {name}: output")
         return outputs, ctx.counted
 
 

@@ -90,9 +90,9 @@ def caching_memory(chip, max_reserved: int = 1 << 30):
                 self.empty_cache()
             return super()._obtain(acc)   # a fresh block, or the located out-of-memory error
 
-        def _recycle(self, raw, acc: int) -> None:
+        def _recycle(self, block, acc: int) -> None:
             if self._reserved + acc <= self.max_reserved:
-                self._pool.setdefault(acc, []).append((raw, self._aligned(raw, acc)))
+                self._pool.setdefault(acc, []).append(block)
                 self._reserved += acc
 
         def memory_reserved(self) -> int:

@@ -4,22 +4,33 @@ What it does, per the Plan contract (``torchfl/planner/plan.py``):
 
 * user inputs are copied once into the chip's aligned device memory, in the plan's layout
   and dtype; lifted parameters/buffers/constants are uploaded once, at construction;
-* every kernel, fused, cast and layout step calls ``CATALOG[kernel].run`` with the tile
-  plan that the kernel's one tiling function gives for the step's problem on this chip,
-  checked once against the plan's ``step.tile`` (a plan made for another chip or another
-  tiler is refused, never silently re-tiled);
+* every kernel, fused, cast and layout step calls its kernel with the tile plan that the
+  kernel's one tiling function gives for the step's problem on this chip, checked once
+  against the plan's ``step.tile`` (a plan made for another chip or another tiler is
+  refused, never silently re-tiled);
 * ``static`` steps (weight casts and layout transforms) run once and their results stay
   on the device; inputs that are parameters (what Dynamo passes) are cached too, keyed by
   the tensor's version counter, so an optimizer step invalidates them;
 * a ``fallback`` step runs its FX node with torch on the CPU (logged when the plan is
   made; ``strict`` refuses the plan before anything runs); a ``fold`` step runs the same
   way, but is static: once, and again only when a weight or buffer it reads changes;
-* a value is freed after its last reader (buffers are reference counted, so a
-  metadata-only reshape sharing its input's buffer keeps it alive);
+* a value's buffer is freed after its last reader; a metadata-only reshape shares its
+  input's buffer, so the two are one buffer whose last reader is the last reader of either;
 * outputs come back as ordinary torch tensors in the identity layout and the caller's dtype.
+
+How (the way tinygrad or ONNX Runtime run a graph): the plan is compiled once into a flat
+program. Values live in integer slots of a list (not name-keyed dicts); each step holds its
+input and output slots, its bound kernel call (``KernelSpec.bind``: problem validated and
+impl resolved on the first run, a signature check after that) and the slots whose buffers
+die after it. Buffer lifetimes are decided when the program is built (alias groups of
+metadata reshapes included), so a call does no reference counting. Two programs are built:
+the full one (first call, after a weight changed, and measuring runs) and the dynamic one
+(static results already on the device).
 
 ``run(args, record=...)`` also measures: per step the Traffic the kernel counted and the
 kernel's wall time, plus route accounting per ATen op (what ran where, as executed).
+``last_kernel_s`` is the time inside kernel calls (the kernel's ``run`` including its own
+Python wrapper, and host steps' torch calls); ``last_total_s`` the executor's whole call.
 """
 from __future__ import annotations
 
@@ -72,26 +83,47 @@ def _kernel_layout(layout: str | None, rank: int):
 
 
 class _Prep:
-    """One step, prepared once: resolved spec, input binding, tile plan (lazily checked)."""
+    """One step, compiled once: resolved spec, input/output slots, bound kernel call."""
 
-    __slots__ = ("step", "kind", "spec", "bind", "attrs", "outputs", "tile_plan", "free_after",
-                 "static", "node", "base", "n_out", "relabel")
+    __slots__ = ("step", "kind", "host", "spec", "names", "ins", "outs", "attrs", "tile_plan", "call",
+                 "static", "node", "base", "n_out", "relabel", "alias", "ops", "kernel", "label")
 
     def __init__(self, step):
         self.step = step
         self.kind = step.kind
+        self.host = step.kind in HOST_STEPS
         self.spec = None
-        self.bind = ()
+        self.names = ()           # kernel input names (chip steps) / step input values (host steps)
+        self.ins = ()             # their slots
+        self.outs = ()            # output slots, -1 for an unnamed output
         self.attrs = dict(step.attrs)
-        self.outputs = tuple(step.outputs)
         self.tile_plan = None
-        self.free_after = ()
+        self.call = None          # KernelSpec.bind(...) once the first run saw the inputs
         self.static = False
         self.node = None
         self.base = {}
+        self.n_out = sum(1 for o in step.outputs if o)
         # permute/transpose/t as layout_transform: the stored buffer, read row-major, is the
         # node's permuted tensor (plan.py): relabel the output as that, in identity layout
         self.relabel = step.kernel == "layout_transform" and bool(step.nodes)
+        self.alias = False        # output 0 shares input 0's buffer (metadata reshape)
+        self.ops = tuple(step.ops)
+        self.kernel = step.kernel
+        self.label = step.kernel or step.kind
+
+
+class _Program:
+    """A list of steps to run in order, with the buffer frees decided for that list.
+
+    ``uploads``: (slot, position, layout, dtype, name) of the user inputs its steps or the
+    outputs read; ``steps``: per step (prep, host step?, kernel input names, input slots,
+    the output slot when it has exactly one else -1, slots whose buffers die after it);
+    ``free_at_end``: slots of output buffers, freed after their download."""
+
+    __slots__ = ("uploads", "steps", "free_at_end")
+
+    def __init__(self, uploads, steps, free_at_end):
+        self.uploads, self.steps, self.free_at_end = uploads, steps, free_at_end
 
 
 def _relabel(t):
@@ -139,12 +171,21 @@ class Executor:
         if log:
             log_plan(plan)
 
+        slots: dict = {}
+
+        def slot(name):
+            s = slots.get(name)
+            if s is None:
+                s = slots[name] = len(slots)
+            return s
+
         self.user_inputs = []     # (value name, position, layout, dtype)
         self.lifted = []          # (value name, tensor, layout, dtype)
         self.static_positions = frozenset(int(i) for i in static_inputs)
         static_vals = set()
         for pin in plan.inputs:
             lay = _kernel_layout(pin.layout, len(pin.shape))
+            slot(pin.name)
             if pin.kind == "input":
                 self.user_inputs.append((pin.name, int(pin.target), lay, pin.dtype))
                 if int(pin.target) in self.static_positions:
@@ -175,57 +216,111 @@ class Executor:
                 if len(step.inputs) > len(names):
                     raise PlanMismatch(f"step {step.index} ({step.kernel}) has {len(step.inputs)} inputs; "
                                        f"the kernel takes {', '.join(p.spec.inputs)}")
-                p.bind = tuple((n, v) for n, v in zip(names, step.inputs) if v)
+                bound = [(n, v) for n, v in zip(names, step.inputs) if v]
+                p.alias = self._aliases(step)
             elif step.kind in HOST_STEPS:
                 node = nodes.get(step.nodes[0]) if step.nodes else None
                 if node is None:
                     raise PlanMismatch(f"{step.kind} step {step.index}: FX node {step.nodes[:1]} is not in the "
                                        "captured graph; re-plan the model in this process")
                 p.node = node
-                p.bind = tuple(("", v) for v in step.inputs if v)
+                bound = [(v, v) for v in step.inputs if v]
                 p.base = {v.split(".", 1)[0]: v for v in step.inputs if v}
             else:
                 raise PlanMismatch(f"step {step.index} has unknown kind {step.kind!r}")
-            ins = [v for _, v in p.bind]
+            p.names = tuple(n for n, _ in bound)
+            p.ins = tuple(slot(v) for _, v in bound)
+            p.outs = tuple(slot(o) if o else -1 for o in step.outputs)
+            ins = [v for _, v in bound]
             # a fold is static by definition, even with no input at all (arange, full)
             p.static = (step.kind == "fold" and step.static) or (
                 bool(ins) and (step.static or all(v in static_vals for v in ins)))
             if p.static:
-                static_vals.update(o for o in p.outputs if o)
+                static_vals.update(o for o in step.outputs if o)
             self.preps.append(p)
+        for name in plan.outputs:
+            if name:
+                slot(name)
+        self.slots = slots
         self.static_vals = frozenset(static_vals)
         self.dynamic_preps = tuple(p for p in self.preps if not p.static)
-        for p in self.preps:
-            p.n_out = sum(1 for o in p.outputs if o)
+        self.out_slots = tuple(slots[o] if o else -1 for o in plan.outputs)
 
-        # liveness: free each non-static value after its last reader (outputs: at the end)
-        last = {}
-        for i, p in enumerate(self.preps):
-            for _, v in p.bind:
-                last[v] = i
-        outs = set(o for o in plan.outputs if o)
-        free = defaultdict(list)
-        for v, i in last.items():
-            if v not in outs:
-                free[i].append(v)
-        for i, p in enumerate(self.preps):
-            p.free_after = tuple(free.get(i, ()))
-        self.unread_inputs = frozenset(n for n, *_ in self.user_inputs if n not in last and n not in outs)
-        # values produced and never read (unused outputs of a multi-output kernel)
-        for i, p in enumerate(self.preps):
-            dead = [o for o in p.outputs if o and o not in last and o not in outs]
-            p.free_after = p.free_after + tuple(dead)
-        for p in self.preps:          # static values stay on the device: never freed per call
-            p.free_after = tuple(v for v in p.free_after if v not in self.static_vals)
+        read = {s for p in self.preps for s in p.ins} | {s for s in self.out_slots if s >= 0}
+        self.unread_inputs = frozenset(n for n, *_ in self.user_inputs if slots[n] not in read)
+        self._lifted_slots = tuple((slots[n], t, lay, dt) for n, t, lay, dt in self.lifted)
+        self._lifted_tensors = tuple(t for _n, t, _l, _d in self.lifted)
+        self._static_pos = tuple(sorted(self.static_positions))
+        resident = {slots[v] for v in static_vals}
+        self._full = self._program(self.preps, resident, ())
+        # with the static values cached, static user inputs are on the device already
+        self._dynamic = self._program(self.dynamic_preps, resident, resident)
 
         self.out_spec = self._output_spec()
-        self._base_env, self._base_pinned = {}, frozenset()
-        self._static_env = None       # value -> DeviceTensor, valid for _static_key
+        self._base = None             # slot list holding the cached static values, valid for _static_key
         self._static_key = None
-        self._lifted_env = None
+        self._lifted_vals = None      # lifted uploads: slot -> value
         self.calls = 0
+        self.last_kernel_s = self.last_total_s = 0.0
 
-    # ------------------------------------------------------------------ helpers
+    # ------------------------------------------------------------------ build
+
+    def _aliases(self, step) -> bool:
+        """Whether the step's output is a view of its input's buffer: a row-major reshape,
+        which the layout family's tiling makes a zero-byte ``metadata`` step."""
+        if step.kernel != "reshape":
+            return False
+        val = self.plan.values.get(step.inputs[0]) if step.inputs else None
+        if val is not None:
+            return _kernel_layout(val.layout, len(val.shape)) is None
+        return (step.tile or {}).get("strategy") == "metadata"
+
+    def _program(self, preps, resident, cached) -> _Program:
+        """Decide every free of a run of ``preps`` (after uploading the user inputs they or
+        the outputs read, except the ``cached`` slots): a buffer (a value and the reshapes
+        that view it: one alias group) dies after the last step that reads or makes any of
+        its values; groups holding a static value stay resident; groups holding an output
+        are freed after the download."""
+        slots = self.slots
+        read = {s for p in preps for s in p.ins} | {s for s in self.out_slots if s >= 0}
+        uploads = tuple((slots[n], pos, lay, dt, n) for n, pos, lay, dt in self.user_inputs
+                        if slots[n] in read and slots[n] not in cached)
+        parent: dict = {}
+
+        def root(s):
+            while parent.get(s, s) != s:
+                s = parent[s]
+            return s
+
+        for p in preps:
+            if p.alias and p.ins and p.outs and p.outs[0] >= 0:
+                a, b = root(p.outs[0]), root(p.ins[0])
+                if a != b:
+                    parent[a] = b
+        members = defaultdict(set)
+        last = {}
+        for s, *_ in uploads:
+            members[root(s)].add(s)
+            last.setdefault(root(s), (-1, s))
+        for i, p in enumerate(preps):
+            for s in p.ins + tuple(o for o in p.outs if o >= 0):
+                r = root(s)
+                members[r].add(s)
+                last[r] = (i, s)      # latest event of the group, and a slot that holds it then
+        pinned = {r for r, ms in members.items() if ms & resident}
+        outs = {root(s) for s in self.out_slots if s >= 0}
+        frees = defaultdict(list)
+        for r, (i, s) in last.items():
+            if r in pinned or r in outs or i < 0:
+                continue
+            frees[i].append(s)
+        at_end = []
+        for s in self.out_slots:
+            if s >= 0 and root(s) not in pinned and root(s) not in {root(x) for x in at_end}:
+                at_end.append(s)
+        steps = tuple((p, p.host, p.names, p.ins, p.outs[0] if len(p.outs) == 1 else -1, tuple(frees.get(i, ())))
+                      for i, p in enumerate(preps))
+        return _Program(uploads, steps, tuple(at_end))
 
     def _output_spec(self):
         """Where each entry of the FX output comes from: ``("value", plan output index)`` for
@@ -256,6 +351,8 @@ class Executor:
                                f"({', '.join(self.plan.outputs)}); re-plan")
         return tuple(spec)
 
+    # ------------------------------------------------------------------ helpers
+
     def _upload(self, x, layout, dtype):
         from torchfl.kernels.tensor import DeviceTensor
 
@@ -265,8 +362,9 @@ class Executor:
             return x
         return DeviceTensor.from_torch(x, self.memory, layout=layout, dtype=dtype)
 
-    def _tile_plan(self, p, inputs):
-        """The kernel's tile plan for this problem on this chip, checked against the plan."""
+    def _bind(self, p, inputs):
+        """First run of a chip step: the kernel's tile plan for this problem on this chip,
+        checked against the plan, and the kernel bound to it."""
         spec = p.spec
         dtypes = {k: t.dtype for k, t in inputs.items()}
         first = next((inputs[n].dtype for n in spec.input_names if n in inputs), None)
@@ -279,17 +377,25 @@ class Executor:
                 f"step {p.step.index} ({p.step.kernel}): the plan tiles it as {p.step.tile}, but on "
                 f"{self.chip.name} the kernel tiles this problem as {tp.config.as_dict()}; the plan was "
                 "made for another chip or torchfl version: re-plan")
-        return tp
+        if (tp.config.strategy == "metadata") != p.alias:
+            raise PlanMismatch(
+                f"step {p.step.index} ({p.step.kernel}): the executor expected it to "
+                f"{'view' if p.alias else 'copy'} its input's buffer, but the kernel tiles it as "
+                f"{tp.config.strategy!r}; the plan's value layouts disagree with its steps: re-plan")
+        p.tile_plan = tp
+        p.call = spec.bind(self.chip, problem, tp, self.memory)
+        return p.call
 
-    def _run_fallback(self, p, env):
+    def _run_host(self, p, vals):
         import torch
         from torch.fx.node import map_arg
 
         from torchfl.kernels.tensor import DeviceTensor
 
+        slots = self.slots
+
         def value_of(n):
-            name = p.base.get(n.name, n.name)
-            v = env[name]
+            v = vals[slots[p.base.get(n.name, n.name)]]
             return v.to_torch() if isinstance(v, DeviceTensor) else v
 
         node = p.node
@@ -308,7 +414,7 @@ class Executor:
             result = node.target(*args, **kwargs)
         results = result if isinstance(result, (tuple, list)) else (result,)
         out = []
-        for name, r in zip(p.outputs, results):
+        for name, r in zip(p.step.outputs, results):
             if not name:
                 out.append(None)
                 continue
@@ -323,30 +429,22 @@ class Executor:
 
     # ------------------------------------------------------------------ state
 
-    def _lifted(self):
-        if self._lifted_env is None:
-            self._lifted_env = {n: self._upload(t, lay, dt) for n, t, lay, dt in self.lifted}
-        return self._lifted_env
-
     def _static_inputs_key(self, args):
         """Identity and version of everything the cached device state was made from: an
         in-place update of a weight (optimizer step, load_state_dict) invalidates it."""
-        return (tuple((i, id(args[i]), getattr(args[i], "_version", 0)) for i in sorted(self.static_positions)
-                      if i < len(args)),
-                tuple(getattr(t, "_version", 0) for _n, t, _l, _d in self.lifted))
+        n = len(args)
+        return (tuple([(i, id(args[i]), getattr(args[i], "_version", 0)) for i in self._static_pos if i < n]),
+                tuple([getattr(t, "_version", 0) for t in self._lifted_tensors]))
 
     def release(self):
         """Free everything this executor keeps on the device (cached weights)."""
         from torchfl.kernels.tensor import DeviceTensor
 
-        seen = set()
-        for env in (self._static_env or {}, self._lifted_env or {}):
-            for v in env.values():
-                if isinstance(v, DeviceTensor) and not v.buffer.freed and id(v.buffer) not in seen:
-                    seen.add(id(v.buffer))
+        for env in (self._base or (), (self._lifted_vals or {}).values()):
+            for v in env:
+                if isinstance(v, DeviceTensor) and not v.buffer.freed:
                     v.buffer.free()
-        self._static_env = self._lifted_env = self._static_key = None
-        self._base_env, self._base_pinned = {}, frozenset()
+        self._base = self._lifted_vals = self._static_key = None
 
     def __del__(self):
         try:
@@ -363,134 +461,131 @@ class Executor:
         """Execute the plan on ``args`` (the flattened user inputs); returns a tuple."""
         from torchfl.kernels.tensor import DeviceTensor
 
-        t0 = time.perf_counter()
+        perf = time.perf_counter
+        t0 = perf()
         self.calls += 1
         measuring = record is not None
         mem = self.memory
         if measuring:
             mem.reset_peak_memory_stats()
-        refs: Counter = Counter()
-        pinned = set()
-        env: dict = {}
 
-        # cached state: lifted tensors and static values (skipped when measuring: analyze
-        # executes and counts every step, static ones included)
-        static_cached = False
+        # cached state: lifted tensors and static values (not when measuring: analyze
+        # executes and counts every step, static ones included, on fresh uploads)
+        cached = False
         if measuring:
-            env.update({n: self._upload(t, lay, dt) for n, t, lay, dt in self.lifted})
+            vals = [None] * len(self.slots)
+            for s, t, lay, dt in self._lifted_slots:
+                vals[s] = self._upload(t, lay, dt)
         else:
             key = self._static_inputs_key(args)
             if self._static_key is not None and key != self._static_key:
                 self.release()          # weights changed: upload and cast them again
-            if self._static_env is not None and key == self._static_key:
-                static_cached = True
-                env = dict(self._base_env)
-                pinned = self._base_pinned
+            if self._base is not None:
+                cached = True
+                vals = self._base[:]
             else:
-                lifted = self._lifted()
-                env.update(lifted)
-                pinned.update(id(v.buffer) for v in lifted.values() if isinstance(v, DeviceTensor))
+                vals = [None] * len(self.slots)
+                if self._lifted_vals is None:
+                    self._lifted_vals = {s: self._upload(t, lay, dt) for s, t, lay, dt in self._lifted_slots}
+                for s, v in self._lifted_vals.items():
+                    vals[s] = v
+        prog = self._dynamic if cached else self._full
 
-        for name, pos, lay, dt in self.user_inputs:
-            if (static_cached and name in self.static_vals) or name in self.unread_inputs:
-                continue
+        for s, pos, lay, dt, name in prog.uploads:
             try:
                 x = args[pos]
             except IndexError:
                 raise TypeError(f"the plan expects user input #{pos} ({name}); got {len(args)} inputs") from None
-            v = self._upload(x, lay, dt)
-            env[name] = v
-            if isinstance(v, DeviceTensor):
-                refs[id(v.buffer)] += 1
+            vals[s] = self._upload(x, lay, dt)
 
         kernel_s = 0.0
-        chip = self.chip
-        perf = time.perf_counter
-        for p in (self.dynamic_preps if static_cached else self.preps):
-            if p.kind in HOST_STEPS:
+        n_total = len(self.preps)
+        vget = vals.__getitem__
+        for p, host, names, ins, out1, frees in prog.steps:
+            if host:
                 k0 = perf()
-                outs = self._run_fallback(p, env)
+                outs = self._run_host(p, vals)
                 dt_s = perf() - k0
-                kernel_s += dt_s
                 if measuring:
                     # the round trip: inputs device -> host, results host -> device
-                    rd = sum(env[v].nbytes for _, v in p.bind if isinstance(env.get(v), DeviceTensor))
+                    rd = sum(vals[s].nbytes for s in ins if isinstance(vals[s], DeviceTensor))
                     wr = sum(o.nbytes for o in outs if isinstance(o, DeviceTensor))
                     record.steps.append(StepRecord(p.step.index, p.kind, None, rd, wr, 0, dt_s, True))
-                    for op in p.step.ops:
+                    for op in p.ops:
                         record.routes[op][HOST_ROUTES[p.kind]] += 1
             else:
-                inputs = {n: env[v] for n, v in p.bind}
-                if p.tile_plan is None:
-                    p.tile_plan = self._tile_plan(p, inputs)
+                inputs = dict(zip(names, map(vget, ins)))
+                call = p.call
+                if call is None:
+                    call = self._bind(p, inputs)
                 k0 = perf()
-                outs, counted = p.spec.run(chip, inputs, p.attrs, p.tile_plan, mem)
+                outs, counted = call(inputs)
                 dt_s = perf() - k0
                 if p.relabel:
                     outs = [_relabel(o) for o in outs]
-                kernel_s += dt_s
                 if measuring:
-                    record.steps.append(StepRecord(p.step.index, p.kind, p.step.kernel, counted.bytes_read,
+                    record.steps.append(StepRecord(p.step.index, p.kind, p.kernel, counted.bytes_read,
                                                    counted.bytes_written, counted.flops, dt_s, True))
-                    for op in p.step.ops:
-                        record.routes[op][p.step.kernel] += 1
-            if len(outs) < p.n_out:
-                raise PlanMismatch(f"step {p.step.index} ({p.step.kernel or p.kind}) returned {len(outs)} "
-                                   f"outputs; the plan names {p.outputs}")
-            for name, o in zip(p.outputs, outs):
-                if not name:
-                    if isinstance(o, DeviceTensor) and refs[id(o.buffer)] == 0 and id(o.buffer) not in pinned:
-                        o.buffer.free()
-                    continue
-                env[name] = o
-                if isinstance(o, DeviceTensor):
-                    if p.static and not measuring:
-                        pinned.add(id(o.buffer))
-                    refs[id(o.buffer)] += 1
-            for v in p.free_after:
-                self._drop(env, v, refs, pinned)
+                    for op in p.ops:
+                        record.routes[op][p.kernel] += 1
+            kernel_s += dt_s
+            if out1 >= 0 and len(outs) == 1:
+                vals[out1] = outs[0]
+            else:
+                self._store(p, vals, outs)
+            for s in frees:
+                v = vget(s)
+                if v.__class__ is DeviceTensor:
+                    v.buffer.free()
             if measuring and record.on_step is not None:
-                record.on_step(len(record.steps), len(self.preps), p.step)
+                record.on_step(len(record.steps), n_total, p.step)
 
-        if not measuring and not static_cached:
-            self._static_env = {v: env[v] for v in self.static_vals if v in env
-                                and v not in self._lifted_env}
-            self._static_key = key
-            self._base_env = {**self._lifted_env, **self._static_env}
-            self._base_pinned = frozenset(id(v.buffer) for v in self._base_env.values()
-                                          if isinstance(v, DeviceTensor))
+        if not measuring and not cached:
+            self._keep_static(vals, key)
 
         values = []
-        for name in self.plan.outputs:
-            if not name:
-                values.append(None)
-                continue
-            v = env[name]
-            values.append(v.to_torch() if isinstance(v, DeviceTensor) else v)
-        results = [values[x] if kind == "value" else x for kind, x in self.out_spec]
-        for name in set(o for o in self.plan.outputs if o):
-            self._drop(env, name, refs, pinned)
+        for s in self.out_slots:
+            v = vals[s] if s >= 0 else None
+            values.append(v.to_torch() if v.__class__ is DeviceTensor else v)
+        results = tuple([values[x] if kind == "value" else x for kind, x in self.out_spec])
         if measuring:
             record.peak_bytes = mem.max_memory_allocated()
-            # everything of a measuring run is temporary
-            seen = set()
-            for v in env.values():
-                if isinstance(v, DeviceTensor) and not v.buffer.freed and id(v.buffer) not in seen:
-                    seen.add(id(v.buffer))
+            for v in vals:          # everything of a measuring run is temporary
+                if v.__class__ is DeviceTensor and not v.buffer.freed:
                     v.buffer.free()
             record.kernel_s += kernel_s
-            record.total_s += time.perf_counter() - t0
+            record.total_s += perf() - t0
+        else:
+            for s in prog.free_at_end:
+                v = vals[s]
+                if v.__class__ is DeviceTensor and not v.buffer.freed:
+                    v.buffer.free()
         self.last_kernel_s = kernel_s
-        self.last_total_s = time.perf_counter() - t0
-        return tuple(results)
+        self.last_total_s = perf() - t0
+        return results
 
-    def _drop(self, env, name, refs, pinned):
-        v = env.get(name)
-        buf = getattr(v, "buffer", None)
-        if buf is None or name in self.static_vals:
-            return
-        b = id(buf)
-        n = refs[b] - 1
-        refs[b] = n
-        if n <= 0 and b not in pinned and not buf.freed:
-            buf.free()
+    @staticmethod
+    def _store(p, vals, outs):
+        """A step's outputs into their slots; outputs the plan does not name (unnamed, or
+        more than it lists) are freed at once unless they view the step's input."""
+        from torchfl.kernels.tensor import DeviceTensor
+
+        if len(outs) < p.n_out:
+            raise PlanMismatch(f"step {p.step.index} ({p.label}) returned {len(outs)} "
+                               f"outputs; the plan names {p.step.outputs}")
+        for i, o in enumerate(outs):
+            s = p.outs[i] if i < len(p.outs) else -1
+            if s >= 0:
+                vals[s] = o
+            elif not p.alias and o.__class__ is DeviceTensor:
+                o.buffer.free()
+
+    def _keep_static(self, vals, key):
+        """After a full run: the lifted uploads and static results become the base of every
+        later call (until a weight's version changes)."""
+        base = [None] * len(vals)
+        for v in self.static_vals:
+            s = self.slots[v]
+            base[s] = vals[s]
+        self._base = base
+        self._static_key = key
