@@ -58,3 +58,58 @@ def test_fused_conv_bn_relu_half_nhcw(dtype):
     ref = F.relu(F.batch_norm(F.conv2d(x.float(), w.float(), padding=1, stride=2), mean.float(), var.float(),
                               gamma.float(), beta.float(), False, 0.0, 1e-5))
     close(y.to_numpy(), ref.numpy(), dtype, scale=8)
+
+
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+@pytest.mark.parametrize("name", ["conv2d_bn", "conv2d_add_relu"])
+def test_tiny_tiles_computed_together_are_exact_and_counted(name, layout):
+    """A strided 1x1 conv tiles its output pixel by pixel (the fewest bytes: skipped input
+    rows are never read); the kernel computes such tiles six at a time in one micro-row
+    and stores each where it belongs. 25 tiles: four full groups and a partial one; K not
+    a multiple of 16."""
+    chip = ChipModel()
+    mem = DeviceMemory(chip)
+    torch.manual_seed(9)
+    x, w = torch.randn(1, 24, 9, 9).half(), torch.randn(40, 24, 1, 1).half()
+    ins = {"x": dev(x, mem, layout), "weight": dev(w, mem)}
+    ref = F.conv2d(x.float(), w.float(), stride=2)
+    if "bn" in name:
+        gamma, beta, mean, var = (t.half() for t in _bn_params(40))
+        ins.update(bn_weight=dev(gamma, mem), bn_bias=dev(beta, mem), running_mean=dev(mean, mem),
+                   running_var=dev(var, mem))
+        ref = F.batch_norm(ref, mean.float(), var.float(), gamma.float(), beta.float(), False, 0.0, 1e-5)
+    else:
+        r = torch.randn_like(ref).half()
+        ins["residual"] = dev(r, mem, layout)
+        ref = F.relu(ref + r.float())
+    (y,), plan = run_checked(name, chip, ins, {"stride": 2})
+    tiles = dict(plan.config.tiles)
+    assert plan.config.strategy == "weight_stationary" and (tiles["oh"], tiles["ow"]) == (1, 1)
+    close(y.to_numpy(), ref.numpy(), "float16", scale=5)
+
+
+@pytest.mark.parametrize("dilation", [1, 2])
+def test_one_large_tile_fp16_nchw_with_row_runs(dilation):
+    """One output tile (a large cache): weights and slab rows loaded in one parallel phase,
+    compute + epilogue + store per micro-row in the next; with dilation 1 a kernel row's taps
+    and channels form one contiguous run of the reduction, with dilation 2 they do not."""
+    chip = ChipModel()
+    mem = DeviceMemory(chip)
+    torch.manual_seed(10)
+    x, w = torch.randn(1, 5, 23, 19).half(), torch.randn(20, 5, 3, 3).half()
+    gamma, beta, mean, var = (t.half() for t in _bn_params(20))
+    ins = {"x": dev(x, mem, "NCHW"), "weight": dev(w, mem), "bn_weight": dev(gamma, mem),
+           "bn_bias": dev(beta, mem), "running_mean": dev(mean, mem), "running_var": dev(var, mem)}
+    attrs = {"padding": 2, "dilation": dilation}
+    (y,), plan = run_checked("conv2d_bn_relu", chip, ins, attrs)
+    tiles = dict(plan.config.tiles)
+    assert (tiles["oh"], tiles["ow"]) == (y.shape[2], y.shape[3])
+    ref = F.relu(F.batch_norm(F.conv2d(x.float(), w.float(), padding=2, dilation=dilation), mean.float(),
+                              var.float(), gamma.float(), beta.float(), False, 0.0, 1e-5))
+    close(y.to_numpy(), ref.numpy(), "float16", scale=8)
+    # the on-chip scratch is reused between calls: fill it with another conv's non-zero
+    # input (no padding), then the halo must be zeroed again, not read as left over
+    big = {"x": dev(torch.rand(1, 5, 40, 40).half() + 1, mem, "NCHW"), "weight": ins["weight"]}
+    run_checked("conv2d", chip, big, {})
+    (y2,), _ = run_checked("conv2d_bn_relu", chip, ins, attrs)
+    assert (y2.to_numpy() == y.to_numpy()).all()

@@ -205,7 +205,7 @@ class BoundRun:
     dtype or layout differ from the bound problem go through ``spec.run``'s full checks
     (which refuse a plan made for another problem). Alignment is checked on every call."""
 
-    __slots__ = ("spec", "chip", "problem", "plan", "memory", "fn", "sig", "align")
+    __slots__ = ("spec", "chip", "problem", "plan", "memory", "fn", "sig", "align", "cache")
 
     def __init__(self, spec, chip, problem, plan, memory):
         self.spec, self.chip, self.problem, self.plan, self.memory = spec, chip, problem, plan, memory
@@ -214,6 +214,7 @@ class BoundRun:
         self.sig = tuple((k, problem.shapes[k], problem.dtype_of(k), problem.layouts.get(k))
                          for k in problem.shapes)
         self.align = int(chip.alignment)
+        self.cache = {}     # the impl's constants for this problem and plan (RunContext.cache)
 
     def __call__(self, inputs: dict):
         if len(inputs) != len(self.sig):
@@ -230,7 +231,7 @@ class BoundRun:
         for k, t in inputs.items():
             if (t.buffer.address + t.offset) % align:
                 t.check_alignment(align, f"kernel {name}: input {k!r}")
-        ctx = RunContext(self.chip, self.spec, self.problem, self.plan, inputs, self.memory)
+        ctx = RunContext(self.chip, self.spec, self.problem, self.plan, inputs, self.memory, self.cache)
         outputs = self.fn(ctx)
         for o in outputs:
             if (o.buffer.address + o.offset) % align:
@@ -251,11 +252,14 @@ def _first_dtype(spec, inputs):
 
 
 class RunContext:
-    """What an impl function gets: the call, its plan, and the counters."""
+    """What an impl function gets: the call, its plan, and the counters. ``cache`` is a
+    dict that lives as long as the call site (a bound run): an impl keeps there what
+    depends only on the problem and plan (geometry, tile lists), never tensor data."""
 
-    def __init__(self, chip, spec, problem, plan, inputs, memory):
+    def __init__(self, chip, spec, problem, plan, inputs, memory, cache=None):
         self.chip, self.spec, self.problem, self.plan = chip, spec, problem, plan
         self.inputs, self.memory = inputs, memory
+        self.cache = {} if cache is None else cache
         self.attrs = problem.attrs
         self._r = self._w = self._f = 0
 

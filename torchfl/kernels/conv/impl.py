@@ -14,54 +14,84 @@ One compiled body per storage type: the dtype is a runtime code (``dtypes.CODE``
 """
 from __future__ import annotations
 
+import math
+import threading
+
+import numba
 import numpy as np
 from numba import njit, prange
 
-from ..codecs import decode, encode16
+from ..codecs import decode, encode16, f16_to_f32
 from .microkernel import MR, NR, mk6x16_taps
 
+
+
+@njit(cache=True)
+def _f16_table():
+    t = np.empty(65536, np.float32)
+    for i in range(65536):
+        t[i] = f16_to_f32(np.uint16(i))
+    return t
+
+
+F16_LUT = _f16_table()
+"""float16 bits -> float32, the codec's own values (a table lookup: the scattered decodes
+of slab and weight loads do not vectorise, a lookup is one load)."""
+
+
+@njit(inline="always", cache=True)
+def _dec(code, v, lut):
+    if code == 1 and lut.size == 65536:
+        return lut[np.intp(v)]     # (any storage type compiles; only uint16 bits take this branch)
+    return decode(code, v)
+
+
+@njit(cache=True, nogil=True)
+def _slab_rows(x, s0, s1, s2, s3, code, zp, n, c0, tc, lo_h, lo_w, cols, H, W, slab, i0, i1, lut):
+    """Rows [i0, i1) of a slab (see load_slab): the halo is written as zeros here, so the
+    slab may be reused scratch. Returns elements read off-chip."""
+    cnt = 0
+    base_n = n * s0 + c0 * s1
+    c_inner = s1 <= s3 and s1 <= s2
+    jlo = min(max(0, -lo_w), cols)          # columns [jlo, jhi) lie inside [0, W)
+    jhi = max(jlo, min(cols, W - lo_w))
+    for i in range(i0, i1):
+        h = lo_h + i
+        row = i * cols * tc
+        if h < 0 or h >= H:
+            for o in range(row, row + cols * tc):
+                slab[o] = 0.0
+            continue
+        for o in range(row, row + jlo * tc):
+            slab[o] = 0.0
+        for o in range(row + jhi * tc, row + cols * tc):
+            slab[o] = 0.0
+        bh = base_n + h * s2
+        if c_inner:
+            for j in range(jlo, jhi):
+                b = bh + (lo_w + j) * s3
+                o = row + j * tc
+                if s1 == 1:
+                    for c in range(tc):
+                        slab[o + c] = _dec(code, x[b + c], lut) - zp
+                else:
+                    for c in range(tc):
+                        slab[o + c] = _dec(code, x[b + c * s1], lut) - zp
+        else:  # channel-outer layouts (NCHW...): read each channel's row contiguously along w
+            for c in range(tc):
+                bc = bh + c * s1 + lo_w * s3
+                for j in range(jlo, jhi):
+                    slab[row + j * tc + c] = _dec(code, x[bc + j * s3], lut) - zp
+        cnt += (jhi - jlo) * tc
+    return cnt
 
 
 @njit(cache=True, nogil=True)
 def load_slab(x, s0, s1, s2, s3, code, zp, n, c0, tc, lo_h, hi_h, lo_w, hi_w, H, W, slab):
     """x (flat storage) -> slab[(h - lo_h), (w - lo_w), c] float32; zero outside [0,H)x[0,W).
     int8 values are stored as (q - zp). Returns elements read off-chip."""
-    rows = hi_h - lo_h
-    cols = hi_w - lo_w
-    cnt = 0
-    base_n = n * s0 + c0 * s1
-    c_inner = s1 <= s3 and s1 <= s2
-    for i in range(rows):
-        h = lo_h + i
-        hin = 0 <= h < H
-        for j in range(cols):
-            w = lo_w + j
-            o = (i * cols + j) * tc
-            if not hin or w < 0 or w >= W:
-                for c in range(tc):
-                    slab[o + c] = 0.0
-            elif c_inner:
-                b = base_n + h * s2 + w * s3
-                if s1 == 1:
-                    for c in range(tc):
-                        slab[o + c] = decode(code, x[b + c]) - zp
-                else:
-                    for c in range(tc):
-                        slab[o + c] = decode(code, x[b + c * s1]) - zp
-                cnt += tc
-    if not c_inner:  # channel-outer layouts (NCHW...): read rows contiguously along w
-        for c in range(tc):
-            bc = base_n + c * s1
-            for i in range(rows):
-                h = lo_h + i
-                if h < 0 or h >= H:
-                    continue
-                for j in range(cols):
-                    w = lo_w + j
-                    if 0 <= w < W:
-                        slab[(i * cols + j) * tc + c] = decode(code, x[bc + h * s2 + w * s3]) - zp
-                        cnt += 1
-    return cnt
+    return _slab_rows(x, s0, s1, s2, s3, code, zp, n, c0, tc, lo_h, lo_w, hi_w - lo_w, H, W, slab, 0, hi_h - lo_h,
+                      np.zeros(1, np.float32))
 
 
 @njit(cache=True, nogil=True)
@@ -80,6 +110,34 @@ def load_weights(w, s0, s1, s2, s3, code, zp, k0, tk, c0, tc, R, S, wpk):
                             wpk[o + j] = decode(code, w[(k0 + k) * s0 + (c0 + c) * s1 + r * s2 + s * s3]) - zp
                         else:
                             wpk[o + j] = 0.0
+    return tk * tc * R * S
+
+
+@njit(cache=True, nogil=True)
+def _pack_panel(w, s0, s1, s2, s3, code, k0, tk, c0, tc, R, S, wpk, p, lut):
+    """Float weights of output channels [16p, 16p + 16) of the block -> packed panel p
+    (see load_weights)."""
+    pb = p * R * S * tc * NR
+    kn = min(NR, tk - p * NR)
+    kb = (k0 + p * NR) * s0 + c0 * s1
+    for r in range(R):
+        for s in range(S):
+            for c in range(tc):
+                o = pb + ((r * S + s) * tc + c) * NR
+                b = kb + c * s1 + r * s2 + s * s3
+                for j in range(kn):
+                    wpk[o + j] = _dec(code, w[b + j * s0], lut)
+                for j in range(kn, NR):
+                    wpk[o + j] = 0.0
+
+
+@njit(cache=True, nogil=True, parallel=True)
+def pack_weights(w, s0, s1, s2, s3, code, k0, tk, c0, tc, R, S, wpk, lut):
+    """load_weights for float weights, the panels spread over host threads. Returns
+    elements read."""
+    npanel = (tk + NR - 1) // NR
+    for p in prange(npanel):
+        _pack_panel(w, s0, s1, s2, s3, code, k0, tk, c0, tc, R, S, wpk, p, lut)
     return tk * tc * R * S
 
 
@@ -181,45 +239,229 @@ def store(acc, ldc, tk, toh, tow, n, k0, oh0, ow0, y, t0, t1, t2, t3, ycode, ea,
     return toh * tow * tk, (toh * tow * tk if has_res else 0)
 
 
+@njit(cache=True, nogil=True)
+def _taps(R, S, dh, dw, cols, tc):
+    """Slab offsets of the reduction's contiguous runs and the run length: with dw == 1 the
+    S taps of a kernel row and their channels are one run of S*tc floats (the slab holds
+    [row][col][c]; the packed weights [(r, s, c)][16] match), else one run per tap."""
+    if dw == 1:
+        taps = np.empty(R, np.int64)
+        for r in range(R):
+            taps[r] = r * dh * cols * tc
+        return taps, S * tc
+    taps = np.empty(R * S, np.int64)
+    for r in range(R):
+        for s in range(S):
+            taps[r * S + s] = (r * dh * cols + s * dw) * tc
+    return taps, tc
+
+
+@njit(cache=True, nogil=True)
+def _mm_store(slab, pix, m0, m1, taps, kc, tc, wpk, tk, R, S, ldc, acc, ybase, rbase, y, t1,
+              ycode, ea, eb, k0, lo, has_res, res, r1, rcode):
+    """Pixels [m0, m1) (m0 a multiple of 6) of a tile, one 6-pixel micro-row at a time:
+    the implicit GEMM into ``acc`` (6 x ldc, stays in L1), then at once the epilogue
+    v = acc*ea[k] + eb[k] (+ residual) (relu) and the store, encoded into y's storage at
+    ybase[m] + k*t1 (the residual read at rbase[m] + k*r1)."""
+    npanel = (tk + NR - 1) // NR
+    nt = taps.size
+    for mr in range(m0, m1, MR):
+        for q in range(MR * ldc):
+            acc[q] = 0.0
+        if tk >= 8:
+            for p in range(npanel):
+                mk6x16_taps(slab, pix, mr, taps, nt, wpk, p * R * S * tc * NR, kc, acc, p * NR, ldc)
+        else:
+            for mi in range(MR):
+                row = mi * ldc
+                for t in range(nt):
+                    a0 = pix[mr + mi] + taps[t]
+                    wo = t * kc * NR
+                    for c in range(kc):
+                        a = slab[a0 + c]
+                        for k in range(NR):
+                            acc[row + k] += a * wpk[wo + c * NR + k]
+        for m in range(mr, min(m1, mr + MR)):
+            mo = (m - mr) * ldc
+            yb = ybase[m]
+            if has_res:
+                rb = rbase[m]
+                for k in range(tk):
+                    v = np.float32(acc[mo + k] * ea[k0 + k] + eb[k0 + k]) + decode(rcode, res[rb + k * r1])
+                    v = max(v, lo)
+                    if ycode == 0:
+                        y[yb + k * t1] = v
+                    else:
+                        y[yb + k * t1] = encode16(ycode, v)
+            elif ycode == 0:
+                for k in range(tk):
+                    y[yb + k * t1] = max(np.float32(acc[mo + k] * ea[k0 + k] + eb[k0 + k]), lo)
+            else:
+                for k in range(tk):
+                    y[yb + k * t1] = encode16(ycode, max(np.float32(acc[mo + k] * ea[k0 + k] + eb[k0 + k]), lo))
+
+
+@njit(cache=True, nogil=True)
+def _tile_pixels(th, tw, sh, sw, cols, tc, sbase, n, oh0, ow0, t0, t2, t3, k0t1, r0, r2, r3, k0r1,
+                 pix, ybase, rbase, m0):
+    """Slab offset, output and residual offsets of each pixel of one tile, from index m0."""
+    for i in range(th):
+        for j in range(tw):
+            m = m0 + i * tw + j
+            pix[m] = sbase + ((i * sh) * cols + j * sw) * tc
+            ybase[m] = n * t0 + (oh0 + i) * t2 + (ow0 + j) * t3 + k0t1
+            rbase[m] = n * r0 + (oh0 + i) * r2 + (ow0 + j) * r3 + k0r1
+
+
 @njit(cache=True, nogil=True, parallel=True)
-def conv_tiles(x, s0, s1, s2, s3, code, c0, tc, H, W, wpk, tk, R, S, sh, sw, ph, pw, dh, dw, tiles, ldc,
-               y, t0, t1, t2, t3, ycode, k0, ea, eb, relu, has_res, res, r0, r1, r2, r3, rcode):
-    """Weight-stationary float tiles of one K block, the tiles spread over host threads (each
-    tile is loaded, computed and stored by one thread, as the chip would stream them).
-    tiles[t] = (n, oh0, oh1, ow0, ow1). Returns (input elements read, output elements
-    written, residual elements read)."""
+def conv_tile_fused(x, s0, s1, s2, s3, code, tc, H, W, w, w0, w1, w2, w3, wcode, wpk, tk, R, S, sh, sw, ph, pw,
+                    dh, dw, ldc, n, c0, oh0, oh1, ow0, ow1, slab, y, t0, t1, t2, t3, ycode, k0, ea, eb, relu,
+                    has_res, res, r0, r1, r2, r3, rcode, lut):
+    """One large weight-stationary float tile in two parallel phases: (1) the K block's
+    weight panels and the tile's input slab rows are loaded (independent pieces, handed to
+    host threads one by one), (2) compute + epilogue + store per 6-pixel micro-row.
+    Returns (input elements read, weight elements read)."""
+    lo_h = oh0 * sh - ph
+    rows = (oh1 - oh0 - 1) * sh + (R - 1) * dh + 1
+    lo_w = ow0 * sw - pw
+    cols = (ow1 - ow0 - 1) * sw + (S - 1) * dw + 1
+    npanel = (tk + NR - 1) // NR
+    rpc = max(1, 2048 // max(cols * tc, 1))          # slab rows per piece (~8 KB of input)
+    nrc = (rows + rpc - 1) // rpc
     nread = 0
-    nwritten = 0
-    nres = 0
-    zp = np.float32(0.0)
-    for t in prange(tiles.shape[0]):
-        n, oh0, oh1, ow0, ow1 = tiles[t, 0], tiles[t, 1], tiles[t, 2], tiles[t, 3], tiles[t, 4]
-        lo_h = oh0 * sh - ph
-        hi_h = (oh1 - 1) * sh - ph + (R - 1) * dh + 1
-        lo_w = ow0 * sw - pw
-        hi_w = (ow1 - 1) * sw - pw + (S - 1) * dw + 1
-        cols = hi_w - lo_w
-        th, tw = oh1 - oh0, ow1 - ow0
-        slab = np.empty((hi_h - lo_h) * cols * tc, np.float32)
-        nread += load_slab(x, s0, s1, s2, s3, code, zp, n, c0, tc, lo_h, hi_h, lo_w, hi_w, H, W, slab)
-        pix = _pix(th, tw, sh, sw, cols, tc)
-        acc = np.zeros(pix.size * ldc, np.float32)
-        _compute_range(slab, pix, cols, tc, wpk, tk, R, S, dh, dw, acc, ldc, 0, pix.size // MR)
-        a, b = store(acc, ldc, tk, th, tw, n, k0, oh0, ow0, y, t0, t1, t2, t3, ycode, ea, eb, relu,
-                     has_res, res, r0, r1, r2, r3, rcode, np.float32(1.0), np.float32(0.0))
-        nwritten += a
-        nres += b
-    return nread, nwritten, nres
+    for it in prange(npanel + nrc):
+        if it < npanel:
+            _pack_panel(w, w0, w1, w2, w3, wcode, k0, tk, 0, tc, R, S, wpk, it, lut)
+        else:
+            i0 = (it - npanel) * rpc
+            nread += _slab_rows(x, s0, s1, s2, s3, code, np.float32(0.0), n, c0, tc, lo_h, lo_w, cols, H, W,
+                                slab, i0, min(rows, i0 + rpc), lut)
+    th, tw = oh1 - oh0, ow1 - ow0
+    M = th * tw
+    mpad = (M + MR - 1) // MR * MR
+    pix = np.zeros(mpad, np.int64)
+    ybase = np.zeros(mpad, np.int64)
+    rbase = np.zeros(mpad, np.int64)
+    _tile_pixels(th, tw, sh, sw, cols, tc, 0, n, oh0, ow0, t0, t2, t3, k0 * t1, r0, r2, r3, k0 * r1,
+                 pix, ybase, rbase, 0)
+    taps, kc = _taps(R, S, dh, dw, cols, tc)
+    lo = np.float32(0.0) if relu else np.float32(-np.inf)
+    nmp = mpad // MR
+    per = max(1, min(8, nmp // 8))                     # micro-rows per piece
+    npc = (nmp + per - 1) // per
+    for it in prange(npc):
+        acc = np.empty(MR * ldc, np.float32)
+        _mm_store(slab, pix, it * per * MR, min(M, (it + 1) * per * MR), taps, kc, tc, wpk, tk, R, S,
+                  ldc, acc, ybase, rbase, y, t1, ycode, ea, eb, k0, lo, has_res, res, r1, rcode)
+    return nread, tk * tc * R * S
+
+
+@njit(cache=True, nogil=True, parallel=True)
+def conv_tiles(x, s0, s1, s2, s3, code, c0, tc, H, W, wpk, tk, R, S, sh, sw, ph, pw, dh, dw, tiles, groups, ldc,
+               y, t0, t1, t2, t3, ycode, k0, ea, eb, relu, has_res, res, r0, r1, r2, r3, rcode, lut):
+    """Weight-stationary float tiles of one K block, spread over host threads. Each tile's
+    slab is loaded as the chip loads it; tiles of one shape too small to fill the 6-pixel
+    micro-kernel are computed together (``groups[g]:groups[g+1]`` index ``tiles``), their
+    pixels side by side in one micro-row, and stored tile by tile.
+    tiles[t] = (n, oh0, oh1, ow0, ow1). Returns input elements read."""
+    ng = groups.size - 1
+    nch = min(ng, 32)
+    lo = np.float32(0.0) if relu else np.float32(-np.inf)
+    # the largest group: scratch sizes
+    smax = 0
+    mmax = 0
+    for g in range(ng):
+        ssum = 0
+        msum = 0
+        for t in range(groups[g], groups[g + 1]):
+            th, tw = tiles[t, 2] - tiles[t, 1], tiles[t, 4] - tiles[t, 3]
+            ssum += ((th - 1) * sh + (R - 1) * dh + 1) * ((tw - 1) * sw + (S - 1) * dw + 1) * tc
+            msum += th * tw
+        smax = max(smax, ssum)
+        mmax = max(mmax, msum)
+    mpad = (mmax + MR - 1) // MR * MR
+    nread = 0
+    for ch in prange(nch):
+        slab = np.empty(max(smax, 1), np.float32)
+        acc = np.empty(MR * ldc, np.float32)
+        pix = np.zeros(mpad, np.int64)
+        ybase = np.zeros(mpad, np.int64)
+        rbase = np.zeros(mpad, np.int64)
+        for g in range((ng * ch) // nch, (ng * (ch + 1)) // nch):
+            sb = 0
+            M = 0
+            cols = 0
+            for t in range(groups[g], groups[g + 1]):
+                n, oh0, oh1, ow0, ow1 = tiles[t, 0], tiles[t, 1], tiles[t, 2], tiles[t, 3], tiles[t, 4]
+                lo_h = oh0 * sh - ph
+                rows = (oh1 - oh0 - 1) * sh + (R - 1) * dh + 1
+                lo_w = ow0 * sw - pw
+                cols = (ow1 - ow0 - 1) * sw + (S - 1) * dw + 1
+                nread += _slab_rows(x, s0, s1, s2, s3, code, np.float32(0.0), n, c0, tc, lo_h, lo_w, cols, H, W,
+                                    slab[sb:], 0, rows, lut)
+                _tile_pixels(oh1 - oh0, ow1 - ow0, sh, sw, cols, tc, sb, n, oh0, ow0, t0, t2, t3, k0 * t1,
+                             r0, r2, r3, k0 * r1, pix, ybase, rbase, M)
+                sb += rows * cols * tc
+                M += (oh1 - oh0) * (ow1 - ow0)
+            for m in range(M, (M + MR - 1) // MR * MR):
+                pix[m] = 0
+            taps, kc = _taps(R, S, dh, dw, cols, tc)
+            _mm_store(slab, pix, 0, M, taps, kc, tc, wpk, tk, R, S, ldc, acc, ybase, rbase, y, t1,
+                      ycode, ea, eb, k0, lo, has_res, res, r1, rcode)
+    return nread
+
+
+@njit(cache=True, nogil=True)
+def fold_epilogue(K, deq, eps, has_bias, bias, bcode, has_bn, has_w, bnw, wcode, has_b, bnb, bbcode,
+                  mean, mcode, var, vcode, ea, eb):
+    """Per-channel epilogue as one FMA: ea = deq * scale, eb = bias * scale + shift with the
+    inference batch-norm scale = w / sqrt(var + eps), shift = b - mean * scale."""
+    for k in range(K):
+        scale = np.float32(1.0)
+        shift = np.float32(0.0)
+        if has_bn:
+            inv = np.float32(1.0 / np.sqrt(np.float64(decode(vcode, var[k])) + eps))
+            wv = decode(wcode, bnw[k]) if has_w else np.float32(1.0)
+            bv = decode(bbcode, bnb[k]) if has_b else np.float32(0.0)
+            scale = np.float32(wv * inv)
+            shift = np.float32(bv - decode(mcode, mean[k]) * scale)
+        ea[k] = np.float32(deq * scale)
+        eb[k] = (np.float32(decode(bcode, bias[k]) * scale) if has_bias else np.float32(0.0)) + shift
 
 
 # ---------------------------------------------------------------- Python drivers (spec.impl)
 
 def _flat(t):
     """Flat storage of a DeviceTensor and its logical element strides (layout-aware)."""
-    phys = t.physical()
-    es = phys.dtype.itemsize
-    strides = tuple(int(s) // es for s in t.logical().strides)
-    return phys.reshape(-1), strides
+    from .. import dtypes as _dt
+
+    perm = t.perm
+    pshape = [t.shape[q] for q in perm]
+    n = 1
+    for d in pshape:
+        n *= d
+    pstr = [0] * len(pshape)
+    acc = 1
+    for i in range(len(pshape) - 1, -1, -1):
+        pstr[i] = acc
+        acc *= pshape[i]
+    strides = [0] * len(perm)
+    for i, q in enumerate(perm):
+        strides[q] = pstr[i]
+    return t.buffer.view(_dt.storage_dtype(t.dtype), (n,), t.offset), tuple(strides)
+
+
+_TLS = threading.local()
+
+
+def _scratch(name, n, dtype=np.float32):
+    """On-chip scratch of ``n`` elements, reused between calls (per host thread): fresh
+    arrays cost page faults and evict the caches on every call."""
+    bufs = _TLS.__dict__.setdefault("bufs", {})
+    a = bufs.get(name)
+    if a is None or a.size < n or a.dtype != dtype:
+        a = bufs[name] = np.empty(max(int(n), 1), dtype)
+    return a[:n]
 
 
 def _code(name, chip):
@@ -238,7 +480,136 @@ def _load_vec(ctx, name, k0, k1, dst):
     ctx.read((k1 - k0) * _dt.itemsize(t.dtype))
 
 
+class _Site:
+    """What a forward conv call site needs that depends only on its problem and plan
+    (computed once per bound call: ``ctx.cache``)."""
+
+    def __init__(self, p, chip, cfg):
+        from . import _epilogue, _param_names, conv_geometry
+        from .. import dtypes as _dt
+        from .geometry import tile_starts
+
+        self.G = G = conv_geometry(p)
+        self.e = e = _epilogue(p.kernel, p)
+        self.is_int = p.dtype == "int8"
+        self.stationary = cfg.strategy == "weight_stationary"
+        self.fast = self.stationary and not self.is_int
+        self.tk, self.toh, self.tow, self.tc = cfg.tile("k"), cfg.tile("oh"), cfg.tile("ow"), cfg.tile("c")
+        self.params = _param_names(p)
+        self.codes = {n: _code(p.dtype_of(n), chip) for n in p.shapes}
+        self.nvec = sum(_dt.itemsize(p.dtype_of(n)) for n in self.params)
+        self.n_epi = int(e["bias"]) + 2 * int(e["bn"]) + int(e["residual"]) + int(e["relu"])
+        self.kblocks = tile_starts(G["Kg"], self.tk) if G["Kg"] else []
+        oh_tiles, ow_tiles = tile_starts(G["OH"], self.toh), tile_starts(G["OW"], self.tow)
+        tiles = [(n, a0, a1, b0, b1) for n in range(G["N"]) for a0, a1 in oh_tiles for b0, b1 in ow_tiles]
+        self.tiles = np.array(tiles, dtype=np.int64).reshape(-1, 5)
+        self.tile0 = tiles[0] if tiles else None
+        self.single = len(tiles) == 1
+        # tiles of one shape that underfill the 6-pixel micro-kernel are computed together
+        bounds = [0]
+        for t, (n, a0, a1, b0, b1) in enumerate(tiles):
+            if t == 0:
+                continue
+            s0 = tiles[bounds[-1]]
+            px = (a1 - a0) * (b1 - b0)
+            same = (a1 - a0, b1 - b0) == (s0[2] - s0[1], s0[4] - s0[3])
+            want = MR // math.gcd(MR, px) if px < 4 * MR else 1
+            if not same or t - bounds[-1] >= want:
+                bounds.append(t)
+        bounds.append(len(tiles))
+        self.groups = np.array(bounds, dtype=np.int64)
+        rows_max = (self.toh - 1) * G["sh"] + (G["R"] - 1) * G["dh"] + 1
+        cols_max = (self.tow - 1) * G["sw"] + (G["S"] - 1) * G["dw"] + 1
+        self.slab_n = rows_max * cols_max * max(G["Cg"], 1)
+
+
 def run_conv2d(ctx):
+    site = ctx.cache.get("conv")
+    if site is None:
+        site = ctx.cache["conv"] = _Site(ctx.problem, ctx.chip, ctx.plan.config)
+    if site.fast:
+        return _run_stationary_float(ctx, site)
+    return _run_conv2d_general(ctx)
+
+
+def _run_stationary_float(ctx, site):
+    """Float weight-stationary conv: per K block the weights are packed once (panels spread
+    over host threads), then each tile is loaded, computed and stored (epilogue fused into
+    the store of every 6-pixel micro-row)."""
+    from .. import dtypes as _dt
+
+    p, chip = ctx.problem, ctx.chip
+    G, e = site.G, site.e
+    N, K, Cg, R, S, OH, OW = G["N"], G["K"], G["Cg"], G["R"], G["S"], G["OH"], G["OW"]
+    (yt,) = ctx.outputs()
+    if N * K * OH * OW == 0:
+        return [yt]
+    codes = site.codes
+    x, xs = _flat(ctx.inputs["x"])
+    w, wst = _flat(ctx.inputs["weight"])
+    y, ys = _flat(yt)
+    xcode, wcode, ycode = codes["x"], codes["weight"], _code(yt.dtype, chip)
+    es, ew, ey = _dt.itemsize(p.dtype), _dt.itemsize(p.dtype_of("weight")), _dt.itemsize(yt.dtype)
+    if e["residual"]:
+        res, rs = _flat(ctx.inputs["residual"])
+        rcode, er = codes["residual"], _dt.itemsize(p.dtype_of("residual"))
+    else:
+        res, rs, rcode, er = _NO_RES, (0, 0, 0, 0), 0, 0
+    # per-channel parameters, loaded once per K block (resident), folded into one FMA
+    vec = {}
+    for name in ("bias", "bn_weight", "bn_bias", "running_mean", "running_var"):
+        t = ctx.inputs.get(name) if name in site.params else None
+        vec[name] = (_flat(t)[0], codes[name]) if t is not None else (_NO_RES, 0)
+    ea, eb = np.empty(max(K, 1), np.float32), np.empty(max(K, 1), np.float32)
+    fold_epilogue(K, np.float32(1.0), float(p.attrs["eps"]), e["bias"], *vec["bias"], e["bn"],
+                  "bn_weight" in site.params, *vec["bn_weight"], "bn_bias" in site.params, *vec["bn_bias"],
+                  *vec["running_mean"], *vec["running_var"], ea, eb)
+    ctx.read(K * site.nvec)
+    npanel = -(-site.tk // NR)
+    ldc = npanel * NR
+    wpk = _scratch("wpk", npanel * R * S * max(Cg, 1) * NR)
+    slab = _scratch("slab", site.slab_n) if site.single else None
+    # the parallel loops hand their pieces out one at a time (uneven pieces; a host thread
+    # that starts late on a shared machine takes fewer)
+    with numba.parallel_chunksize(1):
+        _conv_blocks(ctx, site, G, x, xs, xcode, w, wst, wcode, y, ys, ycode, res, rs, rcode, ea, eb, wpk, slab,
+                     ldc, es, ew, ey, er)
+    return [yt]
+
+
+def _conv_blocks(ctx, site, G, x, xs, xcode, w, wst, wcode, y, ys, ycode, res, rs, rcode, ea, eb, wpk, slab,
+                 ldc, es, ew, ey, er):
+    N, Cg, Kg, R, S, g = G["N"], G["Cg"], G["Kg"], G["R"], G["S"], G["g"]
+    H, W, OH, OW = G["H"], G["W"], G["OH"], G["OW"]
+    sh, sw, ph, pw, dh, dw = G["sh"], G["sw"], G["ph"], G["pw"], G["dh"], G["dw"]
+    relu, has_res = site.e["relu"], site.e["residual"]
+    per_out = 2 * Cg * R * S + site.n_epi
+    for gi in range(g):
+        for k0, k1 in site.kblocks:
+            kg0 = gi * Kg + k0          # global output channel of the block
+            tka = k1 - k0
+            if site.single:
+                n, a0, a1, b0, b1 = site.tile0
+                nr, nw = conv_tile_fused(x, *xs, xcode, Cg, H, W, w, *wst, wcode, wpk, tka, R, S, sh, sw, ph, pw,
+                                         dh, dw, ldc, n, gi * Cg, a0, a1, b0, b1, slab, y, *ys, ycode, kg0, ea, eb,
+                                         relu, has_res, res, *rs, rcode, F16_LUT)
+                ctx.read(nw * ew)
+            else:
+                ctx.read(pack_weights(w, *wst, wcode, kg0, tka, 0, Cg, R, S, wpk, F16_LUT) * ew)
+                nr = conv_tiles(x, *xs, xcode, gi * Cg, Cg, H, W, wpk, tka, R, S, sh, sw, ph, pw, dh, dw,
+                                site.tiles, site.groups, ldc, y, *ys, ycode, kg0, ea, eb, relu, has_res, res,
+                                *rs, rcode, F16_LUT)
+            nout = N * OH * OW * tka
+            ctx.read(nr * es + (nout * er if has_res else 0))
+            ctx.write(nout * ey)
+            ctx.ops(nout * per_out)
+
+
+_NO_RES = np.zeros(1, np.float32)
+
+
+def _run_conv2d_general(ctx):
+    """split_c and int8 convs: channel blocks accumulate into a whole-tile accumulator."""
     from . import _epilogue, _param_names, conv_geometry
     from .. import dtypes as _dt
     from .geometry import tile_starts, window_span
@@ -313,17 +684,6 @@ def run_conv2d(ctx):
             if stationary:
                 nread = load_weights(w, *wst, wcode, wzp, kg0, tka, 0, Cg, R, S, wpk)
                 ctx.read(nread * ew)
-            ntile = N * len(oh_tiles) * len(ow_tiles)
-            if stationary and not is_int and ntile >= 2:
-                tiles = np.array([(n, a0, a1, b0, b1) for n in range(N) for a0, a1 in oh_tiles
-                                  for b0, b1 in ow_tiles], dtype=np.int64)
-                nr_x, nw, nr = conv_tiles(x, *xs, xcode, gi * Cg, Cg, H, W, wpk, tka, R, S, sh, sw, ph, pw,
-                                          dh, dw, tiles, ldc, y, *ys, ycode, kg0, ea, eb, e["relu"],
-                                          e["residual"], res, *rs, rcode)
-                ctx.read(nr_x * es + nr * er)
-                ctx.write(nw * ey)
-                ctx.ops(nw * (2 * Cg * R * S + n_epi))
-                continue
             for n in range(N):
                 for oh0, oh1 in oh_tiles:
                     lo_h, hi_h = window_span(oh0, oh1, sh, ph, dh, R)
@@ -337,8 +697,8 @@ def run_conv2d(ctx):
                             if not stationary:
                                 nread = load_weights(w, *wst, wcode, wzp, kg0, tka, c0, tca, R, S, wpk)
                                 ctx.read(nread * ew)
-                            nread = load_slab(x, *xs, xcode, xzp, n, gi * Cg + c0, tca, lo_h, hi_h,
-                                              lo_w, hi_w, H, W, slab)
+                            nread = _slab_rows(x, *xs, xcode, xzp, n, gi * Cg + c0, tca, lo_h, lo_w,
+                                               hi_w - lo_w, H, W, slab, 0, hi_h - lo_h, F16_LUT)
                             ctx.read(nread * es)
                             if tca:
                                 compute(slab, hi_w - lo_w, tca, wpk, tka, R, S, sh, sw, dh, dw, th, tw,
@@ -552,8 +912,8 @@ def run_conv2d_backward_weight(ctx):
                         ctx.read(load_rows(dy, *dys, code, n, kg0, tka, oh0, oh1, 0, OW, dyb) * es)
                         if tca:
                             lo_h, hi_h = window_span(oh0, oh1, sh, ph, dh, R)
-                            ctx.read(load_slab(x, *xs, code, np.float32(0), n, gi * Cg + c0, tca, lo_h,
-                                               hi_h, lo_w, hi_w, H, W, slab) * es)
+                            ctx.read(_slab_rows(x, *xs, code, np.float32(0), n, gi * Cg + c0, tca, lo_h, lo_w,
+                                                hi_w - lo_w, H, W, slab, 0, hi_h - lo_h, F16_LUT) * es)
                         compute_bwd_weight(dyb, tka, slab, cols, tca, R if tca else 0, S, sh, sw, dh, dw,
                                            th, OW, acc, bacc, first)
                         ctx.ops(2 * th * OW * tka * tca * R * S + (th * OW * tka if first else 0))
