@@ -195,3 +195,24 @@ def test_conv_backward_matches_autograd(case, cache):
                               {**attrs, "weight_shape": tuple(w.shape), "bias_grad": True})
     close(dw.to_numpy(), w.grad.numpy(), "float32", scale=np.sqrt(N * H * W))
     close(db.to_numpy(), b.grad.numpy(), "float32", scale=np.sqrt(N * H * W))
+
+
+# ---------------------------------------------------------------- the head after the convs
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+@pytest.mark.parametrize("kernel,act", [("linear", lambda y: y), ("linear_relu", F.relu)])
+@pytest.mark.parametrize("M", [1, 3])
+@pytest.mark.parametrize("cache", [8 << 20, 16 << 10])
+def test_classifier_head_few_rows_dot_product_path(dtype, kernel, act, M, cache):
+    """A CNN's classifier (pooled features [M <= 4, K] x weight [N, K]): gemm.py computes
+    it as one dot product per output (no 6-row micro-kernel); the same tiles are loaded and
+    stored (counted == predicted, also with K tiled on a small cache), results as torch.
+    K = 203 leaves a remainder after any vector width; N = 37 spreads over host threads."""
+    chip = ChipModel(cache_bytes=cache)
+    mem = DeviceMemory(chip)
+    torch.manual_seed(11)
+    tdt = getattr(torch, dtype)
+    x, w, b = torch.randn(M, 203).to(tdt), (torch.randn(37, 203) / 14).to(tdt), torch.randn(37).to(tdt)
+    (y,), _ = run_checked(kernel, chip, {"x": dev(x, mem), "w": dev(w, mem), "bias": dev(b, mem)})
+    ref = act(F.linear(x.float(), w.float(), b.float()))
+    close(y.to_numpy().astype(np.float32), ref.numpy(), dtype, scale=3)

@@ -16,7 +16,7 @@ import math
 import numpy as np
 from numba import njit, prange
 
-from .codecs import decode, encode16
+from .codecs import decode, encode16, f16_to_f32
 from .ukernel import MR, NR, ukernel_6x16
 
 KC = 256      # CPU sub-block along K (L1/L2 reuse of the packed panels)
@@ -178,6 +178,70 @@ def _tile(A, rows, a_ks, B, b_base, b_ks, b_ns, j0, tm, tn, K, TK, code, esa, es
         cnt[ch, 2] = (r1 - r0) * (c1 - c0) * (2 * K + epi)
 
 
+GEMV_M = 4    # at most this many rows of A: a dot product per output (no 6-row micro-kernel)
+
+
+@njit(cache=True, fastmath={"reassoc", "contract"})
+def _dot(a, col, K):
+    acc = np.float32(0.0)
+    for k in range(K):
+        acc += a[k] * col[k]
+    return acc
+
+
+@njit(cache=True)
+def _decode_run(B, src, K, code, col):
+    """col[:K] = decoded B[src:src+K] (a slice first: indices from 0 need no wraparound
+    check, so each loop vectorises)."""
+    b = B[src:src + K]
+    if code == 0:
+        for k in range(K):
+            col[k] = np.float32(b[k])
+    elif code == 1:
+        for k in range(K):
+            col[k] = f16_to_f32(b[k])
+    else:
+        for k in range(K):
+            col[k] = decode(code, b[k])
+
+
+@njit(cache=True)
+def _gemv_cols(A, a, B, b_base, b_ns, j0, n0, n1, tm, K, code, C, crows, c_ns, alpha, beta, bias, has_bias, act):
+    col = np.empty(K, np.float32)
+    for n in range(n0, n1):
+        _decode_run(B, b_base + (j0 + n) * b_ns, K, code, col)
+        for m in range(tm):
+            v = alpha * _dot(a[m * K:(m + 1) * K], col, K)
+            if has_bias:
+                bv = bias[j0 + n]
+                v += beta * (np.float32(bv) if code == 0 else decode(code, bv))
+            if act == 1:
+                v = max(v, np.float32(0.0))
+            elif act >= 2:
+                v = np.float32(_gelu(np.float64(v), act))
+            if code == 0:
+                C[crows[m] + (j0 + n) * c_ns] = v
+            else:
+                C[crows[m] + (j0 + n) * c_ns] = encode16(code, v)
+
+
+@njit(cache=True, parallel=True)
+def _gemv(A, rows, a_ks, B, b_base, b_ns, j0, tm, tn, K, code, C, crows, c_ns, alpha, beta, bias, has_bias, act):
+    """C[m, j0:j0+tn] for a few rows m of A and a B whose columns are contiguous along K
+    (a linear layer's [N, K] weight): each output is one dot product of the decoded A row
+    and the B column decoded as it streams past (summed in float32 lanes). Same tile
+    loads and stores as the tiled path; only the CPU's order of the sums differs."""
+    a = np.empty(tm * K, np.float32)
+    for m in range(tm):
+        off = rows[m]
+        for k in range(K):
+            a[m * K + k] = np.float32(A[off + k * a_ks]) if code == 0 else decode(code, A[off + k * a_ks])
+    nch = min(tn, 16)
+    for ch in prange(nch):
+        _gemv_cols(A, a, B, b_base, b_ns, j0, (tn * ch) // nch, (tn * (ch + 1)) // nch, tm, K, code, C, crows,
+                   c_ns, alpha, beta, bias, has_bias, act)
+
+
 def run_float(A, a_rows, a_ks, B, b_base, b_ks, b_ns, C, c_rows, c_ns, *, M, N, K, TM, TN, TK,
               b_res, code, esa, esc, bias=None, alpha=1.0, beta=1.0, act=0, ln=None, counter=None):
     """Run the tiled float GEMM over batches (a_rows/c_rows: [batch, M] element offsets,
@@ -213,6 +277,9 @@ def _run_float(A, a_rows, a_ks, B, b_base, b_ks, b_ns, C, c_rows, c_ns, M, N, K,
     ln_ops = 4 if has_ln else 0
     cnt = np.zeros((max(nthreads, 1), 3), np.int64)
     b_loaded = -1
+    if M <= GEMV_M and b_ks == 1 and not has_ln:
+        return _run_gemv(A, a_rows, a_ks, B, b_base, b_ns, C, c_rows, c_ns, M, N, K, TM, TN, TK, b_res, code,
+                         esa, esc, esb, bias_arr, has_bias, alpha, beta, act)
     for bt in range(batch):
         rows_b = a_rows[bt]
         crow_b = c_rows[bt]
@@ -234,6 +301,34 @@ def _run_float(A, a_rows, a_ks, B, b_base, b_ks, b_ns, C, c_rows, c_ns, M, N, K,
                 rd += int(t[0])
                 wr += int(t[1])
                 ops += int(t[2]) + ln_ops * tm * K
+    return rd, wr, ops
+
+
+def _run_gemv(A, a_rows, a_ks, B, b_base, b_ns, C, c_rows, c_ns, M, N, K, TM, TN, TK, b_res, code, esa, esc,
+              esb, bias_arr, has_bias, alpha, beta, act):
+    """The tiled loop of ``_run_float`` with ``_gemv`` computing each C tile; the tile loads
+    and stores are counted as ``_tile`` counts them (every tile element once)."""
+    rd = wr = ops = 0
+    epi = int(has_bias) + int(act > 0)
+    b_loaded = -1
+    for bt in range(a_rows.shape[0]):
+        bkey = 0 if b_base.shape[0] == 1 else bt
+        if b_res and b_loaded != bkey:
+            rd += K * N * esa + (N * esb if has_bias else 0)     # B loaded once, kept
+            b_loaded = bkey
+        for i0 in range(0, M, TM):
+            tm = min(TM, M - i0)
+            for j0 in range(0, N, TN):
+                tn = min(TN, N - j0)
+                for k0 in range(0, K, TK):
+                    tk = min(TK, K - k0)
+                    rd += tm * tk * esa + (0 if b_res else tk * tn * esa)
+                if has_bias and not b_res:
+                    rd += tn * esb
+                _gemv(A, a_rows[bt][i0:i0 + tm], a_ks, B, b_base[bkey], b_ns, j0, tm, tn, K, code, C,
+                      c_rows[bt][i0:i0 + tm], c_ns, np.float32(alpha), np.float32(beta), bias_arr, has_bias, act)
+                wr += tm * tn * esc
+                ops += tm * tn * (2 * K + epi)
     return rd, wr, ops
 
 
