@@ -13,7 +13,8 @@ def _bn_params(K):
     return (torch.rand(K) + 0.5, torch.randn(K), torch.randn(K), torch.rand(K) + 0.1)
 
 
-@pytest.mark.parametrize("name", ["conv2d_relu", "conv2d_bn", "conv2d_bn_relu", "conv2d_add_relu"])
+@pytest.mark.parametrize("name", ["conv2d_relu", "conv2d_bn", "conv2d_bn_relu", "conv2d_add_relu",
+                                  "conv2d_bn_add_relu"])
 def test_fused_conv_matches_torch_and_saves_bytes(name):
     chip = ChipModel()
     mem = DeviceMemory(chip)
@@ -40,6 +41,11 @@ def test_fused_conv_matches_torch_and_saves_bytes(name):
     inter = 2 * 16 * 12 * 10 * 2 * 4   # bytes of the intermediate, read + written once more
     assert fused.traffic.bytes < conv.traffic.bytes + inter
     assert fused.traffic.bytes - conv.traffic.bytes < inter
+    if name == "conv2d_bn_add_relu":
+        # the same as conv2d_bn plus one read of the residual (unfused, add and relu would
+        # each read and write the whole output once more)
+        _, bn = run_checked("conv2d_bn", chip, {k: v for k, v in ins.items() if k != "residual"}, {"padding": 1})
+        assert fused.traffic.bytes == bn.traffic.bytes + 2 * 12 * 10 * 16 * 4
 
 
 
@@ -61,7 +67,7 @@ def test_fused_conv_bn_relu_half_nhcw(dtype):
 
 
 @pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
-@pytest.mark.parametrize("name", ["conv2d_bn", "conv2d_add_relu"])
+@pytest.mark.parametrize("name", ["conv2d_bn", "conv2d_add_relu", "conv2d_bn_add_relu"])
 def test_tiny_tiles_computed_together_are_exact_and_counted(name, layout):
     """A strided 1x1 conv tiles its output pixel by pixel (the fewest bytes: skipped input
     rows are never read); the kernel computes such tiles six at a time in one micro-row
@@ -78,7 +84,7 @@ def test_tiny_tiles_computed_together_are_exact_and_counted(name, layout):
         ins.update(bn_weight=dev(gamma, mem), bn_bias=dev(beta, mem), running_mean=dev(mean, mem),
                    running_var=dev(var, mem))
         ref = F.batch_norm(ref, mean.float(), var.float(), gamma.float(), beta.float(), False, 0.0, 1e-5)
-    else:
+    if "add" in name:
         r = torch.randn_like(ref).half()
         ins["residual"] = dev(r, mem, layout)
         ref = F.relu(ref + r.float())

@@ -79,10 +79,13 @@ def conv_geometry(p) -> dict:
                 sw=stride[1], ph=pad[0], pw=pad[1], dh=dil[0], dw=dil[1], OH=OH, OW=OW)
 
 
+_BN_KERNELS = ("conv2d_bn", "conv2d_bn_relu", "conv2d_bn_add_relu")
+
+
 def _epilogue(kernel: str, p) -> dict:
-    e = {"bias": p.has("bias"), "bn": kernel in ("conv2d_bn", "conv2d_bn_relu"),
-         "residual": kernel == "conv2d_add_relu",
-         "relu": kernel in ("conv2d_relu", "conv2d_bn_relu", "conv2d_add_relu")}
+    e = {"bias": p.has("bias"), "bn": kernel in _BN_KERNELS,
+         "residual": kernel in ("conv2d_add_relu", "conv2d_bn_add_relu"),
+         "relu": kernel in ("conv2d_relu", "conv2d_bn_relu", "conv2d_add_relu", "conv2d_bn_add_relu")}
     return e
 
 
@@ -94,7 +97,7 @@ def _out_dtype(p) -> str:
 
 def _param_names(p):
     names = ["bias"] if p.has("bias") else []
-    if p.kernel in ("conv2d_bn", "conv2d_bn_relu"):
+    if p.kernel in _BN_KERNELS:
         names += [n for n in ("bn_weight", "bn_bias") if p.has(n)] + ["running_mean", "running_var"]
     return names
 
@@ -105,7 +108,7 @@ def _check_fwd(p):
     for name in _param_names(p):
         if p.shapes[name] != (g["K"],):
             raise KernelError(f"kernel {k}: {name} must have shape ({g['K']},), got {p.shapes[name]}")
-    if k == "conv2d_add_relu":
+    if k in ("conv2d_add_relu", "conv2d_bn_add_relu"):
         want = (g["N"], g["K"], g["OH"], g["OW"])
         if p.shapes["residual"] != want:
             raise KernelError(f"kernel {k}: residual must have the output's shape {want}, "
@@ -442,6 +445,11 @@ KERNELS = [
     _fwd("conv2d_add_relu", ("residual",), ("aten.convolution.default", "aten.add.Tensor",
                                             "aten.relu.default"),
          "conv2d + residual add (second input) + relu in one pass."),
+    _fwd("conv2d_bn_add_relu", _BN + ("residual",), ("aten.convolution.default",
+                                                    "aten._native_batch_norm_legit_no_training.default",
+                                                    "aten.add.Tensor", "aten.relu.default"),
+         "conv2d + inference batch-norm + residual add + relu in one pass (a ResNet block's "
+         "last conv: the sum never makes a round trip)."),
     KernelSpec(
         name="conv2d_backward_input", family="conv", inputs=("grad_out", "weight"),
         attrs={**_COMMON_ATTRS, "input_shape": None, "out_layout": None}, dtypes=FLOATS,

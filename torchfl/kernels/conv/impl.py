@@ -77,11 +77,15 @@ def _slab_rows(x, s0, s1, s2, s3, code, zp, n, c0, tc, lo_h, lo_w, cols, H, W, s
                 else:
                     for c in range(tc):
                         slab[o + c] = _dec(code, x[b + c * s1], lut) - zp
-        else:  # channel-outer layouts (NCHW...): read each channel's row contiguously along w
-            for c in range(tc):
-                bc = bh + c * s1 + lo_w * s3
+        else:  # channel-outer layouts (NCHW...): 16 channels at a time, each read along w,
+            # so the slab's writes fill whole cache lines
+            for cb in range(0, tc, 16):
+                ce = min(tc, cb + 16)
                 for j in range(jlo, jhi):
-                    slab[row + j * tc + c] = _dec(code, x[bc + j * s3], lut) - zp
+                    o = row + j * tc
+                    bj = bh + (lo_w + j) * s3
+                    for c in range(cb, ce):
+                        slab[o + c] = _dec(code, x[bj + c * s1], lut) - zp
         cnt += (jhi - jlo) * tc
     return cnt
 
@@ -281,24 +285,30 @@ def _mm_store(slab, pix, m0, m1, taps, kc, tc, wpk, tk, R, S, ldc, acc, ybase, r
                         a = slab[a0 + c]
                         for k in range(NR):
                             acc[row + k] += a * wpk[wo + c * NR + k]
-        for m in range(mr, min(m1, mr + MR)):
-            mo = (m - mr) * ldc
-            yb = ybase[m]
-            if has_res:
-                rb = rbase[m]
+        mn = min(m1, mr + MR) - mr
+        if t1 == 1:     # channel-inner layout: each pixel's channels are neighbours
+            for mi in range(mn):
                 for k in range(tk):
-                    v = np.float32(acc[mo + k] * ea[k0 + k] + eb[k0 + k]) + decode(rcode, res[rb + k * r1])
-                    v = max(v, lo)
-                    if ycode == 0:
-                        y[yb + k * t1] = v
-                    else:
-                        y[yb + k * t1] = encode16(ycode, v)
-            elif ycode == 0:
-                for k in range(tk):
-                    y[yb + k * t1] = max(np.float32(acc[mo + k] * ea[k0 + k] + eb[k0 + k]), lo)
-            else:
-                for k in range(tk):
-                    y[yb + k * t1] = encode16(ycode, max(np.float32(acc[mo + k] * ea[k0 + k] + eb[k0 + k]), lo))
+                    _store1(acc, mi * ldc + k, ea[k0 + k], eb[k0 + k], has_res, res, rbase[mr + mi] + k * r1, rcode,
+                            lo, y, ybase[mr + mi] + k, ycode)
+        else:           # channel-outer: the micro-row's pixels of one channel are neighbours
+            for k in range(tk):
+                for mi in range(mn):
+                    _store1(acc, mi * ldc + k, ea[k0 + k], eb[k0 + k], has_res, res, rbase[mr + mi] + k * r1, rcode,
+                            lo, y, ybase[mr + mi] + k * t1, ycode)
+
+
+@njit(inline="always", cache=True)
+def _store1(acc, ai, a_k, b_k, has_res, res, ri, rcode, lo, y, yi, ycode):
+    """Epilogue and store of one output element."""
+    v = np.float32(acc[ai] * a_k + b_k)
+    if has_res:
+        v += decode(rcode, res[ri])
+    v = max(v, lo)
+    if ycode == 0:
+        y[yi] = v
+    else:
+        y[yi] = encode16(ycode, v)
 
 
 @njit(cache=True, nogil=True)
