@@ -21,7 +21,7 @@ import numba
 import numpy as np
 from numba import njit, prange
 
-from ..codecs import decode, encode16, f16_to_f32
+from ..codecs import decode, encode16, f16_to_f32, f32_to_f16
 from .microkernel import MR, NR, mk6x16_taps
 
 
@@ -261,41 +261,90 @@ def _taps(R, S, dh, dw, cols, tc):
 
 
 @njit(cache=True, nogil=True)
-def _mm_store(slab, pix, m0, m1, taps, kc, tc, wpk, tk, R, S, ldc, acc, ybase, rbase, y, t1,
+def _mm_store(slab, pix, m0, m1, taps, kc, tc, wpk, tk, R, S, p0, p1, acc, ybase, rbase, y, t1,
               ycode, ea, eb, k0, lo, has_res, res, r1, rcode):
-    """Pixels [m0, m1) (m0 a multiple of 6) of a tile, one 6-pixel micro-row at a time:
-    the implicit GEMM into ``acc`` (6 x ldc, stays in L1), then at once the epilogue
-    v = acc*ea[k] + eb[k] (+ residual) (relu) and the store, encoded into y's storage at
-    ybase[m] + k*t1 (the residual read at rbase[m] + k*r1)."""
-    npanel = (tk + NR - 1) // NR
+    """Pixels [m0, m1) (m0 a multiple of 6) x output channels of panels [p0, p1) of a tile:
+    per 6 pixels x 16 channels the implicit GEMM over the whole reduction into ``acc``
+    (6 x 16, in registers and L1), then at once the epilogue v = acc*ea[k] + eb[k]
+    (+ residual) (relu) and the store, encoded into y's storage at ybase[m] + k*t1 (the
+    residual read at rbase[m] + k*r1). The caller keeps [p0, p1) to a block of packed
+    weight panels that stays in L2 while the micro-rows (each in L1) stream past it.""" 
     nt = taps.size
+    h = np.empty(MR * NR, np.uint16)
     for mr in range(m0, m1, MR):
-        for q in range(MR * ldc):
-            acc[q] = 0.0
-        if tk >= 8:
-            for p in range(npanel):
-                mk6x16_taps(slab, pix, mr, taps, nt, wpk, p * R * S * tc * NR, kc, acc, p * NR, ldc)
-        else:
-            for mi in range(MR):
-                row = mi * ldc
-                for t in range(nt):
-                    a0 = pix[mr + mi] + taps[t]
-                    wo = t * kc * NR
-                    for c in range(kc):
-                        a = slab[a0 + c]
-                        for k in range(NR):
-                            acc[row + k] += a * wpk[wo + c * NR + k]
-        mn = min(m1, mr + MR) - mr
-        if t1 == 1:     # channel-inner layout: each pixel's channels are neighbours
+        for p in range(p0, p1):
+            kn = min(NR, tk - p * NR)
+            for q in range(MR * NR):
+                acc[q] = 0.0
+            if tk >= 8:
+                mk6x16_taps(slab, pix, mr, taps, nt, wpk, p * R * S * tc * NR, kc, acc, 0, NR)
+            else:
+                for mi in range(MR):
+                    row = mi * NR
+                    for t in range(nt):
+                        a0 = pix[mr + mi] + taps[t]
+                        wo = p * R * S * tc * NR + t * kc * NR
+                        for c in range(kc):
+                            a = slab[a0 + c]
+                            for k in range(NR):
+                                acc[row + k] += a * wpk[wo + c * NR + k]
+            _epilogue_store(acc, min(m1, mr + MR) - mr, kn, k0 + p * NR, p * NR, mr, ybase, rbase, y, t1, ycode,
+                            ea, eb, lo, has_res, res, r1, rcode, h)
+
+
+@njit(cache=True, nogil=True)
+def _epilogue_store(acc, mn, kn, kb, kl, mr, ybase, rbase, y, t1, ycode, ea, eb, lo, has_res, res, r1, rcode, h):
+    """The epilogue of a 6 x 16 block (channels kb.. of the output, kl.. of this K block):
+    v = acc*ea + eb (+ residual) (relu), stored into y at ybase[m] + k*t1. Without a
+    residual the block is encoded into ``h`` in one pass over whole rows (it vectorises),
+    then scattered."""
+    a_s = ea[kb:kb + NR]
+    b_s = eb[kb:kb + NR]
+    if has_res:     # v = (acc*ea + eb) + residual, element by element
+        for mi in range(mn):
+            rb = rbase[mr + mi] + kl * r1
+            yb = ybase[mr + mi] + kl * t1
+            for j in range(kn):
+                v = max(np.float32(acc[mi * NR + j] * a_s[j] + b_s[j]) + decode(rcode, res[rb + j * r1]), lo)
+                if ycode == 0:
+                    y[yb + j * t1] = v
+                else:
+                    y[yb + j * t1] = encode16(ycode, v)
+        return
+    if ycode == 0:
+        for mi in range(mn):
+            for j in range(kn):
+                y[ybase[mr + mi] + (kl + j) * t1] = max(np.float32(acc[mi * NR + j] * a_s[j] + b_s[j]), lo)
+        return
+    if ycode == 1:
+        for mi in range(MR):
+            for j in range(NR):
+                h[mi * NR + j] = f32_to_f16(max(np.float32(acc[mi * NR + j] * a_s[j] + b_s[j]), lo))
+    else:
+        for mi in range(MR):
+            for j in range(NR):
+                h[mi * NR + j] = encode16(ycode, max(np.float32(acc[mi * NR + j] * a_s[j] + b_s[j]), lo))
+    if t1 == 1:     # channel-inner layout: each pixel's channels are neighbours
+        for mi in range(mn):
+            yb = ybase[mr + mi] + kl
+            for j in range(kn):
+                y[yb + j] = h[mi * NR + j]
+    else:           # channel-outer: the micro-row's pixels of one channel are neighbours
+        for j in range(kn):
             for mi in range(mn):
-                for k in range(tk):
-                    _store1(acc, mi * ldc + k, ea[k0 + k], eb[k0 + k], has_res, res, rbase[mr + mi] + k * r1, rcode,
-                            lo, y, ybase[mr + mi] + k, ycode)
-        else:           # channel-outer: the micro-row's pixels of one channel are neighbours
-            for k in range(tk):
-                for mi in range(mn):
-                    _store1(acc, mi * ldc + k, ea[k0 + k], eb[k0 + k], has_res, res, rbase[mr + mi] + k * r1, rcode,
-                            lo, y, ybase[mr + mi] + k * t1, ycode)
+                y[ybase[mr + mi] + (kl + j) * t1] = h[mi * NR + j]
+
+
+@njit(cache=True, nogil=True)
+def _panel_block(taps, kc):
+    """Weight panels per block: as many as keep ~192 KB of packed weights in L2."""
+    return max(1, (192 * 1024) // max(1, taps.size * kc * NR * 4))
+
+
+@njit(cache=True, nogil=True)
+def _panel_block(taps, kc):
+    """Weight panels per block: as many as keep ~192 KB of packed weights in L2."""
+    return max(1, (192 * 1024) // max(1, taps.size * kc * NR * 4))
 
 
 @njit(inline="always", cache=True)
@@ -325,7 +374,7 @@ def _tile_pixels(th, tw, sh, sw, cols, tc, sbase, n, oh0, ow0, t0, t2, t3, k0t1,
 
 @njit(cache=True, nogil=True, parallel=True)
 def conv_tile_fused(x, s0, s1, s2, s3, code, tc, H, W, w, w0, w1, w2, w3, wcode, wpk, tk, R, S, sh, sw, ph, pw,
-                    dh, dw, ldc, n, c0, oh0, oh1, ow0, ow1, slab, y, t0, t1, t2, t3, ycode, k0, ea, eb, relu,
+                    dh, dw, n, c0, oh0, oh1, ow0, ow1, slab, y, t0, t1, t2, t3, ycode, k0, ea, eb, relu,
                     has_res, res, r0, r1, r2, r3, rcode, lut):
     """One large weight-stationary float tile in two parallel phases: (1) the K block's
     weight panels and the tile's input slab rows are loaded (independent pieces, handed to
@@ -357,50 +406,59 @@ def conv_tile_fused(x, s0, s1, s2, s3, code, tc, H, W, w, w0, w1, w2, w3, wcode,
     taps, kc = _taps(R, S, dh, dw, cols, tc)
     lo = np.float32(0.0) if relu else np.float32(-np.inf)
     nmp = mpad // MR
-    per = max(1, min(8, nmp // 8))                     # micro-rows per piece
+    pb = min(npanel, _panel_block(taps, kc))
+    nb = (npanel + pb - 1) // pb
+    per = max(1, min(8, (nmp * nb) // 16))             # micro-rows per piece
     npc = (nmp + per - 1) // per
-    for it in prange(npc):
-        acc = np.empty(MR * ldc, np.float32)
-        _mm_store(slab, pix, it * per * MR, min(M, (it + 1) * per * MR), taps, kc, tc, wpk, tk, R, S,
-                  ldc, acc, ybase, rbase, y, t1, ycode, ea, eb, k0, lo, has_res, res, r1, rcode)
+    for it in prange(nb * npc):
+        b, c = it // npc, it % npc
+        acc = np.empty(MR * NR, np.float32)
+        _mm_store(slab, pix, c * per * MR, min(M, (c + 1) * per * MR), taps, kc, tc, wpk, tk, R, S, b * pb,
+                  min(npanel, (b + 1) * pb), acc, ybase, rbase, y, t1, ycode, ea, eb, k0, lo, has_res, res, r1, rcode)
     return nread, tk * tc * R * S
 
 
 @njit(cache=True, nogil=True, parallel=True)
-def conv_tiles(x, s0, s1, s2, s3, code, c0, tc, H, W, wpk, tk, R, S, sh, sw, ph, pw, dh, dw, tiles, groups, ldc,
+def conv_tiles(x, s0, s1, s2, s3, code, c0, tc, H, W, wpk, tk, R, S, sh, sw, ph, pw, dh, dw, tiles, groups,
                y, t0, t1, t2, t3, ycode, k0, ea, eb, relu, has_res, res, r0, r1, r2, r3, rcode, lut):
-    """Weight-stationary float tiles of one K block, spread over host threads. Each tile's
-    slab is loaded as the chip loads it; tiles of one shape too small to fill the 6-pixel
-    micro-kernel are computed together (``groups[g]:groups[g+1]`` index ``tiles``), their
-    pixels side by side in one micro-row, and stored tile by tile.
-    tiles[t] = (n, oh0, oh1, ow0, ow1). Returns input elements read."""
+    """Weight-stationary float tiles of one K block, spread over host threads in chunks.
+    Each tile's slab is loaded as the chip loads it; tiles of one shape too small to fill
+    the 6-pixel micro-kernel are computed together (``groups[g]:groups[g+1]`` index
+    ``tiles``), their pixels side by side in one micro-row, and stored tile by tile. A chunk
+    loads its tiles' slabs first, then streams them past one L2-sized block of weight
+    panels after another. tiles[t] = (n, oh0, oh1, ow0, ow1). Returns input elements read."""
     ng = groups.size - 1
     nch = min(ng, 32)
     lo = np.float32(0.0) if relu else np.float32(-np.inf)
-    # the largest group: scratch sizes
-    smax = 0
-    mmax = 0
+    gs = np.zeros(ng, np.int64)      # slab floats and padded pixels of each group
+    gm = np.zeros(ng, np.int64)
     for g in range(ng):
-        ssum = 0
         msum = 0
         for t in range(groups[g], groups[g + 1]):
             th, tw = tiles[t, 2] - tiles[t, 1], tiles[t, 4] - tiles[t, 3]
-            ssum += ((th - 1) * sh + (R - 1) * dh + 1) * ((tw - 1) * sw + (S - 1) * dw + 1) * tc
+            gs[g] += ((th - 1) * sh + (R - 1) * dh + 1) * ((tw - 1) * sw + (S - 1) * dw + 1) * tc
             msum += th * tw
-        smax = max(smax, ssum)
-        mmax = max(mmax, msum)
-    mpad = (mmax + MR - 1) // MR * MR
+        gm[g] = (msum + MR - 1) // MR * MR
+    t_any, kc = _taps(R, S, dh, dw, 1, tc)
+    nt = t_any.size
+    npanel = (tk + NR - 1) // NR
     nread = 0
     for ch in prange(nch):
-        slab = np.empty(max(smax, 1), np.float32)
-        acc = np.empty(MR * ldc, np.float32)
-        pix = np.zeros(mpad, np.int64)
-        ybase = np.zeros(mpad, np.int64)
-        rbase = np.zeros(mpad, np.int64)
-        for g in range((ng * ch) // nch, (ng * (ch + 1)) // nch):
-            sb = 0
+        g0, g1 = (ng * ch) // nch, (ng * (ch + 1)) // nch
+        slab = np.empty(max(1, gs[g0:g1].sum()), np.float32)
+        mtot = gm[g0:g1].sum()
+        pix = np.zeros(mtot, np.int64)
+        ybase = np.zeros(mtot, np.int64)
+        rbase = np.zeros(mtot, np.int64)
+        gtaps = np.empty((g1 - g0, nt), np.int64)
+        gmo = np.empty(g1 - g0, np.int64)
+        gcnt = np.empty(g1 - g0, np.int64)
+        sb = 0
+        mb = 0
+        for g in range(g0, g1):
             M = 0
-            cols = 0
+            cols = 1
+            gsb = sb
             for t in range(groups[g], groups[g + 1]):
                 n, oh0, oh1, ow0, ow1 = tiles[t, 0], tiles[t, 1], tiles[t, 2], tiles[t, 3], tiles[t, 4]
                 lo_h = oh0 * sh - ph
@@ -410,14 +468,22 @@ def conv_tiles(x, s0, s1, s2, s3, code, c0, tc, H, W, wpk, tk, R, S, sh, sw, ph,
                 nread += _slab_rows(x, s0, s1, s2, s3, code, np.float32(0.0), n, c0, tc, lo_h, lo_w, cols, H, W,
                                     slab[sb:], 0, rows, lut)
                 _tile_pixels(oh1 - oh0, ow1 - ow0, sh, sw, cols, tc, sb, n, oh0, ow0, t0, t2, t3, k0 * t1,
-                             r0, r2, r3, k0 * r1, pix, ybase, rbase, M)
+                             r0, r2, r3, k0 * r1, pix, ybase, rbase, mb + M)
                 sb += rows * cols * tc
                 M += (oh1 - oh0) * (ow1 - ow0)
-            for m in range(M, (M + MR - 1) // MR * MR):
-                pix[m] = 0
-            taps, kc = _taps(R, S, dh, dw, cols, tc)
-            _mm_store(slab, pix, 0, M, taps, kc, tc, wpk, tk, R, S, ldc, acc, ybase, rbase, y, t1,
-                      ycode, ea, eb, k0, lo, has_res, res, r1, rcode)
+            for m in range(mb + M, mb + gm[g]):
+                pix[m] = gsb         # padding rows read the group's first slab (never stored)
+            gtaps[g - g0, :] = _taps(R, S, dh, dw, cols, tc)[0]
+            gmo[g - g0] = mb
+            gcnt[g - g0] = M
+            mb += gm[g]
+        acc = np.empty(MR * NR, np.float32)
+        pb = _panel_block(t_any, kc)
+        for b0 in range(0, npanel, pb):
+            for gi in range(g1 - g0):
+                _mm_store(slab, pix, gmo[gi], gmo[gi] + gcnt[gi], gtaps[gi], kc, tc, wpk, tk, R, S, b0,
+                          min(npanel, b0 + pb), acc, ybase, rbase, y, t1, ycode, ea, eb, k0, lo, has_res, res, r1,
+                          rcode)
     return nread
 
 
@@ -570,25 +636,24 @@ def _run_stationary_float(ctx, site):
     for name in ("bias", "bn_weight", "bn_bias", "running_mean", "running_var"):
         t = ctx.inputs.get(name) if name in site.params else None
         vec[name] = (_flat(t)[0], codes[name]) if t is not None else (_NO_RES, 0)
-    ea, eb = np.empty(max(K, 1), np.float32), np.empty(max(K, 1), np.float32)
+    ea, eb = np.zeros(K + NR, np.float32), np.zeros(K + NR, np.float32)   # padded: whole 16-wide rows
     fold_epilogue(K, np.float32(1.0), float(p.attrs["eps"]), e["bias"], *vec["bias"], e["bn"],
                   "bn_weight" in site.params, *vec["bn_weight"], "bn_bias" in site.params, *vec["bn_bias"],
                   *vec["running_mean"], *vec["running_var"], ea, eb)
     ctx.read(K * site.nvec)
     npanel = -(-site.tk // NR)
-    ldc = npanel * NR
     wpk = _scratch("wpk", npanel * R * S * max(Cg, 1) * NR)
     slab = _scratch("slab", site.slab_n) if site.single else None
     # the parallel loops hand their pieces out one at a time (uneven pieces; a host thread
     # that starts late on a shared machine takes fewer)
     with numba.parallel_chunksize(1):
         _conv_blocks(ctx, site, G, x, xs, xcode, w, wst, wcode, y, ys, ycode, res, rs, rcode, ea, eb, wpk, slab,
-                     ldc, es, ew, ey, er)
+                     es, ew, ey, er)
     return [yt]
 
 
 def _conv_blocks(ctx, site, G, x, xs, xcode, w, wst, wcode, y, ys, ycode, res, rs, rcode, ea, eb, wpk, slab,
-                 ldc, es, ew, ey, er):
+                 es, ew, ey, er):
     N, Cg, Kg, R, S, g = G["N"], G["Cg"], G["Kg"], G["R"], G["S"], G["g"]
     H, W, OH, OW = G["H"], G["W"], G["OH"], G["OW"]
     sh, sw, ph, pw, dh, dw = G["sh"], G["sw"], G["ph"], G["pw"], G["dh"], G["dw"]
@@ -601,13 +666,13 @@ def _conv_blocks(ctx, site, G, x, xs, xcode, w, wst, wcode, y, ys, ycode, res, r
             if site.single:
                 n, a0, a1, b0, b1 = site.tile0
                 nr, nw = conv_tile_fused(x, *xs, xcode, Cg, H, W, w, *wst, wcode, wpk, tka, R, S, sh, sw, ph, pw,
-                                         dh, dw, ldc, n, gi * Cg, a0, a1, b0, b1, slab, y, *ys, ycode, kg0, ea, eb,
+                                         dh, dw, n, gi * Cg, a0, a1, b0, b1, slab, y, *ys, ycode, kg0, ea, eb,
                                          relu, has_res, res, *rs, rcode, F16_LUT)
                 ctx.read(nw * ew)
             else:
                 ctx.read(pack_weights(w, *wst, wcode, kg0, tka, 0, Cg, R, S, wpk, F16_LUT) * ew)
                 nr = conv_tiles(x, *xs, xcode, gi * Cg, Cg, H, W, wpk, tka, R, S, sh, sw, ph, pw, dh, dw,
-                                site.tiles, site.groups, ldc, y, *ys, ycode, kg0, ea, eb, relu, has_res, res,
+                                site.tiles, site.groups, y, *ys, ycode, kg0, ea, eb, relu, has_res, res,
                                 *rs, rcode, F16_LUT)
             nout = N * OH * OW * tka
             ctx.read(nr * es + (nout * er if has_res else 0))
