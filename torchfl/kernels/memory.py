@@ -40,7 +40,9 @@ class DeviceBuffer:
         if self.freed:
             raise ValueError(f"use of freed device buffer at 0x{self.address:x}")
         dtype = np.dtype(dtype)
-        n = int(np.prod(shape, dtype=np.int64)) * dtype.itemsize
+        n = dtype.itemsize
+        for d in shape:
+            n *= int(d)
         if offset + n > self.nbytes:
             raise ValueError(f"view of {n} B at offset {offset} exceeds the {self.nbytes} B buffer")
         return self.array[offset:offset + n].view(dtype).reshape(shape)

@@ -14,6 +14,7 @@ One compiled body per storage type: the dtype is a runtime code (``dtypes.CODE``
 """
 from __future__ import annotations
 
+import functools
 import math
 import threading
 
@@ -509,13 +510,26 @@ def fold_epilogue(K, deq, eps, has_bias, bias, bcode, has_bn, has_w, bnw, wcode,
 
 def _flat(t):
     """Flat storage of a DeviceTensor and its logical element strides (layout-aware)."""
+    return _flat_view(t), _strides(t.shape, t.layout)
+
+
+def _flat_view(t):
+    """The storage of a DeviceTensor as one flat array."""
     from .. import dtypes as _dt
 
-    perm = t.perm
-    pshape = [t.shape[q] for q in perm]
     n = 1
-    for d in pshape:
+    for d in t.shape:
         n *= d
+    return t.buffer.view(_dt.storage_dtype(t.dtype), (n,), t.offset)
+
+
+@functools.lru_cache(maxsize=4096)
+def _strides(shape, layout):
+    """Logical element strides of a dense tensor of ``shape`` stored in ``layout``."""
+    from ..tensor import layout_perm
+
+    perm = layout_perm(layout, len(shape))
+    pshape = [shape[q] for q in perm]
     pstr = [0] * len(pshape)
     acc = 1
     for i in range(len(pshape) - 1, -1, -1):
@@ -524,7 +538,7 @@ def _flat(t):
     strides = [0] * len(perm)
     for i, q in enumerate(perm):
         strides[q] = pstr[i]
-    return t.buffer.view(_dt.storage_dtype(t.dtype), (n,), t.offset), tuple(strides)
+    return tuple(strides)
 
 
 _TLS = threading.local()
@@ -635,7 +649,7 @@ def _run_stationary_float(ctx, site):
     vec = {}
     for name in ("bias", "bn_weight", "bn_bias", "running_mean", "running_var"):
         t = ctx.inputs.get(name) if name in site.params else None
-        vec[name] = (_flat(t)[0], codes[name]) if t is not None else (_NO_RES, 0)
+        vec[name] = (_flat_view(t), codes[name]) if t is not None else (_NO_RES, 0)
     ea, eb = np.zeros(K + NR, np.float32), np.zeros(K + NR, np.float32)   # padded: whole 16-wide rows
     fold_epilogue(K, np.float32(1.0), float(p.attrs["eps"]), e["bias"], *vec["bias"], e["bn"],
                   "bn_weight" in site.params, *vec["bn_weight"], "bn_bias" in site.params, *vec["bn_bias"],
