@@ -86,3 +86,14 @@ def test_no_attention_unit_never_gets_an_attention_kernel(chips, packs):
     assert any(f.op == sdpa for f in plan.fallbacks)  # explicit fallback, never rewritten into matmuls
     with_unit = plan_captured(cap, x, chips["NPU-V3"], packs, precision="float16")
     assert any(s.kernel == "attention" for s in with_unit.steps) or any(f.op == sdpa for f in with_unit.fallbacks)
+
+
+def test_resnet_block_tail_is_one_fused_kernel(chips, packs):
+    """conv -> bn -> add(residual) -> relu closes every bottleneck block: one fused kernel
+    (the sum never makes a round trip), because it is cheaper than conv2d_bn + add + relu."""
+    cap, x = captured("resnet50", image=64)
+    plan = plan_captured(cap, x, chips["NPU-V3"], packs, precision="float16")
+    tails = [s for s in plan.steps if s.kernel == "conv2d_bn_add_relu"]
+    assert len(tails) == 16                      # 3 + 4 + 6 + 3 bottleneck blocks
+    assert all(s.kind == "fused" and len(s.nodes) >= 4 for s in tails)
+    assert not any(s.kernel == "add" for s in plan.steps)

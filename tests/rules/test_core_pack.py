@@ -38,6 +38,8 @@ def test_fusion_patterns_cover_the_required_chains():
         (conv, "aten._native_batch_norm_legit_no_training.default", "aten.relu.default"): "conv2d_bn_relu",
         (conv, "aten.relu.default"): "conv2d_relu",
         (conv, "aten.add.Tensor", "aten.relu.default"): "conv2d_add_relu",
+        (conv, "aten._native_batch_norm_legit_no_training.default", "aten.add.Tensor", "aten.relu.default"):
+            "conv2d_bn_add_relu",
         ("aten.linear.default", "aten.gelu.default"): "linear_gelu",
         ("aten.permute.default", "aten.addmm.default", "aten.gelu.default"): "linear_gelu",
         ("aten.linear.default", "aten.relu.default"): "linear_relu",
