@@ -263,7 +263,7 @@ def _taps(R, S, dh, dw, cols, tc):
 
 @njit(cache=True, nogil=True)
 def _mm_store(slab, pix, m0, m1, taps, kc, tc, wpk, tk, R, S, p0, p1, acc, ybase, rbase, y, t1,
-              ycode, ea, eb, k0, lo, has_res, res, r1, rcode):
+              ycode, ea, eb, k0, lo, has_res, res, r1, rcode, lut):
     """Pixels [m0, m1) (m0 a multiple of 6) x output channels of panels [p0, p1) of a tile:
     per 6 pixels x 16 channels the implicit GEMM over the whole reduction into ``acc``
     (6 x 16, in registers and L1), then at once the epilogue v = acc*ea[k] + eb[k]
@@ -272,6 +272,7 @@ def _mm_store(slab, pix, m0, m1, taps, kc, tc, wpk, tk, R, S, p0, p1, acc, ybase
     weight panels that stays in L2 while the micro-rows (each in L1) stream past it.""" 
     nt = taps.size
     h = np.empty(MR * NR, np.uint16)
+    rt = np.empty(MR * NR, np.float32)
     for mr in range(m0, m1, MR):
         for p in range(p0, p1):
             kn = min(NR, tk - p * NR)
@@ -290,28 +291,36 @@ def _mm_store(slab, pix, m0, m1, taps, kc, tc, wpk, tk, R, S, p0, p1, acc, ybase
                             for k in range(NR):
                                 acc[row + k] += a * wpk[wo + c * NR + k]
             _epilogue_store(acc, min(m1, mr + MR) - mr, kn, k0 + p * NR, p * NR, mr, ybase, rbase, y, t1, ycode,
-                            ea, eb, lo, has_res, res, r1, rcode, h)
+                            ea, eb, lo, has_res, res, r1, rcode, h, rt, lut)
 
 
 @njit(cache=True, nogil=True)
-def _epilogue_store(acc, mn, kn, kb, kl, mr, ybase, rbase, y, t1, ycode, ea, eb, lo, has_res, res, r1, rcode, h):
+def _epilogue_store(acc, mn, kn, kb, kl, mr, ybase, rbase, y, t1, ycode, ea, eb, lo, has_res, res, r1, rcode, h,
+                    rt, lut):
     """The epilogue of a 6 x 16 block (channels kb.. of the output, kl.. of this K block):
-    v = acc*ea + eb (+ residual) (relu), stored into y at ybase[m] + k*t1. Without a
-    residual the block is encoded into ``h`` in one pass over whole rows (it vectorises),
-    then scattered."""
+    v = acc*ea + eb (+ residual) (relu), stored into y at ybase[m] + k*t1. The residual
+    block is gathered first (rbase[m] + k*r1); the block is encoded into ``h`` in one pass
+    over whole rows (it vectorises), then scattered."""
     a_s = ea[kb:kb + NR]
     b_s = eb[kb:kb + NR]
-    if has_res:     # v = (acc*ea + eb) + residual, element by element
-        for mi in range(mn):
-            rb = rbase[mr + mi] + kl * r1
-            yb = ybase[mr + mi] + kl * t1
+    if has_res:
+        for q in range(MR * NR):
+            rt[q] = 0.0
+        if r1 == 1:
+            for mi in range(mn):
+                rb = rbase[mr + mi] + kl
+                for j in range(kn):
+                    rt[mi * NR + j] = _dec(rcode, res[rb + j], lut)
+        else:
             for j in range(kn):
-                v = max(np.float32(acc[mi * NR + j] * a_s[j] + b_s[j]) + decode(rcode, res[rb + j * r1]), lo)
-                if ycode == 0:
-                    y[yb + j * t1] = v
-                else:
-                    y[yb + j * t1] = encode16(ycode, v)
-        return
+                for mi in range(mn):
+                    rt[mi * NR + j] = _dec(rcode, res[rbase[mr + mi] + (kl + j) * r1], lut)
+        for mi in range(MR):
+            for j in range(NR):
+                q = mi * NR + j
+                acc[q] = np.float32(acc[q] * a_s[j] + b_s[j]) + rt[q]
+        a_s = _ONES
+        b_s = _ZEROS
     if ycode == 0:
         for mi in range(mn):
             for j in range(kn):
@@ -336,29 +345,14 @@ def _epilogue_store(acc, mn, kn, kb, kl, mr, ybase, rbase, y, t1, ycode, ea, eb,
                 y[ybase[mr + mi] + (kl + j) * t1] = h[mi * NR + j]
 
 
-@njit(cache=True, nogil=True)
-def _panel_block(taps, kc):
-    """Weight panels per block: as many as keep ~192 KB of packed weights in L2."""
-    return max(1, (192 * 1024) // max(1, taps.size * kc * NR * 4))
+_ONES = np.ones(NR, np.float32)
+_ZEROS = np.zeros(NR, np.float32)
 
 
 @njit(cache=True, nogil=True)
 def _panel_block(taps, kc):
     """Weight panels per block: as many as keep ~192 KB of packed weights in L2."""
     return max(1, (192 * 1024) // max(1, taps.size * kc * NR * 4))
-
-
-@njit(inline="always", cache=True)
-def _store1(acc, ai, a_k, b_k, has_res, res, ri, rcode, lo, y, yi, ycode):
-    """Epilogue and store of one output element."""
-    v = np.float32(acc[ai] * a_k + b_k)
-    if has_res:
-        v += decode(rcode, res[ri])
-    v = max(v, lo)
-    if ycode == 0:
-        y[yi] = v
-    else:
-        y[yi] = encode16(ycode, v)
 
 
 @njit(cache=True, nogil=True)
@@ -415,7 +409,8 @@ def conv_tile_fused(x, s0, s1, s2, s3, code, tc, H, W, w, w0, w1, w2, w3, wcode,
         b, c = it // npc, it % npc
         acc = np.empty(MR * NR, np.float32)
         _mm_store(slab, pix, c * per * MR, min(M, (c + 1) * per * MR), taps, kc, tc, wpk, tk, R, S, b * pb,
-                  min(npanel, (b + 1) * pb), acc, ybase, rbase, y, t1, ycode, ea, eb, k0, lo, has_res, res, r1, rcode)
+                  min(npanel, (b + 1) * pb), acc, ybase, rbase, y, t1, ycode, ea, eb, k0, lo, has_res, res, r1, rcode,
+                  lut)
     return nread, tk * tc * R * S
 
 
@@ -484,7 +479,7 @@ def conv_tiles(x, s0, s1, s2, s3, code, c0, tc, H, W, wpk, tk, R, S, sh, sw, ph,
             for gi in range(g1 - g0):
                 _mm_store(slab, pix, gmo[gi], gmo[gi] + gcnt[gi], gtaps[gi], kc, tc, wpk, tk, R, S, b0,
                           min(npanel, b0 + pb), acc, ybase, rbase, y, t1, ycode, ea, eb, k0, lo, has_res, res, r1,
-                          rcode)
+                          rcode, lut)
     return nread
 
 
