@@ -33,3 +33,14 @@ def bundled_hcds() -> list[Path]:
 def bundled_rule_packs() -> list[Path]:
     """The rule packs shipped with torchfl, sorted by file name."""
     return sorted(bundled_path("rules").glob("*.yaml"))
+
+
+def bundled_fingerprint() -> str:
+    """A hash of the bundled chips and rule packs (names and bytes): it changes when an
+    upgrade of torchfl ships new or changed ones, so the default registry can take them in."""
+    import hashlib
+
+    h = hashlib.blake2b(digest_size=16)
+    for path in bundled_hcds() + bundled_rule_packs():
+        h.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    return h.hexdigest()

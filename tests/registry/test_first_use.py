@@ -11,6 +11,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 from torchfl.resources import bundled_hcds
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -57,6 +59,33 @@ def test_first_use(registry_url, tmp_path):
         assert p.returncode == 0 and "created schema 0002" in out and "bundled: " in out, err
         out, err = _cli(env, "list", "--json").communicate(timeout=120)
         assert {c["name"] for c in json.loads(out)["chips"]} == expected
+
+
+def test_default_registry_takes_in_newly_bundled_packs(registry_url, tmp_path):
+    """A default registry made by an older torchfl (here: without any rule pack, no stamp)
+    gets the bundled packs on its next use; what it held stays; later uses change nothing."""
+    if not registry_url.startswith("sqlite"):
+        pytest.skip("the default registry is always an SQLite file")
+    from torchfl.registry import Registry
+    from torchfl.resources import bundled_rule_packs
+    from torchfl.rules import load_pack
+
+    path = tmp_path / "data/torchfl/registry.sqlite3"
+    old = Registry(f"sqlite:///{path}")
+    old.init()
+    old.import_files([str(p) for p in bundled_hcds()])
+    assert not old.packs()
+    env = _env(tmp_path, None)
+    out, err = _cli(env, "list", "--json").communicate(timeout=120)
+    data = json.loads(out)
+    expected = {(p.name, p.version) for p in map(load_pack, bundled_rule_packs())}
+    assert {(p["name"], p["latest"]) for p in data["packs"]} == expected, err
+    assert {c["name"] for c in data["chips"]} == {p.stem.upper().replace("_", "-") for p in bundled_hcds()}
+    stamp = path.with_name(path.name + ".bundled")
+    assert stamp.exists()
+    before = path.stat().st_mtime_ns, stamp.read_text()
+    out, err = _cli(env, "list", "--json").communicate(timeout=120)
+    assert json.loads(out) == data and (path.stat().st_mtime_ns, stamp.read_text()) == before
 
 
 def test_queries_import_neither_torch_nor_numba(registry_url, tmp_path):

@@ -55,6 +55,19 @@ def test_small_cnn_runs_on_chip_and_matches_eager():
     assert rel_err(y, ref) < FP16_TOL
 
 
+def test_outputs_come_back_in_the_callers_layout():
+    """A channels-last input: eager returns channels-last conv outputs, and so do we (same
+    values, same strides); a contiguous input keeps contiguous outputs."""
+    conv = seeded(lambda: torch.nn.Sequential(torch.nn.Conv2d(3, 8, 3, padding=1), torch.nn.ReLU()).eval())
+    c = torch.compile(conv, backend="torchfl", options=V3)
+    with torch.no_grad():
+        for fmt in (torch.channels_last, torch.contiguous_format):
+            x = torch.randn(2, 3, 8, 8).contiguous(memory_format=fmt)
+            y, ref = c(x), conv(x)
+            assert y.stride() == ref.stride(), fmt
+            assert rel_err(y, ref) < FP16_TOL
+
+
 def test_debug_log_mapping_lines_once_per_plan(monkeypatch, caplog):
     monkeypatch.setenv("TORCH_FL_DEBUG", "1")
     m = seeded(SmallCNN)

@@ -185,6 +185,8 @@ class Registry:
             return
         if self.is_default and (file_missing(self.url) or self.schema_revision() is None):
             self._create_default()
+        elif self.is_default and self._default_stamp_stale():
+            self._refresh_default()
         revision = self.schema_revision()
         if revision is None:
             raise RegistryUnavailable(
@@ -216,6 +218,60 @@ class Registry:
             if path.exists() and self.schema_revision() == HEAD:
                 return
             self.init(seed=True)
+            self._write_default_stamp()
+
+    # The default registry remembers which bundled chips and packs it was seeded with (a
+    # fingerprint in a file beside it): after an upgrade of torchfl ships new ones, the
+    # first use imports them (new versions are added; what the user imported stays, and the
+    # latest version by semver still wins), instead of planning with stale rule packs.
+    def _stamp_path(self) -> Path:
+        path = Path(sqlite_file(self.url))
+        return path.with_name(path.name + ".bundled")
+
+    def _default_stamp_stale(self) -> bool:
+        from torchfl.resources import bundled_fingerprint
+
+        try:
+            return self._stamp_path().read_text().strip() != bundled_fingerprint()
+        except OSError:
+            return True
+
+    def _write_default_stamp(self) -> None:
+        from torchfl.resources import bundled_fingerprint
+
+        try:
+            self._stamp_path().write_text(bundled_fingerprint() + "\n")
+        except OSError:   # a read-only data directory: checked again next time, harmless
+            pass
+
+    def _refresh_default(self) -> None:
+        """Import the bundled chips and packs this default registry lacks, once per change."""
+        import fcntl
+        import logging
+
+        path = Path(sqlite_file(self.url))
+        try:
+            lock = open(path.with_name(path.name + ".lock"), "w")
+        except OSError:
+            return
+        with lock:
+            fcntl.flock(lock, fcntl.LOCK_EX)
+            if not self._default_stamp_stale() or self.schema_revision() != HEAD:
+                return      # another process did it; an old schema says to upgrade first (below)
+            self._schema_ok = "head"
+            try:
+                result = self.seed()
+            except RegistryError as exc:  # e.g. a bundled version the user re-published differently
+                logging.getLogger("torchfl").warning(
+                    "the default registry %s kept its chips and rule packs: the ones bundled with this "
+                    "torchfl could not be imported (%s); run `torchfl registry import` to see why",
+                    self.display_url, exc)
+            else:
+                added = [f"{o.kind} {o.name} {o.version}" for o in result.outcomes if o.status != "unchanged"]
+                if added:
+                    logging.getLogger("torchfl").info("default registry %s: imported the bundled %s",
+                                                      self.display_url, ", ".join(added))
+            self._write_default_stamp()
 
     # ------------------------------------------------------------------ schema
 

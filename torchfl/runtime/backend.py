@@ -242,8 +242,10 @@ class CompiledGraph:
             from torchfl.planner.capture import scalar_reads
 
             self.scalar_positions = frozenset(scalar_reads(gm))
+            self.channels_last_outputs = _channels_last_outputs(gm)
         else:
             self.scalar_positions = frozenset()
+            self.channels_last_outputs = ()
 
     # -- planning --
     def _plan(self, args):
@@ -308,7 +310,7 @@ class CompiledGraph:
             args = tuple(args[i] for i in entry.user)
         rec = _active()
         if rec is None:
-            return _as_output(entry.executor.run(args), self.kind)
+            return self._as_output(entry.executor.run(args))
         record = None
         if rec.analyze:
             from .executor import Record
@@ -316,11 +318,42 @@ class CompiledGraph:
             record = Record()
         out = entry.executor.run(args, record)
         rec.entries.append((self, entry.plan, record))
-        return _as_output(out, self.kind)
+        return self._as_output(out)
+
+    def _as_output(self, out):
+        """The executor's outputs (identity layout) as the caller gets them: in channels-last
+        where eager torch returns channels-last (a conv net fed a channels-last input), a
+        list for AOTAutograd's graphs."""
+        if self.kind != "inference":
+            return list(out)
+        if self.channels_last_outputs:
+            import torch
+
+            out = list(out)
+            for i in self.channels_last_outputs:
+                if i < len(out) and isinstance(out[i], torch.Tensor) and out[i].dim() == 4:
+                    out[i] = out[i].contiguous(memory_format=torch.channels_last)
+            out = tuple(out)
+        return out
 
 
-def _as_output(out, kind):
-    return list(out) if kind != "inference" else out
+def _channels_last_outputs(gm) -> tuple:
+    """Positions of the graph's (flattened) outputs that Dynamo traced as channels-last
+    4-D tensors: eager torch propagates a channels-last input's layout through convs,
+    norms and pointwise ops, and the caller gets that layout back from us too."""
+    import torch
+
+    out = next(n for n in gm.graph.nodes if n.op == "output")
+    positions = []
+    for i, a in enumerate(torch.utils._pytree.tree_leaves(out.args[0])):
+        v = a.meta.get("example_value", a.meta.get("val")) if isinstance(a, torch.fx.Node) else None
+        try:
+            if (isinstance(v, torch.Tensor) and v.dim() == 4 and not v.is_contiguous()
+                    and v.is_contiguous(memory_format=torch.channels_last)):
+                positions.append(i)
+        except Exception:   # symbolic strides that cannot be decided: identity layout
+            continue
+    return tuple(positions)
 
 
 def _n_outputs(gm) -> int:
