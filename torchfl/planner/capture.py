@@ -11,6 +11,7 @@ decomposed into bmm/_softmax and linear into addmm/mm; the candidates recognise 
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -88,8 +89,12 @@ def capture_module(module, example_inputs) -> Captured:
     import torch
 
     try:
-        ep = torch.export.export(module, tuple(example_inputs), strict=False)
-        ep = ep.run_decompositions(decomposition_table())
+        with warnings.catch_warnings():
+            # torch 2.13's run_decompositions deep-copies its own LeafSpec and warns about it
+            # on every capture: torch's internals, nothing a user can act on
+            warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)", category=FutureWarning)
+            ep = torch.export.export(module, tuple(example_inputs), strict=False)
+            ep = ep.run_decompositions(decomposition_table())
     except Exception as exc:  # torch's own errors are long; keep the first line and the fix
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise CaptureError(
