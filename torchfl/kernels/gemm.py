@@ -11,12 +11,11 @@ sub-blocking is a CPU cache detail and moves no emulated bytes. A resident B (pl
 """
 from __future__ import annotations
 
-import math
-
 import numpy as np
 from numba import njit, prange
 
 from .codecs import decode, encode16, f16_to_f32
+from .mathfn import gelu32
 from .ukernel import MR, NR, ukernel_6x16
 
 KC = 256      # CPU sub-block along K (L1/L2 reuse of the packed panels)
@@ -45,14 +44,6 @@ def _pack_b(B, base, ks, ns, k0, tk, j0, tn, code, pb):
                         pb[o + c] = np.float32(v) if code == 0 else decode(code, v)
                     else:
                         pb[o + c] = 0.0
-
-
-@njit(cache=True)
-def _gelu(v, act):
-    if act == 2:
-        return 0.5 * v * (1.0 + math.erf(v * 0.7071067811865476))
-    u = 0.7978845608028654 * (v + 0.044715 * v * v * v)
-    return 0.5 * v * (1.0 + math.tanh(u))
 
 
 @njit(cache=True, parallel=True)
@@ -168,7 +159,7 @@ def _tile(A, rows, a_ks, B, b_base, b_ks, b_ns, j0, tm, tn, K, TK, code, esa, es
                 if act == 1:
                     v = max(v, np.float32(0.0))
                 elif act >= 2:
-                    v = np.float32(_gelu(np.float64(v), act))
+                    v = gelu32(v, act == 3)
                 if code == 0:
                     C[row + n * c_ns] = v
                 else:
@@ -218,7 +209,7 @@ def _gemv_cols(A, a, B, b_base, b_ns, j0, n0, n1, tm, K, code, C, crows, c_ns, a
             if act == 1:
                 v = max(v, np.float32(0.0))
             elif act >= 2:
-                v = np.float32(_gelu(np.float64(v), act))
+                v = gelu32(v, act == 3)
             if code == 0:
                 C[crows[m] + (j0 + n) * c_ns] = v
             else:
@@ -359,7 +350,7 @@ def _int8_store(acc, ldc, tm, tn, j0, C, crows, cns, scale, bias, has_bias, out_
             if act == 1:
                 v = max(v, np.float32(0.0))
             elif act >= 2:
-                v = np.float32(_gelu(np.float64(v), act))
+                v = gelu32(v, act == 3)
             if out_q:
                 q = np.rint(v / oscale) + ozero
                 C[row + (j0 + n) * cns] = min(127.0, max(-128.0, q))

@@ -14,6 +14,7 @@ from numba import get_num_threads, njit, prange
 
 from ..codecs import decode, encode16
 from ..conv.impl import _code, _flat
+from ..threads import sized_by
 
 
 # reassociation (vectorised sums) and FMA contraction only: NaN/inf semantics are kept
@@ -307,6 +308,14 @@ def _write_vec(ctx, t, vals):
     ctx.write(t.numel * _dt.itemsize(t.dtype))
 
 
+def _elements(p) -> int:
+    from . import segments
+
+    S, L = segments(p)
+    return S * L
+
+
+@sized_by(_elements)
 def run_batch_norm_infer(ctx):
     from . import _OPS, segments
 
@@ -358,6 +367,7 @@ def run_batch_norm_infer(ctx):
     return outs
 
 
+@sized_by(_elements)
 def run_batch_norm_train(ctx):
     from . import _OPS, segments
 
@@ -445,6 +455,7 @@ def run_batch_norm_train(ctx):
     return outs
 
 
+@sized_by(_elements)
 def run_batch_norm_backward(ctx):
     from . import _OPS, segments
 
@@ -522,6 +533,7 @@ def _ln_dims(p):
     return tuple(range(nd - k))
 
 
+@sized_by(_elements)
 def run_layer_norm(ctx):
     from . import _OPS, segments
 
@@ -584,6 +596,7 @@ def run_layer_norm(ctx):
     return [yt, mt, rt]
 
 
+@sized_by(_elements)
 def run_layer_norm_backward(ctx):
     from . import _OPS, segments
     from .. import dtypes as _dt

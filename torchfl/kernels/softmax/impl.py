@@ -11,7 +11,7 @@ from .. import dtypes as dt
 from ..codecs import decode, encode16
 from ..mathfn import exp32
 from ..stream import Access
-from ..threads import threads_for
+from ..threads import ELEMENT_WORK, threads_for
 from . import COST, ES, _dim, ins
 
 KIND = {"softmax": 0, "log_softmax": 1, "softmax_backward": 2, "log_softmax_backward": 3}
@@ -154,7 +154,7 @@ def run_softmax(ctx):
                 tiles.append(f32[i][:e - s])
         direct = code == 0 and oacc.contiguous
         r = oacc.flat[s:e] if direct else res[:e - s]
-        with threads_for(m * L * 256):   # memory-bound: tiles of >= 256K elements go parallel
+        with threads_for(m * L * ELEMENT_WORK):   # memory-bound: >= 256K elements go parallel
             if kind <= 1:
                 rows_fwd(tiles[0], r, m, L, kind)
             else:
