@@ -44,6 +44,27 @@ def test_max_pool2d_and_backward(case, cache):
     close(dx.to_numpy(), x.grad.numpy(), "float32")
 
 
+@pytest.mark.parametrize("case", MAX_CASES + [((1, 16, 28, 28), 3, 2, 1, 1, False)])
+@pytest.mark.parametrize("cache", [8 << 20, 3000, 600])
+@pytest.mark.parametrize("layout,dtype", [("NCHW", "float16"), ("NHWC", "float32"), ("CWNH", "bfloat16")])
+def test_max_pool2d_without_indices_fast_path(case, cache, layout, dtype):
+    """max_pool2d without indices pools each tile channel-parallel from a -inf-haloed
+    plane: exact vs torch (ceil_mode, dilation, several tiles, -inf and NaN inputs) and
+    counted == predicted."""
+    shape, k, st, pad, dil, ceil = case
+    chip = ChipModel(cache_bytes=cache)
+    mem = DeviceMemory(chip)
+    torch.manual_seed(5)
+    x = torch.randn(*shape).to(getattr(torch, dtype))
+    x.view(-1)[::7] = float("-inf")
+    x.view(-1)[x.numel() // 2] = float("nan")
+    attrs = dict(kernel_size=k, stride=st, padding=pad, dilation=dil, ceil_mode=ceil)
+    (y,), _ = run_checked("max_pool2d", chip, {"x": dev(x, mem, layout)}, attrs)
+    assert y.dtype == dtype
+    ref = F.max_pool2d(x.float(), k, st, pad, dil, ceil_mode=ceil).numpy()
+    np.testing.assert_array_equal(y.to_numpy(), ref)
+
+
 AVG_CASES = [
     ((2, 3, 7, 9), 2, None, 0, False, True, None),
     ((1, 4, 11, 10), 3, 2, 1, True, False, None),

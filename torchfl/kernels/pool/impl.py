@@ -12,6 +12,7 @@ import math
 import numpy as np
 from numba import njit, prange
 
+from ..codecs import _TWO112, bits_f32, decode, encode16, f32_bits
 from ..conv.impl import _code, _flat, load_rows, load_slab, store_plain
 
 MAX, AVG, ADAPTIVE = 0, 1, 2
@@ -91,6 +92,113 @@ def pool_fwd(slab, cols, tc, lo_h, lo_w, H, W, kind, kh, kw, sh, sw, ph, pw, dh,
                 acc[m * tc + c] /= div
         ops += n_ops
     return ops
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _h2f(h):
+    """float16 bits -> float32, the codec's values, without a branch (both results are
+    computed and one selected), so loops over whole rows vectorise."""
+    u = np.uint32(h)
+    sign = (u & np.uint32(0x8000)) << np.uint32(16)
+    em = u & np.uint32(0x7FFF)
+    fin = f32_bits(bits_f32(em << np.uint32(13)) * _TWO112) | sign
+    special = sign | np.uint32(0x7F800000) | ((em & np.uint32(0x3FF)) << np.uint32(13))
+    return bits_f32(special if em >= np.uint32(0x7C00) else fin)
+
+
+@njit(cache=True, nogil=True, parallel=True)
+def max_pool_tile(x, s0, s1, s2, s3, code, n, c0, tc, lo_h, hi_h, lo_w, hi_w, H, W, kh, kw, sh, sw, dh, dw,
+                  oh0, th, ow0, tw, y, t0, t1, t2, t3):
+    """Max pooling of one tile without indices, its channels spread over host threads. Each
+    channel's input window (the same elements load_slab reads: the window clipped to the
+    tensor) is loaded into an on-chip plane whose halo holds -inf (max ignores the
+    padding); the max is separable: per output row first down the columns (kh taps, whole
+    contiguous rows, no bounds tests: it vectorises), then along that row (kw taps).
+    A plane holding a NaN takes the tap-by-tap loop that propagates it like torch. Returns
+    (elements read, elements written, window operations: the valid taps)."""
+    rows, cols = hi_h - lo_h, hi_w - lo_w
+    h0, h1 = max(lo_h, 0), max(max(lo_h, 0), min(hi_h, H))
+    w0, w1 = max(lo_w, 0), max(max(lo_w, 0), min(hi_w, W))
+    for c in prange(tc):
+        plane = np.empty(rows * cols, np.float32)
+        vm = np.empty(cols, np.float32)
+        out = np.empty(tw, np.float32)
+        for o in range(rows * cols):
+            plane[o] = -np.inf
+        base = n * s0 + (c0 + c) * s1
+        nan = 0
+        nw = w1 - w0
+        for h in range(h0, h1):
+            # row views: indices from 0 up, so Numba's negative-index wrap test folds away
+            # and the loops vectorise
+            prow = plane[(h - lo_h) * cols + (w0 - lo_w):]
+            b = base + h * s2 + w0 * s3
+            if code == 1 and s3 == 1:
+                xrow = x[b:b + nw]
+                for k in range(nw):
+                    prow[k] = _h2f(xrow[k])
+            elif code == 1:
+                for k in range(nw):
+                    prow[k] = _h2f(x[b + k * s3])
+            else:
+                for k in range(nw):
+                    prow[k] = decode(code, x[b + k * s3])
+            for k in range(nw):
+                nan += prow[k] != prow[k]
+        for i in range(th):
+            if nan == 0:
+                # down the columns (contiguous, every column), then along the row (strided)
+                prow = plane[(i * sh) * cols:]
+                for w in range(cols):
+                    vm[w] = prow[w]
+                for r in range(1, kh):
+                    prow = plane[(i * sh + r * dh) * cols:]
+                    for w in range(cols):
+                        v = prow[w]
+                        vm[w] = v if v > vm[w] else vm[w]
+                for j in range(tw):
+                    out[j] = vm[j * sw]
+                for s in range(1, kw):
+                    vs = vm[s * dw:]
+                    for j in range(tw):
+                        v = vs[j * sw]
+                        out[j] = v if v > out[j] else out[j]
+            else:
+                for j in range(tw):
+                    out[j] = -np.inf
+                for r in range(kh):
+                    for s in range(kw):
+                        ps = plane[(i * sh + r * dh) * cols + s * dw:]
+                        for j in range(tw):
+                            v = ps[j * sw]
+                            a = out[j]
+                            out[j] = v if (v > a or v != v) else a
+            yb = n * t0 + (c0 + c) * t1 + (oh0 + i) * t2 + ow0 * t3
+            if code == 0:
+                for j in range(tw):
+                    y[yb + j * t3] = out[j]
+            elif code == 1 and t3 == 1:
+                yrow = y[yb:yb + tw]
+                for j in range(tw):
+                    yrow[j] = encode16(1, out[j])
+            else:
+                for j in range(tw):
+                    y[yb + j * t3] = encode16(code, out[j])
+    ops = 0
+    for i in range(th):
+        nr = 0
+        for r in range(kh):
+            h = lo_h + i * sh + r * dh
+            if h >= 0 and h < H:
+                nr += 1
+        for j in range(tw):
+            ns = 0
+            for s in range(kw):
+                w = lo_w + j * sw + s * dw
+                if w >= 0 and w < W:
+                    ns += 1
+            ops += nr * ns
+    return (h1 - h0) * (w1 - w0) * tc, th * tw * tc, ops * tc
 
 
 @njit(cache=True, nogil=True)
@@ -180,6 +288,8 @@ def run_pool(ctx):
     es = _dt.itemsize(p.dtype)
     oh_t = [(a, b, *hax.span(a, b)) for a, b in tile_starts(OH, th)]
     ow_t = [(a, b, *wax.span(a, b)) for a, b in tile_starts(OW, tw)]
+    if P["kind"] == MAX and not with_idx:
+        return _run_max_pool(ctx, outs, x, xs, y, ys, code, es, P, N, C, H, W, tc, oh_t, ow_t)
     rows = max(hi - lo for _, _, lo, hi in oh_t)
     cols = max(hi - lo for _, _, lo, hi in ow_t)
     slab = np.zeros(rows * cols * tc, np.float32)
@@ -200,6 +310,28 @@ def run_pool(ctx):
                     ctx.write(store_plain(acc, tca, oh1 - oh0, ow1 - ow0, n, c0, oh0, ow0, y, *ys, code) * es)
                     if with_idx:
                         ctx.write(store_idx(idx, tca, oh1 - oh0, ow1 - ow0, n, c0, oh0, ow0, yi, *yis) * 8)
+    return outs
+
+
+def _run_max_pool(ctx, outs, x, xs, y, ys, code, es, P, N, C, H, W, tc, oh_t, ow_t):
+    """max_pool2d without indices: the same tiles as the general path, each pooled by the
+    channel-parallel max_pool_tile. It runs ~1 ns per input element on one core, so inputs
+    under ~1M elements (ResNet's stem pool at batch 1) stay on one thread: waking the
+    workers costs more than that on a loaded machine (threads.py)."""
+    from ..conv.geometry import tile_starts
+    from ..threads import threads_for
+
+    with threads_for(N * C * H * W * 64):
+        for n in range(N):
+            for c0, c1 in tile_starts(C, tc):
+                for oh0, oh1, lo_h, hi_h in oh_t:
+                    for ow0, ow1, lo_w, hi_w in ow_t:
+                        nr, nw, ops = max_pool_tile(x, *xs, code, n, c0, c1 - c0, lo_h, hi_h, lo_w, hi_w, H, W,
+                                                    P["kh"], P["kw"], P["sh"], P["sw"], P["dh"], P["dw"],
+                                                    oh0, oh1 - oh0, ow0, ow1 - ow0, y, *ys)
+                        ctx.read(nr * es)
+                        ctx.ops(ops)
+                        ctx.write(nw * es)
     return outs
 
 
