@@ -46,6 +46,22 @@ def _pack_b(B, base, ks, ns, k0, tk, j0, tn, code, pb):
                         pb[o + c] = 0.0
 
 
+@njit(inline="always", cache=True)
+def _store_epilogue(C, i, v, bias, j, has_bias, beta, code, act):
+    """C[i] = act(v + beta * bias[j]) in C's storage type (float32 or a 16-bit code)."""
+    if has_bias:
+        bv = bias[j]
+        v += beta * (np.float32(bv) if code == 0 else decode(code, bv))
+    if act == 1:
+        v = max(v, np.float32(0.0))
+    elif act >= 2:
+        v = gelu32(v, act == 3)
+    if code == 0:
+        C[i] = v
+    else:
+        C[i] = encode16(code, v)
+
+
 @njit(cache=True, parallel=True)
 def _tile(A, rows, a_ks, B, b_base, b_ks, b_ns, j0, tm, tn, K, TK, code, esa, esc, esb,
           has_ln, mean, rstd, g, bb, has_g, has_b, pres, use_res,
@@ -152,18 +168,7 @@ def _tile(A, rows, a_ks, B, b_base, b_ks, b_ns, j0, tm, tn, K, TK, code, esa, es
                     C[row + n] = acc[a0 + n]
                 continue
             for n in range(c0, c1):
-                v = alpha * acc[a0 + n]
-                if has_bias:
-                    bv = bias[j0 + n]
-                    v += beta * (np.float32(bv) if code == 0 else decode(code, bv))
-                if act == 1:
-                    v = max(v, np.float32(0.0))
-                elif act >= 2:
-                    v = gelu32(v, act == 3)
-                if code == 0:
-                    C[row + n * c_ns] = v
-                else:
-                    C[row + n * c_ns] = encode16(code, v)
+                _store_epilogue(C, row + n * c_ns, alpha * acc[a0 + n], bias, j0 + n, has_bias, beta, code, act)
         cnt[ch, 0] = rd
         cnt[ch, 1] = (r1 - r0) * (c1 - c0) * esc
         cnt[ch, 2] = (r1 - r0) * (c1 - c0) * (2 * K + epi)
@@ -202,18 +207,8 @@ def _gemv_cols(A, a, B, b_base, b_ns, j0, n0, n1, tm, K, code, C, crows, c_ns, a
     for n in range(n0, n1):
         _decode_run(B, b_base + (j0 + n) * b_ns, K, code, col)
         for m in range(tm):
-            v = alpha * _dot(a[m * K:(m + 1) * K], col, K)
-            if has_bias:
-                bv = bias[j0 + n]
-                v += beta * (np.float32(bv) if code == 0 else decode(code, bv))
-            if act == 1:
-                v = max(v, np.float32(0.0))
-            elif act >= 2:
-                v = gelu32(v, act == 3)
-            if code == 0:
-                C[crows[m] + (j0 + n) * c_ns] = v
-            else:
-                C[crows[m] + (j0 + n) * c_ns] = encode16(code, v)
+            _store_epilogue(C, crows[m] + (j0 + n) * c_ns, alpha * _dot(a[m * K:(m + 1) * K], col, K), bias, j0 + n,
+                            has_bias, beta, code, act)
 
 
 @njit(cache=True, parallel=True)
