@@ -22,8 +22,8 @@ import numba
 import numpy as np
 from numba import njit, prange
 
-from ..codecs import decode, encode16, f16_to_f32, f32_to_f16
-from .microkernel import MR, NR, mk6x16_taps
+from ..codecs import _TWO112, bits_f32, decode, encode16, f16_to_f32, f32_bits, f32_to_f16
+from .microkernel import MR, NR, epi6x16_f16, mk6x16_taps
 
 
 
@@ -38,6 +38,18 @@ def _f16_table():
 F16_LUT = _f16_table()
 """float16 bits -> float32, the codec's own values (a table lookup: the scattered decodes
 of slab and weight loads do not vectorise, a lookup is one load)."""
+
+
+@njit(inline="always", cache=True)
+def h2f(h):
+    """float16 bits -> float32, the codec's values, without a branch (both results are
+    computed and one selected), so loops over whole blocks vectorise."""
+    u = np.uint32(h)
+    sign = (u & np.uint32(0x8000)) << np.uint32(16)
+    em = u & np.uint32(0x7FFF)
+    fin = f32_bits(bits_f32(em << np.uint32(13)) * _TWO112) | sign
+    special = sign | np.uint32(0x7F800000) | ((em & np.uint32(0x3FF)) << np.uint32(13))
+    return bits_f32(special if em >= np.uint32(0x7C00) else fin)
 
 
 @njit(inline="always", cache=True)
@@ -273,6 +285,7 @@ def _mm_store(slab, pix, m0, m1, taps, kc, tc, wpk, tk, R, S, p0, p1, acc, ybase
     nt = taps.size
     h = np.empty(MR * NR, np.uint16)
     rt = np.empty(MR * NR, np.float32)
+    rr = np.empty(MR * NR, res.dtype)
     for mr in range(m0, m1, MR):
         for p in range(p0, p1):
             kn = min(NR, tk - p * NR)
@@ -291,62 +304,105 @@ def _mm_store(slab, pix, m0, m1, taps, kc, tc, wpk, tk, R, S, p0, p1, acc, ybase
                             for k in range(NR):
                                 acc[row + k] += a * wpk[wo + c * NR + k]
             _epilogue_store(acc, min(m1, mr + MR) - mr, kn, k0 + p * NR, p * NR, mr, ybase, rbase, y, t1, ycode,
-                            ea, eb, lo, has_res, res, r1, rcode, h, rt, lut)
+                            ea, eb, lo, has_res, res, r1, rcode, h, rt, rr, lut)
 
 
 @njit(cache=True, nogil=True)
 def _epilogue_store(acc, mn, kn, kb, kl, mr, ybase, rbase, y, t1, ycode, ea, eb, lo, has_res, res, r1, rcode, h,
-                    rt, lut):
+                    rt, rr, lut):
     """The epilogue of a 6 x 16 block (channels kb.. of the output, kl.. of this K block):
     v = acc*ea + eb (+ residual) (relu), stored into y at ybase[m] + k*t1. The residual
-    block is gathered first (rbase[m] + k*r1); the block is encoded into ``h`` in one pass
-    over whole rows (it vectorises), then scattered."""
+    block's raw values are gathered first (rbase[m] + k*r1); a float16 output (with a
+    float16 or no residual) is computed, decoded and encoded in 8-wide vectors
+    (epi6x16_f16: Numba leaves these 96-element loops scalar, ~1 ns an element), other
+    dtypes in scalar passes; the encoded block is then scattered."""
     a_s = ea[kb:kb + NR]
     b_s = eb[kb:kb + NR]
     if has_res:
-        for q in range(MR * NR):
-            rt[q] = 0.0
+        if mn < MR or kn < NR:
+            for q in range(MR * NR):
+                rr[q] = 0
         if r1 == 1:
             for mi in range(mn):
-                rb = rbase[mr + mi] + kl
+                rrow = res[rbase[mr + mi] + kl:]    # a view: indices from 0, no wrap test
                 for j in range(kn):
-                    rt[mi * NR + j] = _dec(rcode, res[rb + j], lut)
+                    rr[mi * NR + j] = rrow[j]
+        elif _run6(rbase, mr, mn):     # channel-outer, the six pixels side by side
+            rb = rbase[mr] + kl * r1
+            for j in range(kn):
+                rcol = res[rb + j * r1:]
+                for mi in range(MR):
+                    rr[mi * NR + j] = rcol[mi]
         else:
             for j in range(kn):
                 for mi in range(mn):
-                    rt[mi * NR + j] = _dec(rcode, res[rbase[mr + mi] + (kl + j) * r1], lut)
+                    rr[mi * NR + j] = res[rbase[mr + mi] + (kl + j) * r1]
+        if ycode == 1 and rcode == 1:
+            epi6x16_f16(acc, ea, eb, kb, rr, True, lo, h)
+            _scatter(h, mn, kn, kl, mr, ybase, y, t1)
+            return
+        if rcode == 1:
+            for q in range(MR * NR):
+                rt[q] = h2f(rr[q])
+        else:
+            for q in range(MR * NR):
+                rt[q] = decode(rcode, rr[q])
         for mi in range(MR):
             for j in range(NR):
                 q = mi * NR + j
-                acc[q] = np.float32(acc[q] * a_s[j] + b_s[j]) + rt[q]
-        a_s = _ONES
-        b_s = _ZEROS
-    if ycode == 0:
-        for mi in range(mn):
-            for j in range(kn):
-                y[ybase[mr + mi] + (kl + j) * t1] = max(np.float32(acc[mi * NR + j] * a_s[j] + b_s[j]), lo)
+                acc[q] = max(np.float32(acc[q] * a_s[j] + b_s[j]) + rt[q], lo)
+    elif ycode == 1:
+        epi6x16_f16(acc, ea, eb, kb, rr, False, lo, h)
+        _scatter(h, mn, kn, kl, mr, ybase, y, t1)
         return
-    if ycode == 1:
-        for mi in range(MR):
-            for j in range(NR):
-                h[mi * NR + j] = f32_to_f16(max(np.float32(acc[mi * NR + j] * a_s[j] + b_s[j]), lo))
     else:
         for mi in range(MR):
             for j in range(NR):
-                h[mi * NR + j] = encode16(ycode, max(np.float32(acc[mi * NR + j] * a_s[j] + b_s[j]), lo))
+                q = mi * NR + j
+                acc[q] = max(np.float32(acc[q] * a_s[j] + b_s[j]), lo)
+    if ycode == 0:
+        for mi in range(mn):
+            for j in range(kn):
+                y[ybase[mr + mi] + (kl + j) * t1] = acc[mi * NR + j]
+        return
+    for q in range(MR * NR):
+        h[q] = encode16(ycode, acc[q])
+    _scatter(h, mn, kn, kl, mr, ybase, y, t1)
+
+
+@njit(cache=True, nogil=True, inline="always")
+def _scatter(h, mn, kn, kl, mr, ybase, y, t1):
+    """The encoded block h[m * 16 + j] -> y[ybase[mr + m] + (kl + j) * t1]."""
     if t1 == 1:     # channel-inner layout: each pixel's channels are neighbours
         for mi in range(mn):
-            yb = ybase[mr + mi] + kl
+            yrow = y[ybase[mr + mi] + kl:]
             for j in range(kn):
-                y[yb + j] = h[mi * NR + j]
+                yrow[j] = h[mi * NR + j]
+    elif _run6(ybase, mr, mn):     # channel-outer, the six pixels side by side
+        yb = ybase[mr] + kl * t1
+        for j in range(kn):
+            ycol = y[yb + j * t1:]
+            for mi in range(MR):
+                ycol[mi] = h[mi * NR + j]
     else:           # channel-outer: the micro-row's pixels of one channel are neighbours
         for j in range(kn):
             for mi in range(mn):
                 y[ybase[mr + mi] + (kl + j) * t1] = h[mi * NR + j]
 
 
-_ONES = np.ones(NR, np.float32)
-_ZEROS = np.zeros(NR, np.float32)
+@njit(cache=True, nogil=True, inline="always")
+def _run6(base, mr, mn):
+    """Whether the micro-row's six pixels are consecutive elements (base[mr + i] ==
+    base[mr] + i): then a channel's six values are one run (no per-pixel offsets)."""
+    if mn < MR:
+        return False
+    b = base[mr]
+    for i in range(1, MR):
+        if base[mr + i] != b + i:
+            return False
+    return True
+
+
 
 
 @njit(cache=True, nogil=True)
@@ -409,8 +465,8 @@ def conv_tile_fused(x, s0, s1, s2, s3, code, tc, H, W, w, w0, w1, w2, w3, wcode,
         b, c = it // npc, it % npc
         acc = np.empty(MR * NR, np.float32)
         _mm_store(slab, pix, c * per * MR, min(M, (c + 1) * per * MR), taps, kc, tc, wpk, tk, R, S, b * pb,
-                  min(npanel, (b + 1) * pb), acc, ybase, rbase, y, t1, ycode, ea, eb, k0, lo, has_res, res, r1, rcode,
-                  lut)
+                  min(npanel, (b + 1) * pb), acc, ybase, rbase, y, t1, ycode, ea, eb, k0, lo, has_res, res, r1,
+                  rcode, lut)
     return nread, tk * tc * R * S
 
 

@@ -138,3 +138,53 @@ def mk6x16_taps(typingctx, A, pix, m0, taps, ntaps, B, boff, kc, C, coff, ldc):
         return context.get_dummy_value()
 
     return sig, codegen
+
+
+@intrinsic
+def epi6x16_f16(typingctx, C, A, B, koff, R, has_res, lo, H):
+    """The float16 epilogue of a 6x16 block in 8-wide vectors (F16C conversions):
+
+        H[q] = f16(max(f32(C[q] * A[koff + j] + B[koff + j]) (+ f32(R[q])), lo))
+
+    for q = 16 m + j; C, A, B float32 arrays, R and H uint16 (float16 bits). The products
+    and sums round as the scalar epilogue's do (no fused multiply-add); max(v, lo) is
+    Python's (lo only where lo > v, so NaN stays NaN); the conversions are IEEE round to
+    nearest even, the codec's own rounding."""
+    sig = types.void(C, A, B, koff, R, has_res, lo, H)
+
+    def codegen(context, builder, signature, args):
+        c_arr, a_arr, b_arr, koff_v, r_arr, hr_v, lo_v, h_arr = args
+        sa = signature.args
+        C_ = context.make_array(sa[0])(context, builder, c_arr)
+        A_ = context.make_array(sa[1])(context, builder, a_arr)
+        B_ = context.make_array(sa[2])(context, builder, b_arr)
+        R_ = context.make_array(sa[4])(context, builder, r_arr)
+        H_ = context.make_array(sa[7])(context, builder, h_arr)
+        i64 = ir.IntType(64)
+        f32 = ir.FloatType()
+        v8 = ir.VectorType(f32, 8)
+        h8 = ir.VectorType(ir.HalfType(), 8)
+        i8x16 = ir.VectorType(ir.IntType(16), 8)
+        hres = context.cast(builder, hr_v, sa[5], types.boolean)
+        lo32 = context.cast(builder, lo_v, sa[6], types.float32)
+        lov = builder.insert_element(ir.Constant(v8, ir.Undefined), lo32, ir.Constant(ir.IntType(32), 0))
+        lov = builder.shuffle_vector(lov, ir.Constant(v8, ir.Undefined),
+                                     ir.Constant(ir.VectorType(ir.IntType(32), 8), [0] * 8))
+
+        def vload(ptr, off, vt):
+            return builder.load(builder.bitcast(builder.gep(ptr, [off]), vt.as_pointer()), align=2)
+
+        av = [vload(A_.data, builder.add(koff_v, ir.Constant(i64, 8 * h)), v8) for h in range(2)]
+        bv = [vload(B_.data, builder.add(koff_v, ir.Constant(i64, 8 * h)), v8) for h in range(2)]
+        for q0 in range(0, MR * NR, 8):
+            off = ir.Constant(i64, q0)
+            v = vload(C_.data, off, v8)
+            v = builder.fadd(builder.fmul(v, av[(q0 // 8) % 2]), bv[(q0 // 8) % 2])
+            r = builder.fpext(builder.bitcast(vload(R_.data, off, i8x16), h8), v8)
+            v = builder.select(hres, builder.fadd(v, r), v)
+            v = builder.select(builder.fcmp_ordered(">", lov, v), lov, v)
+            hv = builder.bitcast(builder.fptrunc(v, h8), i8x16)
+            builder.store(hv, builder.bitcast(builder.gep(H_.data, [off]), i8x16.as_pointer()), align=2)
+        return context.get_dummy_value()
+
+    return sig, codegen
