@@ -47,10 +47,12 @@ def test_max_pool2d_and_backward(case, cache):
 @pytest.mark.parametrize("case", MAX_CASES + [((1, 16, 28, 28), 3, 2, 1, 1, False)])
 @pytest.mark.parametrize("cache", [8 << 20, 3000, 600])
 @pytest.mark.parametrize("layout,dtype", [("NCHW", "float16"), ("NHWC", "float32"), ("CWNH", "bfloat16")])
-def test_max_pool2d_without_indices_fast_path(case, cache, layout, dtype):
-    """max_pool2d without indices pools each tile channel-parallel from a -inf-haloed
-    plane: exact vs torch (ceil_mode, dilation, several tiles, -inf and NaN inputs) and
-    counted == predicted."""
+@pytest.mark.parametrize("with_idx", [False, True])
+def test_max_pool2d_tile_kernel(case, cache, layout, dtype, with_idx):
+    """max_pool2d pools each tile channel-parallel from a -inf-haloed plane (separable
+    without indices, tap by tap with them): exact vs torch, indices included (ceil_mode,
+    dilation, several tiles, -inf and NaN inputs: an all -inf window points at its first
+    in-bounds tap, as torch's does) and counted == predicted."""
     shape, k, st, pad, dil, ceil = case
     chip = ChipModel(cache_bytes=cache)
     mem = DeviceMemory(chip)
@@ -58,11 +60,13 @@ def test_max_pool2d_without_indices_fast_path(case, cache, layout, dtype):
     x = torch.randn(*shape).to(getattr(torch, dtype))
     x.view(-1)[::7] = float("-inf")
     x.view(-1)[x.numel() // 2] = float("nan")
-    attrs = dict(kernel_size=k, stride=st, padding=pad, dilation=dil, ceil_mode=ceil)
-    (y,), _ = run_checked("max_pool2d", chip, {"x": dev(x, mem, layout)}, attrs)
-    assert y.dtype == dtype
-    ref = F.max_pool2d(x.float(), k, st, pad, dil, ceil_mode=ceil).numpy()
-    np.testing.assert_array_equal(y.to_numpy(), ref)
+    attrs = dict(kernel_size=k, stride=st, padding=pad, dilation=dil, ceil_mode=ceil, return_indices=with_idx)
+    outs, _ = run_checked("max_pool2d", chip, {"x": dev(x, mem, layout)}, attrs)
+    assert outs[0].dtype == dtype
+    ref, ridx = F.max_pool2d(x.float(), k, st, pad, dil, ceil_mode=ceil, return_indices=True)
+    np.testing.assert_array_equal(outs[0].to_numpy(), ref.numpy())
+    if with_idx:
+        np.testing.assert_array_equal(outs[1].to_numpy(), ridx.numpy())
 
 
 AVG_CASES = [

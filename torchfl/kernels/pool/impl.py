@@ -12,10 +12,11 @@ import math
 import numpy as np
 from numba import njit, prange
 
-from ..codecs import _TWO112, bits_f32, decode, encode16, f32_bits
-from ..conv.impl import _code, _flat, load_rows, load_slab, store_plain
+from ..codecs import decode, encode16
+from ..conv.impl import _code, _flat, h2f as _h2f, load_rows, load_slab, store_plain
 
 MAX, AVG, ADAPTIVE = 0, 1, 2
+IDX_BYTES = 8     # int64 indices
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -94,28 +95,18 @@ def pool_fwd(slab, cols, tc, lo_h, lo_w, H, W, kind, kh, kw, sh, sw, ph, pw, dh,
     return ops
 
 
-@njit(cache=True, nogil=True, inline="always")
-def _h2f(h):
-    """float16 bits -> float32, the codec's values, without a branch (both results are
-    computed and one selected), so loops over whole rows vectorise."""
-    u = np.uint32(h)
-    sign = (u & np.uint32(0x8000)) << np.uint32(16)
-    em = u & np.uint32(0x7FFF)
-    fin = f32_bits(bits_f32(em << np.uint32(13)) * _TWO112) | sign
-    special = sign | np.uint32(0x7F800000) | ((em & np.uint32(0x3FF)) << np.uint32(13))
-    return bits_f32(special if em >= np.uint32(0x7C00) else fin)
-
-
 @njit(cache=True, nogil=True, parallel=True)
 def max_pool_tile(x, s0, s1, s2, s3, code, n, c0, tc, lo_h, hi_h, lo_w, hi_w, H, W, kh, kw, sh, sw, dh, dw,
-                  oh0, th, ow0, tw, y, t0, t1, t2, t3):
+                  oh0, th, ow0, tw, y, t0, t1, t2, t3, with_idx, yi, i0, i1, i2, i3):
     """Max pooling of one tile without indices, its channels spread over host threads. Each
     channel's input window (the same elements load_slab reads: the window clipped to the
     tensor) is loaded into an on-chip plane whose halo holds -inf (max ignores the
     padding); the max is separable: per output row first down the columns (kh taps, whole
     contiguous rows, no bounds tests: it vectorises), then along that row (kw taps).
-    A plane holding a NaN takes the tap-by-tap loop that propagates it like torch. Returns
-    (elements read, elements written, window operations: the valid taps)."""
+    A plane holding a NaN, or a call that wants the indices (int64 h*W + w into ``yi``),
+    takes the tap-by-tap loop (whole rows, taps in window order; a later tap wins only if
+    greater or NaN, like torch's; the -inf halo never wins). Returns (elements read,
+    elements written, window operations: the valid taps)."""
     rows, cols = hi_h - lo_h, hi_w - lo_w
     h0, h1 = max(lo_h, 0), max(max(lo_h, 0), min(hi_h, H))
     w0, w1 = max(lo_w, 0), max(max(lo_w, 0), min(hi_w, W))
@@ -123,6 +114,8 @@ def max_pool_tile(x, s0, s1, s2, s3, code, n, c0, tc, lo_h, hi_h, lo_w, hi_w, H,
         plane = np.empty(rows * cols, np.float32)
         vm = np.empty(cols, np.float32)
         out = np.empty(tw, np.float32)
+        oidx = np.empty(tw, np.int64)
+        otap = np.empty(tw, np.float32)
         for o in range(rows * cols):
             plane[o] = -np.inf
         base = n * s0 + (c0 + c) * s1
@@ -163,7 +156,25 @@ def max_pool_tile(x, s0, s1, s2, s3, code, n, c0, tc, lo_h, hi_h, lo_w, hi_w, H,
                     for j in range(tw):
                         v = vs[j * sw]
                         out[j] = v if v > out[j] else out[j]
-            else:
+                if with_idx:
+                    # the first in-bounds tap (window order) holding the max, as torch's
+                    # strict > keeps it: taps scanned last to first, each match overwrites;
+                    # integer arithmetic, no select (Numba's selects here become branches)
+                    for j in range(tw):
+                        oidx[j] = -1
+                    hs = lo_h + i * sh
+                    for r in range(kh - 1, -1, -1):
+                        h = hs + r * dh
+                        if h < 0 or h >= H:
+                            continue
+                        for s in range(kw - 1, -1, -1):
+                            ps = plane[(i * sh + r * dh) * cols + s * dw:]
+                            w0s = lo_w + s * dw
+                            for j in range(tw):
+                                w = w0s + j * sw
+                                hit = np.int64((ps[j * sw] == out[j]) & (w >= 0) & (w < W))
+                                oidx[j] += hit * (h * W + w - oidx[j])
+            elif not with_idx:
                 for j in range(tw):
                     out[j] = -np.inf
                 for r in range(kh):
@@ -173,6 +184,34 @@ def max_pool_tile(x, s0, s1, s2, s3, code, n, c0, tc, lo_h, hi_h, lo_w, hi_w, H,
                             v = ps[j * sw]
                             a = out[j]
                             out[j] = v if (v > a or v != v) else a
+            else:
+                # the winning tap's number r * kw + s is tracked as a float32 (exact),
+                # selected like the value (an int64 select stays a mispredicted branch)
+                for j in range(tw):
+                    out[j] = -np.inf
+                    otap[j] = -1.0
+                for r in range(kh):
+                    for s in range(kw):
+                        ps = plane[(i * sh + r * dh) * cols + s * dw:]
+                        tap = np.float32(r * kw + s)
+                        for j in range(tw):
+                            v = ps[j * sw]
+                            take = (v > out[j]) | (v != v)
+                            out[j] = v if take else out[j]
+                            otap[j] = tap if take else otap[j]
+                hs = lo_h + i * sh
+                hf = hs if hs >= 0 else hs + ((-hs + dh - 1) // dh) * dh
+                for j in range(tw):
+                    ws = lo_w + j * sw
+                    t = np.int64(otap[j])
+                    if t < 0:   # no tap beat -inf: torch's index is the first in-bounds tap
+                        oidx[j] = hf * W + (ws if ws >= 0 else ws + ((-ws + dw - 1) // dw) * dw)
+                    else:
+                        oidx[j] = (hs + (t // kw) * dh) * W + ws + (t % kw) * dw
+            if with_idx:
+                ib = n * i0 + (c0 + c) * i1 + (oh0 + i) * i2 + ow0 * i3
+                for j in range(tw):
+                    yi[ib + j * i3] = oidx[j]
             yb = n * t0 + (c0 + c) * t1 + (oh0 + i) * t2 + ow0 * t3
             if code == 0:
                 for j in range(tw):
@@ -288,7 +327,7 @@ def run_pool(ctx):
     es = _dt.itemsize(p.dtype)
     oh_t = [(a, b, *hax.span(a, b)) for a, b in tile_starts(OH, th)]
     ow_t = [(a, b, *wax.span(a, b)) for a, b in tile_starts(OW, tw)]
-    if P["kind"] == MAX and not with_idx:
+    if P["kind"] == MAX:
         return _run_max_pool(ctx, outs, x, xs, y, ys, code, es, P, N, C, H, W, tc, oh_t, ow_t)
     rows = max(hi - lo for _, _, lo, hi in oh_t)
     cols = max(hi - lo for _, _, lo, hi in ow_t)
@@ -314,13 +353,15 @@ def run_pool(ctx):
 
 
 def _run_max_pool(ctx, outs, x, xs, y, ys, code, es, P, N, C, H, W, tc, oh_t, ow_t):
-    """max_pool2d without indices: the same tiles as the general path, each pooled by the
-    channel-parallel max_pool_tile. It runs ~1 ns per input element on one core, so inputs
+    """max_pool2d: the same tiles as the general path, each pooled by the channel-parallel
+    max_pool_tile (indices, when asked for, written beside the values). It runs ~1 ns per input element on one core, so inputs
     under ~1M elements (ResNet's stem pool at batch 1) stay on one thread: waking the
     workers costs more than that on a loaded machine (threads.py)."""
     from ..conv.geometry import tile_starts
     from ..threads import threads_for
 
+    with_idx = len(outs) > 1
+    yi, yis = _flat(outs[1]) if with_idx else (np.zeros(1, np.int64), (0, 0, 0, 0))
     with threads_for(N * C * H * W * 64):
         for n in range(N):
             for c0, c1 in tile_starts(C, tc):
@@ -328,10 +369,10 @@ def _run_max_pool(ctx, outs, x, xs, y, ys, code, es, P, N, C, H, W, tc, oh_t, ow
                     for ow0, ow1, lo_w, hi_w in ow_t:
                         nr, nw, ops = max_pool_tile(x, *xs, code, n, c0, c1 - c0, lo_h, hi_h, lo_w, hi_w, H, W,
                                                     P["kh"], P["kw"], P["sh"], P["sw"], P["dh"], P["dw"],
-                                                    oh0, oh1 - oh0, ow0, ow1 - ow0, y, *ys)
+                                                    oh0, oh1 - oh0, ow0, ow1 - ow0, y, *ys, with_idx, yi, *yis)
                         ctx.read(nr * es)
                         ctx.ops(ops)
-                        ctx.write(nw * es)
+                        ctx.write(nw * (es + (IDX_BYTES if with_idx else 0)))
     return outs
 
 
