@@ -124,30 +124,33 @@ def test_one_large_tile_fp16_nchw_with_row_runs(dilation):
 
 @pytest.mark.parametrize("layout", ["NCHW", "NCWH", "NHWC"])
 @pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
-@pytest.mark.parametrize("name", ["conv2d_bn_relu", "conv2d_bn_add_relu"])
-def test_one_tile_epilogue_paths(name, dtype, layout):
+@pytest.mark.parametrize("name,ks", [("conv2d_bn_relu", 1), ("conv2d_bn_add_relu", 1), ("conv2d_bn_add_relu", 3)])
+def test_one_tile_epilogue_paths(name, ks, dtype, layout):
     """One large tile, K = 40 (a partial 16-channel panel), 13 x 11 output (micro-rows that
     wrap around an output row): float16 takes the vector epilogue (epi6x16_f16), bfloat16
     the scalar one; NCHW stores and reads the residual as six-pixel runs where a micro-row's
     pixels are consecutive (and per pixel where not), NCWH never has such runs, NHWC is
-    channel-inner. A residual with inf/NaN checks they reach the output like torch's."""
+    channel-inner. float16 NCHW slab rows load 8 pixels x 16 channels at a time
+    (tr16x8_f16; C = 24: one full channel block and a partial one; 3x3 with padding 1: a
+    halo before and after). A residual with inf/NaN checks they reach the output like
+    torch's."""
     chip = ChipModel()
     mem = DeviceMemory(chip)
     torch.manual_seed(11)
     tdt = getattr(torch, dtype)
-    x, w = torch.randn(1, 24, 13, 11).to(tdt), (torch.randn(40, 24, 1, 1) * 0.3).to(tdt)
+    x, w = torch.randn(1, 24, 13, 11).to(tdt), (torch.randn(40, 24, ks, ks) * 0.3).to(tdt)
     gamma, beta, mean, var = (t.to(tdt) for t in _bn_params(40))
     ins = {"x": dev(x, mem, layout), "weight": dev(w, mem), "bn_weight": dev(gamma, mem),
            "bn_bias": dev(beta, mem), "running_mean": dev(mean, mem), "running_var": dev(var, mem)}
-    ref = F.batch_norm(F.conv2d(x.float(), w.float()), mean.float(), var.float(), gamma.float(),
-                       beta.float(), False, 0.0, 1e-5)
+    ref = F.batch_norm(F.conv2d(x.float(), w.float(), padding=ks // 2), mean.float(), var.float(),
+                       gamma.float(), beta.float(), False, 0.0, 1e-5)
     if "add" in name:
         r = torch.randn_like(ref).to(tdt)
         r[0, 3, 2, 5], r[0, 17, 12, 10], r[0, 39, 0, 0] = float("inf"), float("-inf"), float("nan")
         ins["residual"] = dev(r, mem, layout)
         ref = ref + r.float()
     ref = F.relu(ref)
-    (y,), plan = run_checked(name, chip, ins, {})
+    (y,), plan = run_checked(name, chip, ins, {"padding": ks // 2})
     tiles = dict(plan.config.tiles)
     assert (tiles["oh"], tiles["ow"]) == (13, 11)
     out = y.to_numpy()

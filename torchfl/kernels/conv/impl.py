@@ -23,7 +23,7 @@ import numpy as np
 from numba import njit, prange
 
 from ..codecs import _TWO112, bits_f32, decode, encode16, f16_to_f32, f32_bits, f32_to_f16
-from .microkernel import MR, NR, epi6x16_f16, mk6x16_taps
+from .microkernel import MR, NR, epi6x16_f16, mk6x16_taps, tr16x8_f16
 
 
 
@@ -94,7 +94,12 @@ def _slab_rows(x, s0, s1, s2, s3, code, zp, n, c0, tc, lo_h, lo_w, cols, H, W, s
             # so the slab's writes fill whole cache lines
             for cb in range(0, tc, 16):
                 ce = min(tc, cb + 16)
-                for j in range(jlo, jhi):
+                j0 = jlo
+                if code == 1 and s3 == 1 and ce - cb == 16:    # float16 NCHW: 8 x 16 blocks
+                    while j0 + 8 <= jhi:
+                        tr16x8_f16(x, bh + cb * s1 + lo_w + j0, s1, slab, row + j0 * tc + cb, tc)
+                        j0 += 8
+                for j in range(j0, jhi):
                     o = row + j * tc
                     bj = bh + (lo_w + j) * s3
                     for c in range(cb, ce):

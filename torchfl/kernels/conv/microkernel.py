@@ -188,3 +188,42 @@ def epi6x16_f16(typingctx, C, A, B, koff, R, has_res, lo, H):
         return context.get_dummy_value()
 
     return sig, codegen
+
+
+@intrinsic
+def tr16x8_f16(typingctx, X, xoff, s1, S, soff, tc):
+    """Eight consecutive pixels of 16 channels of a float16 channel-outer tensor into the
+    slab's [pixel][channel] float32 rows:
+
+        S[soff + p * tc + c] = f32(X[xoff + c * s1 + p])    for p in 0..7, c in 0..15
+
+    as 16 vector loads (F16C conversions) and 8 transposed 16-wide stores, instead of 128
+    scalar strided loads."""
+    sig = types.void(X, xoff, s1, S, soff, tc)
+
+    def codegen(context, builder, signature, args):
+        x_arr, xoff_v, s1_v, s_arr, soff_v, tc_v = args
+        sa = signature.args
+        X_ = context.make_array(sa[0])(context, builder, x_arr)
+        S_ = context.make_array(sa[3])(context, builder, s_arr)
+        i32 = ir.IntType(32)
+        f32 = ir.FloatType()
+        v8 = ir.VectorType(f32, 8)
+        v16 = ir.VectorType(f32, 16)
+        h8 = ir.VectorType(ir.HalfType(), 8)
+        i16x8 = ir.VectorType(ir.IntType(16), 8)
+        cols = []
+        for c in range(NR):
+            off = builder.add(xoff_v, builder.mul(s1_v, ir.Constant(ir.IntType(64), c)))
+            p = builder.bitcast(builder.gep(X_.data, [off]), i16x8.as_pointer())
+            cols.append(builder.fpext(builder.bitcast(builder.load(p, align=2), h8), v8))
+        for px in range(8):
+            row = ir.Constant(v16, ir.Undefined)
+            for c in range(NR):
+                row = builder.insert_element(row, builder.extract_element(cols[c], ir.Constant(i32, px)),
+                                             ir.Constant(i32, c))
+            off = builder.add(soff_v, builder.mul(tc_v, ir.Constant(ir.IntType(64), px)))
+            builder.store(row, builder.bitcast(builder.gep(S_.data, [off]), v16.as_pointer()), align=4)
+        return context.get_dummy_value()
+
+    return sig, codegen
