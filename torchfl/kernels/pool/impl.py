@@ -1,13 +1,12 @@
 """Numba bodies of the pooling family (imported lazily by the specs' ``run``).
 
-Tiles move through the convolution family's loaders (``load_slab``: a strided gather from
-any layout into an on-chip ``[rows][cols][channels]`` slab) and stores; the pooling
-windows are evaluated on chip, skipping the padding (max ignores it, avg counts it only
-when ``count_include_pad``).
+Average pooling tiles move through the convolution family's loaders (``load_slab``: a
+strided gather from any layout into an on-chip ``[rows][cols][channels]`` slab) and
+stores; the windows are evaluated on chip (the padding counted only when
+``count_include_pad``). Max pooling tiles load one channel plane at a time with a -inf halo
+(``max_pool_tile``), channel-parallel.
 """
 from __future__ import annotations
-
-import math
 
 import numpy as np
 from numba import njit, prange
@@ -49,49 +48,26 @@ def _avg_window(kind, oh, ow, H, W, OH, OW, kh, kw, sh, sw, ph, pw, include_pad,
 
 
 @njit(cache=True, nogil=True)
-def pool_fwd(slab, cols, tc, lo_h, lo_w, H, W, kind, kh, kw, sh, sw, ph, pw, dh, dw, OH, OW,
-             oh0, th, ow0, tw, include_pad, divisor, acc, idx):
-    """Pool one output tile from the slab. Returns the window operations performed."""
+def pool_fwd(slab, cols, tc, lo_h, lo_w, H, W, kind, kh, kw, sh, sw, ph, pw, OH, OW, oh0, th, ow0, tw,
+             include_pad, divisor, acc):
+    """Average (or adaptive average) pooling of one output tile from the slab; max pooling
+    is max_pool_tile's. Returns the window operations performed."""
     ops = 0
-    for m in prange(th * tw):
+    for m in range(th * tw):
         oh = oh0 + m // tw
         ow = ow0 + m % tw
-        n_ops = 0
-        if kind == MAX:
-            hs = oh * sh - ph
-            ws = ow * sw - pw
-            for c in range(tc):
-                acc[m * tc + c] = -np.inf
-                idx[m * tc + c] = -1
-            for r in range(kh):
-                h = hs + r * dh
-                if h < 0 or h >= H:
-                    continue
-                for s in range(kw):
-                    w = ws + s * dw
-                    if w < 0 or w >= W:
-                        continue
-                    n_ops += tc
-                    b = ((h - lo_h) * cols + (w - lo_w)) * tc
-                    for c in range(tc):
-                        v = slab[b + c]
-                        if v > acc[m * tc + c] or math.isnan(v):
-                            acc[m * tc + c] = v
-                            idx[m * tc + c] = h * W + w
-        else:
-            hc0, hc1, wc0, wc1, div = _avg_window(kind, oh, ow, H, W, OH, OW, kh, kw, sh, sw, ph, pw,
-                                                   include_pad, divisor)
-            for c in range(tc):
-                acc[m * tc + c] = 0.0
-            for h in range(hc0, hc1):
-                for w in range(wc0, wc1):
-                    n_ops += tc
-                    b = ((h - lo_h) * cols + (w - lo_w)) * tc
-                    for c in range(tc):
-                        acc[m * tc + c] += slab[b + c]
-            for c in range(tc):
-                acc[m * tc + c] /= div
-        ops += n_ops
+        hc0, hc1, wc0, wc1, div = _avg_window(kind, oh, ow, H, W, OH, OW, kh, kw, sh, sw, ph, pw,
+                                               include_pad, divisor)
+        for c in range(tc):
+            acc[m * tc + c] = 0.0
+        for h in range(hc0, hc1):
+            for w in range(wc0, wc1):
+                ops += tc
+                b = ((h - lo_h) * cols + (w - lo_w)) * tc
+                for c in range(tc):
+                    acc[m * tc + c] += slab[b + c]
+        for c in range(tc):
+            acc[m * tc + c] /= div
     return ops
 
 
@@ -241,17 +217,6 @@ def max_pool_tile(x, s0, s1, s2, s3, code, n, c0, tc, lo_h, hi_h, lo_w, hi_w, H,
 
 
 @njit(cache=True, nogil=True)
-def store_idx(idx, tc, th, tw, n, c0, h0, w0, y, t0, t1, t2, t3):
-    for i in range(th):
-        for j in range(tw):
-            m = i * tw + j
-            b = n * t0 + (h0 + i) * t2 + (w0 + j) * t3
-            for c in range(tc):
-                y[b + (c0 + c) * t1] = idx[m * tc + c]
-    return th * tw * tc
-
-
-@njit(cache=True, nogil=True)
 def load_idx(src, s0, s1, s2, s3, n, c0, tc, lo_h, hi_h, lo_w, hi_w, dst):
     cols = hi_w - lo_w
     for i in range(hi_h - lo_h):
@@ -320,9 +285,6 @@ def run_pool(ctx):
     tc, th, tw = cfg.tile("c"), cfg.tile("oh"), cfg.tile("ow")
     x, xs = _flat(ctx.inputs["x"])
     y, ys = _flat(outs[0])
-    with_idx = len(outs) > 1
-    if with_idx:
-        yi, yis = _flat(outs[1])
     code = _code(p.dtype, chip)
     es = _dt.itemsize(p.dtype)
     oh_t = [(a, b, *hax.span(a, b)) for a, b in tile_starts(OH, th)]
@@ -333,7 +295,6 @@ def run_pool(ctx):
     cols = max(hi - lo for _, _, lo, hi in ow_t)
     slab = np.zeros(rows * cols * tc, np.float32)
     acc = np.zeros(th * tw * tc, np.float32)
-    idx = np.zeros(th * tw * tc, np.int64)
     for n in range(N):
         for c0, c1 in tile_starts(C, tc):
             tca = c1 - c0
@@ -342,21 +303,20 @@ def run_pool(ctx):
                     ctx.read(load_slab(x, *xs, code, np.float32(0), n, c0, tca, lo_h, hi_h, lo_w, hi_w,
                                        H, W, slab) * es)
                     ops = pool_fwd(slab, hi_w - lo_w, tca, lo_h, lo_w, H, W, P["kind"], P["kh"], P["kw"],
-                                   P["sh"], P["sw"], P["ph"], P["pw"], P["dh"], P["dw"], OH, OW,
-                                   oh0, oh1 - oh0, ow0, ow1 - ow0, P["include_pad"], P["divisor"], acc, idx)
+                                   P["sh"], P["sw"], P["ph"], P["pw"], OH, OW, oh0, oh1 - oh0, ow0, ow1 - ow0,
+                                   P["include_pad"], P["divisor"], acc)
                     nout = (oh1 - oh0) * (ow1 - ow0) * tca
-                    ctx.ops(ops + (0 if P["kind"] == MAX else nout))
+                    ctx.ops(ops + nout)     # + the divide
                     ctx.write(store_plain(acc, tca, oh1 - oh0, ow1 - ow0, n, c0, oh0, ow0, y, *ys, code) * es)
-                    if with_idx:
-                        ctx.write(store_idx(idx, tca, oh1 - oh0, ow1 - ow0, n, c0, oh0, ow0, yi, *yis) * 8)
     return outs
 
 
 def _run_max_pool(ctx, outs, x, xs, y, ys, code, es, P, N, C, H, W, tc, oh_t, ow_t):
     """max_pool2d: the same tiles as the general path, each pooled by the channel-parallel
-    max_pool_tile (indices, when asked for, written beside the values). It runs ~1 ns per input element on one core, so inputs
-    under ~1M elements (ResNet's stem pool at batch 1) stay on one thread: waking the
-    workers costs more than that on a loaded machine (threads.py)."""
+    max_pool_tile (indices, when asked for, written beside the values). Without indices it
+    runs ~1 ns per input element on one core, so inputs under ~1M elements (ResNet's stem
+    pool at batch 1) stay on one thread: waking the workers costs more than that on a
+    loaded machine (threads.py)."""
     from ..conv.geometry import tile_starts
     from ..threads import threads_for
 
