@@ -125,12 +125,13 @@ def max_pool_tile(x, s0, s1, s2, s3, code, n, c0, tc, lo_h, hi_h, lo_w, hi_w, H,
                     for w in range(cols):
                         v = prow[w]
                         vm[w] = v if v > vm[w] else vm[w]
+                vs = vm[::sw]           # strided views: indices from 0, no wrap test
                 for j in range(tw):
-                    out[j] = vm[j * sw]
+                    out[j] = vs[j]
                 for s in range(1, kw):
-                    vs = vm[s * dw:]
+                    vs = vm[s * dw::sw]
                     for j in range(tw):
-                        v = vs[j * sw]
+                        v = vs[j]
                         out[j] = v if v > out[j] else out[j]
                 if with_idx:
                     # the first in-bounds tap (window order) holding the max, as torch's
@@ -144,11 +145,11 @@ def max_pool_tile(x, s0, s1, s2, s3, code, n, c0, tc, lo_h, hi_h, lo_w, hi_w, H,
                         if h < 0 or h >= H:
                             continue
                         for s in range(kw - 1, -1, -1):
-                            ps = plane[(i * sh + r * dh) * cols + s * dw:]
+                            ps = plane[(i * sh + r * dh) * cols + s * dw::sw]   # strided view
                             w0s = lo_w + s * dw
                             for j in range(tw):
                                 w = w0s + j * sw
-                                hit = np.int64((ps[j * sw] == out[j]) & (w >= 0) & (w < W))
+                                hit = np.int64((ps[j] == out[j]) & (w >= 0) & (w < W))
                                 oidx[j] += hit * (h * W + w - oidx[j])
             elif not with_idx:
                 for j in range(tw):
