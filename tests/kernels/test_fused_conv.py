@@ -131,14 +131,16 @@ def test_one_tile_epilogue_paths(name, ks, dtype, layout):
     the scalar one; NCHW stores and reads the residual as six-pixel runs where a micro-row's
     pixels are consecutive (and per pixel where not), NCWH never has such runs, NHWC is
     channel-inner. float16 NCHW slab rows load 8 pixels x 16 channels at a time
-    (tr16x8_f16; C = 24: one full channel block and a partial one; 3x3 with padding 1: a
-    halo before and after). A residual with inf/NaN checks they reach the output like
+    (tr16x8_f16; C = 21: one full channel block and a partial one; 3x3 with padding 1: a
+    halo before and after), and float16 weight panels 8 taps (3x3: 9 = 8 + 1) or 8 input
+    channels (1x1: 21 = 8 + 8 + 5) x 16 output channels at a time (K = 40: two full panels
+    and a partial one). A residual with inf/NaN checks they reach the output like
     torch's."""
     chip = ChipModel()
     mem = DeviceMemory(chip)
     torch.manual_seed(11)
     tdt = getattr(torch, dtype)
-    x, w = torch.randn(1, 24, 13, 11).to(tdt), (torch.randn(40, 24, ks, ks) * 0.3).to(tdt)
+    x, w = torch.randn(1, 21, 13, 11).to(tdt), (torch.randn(40, 21, ks, ks) * 0.3).to(tdt)
     gamma, beta, mean, var = (t.to(tdt) for t in _bn_params(40))
     ins = {"x": dev(x, mem, layout), "weight": dev(w, mem), "bn_weight": dev(gamma, mem),
            "bn_bias": dev(beta, mem), "running_mean": dev(mean, mem), "running_var": dev(var, mem)}

@@ -138,10 +138,33 @@ def load_weights(w, s0, s1, s2, s3, code, zp, k0, tk, c0, tc, R, S, wpk):
 @njit(cache=True, nogil=True)
 def _pack_panel(w, s0, s1, s2, s3, code, k0, tk, c0, tc, R, S, wpk, p, lut):
     """Float weights of output channels [16p, 16p + 16) of the block -> packed panel p
-    (see load_weights)."""
+    (see load_weights): [(r, s, c)][16]."""
     pb = p * R * S * tc * NR
     kn = min(NR, tk - p * NR)
     kb = (k0 + p * NR) * s0 + c0 * s1
+    T = R * S
+    if code == 1 and kn == NR and s3 == 1 and s2 == S and (T >= 8 or (T == 1 and s1 == 1)):
+        # float16 weights whose taps (or, 1x1, channels) are contiguous per output channel:
+        # 8 of them x the panel's 16 output channels at a time (tr16x8_f16), the rest
+        # one by one
+        if T == 1:
+            c = 0
+            while c + 8 <= tc:
+                tr16x8_f16(w, kb + c, s0, wpk, pb + c * NR, NR)
+                c += 8
+            for c in range(c, tc):
+                for j in range(NR):
+                    wpk[pb + c * NR + j] = _dec(code, w[kb + c + j * s0], lut)
+        else:
+            for c in range(tc):
+                t = 0
+                while t + 8 <= T:
+                    tr16x8_f16(w, kb + c * s1 + t, s0, wpk, pb + (t * tc + c) * NR, tc * NR)
+                    t += 8
+                for t in range(t, T):
+                    for j in range(NR):
+                        wpk[pb + (t * tc + c) * NR + j] = _dec(code, w[kb + c * s1 + t + j * s0], lut)
+        return
     for r in range(R):
         for s in range(S):
             for c in range(tc):
