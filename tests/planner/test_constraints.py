@@ -4,7 +4,7 @@ import pytest
 import torch
 from torch import nn
 
-from conftest import capture_of, hcd_variant
+from planner_helpers import capture_of, hcd_variant
 from torchfl.planner import plan_module
 from torchfl.planner.api import plan_captured
 from torchfl.planner.errors import HardConstraintError, StrictFallbackError, UnsupportedAttention

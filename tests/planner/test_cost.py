@@ -5,7 +5,7 @@ import pytest
 import torch
 from torch import nn
 
-from conftest import capture_of, captured, hcd_variant
+from planner_helpers import capture_of, captured, hcd_variant
 from torchfl.planner.api import plan_captured
 
 

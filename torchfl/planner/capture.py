@@ -101,7 +101,50 @@ def capture_module(module, example_inputs) -> Captured:
             f"torch.export could not capture {type(module).__name__}: {first} "
             "(the model must trace as one graph; remove data-dependent Python control flow "
             "or return only tensors)") from exc
-    return _from_exported(ep)
+    captured = _from_exported(ep)
+    renamed = drop_unread_pool_indices(captured.graph_module)
+    captured.outputs = [renamed.get(name, name) for name in captured.outputs]
+    return captured
+
+
+def drop_unread_pool_indices(gm) -> dict[str, str]:
+    """Rewrite each ``max_pool2d_with_indices`` whose indices nothing reads into ``max_pool2d``.
+
+    Core ATen decomposes ``max_pool2d`` into the with-indices form even for inference, so a
+    plan would compute, store and count int64 indices nobody reads (ResNet-50's stem pool:
+    1.6 MB and the kernel's slower path). Training graphs keep the indices: the backward
+    reads them. Returns the new name of each pooled value that was renamed."""
+    import operator
+
+    import torch
+
+    aten = torch.ops.aten
+    graph = gm.graph
+    renamed: dict[str, str] = {}
+    rewritten = 0
+    for node in list(graph.nodes):
+        if node.op != "call_function" or node.target is not aten.max_pool2d_with_indices.default:
+            continue
+        users = list(node.users)
+        if not all(u.op == "call_function" and u.target is operator.getitem for u in users):
+            continue
+        if any(u.args[1] != 0 and u.users for u in users):
+            continue  # the indices are read
+        with graph.inserting_before(node):
+            pooled = graph.call_function(aten.max_pool2d.default, node.args, node.kwargs)
+        pooled.meta = {k: (v[0] if k in ("val", "tensor_meta") and isinstance(v, (tuple, list)) else v)
+                       for k, v in node.meta.items()}
+        for u in users:
+            if u.args[1] == 0:
+                u.replace_all_uses_with(pooled)
+                renamed[u.name] = pooled.name
+            graph.erase_node(u)
+        graph.erase_node(node)
+        rewritten += 1
+    if rewritten:
+        graph.lint()
+        gm.recompile()
+    return renamed
 
 
 def capture_dynamo(gm, example_inputs) -> Captured:
