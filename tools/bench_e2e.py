@@ -6,8 +6,10 @@ Per case: the first call (plan + Numba kernel compile + run) is timed as first_c
 one more warm-up call; then ``--runs`` alternating timed calls of the compiled model and of
 eager torch fp32 on the same inputs, and their medians: torchfl_s, torch_eager_s,
 ratio = torch_eager_s / torchfl_s. Eager is also timed alone before torchfl runs anything
-(torch_eager_alone_s, ratio_vs_eager_alone): the emulator's Numba worker threads can slow
-eager torch down when the two alternate on 2 cores.
+(torch_eager_alone_s, ratio_vs_eager_alone), and the compiled model alone before the
+alternating runs (torchfl_alone_s, ratio_alone = the two alone): each runtime's idle worker
+threads can slow the other down when the two alternate on 2 cores. spread_ms gives min,
+quartiles and max of each series.
 
 Executor overhead = wall time of the plan's executors (``Executor.run``: static-cache check,
 input upload, every step, output download) minus the wall time inside kernel calls (each
@@ -72,6 +74,11 @@ def run_case(name, runs, registry=None):
         n_steps = sum(len(e.plan.steps) for e in executors)
         n_exec = sum(len(e.dynamic_preps) for e in executors)
         ref = _tensor(model(*inputs))
+        ours_alone = []
+        for _ in range(runs):
+            t0 = time.perf_counter()
+            compiled(*inputs)
+            ours_alone.append(time.perf_counter() - t0)
         ours, eager, overhead = [], [], []
         for _ in range(runs):
             t0 = time.perf_counter()
@@ -88,11 +95,21 @@ def run_case(name, runs, registry=None):
             "torchfl_s": t_ours, "torch_eager_s": t_eager, "ratio": t_eager / t_ours,
             "torch_eager_alone_s": statistics.median(alone),
             "ratio_vs_eager_alone": statistics.median(alone) / t_ours,
+            "torchfl_alone_s": statistics.median(ours_alone),
+            "ratio_alone": statistics.median(alone) / statistics.median(ours_alone),
+            "spread_ms": {"torchfl": _spread(ours), "torch_eager": _spread(eager),
+                          "torchfl_alone": _spread(ours_alone), "torch_eager_alone": _spread(alone)},
             "first_compile_s": first, "executor_overhead_per_step_us": statistics.median(overhead) * 1e6,
             "executor_overhead_per_executed_step_us": statistics.median(overhead) * n_steps / max(1, n_exec) * 1e6,
             "executor_overhead_ms": statistics.median(overhead) * n_steps * 1e3,
             "steps": n_steps, "executed_steps": n_exec, "graphs": len(executors), "fallbacks": fb, "rel_err_vs_eager": rel,
             "runs": runs}
+
+
+def _spread(times):
+    """min, quartiles and max in ms: the host's noise is bimodal at times, a median hides it."""
+    xs = sorted(times)
+    return [round(xs[round(q * (len(xs) - 1))] * 1e3, 1) for q in (0, 0.25, 0.5, 0.75, 1)]
 
 
 def main(argv=None):
@@ -128,7 +145,7 @@ def _line(r):
     if "error" in r:
         return f"{r['case']:<18} ERROR {r['error']}"
     return (f"{r['case']:<18} torchfl {r['torchfl_s'] * 1e3:9.1f} ms  eager {r['torch_eager_s'] * 1e3:8.1f} ms  "
-            f"ratio {r['ratio']:.3f}  first {r['first_compile_s']:.1f} s  overhead "
+            f"ratio {r['ratio']:.3f} (alone {r['ratio_alone']:.3f})  first {r['first_compile_s']:.1f} s  overhead "
             f"{r['executor_overhead_per_step_us']:.1f} us/step ({r['steps']} steps; "
             f"{r['executor_overhead_per_executed_step_us']:.1f} us per executed step, {r['executed_steps']} executed; "
             f"{r['graphs']} graphs, "
