@@ -182,3 +182,21 @@ def test_bad_shapes_are_clear():
         spec.problem({"a": (3, 4), "b": (4, 6)}, dtype="int32")
     with pytest.raises(KernelError, match="unknown attribute"):
         spec.problem({"a": (3, 4), "b": (4, 6)}, {"gamma": 1})
+
+
+def test_resident_b_needs_the_whole_b():
+    """run_float packs a resident B into one TN x K buffer: a call with TN < N would write
+    past it (heap corruption), so it is refused before any kernel runs."""
+    import numpy as np
+
+    from torchfl.kernels.gemm import run_float
+
+    M, K, N = 8, 16, 64
+    A = np.zeros(M * K, np.float32)
+    B = np.zeros(K * N, np.float32)
+    C = np.zeros(M * N, np.float32)
+    rows = (np.arange(M, dtype=np.int64) * K).reshape(1, M)
+    crows = (np.arange(M, dtype=np.int64) * N).reshape(1, M)
+    with pytest.raises(ValueError, match="resident B needs TN >= N"):
+        run_float(A, rows, 1, B, np.zeros(1, np.int64), N, 1, C, crows, 1, M=M, N=N, K=K, TM=8, TN=32, TK=16,
+                  b_res=True, code=0, esa=4, esc=4)

@@ -1,5 +1,8 @@
 """Branch-free float32 math that LLVM vectorises (Numba's math.exp is a scalar libm call:
-without SVML, exp-bound loops run ~10x slower than torch's vectorised exp)."""
+without SVML, exp-bound loops run ~10x slower than torch's vectorised exp). They stay
+``inline="always"``: left to LLVM's inliner, tanh32 stayed a call inside GPT-2's
+elementwise loop and its tanh step went from 1.2 to 5.2 ms (codecs.py says why the
+decoders are the opposite case)."""
 from __future__ import annotations
 
 import numpy as np

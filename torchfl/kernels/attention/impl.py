@@ -43,130 +43,140 @@ def _prepack(K, kst, V, vst, code, H, heads, Lk, D, Dv, npk, npv, Lkp, kp, vp):
                                                          if (j < Lk and e < Dv) else 0.0)
 
 
-@njit(cache=True, parallel=True, fastmath=True)
-def _attend(Q, qst, kp, vp, O, ost, M, mst, mkind, code, H, heads, Lq, Lk, D, Dv, npk, npv, Lkp,
-            Br, Bc, kv_once, causal, scale, es, esm, cnt):
-    nq = (Lq + Br - 1) // Br
+@njit(cache=True, fastmath=True)
+def _attend_task(t, nq, Q, qst, kp, vp, O, ost, M, mst, mkind, code, H, Lq, Lk, D, Dv, npk, npv, Lkp,
+                 Br, Bc, kv_once, causal, scale, es, esm, cnt):
+    """One Q tile of one head: its loads counted, its output tile computed and stored."""
     Dvp = npv * NR
-    ntask = heads * nq
-    for t in prange(ntask):
-        bh, qi = t // nq, t % nq
-        b, h = bh // H, bh % H
-        i0 = qi * Br
-        tq = min(Br, Lq - i0)
-        # ---- what the chip moves for this Q tile ----
-        last = min(i0 + tq - 1, Lk - 1) if causal else Lk - 1
-        nkt = last // Bc + 1 if last >= 0 else 0
-        keys = 0
+    bh, qi = t // nq, t % nq
+    b, h = bh // H, bh % H
+    i0 = qi * Br
+    tq = min(Br, Lq - i0)
+    # ---- what the chip moves for this Q tile ----
+    last = min(i0 + tq - 1, Lk - 1) if causal else Lk - 1
+    nkt = last // Bc + 1 if last >= 0 else 0
+    keys = 0
+    for j in range(nkt):
+        keys += min(Bc, Lk - j * Bc)
+    rd = tq * D * es + keys * tq * esm
+    if not kv_once:
+        rd += keys * (D + Dv) * es
+    elif qi == 0:
+        rd += Lk * (D + Dv) * es
+    cnt[t, 0] = rd
+    cnt[t, 1] = tq * Dv * es
+    cnt[t, 2] = keys * tq * (2 * D + 2 * Dv + SOFTMAX_OPS)
+    # ---- compute, CPU sub-blocks inside the loaded tiles ----
+    qpack = np.zeros(MQ * D, np.float32)
+    S = np.zeros(MQ * NK, np.float32)
+    ppack = np.zeros(MQ * NK, np.float32)
+    acc = np.zeros(MQ * Dvp, np.float32)
+    mrow = np.empty(MQ, np.float32)
+    lrow = np.empty(MQ, np.float32)
+    qb = b * qst[0] + h * qst[1]
+    kpo = bh * npk * D * NR
+    vpo = bh * npv * Lkp * NR
+    mb = b * mst[0] + h * mst[1]
+    for qs in range(i0, i0 + tq, MQ):
+        mq = min(MQ, i0 + tq - qs)
+        mqp = (mq + MR - 1) // MR
+        for r in range(mqp * MR):
+            base = (r // MR) * D * MR + r % MR
+            if r < mq:
+                off = qb + (qs + r) * qst[2]
+                for d in range(D):
+                    qpack[base + d * MR] = decode(code, Q[off + d * qst[3]]) * scale
+            else:
+                for d in range(D):
+                    qpack[base + d * MR] = 0.0
+        for r in range(MQ):
+            mrow[r] = -np.inf
+            lrow[r] = 0.0
+        acc[:] = 0.0
         for j in range(nkt):
-            keys += min(Bc, Lk - j * Bc)
-        rd = tq * D * es + keys * tq * esm
-        if not kv_once:
-            rd += keys * (D + Dv) * es
-        elif qi == 0:
-            rd += Lk * (D + Dv) * es
-        cnt[t, 0] = rd
-        cnt[t, 1] = tq * Dv * es
-        cnt[t, 2] = keys * tq * (2 * D + 2 * Dv + SOFTMAX_OPS)
-        # ---- compute, CPU sub-blocks inside the loaded tiles ----
-        qpack = np.zeros(MQ * D, np.float32)
-        S = np.zeros(MQ * NK, np.float32)
-        ppack = np.zeros(MQ * NK, np.float32)
-        acc = np.zeros(MQ * Dvp, np.float32)
-        mrow = np.empty(MQ, np.float32)
-        lrow = np.empty(MQ, np.float32)
-        qb = b * qst[0] + h * qst[1]
-        kpo = bh * npk * D * NR
-        vpo = bh * npv * Lkp * NR
-        mb = b * mst[0] + h * mst[1]
-        for qs in range(i0, i0 + tq, MQ):
-            mq = min(MQ, i0 + tq - qs)
-            mqp = (mq + MR - 1) // MR
-            for r in range(mqp * MR):
-                base = (r // MR) * D * MR + r % MR
-                if r < mq:
-                    off = qb + (qs + r) * qst[2]
-                    for d in range(D):
-                        qpack[base + d * MR] = decode(code, Q[off + d * qst[3]]) * scale
-                else:
-                    for d in range(D):
-                        qpack[base + d * MR] = 0.0
-            for r in range(MQ):
-                mrow[r] = -np.inf
-                lrow[r] = 0.0
-            acc[:] = 0.0
-            for j in range(nkt):
-                kj0 = j * Bc
-                tk = min(Bc, Lk - kj0)
-                for ks in range(kj0, kj0 + tk, NK):
-                    if causal and ks > qs + mq - 1:
-                        break
-                    nk = min(NK, kj0 + tk - ks)
-                    npn = (nk + NR - 1) // NR
-                    S[:] = 0.0
-                    for ip in range(mqp):
-                        for jp in range(npn):
-                            ukernel_6x16(D, qpack, ip * D * MR, kp, kpo + (ks // NR + jp) * D * NR, S,
-                                         ip * MR * NK + jp * NR, NK)
-                    if mkind != 0 or causal:
-                        for r in range(mq):
-                            i = qs + r
+            kj0 = j * Bc
+            tk = min(Bc, Lk - kj0)
+            for ks in range(kj0, kj0 + tk, NK):
+                if causal and ks > qs + mq - 1:
+                    break
+                nk = min(NK, kj0 + tk - ks)
+                npn = (nk + NR - 1) // NR
+                S[:] = 0.0
+                for ip in range(mqp):
+                    for jp in range(npn):
+                        ukernel_6x16(D, qpack, ip * D * MR, kp, kpo + (ks // NR + jp) * D * NR, S,
+                                     ip * MR * NK + jp * NR, NK)
+                if mkind != 0 or causal:
+                    for r in range(mq):
+                        i = qs + r
+                        so = r * NK
+                        for c in range(nk):
+                            s = S[so + c]
+                            if mkind == 1:
+                                if M[mb + i * mst[2] + (ks + c) * mst[3]] == 0:
+                                    s = -np.inf
+                            elif mkind == 2:
+                                s += decode(code, M[mb + i * mst[2] + (ks + c) * mst[3]])
+                            if causal and ks + c > i:
+                                s = -np.inf
+                            S[so + c] = s
+                for r in range(mq):
+                    so = r * NK
+                    mx = mrow[r]
+                    for c in range(nk):          # vectorised max
+                        mx = max(mx, S[so + c])
+                    alpha = np.float32(0.0) if mrow[r] == -np.inf else exp32(mrow[r] - mx)
+                    ssum = np.float32(0.0)
+                    if mx == -np.inf:
+                        for c in range(nk):
+                            S[so + c] = 0.0
+                    else:
+                        for c in range(nk):      # vectorised exp and sum, in place
+                            pv = exp32(S[so + c] - mx)
+                            S[so + c] = pv
+                            ssum += pv
+                    lrow[r] = lrow[r] * alpha + ssum
+                    mrow[r] = mx
+                    ao = r * Dvp
+                    for e in range(Dvp):
+                        acc[ao + e] *= alpha
+                for ip in range(mqp):           # P into MR-row panels (rows >= mq stay 0)
+                    for rr in range(MR):
+                        r = ip * MR + rr
+                        pb = ip * NK * MR + rr
+                        if r < mq:
                             so = r * NK
                             for c in range(nk):
-                                s = S[so + c]
-                                if mkind == 1:
-                                    if M[mb + i * mst[2] + (ks + c) * mst[3]] == 0:
-                                        s = -np.inf
-                                elif mkind == 2:
-                                    s += decode(code, M[mb + i * mst[2] + (ks + c) * mst[3]])
-                                if causal and ks + c > i:
-                                    s = -np.inf
-                                S[so + c] = s
-                    for r in range(mq):
-                        so = r * NK
-                        mx = mrow[r]
-                        for c in range(nk):          # vectorised max
-                            mx = max(mx, S[so + c])
-                        alpha = np.float32(0.0) if mrow[r] == -np.inf else exp32(mrow[r] - mx)
-                        ssum = np.float32(0.0)
-                        if mx == -np.inf:
-                            for c in range(nk):
-                                S[so + c] = 0.0
+                                ppack[pb + c * MR] = S[so + c]
                         else:
-                            for c in range(nk):      # vectorised exp and sum, in place
-                                pv = exp32(S[so + c] - mx)
-                                S[so + c] = pv
-                                ssum += pv
-                        lrow[r] = lrow[r] * alpha + ssum
-                        mrow[r] = mx
-                        ao = r * Dvp
-                        for e in range(Dvp):
-                            acc[ao + e] *= alpha
-                    for ip in range(mqp):           # P into MR-row panels (rows >= mq stay 0)
-                        for rr in range(MR):
-                            r = ip * MR + rr
-                            pb = ip * NK * MR + rr
-                            if r < mq:
-                                so = r * NK
-                                for c in range(nk):
-                                    ppack[pb + c * MR] = S[so + c]
-                            else:
-                                for c in range(nk):
-                                    ppack[pb + c * MR] = 0.0
-                    for ip in range(mqp):
-                        for jp in range(npv):
-                            ukernel_6x16(nk, ppack, ip * NK * MR, vp, vpo + (jp * Lkp + ks) * NR, acc,
-                                         ip * MR * Dvp + jp * NR, Dvp)
-            ob = b * ost[0] + h * ost[1]
-            for r in range(mq):
-                inv = np.float32(1.0) / lrow[r] if lrow[r] > 0 else np.float32(np.nan)
-                off = ob + (qs + r) * ost[2]
-                for e in range(Dv):
-                    v = acc[r * Dvp + e] * inv
-                    if code == 0:
-                        O[off + e * ost[3]] = v
-                    else:
-                        O[off + e * ost[3]] = encode16(code, v)
+                            for c in range(nk):
+                                ppack[pb + c * MR] = 0.0
+                for ip in range(mqp):
+                    for jp in range(npv):
+                        ukernel_6x16(nk, ppack, ip * NK * MR, vp, vpo + (jp * Lkp + ks) * NR, acc,
+                                     ip * MR * Dvp + jp * NR, Dvp)
+        ob = b * ost[0] + h * ost[1]
+        for r in range(mq):
+            inv = np.float32(1.0) / lrow[r] if lrow[r] > 0 else np.float32(np.nan)
+            off = ob + (qs + r) * ost[2]
+            for e in range(Dv):
+                v = acc[r * Dvp + e] * inv
+                if code == 0:
+                    O[off + e * ost[3]] = v
+                else:
+                    O[off + e * ost[3]] = encode16(code, v)
+
+
+@njit(cache=True, parallel=True)
+def _attend(Q, qst, kp, vp, O, ost, M, mst, mkind, code, H, heads, Lq, Lk, D, Dv, npk, npv, Lkp,
+            Br, Bc, kv_once, causal, scale, es, esm, cnt):
+    """Every (head, Q tile) task in parallel. The task is a separate function: Numba's
+    parallel passes grow with the prange body. (The index is cast: the parallel lowering
+    types a prange index uint64 where typing saw int64, which would compile the task twice.)"""
+    nq = (Lq + Br - 1) // Br
+    for t in prange(heads * nq):
+        _attend_task(np.int64(t), nq, Q, qst, kp, vp, O, ost, M, mst, mkind, code, H, Lq, Lk, D, Dv, npk, npv, Lkp,
+                     Br, Bc, kv_once, causal, scale, es, esm, cnt)
 
 
 def _acc(t):

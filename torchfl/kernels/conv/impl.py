@@ -112,8 +112,8 @@ def _slab_rows(x, s0, s1, s2, s3, code, zp, n, c0, tc, lo_h, lo_w, cols, H, W, s
 def load_slab(x, s0, s1, s2, s3, code, zp, n, c0, tc, lo_h, hi_h, lo_w, hi_w, H, W, slab):
     """x (flat storage) -> slab[(h - lo_h), (w - lo_w), c] float32; zero outside [0,H)x[0,W).
     int8 values are stored as (q - zp). Returns elements read off-chip."""
-    return _slab_rows(x, s0, s1, s2, s3, code, zp, n, c0, tc, lo_h, lo_w, hi_w - lo_w, H, W, slab, 0, hi_h - lo_h,
-                      np.zeros(1, np.float32))
+    return _slab_rows(x, s0, s1, s2, s3, code, zp, n, c0, tc, lo_h, lo_w, hi_w - lo_w, H, W, slab, np.int64(0),
+                      hi_h - lo_h, np.zeros(1, np.float32))
 
 
 @njit(cache=True, nogil=True)
@@ -182,7 +182,7 @@ def pack_weights(w, s0, s1, s2, s3, code, k0, tk, c0, tc, R, S, wpk, lut):
     elements read."""
     npanel = (tk + NR - 1) // NR
     for p in prange(npanel):
-        _pack_panel(w, s0, s1, s2, s3, code, k0, tk, c0, tc, R, S, wpk, p, lut)
+        _pack_panel(w, s0, s1, s2, s3, code, k0, tk, c0, tc, R, S, wpk, np.int64(p), lut)
     return tk * tc * R * S
 
 
@@ -469,7 +469,7 @@ def conv_tile_fused(x, s0, s1, s2, s3, code, tc, H, W, w, w0, w1, w2, w3, wcode,
     nread = 0
     for it in prange(npanel + nrc):
         if it < npanel:
-            _pack_panel(w, w0, w1, w2, w3, wcode, k0, tk, 0, tc, R, S, wpk, it, lut)
+            _pack_panel(w, w0, w1, w2, w3, wcode, k0, tk, np.int64(0), tc, R, S, wpk, np.int64(it), lut)
         else:
             i0 = (it - npanel) * rpc
             nread += _slab_rows(x, s0, s1, s2, s3, code, np.float32(0.0), n, c0, tc, lo_h, lo_w, cols, H, W,
@@ -480,8 +480,8 @@ def conv_tile_fused(x, s0, s1, s2, s3, code, tc, H, W, w, w0, w1, w2, w3, wcode,
     pix = np.zeros(mpad, np.int64)
     ybase = np.zeros(mpad, np.int64)
     rbase = np.zeros(mpad, np.int64)
-    _tile_pixels(th, tw, sh, sw, cols, tc, 0, n, oh0, ow0, t0, t2, t3, k0 * t1, r0, r2, r3, k0 * r1,
-                 pix, ybase, rbase, 0)
+    _tile_pixels(th, tw, sh, sw, cols, tc, np.int64(0), n, oh0, ow0, t0, t2, t3, k0 * t1, r0, r2, r3, k0 * r1,
+                 pix, ybase, rbase, np.int64(0))
     taps, kc = _taps(R, S, dh, dw, cols, tc)
     lo = np.float32(0.0) if relu else np.float32(-np.inf)
     nmp = mpad // MR
@@ -519,7 +519,7 @@ def conv_tiles(x, s0, s1, s2, s3, code, c0, tc, H, W, wpk, tk, R, S, sh, sw, ph,
             gs[g] += ((th - 1) * sh + (R - 1) * dh + 1) * ((tw - 1) * sw + (S - 1) * dw + 1) * tc
             msum += th * tw
         gm[g] = (msum + MR - 1) // MR * MR
-    t_any, kc = _taps(R, S, dh, dw, 1, tc)
+    t_any, kc = _taps(R, S, dh, dw, np.int64(1), tc)
     nt = t_any.size
     npanel = (tk + NR - 1) // NR
     nread = 0
@@ -533,11 +533,11 @@ def conv_tiles(x, s0, s1, s2, s3, code, c0, tc, H, W, wpk, tk, R, S, sh, sw, ph,
         gtaps = np.empty((g1 - g0, nt), np.int64)
         gmo = np.empty(g1 - g0, np.int64)
         gcnt = np.empty(g1 - g0, np.int64)
-        sb = 0
-        mb = 0
+        sb = np.int64(0)       # (int64 from the start: a literal 0 would compile callees twice)
+        mb = np.int64(0)
         for g in range(g0, g1):
-            M = 0
-            cols = 1
+            M = np.int64(0)
+            cols = np.int64(1)
             gsb = sb
             for t in range(groups[g], groups[g + 1]):
                 n, oh0, oh1, ow0, ow1 = tiles[t, 0], tiles[t, 1], tiles[t, 2], tiles[t, 3], tiles[t, 4]
@@ -546,7 +546,7 @@ def conv_tiles(x, s0, s1, s2, s3, code, c0, tc, H, W, wpk, tk, R, S, sh, sw, ph,
                 lo_w = ow0 * sw - pw
                 cols = (ow1 - ow0 - 1) * sw + (S - 1) * dw + 1
                 nread += _slab_rows(x, s0, s1, s2, s3, code, np.float32(0.0), n, c0, tc, lo_h, lo_w, cols, H, W,
-                                    slab[sb:], 0, rows, lut)
+                                    slab[sb:], np.int64(0), rows, lut)
                 _tile_pixels(oh1 - oh0, ow1 - ow0, sh, sw, cols, tc, sb, n, oh0, ow0, t0, t2, t3, k0 * t1,
                              r0, r2, r3, k0 * r1, pix, ybase, rbase, mb + M)
                 sb += rows * cols * tc

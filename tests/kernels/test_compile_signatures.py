@@ -1,0 +1,67 @@
+"""No kernel function is compiled twice for one meaning.
+
+Numba compiles a callee once per argument-type signature. Two signatures that differ only
+by an integer's spelling -- a literal (``Literal[int](0)``: a constant passed from jitted
+code) against ``int64``, or the ``uint64`` a parallel loop gives its prange index against
+the ``int64`` that typing saw -- are the same machine code compiled twice: seconds of a
+user's first call each (FINDINGS: kernel compile time dominates a cold first call). Here
+the GEMM, attention and both weight-stationary conv paths run with their parallel paths
+forced, in a fresh process with an empty Numba cache (a function loaded from the cache
+never compiles its callees, so only a cold run shows them), then every compiled torchfl
+kernel function is checked."""
+import os
+import subprocess
+import sys
+import textwrap
+
+SCRIPT = textwrap.dedent("""
+    import gc, re
+    import torch
+    from numba.core.registry import CPUDispatcher
+    import torchfl.kernels.threads as threads
+    from torchfl.kernels import DeviceMemory
+    from tests.kernels.helpers import chip_for, dev, run_checked
+
+    threads.SMALL_FLOPS = 0
+    chip = chip_for("float16")
+    mem = DeviceMemory(chip)
+    f16 = lambda *s: dev(torch.randn(*s), mem, "float16")
+    run_checked("linear_gelu", chip, {"x": f16(97, 61), "w": f16(300, 61), "bias": f16(300)})
+    run_checked("attention", chip, {"q": f16(1, 2, 40, 16), "k": f16(1, 2, 40, 16), "v": f16(1, 2, 40, 16)})
+    attrs = {"padding": (1, 1)}
+    run_checked("conv2d", chip, {"x": f16(1, 8, 12, 12), "weight": f16(16, 8, 3, 3)}, attrs)      # one tile
+    small = chip_for("float16", 16 << 10)
+    ms = DeviceMemory(small)
+    run_checked("conv2d", small, {"x": dev(torch.randn(1, 16, 28, 28), ms, "float16"),
+                                  "weight": dev(torch.randn(32, 16, 3, 3), ms, "float16")}, attrs)  # many tiles
+    from torchfl.kernels.attention import impl as attention_impl
+    from torchfl.kernels.conv import impl as conv_impl
+    assert conv_impl.conv_tile_fused.signatures and conv_impl.conv_tiles.signatures, "both conv paths ran"
+    assert attention_impl._attend_task.signatures, "compiled, not loaded from a cache"
+
+    def canonical(sig):   # every integer spelled int64: what one compile would serve
+        return tuple(re.sub(r"^(Literal\\[int\\]\\(-?\\d+\\)|u?int(8|16|32|64))$", "int64", str(t)) for t in sig)
+
+    n = 0
+    for o in gc.get_objects():
+        if isinstance(o, CPUDispatcher) and o.py_func.__module__.startswith("torchfl.kernels"):
+            n += 1
+            seen = {}
+            for sig in o.signatures:
+                key = canonical(sig)
+                if key in seen:
+                    print("DUPLICATE", o.py_func.__module__ + "." + o.py_func.__name__, seen[key], "and", sig)
+                seen[key] = sig
+    print("checked", n, "kernel functions")
+""")
+
+
+def test_no_kernel_compiled_twice_for_integer_spelling(tmp_path):
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path / "numba"))
+    r = subprocess.run([sys.executable, "-c", SCRIPT], cwd=root, env=env, capture_output=True, text=True,
+                       timeout=600)
+    assert r.returncode == 0, r.stderr[-3000:]
+    assert "checked" in r.stdout
+    dups = [line for line in r.stdout.splitlines() if line.startswith("DUPLICATE")]
+    assert dups == [], "\n".join(dups)
