@@ -172,7 +172,10 @@ def _attend(Q, qst, kp, vp, O, ost, M, mst, mkind, code, H, heads, Lq, Lk, D, Dv
             Br, Bc, kv_once, causal, scale, es, esm, cnt):
     """Every (head, Q tile) task in parallel. The task is a separate function: Numba's
     parallel passes grow with the prange body. (The index is cast: the parallel lowering
-    types a prange index uint64 where typing saw int64, which would compile the task twice.)"""
+    types a prange index uint64 where typing saw int64, which would compile the task twice.)
+    A/B against the task inline in the loop, one process: 2.6 s less compile per dtype
+    (fp16 7.0 vs 9.6 s), 1-7 % slower (fp16 16x128x64 1.57 vs 1.48 ms, causal 1.76 vs
+    1.64 ms, fp32 8x1024x64 19.5 vs 19.3 ms): under 0.5 % of a BERT layer."""
     nq = (Lq + Br - 1) // Br
     for t in prange(heads * nq):
         _attend_task(np.int64(t), nq, Q, qst, kp, vp, O, ost, M, mst, mkind, code, H, Lq, Lk, D, Dv, npk, npv, Lkp,
