@@ -51,6 +51,14 @@ def _first_tensor(out):
     raise TypeError(f"no tensor in the model's output {type(out).__name__}")
 
 
+def _compile(module, chip: str, registry):
+    """The demo's one torch.compile call (the compile worker's kernels must be the same)."""
+    import torch
+
+    return torch.compile(module, backend="torchfl",
+                         options={"chip": chip, "precision": "float16", "registry": registry})
+
+
 def _start_compile_worker(registry, quick: bool):
     """A lower-priority process that compiles the later models' kernels into the Numba cache
     (see the module docstring); None where it cannot start (then this process compiles all)."""
@@ -75,8 +83,7 @@ def _compile_only(registry, quick: bool) -> None:
 
     for _name, factory in _models(quick)[1:]:
         module, inputs = factory()
-        compiled = torch.compile(module, backend="torchfl",
-                                 options={"chip": CHIPS[0], "precision": "float16", "registry": registry})
+        compiled = _compile(module, CHIPS[0], registry)
         with torch.no_grad():
             compiled(*inputs)
 
@@ -154,8 +161,7 @@ def demo(registry, quick, full_tables, parallel_compile, compile_only) -> None:
             module, inputs = factory()
             with torch.no_grad():
                 ref = _first_tensor(module(*inputs))
-            compiled = torch.compile(module, backend="torchfl",
-                                     options={"chip": chip, "precision": "float16", "registry": registry})
+            compiled = _compile(module, chip, registry)
             progress.advance(task)
             progress.update(task, description=f"{name} on {chip}: planning + compiling kernels")
             t0 = time.perf_counter()
