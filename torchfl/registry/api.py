@@ -344,13 +344,18 @@ class Registry:
     def import_files(self, paths: Iterable[str | os.PathLike], *, progress=None) -> ImportResult:
         """Validate every file, then store them all in one transaction, or nothing.
 
-        Raises ImportRefused (nothing written) if any file is invalid or would change a
+        A directory stands for the *.hcd, *.yaml and *.yml files in it. Raises ImportRefused
+        (nothing written) if no file is named, any file is invalid or would change a
         published version. ``progress(stage, done, total)``, if given, is called with
         stage ``"validating"`` per file and ``"writing"`` per batch of rows.
         """
-        from torchfl.registry.documents import load_documents
+        from torchfl.registry.documents import expand_paths, load_documents
 
-        docs, diagnostics = load_documents([str(p) for p in paths], progress)
+        paths = expand_paths(paths)
+        if not paths:
+            raise ImportRefused("nothing imported: no file given; name HCD (*.hcd) and rule pack (*.yaml) files, "
+                                "or a directory holding them")
+        docs, diagnostics = load_documents(paths, progress)
         return self._store(docs, diagnostics, progress=progress)
 
     def import_texts(self, items: Iterable[tuple[str, str]], *, progress=None) -> ImportResult:
