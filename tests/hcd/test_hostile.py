@@ -118,3 +118,9 @@ def test_fifo_is_refused_at_once(tmp_path):
         pytest.fail("reading a FIFO blocked")
     report = result["r"]
     assert not report.readable and "named pipe" in errors(report)[0].message
+
+
+def test_unpaired_surrogate_in_text_is_located():
+    # found by tools/fuzz_hcd.py: a str with a lone surrogate crashed libyaml (UnicodeEncodeError)
+    (d,) = errors(check_hcd_text(SEED.replace("FlagOS", "Flag\ud800OS")))
+    assert (d.line, d.column) == (4, 15) and "surrogate U+D800" in d.message

@@ -220,6 +220,14 @@ def located_yaml(text: str, filename: str = "<string>") -> LocatedDocument:
     """Parse one YAML document into plain data with positions. Raises :class:`YAMLLoadError`."""
     if len(text) > MAX_BYTES or len(text.encode("utf-8", "surrogatepass")) > MAX_BYTES:
         _decode(text.encode("utf-8", "surrogatepass")[: MAX_BYTES + 1], filename)
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:  # only text handed over by a caller: a file is decoded strictly
+        before = text[: exc.start]
+        line, col = before.count("\n") + 1, exc.start - (before.rfind("\n") + 1) + 1
+        raise YAMLLoadError([Diagnostic(filename, line, col, "", "error",
+                                        f"unpaired surrogate U+{ord(text[exc.start]):04X} is not a character; "
+                                        "remove it")]) from None
     _check_lines(text, filename)
     try:
         _prescan(text)
