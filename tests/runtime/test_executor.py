@@ -185,14 +185,14 @@ def test_a_failed_run_returns_its_memory_and_a_fitting_batch_runs_after_it():
     stayed allocated, and a batch that fitted before failed ("163.87 KiB free of 4.10 MiB")."""
     from torchfl.kernels import DeviceOOMError
 
-    chip = ChipModel(name="HAND-SMALL", cache_bytes=16 << 10, alignment=128, memory_bytes=48 << 10)
+    chip = ChipModel(name="HAND-1", cache_bytes=16 << 10, alignment=128, memory_bytes=48 << 10)
     small, w = hand_plan()                        # peak 2.75 KiB
     big, _ = hand_plan(x_shape=(2, 3, 32, 32))    # peak 64.75 KiB: fails part-way, after allocating
     x, xb = torch.randn(1, 3, 8, 8), torch.randn(2, 3, 32, 32)
     fits, too_big = Executor(small, chip), Executor(big, chip)
     mem = fits.memory
     assert too_big.memory is mem and mem.memory_allocated() == 0
-    with pytest.raises(DeviceOOMError, match="out of memory on HAND-SMALL"):
+    with pytest.raises(DeviceOOMError, match="out of memory on HAND-1"):
         too_big.run((xb,))
     assert mem.memory_allocated() == 0            # the first run's weight uploads included
     (y,) = fits.run((x,))
