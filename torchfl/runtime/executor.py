@@ -516,10 +516,16 @@ class Executor:
             else:
                 inputs = dict(zip(names, map(vget, ins)))
                 call = p.call
-                if call is None:
+                if call is None:        # first run of this step: its kernel may JIT-compile
+                    from torchfl.kernels.compiling import labelled
+
                     call = self._bind(p, inputs)
-                k0 = perf()
-                outs, counted = call(inputs)
+                    k0 = perf()
+                    with labelled(f"{p.kernel} ({p.step.dtype})"):
+                        outs, counted = call(inputs)
+                else:
+                    k0 = perf()
+                    outs, counted = call(inputs)
                 dt_s = perf() - k0
                 if p.relabel:
                     outs = [_relabel(o) for o in outs]
