@@ -64,7 +64,7 @@ def explain(model, chip, batch, seq_len, heads, layers, precision, strict, fmt, 
     if analyze:
         if fmt == "dot":
             _fail("Error", "--analyze prints text or json; use --format text or --format json")
-        analysed = _analyze(result, inputs, registry)
+        analysed = _analyze(result, inputs)
         if fmt == "json":
             import json
 
@@ -76,7 +76,7 @@ def explain(model, chip, batch, seq_len, heads, layers, precision, strict, fmt, 
     click.echo(result.explain(fmt), nl=False)
 
 
-def _analyze(plan, inputs, registry):
+def _analyze(plan, inputs):
     """Run the plan once with progress on stderr (the first call of each kernel JIT-compiles)."""
     import torch.utils._pytree as pytree
 
@@ -89,7 +89,7 @@ def _analyze(plan, inputs, registry):
         def on_step(done, total, step):
             progress.update(completed=done, total=total, detail=f"last {step.kernel or step.kind}")
 
-        return analyze(plan, flat, registry=registry, progress=on_step)
+        return analyze(plan, flat, progress=on_step)
 
 
 def _fail(kind: str, message: str) -> None:
