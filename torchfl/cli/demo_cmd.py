@@ -43,9 +43,20 @@ def _start_compile_worker(registry, quick: bool):
         cmd += ["--registry", registry]
     try:
         return subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                stderr=subprocess.DEVNULL, preexec_fn=lambda: os.nice(5))
+                                stderr=subprocess.DEVNULL, preexec_fn=lambda: os.nice(5),
+                                env=dict(os.environ, TORCHFL_COMPILE_HELPERS="0"))
     except OSError:
         return None
+
+
+def _warmed_up(quick: bool) -> bool:
+    """Whether ``torchfl kernels warmup`` compiled every demo job (then no compile worker)."""
+    from torchfl.cli.kernels_cmd import job_name, warmed_jobs
+    from torchfl.cli.workloads import models
+    from torchfl.kernels import jitcache
+
+    done = warmed_jobs(jitcache.configure())
+    return all(job_name(key, chip, quick) in done for key, _t, _f in models(quick) for chip in CHIPS)
 
 
 def _compile_only(registry, quick: bool) -> None:
@@ -108,7 +119,7 @@ def demo(registry, quick, full_tables, parallel_compile, compile_only) -> None:
     out.print(t)
 
     # 2. compile, run, analyze, compare (the later models' kernels compiling in a second process)
-    worker = _start_compile_worker(registry, quick) if parallel_compile else None
+    worker = _start_compile_worker(registry, quick) if parallel_compile and not _warmed_up(quick) else None
     if worker is not None:
         out.print("Compiling the BERT layer's kernels in a second process (pid "
                   f"{worker.pid}) while ResNet-50's compile here")

@@ -45,7 +45,7 @@ def info(as_json, functions) -> None:
     from torchfl.kernels import jitcache
 
     ci = jitcache.info()
-    done = _read_marker(ci.path)
+    done = warmed_jobs(ci.path)
     if as_json:
         d = ci.to_dict()
         d["warmup_jobs_done"] = sorted(done)
@@ -67,7 +67,7 @@ def info(as_json, functions) -> None:
     if done:
         click.echo(f"  warmed up:  {', '.join(sorted(done))}")
     if functions:
-        rows = [(f"{f.family}/{f.module}.py:{f.line}", f.function, str(f.specialisations), _size(f.bytes),
+        rows = [(f"{'' if f.family == 'shared' else f.family + '/'}{f.module}.py:{f.line}", f.function, str(f.specialisations), _size(f.bytes),
                  "stale" if f.stale else "") for f in fns]
         head = ("source", "function", "specs", "size", "")
     else:
@@ -102,7 +102,8 @@ def _sources_hash() -> str:
     return h.hexdigest()[:16]
 
 
-def _read_marker(cache: Path) -> set:
+def warmed_jobs(cache: Path) -> set:
+    """The warmup jobs done for the kernel sources of this installation."""
     try:
         data = json.loads((cache / MARKER).read_text())
     except (OSError, ValueError):
@@ -125,7 +126,7 @@ def _record(cache: Path, job: str, seconds: float) -> None:
     tmp.replace(path)
 
 
-def _job_name(model: str, chip: str, quick: bool) -> str:
+def job_name(model: str, chip: str, quick: bool) -> str:
     return f"{model}{'-quick' if quick else ''}@{chip}"
 
 
@@ -142,6 +143,7 @@ def _worker(jobs, events, registry, quick, models=()) -> None:
     import warnings
 
     os.environ.setdefault("TORCHDYNAMO_VERBOSE", "0")
+    os.environ["TORCHFL_COMPILE_HELPERS"] = "0"   # the workers are the parallelism (no helper each)
     warnings.filterwarnings("ignore")
     import torch
 
@@ -199,14 +201,14 @@ def warmup(chips, workers, models, quick, force, registry) -> None:
     if unknown:
         raise click.BadParameter(f"{', '.join(unknown)}: choose from {', '.join(ZOO)}", param_hint="--model")
     todo = [(model, chip) for chip in chips for model, _t, _f in _workloads(models, quick)]
-    done = set() if force else _read_marker(cache)
-    skipped = [j for j in todo if _job_name(*j, quick) in done]
+    done = set() if force else warmed_jobs(cache)
+    skipped = [j for j in todo if job_name(*j, quick) in done]
     todo = [j for j in todo if j not in skipped]
     out = sys.stdout
     click.echo(f"kernel cache: {cache}")
     if skipped:
         click.echo(f"already warmed up (kernel sources unchanged): "
-                   f"{', '.join(_job_name(*j, quick) for j in skipped)}; --force reruns them")
+                   f"{', '.join(job_name(*j, quick) for j in skipped)}; --force reruns them")
     if not todo:
         return
     n = min(workers or os.cpu_count() or 1, len(todo))
@@ -237,14 +239,14 @@ def warmup(chips, workers, models, quick, force, registry) -> None:
                     _pid, kind, label, secs = ev[1:]
                     p.compile_event(CompileEvent(kind, label, label, secs))
                 elif ev[0] == "start":
-                    name = _job_name(ev[2], ev[3], quick)
+                    name = job_name(ev[2], ev[3], quick)
                     running.append(name)
                     p.print(f"started: {name} (process {ev[1]})")
                     p.update(detail="running " + ", ".join(running))
                 else:
                     _pid, model, chip, secs, err = ev[1:]
                     finished += 1
-                    name = _job_name(model, chip, quick)
+                    name = job_name(model, chip, quick)
                     running.remove(name)
                     p.update(detail="running " + ", ".join(running) if running else "")
                     if err:

@@ -86,7 +86,7 @@ def _source_dirs() -> dict[str, Path]:
 class CachedFunction:
     """One jitted function's entries in the cache."""
 
-    family: str               # kernel family (``kernels`` for the shared modules)
+    family: str               # kernel family (``shared``: gemm, codecs, ... used by several)
     module: str               # source file stem
     function: str             # qualified name
     line: int
@@ -158,7 +158,8 @@ def info(path: Path | None = None, read_index: bool = True) -> CacheInfo:
             qual_line, _, line = stem_qual.rpartition("-")
             module, _, qual = qual_line.partition(".")
             data = [f for f in files if f.name.startswith(base + ".") and f.suffix == ".nbc"]
-            fn = CachedFunction(family=src_dir.name, module=module, function=qual,
+            family = "shared" if src_dir == Path(__file__).resolve().parent else src_dir.name
+            fn = CachedFunction(family=family, module=module, function=qual,
                                 line=int(line) if line.isdigit() else 0, specialisations=len(data),
                                 bytes=nbi.stat().st_size + sum(f.stat().st_size for f in data))
             src = src_dir / f"{module}.py"
