@@ -90,3 +90,25 @@ def test_progress_lines_when_output_is_not_a_terminal():
     assert any("still working" in line for line in lines), lines
     assert any(line.endswith("toy work, phase two (1/2)") for line in lines), lines
     assert "done: toy work, phase two (2/2)" in lines[-1] and "compiled 1 kernel function(s)" in lines[-1]
+
+
+def test_warmup_runs_jobs_in_worker_processes_and_resumes(registry_url):
+    """Real worker processes on the session's kernel cache (so mostly loads): both jobs run,
+    are recorded beside the cache, and a second warmup skips them."""
+    from torchfl.kernels import jitcache
+
+    env = dict(os.environ, NUMBA_CACHE_DIR=str(jitcache.configure()), TORCHFL_REGISTRY_URL=registry_url)
+    cmd = [sys.executable, "-m", "torchfl.cli", "kernels", "warmup", "--model", "mlp", "--chip", "TFL-X1",
+           "--chip", "NPU-V3", "-j", "2"]
+    out = subprocess.run(cmd + ["--force"], env=env, capture_output=True, text=True, timeout=600)
+    assert out.returncode == 0, out.stdout[-2000:] + out.stderr[-2000:]
+    lines = out.stdout.splitlines()
+    done = [ln for ln in lines if "] done: mlp@" in ln]
+    assert len(done) == 2, out.stdout
+    assert sum("] started: mlp@" in ln for ln in lines) == 2 and "warmup finished in" in out.stdout
+    again = subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=300)
+    assert again.returncode == 0 and "already warmed up (kernel sources unchanged): mlp@TFL-X1, mlp@NPU-V3" \
+        in again.stdout, again.stdout
+    info = json.loads(subprocess.run([sys.executable, "-m", "torchfl.cli", "kernels", "info", "--json"], env=env,
+                                     capture_output=True, text=True, timeout=120).stdout)
+    assert {"mlp@TFL-X1", "mlp@NPU-V3"} <= set(info["warmup_jobs_done"])

@@ -50,13 +50,15 @@ def _start_compile_worker(registry, quick: bool):
 
 
 def _warmed_up(quick: bool) -> bool:
-    """Whether ``torchfl kernels warmup`` compiled every demo job (then no compile worker)."""
+    """Whether ``torchfl kernels warmup`` compiled every demo job (then no compile worker); the
+    full-size jobs serve ``--quick`` too (Numba specialises on types, not on sizes)."""
     from torchfl.cli.kernels_cmd import job_name, warmed_jobs
     from torchfl.cli.workloads import models
     from torchfl.kernels import jitcache
 
     done = warmed_jobs(jitcache.configure())
-    return all(job_name(key, chip, quick) in done for key, _t, _f in models(quick) for chip in CHIPS)
+    return any(all(job_name(key, chip, q) in done for key, _t, _f in models(q) for chip in CHIPS)
+               for q in {quick, False})
 
 
 def _compile_only(registry, quick: bool) -> None:
