@@ -610,6 +610,10 @@ class Executor:
             if measuring and record.on_step is not None:
                 record.on_step(len(record.steps), n_total, p.step)
 
+        if self._helper is not None:   # every step is bound now: what the helper has left is moot
+            if self._helper.poll() is None:
+                self._helper.terminate()
+            self._helper = None
         if not measuring and not cached:
             self._keep_static(vals, key)
 
