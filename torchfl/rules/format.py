@@ -68,6 +68,11 @@ class Requires(_Model):
     storage: bool = Field(default=True, description="false for a view that moves no data (reshape, "
                           "unsqueeze): the value is already on the device, so its dtype need not be one the "
                           "chip lists (int64 token ids reshaped before an embedding).")
+    index: bool = Field(default=False, description="true for index math and masks (position ids, padding "
+                        "masks): an int32, int64 or bool value the chip does not list in "
+                        "tensor.supported_dtypes runs on the chip's index path (its address arithmetic, "
+                        "priced at the integer unit's rate) instead of being refused; explain says so. A "
+                        "listed dtype runs on its unit as usual.")
 
 
 class GuardItem(_Model):
