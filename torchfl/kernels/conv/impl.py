@@ -253,10 +253,11 @@ def compute(slab, cols, tc, wpk, tk, R, S, sh, sw, dh, dw, toh, tow, acc, ldc, e
 
 @njit(cache=True, nogil=True)
 def store(acc, ldc, tk, toh, tow, n, k0, oh0, ow0, y, t0, t1, t2, t3, ycode, ea, eb, relu,
-          has_res, res, r0, r1, r2, r3, rcode, out_scale, out_zp):
+          has_res, res, r0, r1, r2, r3, rcode, out_inv, out_zp, qmin, qmax):
     """Epilogue + store of one tile: v = acc*ea[k] + eb[k] (dequantisation, bias and folded
     batch-norm in one FMA) (+ residual) (relu), encoded into y's storage (int8 output:
-    q = clamp(rne(v/out_scale) + out_zp)). Returns (elements written, residual elements read)."""
+    q = clamp(rne(v * out_inv) + out_zp, qmin, qmax) with out_inv = float32(1 / out_scale), the
+    rounding of PT2E's quantize_per_tensor). Returns (elements written, residual elements read)."""
     lo = np.float32(0.0) if relu else np.float32(-np.inf)
     for i in range(toh):
         for j in range(tow):
@@ -274,8 +275,8 @@ def store(acc, ldc, tk, toh, tow, n, k0, oh0, ow0, y, t0, t1, t2, t3, ycode, ea,
                     v += decode(rcode, res[rb + k * r1])
                 v = max(v, lo)
                 if ycode == 4:
-                    q = np.round(v / out_scale) + out_zp
-                    q = min(max(q, -128.0), 127.0)
+                    q = np.round(v * out_inv) + out_zp
+                    q = min(max(q, qmin), qmax)
                     y[yb + k * t1] = np.int8(q)
                 elif ycode == 0:
                     y[yb + k * t1] = v
@@ -776,6 +777,17 @@ def _conv_blocks(ctx, site, G, x, xs, xcode, w, wst, wcode, y, ys, ycode, res, r
 _NO_RES = np.zeros(1, np.float32)
 
 
+def _sub_channel_zero_points(wpk, zps, run):
+    """Packed int8 weight panels (load_weights: [panel][r][s][c][16], stored as q) minus each
+    output channel's own zero point; the panel's padding channels stay zero."""
+    tk = zps.shape[0]
+    npanel = -(-tk // NR)
+    zp = np.zeros(npanel * NR, np.float32)
+    zp[:tk] = zps
+    view = wpk[:npanel * run * NR].reshape(npanel, run, NR)
+    view -= zp.reshape(npanel, 1, NR)
+
+
 def _run_conv2d_general(ctx):
     """split_c and int8 convs: channel blocks accumulate into a whole-tile accumulator."""
     from . import _epilogue, _param_names, conv_geometry
@@ -804,8 +816,12 @@ def _run_conv2d_general(ctx):
     xzp = np.float32(a["x_zero_point"] if is_int else 0)
     wzp = np.float32(a["w_zero_point"] if is_int else 0)
     deq = np.float32(a["x_scale"] * a["w_scale"]) if is_int else np.float32(1.0)
-    out_scale = np.float32(a["out_scale"] or 1.0)
+    out_inv = np.float32(1.0 / (a["out_scale"] or 1.0))
     out_zp = np.float32(a["out_zero_point"] or 0)
+    qmin, qmax = np.float32(a.get("out_min", -128)), np.float32(a.get("out_max", 127))
+    wsc = np.ones(max(K, 1), np.float32)     # per-channel weight scales (w_scales input), else deq has w_scale
+    wzv = np.zeros(max(K, 1), np.float32)                                   # per-channel weight zero points
+    per_channel_zp = p.has("w_zero_points")
     bias = np.zeros(max(K, 1), np.float32)
     bnw, bnb, mean, var = (np.zeros(max(K, 1), np.float32) for _ in range(4))
     scale, shift = np.ones(max(K, 1), np.float32), np.zeros(max(K, 1), np.float32)
@@ -836,7 +852,7 @@ def _run_conv2d_general(ctx):
             # per-channel parameters of the block: loaded once, resident
             for name in _param_names(p):
                 dst = {"bias": bias, "bn_weight": bnw, "bn_bias": bnb, "running_mean": mean,
-                       "running_var": var}[name]
+                       "running_var": var, "w_scales": wsc, "w_zero_points": wzv}[name]
                 _load_vec(ctx, name, kg0, kg0 + tka, dst)
             if e["bn"]:
                 sl = slice(kg0, kg0 + tka)
@@ -847,10 +863,14 @@ def _run_conv2d_general(ctx):
                 shift[sl] = bv - mean[sl] * scale[sl]
             # fold dequantisation, bias and batch-norm into one per-channel FMA
             sl = slice(kg0, kg0 + tka)
-            ea[sl] = deq * scale[sl]
+            if p.has("w_scales"):
+                deq = np.float32(a["x_scale"])
+            ea[sl] = deq * wsc[sl] * scale[sl]
             eb[sl] = (bias[sl] * scale[sl] if e["bias"] else 0.0) + shift[sl]
             if stationary:
                 nread = load_weights(w, *wst, wcode, wzp, kg0, tka, 0, Cg, R, S, wpk)
+                if per_channel_zp:
+                    _sub_channel_zero_points(wpk, wzv[kg0:kg0 + tka], R * S * Cg)
                 ctx.read(nread * ew)
             for n in range(N):
                 for oh0, oh1 in oh_tiles:
@@ -864,6 +884,8 @@ def _run_conv2d_general(ctx):
                             tca = c1 - c0
                             if not stationary:
                                 nread = load_weights(w, *wst, wcode, wzp, kg0, tka, c0, tca, R, S, wpk)
+                                if per_channel_zp:
+                                    _sub_channel_zero_points(wpk, wzv[kg0:kg0 + tka], R * S * tca)
                                 ctx.read(nread * ew)
                             nread = _slab_rows(x, *xs, xcode, xzp, n, gi * Cg + c0, tca, lo_h, lo_w,
                                                hi_w - lo_w, H, W, slab, 0, hi_h - lo_h, F16_LUT)
@@ -873,7 +895,7 @@ def _run_conv2d_general(ctx):
                                         acc, ldc, is_int)
                             ctx.ops(2 * th * tw * tka * tca * R * S)
                         nw, nr = store(acc, ldc, tka, th, tw, n, kg0, oh0, ow0, y, *ys, ycode, ea, eb,
-                                       e["relu"], e["residual"], res, *rs, rcode, out_scale, out_zp)
+                                       e["relu"], e["residual"], res, *rs, rcode, out_inv, out_zp, qmin, qmax)
                         ctx.write(nw * ey)
                         ctx.read(nr * er)
                         ctx.ops(nw * n_epi)
