@@ -210,3 +210,20 @@ def test_cast_quantise_dequantise_bit_exact_with_pt2e(to):
     (d,), _ = run_checked("cast", chip, {"x": q}, {"to": to, "quantize": True, "scale": scale, "zero_point": zp})
     ref_d = Q.dequantize_per_tensor.default(ref_q if to == "float32" else want, scale, zp, -128, 127, torch.int8)
     assert torch.equal(d.to_torch(), ref_d.to(getattr(torch, to)))
+
+
+@pytest.mark.parametrize("layout", ["NCHW", "NHWC"])
+def test_cast_dequantise_per_channel_bit_exact(layout):
+    chip = ChipModel(cache_bytes=CACHES[0])
+    mem = DeviceMemory(chip)
+    gen = torch.Generator().manual_seed(8)
+    w, ws = _weights(12, gen, (12, 5, 3, 3))
+    wz = torch.randint(-4, 5, (12,), generator=gen)
+    ref = Q.dequantize_per_channel.default(w, ws, wz, 0, -128, 127, torch.int8)
+    ins = {"x": DeviceTensor.from_torch(w, mem, layout=layout), "scales": DeviceTensor.from_torch(ws, mem),
+           "zero_points": DeviceTensor.from_torch(wz, mem)}
+    (y,), _ = run_checked("cast", chip, ins, {"to": "float32", "quantize": True, "axis": 0})
+    assert torch.equal(y.to_torch(), ref)
+    with pytest.raises(KernelError, match="scales must be float32 of shape"):
+        CATALOG["cast"].problem({"x": (12, 5), "scales": (5,)}, {"to": "float32", "quantize": True}, "int8",
+                                dtypes={"x": "int8", "scales": "float32"})

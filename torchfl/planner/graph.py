@@ -101,6 +101,9 @@ ACCUMULATOR_OUTPUTS = {   # op -> positions of its outputs that are saved statis
 ACCUMULATOR_ARGS = {      # op -> arguments (ATen schema names) that are saved statistics
     "aten.native_batch_norm_backward.default": ("save_mean", "save_invstd"),
     "aten.native_layer_norm_backward.default": ("mean", "rstd"),
+    # quantisation parameters of a quantised graph (PT2E): the int8 kernels' epilogue reads
+    # them exactly as the reference does; downcast, every weight scale would move
+    "quantized_decomposed.dequantize_per_channel.default": ("scales", "zero_points"),
 }
 
 

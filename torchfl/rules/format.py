@@ -34,7 +34,7 @@ from typing import Literal, Optional, Union
 from pydantic import BaseModel, ConfigDict, Field
 
 SEMVER = r"^(0|[1-9]\d*)\.(0|[1-9]\d*)\.(0|[1-9]\d*)(-[0-9A-Za-z.-]+)?(\+[0-9A-Za-z.-]+)?$"
-OP_NAME = r"^(aten|prims|torchfl)\.[A-Za-z0-9_]+\.[A-Za-z0-9_]+$"
+OP_NAME = r"^(aten|prims|torchfl|quantized_decomposed)\.[A-Za-z0-9_]+\.[A-Za-z0-9_]+$"
 IDENT = r"^[A-Za-z][A-Za-z0-9_]*$"
 UNITS = Literal["fp16", "bf16", "fp32", "int8", "attention"]
 DTYPES = Literal["float32", "float16", "bfloat16", "int8", "int32", "int64", "bool"]
@@ -97,6 +97,9 @@ class FusionStep(_Model):
     op: Union[str, list[str]]
     input: Optional[str] = Field(default=None, description="arg of this op fed by the previous step (default: primary)")
     from_: Optional[str] = Field(default=None, alias="from", description="step id feeding it (default: previous)")
+    into: Optional[str] = Field(default=None, description="instead of from: an earlier step whose argument "
+                                "`input` this step's output feeds (a second operand of a DAG pattern: the "
+                                "weight's dequantize feeding a conv)")
     output: int = Field(default=0, ge=0, description="which output of the feeding step (tuple-returning ops)")
     commutative: Optional[list[str]] = Field(default=None, description="args that may be swapped, e.g. [self, other]")
 

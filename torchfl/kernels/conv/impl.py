@@ -223,6 +223,54 @@ def _compute_range(slab, pix, cols, tc, wpk, tk, R, S, dh, dw, acc, ldc, mp0, mp
                             acc[row + k] += a * wpk[wo + c * NR + k]
 
 
+@njit(cache=True, nogil=True)
+def _compute_int_range(slab, pix, cols, tc, wpk, tk, R, S, dh, dw, acc, tmp, ldc, mp0, mp1, chunk):
+    """int8 implicit GEMM for micro-panels [mp0, mp1), exact: the float32 micro-kernel sums
+    ``chunk`` taps at a time (integers, every partial sum below 2**24, so no rounding) into
+    ``tmp``, each chunk's block then added into the float64 accumulator."""
+    npanel = (tk + NR - 1) // NR
+    T = R * S
+    taps = np.empty(T, np.int64)
+    for r in range(R):
+        for s in range(S):
+            taps[r * S + s] = (r * dh * cols + s * dw) * tc
+    for mp in range(mp0, mp1):
+        for p in range(npanel):
+            off = mp * MR * ldc + p * NR
+            for t0 in range(0, T, chunk):
+                nt = min(chunk, T - t0)
+                for i in range(MR):
+                    for j in range(NR):
+                        tmp[off + i * ldc + j] = 0.0
+                mk6x16_taps(slab, pix, mp * MR, taps[t0:t0 + nt], nt, wpk, (p * T + t0) * tc * NR, tc, tmp, off,
+                            ldc)
+                for i in range(MR):
+                    for j in range(NR):
+                        acc[off + i * ldc + j] += tmp[off + i * ldc + j]
+
+
+@njit(cache=True, nogil=True, parallel=True)
+def compute_int(slab, cols, tc, wpk, tk, R, S, sh, sw, dh, dw, toh, tow, acc, tmp, ldc, chunk):
+    """``compute`` for int8 tiles through the float32 micro-kernel, ``chunk`` taps
+    per exact float32 partial sum (see _compute_int_range); threads split the micro-panels."""
+    M = toh * tow
+    pix = _pix(toh, tow, sh, sw, cols, tc)
+    nmp = (M + MR - 1) // MR
+    nch = min(nmp, 64)
+    for ch in prange(nch):
+        _compute_int_range(slab, pix, cols, tc, wpk, tk, R, S, dh, dw, acc, tmp, ldc,
+                           (nmp * ch) // nch, (nmp * (ch + 1)) // nch, chunk)
+
+
+def exact_chunk(x_bound, wpk, tc):
+    """Taps per float32 partial sum that keep every int8 partial sum exact: the largest
+    |x - x_zero_point| times the largest |w - w_zero_point| of the packed block times tc
+    channels per tap, below 2**24 (0: not even one tap; use the int64 path)."""
+    w_bound = float(np.abs(wpk).max()) if wpk.size else 0.0
+    per_tap = x_bound * max(w_bound, 1.0) * max(tc, 1)
+    return int((1 << 24) // per_tap)
+
+
 @njit(cache=True, nogil=True, parallel=True)
 def compute(slab, cols, tc, wpk, tk, R, S, sh, sw, dh, dw, toh, tow, acc, ldc, exact_int):
     """acc[m, k] += sum_{r,s,c} slab[pixel m, tap (r,s), c] * w[k, c, r, s] for the tile's
@@ -843,6 +891,18 @@ def _run_conv2d_general(ctx):
     mpad = -(-(toh * tow) // MR) * MR
     acc = np.zeros(mpad * ldc, np.float64 if is_int else np.float32)
     wpk = np.zeros(npanel * R * S * max(Cg if stationary else tc, 1) * NR, np.float32)
+    # int8: exact float32 chunks through the micro-kernel (compute_int); the
+    # chunk depends on the packed block's largest |w - zp|, so it is known once it is loaded
+    tmp = np.zeros(mpad * ldc, np.float32) if is_int else acc
+    x_bound = float(max(127 - a["x_zero_point"], a["x_zero_point"] + 128)) if is_int else 0.0
+    block = {"chunk": 0}
+
+    def chunk(tca):
+        if not is_int:
+            return 0
+        if block.get("tca") != tca:
+            block["tca"], block["chunk"] = tca, exact_chunk(x_bound, wpk, tca)
+        return block["chunk"]
     oh_tiles = tile_starts(OH, toh)
     ow_tiles = tile_starts(OW, tow)
     for gi in range(g):
@@ -871,6 +931,7 @@ def _run_conv2d_general(ctx):
                 nread = load_weights(w, *wst, wcode, wzp, kg0, tka, 0, Cg, R, S, wpk)
                 if per_channel_zp:
                     _sub_channel_zero_points(wpk, wzv[kg0:kg0 + tka], R * S * Cg)
+                block.clear()
                 ctx.read(nread * ew)
             for n in range(N):
                 for oh0, oh1 in oh_tiles:
@@ -886,11 +947,15 @@ def _run_conv2d_general(ctx):
                                 nread = load_weights(w, *wst, wcode, wzp, kg0, tka, c0, tca, R, S, wpk)
                                 if per_channel_zp:
                                     _sub_channel_zero_points(wpk, wzv[kg0:kg0 + tka], R * S * tca)
+                                block.clear()
                                 ctx.read(nread * ew)
                             nread = _slab_rows(x, *xs, xcode, xzp, n, gi * Cg + c0, tca, lo_h, lo_w,
                                                hi_w - lo_w, H, W, slab, 0, hi_h - lo_h, F16_LUT)
                             ctx.read(nread * es)
-                            if tca:
+                            if tca and chunk(tca) > 0:
+                                compute_int(slab, hi_w - lo_w, tca, wpk, tka, R, S, sh, sw, dh, dw, th, tw,
+                                            acc, tmp, ldc, chunk(tca))
+                            elif tca:
                                 compute(slab, hi_w - lo_w, tca, wpk, tka, R, S, sh, sw, dh, dw, th, tw,
                                         acc, ldc, is_int)
                             ctx.ops(2 * th * tw * tka * tca * R * S)
