@@ -7,6 +7,7 @@ import pytest
 
 from planner_helpers import capture_of, hcd_variant
 from torchfl.planner.api import plan_captured
+from torchfl.planner.target import Target
 
 warnings.filterwarnings("ignore", category=FutureWarning)
 
@@ -24,7 +25,7 @@ def test_int8_groups_are_priced_with_the_int8_units_peak(chips, packs):
 
     hcd = chips["NPU-V3"]
     cap, x = _quantised_resnet()
-    plan = plan_captured(cap, x, hcd, packs, precision="float16")
+    plan = plan_captured(cap, x, Target.of(hcd, packs), precision="float16")
     assert not plan.fallbacks
     chip = ChipModel.from_hcd(hcd)
     assert chip.peak["int8"] == pytest.approx(51.2e12) and chip.peak["int8"] != chip.peak["float16"]
@@ -38,7 +39,7 @@ def test_int8_groups_are_priced_with_the_int8_units_peak(chips, packs):
     # ops at that peak, which the fp16 rate (or the memory time) would undercut many times
     slow = hcd_variant(hcd, lambda d: d["compute_units"]["int8"].update(peak_tops=0.512))
     slow_chip = ChipModel.from_hcd(slow)
-    slow_plan = plan_captured(cap, x, slow, packs, precision="float16")
+    slow_plan = plan_captured(cap, x, Target.of(slow, packs), precision="float16")
     for s in (s for s in slow_plan.steps if s.kernel in ("qconv2d", "qadd", "qlinear")):
         compute = s.predicted_flops / slow_chip.peak["int8"]
         memory = s.predicted_bytes / slow_chip.offchip_bw
@@ -51,7 +52,7 @@ def test_int8_groups_take_the_int8_units_layouts(chips, packs):
     the int8 unit's, the float ops around them in the fp16 unit's."""
     hcd = hcd_variant(chips["NPU-V3"], lambda d: d["compute_units"]["int8"].update(supported_layouts=["NHWC"]))
     cap, x = _quantised_resnet()
-    plan = plan_captured(cap, x, hcd, packs, precision="float16")
+    plan = plan_captured(cap, x, Target.of(hcd, packs), precision="float16")
     convs = [s for s in plan.steps if s.kernel == "qconv2d"]
     assert convs and all(s.layout_out == "NHWC" and s.layouts_in[0] == "NHWC" for s in convs)
     rejected = [r for r in plan.rejected if r.kernel == "qconv2d" and any("compute_units.int8.supported_layouts"
@@ -62,7 +63,7 @@ def test_int8_groups_take_the_int8_units_layouts(chips, packs):
 
 def test_explain_shows_int8_steps_with_their_scales_granularity(chips, packs):
     cap, x = _quantised_resnet()
-    plan = plan_captured(cap, x, chips["NPU-V3"], packs, precision="float16")
+    plan = plan_captured(cap, x, Target.of(chips["NPU-V3"], packs), precision="float16")
     text = plan.explain("text")
     assert "0 fallbacks" in text
     assert "weight per-channel (64 scales" in text and "x per-tensor (scale" in text

@@ -109,9 +109,10 @@ def test_chip_without_int8_refuses_a_quantised_graph():
     from torchfl.hcd import load_hcd_text
     from torchfl.planner import plan_module
     from torchfl.planner.errors import HardConstraintError
-    from torchfl.planner.source import bundled_chips
+    from torchfl.hcd import load_hcd
+    from torchfl.resources import bundled_hcds
 
-    hcd = bundled_chips()["NPU-V3"]
+    hcd = next(h for h in map(load_hcd, bundled_hcds()) if h.chip.name == "NPU-V3")
     data = json.loads(hcd.canonical_json())
     data["compute_units"].pop("int8")
     data["tensor"]["supported_dtypes"] = [d for d in data["tensor"]["supported_dtypes"] if d != "torch.int8"]
