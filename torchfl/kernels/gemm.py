@@ -324,20 +324,16 @@ def _run_gemv(A, a_rows, a_ks, B, b_base, b_ns, C, c_rows, c_ns, M, N, K, TM, TN
     return rd, wr, ops
 
 
-@njit(cache=True)
-def _int8_tile(A, rows, ks, k0, tk, tm, za, B, base, bks, bns, j0, tn, zb, acc, ldc):
-    """acc[m, n] += sum_k (A - za)(B - zb[n]) in int32 (exact); zb: per-column zero points."""
-    bt = np.empty((tk, tn), np.int32)
-    for k in range(tk):
-        for n in range(tn):
-            bt[k, n] = np.int32(B[base + (k0 + k) * bks + (j0 + n) * bns]) - zb[j0 + n]
-    for m in range(tm):
-        off = rows[m] + k0 * ks
-        for k in range(tk):
-            a = np.int32(A[off + k * ks]) - za
-            if a != 0:
-                for n in range(tn):
-                    acc[m * ldc + n] += a * bt[k, n]
+def _int8_block(A, rows, ks, k0, tk, za, B, base, bks, bns, j0, tn, zb, acc, ldc):
+    """acc[m, n] += sum_k (A - za)(B - zb[n]) for one loaded A and B tile, exact: the
+    integers (|products| < 2**16, K of them) are multiplied in float64 by the host BLAS, whose
+    every partial sum is an integer far below 2**53."""
+    kk = (k0 + np.arange(tk, dtype=np.int64))
+    a = A[rows[:, None] + kk[None, :] * ks].astype(np.float64) - za
+    nn = j0 + np.arange(tn, dtype=np.int64)
+    b = B[base + kk[:, None] * bks + nn[None, :] * bns].astype(np.float64) - zb[j0:j0 + tn]
+    view = acc[:rows.shape[0] * ldc].reshape(rows.shape[0], ldc)
+    view[:, :tn] += a @ b
 
 
 @njit(cache=True)
@@ -366,14 +362,14 @@ def _int8_store(acc, ldc, tm, tn, j0, C, crows, cns, scales, bias, has_bias, act
 
 def run_int8(A, a_rows, a_ks, B, b_base, b_ks, b_ns, C, c_rows, c_ns, *, M, N, K, TM, TN, TK, b_res,
              esc, za, zb, scales, bias=None, esvec=0, act=0, ocode=0, oinv=1.0, ozero=0, qmin=-128, qmax=127):
-    """int8 GEMM with int32 accumulation over the same tiling; returns the counts.
+    """int8 GEMM with exact integer (int32-equivalent) accumulation over the same tiling; returns the counts.
 
     ``zb`` (int32) and ``scales`` (float32, a_scale * b_scale) are per output column;
     ``esvec``: bytes per column of the epilogue vectors the plan streams beside B (bias,
     weight scales and zero points), read with each B tile (or once with a resident B)."""
     batch = a_rows.shape[0]
     ldc = min(TN, N)
-    acc = np.empty(min(TM, M) * ldc, np.int32)
+    acc = np.empty(min(TM, M) * ldc, np.float64)
     has_bias = bias is not None
     bias_arr = bias if has_bias else np.zeros(1, np.float32)
     rd = wr = ops = 0
@@ -396,8 +392,7 @@ def run_int8(A, a_rows, a_ks, B, b_base, b_ks, b_ns, C, c_rows, c_ns, *, M, N, K
                             b_loaded = bkey
                     else:
                         rd += tk * tn
-                    _int8_tile(A, rows, a_ks, k0, tk, tm, np.int32(za), B, b_base[bkey], b_ks, b_ns, j0, tn,
-                               zb, acc, ldc)
+                    _int8_block(A, rows, a_ks, k0, tk, za, B, b_base[bkey], b_ks, b_ns, j0, tn, zb, acc, ldc)
                     ops += 2 * tm * tn * tk
                 if not b_res:
                     rd += tn * esvec
