@@ -151,10 +151,13 @@ class Executor:
     ``chip``: a ChipModel, or None to resolve ``plan.chip`` through ``registry``.
     ``static_inputs``: positions of user inputs that are parameters/buffers (cached on
     device by version). ``graph_module``/``tensors`` default to ``plan.capture``'s.
+    ``borrow_inputs``: the user inputs' buffers belong to the caller (npu tensors, whose
+    storage is device memory already): never freed here (the eager device's executor).
     """
 
     def __init__(self, plan, chip=None, *, registry=None, strict: bool = False,
-                 static_inputs=(), graph_module=None, tensors=None, log: bool = True):
+                 static_inputs=(), graph_module=None, tensors=None, log: bool = True,
+                 borrow_inputs: bool = False):
         from torchfl.kernels.catalog import get
 
         from .device import chip_model, device_memory
@@ -252,9 +255,10 @@ class Executor:
         self._lifted_tensors = tuple(t for _n, t, _l, _d in self.lifted)
         self._static_pos = tuple(sorted(self.static_positions))
         resident = {slots[v] for v in static_vals}
-        self._full = self._program(self.preps, resident, ())
+        kept = resident | ({slots[n] for n, *_ in self.user_inputs} if borrow_inputs else set())
+        self._full = self._program(self.preps, kept, ())
         # with the static values cached, static user inputs are on the device already
-        self._dynamic = self._program(self.dynamic_preps, resident, resident)
+        self._dynamic = self._program(self.dynamic_preps, kept, resident)
 
         self.out_spec = self._output_spec()
         self._base = None             # slot list holding the cached static values, valid for _static_key
@@ -352,6 +356,13 @@ class Executor:
         return tuple(spec)
 
     # ------------------------------------------------------------------ helpers
+
+    keeps_outputs = False   # outputs' buffers are handed over by _download (eager device)
+
+    def _download(self, v):
+        """An output value as the caller gets it: a CPU torch tensor (the buffer is freed
+        after the run unless ``keeps_outputs``)."""
+        return v.to_torch()
 
     def _upload(self, x, layout, dtype):
         from torchfl.kernels.tensor import DeviceTensor
@@ -544,9 +555,10 @@ class Executor:
             self._keep_static(vals, key)
 
         values = []
+        download = self._download
         for s in self.out_slots:
             v = vals[s] if s >= 0 else None
-            values.append(v.to_torch() if v.__class__ is DeviceTensor else v)
+            values.append(download(v) if v.__class__ is DeviceTensor else v)
         results = tuple([values[x] if kind == "value" else x for kind, x in self.out_spec])
         if measuring:
             record.peak_bytes = mem.max_memory_allocated()
@@ -555,7 +567,7 @@ class Executor:
                     v.buffer.free()
             record.kernel_s += kernel_s
             record.total_s += perf() - t0
-        else:
+        elif not self.keeps_outputs:
             for s in prog.free_at_end:
                 v = vals[s]
                 if v.__class__ is DeviceTensor and not v.buffer.freed:

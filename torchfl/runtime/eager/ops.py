@@ -1,0 +1,422 @@
+"""Every op on ``npu`` tensors (other than the adapter's factories, copies and views): a
+one-op plan of the SME, cached per signature, run by the plan executor on the chip.
+
+* The op is traced alone into a core-ATen FX graph (``make_fx`` with the planner's
+  decomposition table) and planned like any captured graph: the same rules, costs, hard
+  constraints (the same errors as the compile path) and precision policy
+  (``TORCHFL_PRECISION``). Plans are cached per signature: op, device, each argument's
+  shape, dtype and layout, and the values of its non-tensor arguments.
+* Inputs are read in place: the executor sees each npu tensor's own device buffer, in the
+  layout its strides describe. Outputs are the kernels' buffers, handed to torch as npu
+  tensors (no copy). A strided view, a misaligned offset or a dtype/layout the plan does
+  not take is copied first (counted in ``STATS["converted_inputs"]``).
+* In-place and ``out=`` overloads run their functional overload and copy the result in.
+* Ops with no rule run as the plan's explicit host fallbacks (logged once per signature,
+  counted per call); ops that cannot even be traced run on the host whole. Both are refused
+  by ``TORCHFL_STRICT=1``. Random fills and constant fills write host-made data into the
+  tensor (like a copy from the host): they are counted apart, and strict mode allows them.
+"""
+from __future__ import annotations
+
+import os
+import threading
+from collections import Counter
+
+import torch
+from torch.utils._pytree import tree_flatten, tree_unflatten
+
+from . import device as _dev
+
+__all__ = ["dispatch", "STATS", "reset_stats", "eager_precision", "clear_cache"]
+
+STATS: Counter = Counter()      # chip_ops, host_fallback_ops, host_writes, converted_inputs, plans
+ROUTES: Counter = Counter()     # (aten op, route) -> calls
+_CACHE: dict = {}
+_TABLES: dict = {}
+_LOCK = threading.RLock()
+
+# ops that write host-made data into their tensor: random draws and constant fills
+HOST_WRITES = frozenset({
+    "normal_", "uniform_", "bernoulli_", "random_", "exponential_", "geometric_", "cauchy_",
+    "log_normal_", "fill_", "zero_", "randperm", "normal", "bernoulli", "multinomial",
+})
+
+
+def reset_stats() -> None:
+    STATS.clear()
+    ROUTES.clear()
+
+
+def clear_cache() -> None:
+    with _LOCK:
+        _CACHE.clear()
+
+
+def eager_precision() -> str | None:
+    """``TORCHFL_PRECISION`` (float16 / bfloat16): the policy for float32 ops on chips
+    without a float32 unit, as ``options={"precision": ...}`` is for torch.compile."""
+    p = os.environ.get("TORCHFL_PRECISION", "").strip()
+    return p or None
+
+
+def _strict() -> bool:
+    from torchfl.runtime.logs import strict_env
+
+    return strict_env()
+
+
+def _short(dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+# ---------------------------------------------------------------- entry point
+
+def dispatch(op, args, kwargs):
+    from . import lazy
+
+    if lazy.active():
+        return lazy.record(op, args, kwargs)
+    return run_eager(op, args, kwargs)
+
+
+def run_eager(op, args, kwargs):
+    _ensure_functional_routes()
+    schema = op._schema
+    base = schema.name.split("::")[-1]
+    if base in HOST_WRITES or base + "_" in HOST_WRITES:
+        return _host_write(op, args, kwargs)
+    if schema.is_mutable:
+        return _mutating(op, args, kwargs)
+    return _functional(op, args, kwargs)
+
+
+_ROUTES_READY = False
+
+
+def _ensure_functional_routes():
+    """Once: register the functional overloads the bundled rule packs name (see routing)."""
+    global _ROUTES_READY
+    if _ROUTES_READY:
+        return
+    _ROUTES_READY = True
+    from torchfl.planner.source import bundled_packs
+
+    from .routing import register_functional
+
+    names = sorted({r.op for pack in bundled_packs() for r in pack.rules})
+    register_functional(names)
+
+
+# ---------------------------------------------------------------- signatures
+
+def _device_of(flat, kwargs) -> int:
+    index = None
+    for a in flat:
+        if isinstance(a, torch.Tensor) and a.device.type == "npu":
+            i = a.device.index or 0
+            if index is None:
+                index = i
+            elif i != index:
+                raise RuntimeError(f"Expected all tensors to be on the same device, but found at least two "
+                                   f"devices, npu:{index} and npu:{i}; move them with .to('npu:{index}')")
+    if index is None:
+        dev = kwargs.get("device")
+        if dev is not None and torch.device(dev).type == "npu":
+            index = torch.device(dev).index or 0
+        else:
+            index = _dev.adapter_current()
+    return index
+
+
+def _arg_key(a):
+    if isinstance(a, torch.Tensor):
+        from torchfl.planner.constraints import tensor_layout
+
+        dense = a.is_contiguous() or tensor_layout(a) is not None
+        return ("T", a.device.type, tuple(a.shape), a.dtype, tensor_layout(a) if dense else tuple(a.stride()),
+                a.requires_grad and torch.is_grad_enabled())
+    if isinstance(a, float) and a != a:
+        return ("nan",)
+    return (type(a).__name__, a)
+
+
+# ---------------------------------------------------------------- routes
+
+class _ChipRoute:
+    """A planned one-op graph and its executor (zero-copy inputs and outputs)."""
+
+    kind = "chip"
+
+    def __init__(self, plan, executor, out_spec, label, fallback: bool):
+        self.plan, self.executor, self.out_spec, self.label = plan, executor, out_spec, label
+        self.fallback = fallback
+
+    def run(self, tensors):
+        flat = self.executor.run(tensors)
+        STATS["host_fallback_ops" if self.fallback else "chip_ops"] += 1
+        ROUTES[(self.label, "host fallback" if self.fallback else "chip")] += 1
+        return tree_unflatten(list(flat), self.out_spec)
+
+
+class _HostRoute:
+    """The op on the host, whole (it could not be traced or planned alone)."""
+
+    kind = "host"
+
+    def __init__(self, op, index, label, reason):
+        self.op, self.index, self.label, self.reason = op, index, label, reason
+
+    def run_args(self, args, kwargs):
+        STATS["host_fallback_ops"] += 1
+        ROUTES[(self.label, "host fallback")] += 1
+        return _on_host(self.op, args, kwargs, self.index)
+
+
+def _label(op) -> str:
+    from torchfl.runtime.errors import aten_name
+
+    return aten_name(str(op))
+
+
+def _trace(op, flat, spec, tensors, table):
+    """The op alone as a core-ATen FX graph over its tensor arguments."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    is_tensor = [isinstance(a, torch.Tensor) for a in flat]
+
+    def one_op(*ts):
+        it = iter(ts)
+        vals = [next(it) if t else a for a, t in zip(flat, is_tensor)]
+        a, k = tree_unflatten(vals, spec)
+        return op(*a, **k)
+
+    examples = [torch.empty_strided(tuple(t.shape), tuple(t.stride()), dtype=t.dtype) for t in tensors]
+    with torch.no_grad():
+        gm = make_fx(one_op, decomposition_table=table, tracing_mode="fake")(*examples)
+    return gm
+
+
+def _decompositions(packs) -> dict:
+    """Core ATen, except what a rule maps whole (the compile path's training table) and
+    the ops the inference capture keeps (linear, conv2d, attention...)."""
+    from torchfl.planner.capture import KEEP_OPS, training_decompositions
+
+    keep = {f"aten.{name}" for name in KEEP_OPS}
+    return {op: fn for op, fn in training_decompositions(packs).items() if str(op) not in keep}
+
+
+def _build(op, index, flat, spec, tensors):
+    from torchfl.planner.api import plan_captured
+    from torchfl.planner.capture import Captured, CaptureError
+    from torchfl.planner.errors import PlanError
+    from torchfl.planner.source import resolve
+
+    from .executor import EagerExecutor
+
+    label = _label(op)
+    chip = _dev.chip_names()[index]
+    hcd, packs = resolve(chip)
+    table = _TABLES.get(id(packs))
+    if table is None:
+        table = _TABLES[id(packs)] = _decompositions(packs)
+    try:
+        gm = _trace(op, flat, spec, tensors, table)
+    except Exception as exc:   # an op with no meta/fake kernel, data-dependent output shapes
+        return _host(op, index, label, f"cannot be traced alone ({type(exc).__name__}: "
+                                       f"{str(exc).strip().splitlines()[0] if str(exc).strip() else ''})")
+    placeholders = [(n.name, "input", i) for i, n in enumerate(n for n in gm.graph.nodes if n.op == "placeholder")]
+    out_node = next(n for n in gm.graph.nodes if n.op == "output")
+    out_flat, out_spec = tree_flatten(out_node.args[0])
+    outputs = [a.name if isinstance(a, torch.fx.Node) else None for a in out_flat]
+    captured = Captured(gm, placeholders, {}, outputs, training=False)
+    strict = _strict()
+    try:
+        plan = plan_captured(captured, tensors, hcd, packs, precision=eager_precision(), strict=strict)
+    except (PlanError, CaptureError):
+        raise          # hard constraints, precision, strict: the compile path's own errors
+    executor = EagerExecutor(plan, _dev.chip_of(index), index, graph_module=gm, strict=strict)
+    STATS["plans"] += 1
+    return _ChipRoute(plan, executor, out_spec, label, fallback=bool(plan.fallbacks))
+
+
+def _host(op, index, label, reason):
+    from torchfl.runtime.errors import FallbackNotAllowed
+    from torchfl.runtime.logs import LOG
+
+    chip = _dev.chip_names()[index]
+    if _strict():
+        raise FallbackNotAllowed(chip, [_Fallback(str(op), "eager", reason)])
+    LOG.warning("[SME] Fallback to CPU: %s (%s)", label, reason)
+    return _HostRoute(op, index, label, reason)
+
+
+class _Fallback:
+    def __init__(self, op, node, reason):
+        self.op, self.node, self.reason = op, node, reason
+
+
+def _functional(op, args, kwargs):
+    flat, spec = tree_flatten((args, kwargs))
+    index = _device_of(flat, kwargs)
+    key = (op, index, _strict(), eager_precision(), str(spec), tuple(_arg_key(a) for a in flat))
+    route = _CACHE.get(key)
+    tensors = [a for a in flat if isinstance(a, torch.Tensor)]
+    if route is None:
+        with _LOCK:
+            route = _CACHE.get(key)
+            if route is None:
+                route = _CACHE[key] = _build(op, index, flat, spec, tensors)
+    if route.kind == "host":
+        return route.run_args(args, kwargs)
+    return route.run(tensors)
+
+
+# ---------------------------------------------------------------- host paths
+
+def _to_host(x):
+    if isinstance(x, torch.Tensor) and x.device.type == "npu":
+        return x.detach().to("cpu")
+    if isinstance(x, torch.Generator) and x.device.type == "npu":
+        return None              # host draws use the CPU generator (torch.manual_seed seeds it)
+    if isinstance(x, torch.device) and x.type == "npu":
+        return torch.device("cpu")
+    return x
+
+
+def _to_device(x, index):
+    if isinstance(x, torch.Tensor) and x.device.type == "cpu":
+        return x.to(f"npu:{index}")
+    return x
+
+
+def _on_host(op, args, kwargs, index):
+    from torch.utils._pytree import tree_map
+
+    h_args, h_kwargs = tree_map(_to_host, (args, kwargs))
+    with torch.no_grad():
+        out = op(*h_args, **h_kwargs)
+    return tree_map(lambda x: _to_device(x, index), out)
+
+
+def _write_back(targets, results):
+    for t, r in zip(targets, results):
+        if tuple(t.shape) != tuple(r.shape):
+            t.resize_(r.shape)
+        t.copy_(r)
+
+
+def _written(op, args, kwargs):
+    """The tensors ``op`` writes (``self`` of an in-place op, the ``out=`` tensors)."""
+    written = []
+    for i, arg in enumerate(op._schema.arguments):
+        if arg.alias_info is not None and arg.alias_info.is_write:
+            value = kwargs.get(arg.name, args[i] if i < len(args) and not arg.kwarg_only else None)
+            if isinstance(value, torch.Tensor):
+                written.append(value)
+            elif isinstance(value, (list, tuple)):
+                written.extend(v for v in value if isinstance(v, torch.Tensor))
+    return written
+
+
+def _host_write(op, args, kwargs):
+    """A random or constant fill: made on the host, copied into the device tensor."""
+    index = _device_of(tree_flatten((args, kwargs))[0], kwargs)
+    STATS["host_writes"] += 1
+    ROUTES[(_label(op), "host write")] += 1
+    targets = _written(op, args, kwargs)
+    if not targets:      # a functional random op (normal, bernoulli): its result, on the device
+        return _on_host(op, args, kwargs, index)
+    from torch.utils._pytree import tree_map
+
+    h_args, h_kwargs = tree_map(_to_host, (args, kwargs))
+    host_targets = _written(op, h_args, h_kwargs)
+    with torch.no_grad():
+        op(*h_args, **h_kwargs)
+    _write_back(targets, host_targets)
+    return targets[0] if len(targets) == 1 else tuple(targets)
+
+
+def functional_of(op):
+    """The functional overload computing what ``op`` (in-place or ``out=``) writes, or None."""
+    return _functional_of(op)
+
+
+_FUNCTIONAL: dict = {}
+
+
+def _functional_of(op):
+    if op in _FUNCTIONAL:
+        return _FUNCTIONAL[op]
+    schema = op._schema
+    name = schema.name.split("::")[-1]
+    base = name[:-1] if name.endswith("_") else name
+    ins = [a.name for a in schema.arguments if not (a.alias_info is not None and a.alias_info.is_write
+                                                   and a.kwarg_only)]
+    found = None
+    packet = getattr(torch.ops.aten, base, None)
+    if packet is not None:
+        for overload in packet.overloads():
+            cand = getattr(packet, overload)
+            cs = cand._schema
+            if cs.is_mutable:
+                continue
+            if [a.name for a in cs.arguments] == ins:
+                found = cand
+                break
+    _FUNCTIONAL[op] = found
+    return found
+
+
+def _mutating(op, args, kwargs):
+    functional = _functional_of(op)
+    targets = _written(op, args, kwargs)
+    if functional is None or not targets:
+        flat = tree_flatten((args, kwargs))[0]
+        index = _device_of(flat, kwargs)
+        label = _label(op)
+        key = (op, index, _strict(), "host")
+        route = _CACHE.get(key)
+        if route is None:
+            route = _CACHE[key] = _host(op, index, label, "no functional form to plan")
+        h_args, h_kwargs = _host_args(args, kwargs)
+        host_targets = _written(op, h_args, h_kwargs)
+        STATS["host_fallback_ops"] += 1
+        ROUTES[(label, "host fallback")] += 1
+        with torch.no_grad():
+            out = op(*h_args, **h_kwargs)
+        _write_back(targets, host_targets)
+        if targets:
+            return targets[0] if len(targets) == 1 else tuple(targets)
+        return _on_host_result(out, index)
+    schema = op._schema
+    f_args, f_kwargs = [], {}
+    bound = {}
+    for i, arg in enumerate(schema.arguments):
+        if arg.name in kwargs:
+            bound[arg.name] = kwargs[arg.name]
+        elif i < len(args) and not arg.kwarg_only:
+            bound[arg.name] = args[i]
+    for arg in functional._schema.arguments:
+        if arg.name not in bound:
+            continue
+        if arg.kwarg_only:
+            f_kwargs[arg.name] = bound[arg.name]
+        else:
+            f_args.append(bound[arg.name])
+    result = _functional(functional, tuple(f_args), f_kwargs)
+    results = list(result) if isinstance(result, (tuple, list)) else [result]
+    with torch.no_grad():
+        _write_back(targets, results[:len(targets)])
+    return targets[0] if len(targets) == 1 else tuple(targets)
+
+
+def _host_args(args, kwargs):
+    from torch.utils._pytree import tree_map
+
+    return tree_map(_to_host, (args, kwargs))
+
+
+def _on_host_result(out, index):
+    from torch.utils._pytree import tree_map
+
+    return tree_map(lambda x: _to_device(x, index), out)
