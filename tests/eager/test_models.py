@@ -3,8 +3,11 @@ CPU, an MLP trained on another chip, lazy mode's fused plans, and torch.compile 
 npu tensors.
 
 Tolerances: npu:0 is TFL-X1, which has a float32 unit; its kernels accumulate in float32
-in another order than MKL, so forward outputs agree to ~1e-5 relative and gradients, which
-go through ~60 more reductions, to 1e-3 of their largest magnitude. npu:1 (NPU-V3) computes
+in another order than MKL, so forward outputs agree to ~1e-5 relative (checked at 1e-4 of
+the largest magnitude) and each parameter's gradient, after ~60 more reductions and
+training-mode batch-norms, to ~2e-5 in relative norm (checked at 5e-4; measured: 1.7e-5 at
+64x64, batch 2; at 32x32 layer4's batch-norm sees 2 values per channel and amplifies
+rounding to 1 %, so the test uses 64x64). npu:1 (NPU-V3) computes
 in float16: the MLP is compared against CPU float32 on the same float16 weights, within
 float16's resolution (2^-10) times the depth of the sums (atol 3e-2 on values of order 1).
 """
@@ -16,7 +19,7 @@ import torch
 from torchfl.planner.zoo import _resnet_classes
 
 
-def _resnet18(image=32, batch=2):
+def _resnet18(image=64, batch=2):
     basic, _bottleneck, resnet = _resnet_classes()
     torch.manual_seed(0)
     return resnet(basic, [2, 2, 2, 2]), torch.randn(batch, 3, image, image)
@@ -25,6 +28,13 @@ def _resnet18(image=32, batch=2):
 def _close(got, ref, rel):
     scale = max(float(ref.abs().max()), 1e-6)
     assert float((got.detach().cpu().float() - ref.float()).abs().max()) <= rel * scale
+
+
+def _close_norm(got, ref, rel):
+    ref = ref.detach().float()
+    err = float((got.detach().cpu().float() - ref).norm())
+    scale = max(float(ref.norm()), 1e-12)
+    assert err <= rel * scale, err / scale
 
 
 def test_resnet18_forward_and_training_step(fp32_dev):
@@ -51,8 +61,8 @@ def test_resnet18_forward_and_training_step(fp32_dev):
         opt.step()
     for (name, p), q in zip(cpu.named_parameters(), npu.parameters()):
         assert q.device == torch.device(fp32_dev)
-        _close(q.grad, p.grad, 1e-3)
-        _close(q, p, 1e-4)
+        _close_norm(q.grad, p.grad, 5e-4)
+        _close_norm(q, p, 5e-4)                            # biases start at 0: the step is all of them
     for (name, b), c in zip(cpu.named_buffers(), npu.buffers()):
         _close(c, b, 1e-4)                                     # running statistics
 

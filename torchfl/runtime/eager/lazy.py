@@ -172,6 +172,8 @@ def flush_all() -> None:
 
 def _replay(rec, alive):
     """The recorded ops as a function of the external inputs, returning the alive outputs."""
+    from .ops import _TRACE_AS as trace_as
+
     aten = torch.ops.aten
 
     def program(*inputs):
@@ -194,7 +196,7 @@ def _replay(rec, alive):
                 else:
                     vals.append(r)
             a, k = tree_unflatten(vals, spec)
-            out = op(*a, **k)
+            out = trace_as.get(op, op)(*a, **k)
             for pos, o in enumerate(tree_flatten(out)[0]):
                 env[(i, pos)] = o
         return tuple(env[(n, pos)] for n, pos in alive)
@@ -242,6 +244,8 @@ def _run(rec):
         examples = [torch.empty_strided(tuple(t.shape), tuple(t.stride()), dtype=t.dtype) for t in rec.inputs]
         with torch.no_grad():
             gm = make_fx(_replay(rec, alive), decomposition_table=table, tracing_mode="fake")(*examples)
+        _ops._drop_dead(gm)
+        writes = _ops.functionalize_input_writes(gm)
         placeholders = [(p.name, "input", i) for i, p in enumerate(n for n in gm.graph.nodes if n.op == "placeholder")]
         out_node = next(n for n in gm.graph.nodes if n.op == "output")
         outputs = [a.name if isinstance(a, torch.fx.Node) else None for a in tree_flatten(out_node.args[0])[0]]
@@ -251,15 +255,17 @@ def _run(rec):
         plan = plan_captured(captured, rec.inputs, hcd, packs, precision=_ops.eager_precision(), strict=strict)
         executor = EagerExecutor(plan, _dev.chip_of(rec.index), rec.index, graph_module=gm, strict=strict,
                                  static_inputs=static)
-        entry = _GRAPHS[key] = (plan, executor)
+        entry = _GRAPHS[key] = (plan, executor, writes)
         STATS["graphs_planned"] += 1
-    plan, executor = entry
+    plan, executor, writes = entry
     _LAST["plan"] = plan
     results = executor.run(tuple(rec.inputs))
     with torch.no_grad():
         for t, r in zip(targets, results):
             if isinstance(r, torch.Tensor):
                 t.copy_(r)
+        for i, r in zip(writes, results[len(results) - len(writes):] if writes else ()):
+            rec.inputs[i].copy_(r)      # running statistics a training-mode batch-norm updates
     _ops.STATS["lazy_graph_ops"] += len(rec.nodes)
     del results
 

@@ -147,15 +147,22 @@ class _ChipRoute:
 
     kind = "chip"
 
-    def __init__(self, plan, executor, out_spec, label, fallback: bool):
+    def __init__(self, plan, executor, out_spec, label, fallback: bool, writes=()):
         self.plan, self.executor, self.out_spec, self.label = plan, executor, out_spec, label
         self.fallback = fallback
+        self.writes = tuple(writes)    # input positions the op updates in place (extra outputs)
 
     def run(self, tensors):
-        flat = self.executor.run(tensors)
+        flat = list(self.executor.run(tensors))
         STATS["host_fallback_ops" if self.fallback else "chip_ops"] += 1
         ROUTES[(self.label, "host fallback" if self.fallback else "chip")] += 1
-        return tree_unflatten(list(flat), self.out_spec)
+        if self.writes:
+            n = len(flat) - len(self.writes)
+            with torch.no_grad():
+                for i, value in zip(self.writes, flat[n:]):
+                    tensors[i].copy_(value)
+            flat = flat[:n]
+        return tree_unflatten(flat, self.out_spec)
 
 
 class _HostRoute:
@@ -178,22 +185,76 @@ def _label(op) -> str:
     return aten_name(str(op))
 
 
+def _native_batch_norm(input, weight, bias, running_mean, running_var, training, momentum, eps):
+    """``native_batch_norm`` as the compile path captures it: in inference
+    ``_native_batch_norm_legit_no_training`` (the fusion rules' spelling). In training it
+    writes its running statistics although its schema does not say so: trace it as the
+    functional form the rules map (which returns the new statistics) plus the writes (``functionalize_input_writes`` turns them into
+    outputs copied back after the run)."""
+    aten = torch.ops.aten
+    if running_mean is None or running_var is None:
+        return aten.native_batch_norm.default(input, weight, bias, running_mean, running_var, training,
+                                              momentum, eps)
+    if not training:    # the spelling torch.export gives, which the fusion rules match
+        return aten._native_batch_norm_legit_no_training.default(input, weight, bias, running_mean,
+                                                                 running_var, momentum, eps)
+    out, mean, invstd, new_mean, new_var = aten._native_batch_norm_legit_functional.default(
+        input, weight, bias, running_mean, running_var, True, momentum, eps)
+    running_mean.copy_(new_mean)
+    running_var.copy_(new_var)
+    return out, mean, invstd
+
+
+_TRACE_AS = {torch.ops.aten.native_batch_norm.default: _native_batch_norm}
+
+
 def _trace(op, flat, spec, tensors, table):
     """The op alone as a core-ATen FX graph over its tensor arguments."""
     from torch.fx.experimental.proxy_tensor import make_fx
 
     is_tensor = [isinstance(a, torch.Tensor) for a in flat]
+    call = _TRACE_AS.get(op, op)
 
     def one_op(*ts):
         it = iter(ts)
         vals = [next(it) if t else a for a, t in zip(flat, is_tensor)]
         a, k = tree_unflatten(vals, spec)
-        return op(*a, **k)
+        return call(*a, **k)
 
     examples = [torch.empty_strided(tuple(t.shape), tuple(t.stride()), dtype=t.dtype) for t in tensors]
     with torch.no_grad():
         gm = make_fx(one_op, decomposition_table=table, tracing_mode="fake")(*examples)
+    _drop_dead(gm)
     return gm
+
+
+def functionalize_input_writes(gm) -> list:
+    """Ops that write their inputs without saying so in their schema (a training-mode
+    ``native_batch_norm`` updates its running statistics) trace as ``copy_`` into a
+    placeholder. Each such write becomes an extra graph output, appended after the
+    original output (which becomes element 0 of a tuple); returns the written
+    placeholders' positions, in the order of the extra outputs."""
+    aten = torch.ops.aten
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    writes = []
+    for node in list(gm.graph.nodes):
+        if node.op == "call_function" and node.target is aten.copy_.default and node.args[0] in placeholders:
+            dst, src = node.args[0], node.args[1]
+            node.replace_all_uses_with(src)
+            gm.graph.erase_node(node)
+            writes.append((placeholders.index(dst), src))
+    if writes:
+        out = next(n for n in gm.graph.nodes if n.op == "output")
+        out.args = ((out.args[0],) + tuple(src for _i, src in writes),)
+        gm.recompile()
+    return [i for i, _src in writes]
+
+
+def _drop_dead(gm) -> None:
+    """Remove the unread ``getitem`` nodes make_fx leaves behind (the planner folds a
+    multi-output node's getitems into it and expects each to be read)."""
+    if gm.graph.eliminate_dead_code():
+        gm.recompile()
 
 
 def _decompositions(packs) -> dict:
@@ -226,7 +287,9 @@ def _build(op, index, flat, spec, tensors):
                                        f"{str(exc).strip().splitlines()[0] if str(exc).strip() else ''})")
     placeholders = [(n.name, "input", i) for i, n in enumerate(n for n in gm.graph.nodes if n.op == "placeholder")]
     out_node = next(n for n in gm.graph.nodes if n.op == "output")
-    out_flat, out_spec = tree_flatten(out_node.args[0])
+    out_spec = tree_flatten(out_node.args[0])[1]
+    writes = functionalize_input_writes(gm)
+    out_flat = tree_flatten(out_node.args[0])[0]
     outputs = [a.name if isinstance(a, torch.fx.Node) else None for a in out_flat]
     captured = Captured(gm, placeholders, {}, outputs, training=False)
     strict = _strict()
@@ -236,7 +299,7 @@ def _build(op, index, flat, spec, tensors):
         raise          # hard constraints, precision, strict: the compile path's own errors
     executor = EagerExecutor(plan, _dev.chip_of(index), index, graph_module=gm, strict=strict)
     STATS["plans"] += 1
-    return _ChipRoute(plan, executor, out_spec, label, fallback=bool(plan.fallbacks))
+    return _ChipRoute(plan, executor, out_spec, label, fallback=bool(plan.fallbacks), writes=writes)
 
 
 def _host(op, index, label, reason):
