@@ -26,9 +26,9 @@ _LIVE: dict = {}          # address -> DeviceBuffer owned by a torch npu storage
 
 def _resolve_names() -> tuple:
     env = os.environ.get("TORCHFL_DEVICES", "").strip()
-    from torchfl.registry import Registry
+    from torchfl.planner.target import registered_chips
 
-    registered = sorted(s.name for s in Registry(None).chips())
+    registered = registered_chips()
     if not env:
         return tuple(registered)
     names = tuple(n.strip() for n in env.split(",") if n.strip())
@@ -79,11 +79,17 @@ def adapter_current() -> int:
     return adapter().current_device()
 
 
+def target_of(index=None):
+    """The resolved :class:`~torchfl.planner.target.Target` of device ``index`` (HCD, rule
+    packs, ChipModel, content hash), from the default registry."""
+    from torchfl.planner.target import resolve_target
+
+    return resolve_target(chip_names()[_index(index)])
+
+
 def chip_of(index=None):
     """The :class:`~torchfl.kernels.ChipModel` of device ``index``."""
-    from torchfl.runtime.device import chip_model
-
-    return chip_model(chip_names()[_index(index)])
+    return target_of(index).model
 
 
 def memory_of(index=None):
@@ -93,15 +99,13 @@ def memory_of(index=None):
     if mem is None:
         from torchfl.runtime.device import device_memory
 
-        mem = _MEMORY[i] = device_memory(chip_of(i))
+        mem = _MEMORY[i] = device_memory(target_of(i))
     return mem
 
 
 def hcd_of(index=None):
     """The chip's HCD (from the registry, as the planner reads it)."""
-    from torchfl.planner.source import resolve
-
-    return resolve(chip_names()[_index(index)])[0]
+    return target_of(index).hcd
 
 
 # ---------------------------------------------------------------- the adapter's callbacks

@@ -216,7 +216,6 @@ def _run(rec):
 
     from torchfl.planner.api import plan_captured
     from torchfl.planner.capture import Captured
-    from torchfl.planner.source import resolve
 
     from . import device as _dev
     from . import ops as _ops
@@ -236,11 +235,8 @@ def _run(rec):
            tuple((tuple(t.shape), t.dtype, tuple(t.stride())) for t in rec.inputs))
     entry = _GRAPHS.get(key)
     if entry is None:
-        chip = _dev.chip_names()[rec.index]
-        hcd, packs = resolve(chip)
-        table = _ops._TABLES.get(id(packs))
-        if table is None:
-            table = _ops._TABLES[id(packs)] = _ops._decompositions(packs)
+        target = _dev.target_of(rec.index)
+        table = _ops.decompositions(target.packs)
         examples = [torch.empty_strided(tuple(t.shape), tuple(t.stride()), dtype=t.dtype) for t in rec.inputs]
         with torch.no_grad():
             gm = make_fx(_replay(rec, alive), decomposition_table=table, tracing_mode="fake")(*examples)
@@ -252,8 +248,8 @@ def _run(rec):
         captured = Captured(gm, placeholders, {}, outputs, training=False,
                             extra={"unbatched": [placeholders[i][0] for i in static]})
         strict = _ops._strict()
-        plan = plan_captured(captured, rec.inputs, hcd, packs, precision=_ops.eager_precision(), strict=strict)
-        executor = EagerExecutor(plan, _dev.chip_of(rec.index), rec.index, graph_module=gm, strict=strict,
+        plan = plan_captured(captured, rec.inputs, target, precision=_ops.eager_precision(), strict=strict)
+        executor = EagerExecutor(plan, target, rec.index, graph_module=gm, strict=strict,
                                  static_inputs=static)
         entry = _GRAPHS[key] = (plan, executor, writes)
         STATS["graphs_planned"] += 1

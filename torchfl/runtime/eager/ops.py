@@ -99,7 +99,7 @@ def _ensure_functional_routes():
     if _ROUTES_READY:
         return
     _ROUTES_READY = True
-    from torchfl.planner.source import bundled_packs
+    from torchfl.planner.target import bundled_packs
 
     from .routing import register_functional
 
@@ -257,6 +257,14 @@ def _drop_dead(gm) -> None:
         gm.recompile()
 
 
+def decompositions(packs) -> dict:
+    """The one-op decomposition table for ``packs`` (cached per pack tuple)."""
+    table = _TABLES.get(id(packs))
+    if table is None:
+        table = _TABLES[id(packs)] = (packs, _decompositions(packs))   # packs kept: ids stay unique
+    return table[1]
+
+
 def _decompositions(packs) -> dict:
     """Core ATen, except what a rule maps whole (the compile path's training table) and
     the ops the inference capture keeps (linear, conv2d, attention...)."""
@@ -270,16 +278,12 @@ def _build(op, index, flat, spec, tensors):
     from torchfl.planner.api import plan_captured
     from torchfl.planner.capture import Captured, CaptureError
     from torchfl.planner.errors import PlanError
-    from torchfl.planner.source import resolve
 
     from .executor import EagerExecutor
 
     label = _label(op)
-    chip = _dev.chip_names()[index]
-    hcd, packs = resolve(chip)
-    table = _TABLES.get(id(packs))
-    if table is None:
-        table = _TABLES[id(packs)] = _decompositions(packs)
+    target = _dev.target_of(index)
+    table = decompositions(target.packs)
     try:
         gm = _trace(op, flat, spec, tensors, table)
     except Exception as exc:   # an op with no meta/fake kernel, data-dependent output shapes
@@ -294,10 +298,10 @@ def _build(op, index, flat, spec, tensors):
     captured = Captured(gm, placeholders, {}, outputs, training=False)
     strict = _strict()
     try:
-        plan = plan_captured(captured, tensors, hcd, packs, precision=eager_precision(), strict=strict)
+        plan = plan_captured(captured, tensors, target, precision=eager_precision(), strict=strict)
     except (PlanError, CaptureError):
         raise          # hard constraints, precision, strict: the compile path's own errors
-    executor = EagerExecutor(plan, _dev.chip_of(index), index, graph_module=gm, strict=strict)
+    executor = EagerExecutor(plan, target, index, graph_module=gm, strict=strict)
     STATS["plans"] += 1
     return _ChipRoute(plan, executor, out_spec, label, fallback=bool(plan.fallbacks), writes=writes)
 
