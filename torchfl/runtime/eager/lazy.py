@@ -246,7 +246,7 @@ def _run(rec):
         out_node = next(n for n in gm.graph.nodes if n.op == "output")
         outputs = [a.name if isinstance(a, torch.fx.Node) else None for a in tree_flatten(out_node.args[0])[0]]
         captured = Captured(gm, placeholders, {}, outputs, training=False,
-                            extra={"unbatched": [placeholders[i][0] for i in static]})
+                            extra={"unbatched": _ops.unbatched_inputs(placeholders, rec.inputs)})
         strict = _ops._strict()
         plan = plan_captured(captured, rec.inputs, target, precision=_ops.eager_precision(), strict=strict)
         executor = EagerExecutor(plan, target, rec.index, graph_module=gm, strict=strict,

@@ -133,8 +133,9 @@ def _arg_key(a):
         from torchfl.planner.constraints import tensor_layout
 
         dense = a.is_contiguous() or tensor_layout(a) is not None
+        weight = isinstance(a, torch.nn.Parameter) or isinstance(getattr(a, "_base", None), torch.nn.Parameter)
         return ("T", a.device.type, tuple(a.shape), a.dtype, tensor_layout(a) if dense else tuple(a.stride()),
-                a.requires_grad and torch.is_grad_enabled())
+                a.requires_grad and torch.is_grad_enabled(), weight)
     if isinstance(a, float) and a != a:
         return ("nan",)
     return (type(a).__name__, a)
@@ -295,7 +296,8 @@ def _build(op, index, flat, spec, tensors):
     writes = functionalize_input_writes(gm)
     out_flat = tree_flatten(out_node.args[0])[0]
     outputs = [a.name if isinstance(a, torch.fx.Node) else None for a in out_flat]
-    captured = Captured(gm, placeholders, {}, outputs, training=False)
+    captured = Captured(gm, placeholders, {}, outputs, training=False,
+                        extra={"unbatched": unbatched_inputs(placeholders, tensors)})
     strict = _strict()
     try:
         plan = plan_captured(captured, tensors, target, precision=eager_precision(), strict=strict)
@@ -304,6 +306,19 @@ def _build(op, index, flat, spec, tensors):
     executor = EagerExecutor(plan, target, index, graph_module=gm, strict=strict)
     STATS["plans"] += 1
     return _ChipRoute(plan, executor, out_spec, label, fallback=bool(plan.fallbacks), writes=writes)
+
+
+def unbatched_inputs(placeholders, tensors) -> list:
+    """Placeholders exempt from ``max_batch_size``, as the compile path exempts its lifted
+    weights and every input of a backward graph: parameters (and views of them: ``w.t()``
+    of a linear layer), vectors (biases, a batch-norm's running statistics: an eager op
+    cannot tell a module's buffer from an activation, and a batch is never 1-D here) and,
+    inside the autograd engine, every input of a backward op."""
+    if torch._C._current_autograd_node() is not None:
+        return [name for name, _k, _i in placeholders]
+    return [name for (name, _k, _i), t in zip(placeholders, tensors)
+            if t.dim() <= 1 or isinstance(t, torch.nn.Parameter)
+            or isinstance(getattr(t, "_base", None), torch.nn.Parameter)]
 
 
 def _host(op, index, label, reason):
@@ -325,7 +340,8 @@ class _Fallback:
 def _functional(op, args, kwargs):
     flat, spec = tree_flatten((args, kwargs))
     index = _device_of(flat, kwargs)
-    key = (op, index, _strict(), eager_precision(), str(spec), tuple(_arg_key(a) for a in flat))
+    key = (op, index, _strict(), eager_precision(), torch._C._current_autograd_node() is not None, str(spec),
+           tuple(_arg_key(a) for a in flat))
     route = _CACHE.get(key)
     tensors = [a for a in flat if isinstance(a, torch.Tensor)]
     if route is None:
