@@ -264,6 +264,9 @@ class CompiledGraph:
         sig = _signature(args, self.scalar_positions)
         entry = self.entries.get(sig)
         if entry is None:
+            from .logs import announce_compiles
+
+            announce_compiles()
             try:
                 plan, user = self._plan(args)
                 static = _static_positions([args[i] for i in user])
