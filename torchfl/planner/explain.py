@@ -101,6 +101,8 @@ def _text(plan) -> str:
             lines.append(" " * (widths[0] + 2) + "-> " + note)
     lines.append(f"Total: predicted {_time(s.predicted_time_s)}, {_bytes(s.predicted_bytes)} off-chip, "
                  f"{s.predicted_flops:.4g} ops  (* = static: depends only on parameters, may run once)")
+    if plan.memory is not None:
+        lines.append(memory_line(plan))
     if plan.rejected:
         lines.append(f"Rejected alternatives ({len(plan.rejected)}):")
         for r in plan.rejected[:MAX_REJECTED_TEXT]:
@@ -119,6 +121,19 @@ def _text(plan) -> str:
     for note in plan.notes:
         lines.append(f"Note: {note}")
     return "\n".join(lines) + "\n"
+
+
+def memory_line(plan) -> str:
+    """One line: the plan's peak device memory, the step where it occurs, what it holds."""
+    from torchfl.planner.memory import fmt_bytes
+
+    mp = plan.memory
+    where = "during the uploads" if mp.peak_step < 0 else f"at step {mp.peak_step}"
+    cap = "no capacity given (off_chip_memory.size_gb)" if mp.capacity is None else \
+        f"{100 * mp.peak_bytes / mp.capacity:.1f}% of {fmt_bytes(mp.capacity)}"
+    parts = ", ".join(f"{k} {fmt_bytes(n)}" for k, n in mp.breakdown().items() if n)
+    return (f"Device memory: peak {fmt_bytes(mp.peak_bytes)} {where} ({parts}); {cap}; "
+            f"{fmt_bytes(mp.resident_bytes)} stays resident between calls")
 
 
 _PALETTE = ("#8dd3c7", "#ffffb3", "#bebada", "#fb8072", "#80b1d3", "#fdb462", "#b3de69", "#fccde5",

@@ -57,6 +57,14 @@ of a rank-r tensor are given by :func:`identity_layout`. ``layouts_in[i]`` is th
 which ``inputs[i]`` must be stored (the value's own layout: the planner inserts a ``layout``
 step before a consumer whenever they differ); ``layout_out`` is that of every output.
 
+Memory
+------
+``plan.memory`` is its :class:`~torchfl.planner.memory.MemoryPlan`: every device buffer
+(size as the allocator accounts it, the step that allocates it, the step after which the
+executor frees it), the bytes live at each step and the peak. The executor frees exactly
+what it says; a plan whose peak exceeds the chip's ``off_chip_memory.size_gb`` is refused
+by the planner before anything runs.
+
 Everything here is JSON-serialisable deterministically: ``plan.to_json()`` is
 byte-identical for the same model, chip and options in any process.
 """
@@ -96,6 +104,14 @@ class _Data:
 
     def to_dict(self) -> dict[str, Any]:
         return {f.name: _jsonable(getattr(self, f.name)) for f in fields(self) if f.metadata.get("json", True)}
+
+
+def _memory_from(data):
+    if not data:
+        return None
+    from torchfl.planner.memory import MemoryPlan
+
+    return MemoryPlan.from_dict(data)
 
 
 def _tuple(value: Any) -> Any:
@@ -254,6 +270,7 @@ class Plan(_Data):
     summary: Summary
     notes: tuple[str, ...] = ()
     folded: tuple[Fallback, ...] = ()
+    memory: Any = None  # its MemoryPlan (torchfl.planner.memory): live buffers per step, the peak
     capture: Capture | None = field(default=None, compare=False, repr=False, metadata={"json": False})
 
     def to_json(self, indent: int | None = 2) -> str:
@@ -299,6 +316,7 @@ class Plan(_Data):
             summary=build(Summary, data["summary"]),
             notes=tuple(data.get("notes", ())),
             folded=tuple(build(Fallback, f) for f in data.get("folded", ())),
+            memory=_memory_from(data.get("memory")),
         )
 
     @classmethod
