@@ -7,6 +7,7 @@ import traceback
 
 from registry_gen import hcd_text, many
 
+from torchfl.registry.names import HEAD
 from torchfl.registry import Registry
 
 PROCS = 8
@@ -94,5 +95,5 @@ def test_concurrent_init_of_a_fresh_registry(registry_url):
     for p in procs:
         p.join(timeout=60)
     assert [k for k, _ in out] == ["ok"] * 4, [d for k, d in out if k == "error"][:1]
-    assert sorted(str(v[0]) for _, v in out) == ["0002", "0002", "0002", "None"]
-    assert Registry(registry_url).schema_revision() == "0002"
+    assert sorted(str(v[0]) for _, v in out) == [HEAD, HEAD, HEAD, "None"]
+    assert Registry(registry_url).schema_revision() == HEAD

@@ -13,6 +13,7 @@ from pathlib import Path
 
 import pytest
 
+from torchfl.registry.names import HEAD
 from torchfl.resources import bundled_hcds
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -56,7 +57,7 @@ def test_first_use(registry_url, tmp_path):
         assert "not a torchfl registry" in err and "torchfl registry init" in err
         p = _cli(env, "init")
         out, err = p.communicate(timeout=120)
-        assert p.returncode == 0 and "created schema 0002" in out and "bundled: " in out, err
+        assert p.returncode == 0 and f"created schema {HEAD}" in out and "bundled: " in out, err
         out, err = _cli(env, "list", "--json").communicate(timeout=120)
         assert {c["name"] for c in json.loads(out)["chips"]} == expected
 

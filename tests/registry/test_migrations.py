@@ -10,7 +10,9 @@ from torchfl.registry.engine import WRITE, create_registry_engine
 from torchfl.registry.names import HEAD, REVISIONS
 from torchfl.registry.schema import metadata
 
-TABLES = {"alembic_version", "imports", "chip_versions", "pack_versions"}
+TABLES = {"alembic_version", "imports", "chip_versions", "pack_versions", "conformance_runs", "conformance_results",
+          "route_runs", "route_counts"}
+EVIDENCE = {"conformance_runs", "conformance_results", "route_runs", "route_counts"}
 
 
 def _tables(engine) -> set[str]:
@@ -39,8 +41,10 @@ def test_upgrade_downgrade_upgrade(registry_url, engine):
     with Registry(registry_url) as r:
         r.import_texts([("a.hcd", hcd_text("A-1"))])
         assert r.schema_revision() == HEAD
+    _migrate(engine, migrate.downgrade, "0002")
+    assert _tables(engine) == TABLES - EVIDENCE
     _migrate(engine, migrate.downgrade, "0001")
-    assert _tables(engine) == TABLES - {"pack_versions"}
+    assert _tables(engine) == TABLES - EVIDENCE - {"pack_versions"}
     _migrate(engine, migrate.downgrade, "base")
     assert _tables(engine) <= {"alembic_version"}
     _migrate(engine, migrate.upgrade, "head")

@@ -188,6 +188,9 @@ class Registry:
         elif self.is_default and self._default_stamp_stale():
             self._refresh_default()
         revision = self.schema_revision()
+        if self.is_default and revision in REVISIONS and revision != HEAD:
+            self.upgrade()  # torchfl owns its default registry: bring it to this version's schema
+            revision = self.schema_revision()
         if revision is None:
             raise RegistryUnavailable(
                 f"{self.display_url} is not a torchfl registry (it has no schema version table); point --registry "
@@ -469,6 +472,67 @@ class Registry:
         from torchfl.registry.diff import diff
 
         return diff(self.record(name, v1, kind=kind).canonical, self.record(name, v2, kind=kind).canonical)
+
+    # ------------------------------------------------------------------ evidence (see evidence.py)
+
+    def identity(self, chip: str, version: str | None = None):
+        """The :class:`~torchfl.registry.evidence.RunIdentity` of a chip version with the latest packs."""
+        from torchfl.registry.evidence import RunIdentity
+
+        rec = self.record(chip, version)
+        packs = tuple(sorted((s.name, s.latest, self.record(s.name, s.latest, kind="pack").content_hash)
+                             for s in self.packs()))
+        return RunIdentity(rec.name, rec.version, rec.content_hash, packs, _tool_version())
+
+    def record_conformance(self, identity, *, harness_hash: str, started_at: datetime, settings: dict,
+                           results: list[dict]) -> int:
+        """Store one conformance run and its verdicts, in one transaction; returns the run id."""
+        from torchfl.registry.evidence import check_result, write_conformance
+
+        for r in results:  # refuse a bad row before opening the transaction
+            check_result(r)
+        self.record(identity.chip_name, identity.chip_version)  # the chip must be published
+        with self._write() as conn:
+            return write_conformance(conn, identity, harness_hash=harness_hash, started_at=started_at,
+                                     settings=settings, results=results)
+
+    def record_routes(self, identity, *, model: str, precision: str | None, routes: dict) -> int:
+        """Store one model run's route counts ``{op: {route: count}}``; returns the run id."""
+        from torchfl.registry.evidence import write_routes
+
+        self.record(identity.chip_name, identity.chip_version)
+        with self._write() as conn:
+            return write_routes(conn, identity, model=model, precision=precision, routes=routes)
+
+    def evidence(self, *, chip: str | None = None, op: str | None = None) -> list:
+        """The latest conformance verdict per (chip, op, dtype, layout), each marked stale when
+        its chip version or rule packs are no longer the registry's latest."""
+        from torchfl.registry.evidence import mark_stale, read_evidence
+
+        with self._read() as r:
+            rows = read_evidence(r, chip=chip, op=op)
+        current = {}
+        for name in sorted({e.identity.chip_name for e in rows}):
+            try:
+                ident = self.identity(name)
+            except NotFound:
+                continue
+            current[name] = (ident.chip_version, ident.chip_hash, ident.packs)
+        return mark_stale(rows, current)
+
+    def conformance_runs(self, *, chip: str | None = None) -> list[dict]:
+        """Every conformance run, newest first, with its verdict counts."""
+        from torchfl.registry.evidence import read_runs
+
+        with self._read() as r:
+            return read_runs(r, chip=chip)
+
+    def routes(self, chip: str, *, model: str | None = None) -> list[dict]:
+        """Recorded model runs' route counts on ``chip``, newest first."""
+        from torchfl.registry.evidence import read_routes
+
+        with self._read() as r:
+            return read_routes(r, chip=chip, model=model)
 
     def _not_found(self, r, kind: str, name: str) -> NotFound:
         names = [row[0] for row in r.rows(f"SELECT DISTINCT name FROM {TABLE_NAMES[kind]}")]

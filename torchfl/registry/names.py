@@ -5,8 +5,11 @@ with the Alembic scripts' head.
 """
 
 #: Alembic revisions this code knows, oldest first; the last is the one it writes.
-REVISIONS = ("0001", "0002")
+REVISIONS = ("0001", "0002", "0003")
 HEAD = REVISIONS[-1]
 
 #: kind -> table of published versions
 TABLE_NAMES = {"chip": "chip_versions", "pack": "pack_versions"}
+
+#: evidence tables (revision 0003): conformance runs and their verdicts, model route counts
+EVIDENCE_TABLES = ("conformance_runs", "conformance_results", "route_runs", "route_counts")

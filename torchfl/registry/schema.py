@@ -10,7 +10,7 @@ inserted, and each row carries the SHA-256 of its canonical JSON.
 
 from __future__ import annotations
 
-from sqlalchemy import (Column, DateTime, ForeignKey, Integer, MetaData, String, Table, Text,
+from sqlalchemy import (Column, DateTime, Float, ForeignKey, Integer, MetaData, String, Table, Text,
                         UniqueConstraint)
 
 from torchfl.registry.names import HEAD, REVISIONS, TABLE_NAMES  # noqa: F401  (re-exported)
@@ -66,3 +66,67 @@ pack_versions = Table(
 )
 
 TABLES = {"chip": chip_versions, "pack": pack_versions}
+
+
+def _run_identity():
+    """What an evidence run is tied to: the chip version by content, the rule packs
+    (JSON list of [name, version, content_hash]) and the torchfl version."""
+    return [
+        Column("id", Integer, primary_key=True, autoincrement=True),
+        Column("chip_name", String(64), nullable=False, index=True),
+        Column("chip_version", String(128), nullable=False),
+        Column("chip_hash", String(64), nullable=False),
+        Column("packs", Text, nullable=False),
+        Column("tool_version", String(32), nullable=False),
+    ]
+
+
+#: One ``torchfl conformance`` run (revision 0003); append-only, like every evidence table.
+conformance_runs = Table(
+    "conformance_runs", metadata,
+    *_run_identity(),
+    Column("harness_hash", String(64), nullable=False),
+    Column("started_at", DateTime(timezone=True), nullable=False),
+    Column("finished_at", DateTime(timezone=True), nullable=False),
+    Column("settings", Text, nullable=False),
+)
+
+#: Its verdict per (overload, dtype, layout); ``first_failure`` is JSON.
+conformance_results = Table(
+    "conformance_results", metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("run_id", Integer, ForeignKey("conformance_runs.id"), nullable=False),
+    Column("op", String(200), nullable=False, index=True),
+    Column("dtype", String(16), nullable=False),
+    Column("layout", String(32), nullable=False),
+    Column("verdict", String(16), nullable=False),
+    Column("samples", Integer, nullable=False),
+    Column("passed", Integer, nullable=False),
+    Column("failed", Integer, nullable=False),
+    Column("refused", Integer, nullable=False),
+    Column("max_abs_error", Float, nullable=True),
+    Column("max_rel_error", Float, nullable=True),
+    Column("reason", Text, nullable=True),
+    Column("first_failure", Text, nullable=True),
+    UniqueConstraint("run_id", "op", "dtype", "layout"),
+)
+
+#: One recorded model run's route accounting (``plan explain --analyze --record``).
+route_runs = Table(
+    "route_runs", metadata,
+    *_run_identity(),
+    Column("recorded_at", DateTime(timezone=True), nullable=False),
+    Column("model", String(200), nullable=False),
+    Column("precision", String(16), nullable=True),
+)
+
+#: Nodes per (ATen op, route) in that run; route is a kernel name, ``fold`` or ``fallback``.
+route_counts = Table(
+    "route_counts", metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("run_id", Integer, ForeignKey("route_runs.id"), nullable=False),
+    Column("op", String(200), nullable=False),
+    Column("route", String(64), nullable=False),
+    Column("count", Integer, nullable=False),
+    UniqueConstraint("run_id", "op", "route"),
+)
