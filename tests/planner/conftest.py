@@ -13,14 +13,16 @@ warnings.filterwarnings("ignore", category=FutureWarning)
 
 @pytest.fixture(scope="session")
 def chips():
-    from torchfl.planner.source import bundled_chips
+    """name -> HCD of the chips shipped with torchfl (validated)."""
+    from torchfl.hcd import load_hcd
+    from torchfl.resources import bundled_hcds
 
-    return bundled_chips()
+    return {hcd.chip.name: hcd for hcd in map(load_hcd, bundled_hcds())}
 
 
 @pytest.fixture(scope="session")
 def packs():
-    from torchfl.planner.source import bundled_packs
+    from torchfl.planner.target import bundled_packs
 
     return bundled_packs()
 

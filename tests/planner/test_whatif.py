@@ -50,10 +50,9 @@ def _with(hcd, path, value, version=None):
 
 
 def _chip(hcd):
-    from torchfl.planner.source import bundled_packs
-    from torchfl.planner.whatif import Chip
+    from torchfl.planner.target import Target
 
-    return Chip(hcd, bundled_packs())
+    return Target.of(hcd)
 
 
 def test_larger_memory_never_lowers_max_batch(chips):
@@ -82,43 +81,39 @@ def test_larger_memory_never_lowers_max_batch(chips):
 ])
 def test_halving_bandwidth_never_lowers_predicted_time(chips, model, options, chip, precision):
     from torchfl.planner.api import plan_captured
-    from torchfl.planner.source import bundled_packs
 
     cap, inputs = captured(model, **options)
     hcd = chips[chip]
     half = _with(hcd, ("memory", "off_chip_memory", "bandwidth_gb_per_s"), lambda bw: bw / 2)
-    t_full = plan_captured(cap, inputs, hcd, bundled_packs(), precision=precision).summary.predicted_time_s
-    t_half = plan_captured(cap, inputs, half, bundled_packs(), precision=precision).summary.predicted_time_s
+    t_full = plan_captured(cap, inputs, _chip(hcd), precision=precision).summary.predicted_time_s
+    t_half = plan_captured(cap, inputs, _chip(half), precision=precision).summary.predicted_time_s
     assert t_half >= t_full > 0
 
 
 def test_bound_resource_follows_bandwidth(chips):
     """Starve the off-chip link and a compute-heavy plan becomes memory-bound."""
     from torchfl.planner.api import plan_captured
-    from torchfl.planner.source import bundled_packs
     from torchfl.planner.whatif import bound_resource
-    from torchfl.kernels.chip import ChipModel
 
     cap, inputs = captured("resnet18", image=32)
-    slow = _with(chips["NPU-V3"], ("memory", "off_chip_memory", "bandwidth_gb_per_s"), 0.01)
-    plan = plan_captured(cap, inputs, slow, bundled_packs(), precision="float16")
-    assert bound_resource(plan, ChipModel.from_hcd(slow))[0] == "memory"
+    slow = _chip(_with(chips["NPU-V3"], ("memory", "off_chip_memory", "bandwidth_gb_per_s"), 0.01))
+    plan = plan_captured(cap, inputs, slow, precision="float16")
+    assert bound_resource(plan, slow.model)[0] == "memory"
 
 
 # ---------------------------------------------------------------- CLI, on a registry with chip versions
 
 @pytest.fixture(scope="module")
-def registry(tmp_path_factory, ):
+def registry(tmp_path_factory, chips):
     """A seeded registry plus NPU-V3 1.1.0 (NCHW, the layout its plans of small convs use,
     dropped from every unit) and 1.2.0 (16 attention heads dropped too), imported as HCDs."""
-    from torchfl.planner.source import bundled_chips
     from torchfl.registry import Registry
 
     tmp = tmp_path_factory.mktemp("whatif")
     url = f"sqlite:///{tmp / 'registry.db'}"
     reg = Registry(url)
     reg.init(seed=True)
-    base = bundled_chips()["NPU-V3"]
+    base = chips["NPU-V3"]
 
     def no_nchw(d):
         d["chip"]["version"] = "1.1.0"

@@ -65,10 +65,11 @@ def test_allocator_follows_the_memory_plan_step_by_step(name, chip, options, pre
 
 def _small_chip(size_gb):
     """NPU-V3 with ``size_gb`` of off-chip memory, under another name."""
-    from torchfl.hcd import load_hcd_text
-    from torchfl.planner.source import bundled_chips
+    from torchfl.hcd import load_hcd, load_hcd_text
+    from torchfl.resources import bundled_hcds
 
-    data = json.loads(bundled_chips()["NPU-V3"].canonical_json())
+    npu_v3 = next(h for h in map(load_hcd, bundled_hcds()) if h.chip.name == "NPU-V3")
+    data = json.loads(npu_v3.canonical_json())
     data["memory"]["off_chip_memory"]["size_gb"] = size_gb
     data["chip"]["name"] = "NPU-V3-SMALL"
     return load_hcd_text(json.dumps(data), "npu_v3_small.hcd")
@@ -80,22 +81,20 @@ def test_max_batch_runs_at_its_answer_and_one_more_is_refused_before_running():
     planner with the numbers, before any kernel runs."""
     from torchfl.planner import plan_module
     from torchfl.planner.memory import MemoryLimitError
-    from torchfl.planner.whatif import Chip, batched, max_batch
-    from torchfl.planner.source import bundled_packs
+    from torchfl.planner.target import Target
+    from torchfl.planner.whatif import batched, max_batch
     from torchfl.planner.zoo import load_model
 
     hcd = _small_chip(0.9 / 1024)
     module, inputs = load_model("mlp", batch=1, width=256, depth=2)
-    res = max_batch(module, inputs, Chip(hcd, bundled_packs()), precision="float16")
+    res = max_batch(module, inputs, Target.of(hcd), precision="float16")
     assert res.limit == "memory" and 1 < res.batch < hcd.constraints.max_batch_size, res.to_dict()
     cap = int(hcd.memory.off_chip_memory.size_gb * (1 << 30))
     assert res.capacity_bytes == cap and res.peak_bytes <= cap
 
     x = batched(inputs, res.batch)
     plan = plan_module(module, x, chip=hcd, precision="float16")
-    from torchfl.kernels.chip import ChipModel
-
-    ex, rec, _live = _measured(plan, x, ChipModel.from_hcd(hcd))
+    ex, rec, _live = _measured(plan, x)
     assert rec.peak_bytes == plan.memory.peak_bytes <= cap
     torch.testing.assert_close(ex.run(x)[0], module(*x), rtol=2e-2, atol=2e-2)   # fp16 storage, fp32 accumulation
     ex.release()

@@ -61,7 +61,7 @@ def explain(model, chip, batch, seq_len, heads, layers, precision, strict, fmt, 
     if analyze:
         if fmt == "dot":
             _fail("Error", "--analyze prints text or json; use --format text or --format json")
-        analysed = _analyze(result, inputs, registry)
+        analysed = _analyze(result, inputs)
         if fmt == "json":
             import json
 
@@ -73,7 +73,7 @@ def explain(model, chip, batch, seq_len, heads, layers, precision, strict, fmt, 
     click.echo(result.explain(fmt), nl=False)
 
 
-def _analyze(plan, inputs, registry):
+def _analyze(plan, inputs):
     """Run the plan once with a progress bar (the first call of each kernel JIT-compiles)."""
     from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -90,7 +90,7 @@ def _analyze(plan, inputs, registry):
             progress.update(task, completed=done, total=total,
                             description=f"step {done}/{total}: {step.kernel or step.kind}")
 
-        return analyze(plan, flat, registry=registry, progress=on_step)
+        return analyze(plan, flat, progress=on_step)
 
 
 def _fail(kind: str, message: str) -> None:

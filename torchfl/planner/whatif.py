@@ -17,7 +17,7 @@ from dataclasses import asdict, dataclass, field
 
 from torchfl.planner.errors import PlanError
 
-__all__ = ["Chip", "chip_of", "registry_chips", "auto_precision", "plan_on", "Planned", "plan_everywhere",
+__all__ = ["chip_of", "registry_chips", "auto_precision", "plan_on", "Planned", "plan_everywhere",
            "max_batch", "MaxBatch", "Probe", "compare", "impact", "Impact", "batched", "bound_resource",
            "training_peak"]
 
@@ -31,42 +31,16 @@ LIMIT_FIELDS = {
 
 # ---------------------------------------------------------------- chips
 
-@dataclass(frozen=True)
-class Chip:
-    """A chip to plan on: its HCD and the rule packs (a registry's, or the bundled ones)."""
+def chip_of(chip, registry=None, version: str | None = None):
+    """The :class:`~torchfl.planner.target.Target` of ``chip`` (a name, an HCD or a Target):
+    resolved as the planner does, or ``version`` of that name from the registry."""
+    from torchfl.planner.target import Target, resolve_target
 
-    hcd: object
-    packs: tuple
-
-    @property
-    def name(self) -> str:
-        return self.hcd.chip.name
-
-    @property
-    def version(self) -> str:
-        return str(self.hcd.chip.version)
-
-    @property
-    def model(self):
-        from torchfl.kernels.chip import ChipModel
-
-        return ChipModel.from_hcd(self.hcd)
-
-
-def chip_of(name_or_hcd, registry=None, version: str | None = None) -> Chip:
-    """A :class:`Chip` from a registry (latest or ``version``) or an HCD object."""
-    from torchfl.hcd import HCD
-    from torchfl.planner.source import bundled_packs, resolve
-
-    if isinstance(name_or_hcd, HCD):
-        _h, packs = resolve(name_or_hcd, registry) if registry is not None else (name_or_hcd, bundled_packs())
-        return Chip(name_or_hcd, packs)
     if version is None:
-        hcd, packs = resolve(name_or_hcd, registry)
-        return Chip(hcd, packs)
+        return resolve_target(chip, registry)
     reg = _open(registry)
-    _h, packs = resolve(name_or_hcd, reg)
-    return Chip(reg.chip(name_or_hcd, version), packs)
+    latest = resolve_target(chip, reg)
+    return Target.of(reg.chip(chip, version), latest.packs)
 
 
 def _open(registry):
@@ -114,7 +88,7 @@ class Planned:
         return self.error is None
 
 
-def plan_on(chip: Chip, captured, inputs, precision=None, backward=None) -> Planned:
+def plan_on(chip, captured, inputs, precision=None, backward=None) -> Planned:
     """Plan a capture (and a training capture's backward) on ``chip``; a planning error the
     chip's HCD causes is kept, not raised."""
     from torchfl.planner.api import plan_captured
@@ -123,10 +97,10 @@ def plan_on(chip: Chip, captured, inputs, precision=None, backward=None) -> Plan
     out = Planned(chip.name, chip.version, prec)
     t0 = time.perf_counter()
     try:
-        out.plan = plan_captured(captured, inputs, chip.hcd, chip.packs, precision=prec)
+        out.plan = plan_captured(captured, inputs, chip, precision=prec)
         out.peak_bytes = out.plan.memory.peak_bytes
         if backward is not None:
-            out.backward = plan_captured(backward, (), chip.hcd, chip.packs, precision=prec)
+            out.backward = plan_captured(backward, (), chip, precision=prec)
             out.peak_bytes = training_peak(out.plan, out.backward, chip, captured.extra.get("weights", ()))
             _check_training(out, chip)
     except PlanError as exc:
@@ -135,7 +109,7 @@ def plan_on(chip: Chip, captured, inputs, precision=None, backward=None) -> Plan
     return out
 
 
-def training_peak(forward, backward, chip: Chip, weights=()) -> int:
+def training_peak(forward, backward, chip, weights=()) -> int:
     """Device high-water of one training step as the runtime runs it: the forward (its
     parameter primals ``weights`` cached on the device, as the runtime does), then the
     backward while those weights stay resident. Saved activations cross between the two
@@ -147,7 +121,7 @@ def training_peak(forward, backward, chip: Chip, weights=()) -> int:
     return max(fw.peak_bytes, fw.resident_bytes + backward.memory.peak_bytes)
 
 
-def _check_training(out: Planned, chip: Chip) -> None:
+def _check_training(out: Planned, chip) -> None:
     from torchfl.planner.memory import MemoryLimitError, fmt_bytes
 
     cap = chip.model.memory_bytes
@@ -193,7 +167,7 @@ def bound_resource(plan, chip_model) -> tuple[str, float]:
     return ("memory", mem / total) if mem >= comp else ("compute", comp / total)
 
 
-def row(p: Planned, chip: Chip) -> dict:
+def row(p: Planned, chip) -> dict:
     """What compare prints per chip (JSON-able)."""
     out = {"chip": p.chip, "version": p.version, "precision": p.precision, "planning_s": round(p.planning_s, 3)}
     if not p.ok:
@@ -286,7 +260,7 @@ def _limit_of(exc) -> str:
     return LIMIT_FIELDS.get(f, f or type(exc).__name__)
 
 
-def max_batch(module, inputs, chip: Chip, precision="auto", training=False, progress=None) -> MaxBatch:
+def max_batch(module, inputs, chip, precision="auto", training=False, progress=None) -> MaxBatch:
     """The largest batch whose plan fits ``chip``, by planning: at 1 and 2, then at the
     batch a straight line through their peaks predicts, then up or down (doubling steps,
     then bisection) until a batch that fits sits next to one that does not or at the
@@ -413,13 +387,13 @@ def _assignments(plan) -> dict:
     return out
 
 
-def _summary(p: Planned, chip: Chip) -> dict:
+def _summary(p: Planned, chip) -> dict:
     r = row(p, chip)
     r.pop("planning_s", None)
     return r
 
 
-def diff_plans(before: Planned, after: Planned, model: str, chip1: Chip, chip2: Chip) -> ModelImpact:
+def diff_plans(before: Planned, after: Planned, model: str, chip1: Target, chip2: Target) -> ModelImpact:
     """What changed for one model between two chips' plans."""
     b, a = _summary(before, chip1), _summary(after, chip2)
     if not (before.ok and after.ok):

@@ -246,16 +246,17 @@ def from_record(plan, record, executor, title: str = "") -> AnalyzedPlan:
                         predicted_peak_bytes=None if mp is None else mp.peak_bytes)
 
 
-def analyze(plan, inputs, *, chip=None, registry=None, executor=None, title: str = "",
+def analyze(plan, inputs, *, chip=None, executor=None, title: str = "",
             progress=None) -> AnalyzedPlan:
     """Execute ``plan`` once on ``inputs`` (flattened user inputs) and measure every step.
 
     ``progress(done, total, step)`` is called after each step (the first call of a kernel
-    includes its Numba compile: a CLI shows a progress bar from it).
+    includes its Numba compile: a CLI shows a progress bar from it). ``chip``: as for
+    :class:`~torchfl.runtime.executor.Executor` (default: the plan's target).
     ``AnalyzedPlan.render()`` is the text of explain analyze; ``to_dict()`` its JSON."""
     from .executor import Executor, Record
 
-    ex = executor or Executor(plan, chip, registry=registry)
+    ex = executor or Executor(plan, chip)
     rec = Record(on_step=progress)
     ex.run(tuple(inputs), rec)
     return from_record(plan, rec, ex, title)

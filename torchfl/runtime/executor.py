@@ -167,25 +167,46 @@ def _same_tiling(planned: dict, config) -> bool:
     return True
 
 
+def chip_for(plan, chip=None):
+    """The ChipModel to run ``plan`` on: ``chip`` (a Target or a ChipModel) or the plan's own
+    target, checked to be the chip the plan was made for (same name, same HCD hash)."""
+    from torchfl.kernels.chip import ChipModel
+
+    if chip is None:
+        chip = plan.target
+        if chip is None:
+            raise PlanMismatch(
+                f"plan for {plan.chip} {plan.chip_version} carries no target (it was not planned in this "
+                "process); pass the chip: Executor(plan, torchfl.planner.resolve_target(plan.chip, registry))")
+    model = chip if isinstance(chip, ChipModel) else chip.model
+    if model.name != plan.chip or (plan.chip_hash and model.hcd_hash != plan.chip_hash):
+        raise PlanMismatch(
+            f"plan was made for chip {plan.chip} {plan.chip_version} (HCD hash {plan.chip_hash[:12] or '-'}) "
+            f"but is run on {model.name} (HCD hash {model.hcd_hash[:12] or '-'}): another chip, or the same name "
+            "with other numbers; re-plan on this chip, or run on the target the plan was made with")
+    return model
+
+
 class Executor:
     """Executes one plan; build once per plan (the backend caches it per input signature).
 
-    ``chip``: a ChipModel, or None to resolve ``plan.chip`` through ``registry``.
+    ``chip``: the :class:`~torchfl.planner.target.Target` to run on (default ``plan.target``,
+    the one it was planned on), or a ChipModel for a plan built by hand; the plan's
+    ``chip_hash`` must be that chip's (:func:`chip_for`). The executor never opens a registry.
     ``static_inputs``: positions of user inputs that are parameters/buffers (cached on
     device by version). ``graph_module``/``tensors`` default to ``plan.capture``'s.
     """
 
-    def __init__(self, plan, chip=None, *, registry=None, strict: bool = False,
+    def __init__(self, plan, chip=None, *, strict: bool = False,
                  static_inputs=(), graph_module=None, tensors=None, log: bool = True):
         from torchfl.kernels.catalog import get
 
-        from .device import chip_model, device_memory
+        from .device import device_memory
 
         self.plan = plan
         if strict and plan.fallbacks:
             raise FallbackNotAllowed(plan.chip, plan.fallbacks)
-        self.chip = chip_model(chip if chip is not None else plan.chip,
-                               None if chip is not None else plan.chip_version, registry)
+        self.chip = chip_for(plan, chip)
         self.memory = device_memory(self.chip)
         cap = plan.capture
         self.graph_module = graph_module if graph_module is not None else (cap.graph_module if cap else None)
