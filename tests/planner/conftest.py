@@ -2,12 +2,10 @@
 planner_helpers.py: a module named ``conftest`` is ambiguous once several test folders are
 collected together."""
 
-import os
 import warnings
 
 import pytest
 
-os.environ.setdefault("NUMBA_CACHE_DIR", os.path.join(os.path.dirname(__file__), "..", "..", ".cache", "numba"))
 warnings.filterwarnings("ignore", category=FutureWarning)
 
 

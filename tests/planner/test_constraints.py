@@ -64,7 +64,10 @@ def test_multihead_attention_heads_not_supported(chips, packs):
     cap, x = _mha_capture()
     with pytest.raises(NotImplementedError) as err:
         plan_captured(cap, x, Target.of(chips["NPU-V2"], packs), precision="float16")
-    assert str(err.value) == "MultiheadAttention with num_heads=12 not supported on NPU-V2"
+    # the article's words, then what fixes it: the chip's head counts and the model's option
+    assert str(err.value).startswith("MultiheadAttention with num_heads=12 not supported on NPU-V2: its attention "
+                                     "unit runs num_heads 1, 2, 4, 8 (HCD compute_units.attention.supported_heads)")
+    assert "num_attention_heads" in str(err.value) and "--heads" in str(err.value)
     assert isinstance(err.value, UnsupportedAttention) and err.value.heads == 12
     # NPU-E1 lists 12 heads: no error, and the attention op is never rewritten into matmuls
     plan = plan_captured(cap, x, Target.of(chips["NPU-E1"], packs), precision="float16")

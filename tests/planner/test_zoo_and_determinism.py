@@ -39,7 +39,9 @@ def test_every_zoo_model_on_every_bundled_chip(model, chips, packs):
             continue
         outcomes[name] = plan.summary.headline(name)
         assert plan.summary.nodes_total > 0 and plan.steps
-        assert plan.explain("text").startswith(plan.summary.headline(name))
+        text, headline = plan.explain("text"), plan.summary.headline(name)
+        assert text.split()[:len(headline.split())] == headline.split()   # first, wrapped at 120 columns
+        assert max(len(line) for line in text.splitlines()) <= 120
         json.loads(plan.explain("json"))
         assert plan.explain("dot").startswith("digraph plan {")
         for step in plan.steps:  # every input is produced before it is read

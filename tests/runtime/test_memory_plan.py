@@ -54,8 +54,11 @@ def test_allocator_follows_the_memory_plan_step_by_step(name, chip, options, pre
     # explain analyze shows both peaks, equal
     from torchfl.runtime.analyze import analyze
 
-    text = analyze(plan, inputs).render()
+    an = analyze(plan, inputs)
+    assert an.peak_bytes == an.predicted_peak_bytes == mp.peak_bytes
+    text = " ".join(an.render().split())
     assert f"peak device memory measured {mp.peak_bytes:,} B / predicted {mp.peak_bytes:,} B (equal)" in text
+    assert "Device memory: peak" in " ".join(plan.explain("text").split())
     # the memory plan survives JSON
     from torchfl.planner.plan import Plan
 

@@ -24,6 +24,7 @@ _COMMANDS = (
     ("torchfl.cli.plan_cmd", "plan", None),
     ("torchfl.cli.whatif_cmd", "COMMANDS", "plan"),
     ("torchfl.cli.demo_cmd", "demo", None),
+    ("torchfl.cli.kernels_cmd", "kernels", None),
 )
 
 

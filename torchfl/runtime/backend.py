@@ -265,7 +265,9 @@ class CompiledGraph:
         entry = self.entries.get(sig)
         if entry is None:
             from .executor import Executor
+            from .logs import announce_compiles
 
+            announce_compiles()
             try:
                 plan, user = self._plan(args)
                 static = _static_positions([args[i] for i in user])

@@ -208,6 +208,7 @@ class Executor:
             raise FallbackNotAllowed(plan.chip, plan.fallbacks)
         self.chip = chip_for(plan, chip)
         self.memory = device_memory(self.chip)
+        self._helper_started, self._helper = False, None     # see _compile_helper
         cap = plan.capture
         self.graph_module = graph_module if graph_module is not None else (cap.graph_module if cap else None)
         self.tensors = tensors if tensors is not None else (dict(cap.tensors) if cap else {})
@@ -355,6 +356,48 @@ class Executor:
         if not isinstance(x, torch.Tensor):
             return x
         return DeviceTensor.from_torch(x, self.memory, layout=layout, dtype=dtype)
+
+    def _compile_helper(self, p):
+        """Around a step's first call: if it starts a Numba compile, a helper process compiles
+        the kernels of the steps after it meanwhile (torchfl.kernels.precompile); once per
+        executor."""
+        import contextlib
+
+        from torchfl.kernels import compiling, precompile
+
+        if self._helper_started or not precompile.enabled():
+            return contextlib.nullcontext()
+        stack = contextlib.ExitStack()
+
+        def on_compile(ev):
+            if ev.kind == "start" and not self._helper_started:
+                self._helper_started = True
+                now = self._call_of(p)
+                self._helper = precompile.start(self.chip, self._calls_after(p.step.index),
+                                                skip={now.key} if now is not None else ())
+
+        stack.callback(compiling.subscribe(on_compile))
+        return stack
+
+    def _calls_after(self, index: int) -> list:
+        """The kernel calls of the chip steps after ``index`` not bound yet."""
+        calls = [self._call_of(q) for q in self.preps
+                 if not q.host and q.call is None and q.spec is not None and q.step.index > index]
+        return [c for c in calls if c is not None]
+
+    def _call_of(self, q):
+        """A chip step's kernel call as the plan types it (a precompile.KernelCall), None if a
+        value is not in the plan."""
+        from torchfl.kernels.precompile import KernelCall
+
+        pairs = [(n, self.plan.values.get(v)) for n, v in zip(q.spec.input_names, q.step.inputs) if v]
+        if any(val is None for _n, val in pairs):
+            return None
+        dtypes = {n: val.dtype for n, val in pairs}
+        first = next((dtypes[n] for n in q.spec.input_names if n in dtypes), None)
+        return KernelCall(q.kernel, f"{q.spec.family}.{q.spec.impl}", {n: tuple(val.shape) for n, val in pairs},
+                          dtypes, {n: val.layout for n, val in pairs}, dict(q.attrs),
+                          None if q.spec.mixed_dtypes else first)
 
     def _bind(self, p, inputs):
         """First run of a chip step: the kernel's tile plan for this problem on this chip,
@@ -511,10 +554,16 @@ class Executor:
             else:
                 inputs = dict(zip(names, map(vget, ins)))
                 call = p.call
-                if call is None:
+                if call is None:        # first run of this step: its kernel may JIT-compile
+                    from torchfl.kernels.compiling import labelled
+
                     call = self._bind(p, inputs)
-                k0 = perf()
-                outs, counted = call(inputs)
+                    k0 = perf()
+                    with labelled(f"{p.kernel} ({p.step.dtype})"), self._compile_helper(p):
+                        outs, counted = call(inputs)
+                else:
+                    k0 = perf()
+                    outs, counted = call(inputs)
                 dt_s = perf() - k0
                 if p.relabel:
                     outs = [_relabel(o) for o in outs]
@@ -535,6 +584,10 @@ class Executor:
             if measuring and record.on_step is not None:
                 record.on_step(len(record.steps), n_total, p.step)
 
+        if self._helper is not None:   # every step is bound now: what the helper has left is moot
+            if self._helper.poll() is None:
+                self._helper.terminate()
+            self._helper = None
         if not measuring and not cached:
             self._keep_static(vals, key)
 
