@@ -355,4 +355,54 @@ def _impact_text(res) -> str:
     return "\n".join(out)
 
 
-COMMANDS = [memory, max_batch, compare, impact]
+# ---------------------------------------------------------------- plan report
+
+@click.command("report")
+@click.argument("model")
+@click.option("--chip", default=None, help="The chip whose plan the page shows (default: the fastest of --chips).")
+@click.option("--chips", default=None, help="Comma-separated chips to compare on the page ('all': the registry's).")
+@click.option("-o", "--output", "output", required=True, type=click.Path(dir_okay=False),
+              help="The HTML file to write (self-contained: no network).")
+@_model_options
+@click.option("--precision", type=click.Choice(PRECISIONS), default="auto", show_default=True,
+              help="Precision policy; auto: none on chips with an fp32 unit, else float16 (or bfloat16).")
+@click.option("--registry", default=None, help="Registry URL (default: TORCHFL_REGISTRY_URL or the user's).")
+@_guarded
+def report(model, chip, chips, output, batch, seq_len, heads, layers, precision, registry):
+    """One self-contained HTML page: the plan as a graph coloured by kernel family and
+    fallback, a roofline of its steps, the memory timeline with the peak, the explain table;
+    with --chips, the chips side by side too."""
+    from pathlib import Path
+
+    from torchfl.planner import whatif
+    from torchfl.planner.report import ReportError, render_report
+
+    if not chip and not chips:
+        _fail("Error", "give --chip NAME (one plan) or --chips A,B,... (a comparison; 'all' for every chip)")
+    names = _chip_names(None if chips == "all" else chips, registry) if chips else []
+    if chip and chip not in names:
+        names = [chip] + names
+    module, inputs = _load(model, batch, seq_len, heads, layers)
+    targets = [whatif.chip_of(n, registry) for n in names]
+    results = whatif.plan_everywhere(module, inputs, targets, _precision(precision))
+    by_name = {t.name: t for t in targets}
+    comparison = None
+    if chips:
+        rows = [whatif.row(p, by_name[p.chip]) for p in results]
+        rows.sort(key=lambda r: (not r["ok"], r.get("predicted_time_s") or 0.0, r["chip"]))
+        comparison = {"rows": rows}
+    shown = next((p for p in results if p.chip == chip), None) if chip else \
+        next((p for p in results if p.chip == comparison["rows"][0]["chip"]), None)
+    if shown is None or not shown.ok:
+        err = shown.error if shown is not None else None
+        _fail(getattr(err, "kind", "Error"), f"no plan of {model} on {chip or 'any chip'} to show: {err}")
+    try:
+        page = render_report(shown.plan, by_name[shown.chip].model, f"{model} on {shown.chip}", comparison)
+    except ReportError as exc:
+        _fail("Error", str(exc))
+    Path(output).write_text(page, encoding="utf-8")
+    click.echo(f"wrote {output} ({len(page) / 1024:.0f} KiB): {model} on {shown.chip}"
+               + (f", {len(comparison['rows'])} chips compared" if comparison else ""))
+
+
+COMMANDS = [memory, max_batch, compare, impact, report]

@@ -76,12 +76,14 @@ def graph_figure(plan) -> str:
 
     plt = _plt()
     g = nx.DiGraph()
-    for s in plan.steps:
+    shown = [s for s in plan.steps if not (s.static and s.kind in ("cast", "layout"))]   # weight prep: once
+    for s in shown:
         g.add_node(s.index)
-    for s in plan.steps:
+    for s in shown:
         for v in s.inputs:
-            if v and v in plan.values and plan.values[v].producer is not None:
-                g.add_edge(plan.values[v].producer, s.index)
+            src = plan.values[v].producer if v and v in plan.values else None
+            if src is not None and src in g:
+                g.add_edge(src, s.index)
     for layer, nodes in enumerate(nx.topological_generations(g)):
         for n in nodes:
             g.nodes[n]["layer"] = layer
@@ -95,7 +97,7 @@ def graph_figure(plan) -> str:
     nx.draw_networkx_edges(g, pos, ax=ax, arrows=False, width=0.6, edge_color="#888888")
     nx.draw_networkx_nodes(g, pos, ax=ax, node_color=node_colours, node_size=70, linewidths=0.4,
                            edgecolors="#333333")
-    if len(plan.steps) <= 80:
+    if len(shown) <= 80:
         labels = {n: plan.steps[n].kernel or plan.steps[n].kind for n in g.nodes}
         nx.draw_networkx_labels(g, {n: (x + 0.02, y) for n, (x, y) in pos.items()}, labels, ax=ax, font_size=6,
                                 horizontalalignment="left")
@@ -104,7 +106,8 @@ def graph_figure(plan) -> str:
     used = sorted({_family(s) for s in plan.steps})
     ax.legend(handles=[Patch(color=colours[f], label=f) for f in used], loc="upper left", bbox_to_anchor=(1, 1),
               fontsize=7, title="kernel family", title_fontsize=8)
-    ax.set_title(f"plan graph: {len(plan.steps)} steps on {plan.chip} (data flows downward)", fontsize=9)
+    ax.set_title(f"plan graph: {len(shown)} steps on {plan.chip} (data flows downward; "
+                 f"{len(plan.steps) - len(shown)} static weight casts/layouts not drawn)", fontsize=9)
     ax.axis("off")
     return _svg(fig)
 
