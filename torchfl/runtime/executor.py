@@ -495,7 +495,19 @@ class Executor:
         return self.run(args)
 
     def run(self, args, record: Record | None = None):
-        """Execute the plan on ``args`` (the flattened user inputs); returns a tuple."""
+        """Execute the plan on ``args`` (the flattened user inputs); returns a tuple.
+
+        A run that fails (in any step, out of device memory included) returns every
+        buffer it allocated; what earlier runs cached on the device stays."""
+        try:
+            with self.memory.returned_on_error():
+                return self._run(args, record)
+        except BaseException:
+            if self._base is None:  # a first run: its weight uploads were freed with the rest
+                self._lifted_vals = self._static_key = None
+            raise
+
+    def _run(self, args, record: Record | None):
         from torchfl.kernels.tensor import DeviceTensor
 
         perf = time.perf_counter
