@@ -10,6 +10,7 @@ from __future__ import annotations
 import torch
 
 from torchfl.kernels import dtypes as _dt
+from torchfl.kernels.memory import DeviceBuffer
 from torchfl.kernels.tensor import DeviceTensor, layout_perm
 from torchfl.planner.constraints import tensor_layout
 from torchfl.runtime.executor import Executor
@@ -17,6 +18,16 @@ from torchfl.runtime.executor import Executor
 from . import device as _dev
 
 __all__ = ["EagerExecutor", "as_device_tensor", "as_npu_tensor"]
+
+
+class _Borrowed(DeviceBuffer):
+    """An npu tensor's buffer as a plan input: the tensor owns it, so the executor's frees
+    (after the last reader, by the memory plan) leave it alone."""
+
+    __slots__ = ()
+
+    def free(self):
+        pass
 
 
 def as_device_tensor(x, alignment: int):
@@ -34,7 +45,8 @@ def as_device_tensor(x, alignment: int):
     offset = x.data_ptr() - base
     if (buf.address + offset) % alignment:
         return None
-    return DeviceTensor(buf, tuple(x.shape), layout, _dt.from_torch_dtype(x.dtype), offset)
+    borrowed = _Borrowed(buf.memory, None, buf.array, buf.nbytes, 0, buf.address)
+    return DeviceTensor(borrowed, tuple(x.shape), layout, _dt.from_torch_dtype(x.dtype), offset)
 
 
 def as_npu_tensor(v, index: int, owners: dict):
@@ -68,7 +80,7 @@ class EagerExecutor(Executor):
     keeps_outputs = True
 
     def __init__(self, plan, chip, index: int, **kwargs):
-        super().__init__(plan, chip, borrow_inputs=True, **kwargs)
+        super().__init__(plan, chip, **kwargs)
         self.index = index
         self._temps = []
         self._owners = {}
@@ -108,12 +120,3 @@ class EagerExecutor(Executor):
                     t.buffer.free()
             self._temps.clear()
             self._owners.clear()
-
-    def release(self):
-        """Free the cached static values, except buffers a torch npu tensor owns (a
-        parameter read in place is borrowed, never freed here)."""
-        for env in (self._base or (), (self._lifted_vals or {}).values()):
-            for v in env:
-                if isinstance(v, DeviceTensor) and not v.buffer.freed and _dev.buffer_at(v.buffer.address) is not v.buffer:
-                    v.buffer.free()
-        self._base = self._lifted_vals = self._static_key = None
