@@ -100,7 +100,7 @@ def test_logical_ops(dtype):
     assert torch.equal(as_f32(y), torch.logical_not(ta))
 
 
-@pytest.mark.parametrize("dtype", ["int64", "int32", "int8"])
+@pytest.mark.parametrize("dtype", ["int64", "int32"])
 def test_integer_index_math_is_exact(dtype):
     """Position ids as transformers builds them: (cumsum(mask) * mask) + padding_idx, with
     values beyond float32's 2^24 exactly kept."""

@@ -18,7 +18,7 @@ from ..spec import KernelSpec, TensorMeta
 from ..tiling import stream_plan
 
 FLOATS = ("float32", "float16", "bfloat16")
-INTS = ("int8", "int32", "int64", "bool")
+INTS = ("int32", "int64", "bool")   # int8 is the quantised type: its elementwise ops are the q-kernels
 ES = {"float32": 4, "float16": 2, "bfloat16": 2, "bool": 1, "int8": 1, "int32": 4, "int64": 8}
 
 # name: (op code, inputs, attrs, cost, fuses, doc)
