@@ -44,6 +44,22 @@ def _guarded(f):
     return handles_errors(wrapper)
 
 
+def _evidence(reg, hcd, op=None) -> dict:
+    """(chip name, op) -> stored verdicts, stale unless they were made on this very chip version
+    with the registry's current rule packs."""
+    from torchfl.registry.evidence import mark_stale
+
+    rows = reg.evidence(chip=hcd.chip.name, op=op)
+    if not rows:
+        return {}
+    packs = reg.identity(hcd.chip.name, hcd.chip.version).packs
+    rows = mark_stale(rows, {hcd.chip.name: (hcd.chip.version, hcd.content_hash(), packs)})
+    out: dict = {}
+    for e in rows:
+        out.setdefault(e.op, []).append(e)
+    return out
+
+
 def _lays(xs) -> str:
     return ", ".join(xs) if xs else "n/a (layout-free)"
 
@@ -60,7 +76,12 @@ def ops(chip_name, chip_version, registry_url, as_json):
 
     reg = open_registry(registry_url)
     hcd = reg.chip(chip_name, chip_version)
+    from torchfl.registry.evidence import describe, short
+
     result = chip_ops(hcd, _packs(reg))
+    evidence = _evidence(reg, hcd)
+    for o in result["ops"]:
+        o["evidence"] = describe(evidence.get(o["op"], []))
     if as_json:
         return _emit_json(result)
     c = result["chip"]
@@ -68,7 +89,7 @@ def ops(chip_name, chip_version, registry_url, as_json):
     width = max((len(o["op"]) for o in result["ops"]), default=10)
     for o in result["ops"]:
         click.echo(f"  {o['op']:<{width}}  {', '.join(o['kernels']):<28} dtypes {', '.join(o['dtypes']):<26} "
-                   f"layouts {_lays(o['layouts'])}")
+                   f"layouts {_lays(o['layouts']):<24} evidence: {short(o['evidence'])}")
     fus = [f for f in result["fusions"] if f["supported"]]
     if fus:
         click.echo("fusion groups:")
@@ -82,6 +103,11 @@ def ops(chip_name, chip_version, registry_url, as_json):
             click.echo(f"  fusion not available: {f['name']}: {f['reasons'][0]['message']}")
     click.echo(f"{len(result['ops'])} ops supported, {len(result['unsupported'])} with rules not supported, "
                f"{len(result['no_rule'])} known ops without a rule (see `registry why-not OP --chip`)")
+    states: dict = {}
+    for o in result["ops"]:
+        states[o["evidence"]["state"]] = states.get(o["evidence"]["state"], 0) + 1
+    click.echo("evidence: " + ", ".join(f"{n} {s}" for s, n in sorted(states.items()))
+               + " (`torchfl conformance --chip NAME` runs OpInfo samples and records verdicts)")
 
 
 @click.command("support")
@@ -98,7 +124,11 @@ def support(op, registry_url, as_json):
     chips = [reg.chip(s.name) for s in reg.chips()]
     if not chips:
         _fail(f"no chips in {reg.display_url}: run `torchfl registry import hcd_registry/*.hcd`", 1)
+    from torchfl.registry.evidence import describe, short
+
     result = op_support(op, chips, packs)
+    for row, hcd in zip(result["chips"], chips):
+        row["evidence"] = describe(_evidence(reg, hcd, result["op"]).get(result["op"], []))
     if as_json:
         return _emit_json(result)
     click.echo(f"{result['op']} ({result['rules']} rule{'s' if result['rules'] != 1 else ''})")
@@ -108,6 +138,8 @@ def support(op, registry_url, as_json):
         if row["supported"]:
             click.echo(f"  {name:<20} {', '.join(row['kernels']):<28} dtypes {', '.join(row['dtypes']):<26} "
                        f"layouts {_lays(row['layouts'])}")
+            click.echo(f"  {'':<20} evidence: {short(row['evidence'])}")
+            _problems(row["evidence"], indent=24)
         else:
             click.echo(f"  {name:<20} not supported: {row['reasons'][0]['message']}")
 
@@ -130,7 +162,13 @@ def why_not(op, chip_name, chip_version, dtype, layout, registry_url, as_json):
     hcd = reg.chip(chip_name, chip_version)
     packs = _packs(reg)
     others = layouts_of([reg.chip(s.name) for s in reg.chips()])
+    from torchfl.registry.evidence import describe, short
+
     result = query(op, hcd, packs, dtype=dtype, layout=layout, known_layouts=others)
+    rows = _evidence(reg, hcd, result["op"]).get(result["op"], [])
+    if result["dtype"]:
+        rows = [e for e in rows if e.dtype == result["dtype"]]
+    result["evidence"] = describe(rows)
     if as_json:
         return _emit_json(result)
     c = result["chip"]
@@ -154,6 +192,20 @@ def why_not(op, chip_name, chip_version, dtype, layout, registry_url, as_json):
         what = " ".join(x for x in (g["dtype"], g["layout"]) if x) or "any"
         for r in g["reasons"]:
             click.echo(f"  not {what}: {r['message']}")
+    if result["served"]:
+        click.echo(f"  evidence: {short(result['evidence'])}")
+        _problems(result["evidence"], indent=4)
+
+
+def _problems(desc: dict, indent: int) -> None:
+    """The verdicts behind a claim that is not simply verified: how it fails, or why it was refused."""
+    pad = " " * indent
+    for p in desc.get("problems", []):
+        head = (f"{p['dtype']} {p['layout']}: {p['verdict']} ({p['samples'] - p['failed'] - p['refused']}/"
+                f"{p['samples']} pass, {p['failed']} fail, {p['refused']} refused)")
+        lines = [ln.strip() for ln in (p["reason"] or "").splitlines() if ln.strip()]
+        why = lines[1] if len(lines) > 1 and lines[0].startswith("strict") else (lines[0] if lines else "")
+        click.echo(f"{pad}{head}{': ' + why[:200] if why else ''}")
 
 
 COMMANDS = [ops, support, why_not]

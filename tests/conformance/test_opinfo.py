@@ -1,0 +1,75 @@
+"""PyTorch's OpInfo samples through ``torch.compile(backend="torchfl")``, strict, on every
+bundled chip whose HCD allows the op (issue 17's OpInfo test module).
+
+Target: every sample of every claimed op either matches eager torch (at the per-dtype
+tolerance of ``torchfl/conformance/compare.py``) or is refused before execution with a
+reason that names the HCD field or the rule; none falls back silently, none is wrong.
+
+Coverage, bounded for CI: each OpInfo the core pack's overloads map to
+(``torchfl/conformance/opinfos.py``), on each bundled chip that claims one of them, in one
+dtype per (OpInfo, chip) (the chip's claimed float dtypes taken in turn), with the first
+two OpInfo samples plus the edge variants (strided, channels-last, NaN/inf, empty,
+broadcast) of the first. ``torchfl conformance`` runs the same harness wider (all claimed
+dtypes, more samples) and records the verdicts.
+"""
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from torchfl.conformance.harness import Settings, Unit, claims
+from torchfl.conformance.opinfos import opinfos_for
+from torchfl.planner.source import bundled_chips, bundled_packs
+
+SETTINGS = Settings(samples=2, edge_from=1)
+FLOATS = ("float16", "bfloat16", "float32")
+
+#: a refusal must say which HCD field or which rule refuses the call
+NAMES_FIELD_OR_RULE = re.compile(
+    r"HCD field: |tensor\.|compute_units\.|constraints\.|memory\.|supported_dtypes|max_rank|max_batch|"
+    r"max_sequence|num_heads=|not supported on|rules\[\d+\]|no rule for|guard ")
+
+#: (OpInfo case, chip) -> why it is wrong today; strict xfail: fixing it makes the test fail
+#: until the entry goes. Every entry is listed in BENCHMARKS.md ("OpInfo conformance").
+KNOWN_WRONG: dict[tuple[str, str], str] = {}
+
+
+def _units():
+    out = []
+    packs = bundled_packs()
+    for n, (name, hcd) in enumerate(sorted(bundled_chips().items())):
+        claimed = claims(hcd, packs, SETTINGS)
+        for k, (opinfo, overloads) in enumerate(opinfos_for(claimed).items()):
+            dtypes = [d for d in FLOATS if any(d in claimed[o] for o in overloads)]
+            if not dtypes:
+                continue
+            dtype = dtypes[(n + k) % len(dtypes)]
+            targets = tuple(o for o in overloads if dtype in claimed[o])
+            out.append(pytest.param(name, Unit(opinfo, dtype, targets), id=f"{name}-{opinfo}-{dtype}"))
+    return out
+
+
+@pytest.mark.parametrize("chip,unit", _units())
+def test_opinfo_samples_match_or_are_refused_by_name(chip, unit, seeded_url):
+    from torchfl.conformance.harness import run_unit
+
+    hcd = bundled_chips()[chip]
+    outcomes = run_unit(unit, chip, seeded_url, SETTINGS, bool(hcd.constraints.bfloat16_emulation))
+    ran = [o for o in outcomes if o["status"] != "skipped"]
+    assert ran or all("eager torch rejects" in (o["reason"] or "") or "reached the chip" in (o["reason"] or "")
+                      for o in outcomes), outcomes
+    wrong = []
+    for o in ran:
+        if o["status"] == "refused":
+            assert NAMES_FIELD_OR_RULE.search(o["reason"]), f"{o['case']}: refusal names no HCD field or rule: " \
+                                                            f"{o['reason']}"
+            continue
+        assert "fell back" not in (o["reason"] or ""), o
+        if o["status"] == "fail" and (o["case"], chip) not in KNOWN_WRONG:
+            wrong.append(f"{o['case']} [{o['layout']}]: {o['reason']} inputs {o['inputs']}")
+    known = [o for o in ran if (o["case"], chip) in KNOWN_WRONG]
+    for o in known:
+        if o["status"] == "pass":
+            pytest.fail(f"{o['case']} on {chip} now matches eager: remove it from KNOWN_WRONG")
+    assert not wrong, "\n".join(wrong)
