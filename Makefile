@@ -3,7 +3,6 @@ PYTHON ?= python3.11
 VENV   ?= .venv
 PY      = $(VENV)/bin/python
 STAMP   = $(VENV)/.installed
-export NUMBA_CACHE_DIR ?= $(CURDIR)/.cache/numba
 
 .PHONY: demo test venv bench clean
 
@@ -16,6 +15,7 @@ $(STAMP): pyproject.toml
 venv: $(STAMP)
 
 demo: $(STAMP)
+	$(VENV)/bin/torchfl kernels warmup
 	$(VENV)/bin/torchfl demo
 
 test: $(STAMP)

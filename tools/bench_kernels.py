@@ -26,10 +26,9 @@ sys.path.insert(0, str(ROOT))
 
 
 def _setup_cache(cold):
+    """``--cold``: an empty kernel cache; else the one every entry point shares (jitcache)."""
     if cold:
         os.environ["NUMBA_CACHE_DIR"] = tempfile.mkdtemp(prefix="torchfl-numba-cold-")
-    else:
-        os.environ.setdefault("NUMBA_CACHE_DIR", str(ROOT / ".cache" / "numba"))
 
 
 def cases():

@@ -42,10 +42,12 @@ def main(argv=None) -> int:
     from torchfl.planner.api import plan_captured
     from torchfl.planner.candidates import clear_caches
     from torchfl.planner.capture import capture_module
-    from torchfl.planner.source import bundled_chips, bundled_packs
+    from torchfl.hcd import load_hcd
+    from torchfl.planner.target import Target
+    from torchfl.resources import bundled_hcds
     from torchfl.planner.zoo import load_model
 
-    hcd, packs = bundled_chips()[args.chip], bundled_packs()
+    target = Target.of(next(h for h in map(load_hcd, bundled_hcds()) if h.chip.name == args.chip))
     results = []
     for case in args.cases.split(","):
         if case.startswith("chain"):
@@ -57,12 +59,12 @@ def main(argv=None) -> int:
         cap = capture_module(module, inputs)
         clear_caches()
         t0 = time.perf_counter()
-        plan = plan_captured(cap, inputs, hcd, packs, precision="float16")  # cold: empty outcome cache
+        plan = plan_captured(cap, inputs, target, precision="float16")  # cold: empty outcome cache
         cold = time.perf_counter() - t0
         times, cpu = [], []
         for _ in range(args.repeat):
             t0, c0 = time.perf_counter(), time.process_time()
-            plan_captured(cap, inputs, hcd, packs, precision="float16")
+            plan_captured(cap, inputs, target, precision="float16")
             times.append(time.perf_counter() - t0)
             cpu.append(time.process_time() - c0)
         row = {"case": case, "nodes": plan.summary.nodes_total, "plan_s": round(statistics.median(times), 5),

@@ -20,9 +20,16 @@ import pytest
 
 from torchfl.conformance.harness import Settings, Unit, claims
 from torchfl.conformance.opinfos import opinfos_for
-from torchfl.planner.source import bundled_chips, bundled_packs
+from torchfl.planner.target import bundled_packs
 
 SETTINGS = Settings(samples=2, edge_from=1)
+
+
+def bundled_chips() -> dict:
+    from torchfl.hcd import load_hcd
+    from torchfl.resources import bundled_hcds
+
+    return {h.chip.name: h for h in map(load_hcd, bundled_hcds())}
 FLOATS = ("float16", "bfloat16", "float32")
 
 #: a refusal must say which HCD field or which rule refuses the call

@@ -2,25 +2,25 @@
 planner_helpers.py: a module named ``conftest`` is ambiguous once several test folders are
 collected together."""
 
-import os
 import warnings
 
 import pytest
 
-os.environ.setdefault("NUMBA_CACHE_DIR", os.path.join(os.path.dirname(__file__), "..", "..", ".cache", "numba"))
 warnings.filterwarnings("ignore", category=FutureWarning)
 
 
 @pytest.fixture(scope="session")
 def chips():
-    from torchfl.planner.source import bundled_chips
+    """name -> HCD of the chips shipped with torchfl (validated)."""
+    from torchfl.hcd import load_hcd
+    from torchfl.resources import bundled_hcds
 
-    return bundled_chips()
+    return {hcd.chip.name: hcd for hcd in map(load_hcd, bundled_hcds())}
 
 
 @pytest.fixture(scope="session")
 def packs():
-    from torchfl.planner.source import bundled_packs
+    from torchfl.planner.target import bundled_packs
 
     return bundled_packs()
 

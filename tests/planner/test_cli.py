@@ -32,6 +32,11 @@ def test_text_json_dot(registry):
     assert out.exit_code == 0, out.output
     first = out.stdout.splitlines()[0]
     assert first == "7 of 7 nodes on NPU-V3 in 4 kernels (3 fused groups), 0 layout conversions, 0 fallbacks to CPU"
+    assert max(len(line) for line in out.stdout.splitlines()) <= 120
+    # per-call cost apart from the run-once parameter casts; the legend explains the layouts used
+    assert "Per call: predicted" in out.stdout and "Run once (static" in out.stdout
+    assert "x:AB w:AB bias:A -> AB" in out.stdout        # operands named where their layouts differ
+    assert "Legend:" in out.stdout and "layout = letters" in out.stdout and "2buf" not in out.stdout
     out = run("mlp", "--chip", "NPU-V3", "--precision", "float16", "--format", "json", registry=registry)
     assert json.loads(out.stdout)["chip"] == "NPU-V3"
     out = run("mlp", "--chip", "NPU-V3", "--precision", "float16", "--format", "dot", registry=registry)
@@ -65,3 +70,19 @@ def test_user_factory(tmp_path, registry):
     assert out.stdout.startswith("1 of 1 nodes on TFL-X1 in 1 kernels")
     out = run(f"{f}:missing", "--chip", "TFL-X1", registry=registry)
     assert out.exit_code == 1 and "missing" in out.stderr
+
+
+def test_options_that_do_not_apply_to_the_model_are_refused(tmp_path, registry):
+    out = run("mlp", "--chip", "NPU-V3", "--precision", "float16", "--heads", "4", registry=registry)
+    assert out.exit_code == 1 and "Traceback" not in out.output
+    assert out.stderr.strip() == "Error: --heads does not apply to mlp: it takes --batch; leave the option out"
+    out = run("resnet18", "--chip", "NPU-V3", "--seq-len", "8", "--layers", "2", registry=registry)
+    assert out.exit_code == 1 and "--seq-len, --layers do not apply to resnet18" in out.stderr
+    f = tmp_path / "factory.py"
+    f.write_text("import torch\n"
+                 "def make(batch=2):\n"
+                 "    return torch.nn.Sequential(torch.nn.Linear(8, 8)).eval(), (torch.randn(batch, 8),)\n")
+    out = run(f"{f}:make", "--chip", "TFL-X1", "--seq-len", "16", registry=registry)
+    assert out.exit_code == 1 and "--seq-len does not apply to" in out.stderr and "it takes --batch" in out.stderr
+    out = run(f"{f}:make", "--chip", "TFL-X1", "--batch", "3", registry=registry)
+    assert out.exit_code == 0, out.output

@@ -7,6 +7,7 @@ from torch import nn
 from planner_helpers import capture_of, hcd_variant
 from torchfl.planner import plan_module
 from torchfl.planner.api import plan_captured
+from torchfl.planner.target import Target
 from torchfl.planner.errors import HardConstraintError, StrictFallbackError, UnsupportedAttention
 
 
@@ -39,7 +40,7 @@ def test_channels_last_on_a_chip_without_nhwc(chips):
 def test_channels_last_input_arrives_in_nhwc_where_supported(chips, packs):
     x = torch.randn(2, 8, 16, 16).to(memory_format=torch.channels_last)
     cap, _ = capture_of(Conv().eval(), (x,), "conv-cl")
-    plan = plan_captured(cap, (x,), chips["NPU-V2"], packs, precision="float16")
+    plan = plan_captured(cap, (x,), Target.of(chips["NPU-V2"], packs), precision="float16")
     assert next(i for i in plan.inputs if i.kind == "input").layout == "NHWC"
 
 
@@ -62,11 +63,14 @@ def _mha_capture():
 def test_multihead_attention_heads_not_supported(chips, packs):
     cap, x = _mha_capture()
     with pytest.raises(NotImplementedError) as err:
-        plan_captured(cap, x, chips["NPU-V2"], packs, precision="float16")
-    assert str(err.value) == "MultiheadAttention with num_heads=12 not supported on NPU-V2"
+        plan_captured(cap, x, Target.of(chips["NPU-V2"], packs), precision="float16")
+    # the article's words, then what fixes it: the chip's head counts and the model's option
+    assert str(err.value).startswith("MultiheadAttention with num_heads=12 not supported on NPU-V2: its attention "
+                                     "unit runs num_heads 1, 2, 4, 8 (HCD compute_units.attention.supported_heads)")
+    assert "num_attention_heads" in str(err.value) and "--heads" in str(err.value)
     assert isinstance(err.value, UnsupportedAttention) and err.value.heads == 12
     # NPU-E1 lists 12 heads: no error, and the attention op is never rewritten into matmuls
-    plan = plan_captured(cap, x, chips["NPU-E1"], packs, precision="float16")
+    plan = plan_captured(cap, x, Target.of(chips["NPU-E1"], packs), precision="float16")
     assert any("aten.scaled_dot_product_attention.default" in s.ops for s in plan.steps)
 
 
@@ -78,7 +82,7 @@ def test_rank_above_max_rank(chips, packs):
     x = torch.randn(1, 32)
     cap, _ = capture_of(Rank6(), (x,), "rank6")
     with pytest.raises(HardConstraintError) as err:
-        plan_captured(cap, (x,), chips["NPU-V2"], packs, precision="float16")
+        plan_captured(cap, (x,), Target.of(chips["NPU-V2"], packs), precision="float16")
     msg = str(err.value)
     assert "rank 6" in msg and "max_rank 5" in msg and "tensor.max_rank" in msg
     assert isinstance(err.value, RuntimeError) and err.value.limit == 5 and err.value.value == 6
@@ -89,7 +93,7 @@ def test_batch_above_max_batch_size(chips, packs):
     x = torch.randn(300, 16)
     cap, _ = capture_of(lin, (x,), "lin300")
     with pytest.raises(RuntimeError) as err:
-        plan_captured(cap, (x,), chips["NPU-V2"], packs, precision="float16")
+        plan_captured(cap, (x,), Target.of(chips["NPU-V2"], packs), precision="float16")
     msg = str(err.value)
     assert msg.startswith("Batch size 300 of input") and "max_batch_size 256" in msg
     assert "constraints.max_batch_size" in msg
@@ -103,7 +107,7 @@ def test_sequence_above_the_attention_unit_limit(chips, packs):
     q = torch.randn(1, 2, 300, 16)
     cap, _ = capture_of(Attn(), (q,), "attn300")
     with pytest.raises(RuntimeError) as err:
-        plan_captured(cap, (q,), chips["EDGE-C2"], packs, precision="float16")
+        plan_captured(cap, (q,), Target.of(chips["EDGE-C2"], packs), precision="float16")
     msg = str(err.value)
     assert "Sequence length 300" in msg and "256" in msg and "compute_units.attention.max_sequence_length" in msg
 
@@ -113,7 +117,7 @@ def test_sequence_above_the_chip_limit(chips, packs):
     ids = torch.randint(0, 100, (1, 600))
     cap, _ = capture_of(emb, (ids,), "emb600")
     with pytest.raises(RuntimeError) as err:
-        plan_captured(cap, (ids,), chips["EDGE-C2"], packs, precision="float16")
+        plan_captured(cap, (ids,), Target.of(chips["EDGE-C2"], packs), precision="float16")
     msg = str(err.value)
     assert "Sequence length 600" in msg and "max_sequence_length 512" in msg
     assert "constraints.max_sequence_length" in msg
@@ -124,11 +128,11 @@ def test_float32_without_fp32_unit_needs_a_precision_policy(chips, packs):
     x = torch.randn(4, 16)
     cap, _ = capture_of(lin, (x,), "lin4")
     with pytest.raises(RuntimeError) as err:
-        plan_captured(cap, (x,), chips["NPU-V3"], packs)
+        plan_captured(cap, (x,), Target.of(chips["NPU-V3"], packs))
     msg = str(err.value)
     assert "float16, int8, bfloat16" in msg and "precision" in msg
     # a chip with an fp32 unit plans it as written
-    plan = plan_captured(cap, (x,), chips["TFL-X1"], packs)
+    plan = plan_captured(cap, (x,), Target.of(chips["TFL-X1"], packs))
     assert not plan.casts
 
 
@@ -136,7 +140,7 @@ def test_precision_policy_casts_are_visible_steps(chips, packs):
     lin = nn.Linear(16, 16).eval()
     x = torch.randn(4, 16)
     cap, _ = capture_of(lin, (x,), "lin4")
-    plan = plan_captured(cap, (x,), chips["NPU-V3"], packs, precision="float16")
+    plan = plan_captured(cap, (x,), Target.of(chips["NPU-V3"], packs), precision="float16")
     casts = [s for s in plan.steps if s.kind == "cast"]
     # weight, bias (static) and the input in; the output back to float32
     assert len(casts) == 4 and sum(s.static for s in casts) == 2
@@ -151,8 +155,8 @@ def test_strict_turns_every_fallback_into_one_error(chips, packs):
 
     x = torch.randn(2, 8)
     cap, _ = capture_of(Odd(), (x,), "odd")
-    plan = plan_captured(cap, (x,), chips["TFL-X1"], packs)
+    plan = plan_captured(cap, (x,), Target.of(chips["TFL-X1"], packs))
     assert len(plan.fallbacks) == 2 and all(f.reason for f in plan.fallbacks)
     with pytest.raises(StrictFallbackError) as err:
-        plan_captured(cap, (x,), chips["TFL-X1"], packs, strict=True)
+        plan_captured(cap, (x,), Target.of(chips["TFL-X1"], packs), strict=True)
     assert "cumsum" in str(err.value) and "flip" in str(err.value) and len(err.value.fallbacks) == 2

@@ -7,6 +7,7 @@ from torch import nn
 
 from planner_helpers import capture_of, captured, hcd_variant
 from torchfl.planner.api import plan_captured
+from torchfl.planner.target import Target
 
 
 class MatMul(nn.Module):
@@ -29,7 +30,7 @@ def _matmul_step(plan):
 def test_seed_matmul_small_is_resident_large_is_streamed(chips, packs, batch, strategy):
     a = torch.randn(batch, 1024, 768)
     cap, _ = capture_of(MatMul(), (a,), f"matmul{batch}")
-    plan = plan_captured(cap, (a,), chips["NPU-V3"], packs, precision="float16")
+    plan = plan_captured(cap, (a,), Target.of(chips["NPU-V3"], packs), precision="float16")
     step = _matmul_step(plan)
     assert step.tile["strategy"] == strategy
     assert step.tile["double_buffered"] is (strategy == "streamed")
@@ -58,8 +59,8 @@ def test_a_bigger_cache_never_moves_more_bytes(chips, packs):
         assert all(priced[True][k] <= priced[False][k] for k in common)
     a = torch.randn(32, 1024, 768)
     cap, _ = capture_of(MatMul(), (a,), "matmul32")
-    small = plan_captured(cap, (a,), base, packs, precision="float16")
-    large = plan_captured(cap, (a,), big, packs, precision="float16")
+    small = plan_captured(cap, (a,), Target.of(base, packs), precision="float16")
+    large = plan_captured(cap, (a,), Target.of(big, packs), precision="float16")
     assert large.summary.predicted_bytes <= small.summary.predicted_bytes
 
 
@@ -72,19 +73,19 @@ def test_removing_nhwc_removes_every_nhwc_step(chips, packs):
 
     no_nhwc = hcd_variant(base, edit)
     cap, x = captured("resnet18", image=64)
-    with_nhwc = plan_captured(cap, x, base, packs, precision="float16")
-    without = plan_captured(cap, x, no_nhwc, packs, precision="float16")
+    with_nhwc = plan_captured(cap, x, Target.of(base, packs), precision="float16")
+    without = plan_captured(cap, x, Target.of(no_nhwc, packs), precision="float16")
     assert not any("NHWC" in (s.layout_out, *s.layouts_in) for s in without.steps)
     assert not any(v.layout == "NHWC" for v in without.values.values())
 
 
 def test_no_attention_unit_never_gets_an_attention_kernel(chips, packs):
     cap, x = captured("bert-base", layers=1, num_heads=2, hidden=64, seq_len=16)
-    plan = plan_captured(cap, x, chips["DSP-M4"], packs, precision="float16")
+    plan = plan_captured(cap, x, Target.of(chips["DSP-M4"], packs), precision="float16")
     assert not any(s.kernel == "attention" for s in plan.steps)
     sdpa = "aten.scaled_dot_product_attention.default"
     assert any(f.op == sdpa for f in plan.fallbacks)  # explicit fallback, never rewritten into matmuls
-    with_unit = plan_captured(cap, x, chips["NPU-V3"], packs, precision="float16")
+    with_unit = plan_captured(cap, x, Target.of(chips["NPU-V3"], packs), precision="float16")
     assert any(s.kernel == "attention" for s in with_unit.steps) or any(f.op == sdpa for f in with_unit.fallbacks)
 
 
@@ -92,7 +93,7 @@ def test_resnet_block_tail_is_one_fused_kernel(chips, packs):
     """conv -> bn -> add(residual) -> relu closes every bottleneck block: one fused kernel
     (the sum never makes a round trip), because it is cheaper than conv2d_bn + add + relu."""
     cap, x = captured("resnet50", image=64)
-    plan = plan_captured(cap, x, chips["NPU-V3"], packs, precision="float16")
+    plan = plan_captured(cap, x, Target.of(chips["NPU-V3"], packs), precision="float16")
     tails = [s for s in plan.steps if s.kernel == "conv2d_bn_add_relu"]
     assert len(tails) == 16                      # 3 + 4 + 6 + 3 bottleneck blocks
     assert all(s.kind == "fused" and len(s.nodes) >= 4 for s in tails)

@@ -12,6 +12,7 @@ import pytest
 
 from planner_helpers import captured
 from torchfl.planner.api import plan_captured
+from torchfl.planner.target import Target
 from torchfl.planner.errors import HardConstraintError, UnsupportedAttention
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -32,13 +33,15 @@ def test_every_zoo_model_on_every_bundled_chip(model, chips, packs):
     outcomes = {}
     for name, hcd in chips.items():
         try:
-            plan = plan_captured(cap, x, hcd, packs, precision="float16")
+            plan = plan_captured(cap, x, Target.of(hcd, packs), precision="float16")
         except (HardConstraintError, UnsupportedAttention) as exc:
             outcomes[name] = type(exc).__name__
             continue
         outcomes[name] = plan.summary.headline(name)
         assert plan.summary.nodes_total > 0 and plan.steps
-        assert plan.explain("text").startswith(plan.summary.headline(name))
+        text, headline = plan.explain("text"), plan.summary.headline(name)
+        assert text.split()[:len(headline.split())] == headline.split()   # first, wrapped at 120 columns
+        assert max(len(line) for line in text.splitlines()) <= 120
         json.loads(plan.explain("json"))
         assert plan.explain("dot").startswith("digraph plan {")
         for step in plan.steps:  # every input is produced before it is read
@@ -52,9 +55,10 @@ import hashlib, sys, warnings
 warnings.filterwarnings("ignore")
 from torchfl.planner.zoo import load_model
 from torchfl.planner import plan_module
-from torchfl.planner.source import bundled_chips
+from torchfl.hcd import load_hcd
+from torchfl.resources import bundled_path
 m, x = load_model("resnet18", image=64)
-plan = plan_module(m, x, chip=bundled_chips()["NPU-V3"], precision="float16")
+plan = plan_module(m, x, chip=load_hcd(bundled_path("hcd_registry") / "npu_v3.hcd"), precision="float16")
 sys.stdout.write(hashlib.sha256(plan.to_json().encode()).hexdigest())
 """
 
@@ -74,10 +78,10 @@ def test_plan_json_round_trips(chips, packs):
     from torchfl.planner.plan import Plan
 
     cap, x = captured("resnet18", image=64)
-    plan = plan_captured(cap, x, chips["NPU-V3"], packs, precision="float16")
+    plan = plan_captured(cap, x, Target.of(chips["NPU-V3"], packs), precision="float16")
     assert Plan.from_json(plan.to_json()).to_json() == plan.to_json()
     assert hashlib.sha256(plan.to_json().encode()).hexdigest() == \
-        hashlib.sha256(plan_captured(cap, x, chips["NPU-V3"], packs, precision="float16").to_json().encode()).hexdigest()
+        hashlib.sha256(plan_captured(cap, x, Target.of(chips["NPU-V3"], packs), precision="float16").to_json().encode()).hexdigest()
 
 
 def test_training_graphs_plan_forward_and_backward(chips):

@@ -201,6 +201,11 @@ def test_no_rule_reasons():
     assert not m.ok and "no erf kernel" in str(m)
     m = match(CORE, CHIPS["NPU-V3"], "aten.convolutoin.default", Call())
     assert "similar ops with rules: aten.convolution.default" in str(m)
+    # suggestions only when similar: not every op that shares "aten." and ".default"
+    m = match(CORE, CHIPS["NPU-V3"], "aten.logical_not.default", Call())
+    assert "similar ops" not in str(m)
+    m = match(CORE, CHIPS["NPU-V3"], "aten.add.out", Call())
+    assert "similar ops with rules: aten.add." in str(m)
 
 
 def test_candidates_lists_every_rule():

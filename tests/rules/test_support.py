@@ -61,7 +61,7 @@ def test_ops_json_shape(registry):
     assert data["chip"] == {"name": "NPU-V3", "version": "1.0.0", "device_type": "npu_v3"}
     assert data["packs"] == ["core 1.3.0"]
     for o in data["ops"]:
-        assert set(o) == {"op", "dtypes", "layouts", "kernels", "serves"}
+        assert set(o) == {"op", "dtypes", "layouts", "layouts_by_dtype", "kernels", "serves"}
         for s in o["serves"]:
             assert set(s) == {"kernel", "rule", "pack", "dtype", "unit", "layouts", "guards", "warnings"}
     names = {f["name"] for f in data["fusions"] if f["supported"]}
@@ -89,12 +89,44 @@ def test_why_not_text_explains_each_gap(registry):
     assert code == 0
     assert "not float16 NHCW: layout NHCW not in compute_units.fp16.supported_layouts [NCHW, NHWC] of NPU-V2 2.1.0" in out
     assert "not float32: dtype float32 not in tensor.supported_dtypes" in out
-    assert "served: float16 in" in out and "by conv2d" in out
+    assert "served: float16, int8, bfloat16 in NHWC, NCHW" in out and "by conv2d" in out
     code, out, _ = run(registry, "why-not", "aten.native_dropout.default", "--chip", "NPU-V3")
     assert code == 0 and "no dropout kernel" in out
     data = run_json(registry, "why-not", "aten.convolution.default", "--chip", "NPU-V3", "--dtype", "torch.float16",
                     "--layout", "NHCW")
     assert data["supported"] and data["served"][0]["kernel"] == "conv2d" and data["gaps"] == []
+
+
+def test_layouts_are_per_dtype_not_the_union_across_units(registry):
+    # DSP-M4: its fp16 unit stores NHWC and NCHW, its int8 unit NHWC only
+    data = run_json(registry, "ops", "--chip", "DSP-M4")
+    conv = next(o for o in data["ops"] if o["op"] == "aten.convolution.default")
+    assert set(conv["layouts_by_dtype"]["float16"]) == {"NHWC", "NCHW"}
+    assert conv["layouts_by_dtype"]["int8"] == ["NHWC"]
+    code, out, _ = run(registry, "ops", "--chip", "DSP-M4")
+    line = next(ln for ln in out.splitlines() if ln.strip().startswith("aten.convolution.default "))
+    assert line.rstrip().endswith("float16 in NHWC, NCHW; int8 in NHWC"), line
+    # columns stay aligned: each column starts at the same place on every op row
+    rows = [ln for ln in out.splitlines() if ln.startswith("  aten.")]
+    assert len(rows) > 20
+    assert len({len(ln) - len(ln[2:].split("  ", 1)[1].lstrip()) for ln in rows}) == 1
+    code, out, _ = run(registry, "support", "aten.convolution.default")
+    assert "DSP-M4 0.9.1" in out and "float16 in NHWC, NCHW; int8 in NHWC" in out
+    kernel_cols = {ln.index("conv2d") for ln in out.splitlines() if "conv2d" in ln}
+    assert len(kernel_cols) == 1, out
+
+
+def test_why_not_a_supported_combination_is_one_line(registry):
+    code, out, _ = run(registry, "why-not", "aten.convolution.default", "--chip", "NPU-V3", "--dtype", "float16",
+                       "--layout", "NHWC")
+    assert code == 0
+    lines = out.strip().splitlines()
+    assert len(lines) == 1, out
+    assert lines[0].startswith("aten.convolution.default float16 NHWC on NPU-V3 1.0.0: supported, by conv2d on "
+                               "compute_units.fp16")
+    # an unsupported combination still lists each reason
+    code, out, _ = run(registry, "why-not", "aten.convolution.default", "--chip", "NPU-V3", "--layout", "NCWH")
+    assert "not supported" in out.splitlines()[0] and out.count("not float16 NCWH") == 1
 
 
 @pytest.mark.parametrize("args, fragment", [

@@ -1,9 +1,5 @@
 """Runtime tests: a real SQLite registry seeded with the bundled chips and rule packs, in a
 temporary directory (never the user's), real torch graphs, real Numba kernels."""
-import os
-
-os.environ.setdefault("NUMBA_CACHE_DIR", os.path.join(os.path.dirname(__file__), "..", "..", ".cache", "numba"))
-
 import pytest
 
 

@@ -5,7 +5,6 @@ import torch
 
 from test_executor import CHIP, _kstep
 from torchfl.planner.plan import Capture, Plan, PlanInput, Summary, Value
-from torchfl.runtime import device
 from torchfl.runtime.executor import Executor, Record
 
 
@@ -61,7 +60,6 @@ def _expected(x, b):
 
 
 def test_program_result_and_memory_kept_is_the_cached_weights():
-    device.register_chip(CHIP)
     plan, b = alias_plan()
     ex = Executor(plan, CHIP)
     mem = ex.memory

@@ -44,9 +44,17 @@ def test_analyze_predicted_bytes_equal_measured_on_every_step(compiled):
         counted = sum(n for per_op in an.routes.values() for n in per_op.values())
         assert counted == an.plan.summary.nodes_total
     assert "equal on every step" in text
-    assert "Largest predicted-vs-simulated time error" in text
+    assert "Largest predicted-vs-simulated time error" in text or "equals the time simulated" in text
     assert "Routes (per ATen op, counted during the run)" in text
     assert "aten.convolution.default" in text or "aten.conv2d.default" in text
+    assert max(len(line) for line in text.splitlines()) <= 120, "explain text wider than 120 columns"
+    # the demo's short table: per-call steps only (run-once parameter casts are not a call's cost)
+    an = analyses[0]
+    per_call = {s.index for s in an.steps if not an.static(s)}
+    assert per_call and len(per_call) < len(an.steps)
+    short = an.render(only=per_call, omitted_note="...")
+    rows = [ln.split()[0] for ln in short.splitlines() if ln[:5].strip().rstrip("*").isdigit()]
+    assert rows and all(not r.endswith("*") for r in rows) and len(rows) == len(per_call)
 
 
 def test_analyze_each_graph_of_a_graph_break():

@@ -20,43 +20,14 @@ import time
 
 import click
 
-CHIPS = ("NPU-V2", "NPU-V3")
+from torchfl.cli.workloads import CHIPS, compile_model as _compile, first_tensor as _first_tensor
 
 
 def _models(quick: bool):
-    """(name, factory) pairs; factories return (module, inputs)."""
-    from torchfl.planner.zoo import load_model
+    """(title, factory) pairs; factories return (module, inputs)."""
+    from torchfl.cli.workloads import models
 
-    image = 64 if quick else 224
-    seq = 32 if quick else 128
-    return (
-        (f"ResNet-50 (batch 1, {image}x{image})", lambda: load_model("resnet50", batch=1, image=image)),
-        # 8 heads: the attention units of both chips run it (NPU-V2: 1-8 heads, NPU-V3: up to 16)
-        (f"BERT encoder layer (hidden 768, 8 heads, seq {seq})",
-         lambda: load_model("bert-base", batch=1, seq_len=seq, layers=1, num_heads=8)),
-    )
-
-
-def _first_tensor(out):
-    import torch
-
-    if isinstance(out, torch.Tensor):
-        return out
-    if hasattr(out, "last_hidden_state"):
-        return out.last_hidden_state
-    if isinstance(out, (tuple, list)):
-        return _first_tensor(out[0])
-    if isinstance(out, dict):
-        return _first_tensor(next(iter(out.values())))
-    raise TypeError(f"no tensor in the model's output {type(out).__name__}")
-
-
-def _compile(module, chip: str, registry):
-    """The demo's one torch.compile call (the compile worker's kernels must be the same)."""
-    import torch
-
-    return torch.compile(module, backend="torchfl",
-                         options={"chip": chip, "precision": "float16", "registry": registry})
+    return tuple((title, factory) for _key, title, factory in models(quick))
 
 
 def _start_compile_worker(registry, quick: bool):
@@ -72,9 +43,22 @@ def _start_compile_worker(registry, quick: bool):
         cmd += ["--registry", registry]
     try:
         return subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
-                                stderr=subprocess.DEVNULL, preexec_fn=lambda: os.nice(5))
+                                stderr=subprocess.DEVNULL, preexec_fn=lambda: os.nice(5),
+                                env=dict(os.environ, TORCHFL_COMPILE_HELPERS="0"))
     except OSError:
         return None
+
+
+def _warmed_up(quick: bool) -> bool:
+    """Whether ``torchfl kernels warmup`` compiled every demo job (then no compile worker); the
+    full-size jobs serve ``--quick`` too (Numba specialises on types, not on sizes)."""
+    from torchfl.cli.kernels_cmd import job_name, warmed_jobs
+    from torchfl.cli.workloads import models
+    from torchfl.kernels import jitcache
+
+    done = warmed_jobs(jitcache.configure())
+    return any(all(job_name(key, chip, q) in done for key, _t, _f in models(q) for chip in CHIPS)
+               for q in {quick, False})
 
 
 def _compile_only(registry, quick: bool) -> None:
@@ -109,27 +93,21 @@ def demo(registry, quick, full_tables, parallel_compile, compile_only) -> None:
         _compile_only(registry, quick)
         return
     from rich.console import Console
-    from rich.progress import BarColumn, Progress, SpinnerColumn, TextColumn, TimeElapsedColumn
     from rich.table import Table
 
+    from torchfl.cli.progress import Progress
     from torchfl.registry import Registry, RegistryError
 
     out = Console(highlight=False, soft_wrap=True)
     t_start = time.perf_counter()
-    progress = Progress(SpinnerColumn(), TextColumn("{task.description}"), BarColumn(),
-                        TextColumn("{task.completed}/{task.total}"), TimeElapsedColumn(), console=out,
-                        transient=False)
 
     # 1. the registry: created and migrated if needed; bundled chips and packs imported
     #    (re-importing identical content is a no-op, so this is safe on every run)
     try:
         reg = Registry(registry)
-        with progress:
-            task = progress.add_task("registry: create if needed, import bundled chips and rule packs", total=1)
-            seeded = reg.init(seed=True)["seeded"]
-            chips = reg.chips()
-            packs = reg.packs()
-            progress.advance(task)
+        seeded = reg.init(seed=True)["seeded"]
+        chips = reg.chips()
+        packs = reg.packs()
     except RegistryError as exc:
         out.print(f"[red]Error:[/red] {exc}")
         sys.exit(1)
@@ -143,7 +121,7 @@ def demo(registry, quick, full_tables, parallel_compile, compile_only) -> None:
     out.print(t)
 
     # 2. compile, run, analyze, compare (the later models' kernels compiling in a second process)
-    worker = _start_compile_worker(registry, quick) if parallel_compile else None
+    worker = _start_compile_worker(registry, quick) if parallel_compile and not _warmed_up(quick) else None
     if worker is not None:
         out.print("Compiling the BERT layer's kernels in a second process (pid "
                   f"{worker.pid}) while ResNet-50's compile here")
@@ -154,29 +132,28 @@ def demo(registry, quick, full_tables, parallel_compile, compile_only) -> None:
     results = []
     models = _models(quick)
     jobs = [(chip, name, factory) for name, factory in models for chip in CHIPS]
-    with progress:
-        task = progress.add_task("compile + run on the emulated chips", total=len(jobs) * 3)
+    with Progress(sys.stdout, "compile + run on the emulated chips", total=len(jobs) * 3) as progress:
         for chip, name, factory in jobs:
-            progress.update(task, description=f"{name} on {chip}: building")
+            progress.update(f"{name} on {chip}: building")
             module, inputs = factory()
             with torch.no_grad():
                 ref = _first_tensor(module(*inputs))
             compiled = _compile(module, chip, registry)
-            progress.advance(task)
-            progress.update(task, description=f"{name} on {chip}: planning + compiling kernels")
+            progress.advance()
+            progress.update(f"{name} on {chip}: planning + compiling kernels")
             t0 = time.perf_counter()
             try:
                 with torch.no_grad():
                     y = _first_tensor(compiled(*inputs))
             except (RuntimeError, NotImplementedError) as exc:
-                progress.advance(task, 2)
+                progress.advance(2)
                 results.append((chip, name, None, None, f"{type(exc).__name__}: {exc}", None))
                 continue
             first_s = time.perf_counter() - t0
-            progress.advance(task)
-            progress.update(task, description=f"{name} on {chip}: explain analyze")
+            progress.advance()
+            progress.update(f"{name} on {chip}: explain analyze")
             text, analyses = torchfl.explain(compiled, *inputs, analyze=True, return_analysis=True)
-            progress.advance(task)
+            progress.advance()
             err = float((y.float() - ref.float()).abs().max())
             rel = err / max(float(ref.abs().max()), 1e-12)
             results.append((chip, name, err, rel, None, (first_s, analyses, text)))
@@ -238,19 +215,12 @@ def demo(registry, quick, full_tables, parallel_compile, compile_only) -> None:
 
 
 def _short(an, full: bool) -> str:
-    """The analysis text; unless ``full``, only the 12 steps with the largest simulated time."""
+    """The analysis text; unless ``full``, only the 12 per-call steps with the largest simulated
+    time (run-once steps, such as parameter casts, are not what a call costs)."""
     if full or len(an.steps) <= 16:
         return an.render()
-    import copy
-
-    keep = sorted(an.steps, key=lambda s: -s.simulated_time_s)[:12]
-    idx = {s.index for s in keep}
-    short = copy.copy(an)
-    short.steps = [s for s in an.steps if s.index in idx]
-    text = short.render().splitlines()
-    # totals are those of the whole plan
-    full_lines = an.render().splitlines()
-    head = text[:3 + len(short.steps)]
-    tail = full_lines[3 + len(an.steps):]
-    head.append(f"... {len(an.steps) - len(short.steps)} more steps (--full-tables shows all)")
-    return "\n".join(head + tail)
+    per_call = [s for s in an.steps if not an.static(s)]
+    keep = {s.index for s in sorted(per_call, key=lambda s: -s.simulated_time_s)[:12]}
+    return an.render(only=keep, omitted_note=(
+        f"... the 12 slowest of {len(per_call)} per-call steps; {len(an.steps) - len(keep)} more steps, "
+        f"{len(an.steps) - len(per_call)} of them run once (--full-tables shows all)"))

@@ -23,6 +23,7 @@ _COMMANDS = (
     ("torchfl.cli.support_cmd", "COMMANDS", "registry"),
     ("torchfl.cli.plan_cmd", "plan", None),
     ("torchfl.cli.demo_cmd", "demo", None),
+    ("torchfl.cli.kernels_cmd", "kernels", None),
     ("torchfl.cli.conformance_cmd", "conformance", None),
 )
 

@@ -12,6 +12,8 @@ import sys
 import click
 
 ZOO_NAMES = ("mlp", "resnet18", "resnet50", "bert-base", "bert-large", "gpt2")
+# load_model's option -> the flag that sets it (errors name the flag the user wrote)
+OPTION_FLAGS = {"batch": "--batch", "seq_len": "--seq-len", "num_heads": "--heads", "layers": "--layers"}
 
 
 @click.group()
@@ -46,7 +48,8 @@ def explain(model, chip, batch, seq_len, heads, layers, precision, strict, fmt, 
     from torchfl.planner.zoo import ModelError, load_model
 
     try:
-        module, inputs = load_model(model, batch=batch, seq_len=seq_len, num_heads=heads, layers=layers)
+        module, inputs = load_model(model, batch=batch, seq_len=seq_len, num_heads=heads, layers=layers,
+                                    labels=OPTION_FLAGS)
         result = plan_module(module, inputs, chip=chip, precision=precision, strict=strict, registry=registry)
     except ModelError as exc:
         _fail("Error", str(exc))
@@ -61,7 +64,7 @@ def explain(model, chip, batch, seq_len, heads, layers, precision, strict, fmt, 
     if analyze:
         if fmt == "dot":
             _fail("Error", "--analyze prints text or json; use --format text or --format json")
-        analysed = _analyze(result, inputs, registry)
+        analysed = _analyze(result, inputs)
         if fmt == "json":
             import json
 
@@ -73,24 +76,20 @@ def explain(model, chip, batch, seq_len, heads, layers, precision, strict, fmt, 
     click.echo(result.explain(fmt), nl=False)
 
 
-def _analyze(plan, inputs, registry):
-    """Run the plan once with a progress bar (the first call of each kernel JIT-compiles)."""
-    from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-
-    from torchfl.runtime.analyze import analyze
-
+def _analyze(plan, inputs):
+    """Run the plan once with progress on stderr (the first call of each kernel JIT-compiles)."""
     import torch.utils._pytree as pytree
 
+    from torchfl.cli.progress import Progress
+    from torchfl.runtime.analyze import analyze
+
     flat = pytree.tree_leaves(inputs)
-    with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                  transient=True, console=None) as progress:
-        task = progress.add_task("compiling kernels and running", total=len(plan.steps))
+    with Progress(sys.stderr, "explain analyze: running the plan", total=len(plan.steps)) as progress:
 
         def on_step(done, total, step):
-            progress.update(task, completed=done, total=total,
-                            description=f"step {done}/{total}: {step.kernel or step.kind}")
+            progress.update(completed=done, total=total, detail=f"last {step.kernel or step.kind}")
 
-        return analyze(plan, flat, registry=registry, progress=on_step)
+        return analyze(plan, flat, progress=on_step)
 
 
 def _fail(kind: str, message: str) -> None:

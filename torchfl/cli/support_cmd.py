@@ -64,6 +64,22 @@ def _lays(xs) -> str:
     return ", ".join(xs) if xs else "n/a (layout-free)"
 
 
+def _dtype_layouts(row) -> str:
+    """``float16, bfloat16 in NCHW, NHWC; int8 in NHWC``: each dtype with its own unit's
+    layouts (dtypes sharing the same layouts grouped), ``(layout-free)`` for ops without."""
+    groups: dict = {}
+    for d, lays in row["layouts_by_dtype"].items():
+        groups.setdefault(frozenset(lays), (lays, []))[1].append(d)
+    return "; ".join(f"{', '.join(ds)} in {', '.join(lays)}" if lays else f"{', '.join(ds)} (layout-free)"
+                     for lays, ds in groups.values())
+
+
+def _columns(rows) -> list[str]:
+    """Rows of cells as aligned lines (the last cell is left ragged)."""
+    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)] if rows else []
+    return ["  ".join([c.ljust(w) for c, w in zip(r, widths)] + [r[-1]]).rstrip() for r in rows]
+
+
 @click.command("ops")
 @click.option("--chip", "chip_name", required=True, metavar="NAME", help="Chip name, e.g. NPU-V3.")
 @click.option("--version", "chip_version", default=None, metavar="V", help="Chip version (default: latest).")
@@ -86,10 +102,11 @@ def ops(chip_name, chip_version, registry_url, as_json):
         return _emit_json(result)
     c = result["chip"]
     click.echo(f"{c['name']} {c['version']} (device_type {c['device_type']}), packs: {', '.join(result['packs'])}")
-    width = max((len(o["op"]) for o in result["ops"]), default=10)
-    for o in result["ops"]:
-        click.echo(f"  {o['op']:<{width}}  {', '.join(o['kernels']):<28} dtypes {', '.join(o['dtypes']):<26} "
-                   f"layouts {_lays(o['layouts']):<24} evidence: {short(o['evidence'])}")
+    rows = [("op", "kernel(s)", "evidence", "dtypes and their layouts")] + \
+        [(o["op"], ", ".join(o["kernels"]), short(o["evidence"], brief=True), _dtype_layouts(o))
+         for o in result["ops"]]
+    for line in _columns(rows):
+        click.echo("  " + line)
     fus = [f for f in result["fusions"] if f["supported"]]
     if fus:
         click.echo("fusion groups:")
@@ -132,16 +149,18 @@ def support(op, registry_url, as_json):
     if as_json:
         return _emit_json(result)
     click.echo(f"{result['op']} ({result['rules']} rule{'s' if result['rules'] != 1 else ''})")
+    rows = [("chip", "kernel(s)", "dtypes and their layouts")]
     for row in result["chips"]:
         c = row["chip"]
         name = f"{c['name']} {c['version']}"
         if row["supported"]:
-            click.echo(f"  {name:<20} {', '.join(row['kernels']):<28} dtypes {', '.join(row['dtypes']):<26} "
-                       f"layouts {_lays(row['layouts'])}")
-            click.echo(f"  {'':<20} evidence: {short(row['evidence'])}")
-            _problems(row["evidence"], indent=24)
+            rows.append((name, ", ".join(row["kernels"]), _dtype_layouts(row)))
+            rows.append(("", "", f"evidence: {short(row['evidence'])}"))
+            rows += [("", "", line) for line in _problems(row["evidence"])]
         else:
-            click.echo(f"  {name:<20} not supported: {row['reasons'][0]['message']}")
+            rows.append((name, "-", f"not supported: {row['reasons'][0]['message']}"))
+    for line in _columns(rows):
+        click.echo("  " + line)
 
 
 @click.command("why-not")
@@ -171,41 +190,74 @@ def why_not(op, chip_name, chip_version, dtype, layout, registry_url, as_json):
     result["evidence"] = describe(rows)
     if as_json:
         return _emit_json(result)
+    for line in _why_not_lines(result):
+        click.echo(line)
+
+
+def _why_not_lines(result) -> list[str]:
+    """A supported combination in one line; otherwise what is served (per dtype, with its
+    layouts), each rule's call guards once, and every gap with its reasons."""
+    from torchfl.registry.evidence import short
+
     c = result["chip"]
     asked = " ".join(x for x in (result["dtype"], result["layout"]) if x)
-    click.echo(f"{result['op']}{' ' + asked if asked else ''} on {c['name']} {c['version']}: "
-               f"{'supported' if result['supported'] else 'not supported'}")
-    seen = set()
-    for s in result["served"]:
-        key = (s["kernel"], s["dtype"], s["rule"])
-        if key in seen:
-            continue
-        seen.add(key)
-        lays = [x["layout"] for x in result["served"] if (x["kernel"], x["dtype"], x["rule"]) == key and x["layout"]]
-        where = f" in {', '.join(lays)}" if lays else ""
-        cond = f"; if the call meets: {'; '.join(s['guards'])}" if s["guards"] else ""
-        click.echo(f"  served: {s['dtype']}{where} by {s['kernel']} ({s['rule']}) on compute_units."
-                   f"{s['unit'] or '-'}{cond}")
-        for w in s["warnings"]:
-            click.echo(f"    warning: {w}")
-    for g in result["gaps"]:
+    head = f"{result['op']}{' ' + asked if asked else ''} on {c['name']} {c['version']}"
+    served, gaps = result["served"], result["gaps"]
+    rules: dict = {}                 # rule -> (kernel, guards, {unit: [dtypes]})
+    for s in served:
+        units = rules.setdefault(s["rule"], (s["kernel"], s["guards"], {}))[2]
+        dts = units.setdefault(f"compute_units.{s['unit'] or '-'}", [])
+        if s["dtype"] not in dts:
+            dts.append(s["dtype"])
+    warnings = list(dict.fromkeys(w for s in served for w in s["warnings"]))
+
+    def on(units: dict) -> str:
+        if len(units) == 1:
+            return next(iter(units))
+        return ", ".join(f"{u} ({', '.join(ds)})" for u, ds in units.items())
+
+    if result["supported"] and not gaps and result.get("evidence", {}).get("state", "verified") == "verified":
+        how = "; ".join(f"{kernel} on {on(units)} ({rule}"
+                        + (f"; the call must meet its {len(guards)} guard(s), --json lists them" if guards else "")
+                        + ")" for rule, (kernel, guards, units) in rules.items())
+        scope = "" if asked else f" in {_dtype_layouts({'layouts_by_dtype': _layouts_by_dtype(served)})}"
+        return [f"{head}: supported{scope}, by {how}"] + [f"  warning: {w}" for w in warnings]
+    lines = [f"{head}: {'supported' if result['supported'] else 'not supported'}"]
+    if served:
+        lines.append(f"  served: {_dtype_layouts({'layouts_by_dtype': _layouts_by_dtype(served)})}")
+        for rule, (kernel, guards, units) in rules.items():
+            lines.append(f"    by {kernel} on {on(units)} ({rule})")
+            if guards:
+                lines.append(f"      if the call meets: {'; '.join(guards)}")
+        lines += [f"    warning: {w}" for w in warnings]
+    for g in gaps:
         what = " ".join(x for x in (g["dtype"], g["layout"]) if x) or "any"
-        for r in g["reasons"]:
-            click.echo(f"  not {what}: {r['message']}")
-    if result["served"]:
-        click.echo(f"  evidence: {short(result['evidence'])}")
-        _problems(result["evidence"], indent=4)
+        lines += [f"  not {what}: {r['message']}" for r in g["reasons"]]
+    if served and "evidence" in result:
+        lines.append(f"  evidence: {short(result['evidence'])}")
+        lines += [f"    {line}" for line in _problems(result["evidence"])]
+    return lines
 
 
-def _problems(desc: dict, indent: int) -> None:
+def _problems(desc: dict) -> list[str]:
     """The verdicts behind a claim that is not simply verified: how it fails, or why it was refused."""
-    pad = " " * indent
+    out = []
     for p in desc.get("problems", []):
         head = (f"{p['dtype']} {p['layout']}: {p['verdict']} ({p['samples'] - p['failed'] - p['refused']}/"
                 f"{p['samples']} pass, {p['failed']} fail, {p['refused']} refused)")
         lines = [ln.strip() for ln in (p["reason"] or "").splitlines() if ln.strip()]
         why = lines[1] if len(lines) > 1 and lines[0].startswith("strict") else (lines[0] if lines else "")
-        click.echo(f"{pad}{head}{': ' + why[:200] if why else ''}")
+        out.append(f"{head}{': ' + why[:200] if why else ''}")
+    return out
+
+
+def _layouts_by_dtype(served) -> dict:
+    out: dict = {}
+    for s in served:
+        lays = out.setdefault(s["dtype"], [])
+        if s["layout"] and s["layout"] not in lays:
+            lays.append(s["layout"])
+    return out
 
 
 COMMANDS = [ops, support, why_not]

@@ -3,6 +3,7 @@ memory. Cheap to import (no numba, no torch); the catalog loads on first access.
 
     from torchfl.kernels import CATALOG, ChipModel, DeviceMemory, DeviceTensor
 """
+from . import jitcache
 from .chip import ChipModel, reference_chip
 from .errors import AlignmentError, DeviceOOMError, KernelError
 from .tiling import TileConfig, TilePlan, Traffic, simulated_time
@@ -26,3 +27,6 @@ def __getattr__(name):
 
         return DeviceTensor
     raise AttributeError(f"module 'torchfl.kernels' has no attribute {name!r}")
+
+
+jitcache.configure()  # before any kernel module binds its Numba cache (see jitcache)

@@ -19,7 +19,9 @@ class ChipModel:
     ``peak`` maps storage dtype short names to aggregate ops/s (all ``count`` units);
     ``units`` maps the same names to unit counts. ``cache_bytes`` is the on-chip cache
     (scratchpad) that tiles must fit in; ``offchip_bw``/``cache_bw`` are bytes per second.
-    ``memory_bytes`` is the off-chip capacity (None: unbounded).
+    ``memory_bytes`` is the off-chip capacity (None: unbounded). ``hcd_hash`` is the
+    content hash of the HCD it was built from (its identity: plans record it, device
+    memory is kept per hash); empty for a chip built by hand.
     """
 
     name: str = "EMU-REF"
@@ -33,6 +35,7 @@ class ChipModel:
     alignment: int = 256
     memory_bytes: int | None = None
     bf16_emulation: bool = False
+    hcd_hash: str = ""
 
     def __post_init__(self):
         if self.cache_bytes <= 0:
@@ -45,7 +48,7 @@ class ChipModel:
     def __hash__(self):  # dict fields: hash the immutable identity
         return hash((self.name, self.cache_bytes, self.cache_bw, self.offchip_bw,
                      tuple(sorted(self.peak.items())), self.alignment, self.memory_bytes,
-                     self.bf16_emulation))
+                     self.bf16_emulation, self.hcd_hash))
 
     @classmethod
     def from_hcd(cls, hcd) -> "ChipModel":
@@ -73,6 +76,7 @@ class ChipModel:
             alignment=int(hcd.constraints.memory_alignment_bytes),
             memory_bytes=None if size_gb is None else int(size_gb * (1 << 30)),
             bf16_emulation=bool(hcd.constraints.bfloat16_emulation),
+            hcd_hash=hcd.content_hash(),
         )
 
     def peak_for(self, dtype: str) -> float:
@@ -90,10 +94,11 @@ class ChipModel:
         return min(self.peak.values())
 
     def with_cache(self, cache_bytes: int) -> "ChipModel":
-        """The same chip with another cache size (tests: bigger cache, fewer bytes)."""
+        """The same chip with another cache size (tests: bigger cache, fewer bytes); no longer
+        the HCD's chip, so without its ``hcd_hash``."""
         from dataclasses import replace
 
-        return replace(self, cache_bytes=int(cache_bytes))
+        return replace(self, cache_bytes=int(cache_bytes), hcd_hash="")
 
 
 def reference_chip(**overrides) -> ChipModel:

@@ -1,12 +1,15 @@
 """SME planner: capture a graph, price the chip's kernels on it, pick the cheapest cover.
 
-``plan_module(module, example_inputs, chip=...)`` and ``plan_graph(gm, example_inputs,
-chip=...)`` return a :class:`~torchfl.planner.plan.Plan`. Importing this package does not
-import torch; capture does, when called.
+``plan_module(module, example_inputs, chip=...)``, ``plan_graph(gm, example_inputs,
+chip=...)`` and ``plan_training`` return :class:`~torchfl.planner.plan.Plan` objects;
+``resolve_target(chip, registry)`` resolves a chip once into the
+:class:`~torchfl.planner.target.Target` that planning and execution share. Importing this
+package does not import torch; capture does, when called.
 """
 
 from __future__ import annotations
 
+from torchfl.planner.api import plan_captured, plan_graph, plan_module, plan_training
 from torchfl.planner.plan import (
     Capture,
     Cast,
@@ -20,24 +23,10 @@ from torchfl.planner.plan import (
     Value,
     identity_layout,
 )
+from torchfl.planner.target import ChipMismatch, Target, resolve_target
 
 __all__ = [
-    "Capture", "Cast", "Conversion", "Fallback", "Plan", "PlanInput", "Rejected", "Step",
-    "Summary", "Value", "identity_layout", "plan_module", "plan_graph",
+    "Capture", "Cast", "ChipMismatch", "Conversion", "Fallback", "Plan", "PlanInput", "Rejected", "Step",
+    "Summary", "Target", "Value", "identity_layout", "plan_captured", "plan_graph", "plan_module",
+    "plan_training", "resolve_target",
 ]
-
-
-def plan_module(module, example_inputs, chip, precision=None, strict=False, registry=None, training=False):
-    """Capture ``module`` on ``example_inputs`` and plan it for ``chip`` (see ``api``)."""
-    from torchfl.planner.api import plan_module as _plan_module
-
-    return _plan_module(module, example_inputs, chip=chip, precision=precision, strict=strict,
-                        registry=registry, training=training)
-
-
-def plan_graph(gm, example_inputs, chip, precision=None, strict=False, registry=None):
-    """Plan a Dynamo ``GraphModule`` (what a torch.compile backend receives) for ``chip``."""
-    from torchfl.planner.api import plan_graph as _plan_graph
-
-    return _plan_graph(gm, example_inputs, chip=chip, precision=precision, strict=strict,
-                       registry=registry)

@@ -1,78 +1,88 @@
-"""Public entry points: ``plan_module`` (module + example inputs) and ``plan_graph`` (a
-Dynamo GraphModule, as a torch.compile backend receives it), both -> :class:`Plan`.
+"""Public entry points: ``plan_module`` (module + example inputs), ``plan_training``
+(its AOTAutograd forward and backward graphs) and ``plan_graph`` (a Dynamo GraphModule, as
+a torch.compile backend receives it), all -> :class:`Plan`; ``plan_captured`` plans a graph
+already captured, on a resolved :class:`~torchfl.planner.target.Target`.
 
-Pipeline: resolve the chip and rule packs -> check the precision and input layouts ->
-capture -> hard constraints on every value and op -> candidates and prices -> strict
-check -> exact selection -> Plan assembly.
+``chip`` is a chip name, an HCD or a Target (:func:`~torchfl.planner.target.resolve_target`).
+Pipeline: resolve the target -> check the precision and input layouts (before the costly
+capture) -> capture -> hard constraints on every value and op -> candidates and prices ->
+strict check -> exact selection -> Plan assembly.
 """
 
 from __future__ import annotations
 
 from torchfl.planner.errors import StrictFallbackError
+from torchfl.planner.target import resolve_target
+
+
+def _prepared(chip, registry, precision, example_inputs):
+    """The target, after the checks that need no capture."""
+    from torchfl.planner.constraints import check_layout_inputs, check_precision
+
+    target = resolve_target(chip, registry)
+    check_precision(target.hcd, precision)
+    check_layout_inputs(target.hcd, example_inputs)
+    return target
 
 
 def plan_module(module, example_inputs, chip, precision=None, strict=False, registry=None, training=False):
     """Plan ``module(*example_inputs)`` (inference; ``training=True`` plans the forward graph
     AOTAutograd produces, see :func:`plan_training` for both graphs)."""
     from torchfl.planner.capture import capture_module, capture_training
-    from torchfl.planner.constraints import check_layout_inputs, check_precision
-    from torchfl.planner.source import resolve
 
     example_inputs = tuple(example_inputs) if isinstance(example_inputs, (list, tuple)) else (example_inputs,)
-    hcd, packs = resolve(chip, registry)
-    check_precision(hcd, precision)
-    check_layout_inputs(hcd, example_inputs)
+    target = _prepared(chip, registry, precision, example_inputs)
     if training:
-        captured, _bw = capture_training(module, example_inputs, packs)
+        captured, _bw = capture_training(module, example_inputs, target.packs)
     else:
         captured = capture_module(module, example_inputs)
-    return plan_captured(captured, example_inputs, hcd, packs, precision=precision, strict=strict)
+    return _plan(captured, example_inputs, target, precision, strict)
 
 
 def plan_training(module, example_inputs, chip, precision=None, strict=False, registry=None):
     """(forward plan, backward plan) of the AOTAutograd graphs of ``module``."""
     from torchfl.planner.capture import capture_training
-    from torchfl.planner.constraints import check_precision
-    from torchfl.planner.source import resolve
 
-    hcd, packs = resolve(chip, registry)
-    check_precision(hcd, precision)
-    fw, bw = capture_training(module, tuple(example_inputs), packs)
-    return (plan_captured(fw, (), hcd, packs, precision=precision, strict=strict),
-            plan_captured(bw, (), hcd, packs, precision=precision, strict=strict))
+    target = _prepared(chip, registry, precision, ())
+    fw, bw = capture_training(module, tuple(example_inputs), target.packs)
+    return _plan(fw, (), target, precision, strict), _plan(bw, (), target, precision, strict)
 
 
 def plan_graph(gm, example_inputs, chip, precision=None, strict=False, registry=None):
     """Plan a Dynamo GraphModule; the plan's names refer to its core-ATen re-capture
     (``plan.capture.graph_module``), which is what the runtime executes."""
     from torchfl.planner.capture import capture_dynamo
-    from torchfl.planner.constraints import check_layout_inputs, check_precision
-    from torchfl.planner.source import resolve
 
     example_inputs = tuple(example_inputs)
-    hcd, packs = resolve(chip, registry)
-    check_precision(hcd, precision)
-    check_layout_inputs(hcd, example_inputs)
-    captured = capture_dynamo(gm, example_inputs)
-    return plan_captured(captured, example_inputs, hcd, packs, precision=precision, strict=strict)
+    target = _prepared(chip, registry, precision, example_inputs)
+    return _plan(capture_dynamo(gm, example_inputs), example_inputs, target, precision, strict)
 
 
-def plan_captured(captured, example_inputs, hcd, packs, precision=None, strict=False, chip_model=None):
-    """Plan an already captured graph on a resolved chip (tests and the benchmark reuse captures)."""
-    from torchfl.kernels.chip import ChipModel
+def plan_captured(captured, example_inputs, target, precision=None, strict=False):
+    """Plan an already captured graph on a resolved ``target`` (a Target; tests and the
+    benchmark reuse captures)."""
+    from torchfl.planner.target import Target
+
+    if not isinstance(target, Target):
+        raise TypeError(f"plan_captured needs a Target (Target.of(hcd, packs) or resolve_target(...)), "
+                        f"got {type(target).__name__}")
+    target = _prepared(target, None, precision, example_inputs)
+    return _plan(captured, example_inputs, target, precision, strict)
+
+
+def _plan(captured, example_inputs, target, precision, strict):
+    """Plan ``captured`` on ``target`` (its preconditions checked by the caller)."""
     from torchfl.planner.build import assemble
     from torchfl.planner.candidates import Generator
-    from torchfl.planner.constraints import check_graph, check_layout_inputs, check_precision, input_layouts
+    from torchfl.planner.constraints import check_graph, input_layouts
     from torchfl.planner.cost import Pricer
     from torchfl.planner.graph import build_ir
     from torchfl.planner.plan import Capture, identity_layout
     from torchfl.planner.select import Problem, select
 
-    check_precision(hcd, precision)
-    check_layout_inputs(hcd, example_inputs)
+    hcd, packs, chip = target.hcd, target.packs, target.model
     ir = build_ir(captured, precision)
     check_graph(hcd, ir, precision, unbatched=frozenset(captured.extra.get("unbatched", ())))
-    chip = chip_model or ChipModel.from_hcd(hcd)
     pricer = Pricer.for_chip(chip)
     cands = Generator(ir, hcd, packs, chip, pricer).run()
     if strict and cands.fallbacks:
@@ -110,4 +120,4 @@ def plan_captured(captured, example_inputs, hcd, packs, precision=None, strict=F
         notes.extend(opt.payload.warnings)
     notes = list(dict.fromkeys(notes))
     capture = Capture(captured.graph_module, dict(captured.tensors), captured.training)
-    return assemble(hcd, precision, ir, cands, selection, pricer, capture, layouts_in, notes)
+    return assemble(target, precision, ir, cands, selection, pricer, capture, layouts_in, notes)

@@ -12,7 +12,7 @@ from torchfl.planner.plan import (HOST_STEPS, Cast, Conversion, Fallback, Plan, 
                                   Value, identity_layout)
 
 
-def assemble(hcd, precision, ir, cands, selection, pricer, capture, input_layouts, notes=()):
+def assemble(target, precision, ir, cands, selection, pricer, capture, input_layouts, notes=()):
     steps: list[Step] = []
     values: dict[str, Value] = {}
     conversions: list[Conversion] = []
@@ -27,13 +27,13 @@ def assemble(hcd, precision, ir, cands, selection, pricer, capture, input_layout
 
     inputs = []
     user_i = 0
-    for name, kind, target, info in ir.placeholders:
+    for name, kind, key, info in ir.placeholders:
         layout = identity_layout(info.rank)
         if kind == "input":
             lay = input_layouts[user_i] if user_i < len(input_layouts) else None
             layout = lay or layout
             user_i += 1
-        inputs.append(PlanInput(name, kind, target, info.shape, info.graph_dtype, layout))
+        inputs.append(PlanInput(name, kind, key, info.shape, info.graph_dtype, layout))
         add_value(name, info.shape, info.graph_dtype, layout, None, info.static)
 
     def emit(**kw):
@@ -160,11 +160,11 @@ def assemble(hcd, precision, ir, cands, selection, pricer, capture, input_layout
         predicted_bytes=float(sum(s.predicted_bytes for s in steps)),
         predicted_time_s=float(sum(s.predicted_time_s for s in steps)),
     )
-    return Plan(chip=hcd.chip.name, chip_version=str(hcd.chip.version), precision=precision,
+    return Plan(chip=target.name, chip_version=target.version, chip_hash=target.chip_hash, precision=precision,
                 inputs=tuple(inputs), outputs=tuple(outputs), values=values, steps=tuple(steps),
                 conversions=tuple(conversions), casts=tuple(casts), fallbacks=fallbacks, folded=folded,
                 rejected=rejected,
-                summary=summary, notes=tuple(notes), capture=capture)
+                summary=summary, notes=tuple(notes), capture=capture, target=target)
 
 
 def _shape_of(ir, fx_name, info, producer=None):

@@ -104,8 +104,13 @@ def check_graph(hcd, ir, precision, unbatched=frozenset()):
             continue  # no attention unit: the op falls back to the CPU, explicitly (never rewritten)
         heads = int(q.shape[1]) if q.dim() == 4 else 1
         if att.supported_heads and heads not in att.supported_heads:
-            raise UnsupportedAttention(f"MultiheadAttention with num_heads={heads} not supported on {chip}",
-                                       heads=heads, supported=att.supported_heads, node=node.name)
+            raise UnsupportedAttention(
+                f"MultiheadAttention with num_heads={heads} not supported on {chip}: its attention unit runs "
+                f"num_heads {', '.join(map(str, att.supported_heads))} (HCD compute_units.attention."
+                f"supported_heads); build the model with one of those (nn.MultiheadAttention's num_heads, a "
+                f"transformers config's num_attention_heads or n_head, `torchfl plan explain --heads`) or use a "
+                f"chip whose attention unit runs {heads} heads",
+                heads=heads, supported=att.supported_heads, node=node.name)
         if att.max_sequence_length is not None and seq > att.max_sequence_length:
             raise HardConstraintError(
                 f"Sequence length {seq} at {node.name} exceeds the attention unit's max_sequence_length "

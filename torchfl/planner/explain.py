@@ -11,6 +11,7 @@ from __future__ import annotations
 import hashlib
 
 from torchfl.planner.errors import ChoiceError
+from torchfl.planner.texttable import human_bytes as _bytes
 
 FORMATS = ("text", "json", "dot")
 MAX_REJECTED_TEXT = 40
@@ -35,14 +36,8 @@ def _time(s: float) -> str:
     return f"{s * 1e9:.3g} ns"
 
 
-def _bytes(b: float) -> str:
-    for unit, k in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if b >= k:
-            return f"{b / k:.3g} {unit}"
-    return f"{int(b)} B"
-
-
-def _tiling(tile: dict) -> str:
+def tiling_text(tile: dict) -> str:
+    """``resident (m=32 n=768 k=768) 2buf``: a step's tile configuration as explain shows it."""
     if not tile:
         return "-"
     strategy = tile.get("strategy", "?")
@@ -61,64 +56,119 @@ def _covers(step) -> str:
     return "+".join(ops) + f" [{step.nodes[0]}" + (f"..{step.nodes[-1]}]" if len(step.nodes) > 1 else "]")
 
 
+def _operand_names(step) -> tuple:
+    """The kernel's names for the step's inputs (``x``, ``w``, ``bias``), else ``in0``..."""
+    names = ()
+    if step.kernel and step.kind in ("kernel", "fused"):
+        from torchfl.kernels.catalog import CATALOG
+
+        spec = CATALOG.get(step.kernel)
+        names = spec.input_names if spec is not None else ()
+    return tuple(names[i] if i < len(names) else f"in{i}" for i in range(len(step.inputs)))
+
+
+def _layout(step) -> str:
+    """``NCL``, or ``x:NCL w:AB bias:A -> NCL`` when operands differ; ``scalar`` for 0-d."""
+    out = step.layout_out or "scalar"
+    ins = [(n, lay or "scalar") for n, v, lay in zip(_operand_names(step), step.inputs, step.layouts_in) if v]
+    if all(lay == out for _n, lay in ins):
+        return out
+    if len(ins) == 1:
+        return f"{ins[0][1]} -> {out}"
+    return " ".join(f"{n}:{lay}" for n, lay in ins) + f" -> {out}"
+
+
 def _text(plan) -> str:
+    from .texttable import paragraph, table_blocks
+
     s = plan.summary
-    lines = [s.headline(plan.chip)]
+    lines = paragraph(s.headline(plan.chip))
     pol = f"precision policy {plan.precision} (fp32 accumulation, outputs in the caller's dtype)" \
         if plan.precision else "no precision policy (graph dtypes as written)"
-    lines.append(f"Plan for {plan.chip} {plan.chip_version}; {pol}; {len(plan.steps)} steps, {s.casts} casts")
-    rows = [("#", "kind", "kernel", "covers", "layout", "dtype", "tiling", "time", "bytes")]
-    details = []
-    static_casts = [st for st in plan.steps if st.kind == "cast" and st.static]
+    lines += paragraph(f"Plan for {plan.chip} {plan.chip_version}; {pol}; {len(plan.steps)} steps, {s.casts} casts")
+    once = [st for st in plan.steps if st.static]
+    per_call = [st for st in plan.steps if not st.static]
+    static_casts = [st for st in once if st.kind == "cast"]
     if static_casts:
         t = sum(st.predicted_time_s for st in static_casts)
         b = sum(st.predicted_bytes for st in static_casts)
         kinds = sorted({f"{plan.values[st.inputs[0]].dtype}->{st.dtype}" for st in static_casts})
-        lines.append(f"Parameter casts: {len(static_casts)} static cast steps ({', '.join(kinds)}; steps "
-                     f"{static_casts[0].index}..{static_casts[-1].index}), {_time(t)}, {_bytes(b)}, run once; "
-                     "--format json lists each")
+        lines += paragraph(f"Parameter casts: {len(static_casts)} static cast steps ({', '.join(kinds)}; steps "
+                           f"{static_casts[0].index}..{static_casts[-1].index}), {_time(t)}, {_bytes(b)}, run once "
+                           "(not in the per-call total); --format json lists each")
+    header = ("#", "kind", "kernel", "covers", "layout", "dtype", "tiling", "time", "bytes")
+    rows, details = [], []
     for st in plan.steps:
         if st.kind == "cast" and st.static:
             continue
-        lay_in = ",".join(dict.fromkeys(st.layouts_in)) or "-"
-        layout = f"{lay_in}->{st.layout_out}" if lay_in != st.layout_out else st.layout_out
         kind = st.kind + ("*" if st.static else "")
         where = st.kernel or ("host" if st.kind == "fold" else "cpu")
-        rows.append((str(st.index), kind, where, _covers(st), layout, st.dtype, _tiling(st.tile),
+        rows.append((str(st.index), kind, where, _covers(st), _layout(st), st.dtype, tiling_text(st.tile),
                      _time(st.predicted_time_s), _bytes(st.predicted_bytes)))
-        details.append(st.note)
-    widths = [min(max(len(r[i]) for r in rows), 48) for i in range(len(rows[0]))]
-
-    def fmt(r):
-        cells = [c if len(c) <= widths[i] else c[: widths[i] - 1] + "~" for i, c in enumerate(r)]
-        return "  ".join(c.ljust(widths[i]) for i, c in enumerate(cells)).rstrip()
-
-    lines.append(fmt(rows[0]))
-    lines.append("  ".join("-" * w for w in widths))
-    for r, note in zip(rows[1:], details):
-        lines.append(fmt(r))
-        if note and r[1] not in ("cast", "cast*"):
-            lines.append(" " * (widths[0] + 2) + "-> " + note)
-    lines.append(f"Total: predicted {_time(s.predicted_time_s)}, {_bytes(s.predicted_bytes)} off-chip, "
-                 f"{s.predicted_flops:.4g} ops  (* = static: depends only on parameters, may run once)")
+        # casts explain themselves; a fold's reason is listed under "Folded on the host"
+        details.append(st.note if st.note and st.kind not in ("cast", "fold") else "")
+    head, blocks = table_blocks(header, rows, right={0, 7, 8}, shrink_first=(3, 6))
+    lines += head
+    indent = " " * (max((len(r[0]) for r in rows), default=1) + 2)
+    for block, note in zip(blocks, details):
+        lines += block
+        if note:          # why this tiling, under its row, wrapped to the same width
+            lines += paragraph("-> " + note, indent=indent, subsequent=indent + "   ")
+    t_call = sum(st.predicted_time_s for st in per_call)
+    b_call = sum(st.predicted_bytes for st in per_call)
+    lines += paragraph(f"Per call: predicted {_time(t_call)}, {_bytes(b_call)} off-chip, "
+                       f"{sum(st.predicted_flops for st in per_call):.4g} ops over {len(per_call)} steps")
+    if once:
+        lines += paragraph(f"Run once (static: parameter casts, folded and other parameter-only steps, results kept "
+                           f"on the chip): {_time(sum(st.predicted_time_s for st in once))}, "
+                           f"{_bytes(sum(st.predicted_bytes for st in once))} over {len(once)} steps")
+    lines += _legend(rows)
     if plan.rejected:
         lines.append(f"Rejected alternatives ({len(plan.rejected)}):")
         for r in plan.rejected[:MAX_REJECTED_TEXT]:
-            lines.append(f"  {'+'.join(r.nodes)}: {r.kernel}: {'; '.join(r.reasons)}")
+            lines += paragraph(f"{'+'.join(r.nodes)}: {r.kernel}: {'; '.join(r.reasons)}", indent="  ")
         if len(plan.rejected) > MAX_REJECTED_TEXT:
             lines.append(f"  ... and {len(plan.rejected) - MAX_REJECTED_TEXT} more (--format json lists all)")
     if plan.folded:
         lines.append(f"Folded on the host ({len(plan.folded)}; input-independent, computed once and kept on "
                      "the chip):")
         for f in plan.folded:
-            lines.append(f"  {f.node} ({f.op}): no kernel: {f.reason}")
+            lines += paragraph(f"{f.node} ({f.op}): no kernel: {f.reason}", indent="  ")
     if plan.fallbacks:
         lines.append(f"Fallbacks to CPU ({len(plan.fallbacks)}):")
         for f in plan.fallbacks:
-            lines.append(f"  {f.node} ({f.op}): {f.reason}")
+            lines += paragraph(f"{f.node} ({f.op}): {f.reason}", indent="  ")
     for note in plan.notes:
-        lines.append(f"Note: {note}")
+        lines += paragraph(f"Note: {note}")
     return "\n".join(lines) + "\n"
+
+
+def _legend(rows) -> list[str]:
+    """What the table's markers mean: only those that appear in it."""
+    from .texttable import paragraph
+
+    if not rows:
+        return []
+    kinds = {r[1] for r in rows}
+    layouts = " ".join(r[4] for r in rows)
+    items = []
+    if any(k.endswith("*") for k in kinds):
+        items.append("* after the kind = static: reads only parameters and constants, runs once, its result kept "
+                     "on the chip")
+    items.append("layout = letters of the dimensions as stored, outermost first (NCHW / NHWC: batch, channels, "
+                 "height, width; NCL, AB, A: a 3-, 2-, 1-d tensor in its logical order)"
+                 + ("; x:AB -> NCL = the kernel's operand x stored AB, the output NCL" if ":" in layouts else "")
+                 + ("; scalar = a 0-d value" if "scalar" in layouts else ""))
+    if any(" 2buf" in r[6] for r in rows):
+        items.append("2buf = double-buffered tiles (the next tile loads while one computes)")
+    if any(r[2] == "host" for r in rows):
+        items.append("host = computed by torch on the host (folded: once)")
+    items.append("-> = why the planner chose this tiling; time and bytes are the predicted per-step cost "
+                 "(bytes moved between off-chip memory and the on-chip cache)")
+    out = ["Legend:"]
+    for it in items:
+        out += paragraph(it, indent="  ", subsequent="    ")
+    return out
 
 
 _PALETTE = ("#8dd3c7", "#ffffb3", "#bebada", "#fb8072", "#80b1d3", "#fdb462", "#b3de69", "#fccde5",

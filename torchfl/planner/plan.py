@@ -57,6 +57,13 @@ of a rank-r tensor are given by :func:`identity_layout`. ``layouts_in[i]`` is th
 which ``inputs[i]`` must be stored (the value's own layout: the planner inserts a ``layout``
 step before a consumer whenever they differ); ``layout_out`` is that of every output.
 
+Chip
+----
+``plan.chip``, ``plan.chip_version`` and ``plan.chip_hash`` (the HCD's content hash) name
+the chip the plan was made for. ``plan.target`` (process-local, never serialised, like
+``plan.capture``) is the :class:`~torchfl.planner.target.Target` it was planned on; the
+executor runs on that target, or on one it is given whose ``chip_hash`` must match.
+
 Everything here is JSON-serialisable deterministically: ``plan.to_json()`` is
 byte-identical for the same model, chip and options in any process.
 """
@@ -254,7 +261,9 @@ class Plan(_Data):
     summary: Summary
     notes: tuple[str, ...] = ()
     folded: tuple[Fallback, ...] = ()
+    chip_hash: str = ""  # the chip's HCD content hash (Target.chip_hash); "" for a hand-built plan
     capture: Capture | None = field(default=None, compare=False, repr=False, metadata={"json": False})
+    target: Any = field(default=None, compare=False, repr=False, metadata={"json": False})
 
     def to_json(self, indent: int | None = 2) -> str:
         """Deterministic JSON (sorted keys); identical bytes for identical plans."""
@@ -299,6 +308,7 @@ class Plan(_Data):
             summary=build(Summary, data["summary"]),
             notes=tuple(data.get("notes", ())),
             folded=tuple(build(Fallback, f) for f in data.get("folded", ())),
+            chip_hash=data.get("chip_hash", ""),
         )
 
     @classmethod

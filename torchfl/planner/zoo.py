@@ -2,12 +2,14 @@
 
 ResNets are written here (torchvision is not a dependency); BERT and GPT-2 are Hugging Face
 transformers models built offline from their configs (random weights, nothing downloaded).
-Factories take ``batch`` and ``seq_len`` (ignored where meaningless) and a few size knobs so
-tests can use small configurations. ``load_model("path/to/file.py:factory")`` loads a user's.
+Factories take ``batch``, the options that mean something for them (``seq_len``, ``layers``,
+``num_heads`` for transformers; ``image`` for ResNets) and a few size knobs so tests can use
+small configurations; an option a model does not take is refused. ``load_model("path/to/file.py:factory")`` loads a user's.
 """
 
 from __future__ import annotations
 
+import functools
 import importlib.util
 import inspect
 from pathlib import Path
@@ -17,7 +19,7 @@ class ModelError(ValueError):
     """Unknown model name or a factory that cannot be loaded (message lists the choices)."""
 
 
-def _mlp(batch=8, seq_len=None, width=1024, depth=3, **_):
+def _mlp(batch=8, width=1024, depth=3):
     from torch import nn
     import torch
 
@@ -106,7 +108,7 @@ def _resnet_classes():
     return BasicBlock, Bottleneck, ResNet
 
 
-def _resnet(kind, batch=1, seq_len=None, image=224, **_):
+def _resnet(kind, batch=1, image=224):
     import torch
 
     basic, bottleneck, resnet = _resnet_classes()
@@ -115,7 +117,7 @@ def _resnet(kind, batch=1, seq_len=None, image=224, **_):
     return model.eval(), (torch.randn(batch, 3, image, image),)
 
 
-def _bert(size, batch=1, seq_len=128, layers=None, num_heads=None, hidden=None, **_):
+def _bert(size, batch=1, seq_len=128, layers=None, num_heads=None, hidden=None):
     import torch
     from transformers import BertConfig, BertModel
 
@@ -134,7 +136,7 @@ def _bert(size, batch=1, seq_len=128, layers=None, num_heads=None, hidden=None, 
     return model, (torch.randint(0, config.vocab_size, (batch, seq_len)),)
 
 
-def _gpt2(batch=1, seq_len=128, layers=None, num_heads=None, hidden=None, **_):
+def _gpt2(batch=1, seq_len=128, layers=None, num_heads=None, hidden=None):
     import torch
     from transformers import GPT2Config, GPT2Model
 
@@ -153,23 +155,42 @@ def _gpt2(batch=1, seq_len=128, layers=None, num_heads=None, hidden=None, **_):
 
 ZOO = {
     "mlp": _mlp,
-    "resnet18": lambda **kw: _resnet(18, **kw),
-    "resnet50": lambda **kw: _resnet(50, **kw),
-    "bert-base": lambda **kw: _bert("base", **kw),
-    "bert-large": lambda **kw: _bert("large", **kw),
+    "resnet18": functools.partial(_resnet, 18),
+    "resnet50": functools.partial(_resnet, 50),
+    "bert-base": functools.partial(_bert, "base"),
+    "bert-large": functools.partial(_bert, "large"),
     "gpt2": _gpt2,
 }
 
 
-def load_model(spec: str, **options):
+def _check_options(spec: str, factory, options: dict, labels: dict | None) -> dict:
+    """The options ``factory`` takes; an option it does not take is an error, not ignored
+    (``--heads`` on an MLP would otherwise plan something else than the user asked for)."""
+    params = inspect.signature(factory).parameters
+    if any(p.kind is p.VAR_KEYWORD for p in params.values()):
+        return options
+    takes = [n for n, p in params.items() if p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY)]
+    wrong = [k for k in options if k not in takes]
+    if wrong:
+        name = (labels or {}).get
+        accepted = [name(k, k) for k in takes if name(k, None) is not None or labels is None]
+        verb = "does" if len(wrong) == 1 else "do"
+        raise ModelError(f"{', '.join(name(k, k) for k in wrong)} {verb} not apply to {spec}: it takes "
+                         + (", ".join(accepted) if accepted else "no options")
+                         + ("; leave the option out" if len(wrong) == 1 else "; leave these options out"))
+    return options
+
+
+def load_model(spec: str, *, labels: dict | None = None, **options):
     """``(module, example_inputs)`` for a zoo name or ``path/to/file.py:factory``.
 
-    Options (``batch``, ``seq_len``, ...) left as ``None`` are not passed; a user factory
-    receives only the options its signature accepts.
+    Options (``batch``, ``seq_len``, ...) left as ``None`` are not passed; one the model does
+    not take raises :class:`ModelError` (a factory with ``**kwargs`` takes every option).
+    ``labels`` maps option names to how the caller spelled them (``num_heads`` -> ``--heads``).
     """
     options = {k: v for k, v in options.items() if v is not None}
     if spec in ZOO:
-        return ZOO[spec](**options)
+        return ZOO[spec](**_check_options(spec, ZOO[spec], options, labels))
     if ":" in spec and spec.rsplit(":", 1)[0].endswith(".py"):
         path_text, name = spec.rsplit(":", 1)
         path = Path(path_text)
@@ -184,9 +205,7 @@ def load_model(spec: str, **options):
         factory = getattr(module, name, None)
         if not callable(factory):
             raise ModelError(f"{path} has no callable {name!r}; define `def {name}(): return module, example_inputs`")
-        params = inspect.signature(factory).parameters
-        accepts_all = any(p.kind is p.VAR_KEYWORD for p in params.values())
-        result = factory(**{k: v for k, v in options.items() if accepts_all or k in params})
+        result = factory(**_check_options(spec, factory, options, labels))
         if not (isinstance(result, tuple) and len(result) == 2):
             raise ModelError(f"{spec} must return (module, example_inputs), got {type(result).__name__}")
         module_obj, inputs = result

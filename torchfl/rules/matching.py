@@ -221,6 +221,24 @@ def match(packs, hcd, op: str, call: Call | None = None, *, dtype: str | None = 
     return Rejection(op, tuple(reason for r in results for reason in r.reasons))
 
 
+def _op_base(op: str) -> str:
+    """``aten.add.Tensor`` -> ``add``: the name without namespace and overload."""
+    return op.removeprefix("aten.").rsplit(".", 1)[0]
+
+
+def similar_ops(op: str, known, n: int = 3) -> list[str]:
+    """Ops with rules whose name is close to ``op``'s: another overload of the same op first,
+    then near spellings of the op's own name (``convolutoin``), compared without the shared
+    ``aten.`` and ``.default`` that made every op look alike (``logical_not`` ~ ``gather``)."""
+    base = _op_base(op)
+    by_base: dict = {}
+    for k in known:
+        if k != op:
+            by_base.setdefault(_op_base(k), []).append(k)
+    names = [base] + difflib.get_close_matches(base, [b for b in by_base if b != base], n=n, cutoff=0.8)
+    return [k for b in names for k in by_base.get(b, [])][:n]
+
+
 def no_rule_reason(packs, op: str) -> Reason:
     packs = _packs(packs)
     labels = ", ".join(p.label for p in packs) or "no packs"
@@ -228,8 +246,7 @@ def no_rule_reason(packs, op: str) -> Reason:
         why = p.no_rule_reason(op)
         if why:
             return Reason("no_rule", f"no rule for {op} in {labels}: {why}")
-    known = sorted({o for p in packs for o in p.ops})
-    close = difflib.get_close_matches(op, known, n=3, cutoff=0.6)
+    close = similar_ops(op, sorted({o for p in packs for o in p.ops}))
     hint = f"; similar ops with rules: {', '.join(close)}" if close else ""
     return Reason("no_rule", f"no rule for {op} in {labels}{hint}")
 

@@ -129,10 +129,13 @@ def _op_on_chip(op: str, hcd, packs) -> tuple[list[dict], list[dict]]:
 
 
 def _summary(op: str, serves: list[dict]) -> dict:
+    dtypes = _union([s["dtype"]] for s in serves)
     return {
         "op": op,
-        "dtypes": _union([s["dtype"]] for s in serves),
+        "dtypes": dtypes,
         "layouts": _union(s["layouts"] for s in serves),
+        # a dtype's layouts are its unit's, not the union across units
+        "layouts_by_dtype": {d: _union(s["layouts"] for s in serves if s["dtype"] == d) for d in dtypes},
         "kernels": _union([s["kernel"]] for s in serves),
         "serves": serves,
     }

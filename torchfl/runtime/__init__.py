@@ -10,7 +10,7 @@ from __future__ import annotations
 
 __all__ = ["torchfl_backend", "Executor", "explain", "analyze", "AnalyzedPlan",
            "memory_allocated", "max_memory_allocated", "reset_peak_memory_stats", "device_memory",
-           "chip_model", "FallbackNotAllowed"]
+           "memory_reserved", "empty_cache", "FallbackNotAllowed"]
 
 _LAZY = {
     "torchfl_backend": "torchfl.runtime.backend",
@@ -22,7 +22,8 @@ _LAZY = {
     "max_memory_allocated": "torchfl.runtime.device",
     "reset_peak_memory_stats": "torchfl.runtime.device",
     "device_memory": "torchfl.runtime.device",
-    "chip_model": "torchfl.runtime.device",
+    "memory_reserved": "torchfl.runtime.device",
+    "empty_cache": "torchfl.runtime.device",
     "FallbackNotAllowed": "torchfl.runtime.errors",
 }
 

@@ -114,56 +114,81 @@ class AnalyzedPlan:
             "routes": {op: dict(c) for op, c in sorted(self.routes.items())},
         }
 
-    def render(self) -> str:
-        from .logs import short_dtype
+    def static(self, step) -> bool:
+        """Whether ``step`` (a StepAnalysis) reads only parameters: it runs once, then cached."""
+        return bool(self.plan.steps[step.index].static)
+
+    def render(self, only=None, omitted_note: str = "") -> str:
+        """The text of explain analyze, fitting 120 columns. ``only``: the step indices to
+        list (totals stay those of every step; ``omitted_note`` says what was left out)."""
+        from torchfl.planner.texttable import human_bytes as _b, paragraph, table
 
         plan = self.plan
         head = self.title or f"EXPLAIN ANALYZE on {plan.chip}"
-        lines = [f"{head}  (chip {plan.chip} {plan.chip_version}, precision {plan.precision or 'as captured'})"]
-        hdr = ("step", "kind", "kernel", "ops", "tile", "pred bytes", "meas bytes", "pred time", "sim time",
-               "err", "wall")
+        lines = paragraph(f"{head}  (chip {plan.chip} {plan.chip_version}, precision "
+                          f"{plan.precision or 'as captured'})")
+        hdr = ("step", "kernel", "ops", "tile", "bytes", "measured", "pred time", "sim time", "err", "wall")
         rows = []
         for s in self.steps:
+            if only is not None and s.index not in only:
+                continue
             err = "inf" if s.time_error == float("inf") else f"{s.time_error * 100:+.1f}%"
-            mark = "" if s.bytes_match else " !"
-            rows.append((str(s.index), s.kind, s.kernel, _clip(s.label, 44), _clip(s.tile, 22),
-                         f"{int(round(s.predicted_bytes)):,}", f"{s.measured_bytes:,}{mark}",
-                         _t(s.predicted_time_s), _t(s.simulated_time_s), err, _t(s.wall_s)))
-        widths = [max(len(h), *(len(r[i]) for r in rows)) if rows else len(h) for i, h in enumerate(hdr)]
-        right = {0, 5, 6, 7, 8, 9, 10}
-
-        def fmt(r):
-            return "  ".join(c.rjust(w) if i in right else c.ljust(w) for i, (c, w) in enumerate(zip(r, widths)))
-
-        lines.append(fmt(hdr))
-        lines.append("  ".join("-" * w for w in widths))
-        lines.extend(fmt(r) for r in rows)
+            measured = "=" if s.bytes_match else f"{s.measured_bytes:,} !"
+            rows.append((f"{s.index}{'*' if self.static(s) else ''}", s.kernel, s.label, s.tile or "-",
+                         _b(s.predicted_bytes), measured, _t(s.predicted_time_s), _t(s.simulated_time_s), err,
+                         _t(s.wall_s)))
+        lines += table(hdr, rows, right={0, 4, 5, 6, 7, 8, 9}, shrink_first=(2, 3))
+        if omitted_note:
+            lines.append(omitted_note)
         eq = "equal on every step" if not self.mismatched else \
             f"DIFFER on {len(self.mismatched)} step(s): " + ", ".join(str(s.index) for s in self.mismatched)
         lines.append("")
-        lines.append(f"Totals: off-chip bytes predicted {self.predicted_bytes:,} / measured {self.measured_bytes:,} "
-                     f"({eq})")
-        lines.append(f"        time predicted {_t(self.predicted_time_s)} / simulated from counts "
-                     f"{_t(self.simulated_time_s)}; wall {_t(self.wall_s)} (kernels {_t(self.kernel_s)}; outside "
-                     f"kernels, with this run's weight uploads: {self.overhead_per_step_s * 1e6:.1f} us/step "
-                     f"over {len(self.steps)} steps)")
-        lines.append(f"        peak device memory {self.peak_bytes:,} B")
+        lines += paragraph(f"Totals: off-chip bytes predicted {self.predicted_bytes:,} / measured "
+                           f"{self.measured_bytes:,} ({eq})", subsequent="        ")
+        once = [s for s in self.steps if self.static(s)]
+        call = [s for s in self.steps if not self.static(s)]
+        lines += paragraph(
+            f"Per call ({len(call)} steps): time predicted {_t(sum(s.predicted_time_s for s in call))} / simulated "
+            f"from counts {_t(sum(s.simulated_time_s for s in call))}, {_b(sum(s.predicted_bytes for s in call))} "
+            f"off-chip" + (f"; run once ({len(once)} static steps*, cached on the chip after the first call): "
+                           f"{_t(sum(s.predicted_time_s for s in once))} / {_t(sum(s.simulated_time_s for s in once))}, "
+                           f"{_b(sum(s.predicted_bytes for s in once))}" if once else ""),
+            indent="        ", subsequent="          ")
+        lines += paragraph(f"Wall {_t(self.wall_s)} (kernels {_t(self.kernel_s)}; outside kernels, with this run's "
+                           f"weight uploads: {self.overhead_per_step_s * 1e6:.1f} us/step over {len(self.steps)} "
+                           f"steps); peak device memory {self.peak_bytes:,} B", indent="        ",
+                           subsequent="          ")
         w = self.worst
-        if w is not None:
+        if w is not None and abs(w.time_error) >= 5e-4:
             err = "inf" if w.time_error == float("inf") else f"{w.time_error * 100:+.2f}%"
-            lines.append(f"Largest predicted-vs-simulated time error: step {w.index} ({w.kernel}, {w.label}): {err}")
+            lines += paragraph(f"Largest predicted-vs-simulated time error: step {w.index} ({w.kernel}, "
+                               f"{w.label}): {err}")
+        elif w is not None:
+            lines.append("Predicted time equals the time simulated from the counts on every step (within 0.05 %).")
+        lines += _legend(rows)
         lines.append("Routes (per ATen op, counted during the run):")
         rl = self.route_lines()
         wop = max((len(op) for op, _ in rl), default=0)
         for op, parts in rl:
-            lines.append(f"  {op.ljust(wop)}  {parts}")
+            lines += paragraph(f"{op.ljust(wop)}  {parts}", indent="  ", subsequent=" " * (wop + 4))
         if not rl:
             lines.append("  (no ops)")
         return "\n".join(lines)
 
 
-def _clip(text: str, n: int) -> str:
-    return text if len(text) <= n else text[: n - 1] + "~"
+def _legend(rows) -> list[str]:
+    """The analyze table's markers, those that appear in it."""
+    from torchfl.planner.texttable import paragraph
+
+    items = ["bytes = predicted off-chip bytes; measured: = when the kernel counted exactly that many, else the "
+             "count and !", "err = (predicted - simulated) / simulated time; sim time comes from the counted bytes "
+             "and operations at the chip's rates; wall = this CPU's time to emulate the step"]
+    if any(r[0].endswith("*") for r in rows):
+        items.insert(0, "* after the step = static: reads only parameters, runs once (analyze runs it to measure it)")
+    out = ["Legend:"]
+    for it in items:
+        out += paragraph(it, indent="  ", subsequent="    ")
+    return out
 
 
 def _t(seconds: float) -> str:
@@ -188,11 +213,9 @@ def _label(step) -> str:
 
 
 def _tile_text(step) -> str:
-    t = step.tile or {}
-    tiles = t.get("tiles") or {}
-    if isinstance(tiles, dict) and tiles:
-        return f"{t.get('strategy', '')} " + "x".join(f"{k}{v}" for k, v in tiles.items())
-    return str(t.get("strategy", ""))
+    from torchfl.planner.explain import tiling_text
+
+    return tiling_text(step.tile or {})
 
 
 def _simulated(step, rec, prep, chip) -> float:
@@ -231,16 +254,17 @@ def from_record(plan, record, executor, title: str = "") -> AnalyzedPlan:
                         record.kernel_s, record.peak_bytes, title)
 
 
-def analyze(plan, inputs, *, chip=None, registry=None, executor=None, title: str = "",
+def analyze(plan, inputs, *, chip=None, executor=None, title: str = "",
             progress=None) -> AnalyzedPlan:
     """Execute ``plan`` once on ``inputs`` (flattened user inputs) and measure every step.
 
     ``progress(done, total, step)`` is called after each step (the first call of a kernel
-    includes its Numba compile: a CLI shows a progress bar from it).
+    includes its Numba compile: a CLI shows a progress bar from it). ``chip``: as for
+    :class:`~torchfl.runtime.executor.Executor` (default: the plan's target).
     ``AnalyzedPlan.render()`` is the text of explain analyze; ``to_dict()`` its JSON."""
     from .executor import Executor, Record
 
-    ex = executor or Executor(plan, chip, registry=registry)
+    ex = executor or Executor(plan, chip)
     rec = Record(on_step=progress)
     ex.run(tuple(inputs), rec)
     return from_record(plan, rec, ex, title)

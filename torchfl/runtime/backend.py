@@ -55,17 +55,9 @@ class Options:
 
 
 def _no_chip_message(registry) -> str:
-    msg = ('torchfl backend: no chip given; use torch.compile(model, backend="torchfl", '
-           'options={"chip": NAME})')
-    try:
-        from torchfl.registry import Registry
-
-        names = sorted(s.name for s in Registry(registry).chips())
-        if names:
-            msg += f"; registered chips: {', '.join(names)}"
-    except Exception:  # the hint is best effort; the error stands without it
-        pass
-    return msg
+    where = f" --registry {registry}" if isinstance(registry, str) and registry else ""
+    return ('torchfl backend: no chip given; use torch.compile(model, backend="torchfl", '
+            f'options={{"chip": NAME}}); `torchfl registry list{where}` shows the registered chips')
 
 
 # ---------------------------------------------------------------- explain recording
@@ -253,23 +245,19 @@ class CompiledGraph:
         from torchfl import planner
 
         o = self.options
+        target = planner.resolve_target(o.chip, o.registry)
         if self.kind == "inference":
             gm, user = _lift_static(self.gm, args)
-            plan = planner.plan_graph(gm, [args[i] for i in user], chip=o.chip, precision=o.precision,
-                                      strict=o.strict, registry=o.registry)
+            plan = planner.plan_graph(gm, [args[i] for i in user], chip=target, precision=o.precision,
+                                      strict=o.strict)
             if len(plan.outputs) != _n_outputs(self.gm):
                 # torch.export returned the inputs the graph writes to (a train-mode batch-norm's
                 # running statistics and num_batches_tracked, under no_grad) as extra outputs
                 raise _MutatesInputs
             return plan, user
-        from torchfl.planner.api import plan_captured
-        from torchfl.planner.source import resolve
-
         gm = _concrete(self.gm, args)
-        hcd, packs = resolve(o.chip, o.registry)
-        plan = plan_captured(_captured_aot(gm, self.kind, self.static_positions), (), hcd, packs,
-                             precision=o.precision,
-                             strict=o.strict)
+        plan = planner.plan_captured(_captured_aot(gm, self.kind, self.static_positions), (), target,
+                                     precision=o.precision, strict=o.strict)
         return plan, tuple(range(len(args)))
 
     def _entry(self, args) -> _Entry:
@@ -277,12 +265,13 @@ class CompiledGraph:
         entry = self.entries.get(sig)
         if entry is None:
             from .executor import Executor
+            from .logs import announce_compiles
 
+            announce_compiles()
             try:
                 plan, user = self._plan(args)
                 static = _static_positions([args[i] for i in user])
-                ex = Executor(plan, registry=self.options.registry, strict=self.options.strict,
-                              static_inputs=static)
+                ex = Executor(plan, strict=self.options.strict, static_inputs=static)
                 entry = _Entry(plan, ex, user=None if len(user) == len(args) else user)
             except _MutatesInputs:
                 # as a training graph: AOTAutograd functionalises the writes, its forward graph
@@ -461,8 +450,7 @@ def _aot_compile(gm, example_inputs, opts, decompositions=None):
 
 def training_decompositions(opts):
     """The planner's training decompositions for the chip and rule packs in ``opts``."""
+    from torchfl.planner import resolve_target
     from torchfl.planner.capture import training_decompositions as for_packs
-    from torchfl.planner.source import resolve
 
-    _hcd, packs = resolve(opts.chip, opts.registry)
-    return for_packs(packs)
+    return for_packs(resolve_target(opts.chip, opts.registry).packs)

@@ -1,9 +1,17 @@
-"""The emulated devices: one ChipModel and one DeviceMemory per chip, for the process.
+"""The emulated devices: one DeviceMemory per chip, for the process.
 
 Like ``torch.cuda``, memory statistics are per device and tell the truth: every tensor a
 plan keeps on a chip (inputs in flight, intermediates, cached weight casts) is allocated
 from that chip's :class:`~torchfl.kernels.memory.DeviceMemory`, aligned to its
 ``memory_alignment_bytes`` and accounted against its ``off_chip_memory.size_gb``.
+
+A chip is identified by its HCD's content hash (``Target.chip_hash`` =
+``ChipModel.hcd_hash``): two chips with the same name but other numbers (a modified HCD)
+have separate memories. The functions take a :class:`~torchfl.planner.target.Target`, a
+:class:`~torchfl.kernels.chip.ChipModel` (one built by hand, without a hash, is keyed by its
+name) or a chip name; a name means the chip of that name whose memory was created last
+(``device_memory(name)`` resolves the name through the planner's default registry when no
+memory of that name exists yet).
 """
 from __future__ import annotations
 
@@ -11,53 +19,45 @@ import threading
 
 from torchfl.kernels import ChipModel
 
-__all__ = ["chip_model", "device_memory", "caching_memory", "memory_allocated", "max_memory_allocated",
-           "memory_reserved", "empty_cache", "reset_peak_memory_stats", "register_chip"]
+__all__ = ["device_memory", "caching_memory", "memory_allocated", "max_memory_allocated",
+           "memory_reserved", "empty_cache", "reset_peak_memory_stats"]
 
 _LOCK = threading.Lock()
-_MODELS: dict[tuple, ChipModel] = {}
-_MEMORY: dict[str, object] = {}
+_MEMORY: dict[str, object] = {}   # chip key -> CachingDeviceMemory
+_LATEST: dict[str, str] = {}      # chip name -> key of its memory created last
 
 
-def _hcd_for(name: str, version: str | None, registry):
-    """The chip's HCD from the registry (the planner's source of truth)."""
-    from torchfl.registry import Registry
-
-    reg = registry if isinstance(registry, Registry) else Registry(registry)
-    return reg.chip(name, version)
-
-
-def register_chip(model: ChipModel, version: str | None = None) -> ChipModel:
-    """Make ``model`` the chip called ``model.name`` (tests, chips built by hand)."""
-    with _LOCK:
-        _MODELS[(model.name, version)] = model
-        _MODELS.setdefault((model.name, None), model)
-    return model
+def _model(chip) -> ChipModel:
+    if isinstance(chip, ChipModel):
+        return chip
+    model = getattr(chip, "model", None)   # a Target
+    if isinstance(model, ChipModel):
+        return model
+    raise TypeError(f"expected a chip (Target, ChipModel or name), got {chip!r}")
 
 
-def chip_model(name, version: str | None = None, registry=None) -> ChipModel:
-    """The :class:`ChipModel` of chip ``name`` (a ChipModel passes through), cached."""
-    if isinstance(name, ChipModel):
-        return name
-    key = (name, version or None)
-    with _LOCK:
-        hit = _MODELS.get(key)
-    if hit is not None:
-        return hit
-    model = ChipModel.from_hcd(_hcd_for(name, version, registry))
-    with _LOCK:
-        _MODELS[key] = model
-    return model
+def _key(model: ChipModel) -> str:
+    return model.hcd_hash or f"name:{model.name}"
 
 
 def device_memory(chip):
-    """The one device memory of ``chip`` (a name or a ChipModel) in this process: a
-    :class:`CachingDeviceMemory`, as a real device runtime keeps one caching allocator."""
-    model = chip if isinstance(chip, ChipModel) else chip_model(chip)
+    """The one device memory of ``chip`` (a Target, a ChipModel or a name) in this process:
+    a :class:`CachingDeviceMemory`, as a real device runtime keeps one caching allocator."""
+    if isinstance(chip, str):
+        with _LOCK:
+            mem = _MEMORY.get(_LATEST.get(chip, ""))
+        if mem is not None:
+            return mem
+        from torchfl.planner.target import resolve_target
+
+        chip = resolve_target(chip)
+    model = _model(chip)
+    key = _key(model)
     with _LOCK:
-        mem = _MEMORY.get(model.name)
-        if mem is None or mem.chip != model:
-            mem = _MEMORY[model.name] = caching_memory(model)
+        mem = _MEMORY.get(key)
+        if mem is None or mem.chip != model:   # a hand-built chip of that name with other numbers
+            mem = _MEMORY[key] = caching_memory(model)
+        _LATEST[model.name] = key
         return mem
 
 
@@ -106,10 +106,10 @@ def caching_memory(chip, max_reserved: int = 1 << 30):
 
 
 def _mem(chip):
-    name = chip.name if isinstance(chip, ChipModel) else chip
+    """The existing memory of ``chip`` (None when nothing was allocated on it yet)."""
     with _LOCK:
-        mem = _MEMORY.get(name)
-    return mem
+        key = _LATEST.get(chip) if isinstance(chip, str) else _key(_model(chip))
+        return _MEMORY.get(key)
 
 
 def memory_allocated(chip) -> int:

@@ -145,26 +145,48 @@ def _same_tiling(planned: dict, config) -> bool:
     return True
 
 
+def chip_for(plan, chip=None):
+    """The ChipModel to run ``plan`` on: ``chip`` (a Target or a ChipModel) or the plan's own
+    target, checked to be the chip the plan was made for (same name, same HCD hash)."""
+    from torchfl.kernels.chip import ChipModel
+
+    if chip is None:
+        chip = plan.target
+        if chip is None:
+            raise PlanMismatch(
+                f"plan for {plan.chip} {plan.chip_version} carries no target (it was not planned in this "
+                "process); pass the chip: Executor(plan, torchfl.planner.resolve_target(plan.chip, registry))")
+    model = chip if isinstance(chip, ChipModel) else chip.model
+    if model.name != plan.chip or (plan.chip_hash and model.hcd_hash != plan.chip_hash):
+        raise PlanMismatch(
+            f"plan was made for chip {plan.chip} {plan.chip_version} (HCD hash {plan.chip_hash[:12] or '-'}) "
+            f"but is run on {model.name} (HCD hash {model.hcd_hash[:12] or '-'}): another chip, or the same name "
+            "with other numbers; re-plan on this chip, or run on the target the plan was made with")
+    return model
+
+
 class Executor:
     """Executes one plan; build once per plan (the backend caches it per input signature).
 
-    ``chip``: a ChipModel, or None to resolve ``plan.chip`` through ``registry``.
+    ``chip``: the :class:`~torchfl.planner.target.Target` to run on (default ``plan.target``,
+    the one it was planned on), or a ChipModel for a plan built by hand; the plan's
+    ``chip_hash`` must be that chip's (:func:`chip_for`). The executor never opens a registry.
     ``static_inputs``: positions of user inputs that are parameters/buffers (cached on
     device by version). ``graph_module``/``tensors`` default to ``plan.capture``'s.
     """
 
-    def __init__(self, plan, chip=None, *, registry=None, strict: bool = False,
+    def __init__(self, plan, chip=None, *, strict: bool = False,
                  static_inputs=(), graph_module=None, tensors=None, log: bool = True):
         from torchfl.kernels.catalog import get
 
-        from .device import chip_model, device_memory
+        from .device import device_memory
 
         self.plan = plan
         if strict and plan.fallbacks:
             raise FallbackNotAllowed(plan.chip, plan.fallbacks)
-        self.chip = chip_model(chip if chip is not None else plan.chip,
-                               None if chip is not None else plan.chip_version, registry)
+        self.chip = chip_for(plan, chip)
         self.memory = device_memory(self.chip)
+        self._helper_started, self._helper = False, None     # see _compile_helper
         cap = plan.capture
         self.graph_module = graph_module if graph_module is not None else (cap.graph_module if cap else None)
         self.tensors = tensors if tensors is not None else (dict(cap.tensors) if cap else {})
@@ -362,6 +384,48 @@ class Executor:
             return x
         return DeviceTensor.from_torch(x, self.memory, layout=layout, dtype=dtype)
 
+    def _compile_helper(self, p):
+        """Around a step's first call: if it starts a Numba compile, a helper process compiles
+        the kernels of the steps after it meanwhile (torchfl.kernels.precompile); once per
+        executor."""
+        import contextlib
+
+        from torchfl.kernels import compiling, precompile
+
+        if self._helper_started or not precompile.enabled():
+            return contextlib.nullcontext()
+        stack = contextlib.ExitStack()
+
+        def on_compile(ev):
+            if ev.kind == "start" and not self._helper_started:
+                self._helper_started = True
+                now = self._call_of(p)
+                self._helper = precompile.start(self.chip, self._calls_after(p.step.index),
+                                                skip={now.key} if now is not None else ())
+
+        stack.callback(compiling.subscribe(on_compile))
+        return stack
+
+    def _calls_after(self, index: int) -> list:
+        """The kernel calls of the chip steps after ``index`` not bound yet."""
+        calls = [self._call_of(q) for q in self.preps
+                 if not q.host and q.call is None and q.spec is not None and q.step.index > index]
+        return [c for c in calls if c is not None]
+
+    def _call_of(self, q):
+        """A chip step's kernel call as the plan types it (a precompile.KernelCall), None if a
+        value is not in the plan."""
+        from torchfl.kernels.precompile import KernelCall
+
+        pairs = [(n, self.plan.values.get(v)) for n, v in zip(q.spec.input_names, q.step.inputs) if v]
+        if any(val is None for _n, val in pairs):
+            return None
+        dtypes = {n: val.dtype for n, val in pairs}
+        first = next((dtypes[n] for n in q.spec.input_names if n in dtypes), None)
+        return KernelCall(q.kernel, f"{q.spec.family}.{q.spec.impl}", {n: tuple(val.shape) for n, val in pairs},
+                          dtypes, {n: val.layout for n, val in pairs}, dict(q.attrs),
+                          None if q.spec.mixed_dtypes else first)
+
     def _bind(self, p, inputs):
         """First run of a chip step: the kernel's tile plan for this problem on this chip,
         checked against the plan, and the kernel bound to it."""
@@ -516,10 +580,16 @@ class Executor:
             else:
                 inputs = dict(zip(names, map(vget, ins)))
                 call = p.call
-                if call is None:
+                if call is None:        # first run of this step: its kernel may JIT-compile
+                    from torchfl.kernels.compiling import labelled
+
                     call = self._bind(p, inputs)
-                k0 = perf()
-                outs, counted = call(inputs)
+                    k0 = perf()
+                    with labelled(f"{p.kernel} ({p.step.dtype})"), self._compile_helper(p):
+                        outs, counted = call(inputs)
+                else:
+                    k0 = perf()
+                    outs, counted = call(inputs)
                 dt_s = perf() - k0
                 if p.relabel:
                     outs = [_relabel(o) for o in outs]

@@ -101,7 +101,7 @@ def explain(model, *inputs, chip=None, precision=None, analyze: bool = False, st
             from .executor import Executor
 
             flat = [x for x in torch.utils._pytree.tree_leaves(list(inputs))]
-            ex = Executor(plan, registry=registry, strict=strict)
+            ex = Executor(plan, strict=strict)
             an = run_analyze(plan, flat, executor=ex, title="EXPLAIN ANALYZE")
             analyses.append(an)
         entries.append(("graph 1 of 1 (exported)", plan, an))

@@ -81,3 +81,27 @@ def log_plan(plan) -> None:
                       aten_name(fold.op))
     for fb in plan.fallbacks:
         LOG.warning(fallback_line(fb))
+
+
+_notice = {"subscribed": False, "said": False}
+
+
+def announce_compiles() -> None:
+    """Once per process, the first kernel compile says so on the ``torchfl`` logger (a cold
+    first call can take a minute and would otherwise look like a hang); quiet while a
+    progress display already shows compiles (the CLI)."""
+    if _notice["subscribed"]:
+        return
+    from torchfl.kernels import compiling, jitcache
+
+    def on_compile(ev):
+        if ev.kind != "start" or _notice["said"] or compiling.displayed():
+            return
+        _notice["said"] = True
+        LOG.warning("torchfl: compiling the emulator's kernels for this model (%s first); a one-off cost "
+                    "of seconds per kernel, up to minutes per model, cached in %s for every later process. "
+                    "`torchfl kernels warmup` compiles the bundled chips' kernels ahead of time.",
+                    ev.label, jitcache.location()[0])
+
+    compiling.subscribe(on_compile)
+    _notice["subscribed"] = True

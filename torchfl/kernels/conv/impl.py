@@ -722,8 +722,10 @@ def _run_stationary_float(ctx, site):
     if e["residual"]:
         res, rs = _flat(ctx.inputs["residual"])
         rcode, er = codes["residual"], _dt.itemsize(p.dtype_of("residual"))
-    else:
-        res, rs, rcode, er = _NO_RES, (0, 0, 0, 0), 0, 0
+    else:   # a stand-in of the output's storage type: conv2d_bn_relu and conv2d_bn_add_relu then
+        # share one compiled conv_tile_fused / conv_tiles (a float32 stand-in compiled a second
+        # 21 s specialisation for uint16 storage)
+        res, rs, rcode, er = np.zeros(1, y.dtype), (0, 0, 0, 0), 0, 0
     # per-channel parameters, loaded once per K block (resident), folded into one FMA
     vec = {}
     for name in ("bias", "bn_weight", "bn_bias", "running_mean", "running_var"):
