@@ -260,4 +260,37 @@ def _layouts_by_dtype(served) -> dict:
     return out
 
 
-COMMANDS = [ops, support, why_not]
+@click.command("routes")
+@click.option("--chip", "chip_name", required=True, metavar="NAME", help="Chip name, e.g. NPU-V3.")
+@click.option("--model", default=None, metavar="M", help="Only runs of this model (as given to plan explain).")
+@registry_option
+@json_option
+@handles_errors
+def routes(chip_name, model, registry_url, as_json):
+    """Recorded route counts of model runs on a chip (plan explain --analyze --record), newest first:
+    per ATen op, how many nodes ran on which kernel, were folded, or fell back to the CPU."""
+    reg = open_registry(registry_url)
+    reg.record(chip_name)
+    runs = reg.routes(chip_name, model=model)
+    if as_json:
+        return _emit_json(runs)
+    if not runs:
+        click.echo(f"no recorded runs on {chip_name}: run `torchfl plan explain MODEL --chip {chip_name} "
+                   "--analyze --record`")
+        return
+    for r in runs:
+        total = {}
+        for counts in r["routes"].values():
+            for route, n in counts.items():
+                kind = "fallback" if "fallback" in route else ("fold" if "fold" in route else "kernel")
+                total[kind] = total.get(kind, 0) + n
+        click.echo(f"run {r['run']} {r['recorded_at'][:19]} {r['model']} on {r['chip']} {r['chip_version']} "
+                   f"({r['precision'] or 'as captured'}): " + ", ".join(f"{total.get(k, 0)} {k}"
+                                                                       for k in ("kernel", "fold", "fallback")))
+        rows = [(op, ", ".join(f"{n} x {route}" for route, n in sorted(c.items(), key=lambda kv: -kv[1])))
+                for op, c in sorted(r["routes"].items())]
+        for line in _columns(rows):
+            click.echo("  " + line)
+
+
+COMMANDS = [ops, support, why_not, routes]

@@ -45,6 +45,13 @@ def _is_refusal(exc) -> bool:
     return isinstance(exc, (PlanError, FallbackNotAllowed))
 
 
+def _untraceable(exc) -> bool:
+    """Dynamo refused the sample's Python (not torchfl, not the chip): nothing was tested."""
+    import torch._dynamo.exc as dynamo_exc
+
+    return isinstance(exc, dynamo_exc.Unsupported)
+
+
 def refusal_reason(exc) -> str:
     """The refusal's message, with the HCD field a hard constraint names (``.field``)."""
     text = _first_lines(exc)
@@ -182,6 +189,9 @@ def run_case(case, *, chip, registry=None, bf16_emulated: bool = False, prepared
     if exc is not None:
         if _is_refusal(exc):
             return p.outcome("refused", ops=graph_ops(case), reason=refusal_reason(exc))
+        if _untraceable(exc):
+            return p.outcome("skipped", reason=f"Dynamo cannot trace this OpInfo sample's function: "
+                                               f"{_first_lines(exc, 1)}")
         return p.outcome("fail", ops=graph_ops(case), reason=f"error: {type(exc).__name__}: {_first_lines(exc, 3)}")
     if not plans:
         return p.outcome("skipped", reason="no graph reached the chip (Dynamo compiled nothing to run)")
