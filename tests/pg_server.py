@@ -1,8 +1,8 @@
 """A throw-away PostgreSQL server for the tests: real initdb/pg_ctl, loopback only.
 
 The server refuses to run as root, so as root it runs as the unprivileged system user
-``torchfl-pg`` (``.ci/run`` creates it) through ``runuser``, in a temporary directory
-owned by that user. Each pytest(-xdist) worker starts its own server once per session
+``torchfl-pg`` (created here on first use if missing) through ``runuser``, in a temporary
+directory owned by that user. Each pytest(-xdist) worker starts its own server once per session
 (initdb with --no-sync and fsync off take ~1-2 s) and each test gets its own database.
 Missing binaries are an error, never a skip: CI installs them.
 """
@@ -52,6 +52,36 @@ def find_bindir() -> Path:
     return Path(max(found, key=version)).parent
 
 
+def ensure_pg_user(user: str = PG_USER):
+    """The unprivileged system user the server runs as when the tests run as root; created
+    here if missing (PostgreSQL refuses root), so `make test` needs no set-up on a fresh
+    machine. Workers starting at once serialise on a lock file; the second finds the user."""
+    import fcntl
+    import pwd
+
+    try:
+        return pwd.getpwnam(user)
+    except KeyError:
+        pass
+    with open(os.path.join(tempfile.gettempdir(), "torchfl-pg-useradd.lock"), "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        try:
+            return pwd.getpwnam(user)
+        except KeyError:
+            pass
+        useradd = shutil.which("useradd") or "/usr/sbin/useradd"
+        nologin = shutil.which("nologin") or "/usr/sbin/nologin"
+        proc = subprocess.run([useradd, "--system", "--no-create-home", "--shell", nologin, user],
+                              capture_output=True, text=True, timeout=60)
+        try:
+            return pwd.getpwnam(user)
+        except KeyError:
+            raise PostgresUnavailable(
+                f"running as root, and PostgreSQL refuses root; creating the unprivileged user {user} failed "
+                f"(useradd exit {proc.returncode}: {proc.stderr.strip()}); create it with `useradd --system "
+                f"--no-create-home --shell /usr/sbin/nologin {user}`") from None
+
+
 def _free_port() -> int:
     with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as s:
         s.bind(("127.0.0.1", 0))
@@ -59,19 +89,12 @@ def _free_port() -> int:
 
 
 class PostgresServer:
-    def __init__(self) -> None:
+    def __init__(self, user: str = PG_USER) -> None:
         self.bindir = find_bindir()
         self.as_root = os.geteuid() == 0
+        self.user = user
         if self.as_root:
-            import pwd
-
-            try:
-                pw = pwd.getpwnam(PG_USER)
-            except KeyError:
-                raise PostgresUnavailable(
-                    f"running as root, and PostgreSQL refuses root: create the unprivileged user with "
-                    f"`useradd --system --no-create-home --shell /usr/sbin/nologin {PG_USER}` "
-                    "(.ci/run does this)") from None
+            pw = ensure_pg_user(user)
             self._uid, self._gid = pw.pw_uid, pw.pw_gid
         self.dir = Path(tempfile.mkdtemp(prefix="torchfl-pg-", dir="/tmp"))
         self.data = self.dir / "data"
@@ -85,9 +108,9 @@ class PostgresServer:
         if not self.as_root:
             cmd = list(args)
         elif shutil.which("runuser"):
-            cmd = ["runuser", "-u", PG_USER, "--", *args]
+            cmd = ["runuser", "-u", self.user, "--", *args]
         else:  # no util-linux runuser: su with a shell, since the user's login shell is nologin
-            cmd = ["su", "-s", "/bin/sh", PG_USER, "-c", shlex.join(args)]
+            cmd = ["su", "-s", "/bin/sh", self.user, "-c", shlex.join(args)]
         return subprocess.run(cmd, capture_output=True, text=True, timeout=timeout, cwd=self.dir)
 
     def _check(self, proc: subprocess.CompletedProcess, what: str) -> None:

@@ -132,7 +132,7 @@ def test_alias_expansion_bounded_below_alias_limit():
 
 
 def test_deep_nesting_refused():
-    text = "a: " + "[" * 5000 + "]" * 5000 + "\n"
+    text = "a: " + "[\n" * 5000 + "]\n" * 5000
     assert "nesting" in first_error(check_hcd_text(text)).message
     text = "a:\n" + "".join("  " * i + f"k{i}:\n" for i in range(1, 80)) + "  " * 80 + "leaf: 1\n"
     assert "nesting deeper than 64" in first_error(check_hcd_text(text)).message
@@ -146,7 +146,7 @@ def test_file_over_one_mib(tmp_path):
     p = tmp_path / "big.hcd"
     p.write_text(SEED + "#" + "x" * (1 << 20) + "\n")
     d = first_error(check_hcd(p))
-    assert "limit is 1,048,576" in d.message
+    assert "limit is 1,048,576 bytes" in d.message
 
 
 def test_load_raises_project_error_with_all_diagnostics():

@@ -56,7 +56,7 @@ def test_eight_processes_fifty_distinct_chips_each(registry_url):
         if r.backend == "sqlite":
             import sqlite3
 
-            from torchfl.registry.engine import sqlite_file
+            from torchfl.registry.dialects.sqlite import sqlite_file
 
             conn = sqlite3.connect(sqlite_file(registry_url))
             assert conn.execute("PRAGMA journal_mode").fetchone()[0] == "wal"

@@ -126,3 +126,18 @@ def test_semver_precedence_of_the_specification(reg):
     reg.import_texts([(f"{v}.hcd", hcd_text("SPEC-1", v, count=1 + i)) for i, v in enumerate(shuffled)])
     assert [i.version for i in reg.history("SPEC-1")] == chain
     assert reg.chips()[0].latest == "10.0.0"
+
+
+def test_an_import_that_names_no_file_is_an_error(reg, tmp_path, cli):
+    # issue #20: `registry import EMPTY_DIR` (even one named x.hcd) said "0 added"
+    with pytest.raises(ImportRefused, match="no file given"):
+        reg.import_files([])
+    (tmp_path / "x.hcd").mkdir()
+    (tmp_path / "empty").mkdir()
+    with pytest.raises(ImportRefused) as err:
+        reg.import_files([tmp_path / "x.hcd", tmp_path / "empty"])
+    assert [d.file for d in err.value.diagnostics] == [str(tmp_path / "empty"), str(tmp_path / "x.hcd")]
+    assert all("nothing to import" in d.message for d in err.value.diagnostics)
+    result = cli("import", str(tmp_path / "x.hcd"))
+    assert result.exit_code == 1 and "nothing to import" in result.output
+    assert reg.chips() == []

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from registry_gen import hcd_text, pack_text
 
-from torchfl.registry import Registry, migrate
+from torchfl.registry import Registry, SchemaMismatch, migrate
 from torchfl.registry.engine import WRITE, create_registry_engine
 from torchfl.registry.names import HEAD, REVISIONS
 from torchfl.registry.schema import metadata
@@ -72,21 +72,67 @@ def test_code_knows_the_scripts_head(registry_url):
         assert r.init()["to"] == HEAD
 
 
-@pytest.mark.parametrize("table", ["chip_versions", "pack_versions"])
-def test_published_rows_cannot_be_updated_even_by_sql(registry_url, table, tmp_path):
-    from sqlalchemy import text
-    from sqlalchemy.exc import DBAPIError
-
+def _publish(registry_url, tmp_path) -> tuple[str, str]:
     with Registry(registry_url) as r:
         r.init()
         r.import_texts([("a.hcd", hcd_text("A-1"))])
         pack = tmp_path / "mini.yaml"
         pack.write_text(pack_text())
         r.import_files([pack])
-        before = r.record("A-1").content_hash
+        return r.record("A-1").content_hash, r.packs()[0].name
+
+
+@pytest.mark.parametrize("table", ["chip_versions", "pack_versions"])
+@pytest.mark.parametrize("statement", ["UPDATE {t} SET content_hash = 'forged'", "DELETE FROM {t}", "TRUNCATE {t}"])
+def test_published_rows_cannot_be_changed_even_by_sql(registry_url, table, statement, tmp_path):
+    # issue #20: a raw SQL DELETE of a published version was allowed (only UPDATE was blocked)
+    from sqlalchemy import text
+    from sqlalchemy.exc import DBAPIError
+
+    if statement.startswith("TRUNCATE") and registry_url.startswith("sqlite"):
+        pytest.skip("SQLite has no TRUNCATE (its DELETE without WHERE is covered)")
+    before, pack = _publish(registry_url, tmp_path)
     engine = create_registry_engine(registry_url)
     with pytest.raises(DBAPIError, match="immutable"):
         with engine.begin() as conn:
-            conn.execute(text(f"UPDATE {table} SET content_hash = 'forged'"))
+            conn.execute(text(statement.format(t=table)))
     engine.dispose()
-    assert Registry(registry_url).record("A-1").content_hash == before
+    with Registry(registry_url) as r:
+        assert r.record("A-1").content_hash == before and [p.name for p in r.packs()] == [pack]
+
+
+@pytest.mark.parametrize("start", ["base", *REVISIONS[:-1]])
+def test_upgrade_brings_any_known_revision_to_head(registry_url, engine, start, cli):
+    # issue #20: after `alembic downgrade base`, upgrade and init refused ("revision ''") and
+    # list said "no such table"
+    _migrate(engine, migrate.upgrade, "head")
+    _migrate(engine, migrate.downgrade, start)
+    if start == "base":
+        with Registry(registry_url) as r:
+            with pytest.raises(SchemaMismatch, match="registry upgrade"):
+                r.chips()
+        listing = cli("list")
+        assert listing.exit_code == 2 and "torchfl registry upgrade" in listing.output
+    result = cli("upgrade")
+    assert result.exit_code == 0, result.output
+    with Registry(registry_url) as r:
+        assert r.schema_revision() == HEAD and r.chips() == []
+        r.import_texts([("a.hcd", hcd_text("A-1"))])
+        assert r.init()["from"] == HEAD
+
+
+def test_init_and_upgrade_work_on_an_emptied_database(registry_url, engine):
+    _migrate(engine, migrate.upgrade, "head")
+    _migrate(engine, migrate.downgrade, "base")
+    with Registry(registry_url) as r:
+        assert r.init(seed=True)["from"] == ""
+        assert r.schema_revision() == HEAD and r.chips()
+
+
+def test_upgrade_creates_the_schema_in_an_empty_database(registry_url, engine):
+    with engine.begin() as conn:  # SQLite: an existing, empty file; PostgreSQL: a fresh database
+        from sqlalchemy import text
+
+        conn.execute(text("SELECT 1"))
+    with Registry(registry_url) as r:
+        assert r.upgrade() is None and r.schema_revision() == HEAD

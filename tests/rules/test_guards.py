@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from torchfl.rules.call import TensorMeta
-from torchfl.rules.guards import GuardSyntaxError, GuardTypeError, compile_guard
+from torchfl.rules.guards import GuardError, GuardSyntaxError, GuardTypeError, compile_guard
 from torchfl.rules.guards.syntax import parse
 from torchfl.rules.guards.types import ANY, BOOL, FLOAT, INT, STR, TENSOR, list_of, optional
 
@@ -153,8 +153,8 @@ def test_hostile_guards_are_refused_before_anything_runs(text, fragment):
 
 
 def test_evaluation_cost_is_bounded():
-    big = list(range(2000))
-    g = compile_guard("all(all(all(a + b + c >= 0 for c in anything) for b in anything) for a in anything)", SCOPE)
+    big = list(range(2000))  # accepted at import (lists from the call count 64 items), bounded at plan time
+    g = compile_guard("all(all(a >= -b for b in anything) for a in anything)", SCOPE)
     ok, why = g.test(dict(ENV, anything=big))
     assert not ok and "budget" in why
     ok, why = compile_guard("len(range(anything)) > 0", SCOPE).test(dict(ENV, anything=10 ** 9))
@@ -189,3 +189,36 @@ def test_arbitrary_text_is_either_a_guard_or_a_clean_refusal(text):
 def test_parse_keeps_positions_for_messages():
     tree = parse("groups == 1 and x.shape[1] > 2")
     assert tree.values[1].left.start == 16
+
+
+@pytest.mark.parametrize("text, offset, words", [
+    # issue #20: statically valid but unbounded guards were accepted at import
+    ("len(range(1000000000000)) > 0", 4, "range of 1,000,000,000,000 values; the limit is 4,096"),
+    ("all(all(x + y > 0 for y in range(4096)) for x in range(4096))", 4, "budget is 20,000"),
+    ("all(all(all(a + b + c >= 0 for c in anything) for b in anything) for a in anything)", 8, "budget"),
+    ("rank < 1e999999", 7, "beyond the largest float"),
+    ("rank < " + "9" * 1500, 7, "too large; integers in guards are at most 2**62"),
+    ("len('" + "x" * 900 + "' + '" + "x" * 900 + "' + anything) > 0", 4, None),
+])
+def test_unbounded_guards_are_refused_at_import(text, offset, words):
+    if words is None:  # a string of ~1,900 characters is within the limit: accepted
+        compile_guard(text, SCOPE)
+        return
+    with pytest.raises(GuardError) as info:
+        compile_guard(text, SCOPE)
+    assert info.value.offset == offset and words in info.value.message
+
+
+def test_static_cost_bounds_the_evaluators_count():
+    """The import-time estimate is an upper bound of what the evaluator charges on calls
+    within the assumed sizes (lists of up to CALL_LEN items)."""
+    from torchfl.rules.guards.check import CALL_LEN, check_cost
+    from torchfl.rules.guards.evaluate import STEP_BUDGET, Evaluator
+
+    full = list(range(CALL_LEN))
+    for text in ["all(all(a >= b for b in anything) for a in anything)", "[i * 2 for i in range(groups)] == anything",
+                 "max(anything) in anything[1:] + anything", "len(range(4096)) > 0 and groups in [1, 2]"]:
+        g = compile_guard(text, SCOPE)
+        ev = Evaluator(text, dict(ENV, anything=full, groups=CALL_LEN))
+        ev.value(g.tree)
+        assert STEP_BUDGET - ev.budget <= check_cost(g.tree), text

@@ -194,3 +194,32 @@ def test_select_drops_its_dim_on_the_chip():
         got = f(x)
         assert got.shape == x.select(dim, index).shape
         torch.testing.assert_close(got, x.select(dim, index) * 2)
+
+
+def test_a_failed_run_returns_its_memory_and_a_fitting_batch_runs_after_it():
+    """Issue #20: after an out-of-memory error on a small-memory chip the failed run's buffers
+    stayed allocated, and a batch that fitted before failed ("163.87 KiB free of 4.10 MiB")."""
+    from torchfl.kernels import DeviceOOMError
+
+    chip = ChipModel(name="HAND-1", cache_bytes=16 << 10, alignment=128, memory_bytes=48 << 10)
+    small, w = hand_plan()                        # peak 2.75 KiB
+    big, _ = hand_plan(x_shape=(2, 3, 32, 32))    # peak 64.75 KiB: fails part-way, after allocating
+    x, xb = torch.randn(1, 3, 8, 8), torch.randn(2, 3, 32, 32)
+    fits, too_big = Executor(small, chip), Executor(big, chip)
+    mem = fits.memory
+    assert too_big.memory is mem and mem.memory_allocated() == 0
+    with pytest.raises(DeviceOOMError, match="out of memory on HAND-1"):
+        too_big.run((xb,))
+    assert mem.memory_allocated() == 0            # the first run's weight uploads included
+    (y,) = fits.run((x,))
+    torch.testing.assert_close(y, _reference(x, w), rtol=2e-3, atol=2e-3)
+    cached = mem.memory_allocated()               # the fitting executor's cached weights
+    assert cached > 0
+    mem.reset_peak_memory_stats()
+    with pytest.raises(DeviceOOMError):
+        too_big.run((xb,))
+    assert mem.max_memory_allocated() > cached and mem.memory_allocated() == cached
+    (y2,) = fits.run((x,))                        # same process, same memory: still fits
+    torch.testing.assert_close(y2, y, rtol=0, atol=0)
+    fits.release()
+    assert mem.memory_allocated() == 0

@@ -61,6 +61,40 @@ def test_one_default_kernel_cache_for_torch_compile_and_the_cli(tmp_path, regist
     assert data["path"] == str(tmp_path / "mine") and data["source"] == "$NUMBA_CACHE_DIR" and not data["exists"]
 
 
+HELPER_SCRIPT = """
+import torch
+from torchfl.kernels import compiling, precompile
+from torchfl.planner import plan_module
+from torchfl.runtime.executor import Executor
+
+class M(torch.nn.Module):
+    def forward(self, x):
+        return torch.softmax(torch.relu(x) * 2.0, dim=-1)
+
+m, x = M(), torch.randn(4, 16)
+ex = Executor(plan_module(m, (x,), chip="TFL-X1"))
+calls = ex._calls_after(-1)
+assert {c.kernel for c in calls} >= {"softmax"}, calls
+helper = precompile.start(ex.chip, calls)
+assert helper is not None and helper.wait(timeout=600) == 0
+compiled = []
+compiling.subscribe(lambda ev: compiled.append(ev.function) if ev.kind == "end" else None)
+(y,) = ex.run((x,))
+assert torch.allclose(y, m(x), rtol=1e-5, atol=1e-6)
+print("COMPILED_HERE", sorted(compiled))
+"""
+
+
+def test_compile_helper_compiles_what_the_executor_then_loads(tmp_path, registry_url):
+    """The helper's scratch calls compile the very specialisations the executor's run needs:
+    after it, the run loads every kernel from the cache and compiles none."""
+    env = dict(_env(tmp_path, registry_url), NUMBA_CACHE_DIR=str(tmp_path / "numba"), TORCHFL_COMPILE_HELPERS="0")
+    out = subprocess.run([sys.executable, "-c", HELPER_SCRIPT], env=env, capture_output=True, text=True,
+                         timeout=900)
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "COMPILED_HERE []" in out.stdout, out.stdout
+
+
 def test_progress_lines_when_output_is_not_a_terminal():
     from numba import njit
 

@@ -158,19 +158,6 @@ def _progress_printer(total_files: int):
     return bar, report
 
 
-def _expand(files) -> list[str]:
-    from pathlib import Path
-
-    out: list[str] = []
-    for f in files:
-        p = Path(f)
-        if p.is_dir():
-            out += sorted(str(c) for c in p.iterdir() if c.suffix.lower() in (".hcd", ".yaml", ".yml") and c.is_file())
-        else:
-            out.append(f)
-    return out
-
-
 @registry.command("import")
 @click.argument("files", nargs=-1, required=True, type=click.Path(dir_okay=True, path_type=str))
 @registry_option
@@ -186,8 +173,10 @@ def import_cmd(files, registry_url, as_json):
     """
     from torchfl.registry.errors import ImportRefused
 
+    from torchfl.registry.documents import expand_paths
+
     reg = open_registry(registry_url)
-    files = _expand(files)
+    files = expand_paths(files)
     bar, report = _progress_printer(len(files))
     try:
         if bar is not None:

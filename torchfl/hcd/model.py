@@ -88,8 +88,13 @@ Dtype = Annotated[str, AfterValidator(_dtype), _string(
     r"^torch\.(" + "|".join(UNIT_OF_DTYPE) + r")$", "A torch dtype name such as torch.float16.")]
 
 
+#: Longest list any HCD field may hold: a chip has a handful of layouts, dtypes or head counts.
+MAX_LIST = 64
+MAX_HEADS = 4096  # attention heads per layer; the largest models use 128
+
+
 class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True, allow_inf_nan=False)
 
 
 class Chip(_Model):
@@ -109,21 +114,21 @@ class _Unit(_Model):
 
     count: int = Field(gt=0, le=1_000_000, description="Number of units of this kind (cores).")
     supported_layouts: Optional[list[Layout]] = Field(
-        default=None, min_length=1,
+        default=None, min_length=1, max_length=MAX_LIST,
         description="Tensor layouts this unit computes in (permutations of dimension letters).")
 
 
 class FloatUnit(_Unit):
     """A floating-point matrix/vector unit (fp16, bf16 or fp32)."""
 
-    peak_tflops: float = Field(gt=0, le=100_000, description="Aggregate peak of all `count` units, in TFLOPS "
+    peak_tflops: float = Field(ge=1e-6, le=100_000, description="Aggregate peak of all `count` units, in TFLOPS "
                                                              "(10^12 floating-point operations per second).")
 
 
 class IntUnit(_Unit):
     """An integer unit (int8 with int32 accumulation)."""
 
-    peak_tops: float = Field(gt=0, le=1_000_000, description="Aggregate peak of all `count` units, in TOPS "
+    peak_tops: float = Field(ge=1e-6, le=1_000_000, description="Aggregate peak of all `count` units, in TOPS "
                                                              "(10^12 integer operations per second).")
 
 
@@ -133,8 +138,9 @@ class AttentionUnit(_Model):
     enabled: bool = Field(description="Whether the attention unit is present and usable.")
     max_sequence_length: Optional[int] = Field(default=None, gt=0, le=1 << 24,
                                                description="Longest sequence the unit accepts, in tokens.")
-    supported_heads: Optional[list[int]] = Field(default=None, min_length=1,
-                                                 description="Head counts the unit runs (positive, unique).")
+    supported_heads: Optional[list[Annotated[int, Field(ge=1, le=MAX_HEADS)]]] = Field(
+        default=None, min_length=1, max_length=MAX_LIST,
+        description=f"Head counts the unit runs (unique, each 1 to {MAX_HEADS}).")
 
 
 class ComputeUnits(_Model):
@@ -148,13 +154,13 @@ class ComputeUnits(_Model):
 
 
 class OnChipCache(_Model):
-    size_kb: int = Field(gt=0, le=1 << 30, description="On-chip cache (scratchpad) size in KiB (1024 bytes).")
-    bandwidth_gb_per_s: float = Field(gt=0, le=1_000_000, description="On-chip cache bandwidth in GB/s (10^9 B/s).")
+    size_kb: int = Field(gt=0, le=1 << 26, description="On-chip cache (scratchpad) size in KiB (1024 bytes).")
+    bandwidth_gb_per_s: float = Field(ge=1e-6, le=1_000_000, description="On-chip cache bandwidth in GB/s (10^9 B/s).")
 
 
 class OffChipMemory(_Model):
-    bandwidth_gb_per_s: float = Field(gt=0, le=1_000_000, description="Off-chip memory bandwidth in GB/s (10^9 B/s).")
-    size_gb: Optional[float] = Field(default=None, gt=0, le=1_000_000,
+    bandwidth_gb_per_s: float = Field(ge=1e-6, le=1_000_000, description="Off-chip memory bandwidth in GB/s (10^9 B/s).")
+    size_gb: Optional[float] = Field(default=None, ge=1e-6, le=1_000_000,
                                      description="Off-chip memory capacity in GiB (2^30 bytes); unbounded if absent.")
 
 
@@ -165,7 +171,7 @@ class Memory(_Model):
 
 class TensorRules(_Model):
     max_rank: int = Field(ge=1, le=16, description="Highest tensor rank the chip accepts.")
-    supported_dtypes: list[Dtype] = Field(min_length=1, description="dtypes the chip stores and computes, "
+    supported_dtypes: list[Dtype] = Field(min_length=1, max_length=MAX_LIST, description="dtypes the chip stores and computes, "
                                                                     "written torch.float16, torch.int8, ...")
     default_layout: Layout = Field(description="Layout used when the user does not choose one; "
                                                "must be among the units' supported_layouts.")

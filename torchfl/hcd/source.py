@@ -1,15 +1,25 @@
 """The one YAML loader of torchfl: safe, bounded, and keeping every value's source position.
 
 PyYAML's composer gives a node tree whose nodes carry line and column marks. We compose
-with ``SafeLoader`` (no tags that build objects), bound the document (size, nesting
-depth, number of aliases, number of nodes after alias expansion) and build plain Python
-values ourselves, so that duplicate keys are errors and every path maps to a position.
-An alias bomb is refused while composing or within the first bounded expansion, long
-before it can use memory.
+with ``SafeLoader`` (no tags that build objects), bound the document and build plain
+Python values ourselves, so that duplicate keys are errors and every path maps to a
+position. Each bound is checked before the work it protects, and its message names the
+limit and what the file has:
+
+- only regular files are opened (a FIFO, a device or a directory is refused at once, from
+  ``fstat``), and their size is taken from ``fstat`` too (a sparse 50 GB file is 50 GB);
+- bytes, then line length (one long flow list would otherwise cost libyaml seconds);
+- from the event stream, before composing: nesting depth, aliases and number of values;
+- while building: the expansion of aliases, and the length of every number's text
+  (Python converts a 4,301-digit integer neither way, and a huge value has no meaning in
+  a descriptor: numbers are refused by their digits, never converted).
 """
 
 from __future__ import annotations
 
+import errno
+import os
+import stat
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -18,10 +28,12 @@ from yaml.constructor import SafeConstructor
 
 from torchfl.hcd.diagnostics import Diagnostic, YAMLLoadError, format_path
 
-MAX_BYTES = 1 << 20  # 1 MiB: an HCD or rule pack is a few KB; anything larger is a mistake
+MAX_BYTES = 1 << 20  # 1 MiB: an HCD is ~2 KB, the bundled rule pack ~40 KB; anything larger is a mistake
+MAX_LINE = 8192  # characters; the longest guard is 2,000
 MAX_DEPTH = 64
 MAX_ALIASES = 32
-MAX_NODES = 100_000  # after alias expansion
+MAX_NODES = 50_000  # values, aliases expanded; an HCD has ~60, the bundled rule pack ~2,000
+MAX_NUMBER_CHARS = 40  # text of one number: 2**63 has 19 digits, a float's exact form ~25
 
 _PLAIN_TAGS = {
     "tag:yaml.org,2002:str",
@@ -33,6 +45,8 @@ _PLAIN_TAGS = {
     "tag:yaml.org,2002:map",
     "tag:yaml.org,2002:seq",
 }
+
+_NUMBER_TAGS = {"tag:yaml.org,2002:int", "tag:yaml.org,2002:float"}
 
 Path_ = tuple  # a path into the document: keys (str) and list indices (int)
 
@@ -77,22 +91,40 @@ _OPEN = (yaml.MappingStartEvent, yaml.SequenceStartEvent)
 _CLOSE = (yaml.MappingEndEvent, yaml.SequenceEndEvent)
 
 
+def _check_lines(text: str, filename: str) -> None:
+    """Refuse a line longer than MAX_LINE characters, naming it and its length."""
+    for number, line in enumerate(text.split("\n"), 1):
+        if len(line) > MAX_LINE:
+            raise YAMLLoadError([Diagnostic(filename, number, MAX_LINE + 1, "", "error",
+                                            f"line {number} is {len(line):,} characters long; the limit is "
+                                            f"{MAX_LINE:,}. Break long lists over several lines (one item per "
+                                            "line) or split the guard")])
+
+
 def _prescan(text: str) -> None:
-    """Refuse deep nesting and many aliases from the event stream, before composing."""
-    depth = aliases = 0
+    """Refuse deep nesting, many aliases and too many values from the event stream, before
+    composing; stops at the first limit crossed, so a hostile file costs little."""
+    depth = aliases = values = 0
     for event in yaml.parse(text, Loader=_Loader):
         if isinstance(event, _OPEN):
             depth += 1
+            values += 1
             if depth > MAX_DEPTH:
-                raise _Refused(f"nesting deeper than {MAX_DEPTH} levels; an HCD or rule pack is a few "
-                               "levels deep", event.start_mark)
+                raise _Refused(f"nesting deeper than {MAX_DEPTH} levels (the limit); an HCD or rule pack is "
+                               "a few levels deep", event.start_mark)
         elif isinstance(event, _CLOSE):
             depth -= 1
+        elif isinstance(event, yaml.ScalarEvent):
+            values += 1
         elif isinstance(event, yaml.AliasEvent):
             aliases += 1
             if aliases > MAX_ALIASES:
-                raise _Refused(f"more than {MAX_ALIASES} aliases (*name): torchfl refuses alias-heavy "
+                raise _Refused(f"more than {MAX_ALIASES} aliases (*name), the limit: torchfl refuses alias-heavy "
                                "documents (a 'billion laughs' guard); write the values out", event.start_mark)
+        if values > MAX_NODES:
+            raise _Refused(f"more than {MAX_NODES:,} values (keys, items and scalars; the limit) by this point; "
+                           "an HCD has about 60 and the bundled rule pack about 2,000. Is this the right file?",
+                           event.start_mark)
 
 
 def _pos(mark) -> tuple[int, int]:
@@ -107,7 +139,7 @@ def _decode(raw: bytes, filename: str) -> str:
         raise YAMLLoadError([Diagnostic(filename, line, col, "", "error", message)])
 
     if len(raw) > MAX_BYTES:
-        fail(0, f"file is {len(raw):,} bytes; the limit is {MAX_BYTES:,} (1 MiB). Is this the right file?")
+        fail(0, f"text is more than {_size(MAX_BYTES)} (the limit). An HCD is a few KB: is this the right file?")
     nul = raw.find(b"\x00")
     if nul >= 0:
         fail(nul, "binary data (NUL byte): expected a UTF-8 YAML text file")
@@ -118,12 +150,42 @@ def _decode(raw: bytes, filename: str) -> str:
     return text.removeprefix("\ufeff")
 
 
+_KINDS = ((stat.S_ISDIR, IsADirectoryError, "a directory"), (stat.S_ISFIFO, None, "a named pipe (FIFO)"),
+          (stat.S_ISCHR, None, "a character device"), (stat.S_ISBLK, None, "a block device"),
+          (stat.S_ISSOCK, None, "a socket"))
+
+
+class NotRegularFile(OSError):
+    """The path names something other than a regular file (pipe, device, socket)."""
+
+
 def read_text(path: str | Path) -> str:
-    """Read a file as bounded UTF-8 text. Raises OSError if it cannot be read, YAMLLoadError if not text."""
-    p = Path(path)
-    with p.open("rb") as fh:
-        raw = fh.read(MAX_BYTES + 1)
+    """Read a regular file as bounded UTF-8 text.
+
+    Raises OSError if it cannot be read (:class:`NotRegularFile` for a pipe, device or
+    socket, IsADirectoryError for a directory), YAMLLoadError if it is not acceptable text.
+    Opening is non-blocking, so a FIFO with no writer is refused instead of waiting forever.
+    """
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | getattr(os, "O_CLOEXEC", 0))
+    with os.fdopen(fd, "rb") as fh:
+        info = os.fstat(fd)
+        for test, error, what in _KINDS:
+            if test(info.st_mode):
+                raise (error or NotRegularFile)(errno.EISDIR if error else errno.EINVAL,
+                                                f"is {what}, not a regular file", str(path))
+        if info.st_size > MAX_BYTES:
+            raise YAMLLoadError([Diagnostic(str(path), 1, 1, "", "error",
+                                            f"file is {_size(info.st_size)}; the limit is {_size(MAX_BYTES)}. "
+                                            "An HCD is a few KB: is this the right file?")])
+        raw = fh.read(MAX_BYTES + 1)  # a file growing while read is still cut at the bound
     return _decode(raw, str(path))
+
+
+def _size(n: int) -> str:
+    for unit, scale in (("GiB", 1 << 30), ("MiB", 1 << 20)):
+        if n >= scale:
+            return f"{n:,} bytes ({n / scale:.1f} {unit})"
+    return f"{n:,} bytes"
 
 
 def read_source(path: str | Path, kind: str) -> tuple[str | None, list[Diagnostic], bool]:
@@ -144,6 +206,8 @@ def read_source(path: str | Path, kind: str) -> tuple[str | None, list[Diagnosti
         return None, list(exc.diagnostics), True
     except IsADirectoryError:
         return unreadable(f"is a directory, not {kind}")
+    except NotRegularFile as exc:
+        return unreadable(f"{exc.strerror}; expected {kind}")
     except FileNotFoundError:
         return unreadable("no such file; check the path")
     except PermissionError:
@@ -154,8 +218,17 @@ def read_source(path: str | Path, kind: str) -> tuple[str | None, list[Diagnosti
 
 def located_yaml(text: str, filename: str = "<string>") -> LocatedDocument:
     """Parse one YAML document into plain data with positions. Raises :class:`YAMLLoadError`."""
-    if len(text.encode("utf-8", "surrogatepass")) > MAX_BYTES:
-        _decode(text.encode("utf-8", "surrogatepass"), filename)
+    if len(text) > MAX_BYTES or len(text.encode("utf-8", "surrogatepass")) > MAX_BYTES:
+        _decode(text.encode("utf-8", "surrogatepass")[: MAX_BYTES + 1], filename)
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError as exc:  # only text handed over by a caller: a file is decoded strictly
+        before = text[: exc.start]
+        line, col = before.count("\n") + 1, exc.start - (before.rfind("\n") + 1) + 1
+        raise YAMLLoadError([Diagnostic(filename, line, col, "", "error",
+                                        f"unpaired surrogate U+{ord(text[exc.start]):04X} is not a character; "
+                                        "remove it")]) from None
+    _check_lines(text, filename)
     try:
         _prescan(text)
         root = yaml.compose(text, Loader=_Loader)
@@ -176,8 +249,8 @@ def located_yaml(text: str, filename: str = "<string>") -> LocatedDocument:
     if root is not None and _expanded_size(root, {}) > MAX_NODES:
         line, col = _pos(root.start_mark)
         raise YAMLLoadError([Diagnostic(filename, line, col, "", "error",
-                                        f"document expands to more than {MAX_NODES:,} values "
-                                        "(alias expansion?); refused")])
+                                        f"aliases expand the document to more than {MAX_NODES:,} values "
+                                        "(the limit); write the values out instead of repeating aliases")])
     doc = LocatedDocument(filename, None)
     if root is None:
         raise YAMLLoadError([Diagnostic(filename, 1, 1, "", "error", "the file is empty; expected a YAML mapping")])
@@ -235,7 +308,8 @@ class _Builder:
             line, col = _pos(node.start_mark)
             raise YAMLLoadError(
                 [Diagnostic(self.doc.filename, line, col, format_path(path), "error",
-                            f"document expands to more than {MAX_NODES:,} values (alias expansion?); refused")]
+                            f"aliases expand the document to more than {MAX_NODES:,} values (the limit); "
+                            "write the values out instead of repeating aliases")]
             )
         self.doc.value_pos.setdefault(path, _pos(node.start_mark))
         if id(node) in self.active:
@@ -273,6 +347,12 @@ class _Builder:
             return [self.build(item, path + (i,)) for i, item in enumerate(node.value)]
         if node.tag == "tag:yaml.org,2002:timestamp":
             return node.value
+        if node.tag in _NUMBER_TAGS and len(node.value) > MAX_NUMBER_CHARS:
+            digits = sum(ch.isalnum() for ch in node.value)
+            self._problem(node, path, f"a number of {digits:,} digits ({node.value[:12]}...) is far outside any "
+                                      f"plausible value (numbers are at most {MAX_NUMBER_CHARS} characters); "
+                                      "write the intended value")
+            return None
         try:
             return self.scalars.construct_object(node, deep=True)
         except yaml.YAMLError as exc:

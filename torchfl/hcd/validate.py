@@ -177,6 +177,8 @@ def _structure_diagnostics(doc: LocatedDocument, exc: ValidationError) -> list[D
             op = {"greater_than": ">", "greater_than_equal": ">=", "less_than": "<", "less_than_equal": "<="}[kind]
             desc = _describe(model, loc[-1])
             out.append(doc.diagnostic(loc, f"must be {op} {bound:,} to be plausible, got {_show(value)}{desc}"))
+        elif kind == "finite_number":
+            out.append(doc.diagnostic(loc, f"expected a finite number, got {_show(value)}{_describe(model, loc[-1])}"))
         elif kind in {"too_short", "too_long"}:
             out.append(doc.diagnostic(loc, f"{err['msg'].lower()}; got {_show(value)}"))
         elif kind == "value_error":
@@ -271,9 +273,7 @@ def _consistency(doc: LocatedDocument, data: dict) -> list[Diagnostic]:
     emulation = _get(data, "constraints", "bfloat16_emulation") is True
 
     # duplicates in lists
-    for i, d in enumerate(dtypes):
-        if d in dtypes[:i]:
-            out.append(doc.diagnostic(("tensor", "supported_dtypes", i), f"{d} is listed twice; remove the duplicate"))
+    out.extend(_duplicates(doc, ("tensor", "supported_dtypes"), dtypes_raw, "{} is listed twice"))
 
     # every dtype has a unit that runs it
     for i, d in enumerate(short):
@@ -321,13 +321,12 @@ def _consistency(doc: LocatedDocument, data: dict) -> list[Diagnostic]:
     for unit in present:
         lst = _get(units, unit, "supported_layouts")
         if isinstance(lst, list):
+            out.extend(_duplicates(doc, ("compute_units", unit, "supported_layouts"), lst, "{} is listed twice",
+                                   keep=_valid_layout))
             for i, layout in enumerate(lst):
                 if not _valid_layout(layout):
                     some_invalid = True
                     continue
-                if layout in lst[:i]:
-                    out.append(doc.diagnostic(("compute_units", unit, "supported_layouts", i),
-                                              f"{layout} is listed twice; remove the duplicate"))
                 layouts.append(((("compute_units", unit, "supported_layouts", i)), layout))
     max_rank = _get(data, "tensor", "max_rank")
     default = _get(data, "tensor", "default_layout")
@@ -369,15 +368,26 @@ def _consistency(doc: LocatedDocument, data: dict) -> list[Diagnostic]:
                                       f"the attention unit's max_sequence_length {seq} exceeds the chip's "
                                       f"constraints.max_sequence_length {chip_seq}; lower it to at most {chip_seq}"))
         heads = att.get("supported_heads")
-        if isinstance(heads, list):
-            for i, h in enumerate(heads):
-                path = ("compute_units", "attention", "supported_heads", i)
-                if not _is_int(h):
-                    out.append(doc.diagnostic(path, f"a head count is a whole number, got {_show(h)}"))
-                elif h <= 0:
-                    out.append(doc.diagnostic(path, f"head counts must be positive, got {h}"))
-                elif h in heads[:i]:
-                    out.append(doc.diagnostic(path, f"head count {h} is listed twice; remove the duplicate"))
+        if isinstance(heads, list):  # type and range: pass 2 (one problem, one diagnostic)
+            out.extend(_duplicates(doc, ("compute_units", "attention", "supported_heads"), heads,
+                                   "head count {} is listed twice", keep=_is_int))
+    return out
+
+
+def _duplicates(doc: LocatedDocument, path: tuple, items, what: str, keep=lambda v: isinstance(v, str)):
+    """One diagnostic per repeated item of a list (those ``keep`` accepts), in one pass."""
+    if not isinstance(items, list):
+        return []
+    first: dict = {}
+    out = []
+    for i, item in enumerate(items):
+        if not keep(item):
+            continue
+        if item in first:
+            out.append(doc.diagnostic(path + (i,), f"{what.format(item)} (first at item {first[item]}); "
+                                                   "remove the duplicate"))
+        else:
+            first[item] = i
     return out
 
 

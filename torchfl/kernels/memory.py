@@ -6,6 +6,8 @@ Allocations are accounted in whole alignment granules, like a real device alloca
 """
 from __future__ import annotations
 
+import contextlib
+
 import numpy as np
 
 from .errors import AlignmentError, DeviceOOMError
@@ -60,6 +62,7 @@ class DeviceMemory:
         self.capacity = chip.memory_bytes
         self._allocated = 0
         self._peak = 0
+        self._scope: list | None = None  # buffers allocated inside returned_on_error()
 
     def _granule(self, nbytes: int) -> int:
         a = self.alignment
@@ -75,7 +78,27 @@ class DeviceMemory:
         if self._allocated > self._peak:
             self._peak = self._allocated
         # an empty slice would not keep its address: an empty buffer still views one byte
-        return DeviceBuffer(self, block, block[1][:max(nbytes, 1)], nbytes, acc, block[2])
+        buf = DeviceBuffer(self, block, block[1][:max(nbytes, 1)], nbytes, acc, block[2])
+        if self._scope is not None:
+            self._scope.append(buf)
+        return buf
+
+    @contextlib.contextmanager
+    def returned_on_error(self):
+        """Every buffer allocated inside the block and still live is freed if the block
+        raises (out-of-memory included), so a failed run gives back all it took."""
+        outer, self._scope = self._scope, []
+        try:
+            yield
+        except BaseException:
+            for buf in self._scope:
+                if not buf.freed:
+                    self.free(buf)
+            raise
+        finally:
+            if outer is not None:
+                outer.extend(self._scope)
+            self._scope = outer
 
     def free(self, buf: DeviceBuffer):
         if buf.memory is not self:

@@ -17,11 +17,12 @@ from datetime import datetime
 from pathlib import Path
 from typing import Iterable
 
-from torchfl.registry.engine import (WRITE, check_sqlite_writable, check_url, create_registry_engine, file_missing,
-                                     sqlite_file, translated)
-from torchfl.registry.reader import pg_connect, pg_reader, sqlite_reader, timestamp
+from torchfl.registry.dialects import dialect_for
+from torchfl.registry.dialects.sqlite import sqlite_file
+from torchfl.registry.engine import WRITE, check_url, create_registry_engine, translated
+from torchfl.registry.reader import timestamp
 from torchfl.registry.errors import ImportRefused, NotFound, RegistryError, RegistryUnavailable, SchemaMismatch
-from torchfl.registry.names import HEAD, REVISIONS, TABLE_NAMES
+from torchfl.registry.names import BASE, HEAD, REVISIONS, TABLE_NAMES
 from torchfl.registry.semver import semver_key
 from torchfl.registry.url import display_url, resolve_url
 
@@ -107,8 +108,9 @@ class Registry:
     def __init__(self, url: str | None = None):
         self.url, self.is_default = resolve_url(url)
         self.backend = check_url(self.url)
+        self.dialect = dialect_for(self.backend)
         self._engine = None
-        self._pg = None  # psycopg connection for reads (PostgreSQL)
+        self._reads = None  # the dialect's read session (PostgreSQL keeps a connection open)
         self._schema_ok: str | None = None  # "head" or "newer" once checked
 
     # ------------------------------------------------------------------ plumbing
@@ -118,9 +120,9 @@ class Registry:
         return display_url(self.url)
 
     def close(self) -> None:
-        if self._pg is not None:
-            self._pg.close()
-            self._pg = None
+        if self._reads is not None:
+            self._reads.close()
+            self._reads = None
         if self._engine is not None:
             self._engine.dispose()
             self._engine = None
@@ -144,25 +146,11 @@ class Registry:
     @contextlib.contextmanager
     def _reader(self):
         """A read transaction straight on the driver (sqlite3 or psycopg): no SQLAlchemy import."""
-        path = sqlite_file(self.url) if self.backend == "sqlite" else None
         with translated(self.url):
-            if path is not None:
-                if not os.path.exists(path):
-                    raise self._missing_error()
-                with sqlite_reader(path) as reader:
-                    yield reader
-            else:
-                if self._pg is None or self._pg.closed or self._pg.broken:
-                    self._pg = pg_connect(self.url)  # kept: a planner reads many chips
-                try:
-                    with pg_reader(self._pg) as reader:
-                        yield reader
-                except RegistryError:  # an answer (e.g. not found), not a broken connection
-                    raise
-                except Exception:
-                    self._pg.close()
-                    self._pg = None
-                    raise
+            if self._reads is None:
+                self._reads = self.dialect.read_session(self.url)
+            with self._reads.transaction() as reader:
+                yield reader
 
     @contextlib.contextmanager
     def _read(self):
@@ -172,7 +160,7 @@ class Registry:
 
     @contextlib.contextmanager
     def _write(self):
-        check_sqlite_writable(self.url)
+        self.dialect.check_writable(self.url)
         self._ready(writing=True)
         with translated(self.url, writing=True), self._eng().connect() as conn:
             conn = conn.execution_options(**WRITE)
@@ -183,12 +171,12 @@ class Registry:
         """Create the default registry on first use; check the schema revision once."""
         if self._schema_ok == "head" or (self._schema_ok == "newer" and not writing):
             return
-        if self.is_default and (file_missing(self.url) or self.schema_revision() is None):
+        if self.is_default and (self.dialect.missing(self.url) or self.schema_revision() is None):
             self._create_default()
         elif self.is_default and self._default_stamp_stale():
             self._refresh_default()
         revision = self.schema_revision()
-        if self.is_default and revision in REVISIONS and revision != HEAD:
+        if self.is_default and (revision in REVISIONS or revision == BASE) and revision != HEAD:
             self.upgrade()  # torchfl owns its default registry: bring it to this version's schema
             revision = self.schema_revision()
         if revision is None:
@@ -197,6 +185,10 @@ class Registry:
                 f"at a registry, or create one with `torchfl registry init --registry URL`")
         if revision == HEAD:
             self._schema_ok = "head"
+        elif revision == BASE:
+            raise SchemaMismatch(
+                f"registry {self.display_url} has no schema (an empty version table: migrated down to base); "
+                f"run `torchfl registry upgrade --registry {self.display_url}`")
         elif revision in REVISIONS:
             raise SchemaMismatch(
                 f"registry {self.display_url} has schema revision {revision}, older than this torchfl's {HEAD}; "
@@ -290,27 +282,29 @@ class Registry:
         return {"url": self.display_url, "from": before, "to": HEAD, "seeded": seeded}
 
     def upgrade(self, *, create: bool = False) -> str | None:
-        """Migrate to the head revision with Alembic; returns the revision it started from."""
-        from torchfl.registry.migrate import current_revision, upgrade
+        """Migrate to the head revision with Alembic; returns the revision it started from.
 
-        if file_missing(self.url):
+        Any revision this torchfl knows is migrated, and so is a registry without one: an
+        empty version table (``alembic downgrade base``, returned as ``""``) or, with
+        ``create`` or when the database holds no table at all, no version table (None).
+        """
+        from torchfl.registry.migrate import current_revision, is_empty, upgrade
+
+        if self.dialect.missing(self.url):
             if not create:
                 raise self._missing_error()
             with translated(self.url, writing=True):
-                Path(sqlite_file(self.url)).parent.mkdir(parents=True, exist_ok=True)
+                self.dialect.create_location(self.url)
         with translated(self.url, writing=True), self._eng().connect() as conn:
             conn = conn.execution_options(**WRITE)
             with conn.begin():
-                if conn.dialect.name == "postgresql":  # two inits at once: the second waits, then sees head
-                    from sqlalchemy import text
-
-                    conn.execute(text("SELECT pg_advisory_xact_lock(7315001)"))
+                self.dialect.serialize_migrations(conn)  # two inits at once: the second waits, then sees head
                 before = current_revision(conn)
-                if before is not None and before not in REVISIONS:
+                if before not in (None, BASE) and before not in REVISIONS:
                     raise SchemaMismatch(
                         f"registry {self.display_url} has schema revision {before!r}, newer than this torchfl "
                         f"knows ({HEAD}); upgrade torchfl instead")
-                if before is None and not create:
+                if before is None and not create and not is_empty(conn):
                     raise RegistryUnavailable(
                         f"{self.display_url} is not a torchfl registry; create one with "
                         f"`torchfl registry init --registry {self.display_url}`")
@@ -347,13 +341,18 @@ class Registry:
     def import_files(self, paths: Iterable[str | os.PathLike], *, progress=None) -> ImportResult:
         """Validate every file, then store them all in one transaction, or nothing.
 
-        Raises ImportRefused (nothing written) if any file is invalid or would change a
+        A directory stands for the *.hcd, *.yaml and *.yml files in it. Raises ImportRefused
+        (nothing written) if no file is named, any file is invalid or would change a
         published version. ``progress(stage, done, total)``, if given, is called with
         stage ``"validating"`` per file and ``"writing"`` per batch of rows.
         """
-        from torchfl.registry.documents import load_documents
+        from torchfl.registry.documents import expand_paths, load_documents
 
-        docs, diagnostics = load_documents([str(p) for p in paths], progress)
+        paths = expand_paths(paths)
+        if not paths:
+            raise ImportRefused("nothing imported: no file given; name HCD (*.hcd) and rule pack (*.yaml) files, "
+                                "or a directory holding them")
+        docs, diagnostics = load_documents(paths, progress)
         return self._store(docs, diagnostics, progress=progress)
 
     def import_texts(self, items: Iterable[tuple[str, str]], *, progress=None) -> ImportResult:
@@ -547,8 +546,4 @@ class Registry:
     def integrity_check(self) -> str:
         """SQLite's ``PRAGMA integrity_check`` (``"ok"``); on PostgreSQL, ``"ok"`` after reading every table."""
         with self._read() as r:
-            if r.dialect == "sqlite":
-                return r.first("PRAGMA integrity_check")[0]
-            for table in TABLE_NAMES.values():
-                r.rows(f"SELECT count(*) FROM {table}")
-            return "ok"
+            return r.integrity_check(TABLE_NAMES.values())

@@ -64,6 +64,9 @@ def load_document(path: str | Path):
 
     name = str(path)
     suffix = Path(name).suffix.lower()
+    if Path(name).is_dir():
+        return None, [_error(name, "is a directory with no *.hcd, *.yaml or *.yml file in it: nothing to import; "
+                                   "name the files, or the directory that holds them")]
     if suffix == ".hcd":
         report = check_hcd(name)
         return _from_hcd_report(report, name, report.source)
@@ -91,6 +94,27 @@ def load_document(path: str | Path):
     if isinstance(top, dict) and "chip" in top:
         return _from_hcd_report(check_hcd_text(source, name), name, source)
     return None, [_error(name, "is neither a rule pack (top-level `pack:`) nor an HCD (top-level `chip:`)")]
+
+
+SUFFIXES = (".hcd", ".yaml", ".yml")
+
+
+def expand_paths(paths) -> list[str]:
+    """Files to import: a directory stands for the *.hcd, *.yaml and *.yml files in it.
+
+    A directory holding none stays in the list as itself, so that it is reported
+    ("nothing to import") instead of silently adding nothing.
+    """
+    out: list[str] = []
+    for f in paths:
+        p = Path(f)
+        try:
+            found = sorted(str(c) for c in p.iterdir() if c.suffix.lower() in SUFFIXES and c.is_file()) \
+                if p.is_dir() else []
+        except OSError:  # an unreadable directory: reported by load_document
+            found = []
+        out += found or [str(f)]
+    return out
 
 
 def load_documents(paths, progress=None) -> tuple[list[Document], list[Diagnostic]]:

@@ -1,17 +1,11 @@
-"""Engines for the two supported backends, and the translation of driver errors into
-one-line messages that name the URL and the fix.
-
-SQLite: WAL journal (readers never block the writer), a busy timeout, and write
-transactions opened with ``BEGIN IMMEDIATE`` so that concurrent writers queue on the
-lock instead of failing when a read lock cannot be upgraded.
-PostgreSQL: psycopg 3, a connect timeout; correctness under concurrency comes from the
-unique constraints and ``INSERT ... ON CONFLICT DO NOTHING`` (see ``store.py``).
+"""Registry URLs and engines, and the translation of driver errors into one-line messages
+that name the URL and the fix. What differs between SQLite and PostgreSQL (engine set-up,
+locking, reads) is in ``dialects/``.
 """
 
 from __future__ import annotations
 
 import contextlib
-import os
 
 from torchfl.registry.errors import RegistryError, RegistryUnavailable
 from torchfl.registry.url import display_url
@@ -49,16 +43,10 @@ def backend_of(url: str) -> str:
     return scheme.split("+", 1)[0].lower()
 
 
-def sqlite_file(url: str) -> str | None:
-    """The database file of an SQLite URL (``sqlite:///rel`` or ``sqlite:////abs``); None in memory."""
-    rest = url.split("://", 1)[1] if "://" in url else ""
-    path = rest[1:] if rest.startswith("/") else rest
-    path = path.split("?", 1)[0]
-    return None if path in ("", ":memory:") else path
-
-
 def check_url(url: str) -> str:
     """The backend of a supported URL, or RegistryUnavailable (SQLAlchemy parses only odd ones)."""
+    from torchfl.registry.dialects.sqlite import sqlite_file
+
     backend = backend_of(url)
     if backend == "sqlite" and "://" in url and sqlite_file(url) is None:
         raise RegistryUnavailable(
@@ -70,33 +58,11 @@ def check_url(url: str) -> str:
 
 
 def create_registry_engine(url: str):
-    from sqlalchemy import create_engine, event
+    """A SQLAlchemy engine for writes and migrations, set up by the URL's dialect."""
+    from torchfl.registry.dialects import dialect_for
 
     u = parse_url(url)
-    if u.get_backend_name() == "sqlite":
-        engine = create_engine(u, connect_args={"timeout": BUSY_TIMEOUT_S})
-
-        @event.listens_for(engine, "connect")
-        def _sqlite_connect(dbapi_conn, _record):
-            # Let SQLAlchemy (not pysqlite) issue BEGIN, so we choose its kind below.
-            dbapi_conn.isolation_level = None
-            cur = dbapi_conn.cursor()
-            cur.execute(f"PRAGMA busy_timeout = {int(BUSY_TIMEOUT_S * 1000)}")
-            cur.execute("PRAGMA foreign_keys = ON")
-            if cur.execute("PRAGMA journal_mode").fetchone()[0].lower() != "wal":
-                try:
-                    cur.execute("PRAGMA journal_mode = WAL")
-                except Exception:  # read-only file: stay in its mode; writes report it
-                    pass
-            cur.close()
-
-        @event.listens_for(engine, "begin")
-        def _sqlite_begin(conn):
-            kind = "IMMEDIATE" if conn.get_execution_options().get("torchfl_write") else "DEFERRED"
-            conn.exec_driver_sql(f"BEGIN {kind}")
-
-        return engine
-    return create_engine(u, connect_args={"connect_timeout": CONNECT_TIMEOUT_S}, pool_pre_ping=False)
+    return dialect_for(u.get_backend_name()).create_engine(u)
 
 
 def _first_line(exc: BaseException) -> str:
@@ -177,20 +143,3 @@ def translated(url: str, *, writing: bool = False):
         raise
 
 
-def check_sqlite_writable(url: str) -> None:
-    """A clear refusal before writing to an SQLite file this process may not write."""
-    path = sqlite_file(url) if backend_of(url) == "sqlite" else None
-    if path is None or not os.path.exists(path):
-        return
-    folder = os.path.dirname(os.path.abspath(path))
-    for what, p in (("file", path), ("directory", folder)):
-        if not os.access(p, os.W_OK):
-            raise RegistryUnavailable(
-                f"registry {display_url(url)} is read-only (no write permission on its {what} {p}; SQLite also "
-                "writes -wal/-shm files beside it); make both writable, or import into another registry "
-                "with --registry URL")
-
-
-def file_missing(url: str) -> bool:
-    path = sqlite_file(url) if backend_of(url) == "sqlite" else None
-    return path is not None and not os.path.exists(path)

@@ -49,3 +49,10 @@ def current_revision(connection) -> str | None:
         return None
     row = connection.execute(text("SELECT version_num FROM alembic_version")).first()
     return row[0] if row else ""
+
+
+def is_empty(connection) -> bool:
+    """True when the database holds no table at all (a fresh or emptied database)."""
+    from sqlalchemy import inspect
+
+    return not inspect(connection).get_table_names()

@@ -5,8 +5,10 @@ with the Alembic scripts' head.
 """
 
 #: Alembic revisions this code knows, oldest first; the last is the one it writes.
-REVISIONS = ("0001", "0002", "0003")
+REVISIONS = ("0001", "0002", "0003", "0004")
 HEAD = REVISIONS[-1]
+#: what a registry migrated down to base stores: an empty version table
+BASE = ""
 
 #: kind -> table of published versions
 TABLE_NAMES = {"chip": "chip_versions", "pack": "pack_versions"}

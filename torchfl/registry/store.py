@@ -1,7 +1,7 @@
 """The import transaction: insert-if-absent, then compare, all in one transaction.
 
 No read-then-write race: rows go in with ``INSERT ... ON CONFLICT (name, version) DO
-NOTHING`` (both backends), and only afterwards do we read back who owns each
+NOTHING`` (both backends; the dialect builds it), and only afterwards do we read back who owns each
 (name, version). A row owned by this import was added; one owned by another import is
 ``unchanged`` when its hash matches and a refusal when it does not, which rolls the
 whole transaction back. On PostgreSQL a concurrent insert of the same key waits for the
@@ -20,17 +20,13 @@ from torchfl.registry.schema import TABLES, imports
 CHUNK = 200
 
 
-def _insert(dialect_name: str, table):
-    if dialect_name == "postgresql":
-        from sqlalchemy.dialects.postgresql import insert
-    else:
-        from sqlalchemy.dialects.sqlite import insert
-    return insert(table).on_conflict_do_nothing(index_elements=["name", "version"])
-
-
 def write(conn, docs, *, tool_version: str, progress=None) -> tuple[list[Outcome], list[Conflict]]:
     """Insert ``docs`` inside the caller's transaction. The caller rolls back on conflicts."""
     from sqlalchemy import insert, select
+
+    from torchfl.registry.dialects import dialect_for
+
+    dialect = dialect_for(conn.dialect.name)
 
     now = datetime.now(timezone.utc)
     import_id = conn.execute(
@@ -48,7 +44,7 @@ def write(conn, docs, *, tool_version: str, progress=None) -> tuple[list[Outcome
         rows = [dict(name=d.name, version=d.version, source_name=d.file, source_text=d.source,
                      canonical_json=d.canonical_json, content_hash=d.content_hash, imported_at=now,
                      import_id=import_id, **d.extra) for d in mine]
-        stmt = _insert(conn.dialect.name, table)
+        stmt = dialect.insert_ignore(table)
         for start in range(0, len(rows), CHUNK):
             conn.execute(stmt, rows[start:start + CHUNK])
             done += len(rows[start:start + CHUNK])

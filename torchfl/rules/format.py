@@ -29,9 +29,11 @@ gets the file:line:column of the YAML value it is about.
 
 from __future__ import annotations
 
-from typing import Literal, Optional, Union
+from typing import Annotated, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from torchfl.rules.guards.syntax import MAX_CHARS, MAX_INT
 
 SEMVER = r"^(0|[1-9]\d*)\.(0|[1-9]\d*)\.(0|[1-9]\d*)(-[0-9A-Za-z.-]+)?(\+[0-9A-Za-z.-]+)?$"
 OP_NAME = r"^(aten|prims|torchfl)\.[A-Za-z0-9_]+\.[A-Za-z0-9_]+$"
@@ -40,8 +42,19 @@ UNITS = Literal["fp16", "bf16", "fp32", "int8", "attention"]
 DTYPES = Literal["float32", "float16", "bfloat16", "int8", "int32", "int64", "bool"]
 
 
+#: Plausible sizes of a pack's parts: an ATen op has at most ~20 arguments, a fusion a few
+#: steps; numbers written in a pack are those a guard could compute (|n| <= 2**62, finite).
+MAX_ARGS = 64
+MAX_LIST = 64
+MAX_NAME = 128
+Int = Annotated[int, Field(ge=-MAX_INT, le=MAX_INT)]
+Float = Annotated[float, Field(ge=-1e300, le=1e300, allow_inf_nan=False)]
+Text = Annotated[str, Field(max_length=MAX_CHARS)]
+Name = Annotated[str, Field(max_length=MAX_NAME)]
+
+
 class _Model(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, allow_inf_nan=False)
 
 
 class PackInfo(_Model):
@@ -53,16 +66,16 @@ class PackInfo(_Model):
 class Requires(_Model):
     """Conditions on the HCD (not the call)."""
 
-    dtypes: Optional[list[DTYPES]] = Field(default=None, description="dtypes the rule computes in "
+    dtypes: Optional[list[DTYPES]] = Field(default=None, max_length=MAX_LIST, description="dtypes the rule computes in "
                                            "(default: all the kernel supports); the chip must list one.")
-    units: Optional[list[UNITS]] = Field(default=None, description="compute units that must be present.")
+    units: Optional[list[UNITS]] = Field(default=None, max_length=MAX_LIST, description="compute units that must be present.")
     attention: Optional[bool] = Field(default=None, description="true: the attention unit must be enabled.")
-    layouts: Union[Literal["unit", "chip", "none"], list[str]] = Field(
+    layouts: Union[Literal["unit", "chip", "none"], Annotated[list[Name], Field(max_length=MAX_LIST)]] = Field(
         default="unit",
         description="unit: the layouts of the unit running the dtype; chip: any layout the chip computes in "
         "(layout-preserving ops); none: layout does not apply; or a list, intersected with the unit's.",
     )
-    device_types: Optional[list[str]] = Field(default=None, description="restrict to these chip.device_type values.")
+    device_types: Optional[list[Name]] = Field(default=None, max_length=MAX_LIST, description="restrict to these chip.device_type values.")
     compute: bool = Field(default=True, description="false for data movement: the dtype must be stored, "
                           "no compute unit needed.")
     storage: bool = Field(default=True, description="false for a view that moves no data (reshape, "
@@ -71,49 +84,51 @@ class Requires(_Model):
 
 
 class GuardItem(_Model):
-    if_: str = Field(alias="if", description="the condition")
+    if_: str = Field(alias="if", description="the condition (its length is bounded by the guard language)")
     reason: str = Field(default="", max_length=500, description="what to tell the user when it is false")
 
 
-GuardSpec = Union[str, GuardItem]
-BindValue = Union[bool, int, float, str, None]
-DefaultValue = Union[bool, int, float, str, None, list[Union[bool, int, float, str, None]]]
+GuardSpec = Union[str, GuardItem]  # guard and bind texts: bounded, with their own message, by the guard parser
+BindValue = Union[bool, Int, Float, str, None]
+DefaultValue = Union[bool, Int, Float, Text, None, Annotated[list[Union[bool, Int, Float, Text, None]],
+                                                               Field(max_length=MAX_LIST)]]
 
 
 class RuleModel(_Model):
-    op: str = Field(pattern=OP_NAME)
+    op: str = Field(pattern=OP_NAME, max_length=MAX_NAME)
     kernel: str = Field(min_length=1, max_length=100)
-    args: dict[str, str] = Field(default_factory=dict, description="the op's arguments in ATen order: name -> type")
-    primary: Optional[str] = None
+    args: dict[Name, Name] = Field(default_factory=dict, max_length=MAX_ARGS, description="the op's arguments in ATen order: name -> type")
+    primary: Optional[Name] = None
     requires: Requires = Field(default_factory=Requires)
     guards: list[GuardSpec] = Field(default_factory=list, max_length=32)
-    bind: dict[str, BindValue] = Field(default_factory=dict, description="kernel input/attr -> expression")
-    defaults: dict[str, DefaultValue] = Field(default_factory=dict, description="values of args the call may omit")
+    bind: dict[Name, BindValue] = Field(default_factory=dict, max_length=MAX_ARGS,
+                                        description="kernel input/attr -> expression")
+    defaults: dict[Name, DefaultValue] = Field(default_factory=dict, max_length=MAX_ARGS, description="values of args the call may omit")
     note: str = Field(default="", max_length=1000)
 
 
 class FusionStep(_Model):
-    id: str = Field(pattern=IDENT)
-    op: Union[str, list[str]]
-    input: Optional[str] = Field(default=None, description="arg of this op fed by the previous step (default: primary)")
-    from_: Optional[str] = Field(default=None, alias="from", description="step id feeding it (default: previous)")
-    output: int = Field(default=0, ge=0, description="which output of the feeding step (tuple-returning ops)")
-    commutative: Optional[list[str]] = Field(default=None, description="args that may be swapped, e.g. [self, other]")
+    id: str = Field(pattern=IDENT, max_length=MAX_NAME)
+    op: Union[Name, Annotated[list[Name], Field(max_length=MAX_LIST)]]
+    input: Optional[Name] = Field(default=None, description="arg of this op fed by the previous step (default: primary)")
+    from_: Optional[Name] = Field(default=None, alias="from", description="step id feeding it (default: previous)")
+    output: int = Field(default=0, ge=0, le=MAX_LIST, description="which output of the feeding step (tuple-returning ops)")
+    commutative: Optional[list[Name]] = Field(default=None, max_length=MAX_LIST, description="args that may be swapped, e.g. [self, other]")
 
 
 class FusionModel(_Model):
-    name: str = Field(pattern=IDENT)
-    kernel: str
+    name: str = Field(pattern=IDENT, max_length=MAX_NAME)
+    kernel: str = Field(min_length=1, max_length=100)
     pattern: list[FusionStep] = Field(min_length=2, max_length=16)
-    through: list[str] = Field(default_factory=list, description="view-like ops allowed between steps")
+    through: list[Name] = Field(default_factory=list, max_length=MAX_LIST, description="view-like ops allowed between steps")
     requires: Requires = Field(default_factory=Requires)
     guards: list[GuardSpec] = Field(default_factory=list, max_length=32)
-    bind: dict[str, BindValue] = Field(default_factory=dict)
+    bind: dict[Name, BindValue] = Field(default_factory=dict, max_length=MAX_ARGS)
     note: str = Field(default="", max_length=1000)
 
 
 class NoRule(_Model):
-    op: str = Field(pattern=OP_NAME)
+    op: str = Field(pattern=OP_NAME, max_length=MAX_NAME)
     reason: str = Field(min_length=1, max_length=1000)
 
 

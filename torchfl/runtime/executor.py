@@ -542,7 +542,19 @@ class Executor:
         return self.run(args)
 
     def run(self, args, record: Record | None = None):
-        """Execute the plan on ``args`` (the flattened user inputs); returns a tuple."""
+        """Execute the plan on ``args`` (the flattened user inputs); returns a tuple.
+
+        A run that fails (in any step, out of device memory included) returns every
+        buffer it allocated; what earlier runs cached on the device stays."""
+        try:
+            with self.memory.returned_on_error():
+                return self._run(args, record)
+        except BaseException:
+            if self._base is None:  # a first run: its weight uploads were freed with the rest
+                self._lifted_vals = self._static_key = None
+            raise
+
+    def _run(self, args, record: Record | None):
         from torchfl.kernels.tensor import DeviceTensor
 
         perf = time.perf_counter
@@ -632,6 +644,10 @@ class Executor:
             if measuring and record.on_step is not None:
                 record.on_step(len(record.steps), n_total, p.step)
 
+        if self._helper is not None:   # every step is bound now: what the helper has left is moot
+            if self._helper.poll() is None:
+                self._helper.terminate()
+            self._helper = None
         if not measuring and not cached:
             self._keep_static(vals, key)
 

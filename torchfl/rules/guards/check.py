@@ -2,8 +2,9 @@
 
 Finds, before anything runs: unknown names and fields (with the nearest spellings),
 unknown functions, operators applied to the wrong kinds of value, comparisons that can
-never hold (``dtype == 16``), ``in`` against a non-list, and guards that are not
-conditions at all. What cannot be known statically (``any``) is checked again by the
+never hold (``dtype == 16``), ``in`` against a non-list, guards that are not
+conditions at all, and guards whose evaluation could exceed the step budget (nested
+comprehensions over long ranges) or build oversized values. What cannot be known statically (``any``) is checked again by the
 evaluator, which then fails the guard with a reason instead of crashing.
 """
 
@@ -23,6 +24,10 @@ class GuardTypeError(S.GuardSyntaxError):
     """A guard that parses but cannot be right (unknown name, wrong kind of value)."""
 
 
+class GuardBudgetError(S.GuardSyntaxError):
+    """A guard whose evaluation could exceed the step budget or the language's size limits."""
+
+
 def _near(word: str, choices) -> str:
     close = difflib.get_close_matches(word, list(choices), n=3, cutoff=0.6)
     return f"; did you mean {', '.join(close)}?" if close else ""
@@ -35,7 +40,90 @@ def check(node: S.Node, scope: Mapping[str, Type], *, want_bool: bool = True) ->
         raise GuardTypeError(
             f"a guard must be a condition (true or false), but this is {t}; compare it with something", node.start
         )
+    check_cost(node)
     return t
+
+
+#: At import, a list or string that comes from the call (``shape``, an ``int[]`` argument,
+#: ``range(rank)``) is assumed to hold at most this many items: 4x the highest rank an HCD
+#: may declare. A call beyond it is still bounded at plan time by the evaluator's budget.
+CALL_LEN = 64
+
+
+def check_cost(node: S.Node) -> int:
+    """Upper bound of the steps evaluating ``node`` takes (the evaluator's accounting), with
+    call-dependent lengths taken as :data:`CALL_LEN`. Raises :class:`GuardBudgetError` at the
+    smallest part that exceeds the step budget, a range or a string size limit."""
+    from torchfl.rules.guards.evaluate import MAX_RANGE, STEP_BUDGET
+
+    def limit(steps: int, size: int, n: S.Node, string: bool = False) -> tuple[int, int]:
+        if steps > STEP_BUDGET:
+            raise GuardBudgetError(
+                f"evaluating this could take {steps:,} steps; the budget is {STEP_BUDGET:,} (a list of up to "
+                f"{CALL_LEN} items from the call, or a range, iterated inside another); iterate over less",
+                n.start)
+        if string and size > S.MAX_CHARS * 4:
+            raise GuardBudgetError(f"this builds a string of up to {size:,} characters; the limit is "
+                                   f"{S.MAX_CHARS * 4:,}", n.start)
+        return steps, size
+
+    def const_int(n: S.Node):
+        return n.value if isinstance(n, S.Const) and isinstance(n.value, int) and not isinstance(n.value, bool) \
+            else None
+
+    def cost(n: S.Node) -> tuple[int, int]:  # noqa: C901 - one case per construct
+        """(steps, length of the value if it is a list or string)."""
+        if isinstance(n, S.Const):
+            return 1, len(n.value) if isinstance(n.value, str) else 0
+        if isinstance(n, (S.Name, S.Attr, S.Index)):
+            inner = sum(cost(c)[0] for c in (getattr(n, "obj", None), getattr(n, "index", None)) if c is not None)
+            return 1 + inner, CALL_LEN
+        if isinstance(n, S.ListLit):
+            return limit(1 + sum(cost(i)[0] for i in n.items), len(n.items), n)
+        if isinstance(n, S.Slice):
+            steps, size = cost(n.obj)
+            steps += sum(cost(b)[0] for b in (n.lower, n.upper) if b is not None)
+            return limit(1 + steps + size, size, n)
+        if isinstance(n, (S.Neg, S.Not)):
+            return 1 + cost(n.operand)[0], 0
+        if isinstance(n, S.BoolOp):
+            return limit(1 + sum(cost(v)[0] for v in n.values), 0, n)
+        if isinstance(n, S.BinOp):
+            (sa, la), (sb, lb) = cost(n.left), cost(n.right)
+            if n.op == "+":
+                return limit(1 + sa + sb + la + lb, la + lb, n, string=True)
+            return limit(1 + sa + sb, 0, n)
+        if isinstance(n, S.Compare):
+            steps = 1 + cost(n.left)[0]
+            for op, comp in zip(n.ops, n.comparators):
+                cs, cl = cost(comp)
+                steps += cs + (cl if op in ("in", "not in") else 0)
+            return limit(steps, 0, n)
+        if isinstance(n, S.IfElse):
+            (st, _), (sb, lb), (so, lo) = cost(n.test), cost(n.body), cost(n.orelse)
+            return limit(1 + st + max(sb, so), max(lb, lo), n)
+        if isinstance(n, S.Call):
+            parts = [cost(a) for a in n.args]
+            steps = 1 + sum(p[0] for p in parts)
+            if n.func == "range":
+                bounds = [const_int(a) for a in n.args]
+                if all(b is not None for b in bounds):
+                    lo, hi = (0, bounds[0]) if len(bounds) == 1 else (bounds[0], bounds[1])
+                    if hi - lo > MAX_RANGE:
+                        raise GuardBudgetError(f"range of {hi - lo:,} values; the limit is {MAX_RANGE:,}", n.start)
+                    size = max(0, hi - lo)
+                else:
+                    size = CALL_LEN
+                return limit(steps + size, size, n)
+            if n.func in ("min", "max", "all", "any"):
+                steps += parts[0][1] if len(parts) == 1 else len(parts)
+            return limit(steps, 0, n)
+        if isinstance(n, (S.ListComp, S.Comprehension)):
+            (si, li), (se, _) = cost(n.iter), cost(n.elt)
+            return limit(1 + si + li * se, li, n)
+        return 1, 0  # pragma: no cover - every construct is listed above
+
+    return cost(node)[0]
 
 
 class _Checker:

@@ -291,15 +291,9 @@ class _Parser:
 
     def atom(self) -> S.Node:
         t = self.tok
-        if t.kind == "int":
+        if t.kind in ("int", "float"):
             self.advance()
-            value = int(t.text)
-            if value > S.MAX_INT:
-                raise S.GuardSyntaxError("number too large", t.start)
-            return self.node(S.Const, t.start, t.end, value)
-        if t.kind == "float":
-            self.advance()
-            return self.node(S.Const, t.start, t.end, float(t.text))
+            return self.node(S.number, t.text, t.start, t.end, t.kind == "float")
         if t.kind == "string":
             self.advance()
             return self.node(S.Const, t.start, t.end, t.text[1:-1])

@@ -130,6 +130,20 @@ class Comprehension(Node):
     iter: Node
 
 
+def number(text: str, start: int, end: int, is_float: bool) -> Const:
+    """A numeric literal, refused when it is beyond the language's range: integers up to
+    2**62 (checked on the digits first: Python converts at most 4,300), floats finite."""
+    if is_float:
+        value = float(text)
+        if value in (float("inf"), float("-inf")):
+            raise GuardSyntaxError(f"number {text[:20]} is beyond the largest float (about 1.8e308)", start)
+        return Const(start, end, value)
+    if len(text.lstrip("0")) > 19 or int(text) > MAX_INT:
+        raise GuardSyntaxError(f"number {text[:20]}{'...' if len(text) > 20 else ''} is too large; integers "
+                               f"in guards are at most 2**62 ({MAX_INT:,})", start)
+    return Const(start, end, int(text))
+
+
 CONSTANTS = {"true": True, "True": True, "false": False, "False": False, "none": None, "None": None, "null": None}
 KEYWORDS = {"and", "or", "not", "in", "for", "if", "else"}
 
@@ -297,13 +311,8 @@ class _Convert:
             raise GuardSyntaxError(f"unexpected {str(t)!r}", t.start_pos)
         s, e = self._span(t)
         kind, ch = t.data, t.children
-        if kind == "int_":
-            value = int(ch[0])
-            if value > MAX_INT:
-                raise GuardSyntaxError("number too large", s)
-            return Const(s, e, value)
-        if kind == "float_":
-            return Const(s, e, float(ch[0]))
+        if kind in ("int_", "float_"):
+            return number(str(ch[0]), s, e, kind == "float_")
         if kind == "string":
             return Const(s, e, str(ch[0])[1:-1])
         if kind == "name":
