@@ -216,12 +216,13 @@ def _why_not_lines(result) -> list[str]:
             return next(iter(units))
         return ", ".join(f"{u} ({', '.join(ds)})" for u, ds in units.items())
 
-    if result["supported"] and not gaps and result.get("evidence", {}).get("state", "verified") == "verified":
+    if result["supported"] and not gaps:
         how = "; ".join(f"{kernel} on {on(units)} ({rule}"
                         + (f"; the call must meet its {len(guards)} guard(s), --json lists them" if guards else "")
                         + ")" for rule, (kernel, guards, units) in rules.items())
         scope = "" if asked else f" in {_dtype_layouts({'layouts_by_dtype': _layouts_by_dtype(served)})}"
-        return [f"{head}: supported{scope}, by {how}"] + [f"  warning: {w}" for w in warnings]
+        ev = f"; evidence: {short(result['evidence'])}" if "evidence" in result else ""
+        return [f"{head}: supported{scope}, by {how}{ev}"] + [f"  warning: {w}" for w in warnings]
     lines = [f"{head}: {'supported' if result['supported'] else 'not supported'}"]
     if served:
         lines.append(f"  served: {_dtype_layouts({'layouts_by_dtype': _layouts_by_dtype(served)})}")
