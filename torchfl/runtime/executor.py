@@ -368,6 +368,13 @@ class Executor:
 
     # ------------------------------------------------------------------ helpers
 
+    keeps_outputs = False   # outputs' buffers are handed over by _download (eager device)
+
+    def _download(self, v):
+        """An output value as the caller gets it: a CPU torch tensor (the buffer is freed
+        after the run unless ``keeps_outputs``)."""
+        return v.to_torch()
+
     def _upload(self, x, layout, dtype):
         from torchfl.kernels.tensor import DeviceTensor
 
@@ -626,9 +633,10 @@ class Executor:
             self._keep_static(vals, key)
 
         values = []
+        download = self._download
         for s in self.out_slots:
             v = vals[s] if s >= 0 else None
-            values.append(v.to_torch() if v.__class__ is DeviceTensor else v)
+            values.append(download(v) if v.__class__ is DeviceTensor else v)
         results = tuple([values[x] if kind == "value" else x for kind, x in self.out_spec])
         if measuring:
             record.peak_bytes = mem.max_memory_allocated() - record.base_bytes
@@ -637,7 +645,7 @@ class Executor:
                     v.buffer.free()
             record.kernel_s += kernel_s
             record.total_s += perf() - t0
-        else:
+        elif not self.keeps_outputs:
             for s in prog.free_at_end:
                 v = vals[s]
                 if v.__class__ is DeviceTensor and not v.buffer.freed:
