@@ -130,6 +130,13 @@ def check_graph(hcd, ir, precision, unbatched=frozenset()):
                 f"{att.max_sequence_length} on {chip} (HCD field compute_units.attention.max_sequence_length)",
                 field="compute_units.attention.max_sequence_length", limit=att.max_sequence_length, value=seq,
                 node=node.name)
+    quantised = [n for n, v in ir.values.items() if v.dtype == "int8" and v.kind == "node"]
+    if quantised and "int8" not in hcd.dtypes:
+        raise HardConstraintError(
+            f"dtype torch.int8 not supported on {chip}: this is a quantised graph (e.g. {quantised[0]}) and "
+            f"tensor.supported_dtypes is [{', '.join('torch.' + d for d in hcd.dtypes)}]; plan it for a chip "
+            "with an int8 unit, or run the float model with a precision policy",
+            field="tensor.supported_dtypes", limit=list(hcd.dtypes), value="int8", node=quantised[0])
     if precision is None and hcd.unit_for("float32") is None:
         f32 = [n for n, v in ir.values.items() if v.dtype == "float32"]
         if f32:

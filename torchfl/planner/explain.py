@@ -52,7 +52,7 @@ def tiling_text(tile: dict) -> str:
 def _covers(step) -> str:
     if step.kind in ("cast", "layout"):
         return step.inputs[0] if step.inputs else ""
-    ops = [o.removeprefix("aten.").rsplit(".", 1)[0] for o in step.ops]
+    ops = [o.removeprefix("aten.").removeprefix("quantized_decomposed.").rsplit(".", 1)[0] for o in step.ops]
     return "+".join(ops) + f" [{step.nodes[0]}" + (f"..{step.nodes[-1]}]" if len(step.nodes) > 1 else "]")
 
 

@@ -436,7 +436,7 @@ def torchfl_backend(gm, example_inputs, options=None, **kwargs):
     except ValueError as exc:
         return _deferred(exc)
     training = torch.is_grad_enabled() and any(
-        isinstance(x, torch.Tensor) and x.requires_grad for x in example_inputs)
+        isinstance(x, torch.Tensor) and x.requires_grad for x in example_inputs) and not _quantised(gm)
     if not training:
         return CompiledGraph(gm, opts, "inference")
     try:
@@ -444,6 +444,13 @@ def torchfl_backend(gm, example_inputs, options=None, **kwargs):
     except Exception as exc:   # unknown chip, registry unavailable: raised at the call
         return _deferred(exc)
     return _aot_compile(gm, example_inputs, opts, decompositions)
+
+
+def _quantised(gm) -> bool:
+    """A PT2E-quantised graph (quantized_decomposed ops) is inference only: its float
+    parameters (biases) still ask for gradients, but no backward through int8 exists."""
+    return any(n.op == "call_function" and str(n.target).startswith("quantized_decomposed.")
+               for n in gm.graph.nodes)
 
 
 def _aot_compile(gm, example_inputs, opts, decompositions=None):

@@ -138,4 +138,30 @@ def _spec(name):
                       dtype_input="a" if name == "where" else None)
 
 
-KERNELS = [_spec(n) for n in OPS]
+# -- int8: quantised add (PT2E's dequantize, dequantize -> add [-> relu] -> quantize) --------
+QADD_ATTRS = {"a_scale": 1.0, "a_zero_point": 0, "b_scale": 1.0, "b_zero_point": 0, "out_scale": 1.0,
+              "out_zero_point": 0, "out_min": -128, "out_max": 127, "relu": False}
+
+
+def _check_qadd(p):
+    a = p.attrs
+    if p.dtype_of("b") != "int8":
+        raise KernelError(f"qadd: b must be int8 like a, got {p.dtype_of('b')}")
+    if tuple(p.shapes["a"]) != tuple(p.shapes["b"]):
+        raise KernelError(f"qadd: a and b must have one shape, got {list(p.shapes['a'])} and {list(p.shapes['b'])}")
+    if min(a["a_scale"], a["b_scale"], a["out_scale"]) <= 0:
+        raise KernelError(f"qadd: scales must be positive, got a {a['a_scale']}, b {a['b_scale']}, "
+                          f"out {a['out_scale']}")
+    if not -128 <= a["out_min"] <= a["out_max"] <= 127:
+        raise KernelError(f"qadd: out_min/out_max must lie in [-128, 127], got [{a['out_min']}, {a['out_max']}]")
+    _check(p)
+
+
+OPS["qadd"] = (18, ("a", "b"), QADD_ATTRS, 4, (), "int8 a + b requantised: clamp(rne(((a - za) sa + "
+               "(b - zb) sb) / s_out) + z_out), optional relu")
+KERNELS = [_spec(n) for n in OPS if n != "qadd"] + [KernelSpec(
+    name="qadd", family="elementwise", inputs=("a", "b"), attrs={**QADD_ATTRS, "out_layout": None},
+    dtypes=("int8",), layouts="any",
+    fuses=("quantized_decomposed.dequantize_per_tensor.default", "aten.add.Tensor", "aten.relu.default",
+           "quantized_decomposed.quantize_per_tensor.default"),
+    doc=OPS["qadd"][5], check=_check_qadd, meta=_meta, tiler=plan_elementwise, impl="run_qadd")]

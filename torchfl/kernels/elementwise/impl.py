@@ -191,3 +191,42 @@ def run_elementwise(ctx):
         ctx.write(m * ES[p.dtype])
         ctx.ops(m * cost)
     return [out]
+
+
+@njit(cache=True)
+def qadd_tile(a, b, out, za, sa, zb, sb, inv, zo, lo, hi, relu):
+    """PT2E's reference in float32: dq(a) + dq(b) (relu), then quantize_per_tensor's
+    clamp(rne(v * float32(1 / out_scale)) + zo): bit-exact with it."""
+    for i in range(out.shape[0]):
+        v = np.float32((np.float32(a[i]) - za) * sa) + np.float32((np.float32(b[i]) - zb) * sb)
+        if relu:
+            v = max(v, np.float32(0.0))
+        out[i] = min(hi, max(lo, np.rint(v * inv) + zo))
+
+
+def run_qadd(ctx):
+    """qadd over the family's element tiles (both operands streamed)."""
+    p, plan = ctx.problem, ctx.plan
+    (out,) = ctx.outputs()
+    n = out.numel
+    if n == 0:
+        return [out]
+    order = out_order(out.shape, out.layout)
+    accs = [Access(ctx.inputs[nm], order, out.shape) for nm in ("a", "b")]
+    oacc = Access(out, order)
+    T = plan.config.tile("elements")
+    at = p.attrs
+    f = np.float32
+    res = np.empty(min(T, n), np.int8)
+    for s in range(0, n, T):
+        e = min(n, s + T)
+        m = e - s
+        a, b = (acc.load(s, e) for acc in accs)
+        qadd_tile(a, b, res[:m], f(at["a_zero_point"]), f(at["a_scale"]), f(at["b_zero_point"]), f(at["b_scale"]),
+                  f(1.0 / at["out_scale"]), f(at["out_zero_point"]), f(at["out_min"]), f(at["out_max"]),
+                  bool(at["relu"]))
+        oacc.store(s, e, res[:m])
+        ctx.read(2 * m)
+        ctx.write(m)
+        ctx.ops(m * OPS["qadd"][3])
+    return [out]
