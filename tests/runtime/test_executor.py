@@ -183,6 +183,21 @@ def test_analyze_reports_progress_per_step():
     assert seen == [(i + 1, len(plan.steps), i) for i in range(len(plan.steps))]
 
 
+def test_select_drops_its_dim_on_the_chip():
+    """aten.select.int runs as a one-wide slice; its result has the node's shape (the sliced
+    dim dropped), as eager's: was (5, 1, 5) for x.select(1, 2) (found by OpInfo select)."""
+    import torch
+
+    x = torch.randn(5, 4, 5).half()
+    for dim, index in ((1, 2), (-1, -1), (0, 0)):
+        f = torch.compile(lambda t, d=dim, i=index: t.select(d, i) * 2, backend="torchfl",
+                          options={"chip": "NPU-V3", "strict": True})
+        torch._dynamo.reset()
+        got = f(x)
+        assert got.shape == x.select(dim, index).shape
+        torch.testing.assert_close(got, x.select(dim, index) * 2)
+
+
 def test_a_failed_run_returns_its_memory_and_a_fitting_batch_runs_after_it():
     """Issue #20: after an out-of-memory error on a small-memory chip the failed run's buffers
     stayed allocated, and a batch that fitted before failed ("163.87 KiB free of 4.10 MiB")."""

@@ -25,6 +25,7 @@ _COMMANDS = (
     ("torchfl.cli.whatif_cmd", "COMMANDS", "plan"),
     ("torchfl.cli.demo_cmd", "demo", None),
     ("torchfl.cli.kernels_cmd", "kernels", None),
+    ("torchfl.cli.conformance_cmd", "conformance", None),
 )
 
 

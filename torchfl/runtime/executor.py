@@ -92,7 +92,7 @@ class _Prep:
     """One step, compiled once: resolved spec, input/output slots, bound kernel call."""
 
     __slots__ = ("step", "kind", "host", "spec", "names", "ins", "outs", "attrs", "tile_plan", "call",
-                 "static", "node", "base", "n_out", "relabel", "alias", "ops", "kernel", "label")
+                 "static", "node", "base", "n_out", "relabel", "alias", "ops", "kernel", "label", "squeeze")
 
     def __init__(self, step):
         self.step = step
@@ -113,6 +113,7 @@ class _Prep:
         # node's permuted tensor (plan.py): relabel the output as that, in identity layout
         self.relabel = step.kernel == "layout_transform" and bool(step.nodes)
         self.alias = False        # output 0 shares input 0's buffer (metadata reshape)
+        self.squeeze = None       # select as a one-wide slice: the node's shape, without the dim
         self.ops = tuple(step.ops)
         self.kernel = step.kernel
         self.label = step.kernel or step.kind
@@ -152,6 +153,22 @@ def _relabel(t):
     from torchfl.kernels.tensor import DeviceTensor
 
     return DeviceTensor(t.buffer, t.physical_shape, None, t.dtype, t.offset)
+
+
+def _reshaped(t, shape):
+    """``t`` (identity layout) seen with ``shape`` (same elements): select drops its dim."""
+    from torchfl.kernels.tensor import DeviceTensor
+
+    if t.layout is not None or t.numel != _numel(shape):
+        raise PlanMismatch(f"select: a slice of shape {t.shape} cannot be seen as {shape}")
+    return DeviceTensor(t.buffer, shape, None, t.dtype, t.offset)
+
+
+def _numel(shape) -> int:
+    n = 1
+    for s in shape:
+        n *= s
+    return n
 
 
 def _same_tiling(planned: dict, config) -> bool:
@@ -246,6 +263,9 @@ class Executor:
         self.preps = []
         for step in plan.steps:
             p = _Prep(step)
+            if step.kernel == "slice" and "aten.select.int" in step.ops and step.outputs[:1] and \
+                    step.outputs[0] in plan.values:
+                p.squeeze = tuple(plan.values[step.outputs[0]].shape)
             if step.kind in _CHIP_STEPS:
                 try:
                     p.spec = get(step.kernel)
@@ -586,6 +606,8 @@ class Executor:
                 dt_s = perf() - k0
                 if p.relabel:
                     outs = [_relabel(o) for o in outs]
+                if p.squeeze is not None:
+                    outs = [_reshaped(outs[0], p.squeeze), *outs[1:]]
                 if measuring:
                     record.steps.append(StepRecord(p.step.index, p.kind, p.kernel, counted.bytes_read,
                                                    counted.bytes_written, counted.flops, dt_s, True))
