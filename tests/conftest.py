@@ -53,3 +53,22 @@ def registry_url(request, tmp_path):
         yield f"sqlite:///{tmp_path / 'registry.sqlite3'}"
     else:
         yield request.getfixturevalue("pg_url")
+
+
+# The npu eager device (tests/eager): which chip each index is is fixed at its first use in
+# the process, so it is chosen here, before any test: npu:0 a chip with a float32 unit
+# (results comparable with CPU float32), npu:1 another chip (float16, NHCW default layout),
+# npu:2 a chip with 1 GiB of memory (out-of-memory tests).
+os.environ.setdefault("TORCHFL_DEVICES", "TFL-X1,NPU-V3,EDGE-C2")
+
+
+def pytest_collection_modifyitems(session, config, items):
+    """Load (building once, cached in the user cache directory) the npu device's C++
+    adapter before any test runs when eager tests are selected: the autograd engine sizes
+    its per-device queues at the first backward of the process, so the device must exist
+    before any test (of any layer) runs a backward."""
+    if any("/tests/eager/" in str(item.fspath).replace(os.sep, "/") for item in items):
+        from torchfl.runtime import eager
+
+        eager.register()
+        eager.ensure_adapter()

@@ -23,6 +23,8 @@ PUBLISHED = {
     ("core", "1.1.0"): "c15736687fbf9c6d338ee2193ad39a6d79876ac13502aaa81e6c1f3270708664",
     ("core", "1.2.0"): "56e9e7a1e3cf288b344fd8e8cadd3edb0f9063048cf58e6fa7be7a289681456d",
     ("core", "1.3.0"): "4bf2811c4fe2574b9bdfe6539edf3013d49e5153d1d829f48acf3cfe8e0bfce0",
+    ("core", "1.4.0"): "0167757d73e61e2f7f4a8b2a8858ad99f9a1c38b3cb7736380daa8448ea6ca9f",
+    ("core", "1.5.0"): "5b8b5920343b649e3f75dccc10f5cfe16a10e56226262b8a8878a1e60ab12e98",
 }
 
 

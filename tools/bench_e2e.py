@@ -36,6 +36,11 @@ CASES = {
                         "BERT-large-shaped encoder layer (1024 hidden, 16 heads), 128 tokens"),
     "gpt2_small_s128": ("gpt2", dict(batch=1, seq_len=128, layers=12), "TFL-X1", "float16",
                         "GPT-2 small (12 layers, 12 heads: runs on TFL-X1; NPU-V3 has no 12-head attention)"),
+    # *_int8: the model quantised with PT2E (torchfl.planner.quantise), compiled and run on the int8
+    # unit; eager is the float model (what int8 is meant to beat), rel_err_vs_eager its accuracy
+    # loss, rel_err_vs_quantised_reference the distance to PyTorch's own quantised computation
+    "resnet50_int8_b1": ("resnet50", dict(batch=1, image=224), "NPU-V3", "float16",
+                         "ResNet-50 quantised (PT2E int8, per-channel weights), 1x3x224x224"),
 }
 
 
@@ -51,6 +56,11 @@ def run_case(name, runs, registry=None):
 
     zoo, kw, chip, precision, note = CASES[name]
     model, inputs = load_model(zoo, **kw)
+    quantised = None
+    if name.endswith("_int8_b1"):
+        from torchfl.planner.quantise import quantise_pt2e
+
+        quantised = quantise_pt2e(model, inputs)
     with torch.no_grad():          # eager alone, before any emulator thread exists
         model(*inputs)
         alone = []
@@ -58,7 +68,7 @@ def run_case(name, runs, registry=None):
             t0 = time.perf_counter()
             model(*inputs)
             alone.append(time.perf_counter() - t0)
-    compiled = torch.compile(model, backend="torchfl",
+    compiled = torch.compile(quantised if quantised is not None else model, backend="torchfl",
                              options={"chip": chip, "precision": precision, "registry": registry})
     with torch.no_grad():
         t0 = time.perf_counter()
@@ -87,6 +97,15 @@ def run_case(name, runs, registry=None):
             model(*inputs)
             eager.append(time.perf_counter() - t0)
     rel = float((y.float() - ref.float()).abs().max() / ref.float().abs().max())
+    extra = {}
+    if quantised is not None:
+        with torch.no_grad():
+            qref = _tensor(quantised(*inputs)).float()
+        extra = {"rel_err_vs_quantised_reference": float((y.float() - qref).abs().max() / qref.abs().max()),
+                 "quantised_reference_rel_err_vs_eager": float((qref - ref.float()).abs().max()
+                                                               / ref.float().abs().max()),
+                 "int8_steps": sum(1 for e in executors for st in e.plan.steps if st.dtype == "int8"
+                                   and st.kind == "fused")}
     fb = sum(len(e.plan.fallbacks) for e in executors)
     t_ours, t_eager = statistics.median(ours), statistics.median(eager)
     return {"case": name, "model": note, "chip": chip, "precision": precision,
@@ -101,7 +120,7 @@ def run_case(name, runs, registry=None):
             "executor_overhead_per_executed_step_us": statistics.median(overhead) * n_steps / max(1, n_exec) * 1e6,
             "executor_overhead_ms": statistics.median(overhead) * n_steps * 1e3,
             "steps": n_steps, "executed_steps": n_exec, "graphs": len(executors), "fallbacks": fb, "rel_err_vs_eager": rel,
-            "runs": runs}
+            "runs": runs, **extra}
 
 
 def _spread(times):

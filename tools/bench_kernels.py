@@ -60,7 +60,44 @@ def cases():
          lambda: F.conv2d(xc, wc, padding=1), 2 * 8 * 64 * 64 * 9 * 56 * 56),
         ("layernorm_f32", "layer_norm", {"x": (xl, None), "weight": (wl, None), "bias": (bl, None)},
          {"normalized_shape": (768,), "eps": 1e-5}, lambda: F.layer_norm(xl, (768,), wl, bl), 8 * xl.numel()),
-    ]
+    ] + int8_cases(g)
+
+
+def int8_cases(g):
+    """int8 GEMM and conv against PyTorch's own quantised CPU ops (fbgemm: quint8 activations,
+    per-channel qint8 weights, requantised output). torchfl gets the same numbers as int8
+    (q - 128, zero point - 128: the same real values); its output is compared likewise."""
+    import warnings
+
+    import torch
+
+    warnings.filterwarnings("ignore", message=".*quantize_per.*deprecated.*")
+    out = []
+    for case, x, w, conv in (("qlinear_int8_512x768x3072", torch.randn(512, 768, generator=g),
+                              torch.randn(3072, 768, generator=g) * 0.05, False),
+                             ("qconv3x3_int8_8x64x56x56", torch.randn(8, 64, 56, 56, generator=g),
+                              torch.randn(64, 64, 3, 3, generator=g) * 0.05, True)):
+        k = w.shape[0]
+        bias = torch.randn(k, generator=g) * 0.1
+        sx, zx, so, zo = float(x.abs().max()) / 127, 128, 0.05, 128
+        ws = (w.reshape(k, -1).abs().amax(1) / 127).float()
+        xq = torch.quantize_per_tensor(x, sx, zx, torch.quint8)
+        wq = torch.quantize_per_channel(w, ws.double(), torch.zeros(k, dtype=torch.long), 0, torch.qint8)
+        xi = (xq.int_repr().to(torch.int16) - 128).to(torch.int8)
+        wi = wq.int_repr()
+        attrs = {"x_scale": sx, "x_zero_point": zx - 128, "out_scale": so, "out_zero_point": zo - 128}
+        ins = {"x": (xi, None), ("weight" if conv else "w"): (wi, None), "bias": (bias, None), "w_scales": (ws, None)}
+        if conv:
+            packed = torch.ops.quantized.conv2d_prepack(wq, bias, [1, 1], [1, 1], [1, 1], 1)
+            fn = (lambda xq=xq, packed=packed: torch.ops.quantized.conv2d(xq, packed, so, zo))
+            flops = 2 * x.shape[0] * k * w.shape[1] * 9 * x.shape[2] * x.shape[3]
+            attrs["padding"] = (1, 1)
+        else:
+            packed = torch.ops.quantized.linear_prepack(wq, bias)
+            fn = (lambda xq=xq, packed=packed: torch.ops.quantized.linear(xq, packed, so, zo))
+            flops = 2 * x.shape[0] * x.shape[1] * k
+        out.append((case, "qconv2d" if conv else "qlinear", ins, attrs, fn, flops))
+    return out
 
 
 def compile_probe(as_json):
@@ -115,6 +152,8 @@ def run_case(case, kernel, inputs, attrs, torch_fn, flops, runs, chip, peak):
     outs, counted = spec.run(chip, dev, attrs, plan=plan)
     first = time.perf_counter() - t0
     ref = torch_fn()
+    if ref.is_quantized:   # quint8 from fbgemm: as int8 quanta (q - 128), like torchfl's output
+        ref = ref.int_repr().float() - 128
     err = float((outs[0].to_torch().float() - ref.float()).abs().max()) if ref.numel() else 0.0
     for o in outs:
         o.free()

@@ -3,6 +3,7 @@ or its rule packs move on; on SQLite and a real PostgreSQL server."""
 
 from __future__ import annotations
 
+import json
 from datetime import datetime, timezone
 
 import pytest
@@ -137,3 +138,17 @@ def test_the_default_registry_migrates_itself_to_the_evidence_schema(tmp_path, m
         assert again.schema_revision() == "0002"
         assert [c.name for c in again.chips()] and again.schema_revision() == HEAD
         assert again.evidence() == []
+
+
+def test_registry_routes_cli_shows_recorded_runs(chip_reg, cli):
+    ident = chip_reg.identity("A-1")
+    chip_reg.record_routes(ident, model="resnet18", precision="float16",
+                           routes={"aten.convolution.default": {"conv2d_bn_relu": 8},
+                                   "aten._to_copy.default": {"CPU fallback": 2}})
+    out = cli("routes", "--chip", "A-1")
+    assert out.exit_code == 0, out.output
+    assert "resnet18 on A-1 1.0.0 (float16): 8 kernel, 0 fold, 2 fallback" in out.output
+    assert "2 x CPU fallback" in out.output
+    data = json.loads(cli("routes", "--chip", "A-1", "--json").output)
+    assert data[0]["routes"]["aten.convolution.default"] == {"conv2d_bn_relu": 8}
+    assert cli("routes", "--chip", "Nope").exit_code == 1

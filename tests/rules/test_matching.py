@@ -197,8 +197,8 @@ def test_guard_failures_name_the_rule_and_the_guard():
 
 
 def test_no_rule_reasons():
-    m = match(CORE, CHIPS["NPU-V3"], "aten.erf.default", Call())
-    assert not m.ok and "no erf kernel" in str(m)
+    m = match(CORE, CHIPS["NPU-V3"], "aten.cumsum.default", Call())
+    assert not m.ok and "no scan kernel" in str(m)
     m = match(CORE, CHIPS["NPU-V3"], "aten.convolutoin.default", Call())
     assert "similar ops with rules: aten.convolution.default" in str(m)
     # suggestions only when similar: not every op that shares "aten." and ".default"
@@ -236,15 +236,19 @@ def test_fusion_match_with_commutative_operand():
     assert not m.ok and "layout NHCW not in compute_units.fp16.supported_layouts [NCHW, NHWC] of NPU-V2" in str(m)
 
 
-def test_views_of_index_data_need_no_storage_dtype_but_copies_do():
+def test_views_of_index_data_need_no_storage_dtype_copies_take_the_index_path():
     """requires.storage: false -- a reshape moves no bytes, so int64 token ids already on
-    the device may be viewed on a chip that lists no int64; a copy (slice) may not."""
+    the device may be viewed on a chip that lists no int64; a copy (slice) of index data
+    runs on the chip's index path (requires.index), said in a warning; a float dtype the
+    chip does not list is still refused."""
     hcd = CHIPS["NPU-V3"]
     ids = TensorMeta((1, 32), "int64")
     m = match(CORE, hcd, "aten.view.default", Call((ids, [-1, 32])))
     assert m.ok and m.kernel == "reshape" and m.dtype == "int64"
     r = match(CORE, hcd, "aten.slice.Tensor", Call((ids, 1, 0, 16)))
-    assert not r.ok and any("int64 not in tensor.supported_dtypes" in str(x) for x in r.reasons)
+    assert r.ok and any("int64 index math and masks run on the index path of NPU-V3" in w for w in r.warnings)
+    r = match(CORE, hcd, "aten.slice.Tensor", Call((TensorMeta((1, 32), "float32"), 1, 0, 16)))
+    assert not r.ok and any("float32 not in tensor.supported_dtypes" in str(x) for x in r.reasons)
 
 
 def test_split_with_sizes_maps_to_the_split_kernel():

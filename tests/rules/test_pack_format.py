@@ -205,3 +205,38 @@ def test_check_pack_never_raises_for_bad_input(make, fragment, tmp_path):
 def test_version_must_be_semver_text():
     out = diags("pack: {name: t, version: 1.0}\nrules: []\n")
     assert any("pack.version" in d for d in out), out
+
+
+QUANT_FUSION = GOOD.replace("""no_rule:""", """  - name: dq_conv
+    kernel: conv2d
+    pattern:
+      - {id: conv, op: aten.convolution.default}
+      - {id: act, op: aten.relu.default}
+      - {id: res, op: aten.relu.default, into: act, input: self}
+    bind: {x: conv.input, weight: conv.weight}
+no_rule:""")
+
+
+def test_into_steps_feed_an_earlier_step_and_are_checked():
+    """A DAG pattern's second operand (into: STEP, input: ARG) links to an earlier step's
+    argument; errors are located and say what to write."""
+    pack = load_pack_text(QUANT_FUSION, "q.yaml")
+    step = pack.fusions[1].steps[2]
+    assert (step.into, step.input, step.from_) == ("act", "self", None)
+    out = diags(QUANT_FUSION.replace("into: act, input: self", "into: act"))
+    assert any("into: act needs input:" in d for d in out), out
+    out = diags(QUANT_FUSION.replace("into: act, input: self", "into: later, input: self"))
+    assert any("into: 'later' is not an earlier step" in d for d in out), out
+    out = diags(QUANT_FUSION.replace("into: act, input: self", "into: act, input: other"))
+    assert any("input 'other' is not an argument of aten.relu.default" in d for d in out), out
+    out = diags(QUANT_FUSION.replace("into: act, input: self", "into: act, from: conv, input: self"))
+    assert any("either from:" in d for d in out), out
+
+
+def test_packs_without_into_keep_their_canonical_hash():
+    """into: is newer than published packs: a pack that does not use it hashes as before."""
+    import json
+
+    pack = load_pack_text(GOOD, "p.yaml")
+    assert "into" not in json.dumps(pack.canonical())
+    assert '"into":"act"' in load_pack_text(QUANT_FUSION, "q.yaml").canonical_json()

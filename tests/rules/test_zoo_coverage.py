@@ -34,6 +34,8 @@ STRUCTURAL = {"getitem"}  # operator.getitem picks one output of a multi-output 
 EXPECTED_GUARDS = {
     ("aten._to_copy.default", "dtype != none"),  # the second _to_copy rule serves dtype-free copies
     ("aten._to_copy.default", "dtype == none"),
+    # the index-path cast rule serves casts to int32/int64/bool the chip does not list
+    ("aten._to_copy.default", "dtype in ['int32', 'int64', 'bool'] and dtype not in chip.dtypes"),
     ("aten.convolution_backward.default", "output_mask[0]"),  # the first conv of a net needs no grad_input
 }
 

@@ -22,8 +22,10 @@ _COMMANDS = (
     ("torchfl.cli.registry_cmd", "registry", None),
     ("torchfl.cli.support_cmd", "COMMANDS", "registry"),
     ("torchfl.cli.plan_cmd", "plan", None),
+    ("torchfl.cli.whatif_cmd", "COMMANDS", "plan"),
     ("torchfl.cli.demo_cmd", "demo", None),
     ("torchfl.cli.kernels_cmd", "kernels", None),
+    ("torchfl.cli.conformance_cmd", "conformance", None),
 )
 
 

@@ -35,12 +35,17 @@ def plan() -> None:
 @click.option("--registry", default=None, help="Registry URL (default: TORCHFL_REGISTRY_URL or the user's).")
 @click.option("--analyze", is_flag=True,
               help="Execute the plan on the emulated chip; show predicted beside measured per step.")
-def explain(model, chip, batch, seq_len, heads, layers, precision, strict, fmt, registry, analyze) -> None:
+@click.option("--record", is_flag=True,
+              help="With --analyze: store the run's route counts (kernel, fold, fallback per ATen op) in the "
+                   "registry; `torchfl registry routes --chip NAME` shows them over time.")
+def explain(model, chip, batch, seq_len, heads, layers, precision, strict, fmt, registry, analyze, record) -> None:
     """Show the plan of MODEL (a zoo name: mlp, resnet18, resnet50, bert-base, bert-large,
     gpt2; or path/to/file.py:factory returning (module, example_inputs)) on --chip."""
     import os
     import warnings
 
+    if record and not analyze:
+        _fail("Error", "--record stores what a run measured: add --analyze")
     os.environ.setdefault("TORCHDYNAMO_VERBOSE", "0")
     warnings.filterwarnings("ignore")
     from torchfl.planner import plan_module
@@ -65,6 +70,8 @@ def explain(model, chip, batch, seq_len, heads, layers, precision, strict, fmt, 
         if fmt == "dot":
             _fail("Error", "--analyze prints text or json; use --format text or --format json")
         analysed = _analyze(result, inputs)
+        if record:
+            _record_routes(result, analysed, model, precision, registry)
         if fmt == "json":
             import json
 
@@ -74,6 +81,22 @@ def explain(model, chip, batch, seq_len, heads, layers, precision, strict, fmt, 
             click.echo(analysed.render())
         return
     click.echo(result.explain(fmt), nl=False)
+
+
+def _record_routes(plan, analysed, model, precision, registry) -> None:
+    """Route accounting over time: one append-only route run in the registry."""
+    from torchfl.registry import Registry, RegistryError
+
+    try:
+        reg = Registry(registry)
+        identity = reg.identity(plan.chip, plan.chip_version)
+        if plan.chip_hash and identity.chip_hash != plan.chip_hash:
+            _fail("Error", f"the plan's chip {plan.chip} {plan.chip_version} differs from the registry's published "
+                           "one (content hash); nothing recorded")
+        run = reg.record_routes(identity, model=model, precision=precision, routes=analysed.routes)
+    except RegistryError as exc:
+        _fail("Error", str(exc))
+    click.echo(f"recorded the route counts as route run {run} in {reg.display_url}", err=True)
 
 
 def _analyze(plan, inputs):

@@ -44,6 +44,22 @@ def _guarded(f):
     return handles_errors(wrapper)
 
 
+def _evidence(reg, hcd, op=None) -> dict:
+    """(chip name, op) -> stored verdicts, stale unless they were made on this very chip version
+    with the registry's current rule packs."""
+    from torchfl.registry.evidence import mark_stale
+
+    rows = reg.evidence(chip=hcd.chip.name, op=op)
+    if not rows:
+        return {}
+    packs = reg.identity(hcd.chip.name, hcd.chip.version).packs
+    rows = mark_stale(rows, {hcd.chip.name: (hcd.chip.version, hcd.content_hash(), packs)})
+    out: dict = {}
+    for e in rows:
+        out.setdefault(e.op, []).append(e)
+    return out
+
+
 def _lays(xs) -> str:
     return ", ".join(xs) if xs else "n/a (layout-free)"
 
@@ -76,13 +92,19 @@ def ops(chip_name, chip_version, registry_url, as_json):
 
     reg = open_registry(registry_url)
     hcd = reg.chip(chip_name, chip_version)
+    from torchfl.registry.evidence import describe, short
+
     result = chip_ops(hcd, _packs(reg))
+    evidence = _evidence(reg, hcd)
+    for o in result["ops"]:
+        o["evidence"] = describe(evidence.get(o["op"], []))
     if as_json:
         return _emit_json(result)
     c = result["chip"]
     click.echo(f"{c['name']} {c['version']} (device_type {c['device_type']}), packs: {', '.join(result['packs'])}")
-    rows = [("op", "kernel(s)", "dtypes and their layouts")] + \
-        [(o["op"], ", ".join(o["kernels"]), _dtype_layouts(o)) for o in result["ops"]]
+    rows = [("op", "kernel(s)", "evidence", "dtypes and their layouts")] + \
+        [(o["op"], ", ".join(o["kernels"]), short(o["evidence"], brief=True), _dtype_layouts(o))
+         for o in result["ops"]]
     for line in _columns(rows):
         click.echo("  " + line)
     fus = [f for f in result["fusions"] if f["supported"]]
@@ -98,6 +120,11 @@ def ops(chip_name, chip_version, registry_url, as_json):
             click.echo(f"  fusion not available: {f['name']}: {f['reasons'][0]['message']}")
     click.echo(f"{len(result['ops'])} ops supported, {len(result['unsupported'])} with rules not supported, "
                f"{len(result['no_rule'])} known ops without a rule (see `registry why-not OP --chip`)")
+    states: dict = {}
+    for o in result["ops"]:
+        states[o["evidence"]["state"]] = states.get(o["evidence"]["state"], 0) + 1
+    click.echo("evidence: " + ", ".join(f"{n} {s}" for s, n in sorted(states.items()))
+               + " (`torchfl conformance --chip NAME` runs OpInfo samples and records verdicts)")
 
 
 @click.command("support")
@@ -114,7 +141,11 @@ def support(op, registry_url, as_json):
     chips = [reg.chip(s.name) for s in reg.chips()]
     if not chips:
         _fail(f"no chips in {reg.display_url}: run `torchfl registry import hcd_registry/*.hcd`", 1)
+    from torchfl.registry.evidence import describe, short
+
     result = op_support(op, chips, packs)
+    for row, hcd in zip(result["chips"], chips):
+        row["evidence"] = describe(_evidence(reg, hcd, result["op"]).get(result["op"], []))
     if as_json:
         return _emit_json(result)
     click.echo(f"{result['op']} ({result['rules']} rule{'s' if result['rules'] != 1 else ''})")
@@ -124,6 +155,8 @@ def support(op, registry_url, as_json):
         name = f"{c['name']} {c['version']}"
         if row["supported"]:
             rows.append((name, ", ".join(row["kernels"]), _dtype_layouts(row)))
+            rows.append(("", "", f"evidence: {short(row['evidence'])}"))
+            rows += [("", "", line) for line in _problems(row["evidence"])]
         else:
             rows.append((name, "-", f"not supported: {row['reasons'][0]['message']}"))
     for line in _columns(rows):
@@ -148,7 +181,13 @@ def why_not(op, chip_name, chip_version, dtype, layout, registry_url, as_json):
     hcd = reg.chip(chip_name, chip_version)
     packs = _packs(reg)
     others = layouts_of([reg.chip(s.name) for s in reg.chips()])
+    from torchfl.registry.evidence import describe, short
+
     result = query(op, hcd, packs, dtype=dtype, layout=layout, known_layouts=others)
+    rows = _evidence(reg, hcd, result["op"]).get(result["op"], [])
+    if result["dtype"]:
+        rows = [e for e in rows if e.dtype == result["dtype"]]
+    result["evidence"] = describe(rows)
     if as_json:
         return _emit_json(result)
     for line in _why_not_lines(result):
@@ -158,6 +197,8 @@ def why_not(op, chip_name, chip_version, dtype, layout, registry_url, as_json):
 def _why_not_lines(result) -> list[str]:
     """A supported combination in one line; otherwise what is served (per dtype, with its
     layouts), each rule's call guards once, and every gap with its reasons."""
+    from torchfl.registry.evidence import short
+
     c = result["chip"]
     asked = " ".join(x for x in (result["dtype"], result["layout"]) if x)
     head = f"{result['op']}{' ' + asked if asked else ''} on {c['name']} {c['version']}"
@@ -180,7 +221,8 @@ def _why_not_lines(result) -> list[str]:
                         + (f"; the call must meet its {len(guards)} guard(s), --json lists them" if guards else "")
                         + ")" for rule, (kernel, guards, units) in rules.items())
         scope = "" if asked else f" in {_dtype_layouts({'layouts_by_dtype': _layouts_by_dtype(served)})}"
-        return [f"{head}: supported{scope}, by {how}"] + [f"  warning: {w}" for w in warnings]
+        ev = f"; evidence: {short(result['evidence'])}" if "evidence" in result else ""
+        return [f"{head}: supported{scope}, by {how}{ev}"] + [f"  warning: {w}" for w in warnings]
     lines = [f"{head}: {'supported' if result['supported'] else 'not supported'}"]
     if served:
         lines.append(f"  served: {_dtype_layouts({'layouts_by_dtype': _layouts_by_dtype(served)})}")
@@ -192,7 +234,22 @@ def _why_not_lines(result) -> list[str]:
     for g in gaps:
         what = " ".join(x for x in (g["dtype"], g["layout"]) if x) or "any"
         lines += [f"  not {what}: {r['message']}" for r in g["reasons"]]
+    if served and "evidence" in result:
+        lines.append(f"  evidence: {short(result['evidence'])}")
+        lines += [f"    {line}" for line in _problems(result["evidence"])]
     return lines
+
+
+def _problems(desc: dict) -> list[str]:
+    """The verdicts behind a claim that is not simply verified: how it fails, or why it was refused."""
+    out = []
+    for p in desc.get("problems", []):
+        head = (f"{p['dtype']} {p['layout']}: {p['verdict']} ({p['samples'] - p['failed'] - p['refused']}/"
+                f"{p['samples']} pass, {p['failed']} fail, {p['refused']} refused)")
+        lines = [ln.strip() for ln in (p["reason"] or "").splitlines() if ln.strip()]
+        why = lines[1] if len(lines) > 1 and lines[0].startswith("strict") else (lines[0] if lines else "")
+        out.append(f"{head}{': ' + why[:200] if why else ''}")
+    return out
 
 
 def _layouts_by_dtype(served) -> dict:
@@ -204,4 +261,37 @@ def _layouts_by_dtype(served) -> dict:
     return out
 
 
-COMMANDS = [ops, support, why_not]
+@click.command("routes")
+@click.option("--chip", "chip_name", required=True, metavar="NAME", help="Chip name, e.g. NPU-V3.")
+@click.option("--model", default=None, metavar="M", help="Only runs of this model (as given to plan explain).")
+@registry_option
+@json_option
+@handles_errors
+def routes(chip_name, model, registry_url, as_json):
+    """Recorded route counts of model runs on a chip (plan explain --analyze --record), newest first:
+    per ATen op, how many nodes ran on which kernel, were folded, or fell back to the CPU."""
+    reg = open_registry(registry_url)
+    reg.record(chip_name)
+    runs = reg.routes(chip_name, model=model)
+    if as_json:
+        return _emit_json(runs)
+    if not runs:
+        click.echo(f"no recorded runs on {chip_name}: run `torchfl plan explain MODEL --chip {chip_name} "
+                   "--analyze --record`")
+        return
+    for r in runs:
+        total = {}
+        for counts in r["routes"].values():
+            for route, n in counts.items():
+                kind = "fallback" if "fallback" in route else ("fold" if "fold" in route else "kernel")
+                total[kind] = total.get(kind, 0) + n
+        click.echo(f"run {r['run']} {r['recorded_at'][:19]} {r['model']} on {r['chip']} {r['chip_version']} "
+                   f"({r['precision'] or 'as captured'}): " + ", ".join(f"{total.get(k, 0)} {k}"
+                                                                       for k in ("kernel", "fold", "fallback")))
+        rows = [(op, ", ".join(f"{n} x {route}" for route, n in sorted(c.items(), key=lambda kv: -kv[1])))
+                for op, c in sorted(r["routes"].items())]
+        for line in _columns(rows):
+            click.echo("  " + line)
+
+
+COMMANDS = [ops, support, why_not, routes]

@@ -324,51 +324,56 @@ def _run_gemv(A, a_rows, a_ks, B, b_base, b_ns, C, c_rows, c_ns, M, N, K, TM, TN
     return rd, wr, ops
 
 
-@njit(cache=True)
-def _int8_tile(A, rows, ks, k0, tk, tm, za, B, base, bks, bns, j0, tn, zb, acc, ldc):
-    """acc[m, n] += sum_k (A - za)(B - zb) in int32 (exact)."""
-    bt = np.empty((tk, tn), np.int32)
-    for k in range(tk):
-        for n in range(tn):
-            bt[k, n] = np.int32(B[base + (k0 + k) * bks + (j0 + n) * bns]) - zb
-    for m in range(tm):
-        off = rows[m] + k0 * ks
-        for k in range(tk):
-            a = np.int32(A[off + k * ks]) - za
-            if a != 0:
-                for n in range(tn):
-                    acc[m * ldc + n] += a * bt[k, n]
+def _int8_block(A, rows, ks, k0, tk, za, B, base, bks, bns, j0, tn, zb, acc, ldc):
+    """acc[m, n] += sum_k (A - za)(B - zb[n]) for one loaded A and B tile, exact: the
+    integers (|products| < 2**16, K of them) are multiplied in float64 by the host BLAS, whose
+    every partial sum is an integer far below 2**53."""
+    kk = (k0 + np.arange(tk, dtype=np.int64))
+    a = A[rows[:, None] + kk[None, :] * ks].astype(np.float64) - za
+    nn = j0 + np.arange(tn, dtype=np.int64)
+    b = B[base + kk[:, None] * bks + nn[None, :] * bns].astype(np.float64) - zb[j0:j0 + tn]
+    view = acc[:rows.shape[0] * ldc].reshape(rows.shape[0], ldc)
+    view[:, :tn] += a @ b
 
 
 @njit(cache=True)
-def _int8_store(acc, ldc, tm, tn, j0, C, crows, cns, scale, bias, has_bias, out_q, oscale, ozero, act):
+def _int8_store(acc, ldc, tm, tn, j0, C, crows, cns, scales, bias, has_bias, act, ocode, oinv, ozero, qmin, qmax):
+    """v = acc * scales[n] (+ bias[n]) (act); int8 out (ocode 4): clamp(rne(v * oinv) + ozero,
+    qmin, qmax), PT2E's quantize_per_tensor rounding with oinv = float32(1 / out_scale);
+    float out: v as float32 (ocode 0) or 16-bit float bits."""
     for m in range(tm):
         row = crows[m]
         for n in range(tn):
-            v = np.float32(acc[m * ldc + n]) * scale
+            v = np.float32(acc[m * ldc + n]) * scales[j0 + n]
             if has_bias:
                 v += bias[j0 + n]
             if act == 1:
                 v = max(v, np.float32(0.0))
             elif act >= 2:
                 v = gelu32(v, act == 3)
-            if out_q:
-                q = np.rint(v / oscale) + ozero
-                C[row + (j0 + n) * cns] = min(127.0, max(-128.0, q))
-            else:
+            if ocode == 4:
+                q = np.rint(v * oinv) + ozero
+                C[row + (j0 + n) * cns] = min(qmax, max(qmin, q))
+            elif ocode == 0:
                 C[row + (j0 + n) * cns] = v
+            else:
+                C[row + (j0 + n) * cns] = encode16(ocode, v)
 
 
 def run_int8(A, a_rows, a_ks, B, b_base, b_ks, b_ns, C, c_rows, c_ns, *, M, N, K, TM, TN, TK, b_res,
-             esc, za, zb, scale, bias=None, act=0, out_q=False, oscale=1.0, ozero=0):
-    """int8 GEMM with int32 accumulation over the same tiling; returns the counts."""
+             esc, za, zb, scales, bias=None, esvec=0, act=0, ocode=0, oinv=1.0, ozero=0, qmin=-128, qmax=127):
+    """int8 GEMM with exact integer (int32-equivalent) accumulation over the same tiling; returns the counts.
+
+    ``zb`` (int32) and ``scales`` (float32, a_scale * b_scale) are per output column;
+    ``esvec``: bytes per column of the epilogue vectors the plan streams beside B (bias,
+    weight scales and zero points), read with each B tile (or once with a resident B)."""
     batch = a_rows.shape[0]
     ldc = min(TN, N)
-    acc = np.empty(min(TM, M) * ldc, np.int32)
+    acc = np.empty(min(TM, M) * ldc, np.float64)
     has_bias = bias is not None
     bias_arr = bias if has_bias else np.zeros(1, np.float32)
     rd = wr = ops = 0
-    epi = int(has_bias) + int(act > 0)
+    epi = int(esvec > 0) + int(act > 0)
     b_loaded = -1
     for bt in range(batch):
         bkey = 0 if b_base.shape[0] == 1 else bt
@@ -383,17 +388,17 @@ def run_int8(A, a_rows, a_ks, B, b_base, b_ks, b_ns, C, c_rows, c_ns, *, M, N, K
                     rd += tm * tk
                     if b_res:
                         if b_loaded != bkey:
-                            rd += K * N + (N * 4 if has_bias else 0)
+                            rd += K * N + N * esvec
                             b_loaded = bkey
                     else:
                         rd += tk * tn
-                    _int8_tile(A, rows, a_ks, k0, tk, tm, np.int32(za), B, b_base[bkey], b_ks, b_ns, j0, tn,
-                               np.int32(zb), acc, ldc)
+                    _int8_block(A, rows, a_ks, k0, tk, za, B, b_base[bkey], b_ks, b_ns, j0, tn, zb, acc, ldc)
                     ops += 2 * tm * tn * tk
-                if has_bias and not b_res:
-                    rd += tn * 4
-                _int8_store(acc, ldc, tm, tn, j0, C, c_rows[bt][i0:i0 + tm], c_ns, np.float32(scale), bias_arr,
-                            has_bias, out_q, np.float32(oscale), np.float32(ozero), act)
+                if not b_res:
+                    rd += tn * esvec
+                _int8_store(acc, ldc, tm, tn, j0, C, c_rows[bt][i0:i0 + tm], c_ns, scales, bias_arr,
+                            has_bias, act, np.int64(ocode), np.float32(oinv), np.float32(ozero),
+                            np.float32(qmin), np.float32(qmax))
                 wr += tm * tn * esc
                 ops += tm * tn * epi
     return rd, wr, ops

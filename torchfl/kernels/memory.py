@@ -12,7 +12,14 @@ import numpy as np
 
 from .errors import AlignmentError, DeviceOOMError
 
-__all__ = ["DeviceMemory", "DeviceBuffer", "check_alignment", "address_of"]
+__all__ = ["DeviceMemory", "DeviceBuffer", "accounted_bytes", "check_alignment", "address_of"]
+
+
+def accounted_bytes(nbytes: int, alignment: int) -> int:
+    """What an allocation of ``nbytes`` costs: whole alignment granules, at least one (the
+    planner's memory plan counts with this same function)."""
+    a = int(alignment)
+    return max(a, (int(nbytes) + a - 1) // a * a)
 
 
 def _fmt(n: int) -> str:
@@ -64,15 +71,11 @@ class DeviceMemory:
         self._peak = 0
         self._scope: list | None = None  # buffers allocated inside returned_on_error()
 
-    def _granule(self, nbytes: int) -> int:
-        a = self.alignment
-        return max(a, (nbytes + a - 1) // a * a)
-
     def alloc(self, nbytes: int) -> DeviceBuffer:
         nbytes = int(nbytes)
         if nbytes < 0:
             raise ValueError(f"cannot allocate a negative size ({nbytes} B)")
-        acc = self._granule(nbytes)
+        acc = accounted_bytes(nbytes, self.alignment)
         block = self._obtain(acc)
         self._allocated += acc
         if self._allocated > self._peak:

@@ -130,9 +130,9 @@ class DeviceTensor:
         x = x.detach().cpu()
         if src == "bfloat16":
             bits = x.contiguous().view(torch.int16).numpy().view(np.uint16)
-            t = cls.empty(memory, tuple(x.shape), "bfloat16", layout)
-            if dtype not in (None, "bfloat16"):
+            if dtype not in (None, "bfloat16"):   # one buffer, in the target dtype (no stray bf16 one)
                 return cls.from_numpy(_dt.decode(bits, "bfloat16"), memory, layout, dtype)
+            t = cls.empty(memory, tuple(x.shape), "bfloat16", layout)
             t.logical()[...] = bits
             return t
         arr = x.contiguous().numpy()

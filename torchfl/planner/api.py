@@ -120,4 +120,16 @@ def _plan(captured, example_inputs, target, precision, strict):
         notes.extend(opt.payload.warnings)
     notes = list(dict.fromkeys(notes))
     capture = Capture(captured.graph_module, dict(captured.tensors), captured.training)
-    return assemble(target, precision, ir, cands, selection, pricer, capture, layouts_in, notes)
+    return with_memory(assemble(target, precision, ir, cands, selection, pricer, capture, layouts_in, notes), hcd, chip)
+
+
+def with_memory(plan, hcd, chip):
+    """``plan`` with its memory plan; refused (MemoryLimitError) when its peak exceeds the
+    chip's off-chip memory."""
+    import dataclasses
+
+    from torchfl.planner.memory import check_memory, plan_memory
+
+    plan = dataclasses.replace(plan, memory=plan_memory(plan, chip.alignment, chip.memory_bytes))
+    check_memory(plan, hcd)
+    return plan

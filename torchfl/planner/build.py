@@ -102,6 +102,8 @@ def assemble(target, precision, ir, cands, selection, pricer, capture, input_lay
                     + cands.folded.get(opt.nodes[0], "") + ")")
         else:
             note = p.priced.tile.get("notes", "")
+            quant = quantisation_note(p.kernel, p.attrs, dict(zip(p.kernel_inputs, ins)), values)
+            note = f"{quant}; {note}" if quant and note else (quant or note)
         emit(kind=p.kind if p.kind != "kernel" or len(opt.nodes) == 1 else "fused", kernel=p.kernel,
              nodes=p.nodes, ops=p.ops, inputs=tuple(ins), outputs=outs, layouts_in=tuple(lays),
              layout_out=opt.layout_out, dtype=p.dtype, tile=p.priced.tile, attrs=p.attrs,
@@ -165,6 +167,36 @@ def assemble(target, precision, ir, cands, selection, pricer, capture, input_lay
                 conversions=tuple(conversions), casts=tuple(casts), fallbacks=fallbacks, folded=folded,
                 rejected=rejected,
                 summary=summary, notes=tuple(notes), capture=capture, target=target)
+
+
+QUANTISED_KERNELS = ("qconv2d", "qlinear", "qadd")
+
+
+def quantisation_note(kernel, attrs, inputs, values) -> str:
+    """What explain says about an int8 step: the granularity of each operand's scales
+    (per tensor, or per output channel and how many), and what the output is."""
+    if kernel == "cast" and attrs.get("quantize"):
+        if "scales" in inputs:
+            n = values[inputs["scales"]].shape[0] if inputs["scales"] in values else "?"
+            return f"int8 dequantise per-channel (axis {attrs.get('axis', 0)}, {n} scales)"
+        verb = "quantise" if attrs.get("to") == "int8" else "dequantise"
+        return f"int8 {verb} per-tensor (scale {attrs['scale']:.4g}, zero point {attrs['zero_point']})"
+    if kernel not in QUANTISED_KERNELS:
+        return ""
+    if kernel == "qadd":
+        ins = (f"a per-tensor (scale {attrs['a_scale']:.4g}, zp {attrs['a_zero_point']}), "
+               f"b per-tensor (scale {attrs['b_scale']:.4g}, zp {attrs['b_zero_point']})")
+    else:
+        ws = inputs.get("w_scales")
+        weight = (f"weight per-channel ({values[ws].shape[0]} scales"
+                  + (", zero points" if "w_zero_points" in inputs else "") + ")" if ws in values else
+                  f"weight per-tensor (scale {attrs['w_scale']:.4g}, zp {attrs['w_zero_point']})")
+        ins = f"x per-tensor (scale {attrs['x_scale']:.4g}, zp {attrs['x_zero_point']}), {weight}"
+    out = attrs.get("out_scale")
+    tail = (f"out requantised per-tensor (scale {out:.4g}, zp {attrs['out_zero_point']})" if out
+            else f"out dequantised to {attrs.get('out_dtype')}")
+    relu = ", relu" if attrs.get("relu") else ""
+    return f"int8 x int8 -> int32 on compute_units.int8: {ins}; {tail}{relu}"
 
 
 def _shape_of(ir, fx_name, info, producer=None):

@@ -386,8 +386,16 @@ class Generator:
         """The IR nodes of ``fusion`` starting at ``start``, or None when the pattern does not match."""
         step_nodes = {fusion.steps[0].id: start}
         chain = [start]
+        side = []   # nodes found through into: (second operands of DAG patterns)
         through = set(fusion.through)
         for step in fusion.steps[1:]:
+            if step.into is not None:
+                found = self._operand(fusion, step, step_nodes)
+                if found is None:
+                    return None
+                side.append(found)
+                step_nodes[step.id] = found
+                continue
             producer = step_nodes.get(step.from_)
             if producer is None or producer is not chain[-1]:
                 return None  # only linear patterns are walked
@@ -419,7 +427,45 @@ class Generator:
             chain.extend(extra)
             chain.append(nxt)
             step_nodes[step.id] = nxt
+        if side:   # graph order, the chain's last node (the group's output) still last
+            position = self._positions()
+            chain = sorted(chain[:-1] + side, key=lambda n: position[n.name]) + chain[-1:]
         return chain, step_nodes
+
+    def _positions(self) -> dict:
+        if not hasattr(self, "_position"):
+            self._position = {name: i for i, name in enumerate(self.ir.nodes)}
+        return self._position
+
+    def _operand(self, fusion, step, step_nodes):
+        """The node of an ``into`` step: the producer of argument ``step.input`` of the
+        consumer step's node (for a commutative consumer fed through its other operand,
+        the operand the chain did not take), when its op is the step's and the consumer is
+        its only reader. None when the pattern does not match here."""
+        consumer = step_nodes.get(step.into)
+        if consumer is None:
+            return None
+        cstep = next(s for s in fusion.steps if s.id == step.into)
+        names = fusion.rule_for(step.into).arg_names()
+        want = step.input
+        if cstep.commutative and want in cstep.commutative and cstep.input in cstep.commutative:
+            prev = step_nodes.get(cstep.from_)
+            fed_by = {id(prev)} if prev is None else {prev.name, *prev.outs}
+            taken = [names[i] for i, a in enumerate(consumer.fx.args)
+                     if i < len(names) and getattr(a, "name", None) in fed_by]
+            if taken and taken[0] != cstep.input:   # the chain arrived through the other operand
+                want = cstep.input
+        if want not in names:
+            return None
+        i = names.index(want)
+        arg = consumer.fx.args[i] if i < len(consumer.fx.args) else consumer.fx.kwargs.get(want)
+        node = self.ir.nodes.get(getattr(arg, "name", None))
+        if node is None or node.op not in step.ops or len(node.outs) != 1:
+            return None
+        users = self._fx_users.get(node.outs[0], [])
+        if len(users) != 1 or users[0] is not consumer.fx or node.outs[0] in self.ir.outputs:
+            return None
+        return node
 
     # -- CPU fallback, or a fold of an input-independent node --
     def fallback(self, node):

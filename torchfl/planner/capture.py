@@ -236,7 +236,8 @@ def capture_training(module, example_inputs, packs=None) -> tuple[Captured, Capt
 
     Runs one forward and backward of ``module`` (gradients of the sum of the outputs) to
     make AOTAutograd compile both graphs. Placeholders of these graphs are all ``input``s
-    (AOTAutograd passes parameters as primals).
+    (AOTAutograd passes parameters as primals); the forward's ``extra["weights"]`` are the
+    positions of its parameter primals (the runtime caches those on the device).
     """
     import torch
     from torch._dynamo.backends.common import aot_autograd
@@ -250,8 +251,16 @@ def capture_training(module, example_inputs, packs=None) -> tuple[Captured, Capt
 
         return compiler
 
-    backend = aot_autograd(fw_compiler=grab("forward"), bw_compiler=grab("backward"),
-                           decompositions=training_decompositions(packs or ()))
+    aot = aot_autograd(fw_compiler=grab("forward"), bw_compiler=grab("backward"),
+                       decompositions=training_decompositions(packs or ()))
+    weights: list = []
+
+    def backend(gm, inputs):
+        # the forward's primals are Dynamo's graph inputs, in order: its parameters are the weights
+        weights.extend(i for i, a in enumerate(inputs) if isinstance(a, torch.nn.Parameter)
+                       or getattr(a, "_dynamo_static_input_type", None))
+        return aot(gm, inputs)
+
     torch._dynamo.reset()
     compiled = torch.compile(module, backend=backend, fullgraph=True)
     out = compiled(*example_inputs)
@@ -266,5 +275,12 @@ def capture_training(module, example_inputs, packs=None) -> tuple[Captured, Capt
         out_node = next(n for n in gm.graph.nodes if n.op == "output")
         flat = out_node.args[0] if isinstance(out_node.args[0], (list, tuple)) else [out_node.args[0]]
         outputs = [getattr(a, "name", None) for a in flat]
-        result.append(Captured(gm, placeholders, {}, outputs, training=True, extra={"graph": kind}))
+        # weights carry no batch dimension; nor does any backward input (the forward checked them)
+        if kind == "forward":
+            unbatched = [placeholders[i][0] for i in weights if i < len(placeholders)]
+        else:
+            unbatched = [name for name, _k, _i in placeholders]
+        result.append(Captured(gm, placeholders, {}, outputs, training=True,
+                               extra={"graph": kind, "unbatched": unbatched,
+                                      "weights": tuple(weights) if kind == "forward" else ()}))
     return result[0], result[1]

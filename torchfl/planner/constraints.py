@@ -31,30 +31,43 @@ def check_precision(hcd, precision):
 
 
 def check_layout_inputs(hcd, example_inputs):
-    """A channels-last (NHWC) user input needs a chip that computes in NHWC."""
-    import torch
+    """A user input stored in a permuted layout (channels-last is NHWC; an npu tensor may
+    carry any permutation) needs a chip that computes in that layout."""
+    for i, lay in enumerate(input_layouts(example_inputs)):
+        if lay and lay not in hcd.layouts:
+            name = "channels_last" if lay == "NHWC" else lay
+            raise HardConstraintError(f"Layout {name} not supported on {hcd.chip.name}",
+                                      field="compute_units.*.supported_layouts", limit=list(hcd.layouts),
+                                      value=lay, node=f"input {i}")
 
-    for i, x in enumerate(example_inputs):
-        if isinstance(x, torch.Tensor) and x.dim() == 4 and not x.is_contiguous() \
-                and x.is_contiguous(memory_format=torch.channels_last):
-            if "NHWC" not in hcd.layouts:
-                raise HardConstraintError(f"Layout channels_last not supported on {hcd.chip.name}",
-                                          field="compute_units.*.supported_layouts", limit=list(hcd.layouts),
-                                          value="NHWC", node=f"input {i}")
+
+def tensor_layout(x) -> str | None:
+    """Layout letters of a dense 4-D tensor stored in a permuted order (``NHWC`` for
+    channels-last; an npu tensor may carry any of the HCD's layouts), None for row-major,
+    another rank (the HCD's layouts are 4-D), or a tensor that is not a dense permutation."""
+    if x.dim() != 4 or x.is_contiguous():
+        return None
+    from torchfl.kernels.tensor import logical_letters
+
+    shape, strides = x.shape, x.stride()
+    # outermost physical axis first; ties (size-1 axes) keep logical order
+    perm = sorted(range(x.dim()), key=lambda d: (-strides[d], d))
+    expect = 1
+    for d in reversed(perm):
+        if shape[d] != 1 and strides[d] != expect:
+            return None
+        expect *= shape[d]
+    if perm == sorted(perm):
+        return None
+    letters = logical_letters(x.dim())
+    return "".join(letters[d] for d in perm)
 
 
 def input_layouts(example_inputs) -> list[str | None]:
     """Layout letters of each example input as it arrives (NHWC for channels-last)."""
     import torch
 
-    out = []
-    for x in example_inputs:
-        if isinstance(x, torch.Tensor) and x.dim() == 4 and not x.is_contiguous() \
-                and x.is_contiguous(memory_format=torch.channels_last):
-            out.append("NHWC")
-        else:
-            out.append(None)
-    return out
+    return [tensor_layout(x) if isinstance(x, torch.Tensor) else None for x in example_inputs]
 
 
 def check_graph(hcd, ir, precision, unbatched=frozenset()):
@@ -117,6 +130,13 @@ def check_graph(hcd, ir, precision, unbatched=frozenset()):
                 f"{att.max_sequence_length} on {chip} (HCD field compute_units.attention.max_sequence_length)",
                 field="compute_units.attention.max_sequence_length", limit=att.max_sequence_length, value=seq,
                 node=node.name)
+    quantised = [n for n, v in ir.values.items() if v.dtype == "int8" and v.kind == "node"]
+    if quantised and "int8" not in hcd.dtypes:
+        raise HardConstraintError(
+            f"dtype torch.int8 not supported on {chip}: this is a quantised graph (e.g. {quantised[0]}) and "
+            f"tensor.supported_dtypes is [{', '.join('torch.' + d for d in hcd.dtypes)}]; plan it for a chip "
+            "with an int8 unit, or run the float model with a precision policy",
+            field="tensor.supported_dtypes", limit=list(hcd.dtypes), value="int8", node=quantised[0])
     if precision is None and hcd.unit_for("float32") is None:
         f32 = [n for n, v in ir.values.items() if v.dtype == "float32"]
         if f32:

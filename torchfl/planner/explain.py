@@ -52,7 +52,7 @@ def tiling_text(tile: dict) -> str:
 def _covers(step) -> str:
     if step.kind in ("cast", "layout"):
         return step.inputs[0] if step.inputs else ""
-    ops = [o.removeprefix("aten.").rsplit(".", 1)[0] for o in step.ops]
+    ops = [o.removeprefix("aten.").removeprefix("quantized_decomposed.").rsplit(".", 1)[0] for o in step.ops]
     return "+".join(ops) + f" [{step.nodes[0]}" + (f"..{step.nodes[-1]}]" if len(step.nodes) > 1 else "]")
 
 
@@ -122,6 +122,8 @@ def _text(plan) -> str:
         lines += paragraph(f"Run once (static: parameter casts, folded and other parameter-only steps, results kept "
                            f"on the chip): {_time(sum(st.predicted_time_s for st in once))}, "
                            f"{_bytes(sum(st.predicted_bytes for st in once))} over {len(once)} steps")
+    if plan.memory is not None:
+        lines += paragraph(memory_line(plan))
     lines += _legend(rows)
     if plan.rejected:
         lines.append(f"Rejected alternatives ({len(plan.rejected)}):")
@@ -141,6 +143,19 @@ def _text(plan) -> str:
     for note in plan.notes:
         lines += paragraph(f"Note: {note}")
     return "\n".join(lines) + "\n"
+
+
+def memory_line(plan) -> str:
+    """One line: the plan's peak device memory, the step where it occurs, what it holds."""
+    from torchfl.planner.memory import fmt_bytes
+
+    mp = plan.memory
+    where = "during the uploads" if mp.peak_step < 0 else f"at step {mp.peak_step}"
+    cap = "no capacity given (off_chip_memory.size_gb)" if mp.capacity is None else \
+        f"{100 * mp.peak_bytes / mp.capacity:.1f}% of {fmt_bytes(mp.capacity)}"
+    parts = ", ".join(f"{k} {fmt_bytes(n)}" for k, n in mp.breakdown().items() if n)
+    return (f"Device memory: peak {fmt_bytes(mp.peak_bytes)} {where} ({parts}); {cap}; "
+            f"{fmt_bytes(mp.resident_bytes)} stays resident between calls")
 
 
 def _legend(rows) -> list[str]:

@@ -102,14 +102,20 @@ ACCUMULATOR_ARGS = {      # op -> arguments (ATen schema names) that are saved s
     "aten.native_batch_norm_backward.default": ("save_mean", "save_invstd"),
     "aten.native_layer_norm_backward.default": ("mean", "rstd"),
 }
+# quantisation parameters of a quantised graph (PT2E): the int8 kernels' epilogue reads them
+# exactly as the reference does; downcast, every weight scale would move. Kept as they are
+# like the statistics above.
+QUANT_PARAM_ARGS = {"quantized_decomposed.dequantize_per_channel.default": ("scales", "zero_points")}
+KEPT_ARGS = {**ACCUMULATOR_ARGS, **QUANT_PARAM_ARGS}
 
 
 def _stat_only(node) -> bool:
-    """Does every user read ``node`` only as a saved statistic (ACCUMULATOR_ARGS)?"""
+    """Does every user read ``node`` only as a saved statistic or a quantisation parameter
+    (KEPT_ARGS)?"""
     if not node.users:
         return False
     for user in node.users:
-        names = ACCUMULATOR_ARGS.get(str(user.target))
+        names = KEPT_ARGS.get(str(user.target))
         schema = getattr(user.target, "_schema", None)
         if not names or schema is None:
             return False

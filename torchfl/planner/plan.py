@@ -64,6 +64,14 @@ the chip the plan was made for. ``plan.target`` (process-local, never serialised
 ``plan.capture``) is the :class:`~torchfl.planner.target.Target` it was planned on; the
 executor runs on that target, or on one it is given whose ``chip_hash`` must match.
 
+Memory
+------
+``plan.memory`` is its :class:`~torchfl.planner.memory.MemoryPlan`: every device buffer
+(size as the allocator accounts it, the step that allocates it, the step after which the
+executor frees it), the bytes live at each step and the peak. The executor frees exactly
+what it says; a plan whose peak exceeds the chip's ``off_chip_memory.size_gb`` is refused
+by the planner before anything runs.
+
 Everything here is JSON-serialisable deterministically: ``plan.to_json()`` is
 byte-identical for the same model, chip and options in any process.
 """
@@ -103,6 +111,14 @@ class _Data:
 
     def to_dict(self) -> dict[str, Any]:
         return {f.name: _jsonable(getattr(self, f.name)) for f in fields(self) if f.metadata.get("json", True)}
+
+
+def _memory_from(data):
+    if not data:
+        return None
+    from torchfl.planner.memory import MemoryPlan
+
+    return MemoryPlan.from_dict(data)
 
 
 def _tuple(value: Any) -> Any:
@@ -262,6 +278,7 @@ class Plan(_Data):
     notes: tuple[str, ...] = ()
     folded: tuple[Fallback, ...] = ()
     chip_hash: str = ""  # the chip's HCD content hash (Target.chip_hash); "" for a hand-built plan
+    memory: Any = None  # its MemoryPlan (torchfl.planner.memory): live buffers per step, the peak
     capture: Capture | None = field(default=None, compare=False, repr=False, metadata={"json": False})
     target: Any = field(default=None, compare=False, repr=False, metadata={"json": False})
 
@@ -309,6 +326,7 @@ class Plan(_Data):
             notes=tuple(data.get("notes", ())),
             folded=tuple(build(Fallback, f) for f in data.get("folded", ())),
             chip_hash=data.get("chip_hash", ""),
+            memory=_memory_from(data.get("memory")),
         )
 
     @classmethod

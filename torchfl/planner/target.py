@@ -31,7 +31,7 @@ from functools import lru_cache
 
 from torchfl.planner.errors import ChoiceError
 
-__all__ = ["Target", "ChipMismatch", "resolve_target", "bundled_packs", "registry_key"]
+__all__ = ["Target", "ChipMismatch", "resolve_target", "bundled_packs", "registry_key", "registered_chips"]
 
 
 class ChipMismatch(ChoiceError):
@@ -111,6 +111,11 @@ def resolve_target(chip, registry=None) -> Target:
         raise ChoiceError(f"chip must be a chip name, an HCD or a Target, got {chip!r}")
     key = registry_key(registry)
     return _cached((key, "name", chip), lambda: _from_registry(chip, registry, key))
+
+
+def registered_chips(registry=None) -> list:
+    """The names of the chips ``registry`` holds (None: the default registry), sorted."""
+    return sorted(s.name for s in _open(registry).chips())
 
 
 def clear_cache() -> None:

@@ -264,11 +264,14 @@ def describe(evidence: list[Evidence]) -> dict:
     return out
 
 
-def short(desc: dict) -> str:
-    """``verified (run 3, 2026-12-04, 40/40 samples)`` and the like, for text output."""
+def short(desc: dict, brief: bool = False) -> str:
+    """``verified (run 3, 2026-12-04, 40/40 samples pass)`` and the like, for text output;
+    ``brief``: ``verified 40/40`` (a table cell)."""
     state = desc["state"]
     if state == "unverified":
         return "unverified"
+    if brief:
+        return state if state == "stale" else f"{state} {desc['passed']}/{desc['samples']}"
     day = desc["finished_at"][:10]
     text = f"{state} (run {desc['run']}, {day}, {desc['passed']}/{desc['samples']} samples pass"
     if desc.get("refused"):

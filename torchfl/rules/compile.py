@@ -155,7 +155,12 @@ class _Compiler:
             no_rule.append(NoRuleEntry(e.op, e.reason))
         if self.errors():
             return None, self.diags
-        canonical = json.dumps(model.model_dump(mode="json", by_alias=True), sort_keys=True, separators=(",", ":"))
+        dumped = model.model_dump(mode="json", by_alias=True)
+        for f in dumped["fusions"]:   # into: is newer than the packs already published: absent when unset,
+            for step in f["pattern"]:  # so their canonical form and content hash stay as they were
+                if step.get("into") is None:
+                    step.pop("into", None)
+        canonical = json.dumps(dumped, sort_keys=True, separators=(",", ":"))
         return RulePack(pname, model.pack.version, model.pack.description, rules, fusions, tuple(no_rule),
                         self.doc.filename, canonical), self.diags
 
@@ -314,7 +319,7 @@ class _Compiler:
         base = ("fusions", index)
         before = len(self.diags)
         self.kernel(base + ("kernel",), m.kernel)
-        steps, seen, records, step_rules = [], [], {}, []
+        steps, seen, records, step_rules, step_rules_by_id = [], [], {}, [], {}
         for i, s in enumerate(m.pattern):
             spath = base + ("pattern", i)
             ops = (s.op,) if isinstance(s.op, str) else tuple(s.op)
@@ -334,12 +339,32 @@ class _Compiler:
                 elif r.arg_names() != rule.arg_names():
                     self.error(spath + ("op", j), f"{op} takes ({', '.join(r.arg_names())}) but {rule.op} takes "
                                f"({', '.join(rule.arg_names())}); alternatives in one step need the same args")
-            producer = s.from_ if s.from_ is not None else (seen[-1] if seen else None)
-            if i == 0 and s.from_ is not None:
-                self.error(spath + ("from",), "the first step has no producer; remove from:")
+            producer = s.from_ if s.from_ is not None else (seen[-1] if seen and s.into is None else None)
+            if i == 0 and (s.from_ is not None or s.into is not None):
+                self.error(spath + ("from" if s.from_ is not None else "into",),
+                           "the first step has no producer or consumer; remove from:/into:")
             if producer is not None and producer not in seen:
                 self.error(spath + ("from",), f"from: {producer!r} is not an earlier step (steps: {', '.join(seen)})")
             feed = s.input
+            if s.into is not None:
+                consumer = step_rules_by_id.get(s.into)
+                if s.from_ is not None:
+                    self.error(spath + ("into",), "a step has either from: (its producer) or into: (its consumer)")
+                elif s.into not in seen:
+                    self.error(spath + ("into",), f"into: {s.into!r} is not an earlier step (steps: {', '.join(seen)})")
+                elif s.input is None:
+                    self.error(spath + ("into",), f"into: {s.into} needs input: the argument of {s.into} this "
+                               "step's output feeds")
+                elif consumer is not None and s.input not in dict(consumer.args):
+                    self.error(spath + ("input",), f"input {s.input!r} is not an argument of {consumer.op} "
+                               f"(args: {', '.join(dict(consumer.args))})")
+                if rule is not None:
+                    records[s.id] = record(s.id, **{n: arg_type(t) or TENSOR for n, t in rule.args}, out=TENSOR)
+                    step_rules.append((s.id, rule))
+                    step_rules_by_id[s.id] = rule
+                seen.append(s.id)
+                steps.append(FusionStep(s.id, ops, s.input, None, 0, (), s.into))
+                continue
             if rule is not None:
                 names = dict(rule.args)
                 if feed is None and i > 0:
@@ -352,6 +377,7 @@ class _Compiler:
                         self.error(spath + ("commutative",), f"{c!r} is not an argument of {rule.op}")
                 records[s.id] = record(s.id, **{n: arg_type(t) or TENSOR for n, t in rule.args}, out=TENSOR)
                 step_rules.append((s.id, rule))
+                step_rules_by_id[s.id] = rule
             seen.append(s.id)
             steps.append(FusionStep(s.id, ops, feed if i > 0 else None, producer, s.output,
                                     tuple(s.commutative or ())))

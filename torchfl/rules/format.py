@@ -36,7 +36,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from torchfl.rules.guards.syntax import MAX_CHARS, MAX_INT
 
 SEMVER = r"^(0|[1-9]\d*)\.(0|[1-9]\d*)\.(0|[1-9]\d*)(-[0-9A-Za-z.-]+)?(\+[0-9A-Za-z.-]+)?$"
-OP_NAME = r"^(aten|prims|torchfl)\.[A-Za-z0-9_]+\.[A-Za-z0-9_]+$"
+OP_NAME = r"^(aten|prims|torchfl|quantized_decomposed)\.[A-Za-z0-9_]+\.[A-Za-z0-9_]+$"
 IDENT = r"^[A-Za-z][A-Za-z0-9_]*$"
 UNITS = Literal["fp16", "bf16", "fp32", "int8", "attention"]
 DTYPES = Literal["float32", "float16", "bfloat16", "int8", "int32", "int64", "bool"]
@@ -81,6 +81,11 @@ class Requires(_Model):
     storage: bool = Field(default=True, description="false for a view that moves no data (reshape, "
                           "unsqueeze): the value is already on the device, so its dtype need not be one the "
                           "chip lists (int64 token ids reshaped before an embedding).")
+    index: bool = Field(default=False, description="true for index math and masks (position ids, padding "
+                        "masks): an int32, int64 or bool value the chip does not list in "
+                        "tensor.supported_dtypes runs on the chip's index path (its address arithmetic, "
+                        "priced at the integer unit's rate) instead of being refused; explain says so. A "
+                        "listed dtype runs on its unit as usual.")
 
 
 class GuardItem(_Model):
@@ -112,6 +117,9 @@ class FusionStep(_Model):
     op: Union[Name, Annotated[list[Name], Field(max_length=MAX_LIST)]]
     input: Optional[Name] = Field(default=None, description="arg of this op fed by the previous step (default: primary)")
     from_: Optional[Name] = Field(default=None, alias="from", description="step id feeding it (default: previous)")
+    into: Optional[Name] = Field(default=None, description="instead of from: an earlier step whose argument "
+                                 "`input` this step's output feeds (a second operand of a DAG pattern: the "
+                                 "weight's dequantize feeding a conv)")
     output: int = Field(default=0, ge=0, le=MAX_LIST, description="which output of the feeding step (tuple-returning ops)")
     commutative: Optional[list[Name]] = Field(default=None, max_length=MAX_LIST, description="args that may be swapped, e.g. [self, other]")
 

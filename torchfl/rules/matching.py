@@ -128,6 +128,9 @@ def rule_dtypes(rule: Rule | Fusion) -> tuple[str, ...]:
     return K.kernel_dtypes(rule.kernel) or ALL_DTYPES
 
 
+INDEX_DTYPES = ("int32", "int64", "bool")
+
+
 def chip_stores(hcd, dtype: str) -> bool:
     return dtype in hcd.dtypes or (dtype == "bfloat16" and bool(hcd.constraints.bfloat16_emulation))
 
@@ -144,6 +147,9 @@ def requirements(rule: Rule | Fusion, hcd, dtype: str | None, layout: str | None
         served = rule_dtypes(rule)
         if dtype not in served:
             reasons.append(Reason("dtype", f"{rule.id} computes in {_fmt(served)}, not {dtype}", rule=rule.id))
+        elif req.storage and req.index and dtype in INDEX_DTYPES and not chip_stores(hcd, dtype):
+            warnings.append(f"{dtype} index math and masks run on the index path of {label} "
+                            f"(tensor.supported_dtypes lists no {dtype})")
         elif req.storage and not chip_stores(hcd, dtype):
             listed = list(hcd.tensor.supported_dtypes)
             reasons.append(Reason("dtype", f"dtype {dtype} not in tensor.supported_dtypes {_fmt(listed)} of {label}",

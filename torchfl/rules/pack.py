@@ -126,6 +126,7 @@ class FusionStep:
     from_: str | None  # producer step id (None for the first step)
     output: int
     commutative: tuple[str, ...]
+    into: str | None = None  # consumer step id: this step feeds that step's arg ``input`` (DAG patterns)
 
 
 @dataclass(frozen=True)

@@ -159,7 +159,10 @@ def chip_ops(hcd, packs) -> dict:
             for d in [d for d in hcd.dtypes if d in rule_dtypes(f)]:
                 m = fusion_static(f, hcd, d)
                 (served if m.ok else why).append(m)
-            entry = {"name": f.name, "kernel": f.kernel, "pack": p.label, "pattern": [list(s.ops) for s in f.steps]}
+            # a DAG pattern's second operands read "op (into step.arg)": they feed that step, not the next
+            pattern = [list(s.ops) if s.into is None else [f"{o} (into {s.into}.{s.input})" for o in s.ops]
+                       for s in f.steps]
+            entry = {"name": f.name, "kernel": f.kernel, "pack": p.label, "pattern": pattern}
             if served:
                 entry.update(dtypes=[m.dtype for m in served], layouts=_union(m.layouts for m in served),
                              guards=list(served[0].pending_guards), supported=True)

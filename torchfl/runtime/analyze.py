@@ -56,6 +56,7 @@ class AnalyzedPlan:
     peak_bytes: int
     title: str = ""
     extra: dict = field(default_factory=dict)
+    predicted_peak_bytes: int | None = None   # the executor's memory plan (plan.memory, or with static inputs)
 
     # -- totals --
     @property
@@ -89,6 +90,17 @@ class AnalyzedPlan:
     def mismatched(self) -> list:
         return [s for s in self.steps if not s.bytes_match]
 
+    def peak_line(self) -> str:
+        """The allocator's measured peak beside the memory plan's (equal, or why not)."""
+        text = f"peak device memory measured {self.peak_bytes:,} B"
+        if self.predicted_peak_bytes is None:
+            return text
+        text += f" / predicted {self.predicted_peak_bytes:,} B"
+        if self.peak_bytes == self.predicted_peak_bytes:
+            return text + " (equal)"
+        return (text + f" (DIFFER by {self.peak_bytes - self.predicted_peak_bytes:+,} B: the run allocated "
+                "what the memory plan does not model; torchfl.planner.memory describes what it does)")
+
     def route_lines(self) -> list:
         out = []
         for op in sorted(self.routes):
@@ -108,7 +120,8 @@ class AnalyzedPlan:
             "totals": {"predicted_bytes": self.predicted_bytes, "measured_bytes": self.measured_bytes,
                        "predicted_time_s": self.predicted_time_s, "simulated_time_s": self.simulated_time_s,
                        "wall_s": self.wall_s, "kernel_wall_s": self.kernel_s,
-                       "overhead_per_step_s": self.overhead_per_step_s, "peak_device_bytes": self.peak_bytes},
+                       "overhead_per_step_s": self.overhead_per_step_s, "peak_device_bytes": self.peak_bytes,
+                       "predicted_peak_device_bytes": self.predicted_peak_bytes},
             "largest_time_error": None if w is None else {"step": w.index, "kernel": w.kernel,
                                                           "error": w.time_error if w.time_error != float("inf") else None},
             "routes": {op: dict(c) for op, c in sorted(self.routes.items())},
@@ -156,7 +169,7 @@ class AnalyzedPlan:
             indent="        ", subsequent="          ")
         lines += paragraph(f"Wall {_t(self.wall_s)} (kernels {_t(self.kernel_s)}; outside kernels, with this run's "
                            f"weight uploads: {self.overhead_per_step_s * 1e6:.1f} us/step over {len(self.steps)} "
-                           f"steps); peak device memory {self.peak_bytes:,} B", indent="        ",
+                           f"steps); {self.peak_line()}", indent="        ",
                            subsequent="          ")
         w = self.worst
         if w is not None and abs(w.time_error) >= 5e-4:
@@ -250,8 +263,10 @@ def from_record(plan, record, executor, title: str = "") -> AnalyzedPlan:
             tile=_tile_text(step), predicted_bytes=step.predicted_bytes,
             measured_bytes=r.bytes_read + r.bytes_written, predicted_time_s=step.predicted_time_s,
             simulated_time_s=_simulated(step, r, preps.get(r.index), executor.chip), wall_s=r.wall_s))
+    mp = getattr(executor, "memory_plan", None)
     return AnalyzedPlan(plan, steps, {k: dict(v) for k, v in record.routes.items()}, record.total_s,
-                        record.kernel_s, record.peak_bytes, title)
+                        record.kernel_s, record.peak_bytes, title,
+                        predicted_peak_bytes=None if mp is None else mp.peak_bytes)
 
 
 def analyze(plan, inputs, *, chip=None, executor=None, title: str = "",

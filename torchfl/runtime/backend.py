@@ -114,7 +114,7 @@ def _signature(args, scalars=()) -> tuple:
         if isinstance(a, torch.Tensor):
             cl = a.dim() == 4 and not a.is_contiguous() and a.is_contiguous(memory_format=torch.channels_last)
             value = a.item() if i in scalars else None
-            sig.append((tuple(a.shape), a.dtype, cl, id(a) if _is_static(a) else None, value))
+            sig.append((tuple(a.shape), a.dtype, cl, id(a) if _is_static(a) else None, value, a.device))
         elif isinstance(a, (int, float, bool)):
             sig.append((type(a).__name__, a))
         else:
@@ -264,14 +264,13 @@ class CompiledGraph:
         sig = _signature(args, self.scalar_positions)
         entry = self.entries.get(sig)
         if entry is None:
-            from .executor import Executor
             from .logs import announce_compiles
 
             announce_compiles()
             try:
                 plan, user = self._plan(args)
                 static = _static_positions([args[i] for i in user])
-                ex = Executor(plan, strict=self.options.strict, static_inputs=static)
+                ex = _executor(plan, args, self.options, static)
                 entry = _Entry(plan, ex, user=None if len(user) == len(args) else user)
             except _MutatesInputs:
                 # as a training graph: AOTAutograd functionalises the writes, its forward graph
@@ -324,6 +323,30 @@ class CompiledGraph:
                     out[i] = out[i].contiguous(memory_format=torch.channels_last)
             out = tuple(out)
         return out
+
+
+def _executor(plan, args, options, static):
+    """The plan's executor: npu tensors (the eager device) are read and returned in place,
+    on their chip, which must be the chip the model was compiled for; anything else is
+    copied in and out of the chip's memory."""
+    import torch
+
+    from .executor import Executor
+
+    npu = [a for a in args if isinstance(a, torch.Tensor) and a.device.type == "npu"]
+    if not npu:
+        return Executor(plan, strict=options.strict, static_inputs=static)
+    from .eager import device as eager_device
+    from .eager.executor import EagerExecutor
+
+    index = npu[0].device.index or 0
+    target = eager_device.target_of(index)
+    if target.name != plan.chip or (plan.chip_hash and target.chip_hash != plan.chip_hash):
+        chip = target.name
+        raise ValueError(f"torchfl backend: the inputs are on npu:{index} ({chip}) but the model is compiled for "
+                         f"chip {plan.chip!r}; compile with options={{'chip': {chip!r}}} or move the inputs to "
+                         f"the npu device of {plan.chip}")
+    return EagerExecutor(plan, target, index, strict=options.strict, static_inputs=static)
 
 
 def _channels_last_outputs(gm) -> tuple:
@@ -413,7 +436,7 @@ def torchfl_backend(gm, example_inputs, options=None, **kwargs):
     except ValueError as exc:
         return _deferred(exc)
     training = torch.is_grad_enabled() and any(
-        isinstance(x, torch.Tensor) and x.requires_grad for x in example_inputs)
+        isinstance(x, torch.Tensor) and x.requires_grad for x in example_inputs) and not _quantised(gm)
     if not training:
         return CompiledGraph(gm, opts, "inference")
     try:
@@ -421,6 +444,13 @@ def torchfl_backend(gm, example_inputs, options=None, **kwargs):
     except Exception as exc:   # unknown chip, registry unavailable: raised at the call
         return _deferred(exc)
     return _aot_compile(gm, example_inputs, opts, decompositions)
+
+
+def _quantised(gm) -> bool:
+    """A PT2E-quantised graph (quantized_decomposed ops) is inference only: its float
+    parameters (biases) still ask for gradients, but no backward through int8 exists."""
+    return any(n.op == "call_function" and str(n.target).startswith("quantized_decomposed.")
+               for n in gm.graph.nodes)
 
 
 def _aot_compile(gm, example_inputs, opts, decompositions=None):

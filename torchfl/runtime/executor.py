@@ -8,22 +8,26 @@ What it does, per the Plan contract (``torchfl/planner/plan.py``):
   kernel's one tiling function gives for the step's problem on this chip, checked once
   against the plan's ``step.tile`` (a plan made for another chip or another tiler is
   refused, never silently re-tiled);
-* ``static`` steps (weight casts and layout transforms) run once and their results stay
-  on the device; inputs that are parameters (what Dynamo passes) are cached too, keyed by
+* ``static`` steps (weight casts and layout transforms) run once and the results that
+  per-call steps read stay on the device (a float32 parameter only cast is freed after
+  its cast); inputs that are parameters (what Dynamo passes) are cached too, keyed by
   the tensor's version counter, so an optimizer step invalidates them;
 * a ``fallback`` step runs its FX node with torch on the CPU (logged when the plan is
   made; ``strict`` refuses the plan before anything runs); a ``fold`` step runs the same
   way, but is static: once, and again only when a weight or buffer it reads changes;
-* a value's buffer is freed after its last reader; a metadata-only reshape shares its
-  input's buffer, so the two are one buffer whose last reader is the last reader of either;
+* buffers are freed as the plan's memory plan says (``plan.memory``, made by the planner:
+  a value's buffer after its last reader; a metadata-only reshape shares its input's
+  buffer, so the two are one buffer whose last reader is the last reader of either), so
+  the allocator's peak is the planned one;
 * outputs come back as ordinary torch tensors in the identity layout and the caller's dtype.
 
 How (the way tinygrad or ONNX Runtime run a graph): the plan is compiled once into a flat
 program. Values live in integer slots of a list (not name-keyed dicts); each step holds its
 input and output slots, its bound kernel call (``KernelSpec.bind``: problem validated and
 impl resolved on the first run, a signature check after that) and the slots whose buffers
-die after it. Buffer lifetimes are decided when the program is built (alias groups of
-metadata reshapes included), so a call does no reference counting. Two programs are built:
+die after it. Buffer lifetimes come from the plan's memory plan
+(:mod:`torchfl.planner.memory`, recomputed here only when the caller makes some user inputs
+static), so a call does no reference counting. Two programs are built:
 the full one (first call, after a weight changed, and measuring runs) and the dynamic one
 (static results already on the device).
 
@@ -38,6 +42,7 @@ import time
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 
+from torchfl.planner.memory import is_alias
 from torchfl.planner.plan import HOST_STEPS, identity_layout
 
 from .errors import FallbackNotAllowed, PlanMismatch
@@ -71,7 +76,8 @@ class Record:
     routes: dict = field(default_factory=lambda: defaultdict(Counter))
     total_s: float = 0.0
     kernel_s: float = 0.0
-    peak_bytes: int = 0
+    peak_bytes: int = 0        # the allocator's peak during the run, above base_bytes
+    base_bytes: int = 0        # allocated on the chip when the run began (other plans' weights)
     on_step: object = None     # callable(done, total, step) after each step (progress bars)
 
 
@@ -86,7 +92,7 @@ class _Prep:
     """One step, compiled once: resolved spec, input/output slots, bound kernel call."""
 
     __slots__ = ("step", "kind", "host", "spec", "names", "ins", "outs", "attrs", "tile_plan", "call",
-                 "static", "node", "base", "n_out", "relabel", "alias", "ops", "kernel", "label")
+                 "static", "node", "base", "n_out", "relabel", "alias", "ops", "kernel", "label", "squeeze")
 
     def __init__(self, step):
         self.step = step
@@ -107,6 +113,7 @@ class _Prep:
         # node's permuted tensor (plan.py): relabel the output as that, in identity layout
         self.relabel = step.kernel == "layout_transform" and bool(step.nodes)
         self.alias = False        # output 0 shares input 0's buffer (metadata reshape)
+        self.squeeze = None       # select as a one-wide slice: the node's shape, without the dim
         self.ops = tuple(step.ops)
         self.kernel = step.kernel
         self.label = step.kernel or step.kind
@@ -126,10 +133,42 @@ class _Program:
         self.uploads, self.steps, self.free_at_end = uploads, steps, free_at_end
 
 
+def _memory_plan(plan, chip, static_positions):
+    """The plan's memory plan, or the same computation with ``static_positions`` resident."""
+    from torchfl.planner.memory import plan_memory
+
+    mp = plan.memory
+    if mp is None or static_positions or mp.alignment != chip.alignment:
+        mp = plan_memory(plan, chip.alignment, chip.memory_bytes, static_positions)
+    return mp
+
+
+def _static(plan, static_positions):
+    from torchfl.planner.memory import static_steps
+
+    return static_steps(plan, static_positions)
+
+
 def _relabel(t):
     from torchfl.kernels.tensor import DeviceTensor
 
     return DeviceTensor(t.buffer, t.physical_shape, None, t.dtype, t.offset)
+
+
+def _reshaped(t, shape):
+    """``t`` (identity layout) seen with ``shape`` (same elements): select drops its dim."""
+    from torchfl.kernels.tensor import DeviceTensor
+
+    if t.layout is not None or t.numel != _numel(shape):
+        raise PlanMismatch(f"select: a slice of shape {t.shape} cannot be seen as {shape}")
+    return DeviceTensor(t.buffer, shape, None, t.dtype, t.offset)
+
+
+def _numel(shape) -> int:
+    n = 1
+    for s in shape:
+        n *= s
+    return n
 
 
 def _same_tiling(planned: dict, config) -> bool:
@@ -204,21 +243,19 @@ class Executor:
         self.user_inputs = []     # (value name, position, layout, dtype)
         self.lifted = []          # (value name, tensor, layout, dtype)
         self.static_positions = frozenset(int(i) for i in static_inputs)
-        static_vals = set()
+        self.memory_plan = _memory_plan(plan, self.chip, self.static_positions)
+        static_steps, static_vals = _static(plan, self.static_positions)
         for pin in plan.inputs:
             lay = _kernel_layout(pin.layout, len(pin.shape))
             slot(pin.name)
             if pin.kind == "input":
                 self.user_inputs.append((pin.name, int(pin.target), lay, pin.dtype))
-                if int(pin.target) in self.static_positions:
-                    static_vals.add(pin.name)
             else:
                 if pin.name not in self.tensors:
                     raise PlanMismatch(
                         f"plan input {pin.name} ({pin.kind} {pin.target!r}) has no tensor: the plan was "
                         "not made in this process (plan.capture is missing); re-plan the model here")
                 self.lifted.append((pin.name, self.tensors[pin.name], lay, pin.dtype))
-                static_vals.add(pin.name)
 
         nodes = {}
         if self.graph_module is not None:
@@ -226,6 +263,9 @@ class Executor:
         self.preps = []
         for step in plan.steps:
             p = _Prep(step)
+            if step.kernel == "slice" and "aten.select.int" in step.ops and step.outputs[:1] and \
+                    step.outputs[0] in plan.values:
+                p.squeeze = tuple(plan.values[step.outputs[0]].shape)
             if step.kind in _CHIP_STEPS:
                 try:
                     p.spec = get(step.kernel)
@@ -239,7 +279,7 @@ class Executor:
                     raise PlanMismatch(f"step {step.index} ({step.kernel}) has {len(step.inputs)} inputs; "
                                        f"the kernel takes {', '.join(p.spec.inputs)}")
                 bound = [(n, v) for n, v in zip(names, step.inputs) if v]
-                p.alias = self._aliases(step)
+                p.alias = is_alias(step, plan.values)
             elif step.kind in HOST_STEPS:
                 node = nodes.get(step.nodes[0]) if step.nodes else None
                 if node is None:
@@ -253,12 +293,7 @@ class Executor:
             p.names = tuple(n for n, _ in bound)
             p.ins = tuple(slot(v) for _, v in bound)
             p.outs = tuple(slot(o) if o else -1 for o in step.outputs)
-            ins = [v for _, v in bound]
-            # a fold is static by definition, even with no input at all (arange, full)
-            p.static = (step.kind == "fold" and step.static) or (
-                bool(ins) and (step.static or all(v in static_vals for v in ins)))
-            if p.static:
-                static_vals.update(o for o in step.outputs if o)
+            p.static = step.index in static_steps   # a fold is static even with no input (arange)
             self.preps.append(p)
         for name in plan.outputs:
             if name:
@@ -274,9 +309,9 @@ class Executor:
         self._lifted_tensors = tuple(t for _n, t, _l, _d in self.lifted)
         self._static_pos = tuple(sorted(self.static_positions))
         resident = {slots[v] for v in static_vals}
-        self._full = self._program(self.preps, resident, ())
+        self._full = self._program(self.preps, ())
         # with the static values cached, static user inputs are on the device already
-        self._dynamic = self._program(self.dynamic_preps, resident, resident)
+        self._dynamic = self._program(self.dynamic_preps, resident)
 
         self.out_spec = self._output_spec()
         self._base = None             # slot list holding the cached static values, valid for _static_key
@@ -287,62 +322,20 @@ class Executor:
 
     # ------------------------------------------------------------------ build
 
-    def _aliases(self, step) -> bool:
-        """Whether the step's output is a view of its input's buffer: a row-major reshape,
-        which the layout family's tiling makes a zero-byte ``metadata`` step."""
-        if step.kernel != "reshape":
-            return False
-        val = self.plan.values.get(step.inputs[0]) if step.inputs else None
-        if val is not None:
-            return _kernel_layout(val.layout, len(val.shape)) is None
-        return (step.tile or {}).get("strategy") == "metadata"
-
-    def _program(self, preps, resident, cached) -> _Program:
-        """Decide every free of a run of ``preps`` (after uploading the user inputs they or
-        the outputs read, except the ``cached`` slots): a buffer (a value and the reshapes
-        that view it: one alias group) dies after the last step that reads or makes any of
-        its values; groups holding a static value stay resident; groups holding an output
-        are freed after the download."""
+    def _program(self, preps, cached) -> _Program:
+        """A run of ``preps``: the user inputs they or the outputs read are uploaded (except
+        the ``cached`` slots), and buffers are freed after the steps the memory plan names
+        (a static step frees only static buffers no per-call step reads, such as a float32
+        parameter after its cast; a dynamic step frees no static buffer, so its frees are the
+        same in both programs)."""
         slots = self.slots
+        mp = self.memory_plan
         read = {s for p in preps for s in p.ins} | {s for s in self.out_slots if s >= 0}
         uploads = tuple((slots[n], pos, lay, dt, n) for n, pos, lay, dt in self.user_inputs
                         if slots[n] in read and slots[n] not in cached)
-        parent: dict = {}
-
-        def root(s):
-            while parent.get(s, s) != s:
-                s = parent[s]
-            return s
-
-        for p in preps:
-            if p.alias and p.ins and p.outs and p.outs[0] >= 0:
-                a, b = root(p.outs[0]), root(p.ins[0])
-                if a != b:
-                    parent[a] = b
-        members = defaultdict(set)
-        last = {}
-        for s, *_ in uploads:
-            members[root(s)].add(s)
-            last.setdefault(root(s), (-1, s))
-        for i, p in enumerate(preps):
-            for s in p.ins + tuple(o for o in p.outs if o >= 0):
-                r = root(s)
-                members[r].add(s)
-                last[r] = (i, s)      # latest event of the group, and a slot that holds it then
-        pinned = {r for r, ms in members.items() if ms & resident}
-        outs = {root(s) for s in self.out_slots if s >= 0}
-        frees = defaultdict(list)
-        for r, (i, s) in last.items():
-            if r in pinned or r in outs or i < 0:
-                continue
-            frees[i].append(s)
-        at_end = []
-        for s in self.out_slots:
-            if s >= 0 and root(s) not in pinned and root(s) not in {root(x) for x in at_end}:
-                at_end.append(s)
-        steps = tuple((p, p.host, p.names, p.ins, p.outs[0] if len(p.outs) == 1 else -1, tuple(frees.get(i, ())))
-                      for i, p in enumerate(preps))
-        return _Program(uploads, steps, tuple(at_end))
+        steps = tuple((p, p.host, p.names, p.ins, p.outs[0] if len(p.outs) == 1 else -1,
+                       tuple(slots[v] for v in mp.frees[p.step.index])) for p in preps)
+        return _Program(uploads, steps, tuple(slots[v] for v in mp.at_end))
 
     def _output_spec(self):
         """Where each entry of the FX output comes from: ``("value", plan output index)`` for
@@ -374,6 +367,13 @@ class Executor:
         return tuple(spec)
 
     # ------------------------------------------------------------------ helpers
+
+    keeps_outputs = False   # outputs' buffers are handed over by _download (eager device)
+
+    def _download(self, v):
+        """An output value as the caller gets it: a CPU torch tensor (the buffer is freed
+        after the run unless ``keeps_outputs``)."""
+        return v.to_torch()
 
     def _upload(self, x, layout, dtype):
         from torchfl.kernels.tensor import DeviceTensor
@@ -544,6 +544,7 @@ class Executor:
         mem = self.memory
         if measuring:
             mem.reset_peak_memory_stats()
+            record.base_bytes = mem.memory_allocated()
 
         # cached state: lifted tensors and static values (not when measuring: analyze
         # executes and counts every step, static ones included, on fresh uploads)
@@ -605,6 +606,8 @@ class Executor:
                 dt_s = perf() - k0
                 if p.relabel:
                     outs = [_relabel(o) for o in outs]
+                if p.squeeze is not None:
+                    outs = [_reshaped(outs[0], p.squeeze), *outs[1:]]
                 if measuring:
                     record.steps.append(StepRecord(p.step.index, p.kind, p.kernel, counted.bytes_read,
                                                    counted.bytes_written, counted.flops, dt_s, True))
@@ -630,18 +633,19 @@ class Executor:
             self._keep_static(vals, key)
 
         values = []
+        download = self._download
         for s in self.out_slots:
             v = vals[s] if s >= 0 else None
-            values.append(v.to_torch() if v.__class__ is DeviceTensor else v)
+            values.append(download(v) if v.__class__ is DeviceTensor else v)
         results = tuple([values[x] if kind == "value" else x for kind, x in self.out_spec])
         if measuring:
-            record.peak_bytes = mem.max_memory_allocated()
+            record.peak_bytes = mem.max_memory_allocated() - record.base_bytes
             for v in vals:          # everything of a measuring run is temporary
                 if v.__class__ is DeviceTensor and not v.buffer.freed:
                     v.buffer.free()
             record.kernel_s += kernel_s
             record.total_s += perf() - t0
-        else:
+        elif not self.keeps_outputs:
             for s in prog.free_at_end:
                 v = vals[s]
                 if v.__class__ is DeviceTensor and not v.buffer.freed:

@@ -38,6 +38,12 @@ CONV_DTYPES = FLOATS + ("int8",)
 _COMMON_ATTRS = {"stride": (1, 1), "padding": (0, 0), "dilation": (1, 1), "groups": 1}
 _QUANT_ATTRS = {"x_scale": 1.0, "x_zero_point": 0, "w_scale": 1.0, "w_zero_point": 0,
                 "out_scale": None, "out_zero_point": 0}
+# qconv2d (quantised graphs: dequantize -> conv2d [-> relu] [-> quantize]): scales and zero
+# points per tensor as attributes, per output channel as the w_scales / w_zero_points inputs;
+# the output is requantised to int8 (out_scale set) or dequantised to out_dtype
+_QCONV_ATTRS = {"x_scale": 1.0, "x_zero_point": 0, "w_scale": 1.0, "w_zero_point": 0, "out_scale": None,
+                "out_zero_point": 0, "out_min": -128, "out_max": 127, "relu": False, "out_dtype": "float32"}
+_QVECS = ("w_scales", "w_zero_points")
 # epilogue ops per output element
 _EPI_OPS = {"bias": 1, "bn": 2, "residual": 1, "relu": 1}
 
@@ -85,18 +91,23 @@ _BN_KERNELS = ("conv2d_bn", "conv2d_bn_relu", "conv2d_bn_add_relu")
 def _epilogue(kernel: str, p) -> dict:
     e = {"bias": p.has("bias"), "bn": kernel in _BN_KERNELS,
          "residual": kernel in ("conv2d_add_relu", "conv2d_bn_add_relu"),
-         "relu": kernel in ("conv2d_relu", "conv2d_bn_relu", "conv2d_add_relu", "conv2d_bn_add_relu")}
+         "relu": kernel in ("conv2d_relu", "conv2d_bn_relu", "conv2d_add_relu", "conv2d_bn_add_relu")
+         or (kernel == "qconv2d" and bool(p.attrs.get("relu")))}
     return e
 
 
 def _out_dtype(p) -> str:
     if p.dtype == "int8":
-        return "int8" if p.attrs.get("out_scale") is not None else "float32"
+        if p.attrs.get("out_scale") is not None:
+            return "int8"
+        return p.attrs.get("out_dtype", "float32") if p.kernel == "qconv2d" else "float32"
     return p.dtype
 
 
 def _param_names(p):
+    """Per-output-channel vectors of the epilogue (loaded once per K block, counted)."""
     names = ["bias"] if p.has("bias") else []
+    names += [n for n in _QVECS if p.has(n)]
     if p.kernel in _BN_KERNELS:
         names += [n for n in ("bn_weight", "bn_bias") if p.has(n)] + ["running_mean", "running_var"]
     return names
@@ -121,11 +132,34 @@ def _check_fwd(p):
         odd = {n: p.dtype_of(n) for n in p.shapes if p.dtype_of(n) != xd}
         if odd:
             raise KernelError(f"kernel {k}: all inputs must be {xd}, got {odd}; insert a cast")
-    if xd == "int8":
+    if k == "qconv2d":
+        _check_quantised(p)
+    elif xd == "int8":
         for n in _param_names(p):
             if p.dtype_of(n) != "float32":
                 raise KernelError(f"kernel {k}: with int8 input, {n} must be float32 "
                                   f"(got {p.dtype_of(n)})")
+
+
+def _check_quantised(p):
+    """qconv2d: int8 x and weight, float bias, float32 per-channel scales, integer zero points."""
+    a, k = p.attrs, p.kernel
+    if p.has("bias") and p.dtype_of("bias") not in FLOATS:
+        raise KernelError(f"kernel {k}: bias must be a float tensor, got {p.dtype_of('bias')}")
+    if p.has("w_scales") and p.dtype_of("w_scales") != "float32":
+        raise KernelError(f"kernel {k}: w_scales must be float32, got {p.dtype_of('w_scales')}")
+    if p.has("w_zero_points") and p.dtype_of("w_zero_points") not in ("int32", "int64", "int8"):
+        raise KernelError(f"kernel {k}: w_zero_points must be an integer tensor, got "
+                          f"{p.dtype_of('w_zero_points')}")
+    if a["out_scale"] is not None and not a["out_scale"] > 0 or not a["x_scale"] > 0:
+        raise KernelError(f"kernel {k}: scales must be positive (x_scale={a['x_scale']}, "
+                          f"out_scale={a['out_scale']})")
+    if not -128 <= a["out_min"] <= a["out_max"] <= 127:
+        raise KernelError(f"kernel {k}: out_min/out_max must lie in [-128, 127], got "
+                          f"[{a['out_min']}, {a['out_max']}]")
+    if a["out_scale"] is None and a["out_dtype"] not in FLOATS:
+        raise KernelError(f"kernel {k}: a dequantised output must be one of {', '.join(FLOATS)}, "
+                          f"got {a['out_dtype']!r}")
 
 
 def _out_layout(p):
@@ -450,6 +484,15 @@ KERNELS = [
                                                     "aten.add.Tensor", "aten.relu.default"),
          "conv2d + inference batch-norm + residual add + relu in one pass (a ResNet block's "
          "last conv: the sum never makes a round trip)."),
+    KernelSpec(
+        name="qconv2d", family="conv", inputs=("x", "weight", "bias?") + tuple(n + "?" for n in _QVECS),
+        attrs={**_COMMON_ATTRS, **_QCONV_ATTRS, "eps": 1e-5, "out_layout": None}, dtypes=("int8",),
+        layouts="any", fuses=("quantized_decomposed.dequantize_per_tensor.default", "aten.conv2d.default",
+                              "aten.relu.default", "quantized_decomposed.quantize_per_tensor.default"),
+        doc="quantised conv2d: int8 x and weight, int32 accumulation of (x - x_zero_point)(w - w_zero_point), "
+            "per-tensor or per-output-channel weight scales/zero points, bias and relu in the epilogue, "
+            "output requantised to int8 (out_scale) or dequantised to out_dtype.",
+        check=_check_fwd, meta=_meta_fwd, tiler=conv_tiling, impl="run_conv2d", mixed_dtypes=True),
     KernelSpec(
         name="conv2d_backward_input", family="conv", inputs=("grad_out", "weight"),
         attrs={**_COMMON_ATTRS, "input_shape": None, "out_layout": None}, dtypes=FLOATS,

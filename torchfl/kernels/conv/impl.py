@@ -223,6 +223,54 @@ def _compute_range(slab, pix, cols, tc, wpk, tk, R, S, dh, dw, acc, ldc, mp0, mp
                             acc[row + k] += a * wpk[wo + c * NR + k]
 
 
+@njit(cache=True, nogil=True)
+def _compute_int_range(slab, pix, cols, tc, wpk, tk, R, S, dh, dw, acc, tmp, ldc, mp0, mp1, chunk):
+    """int8 implicit GEMM for micro-panels [mp0, mp1), exact: the float32 micro-kernel sums
+    ``chunk`` taps at a time (integers, every partial sum below 2**24, so no rounding) into
+    ``tmp``, each chunk's block then added into the float64 accumulator."""
+    npanel = (tk + NR - 1) // NR
+    T = R * S
+    taps = np.empty(T, np.int64)
+    for r in range(R):
+        for s in range(S):
+            taps[r * S + s] = (r * dh * cols + s * dw) * tc
+    for mp in range(mp0, mp1):
+        for p in range(npanel):
+            off = mp * MR * ldc + p * NR
+            for t0 in range(0, T, chunk):
+                nt = min(chunk, T - t0)
+                for i in range(MR):
+                    for j in range(NR):
+                        tmp[off + i * ldc + j] = 0.0
+                mk6x16_taps(slab, pix, mp * MR, taps[t0:t0 + nt], nt, wpk, (p * T + t0) * tc * NR, tc, tmp, off,
+                            ldc)
+                for i in range(MR):
+                    for j in range(NR):
+                        acc[off + i * ldc + j] += tmp[off + i * ldc + j]
+
+
+@njit(cache=True, nogil=True, parallel=True)
+def compute_int(slab, cols, tc, wpk, tk, R, S, sh, sw, dh, dw, toh, tow, acc, tmp, ldc, chunk):
+    """``compute`` for int8 tiles through the float32 micro-kernel, ``chunk`` taps
+    per exact float32 partial sum (see _compute_int_range); threads split the micro-panels."""
+    M = toh * tow
+    pix = _pix(toh, tow, sh, sw, cols, tc)
+    nmp = (M + MR - 1) // MR
+    nch = min(nmp, 64)
+    for ch in prange(nch):
+        _compute_int_range(slab, pix, cols, tc, wpk, tk, R, S, dh, dw, acc, tmp, ldc,
+                           (nmp * ch) // nch, (nmp * (ch + 1)) // nch, chunk)
+
+
+def exact_chunk(x_bound, wpk, tc):
+    """Taps per float32 partial sum that keep every int8 partial sum exact: the largest
+    |x - x_zero_point| times the largest |w - w_zero_point| of the packed block times tc
+    channels per tap, below 2**24 (0: not even one tap; use the int64 path)."""
+    w_bound = float(np.abs(wpk).max()) if wpk.size else 0.0
+    per_tap = x_bound * max(w_bound, 1.0) * max(tc, 1)
+    return int((1 << 24) // per_tap)
+
+
 @njit(cache=True, nogil=True, parallel=True)
 def compute(slab, cols, tc, wpk, tk, R, S, sh, sw, dh, dw, toh, tow, acc, ldc, exact_int):
     """acc[m, k] += sum_{r,s,c} slab[pixel m, tap (r,s), c] * w[k, c, r, s] for the tile's
@@ -253,10 +301,11 @@ def compute(slab, cols, tc, wpk, tk, R, S, sh, sw, dh, dw, toh, tow, acc, ldc, e
 
 @njit(cache=True, nogil=True)
 def store(acc, ldc, tk, toh, tow, n, k0, oh0, ow0, y, t0, t1, t2, t3, ycode, ea, eb, relu,
-          has_res, res, r0, r1, r2, r3, rcode, out_scale, out_zp):
+          has_res, res, r0, r1, r2, r3, rcode, out_inv, out_zp, qmin, qmax):
     """Epilogue + store of one tile: v = acc*ea[k] + eb[k] (dequantisation, bias and folded
     batch-norm in one FMA) (+ residual) (relu), encoded into y's storage (int8 output:
-    q = clamp(rne(v/out_scale) + out_zp)). Returns (elements written, residual elements read)."""
+    q = clamp(rne(v * out_inv) + out_zp, qmin, qmax) with out_inv = float32(1 / out_scale), the
+    rounding of PT2E's quantize_per_tensor). Returns (elements written, residual elements read)."""
     lo = np.float32(0.0) if relu else np.float32(-np.inf)
     for i in range(toh):
         for j in range(tow):
@@ -274,8 +323,8 @@ def store(acc, ldc, tk, toh, tow, n, k0, oh0, ow0, y, t0, t1, t2, t3, ycode, ea,
                     v += decode(rcode, res[rb + k * r1])
                 v = max(v, lo)
                 if ycode == 4:
-                    q = np.round(v / out_scale) + out_zp
-                    q = min(max(q, -128.0), 127.0)
+                    q = np.round(v * out_inv) + out_zp
+                    q = min(max(q, qmin), qmax)
                     y[yb + k * t1] = np.int8(q)
                 elif ycode == 0:
                     y[yb + k * t1] = v
@@ -778,6 +827,17 @@ def _conv_blocks(ctx, site, G, x, xs, xcode, w, wst, wcode, y, ys, ycode, res, r
 _NO_RES = np.zeros(1, np.float32)
 
 
+def _sub_channel_zero_points(wpk, zps, run):
+    """Packed int8 weight panels (load_weights: [panel][r][s][c][16], stored as q) minus each
+    output channel's own zero point; the panel's padding channels stay zero."""
+    tk = zps.shape[0]
+    npanel = -(-tk // NR)
+    zp = np.zeros(npanel * NR, np.float32)
+    zp[:tk] = zps
+    view = wpk[:npanel * run * NR].reshape(npanel, run, NR)
+    view -= zp.reshape(npanel, 1, NR)
+
+
 def _run_conv2d_general(ctx):
     """split_c and int8 convs: channel blocks accumulate into a whole-tile accumulator."""
     from . import _epilogue, _param_names, conv_geometry
@@ -806,8 +866,12 @@ def _run_conv2d_general(ctx):
     xzp = np.float32(a["x_zero_point"] if is_int else 0)
     wzp = np.float32(a["w_zero_point"] if is_int else 0)
     deq = np.float32(a["x_scale"] * a["w_scale"]) if is_int else np.float32(1.0)
-    out_scale = np.float32(a["out_scale"] or 1.0)
+    out_inv = np.float32(1.0 / (a["out_scale"] or 1.0))
     out_zp = np.float32(a["out_zero_point"] or 0)
+    qmin, qmax = np.float32(a.get("out_min", -128)), np.float32(a.get("out_max", 127))
+    wsc = np.ones(max(K, 1), np.float32)     # per-channel weight scales (w_scales input), else deq has w_scale
+    wzv = np.zeros(max(K, 1), np.float32)                                   # per-channel weight zero points
+    per_channel_zp = p.has("w_zero_points")
     bias = np.zeros(max(K, 1), np.float32)
     bnw, bnb, mean, var = (np.zeros(max(K, 1), np.float32) for _ in range(4))
     scale, shift = np.ones(max(K, 1), np.float32), np.zeros(max(K, 1), np.float32)
@@ -829,6 +893,18 @@ def _run_conv2d_general(ctx):
     mpad = -(-(toh * tow) // MR) * MR
     acc = np.zeros(mpad * ldc, np.float64 if is_int else np.float32)
     wpk = np.zeros(npanel * R * S * max(Cg if stationary else tc, 1) * NR, np.float32)
+    # int8: exact float32 chunks through the micro-kernel (compute_int); the
+    # chunk depends on the packed block's largest |w - zp|, so it is known once it is loaded
+    tmp = np.zeros(mpad * ldc, np.float32) if is_int else acc
+    x_bound = float(max(127 - a["x_zero_point"], a["x_zero_point"] + 128)) if is_int else 0.0
+    block = {"chunk": 0}
+
+    def chunk(tca):
+        if not is_int:
+            return 0
+        if block.get("tca") != tca:
+            block["tca"], block["chunk"] = tca, exact_chunk(x_bound, wpk, tca)
+        return block["chunk"]
     oh_tiles = tile_starts(OH, toh)
     ow_tiles = tile_starts(OW, tow)
     for gi in range(g):
@@ -838,7 +914,7 @@ def _run_conv2d_general(ctx):
             # per-channel parameters of the block: loaded once, resident
             for name in _param_names(p):
                 dst = {"bias": bias, "bn_weight": bnw, "bn_bias": bnb, "running_mean": mean,
-                       "running_var": var}[name]
+                       "running_var": var, "w_scales": wsc, "w_zero_points": wzv}[name]
                 _load_vec(ctx, name, kg0, kg0 + tka, dst)
             if e["bn"]:
                 sl = slice(kg0, kg0 + tka)
@@ -849,10 +925,15 @@ def _run_conv2d_general(ctx):
                 shift[sl] = bv - mean[sl] * scale[sl]
             # fold dequantisation, bias and batch-norm into one per-channel FMA
             sl = slice(kg0, kg0 + tka)
-            ea[sl] = deq * scale[sl]
+            if p.has("w_scales"):
+                deq = np.float32(a["x_scale"])
+            ea[sl] = deq * wsc[sl] * scale[sl]
             eb[sl] = (bias[sl] * scale[sl] if e["bias"] else 0.0) + shift[sl]
             if stationary:
                 nread = load_weights(w, *wst, wcode, wzp, kg0, tka, 0, Cg, R, S, wpk)
+                if per_channel_zp:
+                    _sub_channel_zero_points(wpk, wzv[kg0:kg0 + tka], R * S * Cg)
+                block.clear()
                 ctx.read(nread * ew)
             for n in range(N):
                 for oh0, oh1 in oh_tiles:
@@ -866,16 +947,22 @@ def _run_conv2d_general(ctx):
                             tca = c1 - c0
                             if not stationary:
                                 nread = load_weights(w, *wst, wcode, wzp, kg0, tka, c0, tca, R, S, wpk)
+                                if per_channel_zp:
+                                    _sub_channel_zero_points(wpk, wzv[kg0:kg0 + tka], R * S * tca)
+                                block.clear()
                                 ctx.read(nread * ew)
                             nread = _slab_rows(x, *xs, xcode, xzp, n, gi * Cg + c0, tca, lo_h, lo_w,
                                                hi_w - lo_w, H, W, slab, 0, hi_h - lo_h, F16_LUT)
                             ctx.read(nread * es)
-                            if tca:
+                            if tca and chunk(tca) > 0:
+                                compute_int(slab, hi_w - lo_w, tca, wpk, tka, R, S, sh, sw, dh, dw, th, tw,
+                                            acc, tmp, ldc, chunk(tca))
+                            elif tca:
                                 compute(slab, hi_w - lo_w, tca, wpk, tka, R, S, sh, sw, dh, dw, th, tw,
                                         acc, ldc, is_int)
                             ctx.ops(2 * th * tw * tka * tca * R * S)
                         nw, nr = store(acc, ldc, tka, th, tw, n, kg0, oh0, ow0, y, *ys, ycode, ea, eb,
-                                       e["relu"], e["residual"], res, *rs, rcode, out_scale, out_zp)
+                                       e["relu"], e["residual"], res, *rs, rcode, out_inv, out_zp, qmin, qmax)
                         ctx.write(nw * ey)
                         ctx.read(nr * er)
                         ctx.ops(nw * n_epi)

@@ -5,6 +5,11 @@ physical order in tiles of whole elements (``stream_plan``). Inputs of the outpu
 stream beside it (double-buffered); a broadcast input (fewer elements) is loaded once and
 kept on chip when all broadcast inputs fit in half the cache, else it streams expanded.
 Ops per element are FLOP-equivalents from ``COST`` (transcendentals count several).
+
+Dtypes: floats decode to float32 tiles; the ops in ``INDEX_OPS`` also run on integer and
+bool tensors (index math, masks: position ids, padding masks), on int64 tiles with exact
+integer arithmetic. Comparisons and logical ops (``BOOL_OUT``) store a bool result;
+``fill`` (full_like / zeros_like / ones_like) reads only its input's shape.
 """
 from __future__ import annotations
 
@@ -13,6 +18,7 @@ from ..spec import KernelSpec, TensorMeta
 from ..tiling import stream_plan
 
 FLOATS = ("float32", "float16", "bfloat16")
+INTS = ("int32", "int64", "bool")   # int8 is the quantised type: its elementwise ops are the q-kernels
 ES = {"float32": 4, "float16": 2, "bfloat16": 2, "bool": 1, "int8": 1, "int32": 4, "int64": 8}
 
 # name: (op code, inputs, attrs, cost, fuses, doc)
@@ -36,7 +42,38 @@ OPS = {
     "silu_backward": (15, ("grad", "x"), {}, 8, ("aten.silu_backward",), "d silu"),
     "sigmoid_backward": (16, ("grad", "out"), {}, 3, ("aten.sigmoid_backward",), "grad * out * (1 - out)"),
     "tanh_backward": (17, ("grad", "out"), {}, 3, ("aten.tanh_backward",), "grad * (1 - out^2)"),
+    "sin": (18, ("a",), {}, 8, ("aten.sin",), "sin(a)"),
+    "cos": (19, ("a",), {}, 8, ("aten.cos",), "cos(a)"),
+    "exp": (20, ("a",), {}, 4, ("aten.exp",), "exp(a)"),
+    "log": (21, ("a",), {}, 4, ("aten.log",), "log(a): -inf at 0, nan below"),
+    "sqrt": (22, ("a",), {}, 2, ("aten.sqrt",), "sqrt(a): nan below 0"),
+    "abs": (23, ("a",), {}, 1, ("aten.abs",), "|a|"),
+    "erf": (24, ("a",), {}, 6, ("aten.erf",), "erf(a)"),
+    "hardtanh": (25, ("a",), {"min_val": -1.0, "max_val": 1.0}, 2, ("aten.hardtanh", "aten.clamp"),
+                 "a clamped to [min_val, max_val] (None: unbounded); relu6 = hardtanh(0, 6); nan stays nan"),
+    "hardswish": (26, ("a",), {}, 4, ("aten.hardswish",), "a * relu6(a + 3) / 6"),
+    "hardsigmoid": (27, ("a",), {}, 3, ("aten.hardsigmoid",), "relu6(a + 3) / 6"),
+    "eq": (28, ("a", "b?"), {"scalar": 0.0}, 1, ("aten.eq",), "a == b (bool result)"),
+    "ne": (29, ("a", "b?"), {"scalar": 0.0}, 1, ("aten.ne",), "a != b (bool result)"),
+    "lt": (30, ("a", "b?"), {"scalar": 0.0}, 1, ("aten.lt",), "a < b (bool result)"),
+    "le": (31, ("a", "b?"), {"scalar": 0.0}, 1, ("aten.le",), "a <= b (bool result)"),
+    "gt": (32, ("a", "b?"), {"scalar": 0.0}, 1, ("aten.gt",), "a > b (bool result)"),
+    "ge": (33, ("a", "b?"), {"scalar": 0.0}, 1, ("aten.ge",), "a >= b (bool result)"),
+    "logical_and": (34, ("a", "b"), {}, 1, ("aten.logical_and", "aten.bitwise_and"), "a and b (bool result)"),
+    "logical_or": (35, ("a", "b"), {}, 1, ("aten.logical_or", "aten.bitwise_or"), "a or b (bool result)"),
+    "logical_not": (36, ("a",), {}, 1, ("aten.logical_not", "aten.bitwise_not"), "not a (bool result)"),
+    "fill": (37, ("a",), {"scalar": 0.0, "to": None}, 0, ("aten.full_like", "aten.zeros_like", "aten.ones_like"),
+             "a tensor of a's shape (and layout) filled with scalar, in dtype `to` (None: a's); reads nothing"),
+    "masked_fill": (38, ("a", "mask"), {"scalar": 0.0, "fill_if": True}, 1,
+                    ("aten.masked_fill", "aten.where"),
+                    "scalar where mask == fill_if, else a (mask bool, broadcast)"),
+    "reciprocal": (39, ("a",), {}, 1, ("aten.reciprocal",), "1 / a"),
 }
+# ops that also run on integer and bool tensors (index math, masks), on exact int64 tiles
+INDEX_OPS = frozenset({"add", "sub", "mul", "neg", "abs", "where", "eq", "ne", "lt", "le", "gt", "ge",
+                       "logical_and", "logical_or", "logical_not", "fill", "masked_fill", "hardtanh"})
+BOOL_OUT = frozenset({"eq", "ne", "lt", "le", "gt", "ge", "logical_and", "logical_or", "logical_not"})
+COND = {"where": "cond", "masked_fill": "mask"}   # the bool input of each op that has one
 
 
 def broadcast_shape(shapes, kernel):
@@ -61,6 +98,15 @@ def _out_shape(p):
     return broadcast_shape([p.shapes[n.rstrip("?")] for n in _names(p)], p.kernel)
 
 
+def out_dtype(p):
+    """The output's storage dtype: bool for comparisons and logical ops, fill's ``to``."""
+    if p.kernel in BOOL_OUT:
+        return "bool"
+    if p.kernel == "fill" and p.attrs.get("to"):
+        return p.attrs["to"]
+    return p.dtype
+
+
 def _out_layout(p, shape):
     lay = p.attrs.get("out_layout")
     if lay is not None:
@@ -75,9 +121,20 @@ def _check(p):
     shape = _out_shape(p)
     for n in _names(p):
         n = n.rstrip("?")
-        want = "bool" if (p.kernel == "where" and n == "cond") else p.dtype
+        want = "bool" if COND.get(p.kernel) == n else p.dtype
         if p.dtype_of(n) != want:
             raise KernelError(f"{p.kernel}: input {n} must be {want}, got {p.dtype_of(n)}; insert a cast")
+    if p.dtype in INTS and p.kernel not in INDEX_OPS:
+        raise KernelError(f"{p.kernel} computes in {', '.join(FLOATS)}, not {p.dtype}; cast to a float first")
+    if p.dtype in INTS:
+        for a in ("scalar", "alpha", "min_val", "max_val"):
+            v = p.attrs.get(a)
+            if v is not None and float(v) != int(float(v)) and not (p.kernel == "fill" and p.attrs.get("to")):
+                raise KernelError(f"{p.kernel}: {a}={v} is not an integer, but the input is {p.dtype} (torch "
+                                  "would promote to a float): cast the input to a float first")
+    to = p.attrs.get("to")
+    if to is not None and to not in ES:
+        raise KernelError(f"fill: to={to!r} is not a storage dtype; use one of {', '.join(ES)}")
     if p.attrs.get("approximate", "none") not in ("none", "tanh"):
         raise KernelError(f"{p.kernel}: approximate must be 'none' or 'tanh', got {p.attrs['approximate']!r}")
     lay = p.attrs.get("out_layout")
@@ -92,7 +149,7 @@ def _check(p):
 
 def _meta(p):
     shape = _out_shape(p)
-    return [TensorMeta(shape, p.dtype, _out_layout(p, shape))]
+    return [TensorMeta(shape, out_dtype(p), _out_layout(p, shape))]
 
 
 def _numel(s):
@@ -106,7 +163,7 @@ def plan_elementwise(p, chip):
     """THE tiling function of the elementwise family (see the module docstring)."""
     shape = _out_shape(p)
     n = _numel(shape)
-    es_out = ES[p.dtype]
+    es_out = ES[out_dtype(p)]
     streamed, resident, mask = 0, 0, 0
     bc = [(i, nm.rstrip("?")) for i, nm in enumerate(_names(p)) if _numel(p.shapes[nm.rstrip("?")]) < n]
     bc_bytes = sum(_numel(p.shapes[nm]) * ES[p.dtype_of(nm)] for _, nm in bc)
@@ -114,6 +171,8 @@ def plan_elementwise(p, chip):
     for i, nm in enumerate(_names(p)):
         nm = nm.rstrip("?")
         es = ES[p.dtype_of(nm)]
+        if p.kernel == "fill":      # the shape is all fill reads of its input
+            continue
         if keep and any(j == i for j, _ in bc):
             resident += _numel(p.shapes[nm]) * es
             mask |= 1 << i
@@ -133,9 +192,35 @@ def plan_elementwise(p, chip):
 def _spec(name):
     code, inputs, attrs, cost, fuses, doc = OPS[name]
     return KernelSpec(name=name, family="elementwise", inputs=inputs, attrs={**attrs, "out_layout": None},
-                      dtypes=FLOATS, layouts="any", fuses=(), doc=doc, check=_check, meta=_meta,
-                      tiler=plan_elementwise, impl="run_elementwise", mixed_dtypes=name == "where",
-                      dtype_input="a" if name == "where" else None)
+                      dtypes=FLOATS + INTS if name in INDEX_OPS else FLOATS, layouts="any", fuses=(), doc=doc,
+                      check=_check, meta=_meta, tiler=plan_elementwise, impl="run_elementwise",
+                      mixed_dtypes=name in COND, dtype_input="a" if name in COND else None)
 
 
-KERNELS = [_spec(n) for n in OPS]
+# -- int8: quantised add (PT2E's dequantize, dequantize -> add [-> relu] -> quantize) --------
+QADD_ATTRS = {"a_scale": 1.0, "a_zero_point": 0, "b_scale": 1.0, "b_zero_point": 0, "out_scale": 1.0,
+              "out_zero_point": 0, "out_min": -128, "out_max": 127, "relu": False}
+
+
+def _check_qadd(p):
+    a = p.attrs
+    if p.dtype_of("b") != "int8":
+        raise KernelError(f"qadd: b must be int8 like a, got {p.dtype_of('b')}")
+    if tuple(p.shapes["a"]) != tuple(p.shapes["b"]):
+        raise KernelError(f"qadd: a and b must have one shape, got {list(p.shapes['a'])} and {list(p.shapes['b'])}")
+    if min(a["a_scale"], a["b_scale"], a["out_scale"]) <= 0:
+        raise KernelError(f"qadd: scales must be positive, got a {a['a_scale']}, b {a['b_scale']}, "
+                          f"out {a['out_scale']}")
+    if not -128 <= a["out_min"] <= a["out_max"] <= 127:
+        raise KernelError(f"qadd: out_min/out_max must lie in [-128, 127], got [{a['out_min']}, {a['out_max']}]")
+    _check(p)
+
+
+OPS["qadd"] = (18, ("a", "b"), QADD_ATTRS, 4, (), "int8 a + b requantised: clamp(rne(((a - za) sa + "
+               "(b - zb) sb) / s_out) + z_out), optional relu")
+KERNELS = [_spec(n) for n in OPS if n != "qadd"] + [KernelSpec(
+    name="qadd", family="elementwise", inputs=("a", "b"), attrs={**QADD_ATTRS, "out_layout": None},
+    dtypes=("int8",), layouts="any",
+    fuses=("quantized_decomposed.dequantize_per_tensor.default", "aten.add.Tensor", "aten.relu.default",
+           "quantized_decomposed.quantize_per_tensor.default"),
+    doc=OPS["qadd"][5], check=_check_qadd, meta=_meta, tiler=plan_elementwise, impl="run_qadd")]

@@ -9,9 +9,9 @@ from numba import njit
 
 from .. import dtypes as dt
 from ..codecs import decode, encode16
-from ..mathfn import exp32, gelu32, tanh32
+from ..mathfn import erf32, exp32, gelu32, tanh32
 from ..stream import Access, out_order
-from . import ES, OPS, _names
+from . import COND, ES, INTS, OPS, _names, out_dtype
 
 
 @njit(cache=True)
@@ -124,10 +124,138 @@ def apply(op, x, y, z, c, out, s0, s1, has_y, tanh_form):
     elif op == 17:
         for i in range(n):
             out[i] = x[i] * (np.float32(1.0) - y[i] * y[i])
+    elif op == 18:
+        for i in range(n):
+            out[i] = np.float32(math.sin(np.float64(x[i])))
+    elif op == 19:
+        for i in range(n):
+            out[i] = np.float32(math.cos(np.float64(x[i])))
+    elif op == 20:
+        for i in range(n):
+            out[i] = np.float32(math.exp(np.float64(x[i])))
+    elif op == 21:
+        for i in range(n):
+            out[i] = np.float32(math.log(np.float64(x[i]))) if x[i] >= 0 else np.float32(np.nan)
+    elif op == 22:
+        for i in range(n):
+            out[i] = np.float32(math.sqrt(np.float64(x[i]))) if x[i] >= 0 else np.float32(np.nan)
+    elif op == 23:
+        for i in range(n):
+            out[i] = abs(x[i])
+    elif op == 24:
+        for i in range(n):
+            out[i] = erf32(x[i])
+    elif op == 25:      # comparisons are false for nan: nan passes through, as in torch
+        for i in range(n):
+            v = x[i]
+            out[i] = s0 if v < s0 else (s1 if v > s1 else v)
+    elif op == 26 or op == 27:
+        for i in range(n):
+            v = x[i] + np.float32(3.0)
+            r6 = np.float32(0.0) if v < 0 else (np.float32(6.0) if v > np.float32(6.0) else v)
+            out[i] = (x[i] * r6 if op == 26 else r6) / np.float32(6.0)
+    elif op >= 28 and op <= 33:
+        for i in range(n):
+            u = x[i]
+            v = y[i] if has_y else s0
+            t = (u == v if op == 28 else u != v if op == 29 else u < v if op == 30 else u <= v if op == 31
+                 else u > v if op == 32 else u >= v)
+            out[i] = np.float32(1.0) if t else np.float32(0.0)
+    elif op == 34 or op == 35:
+        for i in range(n):
+            t = (x[i] != 0 and y[i] != 0) if op == 34 else (x[i] != 0 or y[i] != 0)
+            out[i] = np.float32(1.0) if t else np.float32(0.0)
+    elif op == 36:
+        for i in range(n):
+            out[i] = np.float32(1.0) if x[i] == 0 else np.float32(0.0)
+    elif op == 38:
+        for i in range(n):
+            out[i] = s0 if c[i] == (s1 != 0) else x[i]
+    elif op == 39:
+        for i in range(n):
+            out[i] = np.float32(1.0) / x[i]
+
+
+@njit(cache=True)
+def apply_int(op, x, y, c, out, s0, s1, has_y):
+    """out = op(x, y) on int64 tiles: exact integer and boolean index math (masks,
+    position ids); the op codes are ``apply``'s."""
+    n = out.shape[0]
+    if op == 0 or op == 1:
+        sg = s1 if op == 0 else -s1
+        for i in range(n):
+            out[i] = x[i] + sg * (y[i] if has_y else s0)
+    elif op == 2:
+        for i in range(n):
+            out[i] = x[i] * (y[i] if has_y else s0)
+    elif op == 9:
+        for i in range(n):
+            out[i] = -x[i]
+    elif op == 23:
+        for i in range(n):
+            out[i] = abs(x[i])
+    elif op == 12:
+        for i in range(n):
+            out[i] = x[i] if c[i] else y[i]
+    elif op == 25:
+        for i in range(n):
+            out[i] = min(max(x[i], s0), s1)
+    elif op >= 28 and op <= 33:
+        for i in range(n):
+            u = x[i]
+            v = y[i] if has_y else s0
+            t = (u == v if op == 28 else u != v if op == 29 else u < v if op == 30 else u <= v if op == 31
+                 else u > v if op == 32 else u >= v)
+            out[i] = 1 if t else 0
+    elif op == 34:
+        for i in range(n):
+            out[i] = 1 if (x[i] != 0 and y[i] != 0) else 0
+    elif op == 35:
+        for i in range(n):
+            out[i] = 1 if (x[i] != 0 or y[i] != 0) else 0
+    elif op == 36:
+        for i in range(n):
+            out[i] = 1 if x[i] == 0 else 0
+    elif op == 38:
+        for i in range(n):
+            out[i] = s0 if c[i] == (s1 != 0) else x[i]
 
 
 _E32 = np.zeros(0, np.float32)
+_EI = np.zeros(0, np.int64)
 _EB = np.zeros(0, np.bool_)
+
+
+def _scalars(p, is_int):
+    """(s0, s1) of ``apply``/``apply_int`` for this op."""
+    at = p.attrs
+    if p.kernel == "hardtanh":
+        lo, hi = at.get("min_val"), at.get("max_val")
+        if is_int:
+            return (np.int64(lo) if lo is not None else np.int64(-(1 << 62)),
+                    np.int64(hi) if hi is not None else np.int64(1 << 62))
+        return (np.float32(-np.inf if lo is None else lo), np.float32(np.inf if hi is None else hi))
+    if p.kernel == "masked_fill":
+        s0, s1 = at["scalar"], 1 if at["fill_if"] else 0
+    else:
+        s0 = at.get("scalar", at.get("exponent", at.get("threshold", 0.0)))
+        s1 = at.get("alpha", 1.0)
+    if is_int:
+        return np.int64(s0), np.int64(s1)
+    return np.float32(s0), np.float32(s1)
+
+
+def _fill(ctx, out, T):
+    """fill: write the constant tile by tile (nothing is read)."""
+    p = ctx.problem
+    flat = out.physical().reshape(-1)
+    value = dt.encode(np.array([p.attrs["scalar"]], np.float32), out.dtype) if out.dtype in dt.FLOATS \
+        else np.array([p.attrs["scalar"]]).astype(flat.dtype)
+    for s in range(0, out.numel, T):
+        e = min(out.numel, s + T)
+        flat[s:e] = value[0]
+        ctx.write((e - s) * ES[out.dtype])
+    return [out]
 
 
 def run_elementwise(ctx):
@@ -136,58 +264,107 @@ def run_elementwise(ctx):
     n = out.numel
     if n == 0:
         return [out]
+    T = plan.config.tile("elements")
+    if p.kernel == "fill":
+        return _fill(ctx, out, T)
     order = out_order(out.shape, out.layout)
     names = [nm.rstrip("?") for nm in _names(p)]
     accs = [Access(ctx.inputs[nm], order, out.shape) for nm in names]
     oacc = Access(out, order)
-    T = plan.config.tile("elements")
     mask = plan.config.tile("resident_mask", 0)
-    code = dt.code(p.dtype, ctx.chip.bf16_emulation)
+    is_int = p.dtype in INTS
+    code = 0 if is_int else dt.code(p.dtype, ctx.chip.bf16_emulation)
     op, cost = OPS[p.kernel][0], OPS[p.kernel][3]
-    is_where = p.kernel == "where"
+    cond = COND.get(p.kernel)
+    odt = out_dtype(p)
     # resident (broadcast) operands: loaded once, counted once
     for i, nm in enumerate(names):
         if mask >> i & 1:
             ctx.read(ctx.inputs[nm].nbytes)
     bufs = [None] * len(names)
-    fbufs = [np.empty(min(T, n), np.float32) for _ in names]
-    res = np.empty(min(T, n), np.float32)
-    at = p.attrs
-    s0 = np.float32(at.get("scalar", at.get("exponent", at.get("threshold", 0.0))))
-    s1 = np.float32(at.get("alpha", 1.0))
-    tanh_form = at.get("approximate", "none") == "tanh"
+    fbufs = [np.empty(min(T, n), np.int64 if is_int else np.float32) for _ in names]
+    res = np.empty(min(T, n), np.int64 if is_int else np.float32)
+    s0, s1 = _scalars(p, is_int)
+    tanh_form = p.attrs.get("approximate", "none") == "tanh"
     for s in range(0, n, T):
         e = min(n, s + T)
         m = e - s
-        tiles = []
+        c = _EB
+        vals = []
         for i, (nm, a) in enumerate(zip(names, accs)):
             raw = a.load(s, e, bufs[i])
             if not a.contiguous:
                 bufs[i] = raw if bufs[i] is None or bufs[i].shape[0] < m else bufs[i]
             if not mask >> i & 1:
                 ctx.read(m * ES[p.dtype_of(nm)])
-            if is_where and nm == "cond":
-                tiles.append(raw)
+            if nm == cond:
+                c = raw
+            elif is_int:
+                f = fbufs[i][:m]
+                f[:] = raw
+                vals.append(f)
             elif code == 0:
-                tiles.append(raw)
+                vals.append(raw)
             else:
                 f = fbufs[i][:m]
                 decode_tile(code, raw, f)
-                tiles.append(f)
-        if is_where:
-            c, x, y, z = tiles[0], tiles[1], tiles[2], _E32
-        else:
-            c = _EB
-            x = tiles[0]
-            y = tiles[1] if len(tiles) > 1 else _E32
-            z = _E32
+                vals.append(f)
+        empty = _EI if is_int else _E32
+        x = vals[0]
+        y = vals[1] if len(vals) > 1 else empty
         r = res[:m]
-        apply(op, x, y, z, c, r, s0, s1, len(tiles) > 1, tanh_form)
-        if code == 0:
+        if is_int:
+            apply_int(op, x, y, c, r, s0, s1, len(vals) > 1)
+        else:
+            apply(op, x, y, _E32, c, r, s0, s1, len(vals) > 1, tanh_form)
+        ob = oacc.flat[s:e]
+        if odt == "bool":
+            np.not_equal(r, 0, out=ob)
+        elif is_int:
+            ob[:] = r
+        elif code == 0:
             oacc.store(s, e, r)
         else:
-            ob = oacc.flat[s:e]
             encode_tile(code, r, ob)
-        ctx.write(m * ES[p.dtype])
+        ctx.write(m * ES[odt])
         ctx.ops(m * cost)
+    return [out]
+
+
+@njit(cache=True)
+def qadd_tile(a, b, out, za, sa, zb, sb, inv, zo, lo, hi, relu):
+    """PT2E's reference in float32: dq(a) + dq(b) (relu), then quantize_per_tensor's
+    clamp(rne(v * float32(1 / out_scale)) + zo): bit-exact with it."""
+    for i in range(out.shape[0]):
+        v = np.float32((np.float32(a[i]) - za) * sa) + np.float32((np.float32(b[i]) - zb) * sb)
+        if relu:
+            v = max(v, np.float32(0.0))
+        out[i] = min(hi, max(lo, np.rint(v * inv) + zo))
+
+
+def run_qadd(ctx):
+    """qadd over the family's element tiles (both operands streamed)."""
+    p, plan = ctx.problem, ctx.plan
+    (out,) = ctx.outputs()
+    n = out.numel
+    if n == 0:
+        return [out]
+    order = out_order(out.shape, out.layout)
+    accs = [Access(ctx.inputs[nm], order, out.shape) for nm in ("a", "b")]
+    oacc = Access(out, order)
+    T = plan.config.tile("elements")
+    at = p.attrs
+    f = np.float32
+    res = np.empty(min(T, n), np.int8)
+    for s in range(0, n, T):
+        e = min(n, s + T)
+        m = e - s
+        a, b = (acc.load(s, e) for acc in accs)
+        qadd_tile(a, b, res[:m], f(at["a_zero_point"]), f(at["a_scale"]), f(at["b_zero_point"]), f(at["b_scale"]),
+                  f(1.0 / at["out_scale"]), f(at["out_zero_point"]), f(at["out_min"]), f(at["out_max"]),
+                  bool(at["relu"]))
+        oacc.store(s, e, res[:m])
+        ctx.read(2 * m)
+        ctx.write(m)
+        ctx.ops(m * OPS["qadd"][3])
     return [out]

@@ -25,7 +25,14 @@ from ..tiling import TileConfig, Traffic, make_plan
 FLOATS = ("float32", "float16", "bfloat16")
 DTYPES = FLOATS + ("int8",)
 QUANT = {"a_scale": 1.0, "a_zero": 0, "b_scale": 1.0, "b_zero": 0, "out_scale": 0.0, "out_zero": 0}
+# qlinear (quantised graphs: dequantize -> linear [-> relu] [-> quantize]): per-tensor scales and
+# zero points as attributes, per-output-channel weight ones as the w_scales / w_zero_points
+# inputs; requantised to int8 (out_scale set) or dequantised to out_dtype
+QLINEAR = {"x_scale": 1.0, "x_zero_point": 0, "w_scale": 1.0, "w_zero_point": 0, "out_scale": None,
+           "out_zero_point": 0, "out_min": -128, "out_max": 127, "relu": False, "out_dtype": "float32"}
+QVECS = ("bias", "w_scales", "w_zero_points")   # qlinear's per-output-channel epilogue vectors
 ES = {"float32": 4, "float16": 2, "bfloat16": 2, "int8": 1}
+ES_ALL = {**ES, "int32": 4, "int64": 8}
 
 
 def _prod(xs):
@@ -67,8 +74,8 @@ class Gemm:
         if bias is not None and tuple(bias) != (self.N,):
             raise KernelError(f"{name}: bias must have shape [{self.N}], got {list(bias)}")
         self.has_bias = bias is not None
-        self.act = {"linear_relu": 1, "linear_gelu": 2 if p.attrs.get("approximate", "none") == "none" else 3
-                    }.get(name, 0)
+        self.act = {"linear_relu": 1, "linear_gelu": 2 if p.attrs.get("approximate", "none") == "none" else 3,
+                    "qlinear": int(bool(p.attrs.get("relu")))}.get(name, 0)
         self.ln = name == "layernorm_linear"
         if self.ln:
             for k in ("ln_weight", "ln_bias"):
@@ -78,16 +85,47 @@ class Gemm:
         self.esa = ES[dt]
         self.esc = ES[out_dtype(p)]
         self.esbias = 4 if dt == "int8" else ES[dt]
+        if name == "qlinear":   # every per-column vector streams beside the B tiles like a bias
+            vecs = [k for k in QVECS if k in s]
+            for k in vecs:
+                if tuple(s[k]) != (self.N,):
+                    raise KernelError(f"qlinear: {k} must have shape [{self.N}], got {list(s[k])}")
+            self.has_bias = bool(vecs)
+            self.esbias = sum(ES_ALL[p.dtype_of(k)] for k in vecs)
         self.acc = 4   # fp32 / int32 accumulator on chip
 
 
 def out_dtype(p):
+    if p.kernel == "qlinear":
+        return "int8" if p.attrs["out_scale"] is not None else p.attrs["out_dtype"]
     if p.dtype == "int8":
         return "int8" if p.attrs.get("out_scale", 0.0) else "float32"
     return p.dtype
 
 
+def _check_qlinear(p):
+    """qlinear: int8 x and w, a float bias, float32 weight scales, integer zero points."""
+    at = p.attrs
+    if p.dtype_of("w") != "int8":
+        raise KernelError(f"qlinear: w must be int8 like x, got {p.dtype_of('w')}")
+    if "bias" in p.shapes and p.dtype_of("bias") not in FLOATS:
+        raise KernelError(f"qlinear: bias must be a float tensor, got {p.dtype_of('bias')}")
+    if "w_scales" in p.shapes and p.dtype_of("w_scales") != "float32":
+        raise KernelError(f"qlinear: w_scales must be float32, got {p.dtype_of('w_scales')}")
+    if "w_zero_points" in p.shapes and p.dtype_of("w_zero_points") not in ("int8", "int32", "int64"):
+        raise KernelError(f"qlinear: w_zero_points must be an integer tensor, got {p.dtype_of('w_zero_points')}")
+    if not at["x_scale"] > 0 or (at["out_scale"] is not None and not at["out_scale"] > 0):
+        raise KernelError(f"qlinear: scales must be positive (x_scale={at['x_scale']}, out_scale={at['out_scale']})")
+    if not -128 <= at["out_min"] <= at["out_max"] <= 127:
+        raise KernelError(f"qlinear: out_min/out_max must lie in [-128, 127], got [{at['out_min']}, {at['out_max']}]")
+    if at["out_scale"] is None and at["out_dtype"] not in FLOATS:
+        raise KernelError(f"qlinear: a dequantised output must be one of {', '.join(FLOATS)}, got {at['out_dtype']!r}")
+    Gemm(p)
+
+
 def _check(p):
+    if p.kernel == "qlinear":
+        return _check_qlinear(p)
     a = "a" if p.kernel in ("matmul", "bmm") else "x"
     b = "b" if p.kernel in ("matmul", "bmm") else "w"
     if p.dtype_of(a) != p.dtype or p.dtype_of(b) != p.dtype:
@@ -232,6 +270,14 @@ KERNELS = [
     _spec("linear_gelu", _LIN_IN, {"approximate": "none", **QUANT},
           "gelu(linear(x, w, bias)) (approximate none=erf or tanh), fused epilogue.",
           ("aten.linear", "aten.gelu")),
+    KernelSpec(name="qlinear", family="matmul", inputs=_LIN_IN + ("w_scales?", "w_zero_points?"),
+               attrs=dict(QLINEAR), dtypes=("int8",), layouts="any",
+               fuses=("quantized_decomposed.dequantize_per_tensor.default", "aten.linear.default",
+                      "aten.relu.default", "quantized_decomposed.quantize_per_tensor.default"),
+               doc="quantised linear: int8 x[...,K] and w[N,K], int32 accumulation of (x - x_zero_point)"
+                   "(w - w_zero_point), per-tensor or per-output-channel weight scales/zero points, bias and "
+                   "relu in the epilogue, output requantised to int8 (out_scale) or dequantised to out_dtype.",
+               check=_check, meta=_meta, tiler=plan_gemm, impl="run_gemm", mixed_dtypes=True),
     _spec("layernorm_linear", ("x", "ln_weight?", "ln_bias?", "w", "bias?"), {"eps": 1e-5},
           "linear(layer_norm(x over K), w, bias): the normalisation is applied while A tiles are "
           "loaded, so the normalised x never goes off-chip.", ("aten.layer_norm", "aten.linear")),

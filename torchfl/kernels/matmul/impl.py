@@ -79,13 +79,17 @@ def run_gemm(ctx):
             b_ks, b_ns = bst[1], bst[0]
         c_rows = (np.arange(M, dtype=np.int64) * N).reshape(1, M)
     A, B = _flat(a), _flat(b)
-    if p.dtype == "int8":
+    if p.kernel == "qlinear":
+        rd, wr, ops = _run_qlinear(ctx, g, A, a_rows, aks, B, b_base, b_ks, b_ns, C, c_rows, TM, TN, TK, b_res)
+    elif p.dtype == "int8":
         at = p.attrs
         oq = bool(at["out_scale"])
         rd, wr, ops = run_int8(A, a_rows, aks, B, b_base, b_ks, b_ns, C, c_rows, 1, M=M, N=N, K=K, TM=TM,
                                TN=TN, TK=TK, b_res=b_res, esc=dt.itemsize(out_dtype(p)), za=at["a_zero"],
-                               zb=at["b_zero"], scale=at["a_scale"] * at["b_scale"], bias=bias_arr,
-                               act=g.act, out_q=oq, oscale=at["out_scale"] or 1.0, ozero=at["out_zero"])
+                               zb=np.full(N, at["b_zero"], np.int32),
+                               scales=np.full(N, np.float32(at["a_scale"] * at["b_scale"]), np.float32),
+                               bias=bias_arr, esvec=4 if bias_arr is not None else 0, act=g.act,
+                               ocode=4 if oq else 0, oinv=1.0 / (at["out_scale"] or 1.0), ozero=at["out_zero"])
     else:
         ln = None
         if g.ln:
@@ -107,3 +111,26 @@ def run_gemm(ctx):
     ctx.write(wr)
     ctx.ops(ops)
     return [out]
+
+
+def _run_qlinear(ctx, g, A, a_rows, aks, B, b_base, b_ks, b_ns, C, c_rows, TM, TN, TK, b_res):
+    """qlinear on the int8 GEMM engine: per-column scales x_scale * w_scale[n] and weight zero
+    points (the per-tensor attributes when no vector is given), bias decoded to float32."""
+    p, at, ins, N = ctx.problem, ctx.problem.attrs, ctx.inputs, g.N
+
+    def vec(name, default, np_type):
+        t = ins.get(name)
+        if t is None:
+            return np.full(N, default, np_type)
+        return np.ascontiguousarray(dt.decode(_flat(t), t.dtype)).astype(np_type)
+
+    scales = (np.float32(at["x_scale"]) * vec("w_scales", at["w_scale"], np.float32)).astype(np.float32)
+    zb = vec("w_zero_points", at["w_zero_point"], np.int32)
+    bias = vec("bias", 0.0, np.float32) if "bias" in ins else None
+    oq = at["out_scale"] is not None
+    ocode = 4 if oq else dt.code(at["out_dtype"], ctx.chip.bf16_emulation)
+    return run_int8(A, a_rows, aks, B, b_base, b_ks, b_ns, C, c_rows, 1, M=g.M, N=N, K=g.K, TM=TM, TN=TN, TK=TK,
+                    b_res=b_res, esc=g.esc, za=at["x_zero_point"], zb=zb, scales=scales, bias=bias,
+                    esvec=g.esbias if g.has_bias else 0, act=g.act, ocode=ocode,
+                    oinv=1.0 / (at["out_scale"] or 1.0), ozero=at["out_zero_point"], qmin=at["out_min"],
+                    qmax=at["out_max"])

@@ -33,7 +33,9 @@ def reduce_dims(p) -> tuple:
         if not isinstance(d, int) or not -max(nd, 1) <= d < max(nd, 1):
             raise KernelError(f"kernel {p.kernel}: dim {d!r} out of range for a rank-{nd} input "
                               f"(use -{nd}..{nd - 1})")
-        d = d % nd if nd else 0
+        if nd == 0:
+            continue    # a 0-d input: dim 0 / -1 names the scalar itself, nothing is reduced
+        d = d % nd
         if d in out:
             raise KernelError(f"kernel {p.kernel}: dim {d} appears twice in {dims}")
         out.append(d)

@@ -1,0 +1,183 @@
+"""The npu eager device: per-op overhead and whole models in four modes, side by side.
+
+    python tools/bench_eager.py [--json] [--runs 5] [--chip NPU-V3] [--models resnet18,resnet50]
+
+Per-op overhead: a small op (relu, add, a 64x64 matmul) on npu tensors, called ``--op-calls``
+times after a warm-up; per call the wall time minus the time inside the kernel call (the
+executor's ``last_kernel_s``: the kernel's ``run`` with its own Python wrapper), median over
+calls: what eager routing adds (dispatcher, signature, plan cache, executor, output wrap).
+The same op in torch CPU eager is listed beside it.
+
+Models (b1 forward, batch 1, 224x224, float16 weights and input on the chip): eager npu
+(every op a cached one-op plan), lazy npu (``with torch.npu.lazy()``: one planned graph per
+call, with fusion), ``torch.compile(backend="torchfl")`` on the same npu tensors, and torch
+CPU eager in float32 (CPU float16 convolutions are not a fair reference). Each mode is
+warmed up (plans and kernel compiles) and then the four alternate ``--runs`` times;
+medians. ratio_lazy_vs_compiled = lazy / compiled (target <= 1.3). The machine is shared:
+compare only figures from one run, and read the load average printed with them.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+
+os.environ.setdefault("NUMBA_CACHE_DIR", os.path.join(os.path.dirname(__file__), "..", ".cache", "numba"))
+
+
+def _setup(chip):
+    os.environ["TORCHFL_DEVICES"] = chip
+    import torch
+
+    from torchfl.runtime import eager
+
+    eager.register()
+    eager.ensure_adapter()
+    return torch
+
+
+def per_op(torch, calls):
+    from torchfl.runtime.eager import ops
+
+    dev = "npu:0"
+    a = torch.randn(64, 64).half().to(dev)
+    b = torch.randn(64, 64).half().to(dev)
+    ha, hb = a.cpu().float(), b.cpu().float()
+    cases = {"relu_64x64": (lambda: torch.relu(a), lambda: torch.relu(ha)),
+             "add_64x64": (lambda: a + b, lambda: ha + hb),
+             "matmul_64x64": (lambda: a @ b, lambda: ha @ hb)}
+    out = {}
+    for name, (npu_fn, cpu_fn) in cases.items():
+        npu_fn()
+        npu_fn()
+        route = _latest_route(ops)
+        walls, beyond = [], []
+        for _ in range(calls):
+            t0 = time.perf_counter()
+            npu_fn()
+            wall = time.perf_counter() - t0
+            walls.append(wall)
+            beyond.append(wall - route.executor.last_kernel_s)
+        cpu = []
+        for _ in range(calls):
+            t0 = time.perf_counter()
+            cpu_fn()
+            cpu.append(time.perf_counter() - t0)
+        out[name] = {"eager_npu_us": 1e6 * statistics.median(walls),
+                     "overhead_beyond_kernel_us": 1e6 * statistics.median(beyond),
+                     "torch_cpu_us": 1e6 * statistics.median(cpu)}
+    return out
+
+
+def _latest_route(ops):
+    best = None
+    for route in ops._CACHE.values():
+        ex = getattr(route, "executor", None)
+        if ex is not None and getattr(ex, "_last_t", 0) and (best is None or ex._last_t >= best.executor._last_t):
+            best = route
+    return best
+
+
+def models(torch, names, runs, chip):
+    from torchfl.planner.zoo import load_model
+
+    results = {}
+    for name in names:
+        model, (x,) = load_model(name, batch=1, image=224)
+        ref_model = model.eval()
+        import copy
+
+        npu_model = copy.deepcopy(ref_model).half().to("npu:0")
+        xn = x.half().to("npu:0")
+        compiled = torch.compile(npu_model, backend="torchfl", options={"chip": chip})
+
+        def eager_npu():
+            return npu_model(xn)
+
+        def lazy_npu():
+            with torch.npu.lazy():
+                y = npu_model(xn)
+            return y
+
+        def compiled_npu():
+            return compiled(xn)
+
+        def cpu():
+            return ref_model(x)
+
+        modes = {"eager_npu": eager_npu, "lazy_npu": lazy_npu, "compiled_npu": compiled_npu, "torch_cpu": cpu}
+        first = {}
+        with torch.no_grad():
+            for mode, fn in modes.items():
+                t0 = time.perf_counter()
+                fn()
+                first[mode] = time.perf_counter() - t0
+                fn()
+            times = {mode: [] for mode in modes}
+            for _ in range(runs):
+                for mode, fn in modes.items():
+                    t0 = time.perf_counter()
+                    fn()
+                    times[mode].append(time.perf_counter() - t0)
+            ref = cpu().float()
+            errs = {mode: float((fn().cpu().float() - ref).abs().max() / ref.abs().max())
+                    for mode, fn in modes.items() if mode != "torch_cpu"}
+        med = {mode: statistics.median(t) for mode, t in times.items()}
+        results[f"{name}_b1"] = {
+            "median_s": med, "first_call_s": first, "max_rel_err_vs_cpu_fp32": errs,
+            "ratio_lazy_vs_compiled": med["lazy_npu"] / med["compiled_npu"],
+            "ratio_eager_vs_compiled": med["eager_npu"] / med["compiled_npu"],
+            "spread_ms": {mode: [1e3 * min(t), 1e3 * max(t)] for mode, t in times.items()},
+        }
+    return results
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--json", action="store_true", help="print the results as JSON")
+    ap.add_argument("--runs", type=int, default=5)
+    ap.add_argument("--op-calls", type=int, default=200)
+    ap.add_argument("--chip", default="NPU-V3")
+    ap.add_argument("--models", default="resnet18,resnet50")
+    args = ap.parse_args(argv)
+    torch = _setup(args.chip)
+    from torchfl.runtime.executor import Executor
+
+    _instrument(Executor)
+    load0 = os.getloadavg()
+    out = {"chip": args.chip, "runs": args.runs, "threads": torch.get_num_threads(),
+           "per_op": per_op(torch, args.op_calls),
+           "models": models(torch, [m for m in args.models.split(",") if m], args.runs, args.chip),
+           "loadavg": [load0, os.getloadavg()]}
+    if args.json:
+        print(json.dumps(out, indent=2))
+    else:
+        for name, r in out["per_op"].items():
+            print(f"{name:14s} eager npu {r['eager_npu_us']:8.1f} us  beyond kernel {r['overhead_beyond_kernel_us']:6.1f} us"
+                  f"  torch cpu {r['torch_cpu_us']:6.1f} us")
+        for name, r in out["models"].items():
+            m = r["median_s"]
+            print(f"{name}: " + "  ".join(f"{k} {1e3 * v:.1f} ms" for k, v in m.items())
+                  + f"  lazy/compiled {r['ratio_lazy_vs_compiled']:.2f}")
+        print("load average", out["loadavg"])
+    return 0
+
+
+def _instrument(executor_cls):
+    """Stamp each executor's last run (which route ran last, for the per-op figure)."""
+    run = executor_cls.run
+
+    def timed(self, *a, **k):
+        try:
+            return run(self, *a, **k)
+        finally:
+            self._last_t = time.perf_counter()
+
+    executor_cls.run = timed
+
+
+if __name__ == "__main__":
+    sys.exit(main())

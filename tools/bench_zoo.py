@@ -1,0 +1,282 @@
+"""Model zoo breadth benchmark: Hugging Face ``transformers`` families and the project's
+ResNets compiled with ``backend="torchfl"``, per chip: fallback nodes, error vs eager,
+compile and run time.
+
+    python tools/bench_zoo.py [--json] [--models bert,llama,...] [--chips NPU-V3,...]
+                              [--list] [--strict]
+
+Every model is built offline from a small config (random weights, nothing downloaded,
+``torch.manual_seed(0)``), in eval mode, and run on the same inputs by eager torch
+(float32) and by the compiled model. Per (model, chip):
+
+- ``fallbacks``: FX nodes run on the CPU at every call (``plan.fallbacks``, all graphs of
+  the model), and ``fallback_ops`` (op -> count); ``folded`` nodes (input-independent,
+  computed once) are counted apart: they are not fallbacks;
+- ``error``: max |ours - eager| / max(1, max |eager|) over the first output tensor
+  (within ``tolerance`` for the precision: float16 2e-2, bfloat16 8e-2 -- a few ulps of
+  the storage dtype accumulated over a couple of layers, fp32 accumulation);
+- ``compile_s``: the first call (capture, plan, Numba kernel compile or cache load, run);
+  ``run_s``: median of ``--runs`` further calls; ``eager_s``: the same for eager fp32;
+- ``error_message``: what the compile or the run raised, if anything (then no figures).
+
+Chips: NPU-V3 with float16 (the article's chip), TFL-X1 with bfloat16 (a native bf16
+unit), DSP-M4 with float16 (no attention unit: attention must be decomposed on chip).
+The machine is shared: compare only figures from one run.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import sys
+import time
+import traceback
+
+os.environ.setdefault("NUMBA_CACHE_DIR", os.path.join(os.path.dirname(__file__), "..", ".cache", "numba"))
+
+CHIPS = {"NPU-V3": "float16", "TFL-X1": "bfloat16", "DSP-M4": "float16"}
+TOLERANCE = {"float16": 2e-2, "bfloat16": 8e-2, None: 1e-4}
+
+SEQ = 16
+BATCH = 2
+# small sizes: 64 hidden, 4 query heads (every bundled attention unit runs 4), 2 layers
+TXT = dict(vocab_size=512, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
+           max_position_embeddings=128)
+DEC = dict(TXT, num_key_value_heads=2, use_cache=False)   # grouped-query: 4 query heads, 2 KV heads
+
+
+def _tokens(vocab=512, batch=BATCH, seq=SEQ):
+    import torch
+
+    g = torch.Generator().manual_seed(1)
+    return torch.randint(3, vocab, (batch, seq), generator=g)
+
+
+def _config(tr, cfg_name, model_name, kw):
+    """The model on PyTorch's sdpa where transformers implements it for the family, else
+    its eager attention (matmul, softmax, matmul)."""
+    cls = getattr(tr, model_name)
+    try:
+        return cls(getattr(tr, cfg_name)(**kw, attn_implementation="sdpa"))
+    except (ValueError, TypeError):
+        return cls(getattr(tr, cfg_name)(**kw))
+
+
+def _text(cfg_name, model_name, **kw):
+    """Token ids and the attention mask a tokenizer returns for a padded batch (the second
+    sequence's last quarter is padding): masks are then built from an input, per call."""
+    def build():
+        import torch
+        import transformers as tr
+
+        ids = _tokens(kw.get("vocab_size", 512))
+        mask = torch.ones_like(ids)
+        mask[1, -SEQ // 4:] = 0
+        return _config(tr, cfg_name, model_name, kw), (ids,), {"attention_mask": mask}
+    return build
+
+
+def _image(cfg_name, model_name, size=32, channels=3, **kw):
+    def build():
+        import torch
+        import transformers as tr
+
+        g = torch.Generator().manual_seed(1)
+        return _config(tr, cfg_name, model_name, kw), (torch.randn(BATCH, channels, size, size, generator=g),), {}
+    return build
+
+
+def _audio(cfg_name, model_name, samples=1600, **kw):
+    def build():
+        import torch
+        import transformers as tr
+
+        g = torch.Generator().manual_seed(1)
+        return _config(tr, cfg_name, model_name, kw), (torch.randn(BATCH, samples, generator=g),), {}
+    return build
+
+
+def _resnet(kind):
+    def build():
+        from torchfl.planner.zoo import load_model
+
+        model, inputs = load_model(kind, batch=1, image=64)
+        return model, inputs, {}
+    return build
+
+
+_V = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128, image_size=32,
+          patch_size=8)
+_W2V = dict(vocab_size=32, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
+            conv_dim=(32, 32, 32), conv_stride=(5, 4, 2), conv_kernel=(10, 4, 2), num_conv_pos_embeddings=16,
+            num_conv_pos_embedding_groups=4)
+
+# name: (what it exercises, builder)
+MODELS = {
+    "bert": ("encoder, absolute positions", _text("BertConfig", "BertModel", **TXT)),
+    "roberta": ("encoder, position ids from the input (ne/cumsum)", _text("RobertaConfig", "RobertaModel", **TXT)),
+    "distilbert": ("encoder", _text("DistilBertConfig", "DistilBertModel", vocab_size=512, dim=64, n_layers=2,
+                                    n_heads=4, hidden_dim=128, max_position_embeddings=128)),
+    "albert": ("encoder, shared layers", _text("AlbertConfig", "AlbertModel", **TXT, embedding_size=32)),
+    "electra": ("encoder", _text("ElectraConfig", "ElectraModel", **TXT, embedding_size=64)),
+    "gpt2": ("decoder, causal mask", _text("GPT2Config", "GPT2Model", vocab_size=512, n_embd=64, n_layer=2,
+                                           n_head=4, n_positions=128, use_cache=False, bos_token_id=0,
+                                           eos_token_id=0)),
+    "opt": ("decoder", _text("OPTConfig", "OPTModel", vocab_size=512, hidden_size=64, num_hidden_layers=2,
+                             num_attention_heads=4, ffn_dim=128, max_position_embeddings=128,
+                             word_embed_proj_dim=64, use_cache=False)),
+    "gpt_neox": ("decoder, partial rotary", _text("GPTNeoXConfig", "GPTNeoXModel", **TXT, use_cache=False)),
+    "phi": ("decoder, partial rotary", _text("PhiConfig", "PhiModel", **DEC)),
+    "llama": ("decoder, rotary, GQA, RMS norm", _text("LlamaConfig", "LlamaModel", **DEC)),
+    "mistral": ("decoder, rotary, GQA", _text("MistralConfig", "MistralModel", **DEC)),
+    "qwen2": ("decoder, rotary, GQA", _text("Qwen2Config", "Qwen2Model", **DEC)),
+    "gemma": ("decoder, rotary, GQA", _text("GemmaConfig", "GemmaModel", **DEC, head_dim=16)),
+    "bloom": ("decoder, ALiBi", _text("BloomConfig", "BloomModel", vocab_size=512, hidden_size=64, n_layer=2,
+                                      n_head=4, use_cache=False)),
+    "vit": ("vision encoder", _image("ViTConfig", "ViTModel", **_V)),
+    "deit": ("vision encoder", _image("DeiTConfig", "DeiTModel", **_V)),
+    "swin": ("vision, windows (pad, roll, as_strided)",
+             _image("SwinConfig", "SwinModel", image_size=32, patch_size=4, embed_dim=32, depths=[2, 2],
+                    num_heads=[2, 4], window_size=4)),
+    "convnext": ("conv net, depthwise 7x7, layer norm",
+                 _image("ConvNextConfig", "ConvNextModel", image_size=32, hidden_sizes=[16, 32], depths=[1, 1],
+                        num_stages=2)),
+    "mobilenet_v2": ("conv net, depthwise, relu6, padding",
+                     _image("MobileNetV2Config", "MobileNetV2Model", image_size=32, depth_multiplier=0.35)),
+    "resnet_hf": ("conv net", _image("ResNetConfig", "ResNetModel", hidden_sizes=[16, 32], depths=[1, 1],
+                                     embedding_size=16)),
+    "wav2vec2": ("audio, 1-D conv, group norm", _audio("Wav2Vec2Config", "Wav2Vec2Model", **_W2V)),
+    "resnet18": ("the project's ResNet-18, 64x64", _resnet("resnet18")),
+    "resnet50": ("the project's ResNet-50, 64x64", _resnet("resnet50")),
+}
+DEFAULT = [m for m in MODELS if m != "resnet50"]
+
+
+def _first_tensor(out):
+    import torch
+
+    if isinstance(out, torch.Tensor):
+        return out
+    if hasattr(out, "last_hidden_state"):
+        return out.last_hidden_state
+    if isinstance(out, (tuple, list)):
+        return _first_tensor(out[0])
+    if isinstance(out, dict):
+        return _first_tensor(next(iter(out.values())))
+    raise TypeError(f"no tensor in {type(out).__name__}")
+
+
+def run_one(name, chip, precision, runs, strict=False):
+    import torch
+
+    from torchfl.runtime.backend import recording
+
+    what, build = MODELS[name]
+    rec = {"model": name, "what": what, "chip": chip, "precision": precision}
+    torch.manual_seed(0)
+    try:
+        model, inputs, kwargs = build()
+    except Exception as exc:  # a family this transformers version builds differently
+        rec["error_message"] = f"building the model: {type(exc).__name__}: {str(exc).splitlines()[0][:300]}"
+        return rec
+    model = model.eval()
+    with torch.no_grad():
+        ref = _first_tensor(model(*inputs, **kwargs)).float()
+        eager = []
+        for _ in range(runs):
+            t0 = time.perf_counter()
+            model(*inputs, **kwargs)
+            eager.append(time.perf_counter() - t0)
+        torch._dynamo.reset()
+        compiled = torch.compile(model, backend="torchfl",
+                                 options={"chip": chip, "precision": precision, "strict": strict})
+        try:
+            with recording() as r:
+                t0 = time.perf_counter()
+                out = _first_tensor(compiled(*inputs, **kwargs)).float()
+                rec["compile_s"] = round(time.perf_counter() - t0, 3)
+            times = []
+            for _ in range(runs):
+                t0 = time.perf_counter()
+                compiled(*inputs, **kwargs)
+                times.append(time.perf_counter() - t0)
+        except Exception as exc:  # a benchmark reports what failed and goes on
+            rec["error_message"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"
+            rec["traceback_tail"] = traceback.format_exc().splitlines()[-4:-1]
+            return rec
+    plans = [plan for _cg, plan, _r in r.entries]
+    falls = [f for p in plans for f in p.fallbacks]
+    ops = {}
+    for f in falls:
+        ops[f.op] = ops.get(f.op, 0) + 1
+    reasons = {}
+    for f in falls:
+        reasons.setdefault(f.op, f.reason)
+    scale = max(1.0, float(ref.abs().nan_to_num(0, 0, 0).max())) if ref.numel() else 1.0
+    err = float((out - ref).abs().max()) / scale if ref.numel() else 0.0
+    rec.update(graphs=len(plans), nodes=sum(p.summary.nodes_total for p in plans),
+               fallbacks=len(falls), fallback_ops=dict(sorted(ops.items(), key=lambda kv: -kv[1])),
+               fallback_reasons=reasons, folded=sum(len(p.folded) for p in plans),
+               decomposed=sum(1 for p in plans for s in p.steps if "decomposed" in (s.note or "")),
+               error=err, tolerance=TOLERANCE[precision], within_tolerance=bool(err <= TOLERANCE[precision]),
+               run_s=round(statistics.median(times), 4), eager_s=round(statistics.median(eager), 4))
+    return rec
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--models", help=f"comma-separated subset (default: all but resnet50): {', '.join(MODELS)}")
+    ap.add_argument("--chips", help=f"comma-separated subset of {', '.join(CHIPS)}")
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--strict", action="store_true", help="compile with strict=True (fallbacks are errors)")
+    ap.add_argument("--json", action="store_true")
+    ap.add_argument("--list", action="store_true", help="list the models and exit")
+    a = ap.parse_args(argv)
+    if a.list:
+        for k, (what, _b) in MODELS.items():
+            print(f"{k:14s} {what}")
+        return 0
+    models = a.models.split(",") if a.models else DEFAULT
+    chips = a.chips.split(",") if a.chips else list(CHIPS)
+    bad = [m for m in models if m not in MODELS] + [c for c in chips if c not in CHIPS]
+    if bad:
+        ap.error(f"unknown model/chip {', '.join(bad)}; models: {', '.join(MODELS)}; chips: {', '.join(CHIPS)}")
+    import logging
+    import warnings
+
+    warnings.filterwarnings("ignore")
+    logging.getLogger("torchfl").setLevel(logging.ERROR)
+    results = []
+    for m in models:
+        for c in chips:
+            r = run_one(m, c, CHIPS[c], a.runs, a.strict)
+            results.append(r)
+            if not a.json:
+                if "error_message" in r:
+                    print(f"{m:13s} {c:7s} ERROR {r['error_message']}", flush=True)
+                else:
+                    ops = ", ".join(f"{k.replace('aten.', '')} x{v}" for k, v in r["fallback_ops"].items())
+                    print(f"{m:13s} {c:7s} fallbacks {r['fallbacks']:3d} err {r['error']:.1e}"
+                          f"{'' if r['within_tolerance'] else ' (!)'} compile {r['compile_s']:6.2f}s "
+                          f"run {r['run_s'] * 1e3:7.1f}ms eager {r['eager_s'] * 1e3:6.1f}ms"
+                          f"{' decomposed ' + str(r['decomposed']) if r['decomposed'] else ''}  {ops}", flush=True)
+    summary = {}
+    for c in chips:
+        rs = [r for r in results if r["chip"] == c]
+        summary[c] = {"models": len(rs), "errors": sum("error_message" in r for r in rs),
+                      "zero_fallbacks": sum(r.get("fallbacks") == 0 for r in rs),
+                      "within_tolerance": sum(bool(r.get("within_tolerance")) for r in rs)}
+    load = os.getloadavg()
+    if a.json:
+        print(json.dumps({"results": results, "summary": summary, "loadavg": load}, indent=1))
+    else:
+        for c, s in summary.items():
+            print(f"{c}: {s['zero_fallbacks']}/{s['models']} with zero fallbacks, {s['within_tolerance']} within "
+                  f"tolerance, {s['errors']} errors")
+        print(f"load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,143 @@
+"""``torchfl conformance``: run OpInfo samples of every claimed overload on a chip, record
+the verdicts as evidence in the registry, or print the evidence matrix (``--report``).
+
+Thin: the work is :mod:`torchfl.conformance.harness` (torch is imported only when a run
+starts). Progress: a bar on a terminal, timestamped lines otherwise.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+import click
+
+from torchfl.cli.registry_cmd import _emit_json, _fail, handles_errors, open_registry, registry_option
+
+
+def _split(values) -> tuple:
+    return tuple(v.strip() for item in values for v in item.split(",") if v.strip())
+
+
+@click.command("conformance")
+@click.option("--chip", "chips", multiple=True, metavar="NAME", help="Chip to test (repeat for several).")
+@click.option("--all-chips", is_flag=True, help="Every chip in the registry.")
+@click.option("--ops", "ops", multiple=True, metavar="PATTERN",
+              help="Only these overloads: aten.add.Tensor, add, '*softmax*' (comma-separated or repeated).")
+@click.option("--dtypes", "dtypes", multiple=True, metavar="D", help="Only these dtypes (float16, bfloat16, ...).")
+@click.option("--samples", type=click.IntRange(min=1), default=4, show_default=True,
+              help="OpInfo samples per (OpInfo, dtype).")
+@click.option("--edge", "edge_from", type=click.IntRange(min=0), default=1, show_default=True,
+              help="Edge-case variants (strided, channels_last, NaN/inf, empty, broadcast) of the first N samples.")
+@click.option("--jobs", type=click.IntRange(min=1), default=None,
+              help="Worker processes (default: the machine's cores, at most 4).")
+@click.option("--no-record", is_flag=True, help="Do not store the run as evidence in the registry.")
+@click.option("--report", is_flag=True, help="Print the stored evidence matrix (ops x chips) instead of running.")
+@click.option("--format", "fmt", type=click.Choice(["text", "json", "markdown"]), default=None,
+              help="Output of --report (default text).")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@registry_option
+@handles_errors
+def conformance(chips, all_chips, ops, dtypes, samples, edge_from, jobs, no_record, report, fmt, as_json,
+                registry_url):
+    """Check that a chip does what its rules claim: every ATen overload the rule packs map on
+    the chip runs PyTorch's OpInfo samples (and edge cases) strictly on the emulated chip,
+    compared with eager torch; verdicts (pass / partial / fail / refused) are stored as
+    evidence that `registry ops|support|why-not` show beside each claim."""
+    from torchfl.rules.support import SupportError, normalise_dtype
+
+    reg = open_registry(registry_url)
+    if report:
+        from torchfl.conformance import matrix
+
+        m = matrix.build(reg, chips or None)
+        fmt = "json" if as_json else (fmt or "text")
+        if fmt == "json":
+            return _emit_json(m)
+        click.echo(matrix.render_markdown(m) if fmt == "markdown" else matrix.render_text(m))
+        return
+    if fmt:
+        _fail("--format goes with --report; a run prints text, or JSON with --json", 1)
+    names = [s.name for s in reg.chips()] if all_chips else list(chips)
+    if not names:
+        _fail("name a chip: --chip NAME (or --all-chips); `torchfl registry list` shows them", 1)
+    try:
+        wanted = tuple(normalise_dtype(d) for d in _split(dtypes))
+    except SupportError as exc:
+        _fail(str(exc), 1)
+    for name in names:
+        reg.record(name)  # unknown chip: one line with near matches, before torch is imported
+    from torchfl.conformance.harness import Settings
+
+    settings = Settings(samples=samples, edge_from=edge_from, ops=_split(ops), dtypes=wanted,
+                        jobs=jobs or min(4, os.cpu_count() or 1))
+    reports = [_run_one(reg, name, settings, record=not no_record, quiet=as_json) for name in names]
+    if as_json:
+        return _emit_json([r.as_dict() for r in reports] if len(reports) > 1 else reports[0].as_dict())
+    for r in reports:
+        _print_report(r)
+
+
+def _run_one(reg, name, settings, *, record: bool, quiet: bool):
+    from torchfl.conformance.harness import run
+
+    tty = sys.stderr.isatty()
+    if tty:
+        from rich.console import Console
+        from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+        with Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                      console=Console(stderr=True), transient=True) as bar:
+            task = bar.add_task(f"{name}: starting workers", total=None)
+
+            def progress(done, total, unit, outcomes):
+                bar.update(task, completed=done, total=total, description=f"{name}: {unit.label}")
+
+            return run(name, registry=reg, settings=settings, progress=progress, record=record)
+
+    def lines(done, total, unit, outcomes):
+        from datetime import datetime
+
+        counts = {}
+        for o in outcomes:
+            counts[o["status"]] = counts.get(o["status"], 0) + 1
+        summary = ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
+        click.echo(f"[{datetime.now():%H:%M:%S}] {name} {done}/{total} {unit.label}: {summary}", err=True)
+
+    return run(name, registry=reg, settings=settings, progress=lines, record=record)
+
+
+def _print_report(r) -> None:
+    c = r.counts()
+    ident = r.identity
+    click.echo(f"{ident.chip_name} {ident.chip_version} (sha256:{ident.chip_hash[:12]}), packs "
+               + ", ".join(f"{n} {v}" for n, v, _h in ident.packs) + f", torchfl {ident.tool_version}, "
+               f"harness {r.harness_hash[:12]}")
+    click.echo(f"  overloads: {c['pass']} verified, {c['partial']} partial, {c['fail']} failing, "
+               f"{c['refused']} refused, {c['unverified']} unverified; {c['cases']} cases "
+               f"(+{r.skipped} skipped) in {r.wall_s:.0f} s with {r.settings.jobs} worker(s)"
+               + (f"; recorded as run {r.run_id}" if r.run_id is not None else "; not recorded"))
+    bad = [x for x in r.results if x["verdict"] != "pass"]
+    if bad:
+        width = max(len(x["op"]) for x in bad)
+        for x in bad:
+            why = _gist(x["reason"] or "")
+            click.echo(f"  {x['op']:<{width}}  {x['dtype']:<8} {x['layout']:<13} {x['verdict']:<7} "
+                       f"{x['passed']}/{x['samples']} pass, {x['failed']} fail, {x['refused']} refused: "
+                       f"{_clip(why, 160)}")
+    if r.unverified:
+        ops = sorted({op for op, _d in r.unverified})
+        click.echo(f"  unverified (no OpInfo sample exercised them): {', '.join(ops)}")
+
+
+def _gist(reason: str) -> str:
+    """The line that says why: a strict refusal's first listed op, else the first line."""
+    lines = [ln.strip() for ln in reason.splitlines() if ln.strip()]
+    if len(lines) > 1 and lines[0].startswith("strict"):
+        return lines[1]
+    return lines[0] if lines else ""
+
+
+def _clip(text: str, n: int) -> str:
+    text = " ".join(text.split())
+    return text if len(text) <= n else text[: n - 3] + "..."

@@ -1,0 +1,408 @@
+"""``torchfl plan memory|max-batch|compare|impact|report``: what-if planning, a thin face.
+
+The answers come from :mod:`torchfl.planner.whatif` (and :mod:`torchfl.planner.report`);
+this module loads the model, formats text or ``--json`` and turns a user's mistake into one
+``Kind: message`` line on stderr with exit code 1. torch is imported inside the commands.
+"""
+
+from __future__ import annotations
+
+import functools
+import json
+import sys
+
+import click
+
+PRECISIONS = ("auto", "float16", "bfloat16", "none")
+
+
+def _model_options(f):
+    """MODEL's size options, as ``plan explain`` has them."""
+    for opt in reversed((
+        click.option("--batch", type=click.IntRange(min=1), default=None, help="Batch size of the example input."),
+        click.option("--seq-len", type=click.IntRange(min=1), default=None, help="Sequence length (BERT, GPT-2)."),
+        click.option("--heads", type=click.IntRange(min=1), default=None, help="Attention heads (BERT, GPT-2)."),
+        click.option("--layers", type=click.IntRange(min=1), default=None,
+                     help="Encoder/decoder layers (BERT, GPT-2)."),
+    )):
+        f = opt(f)
+    return f
+
+
+def _common(f):
+    for opt in reversed((
+        click.option("--precision", type=click.Choice(PRECISIONS), default="auto", show_default=True,
+                     help="Precision policy; auto: none on chips with an fp32 unit, else float16 (or bfloat16)."),
+        click.option("--training", is_flag=True, help="Plan a training step (forward and backward graphs)."),
+        click.option("--registry", default=None, help="Registry URL (default: TORCHFL_REGISTRY_URL or the user's)."),
+        click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text."),
+    )):
+        f = opt(f)
+    return f
+
+
+def _fail(kind: str, message: str) -> None:
+    click.echo(f"{kind}: {message}", err=True)
+    sys.exit(1)
+
+
+def _guarded(f):
+    """Errors a user can fix -> one line on stderr, exit 1 (never a traceback)."""
+
+    @functools.wraps(f)
+    def wrapper(*args, **kwargs):
+        import os
+        import warnings
+
+        os.environ.setdefault("TORCHDYNAMO_VERBOSE", "0")
+        warnings.filterwarnings("ignore")
+        from torchfl.planner.errors import PlanError
+        from torchfl.planner.zoo import ModelError
+        from torchfl.registry import RegistryError
+
+        try:
+            return f(*args, **kwargs)
+        except ModelError as exc:
+            _fail("Error", str(exc))
+        except PlanError as exc:
+            _fail(exc.kind, str(exc))
+        except RegistryError as exc:
+            _fail("Error", str(exc))
+
+    return wrapper
+
+
+def _precision(value: str):
+    return None if value == "none" else value
+
+
+def _load(model, batch=None, seq_len=None, heads=None, layers=None):
+    from torchfl.planner.zoo import load_model
+
+    return load_model(model, batch=batch, seq_len=seq_len, num_heads=heads, layers=layers)
+
+
+def _emit(data) -> None:
+    click.echo(json.dumps(data, indent=2, sort_keys=True, default=str))
+
+
+def _b(n) -> str:
+    from torchfl.planner.memory import fmt_bytes
+
+    return "-" if n is None else fmt_bytes(n)
+
+
+def _t(s) -> str:
+    from torchfl.planner.explain import _time
+
+    return "-" if s is None else _time(s)
+
+
+def _table(rows, header, right=()) -> list[str]:
+    widths = [max(len(str(h)), *(len(str(r[i])) for r in rows)) if rows else len(str(h)) for i, h in enumerate(header)]
+
+    def fmt(r):
+        return "  ".join(str(c).rjust(w) if i in right else str(c).ljust(w)
+                         for i, (c, w) in enumerate(zip(r, widths))).rstrip()
+
+    return [fmt(header), "  ".join("-" * w for w in widths)] + [fmt(r) for r in rows]
+
+
+def _progress(label):
+    """A one-line progress note per probe/chip on stderr (planning takes seconds each)."""
+    def note(item):
+        text = getattr(item, "batch", None)
+        if text is not None:
+            state = "fits" if item.ok else f"refused ({item.limit})"
+            click.echo(f"{label}: batch {item.batch}: {state}, peak {_b(item.peak_bytes)} ({item.seconds:.1f} s)",
+                       err=True)
+        else:
+            click.echo(f"{label}: {item.model}: {'BROKE' if item.broke else 'planned'}", err=True)
+    return note
+
+
+# ---------------------------------------------------------------- plan memory
+
+@click.command("memory")
+@click.argument("model")
+@click.option("--chip", required=True, help="Chip name in the registry, e.g. NPU-V3.")
+@_model_options
+@_common
+@_guarded
+def memory(model, chip, batch, seq_len, heads, layers, precision, training, registry, as_json):
+    """Peak device memory of MODEL's plan on --chip, the step where it occurs and what is live
+    then (inputs, parameters, weights in the plan's dtype, activations, outputs)."""
+    from torchfl.planner import whatif
+
+    module, inputs = _load(model, batch, seq_len, heads, layers)
+    target = whatif.chip_of(chip, registry)
+    (p,) = whatif.plan_everywhere(module, inputs, [target], _precision(precision), training)
+    mp = p.plan.memory if p.ok else getattr(p.error, "memory", None)
+    if mp is None:
+        raise p.error
+    plans = [x for x in (p.plan, p.backward) if x is not None]
+    if as_json:
+        data = {"model": model, "chip": p.chip, "version": p.version, "precision": p.precision,
+                "training": training, "fits": p.ok, "error": None if p.ok else str(p.error),
+                "peak_bytes": p.peak_bytes if p.ok else mp.peak_bytes, "capacity_bytes": mp.capacity,
+                "graphs": [_memory_json(x.memory, x) for x in plans] if p.ok else [_memory_json(mp, None)]}
+        _emit(data)
+    else:
+        click.echo(f"{model} on {p.chip} {p.version} (precision {p.precision or 'as captured'}"
+                   f"{', training step' if training else ''})")
+        if p.ok:
+            for name, x in zip(("forward", "backward") if training else ("inference",), plans):
+                click.echo(_memory_text(x.memory, x, name))
+            if training:
+                click.echo(f"Training step high-water: {_b(p.peak_bytes)} (the forward's cached weights stay "
+                           "resident while the backward runs)")
+        else:
+            click.echo(_memory_text(mp, None, "plan"))
+    if not p.ok:
+        _fail(p.error.kind, str(p.error))
+
+
+def _memory_json(mp, plan) -> dict:
+    d = mp.to_dict()
+    d["breakdown_at_peak"] = mp.breakdown()
+    d["largest_at_peak"] = [b.to_dict() for b in mp.live_at_peak()[:10]]
+    if plan is not None and mp.peak_step >= 0:
+        s = plan.steps[mp.peak_step]
+        d["peak_step_detail"] = {"index": s.index, "kind": s.kind, "kernel": s.kernel, "nodes": list(s.nodes)}
+    return d
+
+
+def _memory_text(mp, plan, name) -> str:
+    from torchfl.planner.memory import WHY
+
+    where = "during the uploads (before step 0)" if mp.peak_step < 0 else f"at step {mp.peak_step}"
+    if plan is not None and mp.peak_step >= 0:
+        s = plan.steps[mp.peak_step]
+        where += f" ({s.kernel or s.kind}{' ' + s.nodes[-1] if s.nodes else ''})"
+    cap = "capacity unbounded (no off_chip_memory.size_gb)" if mp.capacity is None else \
+        f"capacity {_b(mp.capacity)}: {100 * mp.peak_bytes / mp.capacity:.1f}% used"
+    lines = [f"{name}: peak {_b(mp.peak_bytes)} ({mp.peak_bytes:,} B) {where}; {cap}; "
+             f"{_b(mp.resident_bytes)} resident between calls; buffers aligned to {mp.alignment} B"]
+    rows = [(k, _b(n), f"{n:,}", WHY[k]) for k, n in mp.breakdown().items() if n]
+    lines += ["  " + x for x in _table(rows, ("live at peak", "size", "bytes", "what"), right=(1, 2))]
+    top = mp.live_at_peak()[:8]
+    rows = [(b.name, b.kind, _b(b.nbytes), "before step 0" if b.alloc < 0 else f"step {b.alloc}",
+             "kept" if b.free is None else ("after return" if plan is not None and b.free >= len(plan.steps)
+                                            else f"after step {b.free}")) for b in top]
+    lines += ["  " + x for x in _table(rows, ("largest buffers at peak", "kind", "size", "allocated", "freed"),
+                                       right=(2,))]
+    return "\n".join(lines)
+
+
+# ---------------------------------------------------------------- plan max-batch
+
+@click.command("max-batch")
+@click.argument("model")
+@click.option("--chip", required=True, help="Chip name in the registry, e.g. EDGE-C2.")
+@click.option("--seq-len", type=click.IntRange(min=1), default=None, help="Sequence length (BERT, GPT-2).")
+@click.option("--heads", type=click.IntRange(min=1), default=None, help="Attention heads (BERT, GPT-2).")
+@click.option("--layers", type=click.IntRange(min=1), default=None, help="Encoder/decoder layers (BERT, GPT-2).")
+@_common
+@_guarded
+def max_batch(model, chip, seq_len, heads, layers, precision, training, registry, as_json):
+    """The largest batch of MODEL whose plan fits --chip (off-chip memory, max_batch_size,
+    sequence length), found by planning at a few batches (nothing runs); names the limit."""
+    from torchfl.planner import whatif
+
+    module, inputs = _load(model, 1, seq_len, heads, layers)
+    target = whatif.chip_of(chip, registry)
+    res = whatif.max_batch(module, inputs, target, _precision(precision), training,
+                           progress=None if as_json else _progress("max-batch"))
+    if as_json:
+        _emit(dict(res.to_dict(), model=model))
+        return
+    what = "training step" if training else "inference"
+    if res.batch == 0:
+        click.echo(f"{model} ({what}) does not fit {res.chip} {res.version} even at batch 1: {res.limit}")
+        click.echo(f"  {res.reason}")
+        sys.exit(1)
+    peak = f", peak {_b(res.peak_bytes)}" + (f" of {_b(res.capacity_bytes)}" if res.capacity_bytes else "")
+    click.echo(f"max batch of {model} ({what}, precision {res.precision or 'as captured'}) on {res.chip} "
+               f"{res.version}: {res.batch}{peak}")
+    click.echo(f"limited by: {res.limit}")
+    click.echo(f"  {res.reason.splitlines()[0][:400]}")
+    rows = [(p.batch, "fits" if p.ok else f"refused: {p.limit}", _b(p.peak_bytes), f"{p.seconds:.1f} s")
+            for p in sorted(res.probes, key=lambda p: p.batch)]
+    click.echo("\n".join(_table(rows, ("batch", "plan", "peak", "planning"), right=(0, 2, 3))))
+
+
+# ---------------------------------------------------------------- plan compare
+
+@click.command("compare")
+@click.argument("model")
+@click.option("--chips", default=None, help="Comma-separated chip names (default: every chip in the registry).")
+@_model_options
+@_common
+@_guarded
+def compare(model, chips, batch, seq_len, heads, layers, precision, training, registry, as_json):
+    """MODEL planned on every chip (or --chips): predicted time, off-chip bytes, peak memory,
+    kernels, fusions, fallbacks and the bound resource, fastest first; or what stops it."""
+    from torchfl.planner import whatif
+
+    names = _chip_names(chips, registry)
+    module, inputs = _load(model, batch, seq_len, heads, layers)
+    targets = [whatif.chip_of(n, registry) for n in names]
+    res = whatif.compare(module, inputs, targets, _precision(precision), training)
+    if as_json:
+        _emit(dict(res, model=model))
+        return
+    click.echo(_compare_text(model, res))
+
+
+def _chip_names(chips, registry) -> list[str]:
+    from torchfl.planner import whatif
+
+    if chips:
+        names = [c.strip() for c in chips.split(",") if c.strip()]
+        if not names:
+            _fail("Error", "--chips is empty; give comma-separated chip names, e.g. --chips NPU-V2,NPU-V3")
+        return names
+    return whatif.registry_chips(registry)
+
+
+def _compare_text(model, res) -> str:
+    rows, errors = [], []
+    for r in res["rows"]:
+        if r["ok"]:
+            mem = _b(r["peak_bytes"]) + (f" / {_b(r['capacity_bytes'])}" if r["capacity_bytes"] else "")
+            rows.append((r["chip"], r["version"], r["precision"] or "-", _t(r["predicted_time_s"]),
+                         _b(r["offchip_bytes"]), mem, r["kernels"], r["fused_groups"], r["conversions"],
+                         r["fallbacks"], f"{r['bound']} ({100 * r['bound_share']:.0f}%)"))
+        else:
+            errors.append(f"  {r['chip']} {r['version']}: {r['error_kind']}: {r['error'].splitlines()[0][:300]}")
+    what = "training step" if res["training"] else "inference"
+    out = [f"{model} ({what}) on {len(res['rows'])} chips, planned in {res['planning_s']:.1f} s (fastest first)"]
+    out += _table(rows, ("chip", "version", "precision", "pred time", "off-chip", "peak memory", "kernels", "fused",
+                         "conv", "fallbacks", "bound by"), right=(3, 4, 6, 7, 8, 9))
+    if errors:
+        out.append(f"Not plannable ({len(errors)}):")
+        out += errors
+    return "\n".join(out)
+
+
+# ---------------------------------------------------------------- plan impact
+
+@click.command("impact")
+@click.option("--chip", required=True, help="Chip name in the registry.")
+@click.option("--from", "v1", required=True, help="The version in use (e.g. 1.0.0).")
+@click.option("--to", "v2", required=True, help="The new version.")
+@click.option("--models", default="zoo", show_default=True,
+              help="zoo (every zoo model), or comma-separated zoo names / path/to/file.py:factory.")
+@_common
+@_guarded
+def impact(chip, v1, v2, models, precision, training, registry, as_json):
+    """Field diff of two versions of --chip, then each model re-planned on both: changed plans
+    (kernels, layouts, tilings, fusions), cost and memory deltas, new fallbacks or errors.
+    Exit status 1 when a model that planned on --from no longer plans on --to."""
+    from torchfl.planner import whatif
+    from torchfl.planner.zoo import ZOO
+
+    specs = list(ZOO) if models.strip() == "zoo" else [m.strip() for m in models.split(",") if m.strip()]
+    loaded = [(spec, *_load(spec)) for spec in specs]
+    res = whatif.impact(chip, v1, v2, loaded, registry, _precision(precision), training,
+                        progress=None if as_json else _progress("impact"))
+    if as_json:
+        _emit(res.to_dict())
+    else:
+        click.echo(_impact_text(res))
+    if res.broken:
+        sys.exit(1)
+
+
+def _impact_text(res) -> str:
+    out = [f"{res.chip} {res.v1} -> {res.v2}: {len(res.changes)} field change(s)"]
+    for c in res.changes:
+        old = json.dumps(c.get("old")) if "old" in c else ""
+        new = json.dumps(c.get("new")) if "new" in c else ""
+        out.append(f"  {c['kind']:7}  {c['path']}: {old}{' -> ' if old and new else ''}{new}")
+    for m in res.models:
+        b, a = m.before, m.after
+        out.append("")
+        if not b["ok"] and not a["ok"]:
+            out.append(f"{m.model}: plans on neither ({a['error_kind']}: {a['error'].splitlines()[0][:200]})")
+            continue
+        if not a["ok"]:
+            out.append(f"{m.model}: BROKEN: planned on {res.v1}, refused on {res.v2}: {a['error_kind']}: "
+                       f"{a['error'].splitlines()[0][:300]}")
+            continue
+        if not b["ok"]:
+            out.append(f"{m.model}: newly plannable on {res.v2} (on {res.v1}: {b['error_kind']}: "
+                       f"{b['error'].splitlines()[0][:200]})")
+            continue
+        dt = a["predicted_time_s"] - b["predicted_time_s"]
+        pct = 100 * dt / b["predicted_time_s"] if b["predicted_time_s"] else 0.0
+        out.append(f"{m.model}: time {_t(b['predicted_time_s'])} -> {_t(a['predicted_time_s'])} ({pct:+.1f}%), "
+                   f"off-chip {_b(b['offchip_bytes'])} -> {_b(a['offchip_bytes'])}, peak memory "
+                   f"{_b(b['peak_bytes'])} -> {_b(a['peak_bytes'])}, fallbacks {b['fallbacks']} -> {a['fallbacks']}, "
+                   f"{len(m.changed_steps)} op group(s) planned differently")
+        for c in m.changed_steps[:12]:
+            what = "; ".join(f"{k} {x} -> {y}" for k, (x, y) in c["changed"].items())
+            out.append(f"    {c['nodes'][:60]}: {what}")
+        if len(m.changed_steps) > 12:
+            out.append(f"    ... and {len(m.changed_steps) - 12} more (--json lists all)")
+        for f in m.new_fallbacks:
+            out.append(f"    new fallback: {f['node']} ({f['op']}): {f['reason']}")
+        for g in m.fusions_lost:
+            out.append(f"    fusion lost: {g}")
+    if res.broken:
+        out.append("")
+        out.append(f"BROKEN on {res.v2}: {', '.join(res.broken)} (exit status 1)")
+    return "\n".join(out)
+
+
+# ---------------------------------------------------------------- plan report
+
+@click.command("report")
+@click.argument("model")
+@click.option("--chip", default=None, help="The chip whose plan the page shows (default: the fastest of --chips).")
+@click.option("--chips", default=None, help="Comma-separated chips to compare on the page ('all': the registry's).")
+@click.option("-o", "--output", "output", required=True, type=click.Path(dir_okay=False),
+              help="The HTML file to write (self-contained: no network).")
+@_model_options
+@click.option("--precision", type=click.Choice(PRECISIONS), default="auto", show_default=True,
+              help="Precision policy; auto: none on chips with an fp32 unit, else float16 (or bfloat16).")
+@click.option("--registry", default=None, help="Registry URL (default: TORCHFL_REGISTRY_URL or the user's).")
+@_guarded
+def report(model, chip, chips, output, batch, seq_len, heads, layers, precision, registry):
+    """One self-contained HTML page: the plan as a graph coloured by kernel family and
+    fallback, a roofline of its steps, the memory timeline with the peak, the explain table;
+    with --chips, the chips side by side too."""
+    from pathlib import Path
+
+    from torchfl.planner import whatif
+    from torchfl.planner.report import ReportError, render_report
+
+    if not chip and not chips:
+        _fail("Error", "give --chip NAME (one plan) or --chips A,B,... (a comparison; 'all' for every chip)")
+    names = _chip_names(None if chips == "all" else chips, registry) if chips else []
+    if chip and chip not in names:
+        names = [chip] + names
+    module, inputs = _load(model, batch, seq_len, heads, layers)
+    targets = [whatif.chip_of(n, registry) for n in names]
+    results = whatif.plan_everywhere(module, inputs, targets, _precision(precision))
+    by_name = {t.name: t for t in targets}
+    comparison = None
+    if chips:
+        rows = [whatif.row(p, by_name[p.chip]) for p in results]
+        rows.sort(key=lambda r: (not r["ok"], r.get("predicted_time_s") or 0.0, r["chip"]))
+        comparison = {"rows": rows}
+    shown = next((p for p in results if p.chip == chip), None) if chip else \
+        next((p for p in results if p.chip == comparison["rows"][0]["chip"]), None)
+    if shown is None or not shown.ok:
+        err = shown.error if shown is not None else None
+        _fail(getattr(err, "kind", "Error"), f"no plan of {model} on {chip or 'any chip'} to show: {err}")
+    try:
+        page = render_report(shown.plan, by_name[shown.chip].model, f"{model} on {shown.chip}", comparison)
+    except ReportError as exc:
+        _fail("Error", str(exc))
+    Path(output).write_text(page, encoding="utf-8")
+    click.echo(f"wrote {output} ({len(page) / 1024:.0f} KiB): {model} on {shown.chip}"
+               + (f", {len(comparison['rows'])} chips compared" if comparison else ""))
+
+
+COMMANDS = [memory, max_batch, compare, impact, report]

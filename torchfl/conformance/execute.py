@@ -1,0 +1,271 @@
+"""One case on one chip: ``torch.compile(backend="torchfl", strict)`` against eager torch.
+
+Each case is compiled afresh (``torch._dynamo.reset()``: Dynamo would otherwise stop
+recompiling one function after a few shapes and run it eagerly, without a word) with
+``fullgraph=True`` (no graph break runs part of it in torch) and ``strict=True`` (no op
+falls back to the CPU). What the compiled call did is read from the plans the backend
+reports (``runtime.backend.recording``), so a case counts only when its graph really ran
+on the chip, and only for the ATen overloads that graph contained.
+
+Outcomes: ``pass`` (within the dtype's tolerance, ``compare.py``), ``fail`` (a wrong value,
+shape or dtype, an error, or a fallback that got through), ``refused`` (a hard constraint or
+strict mode refused it before anything ran; the reason names the HCD field or the rule),
+``skipped`` (eager torch rejects the inputs, or no graph reached the chip: not counted).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+
+@dataclass
+class Outcome:
+    case: str
+    variant: str
+    layout: str
+    status: str                      # pass | fail | refused | skipped
+    ops: tuple = ()                  # ATen overloads the case's graph contained
+    reason: str | None = None        # refusal reason, failure detail or skip reason
+    max_abs_error: float | None = None
+    max_rel_error: float | None = None
+    inputs: dict = field(default_factory=dict)
+
+    def as_dict(self) -> dict:
+        return dict(case=self.case, variant=self.variant, layout=self.layout, status=self.status, ops=list(self.ops),
+                    reason=self.reason, max_abs_error=self.max_abs_error, max_rel_error=self.max_rel_error,
+                    inputs=self.inputs)
+
+
+
+
+def _is_refusal(exc) -> bool:
+    from torchfl.planner.errors import PlanError
+    from torchfl.runtime.errors import FallbackNotAllowed
+
+    return isinstance(exc, (PlanError, FallbackNotAllowed))
+
+
+def _untraceable(exc) -> bool:
+    """Dynamo refused the sample's Python (not torchfl, not the chip): nothing was tested."""
+    import torch._dynamo.exc as dynamo_exc
+
+    return isinstance(exc, dynamo_exc.Unsupported)
+
+
+def refusal_reason(exc) -> str:
+    """The refusal's message, with the HCD field a hard constraint names (``.field``)."""
+    text = _first_lines(exc)
+    field = getattr(exc, "field", None)
+    if field is None and type(exc).__name__ == "UnsupportedAttention":
+        field = "compute_units.attention.supported_heads"
+    return f"{text} [HCD field: {field}]" if field and field not in text else text
+
+
+def _first_lines(text: str, n: int = 6, width: int = 400) -> str:
+    lines = [ln for ln in str(text).strip().splitlines() if ln.strip()][:n]
+    out = "\n".join(lines)
+    return out if len(out) <= width else out[: width - 3] + "..."
+
+
+def _exact(case):
+    """Eager torch in float64 on the same (already rounded) floating inputs, or None."""
+    import torch
+    import torch.utils._pytree as pytree
+
+    if not any(t.is_floating_point() and t.dtype != torch.float64 for t in case.leaves()):
+        return None
+    up = pytree.tree_map(lambda x: x.double() if isinstance(x, torch.Tensor) and x.is_floating_point() else x,
+                         (case.args, case.kwargs))
+    try:
+        with torch.no_grad():
+            out = case.func(*up[0], **up[1])
+    except Exception:   # some ops have no float64 kernel or reject mixed dtypes: eager alone decides
+        return None
+    return out
+
+
+def graph_ops(case) -> tuple:
+    """The core-ATen overloads of the case's graph, as the planner captures it ("" on failure)."""
+    import torch
+
+    from torchfl.planner.capture import capture_module
+
+    fn, leaves = case.as_function()
+
+    class Call(torch.nn.Module):
+        def forward(self, *xs):
+            return fn(*xs)
+
+    try:
+        captured = capture_module(Call(), tuple(leaves))
+    except Exception:
+        return ()
+    return tuple(sorted({str(n.target) for n in captured.graph_module.graph.nodes if n.op == "call_function"}))
+
+
+class _Prepared:
+    """A case with eager torch's answers: in its dtype, in float64, and the ATen ops it dispatched."""
+
+    def __init__(self, case):
+        self.case = case
+        self.layout = case.layout()
+        self.inputs = case.describe()
+        self.expected = self.exact = None
+        self.eager_ops: frozenset = frozenset()
+        self.skip: str | None = None
+
+    def outcome(self, status, **kw) -> Outcome:
+        return Outcome(self.case.label, self.case.variant, self.layout, status, inputs=self.inputs, **kw)
+
+
+def prepare(case) -> _Prepared:
+    import torch
+    from torch.utils._python_dispatch import TorchDispatchMode
+
+    class OpLog(TorchDispatchMode):
+        def __init__(self):
+            super().__init__()
+            self.ops = set()
+
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            self.ops.add(str(func))
+            return func(*args, **(kwargs or {}))
+
+    p = _Prepared(case)
+    log = OpLog()
+    try:
+        with torch.no_grad(), log:
+            p.expected = case.call()
+    except Exception as exc:
+        p.skip = f"eager torch rejects it: {type(exc).__name__}: {_first_lines(exc, 1)}"
+        return p
+    p.eager_ops = frozenset(log.ops)
+    p.exact = _exact(case)
+    return p
+
+
+def _compiled_call(fn, leaves, chip, registry):
+    """(result, plans, refusal or error): ``fn(*leaves)`` through the torchfl backend, strictly."""
+    import torch
+
+    from torchfl.conformance.cases import _copied
+    from torchfl.runtime.backend import recording
+
+    torch._dynamo.reset()
+    options = {"chip": chip, "strict": True}
+    if registry is not None:
+        options["registry"] = registry
+    compiled = torch.compile(fn, backend="torchfl", options=options, fullgraph=True, dynamic=False)
+    args = _copied(list(leaves))
+    with recording(False) as rec, torch.no_grad():
+        try:
+            got = compiled(*args)
+        except Exception as exc:
+            return None, [], exc
+    return got, [plan for _cg, plan, _r in rec.entries], None
+
+
+def _plan_ops(plans) -> set:
+    return {op for p in plans for s in p.steps for op in s.ops} | {f.op for p in plans for f in p.folded}
+
+
+def _judge(p: _Prepared, got, ops, bf16_emulated) -> Outcome:
+    from torchfl.conformance.compare import compare
+
+    result = compare(got, p.expected, p.exact, bf16_emulated=bf16_emulated)
+    if not result.ok:
+        return p.outcome("fail", ops=ops, reason=result.detail, max_abs_error=result.max_abs_error,
+                         max_rel_error=result.max_rel_error)
+    return p.outcome("pass", ops=ops, max_abs_error=result.max_abs_error, max_rel_error=result.max_rel_error)
+
+
+def run_case(case, *, chip, registry=None, bf16_emulated: bool = False, prepared: _Prepared | None = None) -> Outcome:
+    """Run ``case`` on ``chip`` (name or HCD) strictly, compare with eager torch."""
+    p = prepared or prepare(case)
+    if p.skip:
+        return p.outcome("skipped", reason=p.skip)
+    fn, leaves = case.as_function()
+    got, plans, exc = _compiled_call(fn, leaves, chip, registry)
+    if exc is not None:
+        if _is_refusal(exc):
+            return p.outcome("refused", ops=graph_ops(case), reason=refusal_reason(exc))
+        if _untraceable(exc):
+            return p.outcome("skipped", reason=f"Dynamo cannot trace this OpInfo sample's function: "
+                                               f"{_first_lines(exc, 1)}")
+        return p.outcome("fail", ops=graph_ops(case), reason=f"error: {type(exc).__name__}: {_first_lines(exc, 3)}")
+    if not plans:
+        return p.outcome("skipped", reason="no graph reached the chip (Dynamo compiled nothing to run)")
+    ops = tuple(sorted(_plan_ops(plans)))
+    fellback = [f for pl in plans for f in pl.fallbacks]
+    if fellback:
+        return p.outcome("fail", ops=ops, reason="fell back to the CPU despite strict: " + ", ".join(
+            f"{f.op} ({f.reason})" for f in fellback))
+    return _judge(p, got, ops, bf16_emulated)
+
+
+#: composite ops the planner keeps whole (``planner.capture.KEEP_OPS``): eager dispatch never
+#: shows them, so a batch attributes them to every case of the OpInfo that maps to them
+def _kept_whole() -> frozenset:
+    from torchfl.planner.capture import KEEP_OPS
+
+    return frozenset(f"aten.{name}" for name in KEEP_OPS)
+
+
+def run_cases(cases, *, chip, registry=None, bf16_emulated: bool = False, targets=()) -> list[Outcome]:
+    """Every case of one OpInfo and dtype: compiled together as one graph where the chip takes
+    them all (one capture instead of one per case), else split in halves down to single cases.
+
+    In a joint graph each case counts for the ``targets`` that (a) the joint plan ran on the
+    chip and (b) the case itself dispatched in eager torch (or, for the composites the planner
+    keeps whole, that its OpInfo maps to); a single case counts for what its own plan ran."""
+    prepared = [prepare(c) for c in cases]
+    out: dict[int, Outcome] = {}
+    live = []
+    for i, p in enumerate(prepared):
+        if p.skip:
+            out[i] = p.outcome("skipped", reason=p.skip)
+        else:
+            live.append(i)
+    _run_group(live, prepared, out, chip, registry, bf16_emulated, tuple(targets))
+    return [out[i] for i in range(len(cases))]
+
+
+def _run_group(idx, prepared, out, chip, registry, bf16_emulated, targets) -> None:
+    if not idx:
+        return
+    if len(idx) == 1:
+        i = idx[0]
+        out[i] = run_case(prepared[i].case, chip=chip, registry=registry, bf16_emulated=bf16_emulated,
+                          prepared=prepared[i])
+        return
+    fns, leaves, counts = [], [], []
+    for i in idx:
+        fn, lv = prepared[i].case.as_function()
+        fns.append(fn)
+        leaves.extend(lv)
+        counts.append(len(lv))
+
+    def joint(*tensors):
+        results, at = [], 0
+        for fn, n in zip(fns, counts):
+            results.append(fn(*tensors[at:at + n]))
+            at += n
+        return tuple(results)
+
+    got, plans, exc = _compiled_call(joint, leaves, chip, registry)
+    if exc is not None or any(pl.fallbacks for pl in plans):
+        half = len(idx) // 2
+        _run_group(idx[:half], prepared, out, chip, registry, bf16_emulated, targets)
+        _run_group(idx[half:], prepared, out, chip, registry, bf16_emulated, targets)
+        return
+    ran = _plan_ops(plans)
+    kept = _kept_whole()
+    for k, i in enumerate(idx):
+        p = prepared[i]
+        ops = tuple(sorted(t for t in targets if t in ran and (t in p.eager_ops or t in kept)))
+        if not ops and len([t for t in targets if t in ran]) == 1:
+            ops = tuple(t for t in targets if t in ran)   # capture turned its overload into this one
+        if not ops:
+            out[i] = p.outcome("skipped", reason="none of the overloads under test reached the chip for this case")
+            continue
+        out[i] = _judge(p, got[k], ops, bf16_emulated)

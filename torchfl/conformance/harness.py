@@ -1,0 +1,299 @@
+"""``torchfl conformance``: every claimed overload of a chip, run on OpInfo samples, as evidence.
+
+1. The claims: what ``registry ops --chip`` says the rule packs map on the chip (overload
+   and dtypes), filtered by ``--ops`` / ``--dtypes``.
+2. The work: one unit per (OpInfo, dtype) that may exercise a claimed overload
+   (``opinfos.py``); a unit's cases (``cases.py``) run strictly on the chip
+   (``execute.py``). Units are sharded over worker processes, each single-threaded.
+3. The verdicts: each case counts for the claimed overloads its graph contained, under the
+   layout of its inputs; per (overload, dtype, layout) ``pass`` (every case matched),
+   ``refused`` (every case refused before running), ``fail`` (none matched, some wrong) or
+   ``partial`` (some matched, some did not).
+4. The record: one conformance run in the registry, tied to the chip's content hash, the
+   packs, torchfl's version and :func:`harness_hash`.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+import hashlib
+import json
+import os
+from dataclasses import asdict, dataclass, field
+from datetime import datetime, timezone
+from pathlib import Path
+
+#: dtypes the harness can draw OpInfo samples in (torch dtypes by short name)
+TESTABLE = ("float32", "float16", "bfloat16", "int8", "int32", "int64", "bool")
+
+
+@dataclass(frozen=True)
+class Settings:
+    samples: int = 4          # OpInfo samples per (OpInfo, dtype)
+    edge_from: int = 1        # edge-case variants of the first N of them
+    ops: tuple = ()           # fnmatch patterns on overload names ("aten.add.*", "*softmax*"); () = all
+    dtypes: tuple = ()        # () = every dtype the chip claims
+    jobs: int = 2
+    seed: int = 0
+
+    def sampling(self) -> dict:
+        """What decides which cases run (hashed with the harness; ``jobs`` is not)."""
+        return dict(samples=self.samples, edge_from=self.edge_from, seed=self.seed)
+
+
+@dataclass
+class Unit:
+    opinfo: str
+    dtype: str
+    targets: tuple            # claimed overloads it may exercise in this dtype
+
+    @property
+    def label(self) -> str:
+        return f"{self.opinfo} {self.dtype}"
+
+
+@dataclass
+class Report:
+    """One chip's conformance run (what ``--json`` prints and the registry stores)."""
+
+    chip: str
+    identity: object
+    harness_hash: str
+    settings: Settings
+    started_at: datetime
+    results: list = field(default_factory=list)      # rows for the registry (evidence.check_result)
+    unverified: list = field(default_factory=list)   # claimed (op, dtype) no case exercised
+    skipped: int = 0
+    unattributed: int = 0
+    wall_s: float = 0.0
+    run_id: int | None = None
+
+    def counts(self) -> dict:
+        """Overloads (any dtype or layout) by their worst verdict, and the unverified ones."""
+        worst: dict[str, str] = {}
+        order = {"pass": 0, "partial": 1, "refused": 2, "fail": 3}
+        for r in self.results:
+            if order[r["verdict"]] >= order.get(worst.get(r["op"], "pass"), 0):
+                worst[r["op"]] = r["verdict"]
+        out = {v: sum(1 for w in worst.values() if w == v) for v in ("pass", "partial", "fail", "refused")}
+        out["unverified"] = len({op for op, _d in self.unverified} - set(worst))
+        out["cases"] = sum(r["samples"] for r in self.results)
+        return out
+
+    def as_dict(self) -> dict:
+        return dict(chip=self.identity.as_dict(), harness_hash=self.harness_hash, settings=asdict(self.settings),
+                    started_at=self.started_at.isoformat(), wall_s=round(self.wall_s, 1), run=self.run_id,
+                    overloads=self.counts(), skipped_cases=self.skipped, unattributed_cases=self.unattributed,
+                    results=self.results, unverified=[{"op": o, "dtype": d} for o, d in self.unverified])
+
+
+def harness_hash(settings: Settings) -> str:
+    """SHA-256 of the harness's source, torch's version (op_db's samples) and the sampling settings."""
+    import torch
+
+    h = hashlib.sha256()
+    for path in sorted(Path(__file__).parent.glob("*.py")):
+        h.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
+    h.update(torch.__version__.encode())
+    h.update(json.dumps(settings.sampling(), sort_keys=True).encode())
+    return h.hexdigest()
+
+
+def _matches(op: str, patterns) -> bool:
+    if not patterns:
+        return True
+    short = op.removeprefix("aten.")
+    return any(fnmatch.fnmatchcase(op, p) or fnmatch.fnmatchcase(short, p) or short.split(".")[0].lstrip("_") == p
+               for p in patterns)
+
+
+def claims(hcd, packs, settings: Settings) -> dict[str, tuple]:
+    """Claimed overload -> dtypes on this chip (``registry ops``), filtered by the settings."""
+    from torchfl.rules.support import chip_ops
+
+    out = {}
+    for entry in chip_ops(hcd, packs)["ops"]:
+        if not _matches(entry["op"], settings.ops):
+            continue
+        dts = tuple(d for d in entry["dtypes"] if d in TESTABLE and (not settings.dtypes or d in settings.dtypes))
+        if dts:
+            out[entry["op"]] = dts
+    return out
+
+
+def plan_units(claimed: dict[str, tuple]) -> tuple[list[Unit], list[tuple]]:
+    """(units, claims no OpInfo covers) for the claimed overloads and dtypes."""
+    from torchfl.conformance.opinfos import OPINFOS, opinfos_for
+
+    units = []
+    for name, overloads in opinfos_for(claimed).items():
+        for dtype in TESTABLE:
+            targets = tuple(op for op in overloads if dtype in claimed[op])
+            if targets:
+                units.append(Unit(name, dtype, targets))
+    uncovered = [(op, d) for op, dts in sorted(claimed.items()) if op not in OPINFOS for d in dts]
+    # heavy OpInfos first, so the last shard does not start with a convolution
+    heavy = ("conv", "attention", "pool", "batch_norm", "layer_norm", "embedding")
+    units.sort(key=lambda u: (not any(h in u.opinfo for h in heavy), u.opinfo, u.dtype))
+    return units, uncovered
+
+
+# ---------------------------------------------------------------- workers
+
+def _worker_init() -> None:
+    """One thread per worker process: the shards are the parallelism."""
+    import logging
+    import warnings
+
+    import torch
+
+    torch.set_num_threads(1)
+    warnings.filterwarnings("ignore")
+    logging.disable(logging.WARNING)
+
+
+def run_unit(unit: Unit, chip: str, registry, settings: Settings, bf16_emulated: bool,
+             chip_hash: str | None = None) -> list[dict]:
+    """Every case of ``unit`` on ``chip``: a list of ``Outcome.as_dict()`` (module-level: picklable)."""
+    import torch
+
+    from torchfl.conformance.cases import opinfo_cases
+    from torchfl.conformance.execute import run_cases
+
+    if chip_hash is not None:
+        from torchfl.planner.target import resolve_target
+
+        if resolve_target(chip, registry).chip_hash != chip_hash:
+            raise RuntimeError(f"chip {chip} changed in the registry during the run; run conformance again")
+    try:
+        cases = opinfo_cases(unit.opinfo, getattr(torch, unit.dtype), samples=settings.samples,
+                             edge_from=settings.edge_from, seed=settings.seed)
+    except Exception as exc:  # op_db has no samples for this dtype
+        return [dict(case=f"{unit.opinfo}", variant="opinfo", layout="contiguous", status="skipped", ops=[],
+                     reason=f"no OpInfo samples in {unit.dtype}: {type(exc).__name__}: {exc}"[:300],
+                     max_abs_error=None, max_rel_error=None, inputs={})]
+    outcomes = run_cases(cases, chip=chip, registry=registry, bf16_emulated=bf16_emulated, targets=unit.targets)
+    return [o.as_dict() for o in outcomes]
+
+
+# ---------------------------------------------------------------- verdicts
+
+def verdict(passed: int, failed: int, refused: int) -> str:
+    if passed and not (failed or refused):
+        return "pass"
+    if refused and not (passed or failed):
+        return "refused"
+    if passed:
+        return "partial"
+    return "fail"
+
+
+def aggregate(units_outcomes, claimed: dict[str, tuple]) -> tuple[list[dict], int, int]:
+    """(result rows, skipped cases, unattributed cases) from ``[(unit, [outcome dict])]``."""
+    cells: dict[tuple, list] = {}
+    skipped = unattributed = 0
+    for unit, outcomes in units_outcomes:
+        for o in outcomes:
+            if o["status"] == "skipped":
+                skipped += 1
+                continue
+            hit = [op for op in unit.targets if op in o["ops"]]
+            if not hit and not o["ops"] and len(unit.targets) == 1:
+                hit = list(unit.targets)   # refused before capture: its only target
+            if o["status"] == "refused" and "aten." in (o["reason"] or ""):
+                # refused because of a named op: evidence against that op only, not the others
+                # in its graph (a matmul sample refused for its squeeze says nothing about mm)
+                hit = [op for op in hit if op in o["reason"]]
+            if not hit:
+                unattributed += 1
+                continue
+            for op in hit:
+                cells.setdefault((op, unit.dtype, o["layout"]), []).append(o)
+    rows = []
+    for (op, dtype, layout), outs in sorted(cells.items()):
+        n = {s: sum(1 for o in outs if o["status"] == s) for s in ("pass", "fail", "refused")}
+        errs = [o for o in outs if o["max_abs_error"] is not None]
+        first_bad = next((o for o in outs if o["status"] == "fail"), None) or \
+            next((o for o in outs if o["status"] == "refused"), None)
+        rows.append(dict(
+            op=op, dtype=dtype, layout=layout, verdict=verdict(n["pass"], n["fail"], n["refused"]),
+            samples=len(outs), passed=n["pass"], failed=n["fail"], refused=n["refused"],
+            max_abs_error=max((o["max_abs_error"] for o in errs), default=None),
+            max_rel_error=max((o["max_rel_error"] or 0.0 for o in errs), default=None),
+            reason=first_bad["reason"] if first_bad else None,
+            first_failure=None if first_bad is None else dict(first_bad["inputs"], status=first_bad["status"],
+                                                              reason=first_bad["reason"])))
+    return rows, skipped, unattributed
+
+
+# ---------------------------------------------------------------- the run
+
+def run(chip: str, *, registry=None, settings: Settings = Settings(), progress=None, record: bool = True) -> Report:
+    """Run the conformance matrix of ``chip`` (a name in ``registry``); see the module docstring.
+
+    ``progress(done, total, unit, outcomes)`` is called after each unit. With ``record``
+    the run is stored in the registry as evidence (``Report.run_id``)."""
+    import time
+
+    from torchfl.registry import Registry
+
+    reg = registry if isinstance(registry, Registry) else Registry(registry)
+    url = reg.url
+    identity = reg.identity(chip)
+    hcd = reg.chip(chip, identity.chip_version)
+    packs = [reg.pack(name) for name, _v, _h in identity.packs]
+    claimed = claims(hcd, packs, settings)
+    units, uncovered = plan_units(claimed)
+    report = Report(chip, identity, harness_hash(settings), settings, datetime.now(timezone.utc))
+    bf16_emulated = bool(hcd.constraints.bfloat16_emulation)
+    t0 = time.perf_counter()
+    done: list = []
+    for unit, outcomes in _execute(units, chip, url, settings, bf16_emulated, identity.chip_hash):
+        done.append((unit, outcomes))
+        if progress:
+            progress(len(done), len(units), unit, outcomes)
+    report.results, report.skipped, report.unattributed = aggregate(done, claimed)
+    covered = {(r["op"], r["dtype"]) for r in report.results}
+    report.unverified = sorted(set(uncovered) | {(op, d) for op, dts in claimed.items() for d in dts
+                                                 if (op, d) not in covered})
+    report.wall_s = time.perf_counter() - t0
+    if record:
+        report.run_id = reg.record_conformance(
+            identity, harness_hash=report.harness_hash, started_at=report.started_at,
+            settings=dict(asdict(settings), unverified=len(report.unverified), skipped_cases=report.skipped),
+            results=report.results)
+    return report
+
+
+def _execute(units, chip, url, settings, bf16_emulated, chip_hash):
+    """Yield ``(unit, outcomes)`` as units finish: in this process (jobs 1) or sharded."""
+    if settings.jobs <= 1 or len(units) <= 1:
+        _worker_init_light()
+        for unit in units:
+            yield unit, run_unit(unit, chip, url, settings, bf16_emulated, chip_hash)
+        return
+    import multiprocessing
+    from concurrent.futures import ProcessPoolExecutor, as_completed
+
+    env = {"NUMBA_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "TORCHFL_REGISTRY_URL": url}
+    saved = {k: os.environ.get(k) for k in env}
+    os.environ.update(env)   # inherited by the spawned workers only for their start
+    try:
+        ctx = multiprocessing.get_context("spawn")
+        with ProcessPoolExecutor(max_workers=settings.jobs, mp_context=ctx, initializer=_worker_init) as pool:
+            futures = {pool.submit(run_unit, u, chip, url, settings, bf16_emulated, chip_hash): u for u in units}
+            for fut in as_completed(futures):
+                yield futures[fut], fut.result()
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+
+
+def _worker_init_light() -> None:
+    """In-process runs (tests, ``--jobs 1``): quiet torch's warnings, keep the caller's threads."""
+    import warnings
+
+    warnings.filterwarnings("ignore", category=UserWarning)

@@ -1,0 +1,359 @@
+"""The plan's device-memory plan: the buffers live at each step, sized and aligned as the
+executor's allocator accounts them, and the peak.
+
+Why here, in the planner: a plan that cannot fit the chip's ``off_chip_memory.size_gb``
+must be refused before anything runs, and the what-if questions (the largest batch that
+fits, a chip comparison) are answered by planning, not by running. So buffer lifetimes are
+decided once, here, as part of the plan's contract; the executor (``runtime/executor.py``)
+frees exactly what this plan frees, after the step it names, and explain analyze sets the
+allocator's measured peak beside :attr:`MemoryPlan.peak_bytes`.
+
+The model of an execution (the executor's, step by step):
+
+* before step 0 every lifted parameter, buffer and constant is uploaded in its graph dtype
+  and stays resident (a later call reuses it); then each user input that a step or the
+  output reads is uploaded in its plan layout and dtype;
+* a chip step allocates one buffer per kernel output (``KernelSpec.output_meta`` of its
+  problem: what ``RunContext.outputs`` allocates); a metadata reshape (row-major input)
+  allocates nothing and shares its input's buffer (one *alias group*); a host step
+  (fallback, fold) allocates one buffer per named tensor output;
+* after a step, outputs the plan does not name are freed at once (*scratch*), then every
+  group whose last reader or maker that step was; groups that hold a static value (weights,
+  their casts and layout copies, folded constants) stay resident across calls when a
+  per-call step or the output reads them (a float32 parameter read only by its static cast
+  to float16 is freed after the cast: the chip keeps one copy, in the plan's dtype), and
+  groups that hold a graph output are freed after the download;
+* a buffer costs its bytes rounded up to whole alignment granules
+  (:func:`torchfl.kernels.memory.accounted_bytes`, the allocator's own rule). Kernels keep
+  no device workspace: their tiles live in the on-chip cache, which is not off-chip memory.
+
+``static_inputs`` (positions of user inputs that are weights the runtime caches, as
+Dynamo's parameters are) makes those inputs resident too; the planner's own plan has none.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+
+from torchfl.planner.errors import HardConstraintError
+from torchfl.planner.plan import HOST_STEPS, _Data, _tuple, identity_layout
+
+__all__ = ["Buffer", "MemoryPlan", "plan_memory", "check_memory", "fmt_bytes", "MemoryLimitError"]
+
+KINDS = ("input", "parameter", "weight", "folded", "activation", "output", "scratch")
+WHY = {
+    "input": "user inputs, uploaded at every call",
+    "parameter": "parameters, buffers and constants, uploaded once in the graph's dtype",
+    "weight": "parameters in the plan's dtype and layout (static casts and layout copies, kept)",
+    "folded": "folded constants (input-independent values computed once on the host, kept)",
+    "activation": "intermediate values, freed after their last reader",
+    "output": "graph outputs, freed after they are returned",
+    "scratch": "kernel outputs the plan does not use, freed right after their step",
+}
+
+
+class MemoryLimitError(HardConstraintError):
+    """The plan's peak device memory exceeds ``off_chip_memory.size_gb``; ``.memory`` holds
+    the :class:`MemoryPlan` (its breakdown is still worth showing)."""
+
+    def __init__(self, message: str, memory: "MemoryPlan", **kw):
+        super().__init__(message, **kw)
+        self.memory = memory
+
+
+def fmt_bytes(n: int) -> str:
+    """Binary units, as ``size_gb`` (GiB) is written."""
+    n = int(n)
+    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
+        if n >= size:
+            return f"{n / size:.2f} {unit}"
+    return f"{n} B"
+
+
+@dataclass(frozen=True)
+class Buffer(_Data):
+    """One device buffer: the value that first holds it (``name``), the values that view it
+    (``values``, reshapes included), its ``kind`` (:data:`KINDS`), accounted ``nbytes``, the
+    step that allocates it (``alloc``; -1: uploaded before step 0) and the last step it is
+    live in (``free``: freed after that step; ``None``: resident, kept across calls)."""
+
+    name: str
+    values: tuple[str, ...]
+    kind: str
+    nbytes: int
+    alloc: int
+    free: int | None
+
+    def live_at(self, step: int) -> bool:
+        return self.alloc <= step and (self.free is None or step <= self.free)
+
+
+@dataclass(frozen=True)
+class MemoryPlan(_Data):
+    """Device memory of one call of a plan (see the module docstring).
+
+    ``live_bytes[i]``: bytes allocated at step ``i``'s high-water mark (everything live
+    before it plus the buffers it allocates); ``upload_bytes``: after the uploads, before
+    step 0; ``peak_bytes``/``peak_step`` the maximum of both (``peak_step`` -1: the uploads);
+    ``resident_bytes``: what stays allocated between calls. ``frees[i]``: value names whose
+    buffers the executor frees after step ``i``; ``at_end``: outputs freed after the
+    download; ``static_steps``: steps run once (their results kept)."""
+
+    alignment: int
+    capacity: int | None
+    buffers: tuple[Buffer, ...]
+    live_bytes: tuple[int, ...]
+    upload_bytes: int
+    peak_bytes: int
+    peak_step: int
+    resident_bytes: int
+    frees: tuple[tuple[str, ...], ...]
+    at_end: tuple[str, ...]
+    static_steps: tuple[int, ...]
+
+    @property
+    def fits(self) -> bool:
+        return self.capacity is None or self.peak_bytes <= self.capacity
+
+    def live_at_peak(self) -> list[Buffer]:
+        """The buffers live at the peak, largest first."""
+        return sorted((b for b in self.buffers if b.live_at(self.peak_step)), key=lambda b: (-b.nbytes, b.name))
+
+    def breakdown(self, step: int | None = None) -> dict[str, int]:
+        """Bytes per buffer kind live at ``step`` (default: the peak), in :data:`KINDS` order."""
+        step = self.peak_step if step is None else step
+        out = {k: 0 for k in KINDS}
+        for b in self.buffers:
+            if b.live_at(step):
+                out[b.kind] += b.nbytes
+        return out
+
+    @classmethod
+    def from_dict(cls, data: dict) -> "MemoryPlan":
+        bufs = tuple(Buffer(**{k: _tuple(v) for k, v in b.items()}) for b in data["buffers"])
+        rest = {k: _tuple(v) for k, v in data.items() if k != "buffers"}
+        return cls(buffers=bufs, **rest)
+
+
+def _kernel_layout(layout: str | None, rank: int):
+    return None if not layout or layout == identity_layout(rank) else layout
+
+
+def _nbytes(shape, dtype: str) -> int:
+    from torchfl.kernels.dtypes import itemsize
+
+    n = itemsize(dtype)
+    for s in shape:
+        n *= int(s)
+    return n
+
+
+def _kernel_outputs(step, values) -> list[int]:
+    """Bytes of each buffer the step's kernel allocates (its output metadata for the
+    problem its inputs make, as the executor binds it)."""
+    from torchfl.kernels.catalog import get
+
+    spec = get(step.kernel)
+    bound = [(n, values[v]) for n, v in zip(spec.input_names, step.inputs) if v]
+    shapes = {n: v.shape for n, v in bound}
+    dtypes = {n: v.dtype for n, v in bound}
+    layouts = {n: _kernel_layout(v.layout, len(v.shape)) for n, v in bound}
+    first = next((dtypes[n] for n in spec.input_names if n in dtypes), None)
+    problem = spec.problem(shapes, step.attrs, None if spec.mixed_dtypes else first, layouts, dtypes)
+    return [_nbytes(m.shape, m.dtype) for m in spec.output_meta(problem)]
+
+
+def is_alias(step, values) -> bool:
+    """A reshape of a row-major value: zero bytes, its output views its input's buffer."""
+    if step.kernel != "reshape" or not step.inputs:
+        return False
+    v = values.get(step.inputs[0])
+    if v is not None:
+        return _kernel_layout(v.layout, len(v.shape)) is None
+    return (step.tile or {}).get("strategy") == "metadata"
+
+
+def static_steps(plan, static_inputs=()) -> tuple[frozenset, frozenset]:
+    """(indices of steps that run once, names of values kept across calls): lifted
+    placeholders, the ``static_inputs`` user inputs, and every output of a step whose
+    inputs are all static (or a fold)."""
+    positions = {int(i) for i in static_inputs}
+    static_vals = {p.name for p in plan.inputs if p.kind != "input" or int(p.target) in positions}
+    steps = set()
+    for step in plan.steps:
+        ins = [v for v in step.inputs if v]
+        if (step.kind == "fold" and step.static) or (ins and (step.static or all(v in static_vals for v in ins))):
+            steps.add(step.index)
+            static_vals.update(o for o in step.outputs if o)
+    return frozenset(steps), frozenset(static_vals)
+
+
+def plan_memory(plan, alignment: int, capacity: int | None = None, static_inputs=()) -> MemoryPlan:
+    """The :class:`MemoryPlan` of ``plan`` on a chip with ``alignment`` and ``capacity``."""
+    from torchfl.kernels.memory import accounted_bytes
+
+    values = plan.values
+    steps = plan.steps
+    static_idx, static_vals = static_steps(plan, static_inputs)
+    outputs = [o for o in plan.outputs if o]
+    read = {v for s in steps for v in s.inputs if v} | set(outputs)
+
+    parent: dict = {}
+
+    def root(v):
+        while parent.get(v, v) != v:
+            v = parent[v]
+        return v
+
+    for step in steps:
+        if is_alias(step, values) and step.outputs and step.outputs[0]:
+            a, b = root(step.outputs[0]), root(step.inputs[0])
+            if a != b:
+                parent[a] = b
+
+    # allocations: (value, bytes, step, kind); -1 = before step 0
+    allocs: list = []
+    user_positions = {int(i) for i in static_inputs}
+    for pin in plan.inputs:
+        if pin.kind != "input":
+            allocs.append((pin.name, _nbytes(pin.shape, pin.dtype), -1, "parameter"))
+    for pin in plan.inputs:
+        if pin.kind == "input" and pin.name in read:
+            kind = "parameter" if int(pin.target) in user_positions else "input"
+            allocs.append((pin.name, _nbytes(pin.shape, pin.dtype), -1, kind))
+    scratch: list = []   # (step, bytes)
+    for step in steps:
+        if step.kind in HOST_STEPS:
+            for o in step.outputs:
+                if o and o in values:
+                    allocs.append((o, _nbytes(values[o].shape, values[o].dtype), step.index, None))
+            continue
+        if is_alias(step, values):
+            continue
+        for i, nb in enumerate(_kernel_outputs(step, values)):
+            o = step.outputs[i] if i < len(step.outputs) else ""
+            if o:
+                allocs.append((o, nb, step.index, None))
+            else:
+                scratch.append((step.index, nb))
+
+    members = defaultdict(list)
+    last: dict = {}
+    for name, _nb, at, _k in allocs:
+        last.setdefault(root(name), at)
+        members[root(name)].append(name)
+    for step in steps:
+        for v in [v for v in step.inputs if v] + [o for o in step.outputs if o]:
+            r = root(v)
+            last[r] = step.index
+            if v not in members[r]:
+                members[r].append(v)
+    out_groups = {root(o) for o in outputs}
+    # a static buffer stays on the device between calls only when a per-call step (or the
+    # output) reads it: a float32 parameter whose only reader is its static cast is freed
+    # after that cast, so the chip keeps the weights in the plan's dtype, once
+    dynamic_reads = {v for s in steps if s.index not in static_idx for v in s.inputs if v}
+    static_groups = {r for r, ms in members.items() if any(m in static_vals for m in ms)}
+    resident = {r for r in static_groups
+                if r in out_groups or last.get(r, -1) < 0 or any(m in dynamic_reads for m in members[r])}
+    end = len(steps)
+
+    buffers = []
+    frees = defaultdict(list)
+    for name, nb, at, kind in allocs:
+        r = root(name)
+        if r in resident:
+            free = None
+        elif r in out_groups:
+            free = end
+        else:
+            free = last[r]
+            if name == r:
+                frees[free].append(name)
+        if kind is None:
+            producer = steps[at]
+            if r in static_groups:
+                kind = "folded" if producer.kind == "fold" or _from_fold(r, values, steps) else "weight"
+            elif r in out_groups:
+                kind = "output"
+            else:
+                kind = "activation"
+        views = tuple(m for m in members[r] if m != name) if name == r else ()
+        buffers.append(Buffer(name, (name,) + views, kind, accounted_bytes(nb, alignment), at, free))
+    for at, nb in scratch:
+        buffers.append(Buffer(f"(unused output of step {at})", (), "scratch", accounted_bytes(nb, alignment),
+                              at, at))
+    at_end = []
+    for o in outputs:
+        r = root(o)
+        if r not in resident and r not in {root(x) for x in at_end}:
+            at_end.append(o)
+
+    upload = sum(b.nbytes for b in buffers if b.alloc < 0)
+    live, now = [], upload
+    by_alloc = defaultdict(int)
+    by_free = defaultdict(int)
+    for b in buffers:
+        if b.alloc >= 0:
+            by_alloc[b.alloc] += b.nbytes
+        if b.free is not None and b.free < end:
+            by_free[b.free] += b.nbytes
+    for i in range(end):
+        now += by_alloc[i]
+        live.append(now)
+        now -= by_free[i]
+    peak_step, peak = -1, upload
+    for i, n in enumerate(live):
+        if n > peak:
+            peak_step, peak = i, n
+    resident_bytes = sum(b.nbytes for b in buffers if b.free is None)
+    return MemoryPlan(
+        alignment=int(alignment), capacity=None if capacity is None else int(capacity), buffers=tuple(buffers),
+        live_bytes=tuple(live), upload_bytes=upload, peak_bytes=peak, peak_step=peak_step,
+        resident_bytes=resident_bytes, frees=tuple(tuple(frees.get(i, ())) for i in range(end)),
+        at_end=tuple(at_end), static_steps=tuple(sorted(static_idx)))
+
+
+def _from_fold(name, values, steps) -> bool:
+    """Whether a static value derives from a folded constant (a cast or layout copy of one)."""
+    seen = set()
+    while name and name not in seen:
+        seen.add(name)
+        v = values.get(name)
+        if v is None or v.producer is None:
+            return False
+        step = steps[v.producer]
+        if step.kind == "fold":
+            return True
+        if step.kind not in ("cast", "layout") or not step.inputs:
+            return False
+        name = step.inputs[0]
+    return False
+
+
+def check_memory(plan, hcd) -> None:
+    """Refuse a plan whose peak exceeds the chip's off-chip memory, with the numbers: the
+    peak, the capacity, the step where it occurs and the largest buffers live then."""
+    mp = plan.memory
+    if mp is None or mp.fits:
+        return
+    where = "while uploading the inputs and parameters" if mp.peak_step < 0 else \
+        f"at step {mp.peak_step} ({_step_label(plan.steps[mp.peak_step])})"
+    top = mp.live_at_peak()[:5]
+    largest = "; ".join(f"{b.name} ({b.kind}, {fmt_bytes(b.nbytes)})" for b in top)
+    parts = ", ".join(f"{k} {fmt_bytes(n)}" for k, n in mp.breakdown().items() if n)
+    raise MemoryLimitError(
+        f"Plan for {plan.chip} needs {fmt_bytes(mp.peak_bytes)} ({mp.peak_bytes} B) of device memory {where}, "
+        f"more than the chip's {fmt_bytes(mp.capacity)} ({mp.capacity} B, HCD field "
+        f"memory.off_chip_memory.size_gb); live then: {parts}; largest buffers: {largest}. Use a smaller batch "
+        f"(`torchfl plan max-batch` finds the largest that fits), a smaller precision, or a chip with more "
+        f"off-chip memory", mp, field="memory.off_chip_memory.size_gb", limit=mp.capacity, value=mp.peak_bytes,
+        node=None if mp.peak_step < 0 else plan.steps[mp.peak_step].outputs[:1])
+
+
+def _step_label(step) -> str:
+    if step.kind in ("cast", "layout"):
+        return f"{step.kernel} of {step.inputs[0] if step.inputs else '?'}"
+    ops = "+".join(o.removeprefix("aten.").rsplit(".", 1)[0] for o in step.ops)
+    return f"{step.kernel or step.kind} {ops}".strip()

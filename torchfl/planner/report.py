@@ -1,0 +1,279 @@
+"""``torchfl plan report``: one self-contained HTML page to look at a plan (or a comparison).
+
+Figures are drawn by matplotlib (SVG, text as paths, inlined: the page loads nothing):
+
+* the plan as a graph, steps coloured by kernel family, CPU fallbacks red, host folds grey;
+* a roofline: each chip step's operations per byte against the ops/s its predicted time
+  gives, under the chip's compute ceilings (per dtype) and its off-chip bandwidth slope;
+* the memory timeline: bytes live at each step by buffer kind, the peak and the capacity;
+* the explain table; with several chips, a comparison table and bar charts.
+
+matplotlib is an optional dependency (the ``report`` extra), imported only here.
+"""
+
+from __future__ import annotations
+
+import html
+import io
+
+__all__ = ["render_report", "ReportError"]
+
+_FAMILY_COLOURS = ("#4e79a7", "#f28e2b", "#59a14f", "#b07aa1", "#edc948", "#76b7b2", "#ff9da7", "#9c755f",
+                   "#bab0ac", "#86bcb6", "#d37295", "#a0cbe8", "#8cd17d")
+_KIND_COLOURS = {"input": "#a0cbe8", "parameter": "#4e79a7", "weight": "#f28e2b", "folded": "#bab0ac",
+                 "activation": "#59a14f", "output": "#b07aa1", "scratch": "#e15759"}
+FALLBACK = "#e15759"
+FOLD = "#c7c7c7"
+
+
+class ReportError(RuntimeError):
+    """matplotlib is missing (the message says how to install it)."""
+
+
+def _plt():
+    try:
+        import matplotlib
+    except ModuleNotFoundError:
+        raise ReportError("torchfl plan report draws its figures with matplotlib, which is not installed: "
+                          "pip install 'torchfl[report]'") from None
+    matplotlib.use("Agg")
+    matplotlib.rcParams["svg.fonttype"] = "path"      # no font files to fetch: text as paths
+    matplotlib.rcParams["svg.hashsalt"] = "torchfl"   # deterministic ids
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _svg(fig) -> str:
+    buf = io.StringIO()
+    fig.savefig(buf, format="svg", bbox_inches="tight", metadata={"Date": None})
+    _plt().close(fig)
+    text = buf.getvalue()
+    return text[text.index("<svg"):]
+
+
+def _family(step) -> str:
+    from torchfl.kernels.catalog import CATALOG
+
+    if step.kind == "fallback":
+        return "CPU fallback"
+    if step.kind == "fold":
+        return "host fold"
+    spec = CATALOG.get(step.kernel)
+    return spec.family if spec is not None else str(step.kernel)
+
+
+def _colours(plan) -> dict:
+    families = sorted({_family(s) for s in plan.steps} - {"CPU fallback", "host fold"})
+    out = {f: _FAMILY_COLOURS[i % len(_FAMILY_COLOURS)] for i, f in enumerate(families)}
+    out.update({"CPU fallback": FALLBACK, "host fold": FOLD})
+    return out
+
+
+def graph_figure(plan) -> str:
+    """The plan's steps as a layered graph (producer -> consumer), coloured by family."""
+    import networkx as nx
+
+    plt = _plt()
+    g = nx.DiGraph()
+    shown = [s for s in plan.steps if not (s.static and s.kind in ("cast", "layout"))]   # weight prep: once
+    for s in shown:
+        g.add_node(s.index)
+    for s in shown:
+        for v in s.inputs:
+            src = plan.values[v].producer if v and v in plan.values else None
+            if src is not None and src in g:
+                g.add_edge(src, s.index)
+    for layer, nodes in enumerate(nx.topological_generations(g)):
+        for n in nodes:
+            g.nodes[n]["layer"] = layer
+    pos = nx.multipartite_layout(g, subset_key="layer", align="horizontal", scale=1.0)
+    pos = {n: (x, -y) for n, (x, y) in pos.items()}     # layer 0 at the top
+    depth = 1 + max((d["layer"] for _n, d in g.nodes(data=True)), default=0)
+    width = max((len(list(nodes)) for nodes in nx.topological_generations(g)), default=1)
+    fig, ax = plt.subplots(figsize=(min(16, 4 + 0.6 * width), min(40, 2 + 0.28 * depth)))
+    colours = _colours(plan)
+    node_colours = [colours[_family(plan.steps[n])] for n in g.nodes]
+    nx.draw_networkx_edges(g, pos, ax=ax, arrows=False, width=0.6, edge_color="#888888")
+    nx.draw_networkx_nodes(g, pos, ax=ax, node_color=node_colours, node_size=70, linewidths=0.4,
+                           edgecolors="#333333")
+    if len(shown) <= 80:
+        labels = {n: plan.steps[n].kernel or plan.steps[n].kind for n in g.nodes}
+        nx.draw_networkx_labels(g, {n: (x + 0.02, y) for n, (x, y) in pos.items()}, labels, ax=ax, font_size=6,
+                                horizontalalignment="left")
+    from matplotlib.patches import Patch
+
+    used = sorted({_family(s) for s in plan.steps})
+    ax.legend(handles=[Patch(color=colours[f], label=f) for f in used], loc="upper left", bbox_to_anchor=(1, 1),
+              fontsize=7, title="kernel family", title_fontsize=8)
+    ax.set_title(f"plan graph: {len(shown)} steps on {plan.chip} (data flows downward; "
+                 f"{len(plan.steps) - len(shown)} static weight casts/layouts not drawn)", fontsize=9)
+    ax.axis("off")
+    return _svg(fig)
+
+
+def roofline_figure(plan, chip_model) -> str:
+    """Chip steps against the compute ceilings and the bandwidth slope (log-log)."""
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(7.5, 4.8))
+    colours = _colours(plan)
+    bw = chip_model.offchip_bw
+    pts = {}
+    for s in plan.steps:
+        if s.kind in ("fallback", "fold") or s.predicted_time_s <= 0 or s.predicted_bytes <= 0 or s.predicted_flops <= 0:
+            continue
+        pts.setdefault(_family(s), []).append((s.predicted_flops / s.predicted_bytes,
+                                               s.predicted_flops / s.predicted_time_s))
+    xs = [x for v in pts.values() for x, _ in v] or [1.0]
+    lo, hi = min(xs) / 4, max(xs) * 4
+    peaks = sorted({(d, chip_model.peak_for(d)) for d in {s.dtype for s in plan.steps if s.kind != "fallback"}
+                    if d in chip_model.peak}, key=lambda t: t[1])
+    import numpy as np
+
+    grid = np.logspace(np.log10(lo), np.log10(hi), 100)
+    for dtype, peak in peaks:
+        ax.plot(grid, np.minimum(peak, bw * grid), lw=1.2, label=f"ceiling {dtype}: {peak / 1e12:.3g} Tops/s, "
+                                                                  f"{bw / 1e9:.3g} GB/s")
+    for fam, v in sorted(pts.items()):
+        ax.scatter([x for x, _ in v], [y for _, y in v], s=14, color=colours.get(fam, "#333333"), label=fam,
+                   edgecolors="#333333", linewidths=0.3, zorder=3)
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    ax.set_xlabel("operations per off-chip byte (predicted)")
+    ax.set_ylabel("operations per second (predicted)")
+    ax.set_title(f"roofline of the plan's steps on {plan.chip}", fontsize=9)
+    ax.grid(True, which="both", lw=0.3, alpha=0.5)
+    ax.legend(fontsize=6, loc="upper left", bbox_to_anchor=(1, 1))
+    return _svg(fig)
+
+
+def memory_figure(plan) -> str:
+    """Bytes live at each step's high-water mark, stacked by buffer kind; peak and capacity."""
+    from torchfl.planner.memory import KINDS, fmt_bytes
+
+    plt = _plt()
+    mp = plan.memory
+    n = len(plan.steps)
+    steps = list(range(-1, n))
+    series = {k: [0] * len(steps) for k in KINDS}
+    for b in mp.buffers:
+        first = b.alloc
+        last = n - 1 if b.free is None else min(b.free, n - 1)
+        for i in range(max(first, -1), last + 1):
+            series[b.kind][i + 1] += b.nbytes
+    fig, ax = plt.subplots(figsize=(9, 3.8))
+    used = [k for k in KINDS if any(series[k])]
+    scale = 1 << 20
+    ax.stackplot(steps, *[[v / scale for v in series[k]] for k in used], labels=used,
+                 colors=[_KIND_COLOURS[k] for k in used], step="mid", alpha=0.9)
+    ax.axvline(mp.peak_step, color="#d62728", lw=1, ls="--")
+    ax.annotate(f"peak {fmt_bytes(mp.peak_bytes)}\n" + ("uploads" if mp.peak_step < 0 else f"step {mp.peak_step}"),
+                (mp.peak_step, mp.peak_bytes / scale), fontsize=7, color="#d62728",
+                xytext=(5, -2), textcoords="offset points", va="top")
+    if mp.capacity is not None:
+        ax.axhline(mp.capacity / scale, color="black", lw=1)
+        ax.annotate(f"capacity {fmt_bytes(mp.capacity)}", (0, mp.capacity / scale), fontsize=7,
+                    xytext=(2, 2), textcoords="offset points")
+        ax.set_ylim(0, max(mp.capacity, mp.peak_bytes) / scale * 1.08)
+    ax.set_xlabel("step (-1: uploads before step 0)")
+    ax.set_ylabel("device memory live (MiB)")
+    ax.set_title(f"memory timeline on {plan.chip}", fontsize=9)
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1, 1))
+    ax.grid(True, lw=0.3, alpha=0.5)
+    return _svg(fig)
+
+
+def compare_figure(rows) -> str:
+    """Predicted time and peak memory per chip (chips that plan)."""
+    plt = _plt()
+    ok = [r for r in rows if r["ok"]]
+    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 0.5 + 0.4 * max(1, len(ok))))
+    names = [f"{r['chip']} {r['version']}" for r in ok]
+    a.barh(names, [r["predicted_time_s"] * 1e3 for r in ok], color=[
+        "#f28e2b" if r["bound"] == "memory" else "#4e79a7" for r in ok])
+    a.set_xlabel("predicted time per call (ms); orange: memory-bound, blue: compute-bound")
+    a.invert_yaxis()
+    b.barh(names, [r["peak_bytes"] / (1 << 20) for r in ok], color="#59a14f")
+    for i, r in enumerate(ok):
+        if r["capacity_bytes"]:
+            b.plot([r["capacity_bytes"] / (1 << 20)] * 2, [i - 0.4, i + 0.4], color="black", lw=1.5)
+    b.set_xscale("log")
+    b.set_xlabel("peak device memory (MiB, log); black tick: capacity")
+    b.invert_yaxis()
+    b.set_yticklabels([])
+    fig.suptitle("chips side by side", fontsize=9)
+    return _svg(fig)
+
+
+_CSS = """
+body { font-family: -apple-system, "Segoe UI", Helvetica, Arial, sans-serif; margin: 1.5em auto; max-width: 1200px;
+       color: #222; padding: 0 1em; }
+h1 { font-size: 1.4em; } h2 { font-size: 1.15em; margin-top: 1.6em; border-bottom: 1px solid #ddd; }
+table { border-collapse: collapse; font-size: 0.85em; } td, th { border: 1px solid #ddd; padding: 2px 6px; }
+th { background: #f4f4f4; } td.num { text-align: right; font-variant-numeric: tabular-nums; }
+tr.err td { color: #b00; } pre { font-size: 0.75em; overflow-x: auto; background: #fafafa; padding: 0.6em; }
+figure { margin: 0.6em 0; } figure svg { max-width: 100%; height: auto; }
+.meta { color: #555; font-size: 0.9em; }
+"""
+
+
+def _e(x) -> str:
+    return html.escape(str(x))
+
+
+def _table(header, rows, numeric=(), classes=None) -> str:
+    out = ["<table><thead><tr>" + "".join(f"<th>{_e(h)}</th>" for h in header) + "</tr></thead><tbody>"]
+    for i, r in enumerate(rows):
+        cls = f' class="{classes[i]}"' if classes and classes[i] else ""
+        out.append(f"<tr{cls}>" + "".join(f'<td class="num">{_e(c)}</td>' if j in numeric else f"<td>{_e(c)}</td>"
+                                          for j, c in enumerate(r)) + "</tr>")
+    out.append("</tbody></table>")
+    return "\n".join(out)
+
+
+def _figure(fig_id: str, svg: str, caption: str) -> str:
+    return f'<figure id="{fig_id}" class="figure">{svg}<figcaption class="meta">{_e(caption)}</figcaption></figure>'
+
+
+def render_report(plan, chip_model, title: str, comparison: dict | None = None) -> str:
+    """The HTML page for ``plan`` on ``chip_model`` (and, if given, the rows of a compare)."""
+    from torchfl.planner.explain import _time, memory_line
+    from torchfl.planner.memory import fmt_bytes
+
+    s = plan.summary
+    parts = [f"<h1>{_e(title)}</h1>",
+             f'<p class="meta">{_e(s.headline(plan.chip))}. Chip {_e(plan.chip)} {_e(plan.chip_version)}, precision '
+             f'{_e(plan.precision or "as captured")}; predicted {_e(_time(s.predicted_time_s))} per call, '
+             f"{_e(fmt_bytes(int(s.predicted_bytes)))} off-chip. {_e(memory_line(plan))}</p>"]
+    if comparison is not None:
+        rows, classes = [], []
+        for r in comparison["rows"]:
+            if r["ok"]:
+                rows.append((r["chip"], r["version"], r["precision"] or "-", _time(r["predicted_time_s"]),
+                             fmt_bytes(r["offchip_bytes"]), fmt_bytes(r["peak_bytes"]),
+                             fmt_bytes(r["capacity_bytes"]) if r["capacity_bytes"] else "unbounded", r["kernels"],
+                             r["fused_groups"], r["fallbacks"], f"{r['bound']} ({100 * r['bound_share']:.0f}%)"))
+                classes.append("")
+            else:
+                rows.append((r["chip"], r["version"], r["precision"] or "-", f"{r['error_kind']}: {r['error']}",
+                             "", "", "", "", "", "", ""))
+                classes.append("err")
+        parts += ["<h2>Chips side by side</h2>",
+                  _table(("chip", "version", "precision", "predicted time", "off-chip", "peak memory", "capacity",
+                          "kernels", "fused", "fallbacks", "bound by"), rows, numeric=(3, 4, 5, 6, 7, 8, 9), classes=classes),
+                  _figure("fig-compare", compare_figure(comparison["rows"]),
+                          "Predicted time and peak device memory per chip, from the plans (nothing ran).")]
+    parts += [f"<h2>The plan on {_e(plan.chip)}</h2>",
+              _figure("fig-graph", graph_figure(plan),
+                      "Each dot is a step; colour is the kernel family (red: CPU fallback, grey: folded on the host)."),
+              "<h2>Roofline</h2>",
+              _figure("fig-roofline", roofline_figure(plan, chip_model),
+                      "Each chip step at its predicted operations per off-chip byte and operations per second, under "
+                      "the chip's ceilings (min of the unit's peak and bandwidth x intensity)."),
+              "<h2>Device memory</h2>",
+              _figure("fig-memory", memory_figure(plan), memory_line(plan)),
+              "<h2>Explain</h2>",
+              f"<pre>{_e(plan.explain('text'))}</pre>"]
+    return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
+            f"<title>{_e(title)}</title><style>{_CSS}</style></head><body>\n" + "\n".join(parts)
+            + "\n</body></html>\n")

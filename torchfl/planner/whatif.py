@@ -1,0 +1,437 @@
+"""What-if planning: questions answered by planning, before a chip is in hand.
+
+* :func:`max_batch`: the largest batch whose plan fits the chip (memory, ``max_batch_size``,
+  sequence length), found by planning at a few batches, never by running;
+* :func:`compare`: one model planned on several chips, side by side;
+* :func:`impact`: one model set planned on two versions of a chip, what changed.
+
+Every function captures a model once per shape and plans the capture on each chip (a
+capture costs seconds, a plan well under one). Results are plain data with ``to_dict()``
+for ``--json``; the CLI (``torchfl plan memory|max-batch|compare|impact``) only formats them.
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import asdict, dataclass, field
+
+from torchfl.planner.errors import PlanError
+
+__all__ = ["chip_of", "registry_chips", "auto_precision", "plan_on", "Planned", "plan_everywhere",
+           "max_batch", "MaxBatch", "Probe", "compare", "impact", "Impact", "batched", "bound_resource",
+           "training_peak"]
+
+LIMIT_FIELDS = {
+    "memory.off_chip_memory.size_gb": "memory",
+    "constraints.max_batch_size": "max_batch_size",
+    "constraints.max_sequence_length": "sequence length",
+    "compute_units.attention.max_sequence_length": "sequence length",
+}
+
+
+# ---------------------------------------------------------------- chips
+
+def chip_of(chip, registry=None, version: str | None = None):
+    """The :class:`~torchfl.planner.target.Target` of ``chip`` (a name, an HCD or a Target):
+    resolved as the planner does, or ``version`` of that name from the registry."""
+    from torchfl.planner.target import Target, resolve_target
+
+    if version is None:
+        return resolve_target(chip, registry)
+    reg = _open(registry)
+    latest = resolve_target(chip, reg)
+    return Target.of(reg.chip(chip, version), latest.packs)
+
+
+def _open(registry):
+    from torchfl.registry import Registry
+
+    return registry if isinstance(registry, Registry) else Registry(registry)
+
+
+def registry_chips(registry=None) -> list[str]:
+    """Names of every chip in the registry (latest versions), sorted."""
+    return sorted(s.name for s in _open(registry).chips())
+
+
+def auto_precision(hcd, requested: str | None) -> str | None:
+    """``"auto"``: none on a chip with a float32 unit, else float16, else bfloat16 (the
+    first the chip stores); anything else is passed through."""
+    if requested != "auto":
+        return requested
+    if hcd.unit_for("float32") is not None:
+        return None
+    stored = set(hcd.dtypes) | ({"bfloat16"} if hcd.constraints.bfloat16_emulation else set())
+    for p in ("float16", "bfloat16"):
+        if p in stored and hcd.unit_for(p) is not None:
+            return p
+    return None
+
+
+# ---------------------------------------------------------------- planning one capture on one chip
+
+@dataclass
+class Planned:
+    """One model on one chip: the plan (and for training, the backward's), or the error."""
+
+    chip: str
+    version: str
+    precision: str | None
+    plan: object = None
+    backward: object = None
+    error: PlanError | None = None
+    planning_s: float = 0.0
+    peak_bytes: int | None = None      # device high-water (training: both graphs, see training_peak)
+
+    @property
+    def ok(self) -> bool:
+        return self.error is None
+
+
+def plan_on(chip, captured, inputs, precision=None, backward=None) -> Planned:
+    """Plan a capture (and a training capture's backward) on ``chip``; a planning error the
+    chip's HCD causes is kept, not raised."""
+    from torchfl.planner.api import plan_captured
+
+    prec = auto_precision(chip.hcd, precision)
+    out = Planned(chip.name, chip.version, prec)
+    t0 = time.perf_counter()
+    try:
+        out.plan = plan_captured(captured, inputs, chip, precision=prec)
+        out.peak_bytes = out.plan.memory.peak_bytes
+        if backward is not None:
+            out.backward = plan_captured(backward, (), chip, precision=prec)
+            out.peak_bytes = training_peak(out.plan, out.backward, chip, captured.extra.get("weights", ()))
+            _check_training(out, chip)
+    except PlanError as exc:
+        out.error = exc
+    out.planning_s = time.perf_counter() - t0
+    return out
+
+
+def training_peak(forward, backward, chip, weights=()) -> int:
+    """Device high-water of one training step as the runtime runs it: the forward (its
+    parameter primals ``weights`` cached on the device, as the runtime does), then the
+    backward while those weights stay resident. Saved activations cross between the two
+    graphs as the backward's inputs, so its memory plan counts them."""
+    from torchfl.planner.memory import plan_memory
+
+    m = chip.model
+    fw = plan_memory(forward, m.alignment, m.memory_bytes, weights)
+    return max(fw.peak_bytes, fw.resident_bytes + backward.memory.peak_bytes)
+
+
+def _check_training(out: Planned, chip) -> None:
+    from torchfl.planner.memory import MemoryLimitError, fmt_bytes
+
+    cap = chip.model.memory_bytes
+    if cap is not None and out.peak_bytes > cap:
+        raise MemoryLimitError(
+            f"Training step on {chip.name} needs {fmt_bytes(out.peak_bytes)} ({out.peak_bytes} B) of device memory "
+            f"(the forward's cached weights plus the backward's peak), more than the chip's {fmt_bytes(cap)} "
+            f"({cap} B, HCD field memory.off_chip_memory.size_gb); use a smaller batch", out.backward.memory,
+            field="memory.off_chip_memory.size_gb", limit=cap, value=out.peak_bytes)
+
+
+def capture(module, inputs, training=False, packs=()):
+    """(forward or inference capture, backward capture or None)."""
+    from torchfl.planner.capture import capture_module, capture_training
+
+    if training:
+        return capture_training(module, inputs, packs)
+    return capture_module(module, inputs), None
+
+
+def plan_everywhere(module, inputs, chips, precision="auto", training=False) -> list[Planned]:
+    """``module(*inputs)`` captured once and planned on each of ``chips``."""
+    fw, bw = capture(module, inputs, training, chips[0].packs if chips else ())
+    return [plan_on(c, fw, inputs if not training else (), precision, bw) for c in chips]
+
+
+# ---------------------------------------------------------------- rows for compare / impact
+
+def bound_resource(plan, chip_model) -> tuple[str, float]:
+    """("compute" | "memory", share of the predicted time in steps bound by it): a step is
+    memory-bound when its off-chip bytes take longer than its operations on the unit."""
+    mem = comp = 0.0
+    for s in plan.steps:
+        t_mem = s.predicted_bytes / chip_model.offchip_bw
+        t_comp = s.predicted_flops / chip_model.peak_for(s.dtype) if s.predicted_flops else 0.0
+        if t_mem >= t_comp:
+            mem += s.predicted_time_s
+        else:
+            comp += s.predicted_time_s
+    total = mem + comp
+    if total == 0:
+        return "-", 0.0
+    return ("memory", mem / total) if mem >= comp else ("compute", comp / total)
+
+
+def row(p: Planned, chip) -> dict:
+    """What compare prints per chip (JSON-able)."""
+    out = {"chip": p.chip, "version": p.version, "precision": p.precision, "planning_s": round(p.planning_s, 3)}
+    if not p.ok:
+        out.update(ok=False, error_kind=p.error.kind, error=str(p.error),
+                   field=getattr(p.error, "field", None))
+        return out
+    plans = [x for x in (p.plan, p.backward) if x is not None]
+    bound, share = bound_resource(p.plan, chip.model)
+    out.update(
+        ok=True,
+        predicted_time_s=sum(x.summary.predicted_time_s for x in plans),
+        offchip_bytes=sum(int(x.summary.predicted_bytes) for x in plans),
+        peak_bytes=p.peak_bytes,
+        capacity_bytes=chip.model.memory_bytes,
+        kernels=sum(x.summary.kernels for x in plans),
+        fused_groups=sum(x.summary.fused_groups for x in plans),
+        conversions=sum(x.summary.conversions for x in plans),
+        fallbacks=sum(x.summary.fallbacks for x in plans),
+        bound=bound, bound_share=round(share, 3))
+    return out
+
+
+def compare(module, inputs, chips, precision="auto", training=False) -> dict:
+    """Rows per chip, fastest first, chips whose plan failed last (with the error)."""
+    t0 = time.perf_counter()
+    results = plan_everywhere(module, inputs, chips, precision, training)
+    by_name = {c.name: c for c in chips}
+    rows = [row(p, by_name[p.chip]) for p in results]
+    rows.sort(key=lambda r: (not r["ok"], r.get("predicted_time_s") or 0.0, r["chip"]))
+    return {"rows": rows, "training": training, "planning_s": round(time.perf_counter() - t0, 3)}
+
+
+# ---------------------------------------------------------------- max batch
+
+def batched(inputs, batch: int):
+    """The example inputs at another batch: every tensor repeated along dim 0 from its
+    first sample (the batch is the first dimension of every tensor input)."""
+    import torch
+
+    out = []
+    for x in inputs:
+        if isinstance(x, torch.Tensor) and x.dim() >= 1:
+            first = x[:1]
+            x = first.repeat(batch, *([1] * (x.dim() - 1))).contiguous(
+                memory_format=torch.channels_last if _channels_last(x) else torch.contiguous_format)
+        out.append(x)
+    return tuple(out)
+
+
+def _channels_last(x) -> bool:
+    import torch
+
+    return x.dim() == 4 and not x.is_contiguous() and x.is_contiguous(memory_format=torch.channels_last)
+
+
+@dataclass(frozen=True)
+class Probe:
+    """One planning at ``batch``: fits or not, the peak, and the limit that refused it."""
+
+    batch: int
+    ok: bool
+    peak_bytes: int | None
+    limit: str = ""
+    error: str = ""
+    seconds: float = 0.0
+
+
+@dataclass
+class MaxBatch:
+    chip: str
+    version: str
+    precision: str | None
+    training: bool
+    batch: int
+    limit: str
+    reason: str
+    capacity_bytes: int | None
+    max_batch_size: int
+    peak_bytes: int | None
+    probes: list = field(default_factory=list)
+
+    def to_dict(self) -> dict:
+        d = asdict(self)
+        d["probes"] = [asdict(p) for p in sorted(self.probes, key=lambda p: p.batch)]
+        return d
+
+
+def _limit_of(exc) -> str:
+    f = getattr(exc, "field", None)
+    return LIMIT_FIELDS.get(f, f or type(exc).__name__)
+
+
+def max_batch(module, inputs, chip, precision="auto", training=False, progress=None) -> MaxBatch:
+    """The largest batch whose plan fits ``chip``, by planning: at 1 and 2, then at the
+    batch a straight line through their peaks predicts, then up or down (doubling steps,
+    then bisection) until a batch that fits sits next to one that does not or at the
+    chip's ``max_batch_size``. Each probe re-captures the model at that batch."""
+    prec = auto_precision(chip.hcd, precision)
+    limit_max = int(chip.hcd.constraints.max_batch_size)
+    cap = chip.model.memory_bytes
+    probes: dict[int, Probe] = {}
+
+    def probe(b: int) -> Probe:
+        if b in probes:
+            return probes[b]
+        t0 = time.perf_counter()
+        x = batched(inputs, b)
+        fw, bw = capture(module, x, training, chip.packs)
+        p = plan_on(chip, fw, x if not training else (), prec, bw)
+        del x
+        if p.ok:
+            pr = Probe(b, True, p.peak_bytes, seconds=time.perf_counter() - t0)
+        else:
+            mp = getattr(p.error, "memory", None)
+            peak = p.error.value if _limit_of(p.error) == "memory" else (None if mp is None else mp.peak_bytes)
+            pr = Probe(b, False, peak, _limit_of(p.error), str(p.error), time.perf_counter() - t0)
+        probes[b] = pr
+        if progress is not None:
+            progress(pr)
+        return pr
+
+    def result(best: int, fail: Probe | None) -> MaxBatch:
+        if fail is None:   # best == max_batch_size and it fits
+            limit, reason = "max_batch_size", (f"constraints.max_batch_size is {limit_max}; the plan at that batch "
+                                               "fits the memory")
+        else:
+            limit, reason = fail.limit, fail.error
+        peak = probes[best].peak_bytes if best in probes else None
+        return MaxBatch(chip.name, chip.version, prec, training, best, limit, reason, cap, limit_max, peak,
+                        list(probes.values()))
+
+    p1 = probe(1)
+    if not p1.ok:
+        return result(0, p1)
+    lo, hi = 1, None          # largest batch known to fit, smallest known not to
+    if limit_max == 1:
+        return result(1, None)
+    p2 = probe(2)
+    if not p2.ok:
+        return result(1, p2)
+    lo = 2
+    if cap is None:
+        guess = limit_max
+    else:
+        slope = (p2.peak_bytes or 0) - (p1.peak_bytes or 0)
+        guess = limit_max if slope <= 0 else 1 + (cap - p1.peak_bytes) // slope
+    guess = max(lo + 1, min(limit_max, int(guess)))
+    if guess > lo:
+        if probe(guess).ok:
+            lo = guess
+        else:
+            hi = guess
+    step = max(1, lo // 8)
+    while hi is None and lo < limit_max:       # up: a batch above the last that fits
+        b = min(limit_max, lo + 1 if lo + 1 not in probes else lo + step)
+        if probe(b).ok:
+            lo, step = b, step * 2
+        else:
+            hi = b
+    while hi is not None and hi - lo > 1:      # bisect between a fit and a refusal
+        mid = (lo + hi) // 2
+        if probe(mid).ok:
+            lo = mid
+        else:
+            hi = mid
+    return result(lo, probes[hi] if hi is not None else None)
+
+
+# ---------------------------------------------------------------- impact of a new chip version
+
+@dataclass
+class ModelImpact:
+    model: str
+    before: dict
+    after: dict
+    changed_steps: list
+    new_fallbacks: list
+    fusions_lost: list
+    fusions_gained: list
+    broke: bool
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+
+@dataclass
+class Impact:
+    chip: str
+    v1: str
+    v2: str
+    changes: list
+    models: list
+
+    @property
+    def broken(self) -> list:
+        return [m.model for m in self.models if m.broke]
+
+    def to_dict(self) -> dict:
+        return {"chip": self.chip, "from": self.v1, "to": self.v2, "changes": self.changes,
+                "models": [m.to_dict() for m in self.models], "broken": self.broken}
+
+
+def _assignments(plan) -> dict:
+    """FX node group -> how the plan runs it (kernel, layouts, dtype, tiling)."""
+    out = {}
+    for s in plan.steps:
+        if s.kind in ("cast", "layout") or not s.nodes:
+            continue
+        tile = s.tile or {}
+        tiles = tile.get("tiles") or {}
+        tiling = tile.get("strategy", "") + ("(" + ",".join(f"{k}={v}" for k, v in
+                                                             (tiles.items() if isinstance(tiles, dict) else tiles))
+                                             + ")" if tiles else "")
+        out["+".join(s.nodes)] = {"kind": s.kind, "kernel": s.kernel or ("cpu" if s.kind == "fallback" else "host"),
+                                 "layout": s.layout_out, "layouts_in": ",".join(dict.fromkeys(s.layouts_in)),
+                                 "dtype": s.dtype, "tiling": tiling}
+    return out
+
+
+def _summary(p: Planned, chip) -> dict:
+    r = row(p, chip)
+    r.pop("planning_s", None)
+    return r
+
+
+def diff_plans(before: Planned, after: Planned, model: str, chip1: Target, chip2: Target) -> ModelImpact:
+    """What changed for one model between two chips' plans."""
+    b, a = _summary(before, chip1), _summary(after, chip2)
+    if not (before.ok and after.ok):
+        return ModelImpact(model, b, a, [], [], [], [], broke=before.ok and not after.ok)
+    x, y = _assignments(before.plan), _assignments(after.plan)
+    node_of = {}
+    for groups in (x, y):
+        for g in groups:
+            for n in g.split("+"):
+                node_of.setdefault(n, set()).add(g)
+    changed = []
+    for g in sorted(set(x) | set(y)):
+        if g in x and g in y:
+            diff = {k: [x[g][k], y[g][k]] for k in x[g] if x[g][k] != y[g][k]}
+            if diff:
+                changed.append({"nodes": g, "changed": diff, "before": x[g], "after": y[g]})
+        elif g in y:
+            changed.append({"nodes": g, "changed": {"grouping": ["-", "new group"]}, "before": None, "after": y[g]})
+        else:
+            changed.append({"nodes": g, "changed": {"grouping": ["group", "split or merged"]}, "before": x[g],
+                            "after": None})
+    fb1 = {f.node for f in before.plan.fallbacks}
+    new_fb = [{"node": f.node, "op": f.op, "reason": f.reason} for f in after.plan.fallbacks if f.node not in fb1]
+    fused = lambda groups: {g for g, v in groups.items() if v["kind"] == "fused"}  # noqa: E731
+    return ModelImpact(model, b, a, changed, new_fb, sorted(fused(x) - fused(y)), sorted(fused(y) - fused(x)),
+                       broke=False)
+
+
+def impact(chip_name: str, v1: str, v2: str, models, registry=None, precision="auto", training=False,
+           progress=None) -> Impact:
+    """``models``: (label, module, inputs). Each is captured once and planned on both versions."""
+    reg = _open(registry)
+    changes = [c.as_dict() for c in reg.diff(chip_name, v1, v2)]
+    c1, c2 = chip_of(chip_name, reg, v1), chip_of(chip_name, reg, v2)
+    out = []
+    for label, module, inputs in models:
+        before, after = plan_everywhere(module, inputs, [c1, c2], precision, training)
+        out.append(diff_plans(before, after, label, c1, c2))
+        if progress is not None:
+            progress(out[-1])
+    return Impact(chip_name, v1, v2, changes, out)

@@ -1,0 +1,102 @@
+"""The ``npu`` eager device: tensors in the emulated chips' memory, every op planned.
+
+    import torch
+    model = model.to("npu:0")                 # one device index per chip (TORCHFL_DEVICES)
+    x = torch.randn(1, 3, 224, 224, device="npu:0")
+    y = model(x); print(y.device)             # npu:0
+    torch.npu.memory_allocated(0)
+
+Pieces: ``adapter.cpp`` (the C++ adapter: allocator, device guard, hooks, copy/view
+kernels; built by ``build.py``), ``device.py`` (which chip each index is, buffers),
+``module.py`` (``torch.npu``), ``ops.py`` (every other op: a one-op plan of the SME, cached
+per signature, run by the plan executor), ``lazy.py`` (lazy mode: whole graphs).
+
+Registration is the ``torch.backends`` entry point :func:`autoload`, which ``import torch``
+runs: it renames PrivateUse1 to ``npu``, installs ``torch.npu`` and the op fallback, and
+loads the adapter if a build exists. It imports neither numba nor the registry, and never
+raises (an exception there would break ``import torch`` everywhere). The first use of the
+device builds the adapter if needed (:func:`ensure_adapter`).
+"""
+from __future__ import annotations
+
+import logging
+import threading
+
+__all__ = ["autoload", "register", "adapter", "ensure_adapter", "DEVICE"]
+
+DEVICE = "npu"
+LOG = logging.getLogger("torchfl")
+_STATE: dict = {"registered": False, "adapter": None, "autoload_error": None, "first_use": None}
+_LOCK = threading.RLock()
+
+
+def autoload() -> None:
+    """The ``torch.backends`` entry point: register the device, never raise."""
+    try:
+        register()
+    except Exception as exc:   # noqa: BLE001 -- must not break `import torch`; kept for diagnosis
+        _STATE["autoload_error"] = exc
+        LOG.debug("torchfl: the npu device was not registered at import: %s", exc)
+
+
+def register() -> None:
+    """Make ``npu`` a torch device in this process (idempotent). Cheap: no build, no numba."""
+    with _LOCK:
+        if _STATE["registered"]:
+            return
+        import torch
+
+        current = torch._C._get_privateuse1_backend_name()
+        if current != DEVICE:
+            if current != "privateuseone":
+                raise RuntimeError(f"PrivateUse1 is already the {current!r} device in this process (another "
+                                   "out-of-tree backend, e.g. torch_npu); torchfl's npu device cannot share it")
+            torch.utils.rename_privateuse1_backend(DEVICE)
+        from . import module
+
+        if not hasattr(torch, DEVICE):
+            torch._register_device_module(DEVICE, module)
+        torch.utils.generate_methods_for_privateuse1_backend(for_tensor=True, for_module=True,
+                                                             for_packed_sequence=False, for_storage=True)
+        from . import routing
+
+        routing.install()
+        from .build import load_cached
+
+        mod = load_cached()
+        if mod is not None:
+            _init(mod)
+        else:
+            _STATE["first_use"] = routing.install_first_use(ensure_adapter)
+        _STATE["registered"] = True
+
+
+def _init(mod) -> None:
+    from torchfl.kernels.errors import DeviceOOMError
+
+    from . import device, lazy
+
+    mod.init(device.malloc, device.free, device.device_count, DeviceOOMError, device.default_layout,
+             lazy.flush_all)
+    _STATE["adapter"] = mod
+
+
+def ensure_adapter():
+    """The loaded adapter, building it first if this source has no build yet."""
+    mod = _STATE["adapter"]
+    if mod is not None:
+        return mod
+    with _LOCK:
+        if _STATE["adapter"] is None:
+            register()
+            if _STATE["adapter"] is None:
+                from .build import build
+
+                first = _STATE.pop("first_use", None)
+                if first is not None:
+                    first()            # the Python stand-ins for the C++ factories go away
+                _init(build())
+        return _STATE["adapter"]
+
+
+adapter = ensure_adapter

@@ -1,0 +1,122 @@
+"""The plan executor, reading and writing npu tensors in place.
+
+Inputs: an npu tensor whose dtype and layout are the ones the plan takes is the kernel's
+input as it is (a :class:`DeviceTensor` over the tensor's own buffer). Outputs: each
+kernel's output buffer becomes an npu tensor's storage; an output that views an input's
+buffer (or another output's) becomes a view of that tensor, so no buffer has two owners.
+"""
+from __future__ import annotations
+
+import torch
+
+from torchfl.kernels import dtypes as _dt
+from torchfl.kernels.memory import DeviceBuffer
+from torchfl.kernels.tensor import DeviceTensor, layout_perm
+from torchfl.planner.constraints import tensor_layout
+from torchfl.runtime.executor import Executor
+
+from . import device as _dev
+
+__all__ = ["EagerExecutor", "as_device_tensor", "as_npu_tensor"]
+
+
+class _Borrowed(DeviceBuffer):
+    """An npu tensor's buffer as a plan input: the tensor owns it, so the executor's frees
+    (after the last reader, by the memory plan) leave it alone."""
+
+    __slots__ = ()
+
+    def free(self):
+        pass
+
+
+def as_device_tensor(x, alignment: int):
+    """The npu tensor ``x`` as a DeviceTensor over its own buffer, or None when it is not a
+    dense permutation at an aligned address (a view that must be copied first)."""
+    base = x.untyped_storage().data_ptr()
+    buf = _dev.buffer_at(base)
+    if buf is None:
+        return None
+    layout = None
+    if not x.is_contiguous():
+        layout = tensor_layout(x)
+        if layout is None:
+            return None
+    offset = x.data_ptr() - base
+    if (buf.address + offset) % alignment:
+        return None
+    borrowed = _Borrowed(buf.memory, None, buf.array, buf.nbytes, 0, buf.address)
+    return DeviceTensor(borrowed, tuple(x.shape), layout, _dt.from_torch_dtype(x.dtype), offset)
+
+
+def as_npu_tensor(v, index: int, owners: dict):
+    """DeviceTensor ``v`` as an npu tensor on device ``index``. ``owners`` maps buffer
+    addresses to npu tensors already holding them (the inputs, earlier outputs)."""
+    rank = len(v.shape)
+    perm = layout_perm(v.layout, rank)
+    phys = v.physical_shape
+    strides = [0] * rank
+    step = 1
+    for i in range(rank - 1, -1, -1):
+        strides[perm[i]] = step
+        step *= phys[i]
+    item = _dt.itemsize(v.dtype)
+    offset = v.offset // item
+    owner = owners.get(v.buffer.address)
+    if owner is not None:
+        return owner.as_strided(v.shape, strides, offset)
+    from . import adapter
+
+    _dev.adopt(v.buffer)
+    t = adapter().wrap(v.buffer.address, v.buffer.nbytes, list(v.shape), strides, offset,
+                       _dt.torch_dtype(v.dtype), index)
+    owners[v.buffer.address] = t
+    return t
+
+
+class EagerExecutor(Executor):
+    """Executes a one-op (or lazily recorded) plan on npu tensors, without copies."""
+
+    keeps_outputs = True
+
+    def __init__(self, plan, chip, index: int, **kwargs):
+        super().__init__(plan, chip, **kwargs)
+        self.index = index
+        self._temps = []
+        self._owners = {}
+
+    def _upload(self, x, layout, dtype):
+        if not isinstance(x, torch.Tensor):
+            return x
+        if x.device.type == "npu":
+            want = dtype or _dt.from_torch_dtype(x.dtype)
+            if want == _dt.from_torch_dtype(x.dtype):
+                v = as_device_tensor(x, self.chip.alignment)
+                if v is not None and v.layout == layout:
+                    self._owners[v.buffer.address] = x
+                    return v
+        from .ops import STATS
+
+        STATS["converted_inputs"] += 1
+        v = DeviceTensor.from_torch(x, self.memory, layout=layout, dtype=dtype)
+        self._temps.append(v)
+        return v
+
+    def _download(self, v):
+        for i, t in enumerate(self._temps):
+            if t.buffer is v.buffer:       # an output that is a converted input: it owns it now
+                del self._temps[i]
+                break
+        return as_npu_tensor(v, self.index, self._owners)
+
+    def run(self, args, record=None):
+        try:
+            return super().run(args, record)
+        finally:
+            kept = {id(v.buffer) for env in (self._base or (), (self._lifted_vals or {}).values())
+                    for v in env if isinstance(v, DeviceTensor)}
+            for t in self._temps:       # converted inputs, unless cached as static values
+                if id(t.buffer) not in kept and not t.buffer.freed:
+                    t.buffer.free()
+            self._temps.clear()
+            self._owners.clear()

@@ -1,0 +1,267 @@
+"""Lazy mode: ops on npu tensors are recorded, and run as one planned graph (with fusion)
+when the host needs a value.
+
+    with torch.npu.lazy():            # or TORCHFL_LAZY=1 for the whole process
+        y = model(x)                  # recorded: y is allocated, not computed
+    print(y.cpu())                    # a sync point: the graph is planned and run
+
+Each recorded op gets its output tensors at once (shapes from the op's meta kernel), so
+Python code, autograd and views work as usual. A sync point -- a copy to the host or
+between tensors (``.cpu()``, ``copy_``, an in-place op's write), ``.item()``, an op that
+runs on the host whole, leaving the ``with`` block, ``torch.npu.synchronize()`` -- replays
+the recorded ops into one FX graph whose outputs are the recorded tensors still alive
+(intermediates that died are fused away), plans it with the SME and runs it; results are
+written into the tensors handed out. Graphs are cached per recorded sequence, so a model
+run twice is planned once, and its parameters (static inputs) stay on the chip in the
+plan's dtype and layout until an optimizer step changes them.
+"""
+from __future__ import annotations
+
+import os
+import threading
+import weakref
+
+import torch
+from torch.utils._pytree import tree_flatten, tree_unflatten
+
+__all__ = ["active", "record", "flush_all", "lazy_mode", "STATS", "last_plan"]
+
+_TLS = threading.local()
+_GRAPHS: dict = {}
+STATS: dict = {"flushes": 0, "graphs_planned": 0, "ops_recorded": 0}
+_LAST: dict = {"plan": None}
+
+
+def _env_lazy() -> bool:
+    return os.environ.get("TORCHFL_LAZY", "").strip().lower() not in ("", "0", "false", "no", "off")
+
+
+def active() -> bool:
+    depth = getattr(_TLS, "depth", None)
+    if depth is None:
+        depth = _TLS.depth = 1 if _env_lazy() else 0
+    return depth > 0 and not getattr(_TLS, "flushing", False)
+
+
+def last_plan():
+    """The plan of the most recent flush (tests, explain)."""
+    return _LAST["plan"]
+
+
+class lazy_mode:
+    """``with lazy_mode():`` records ops; leaving the block (or any sync point) runs them."""
+
+    def __init__(self, enabled: bool = True):
+        self.enabled = enabled
+
+    def __enter__(self):
+        active()
+        _TLS.depth += 1 if self.enabled else 0
+        return self
+
+    def __exit__(self, *exc):
+        _TLS.depth -= 1 if self.enabled else 0
+        flush_all()
+
+
+class _Recorder:
+    """The ops recorded on one device since the last flush."""
+
+    def __init__(self, index: int):
+        self.index = index
+        self.nodes = []          # (op, flat args with refs, spec)
+        self.inputs = []         # external tensors, in first-use order
+        self.input_ids = {}      # id(tensor) -> position
+        self.produced = {}       # storage address -> (node, output position, tensor weakref)
+        self.outputs = []        # (node, output position, weakref) of every recorded output
+        self.key = []
+
+
+def _recorder(index: int):
+    rec = getattr(_TLS, "recorder", None)
+    if rec is not None and rec.index != index:
+        flush_all()
+        rec = None
+    if rec is None:
+        rec = _TLS.recorder = _Recorder(index)
+    return rec
+
+
+def _meta(t):
+    return torch.empty_strided(tuple(t.shape), tuple(t.stride()), dtype=t.dtype, device="meta")
+
+
+def record(op, args, kwargs):
+    """Record ``op`` (returns its outputs, allocated, to be computed at the next flush)."""
+    from . import ops as _ops
+
+    schema = op._schema
+    base = schema.name.split("::")[-1]
+    if schema.is_mutable or base in _ops.HOST_WRITES or base + "_" in _ops.HOST_WRITES:
+        flush_all()
+        return _ops.run_eager(op, args, kwargs)
+    _ops._ensure_functional_routes()
+    flat, spec = tree_flatten((args, kwargs))
+    index = _ops._device_of(flat, kwargs)
+    try:
+        m_args, m_kwargs = tree_unflatten([_meta(a) if isinstance(a, torch.Tensor) else a for a in flat], spec)
+        meta_out = op(*m_args, **m_kwargs)
+    except Exception:   # no meta kernel: run it now, eagerly, after what was recorded
+        flush_all()
+        return _ops.run_eager(op, args, kwargs)
+    rec = _recorder(index)
+    refs, key = [], []
+    for a in flat:
+        if isinstance(a, torch.Tensor):
+            ref = _ref(rec, a)
+            refs.append(ref)
+            key.append((ref, tuple(a.shape), a.dtype, tuple(a.stride()), a.storage_offset()))
+        else:
+            refs.append(a)
+            key.append(("v", repr(a)))
+    node = len(rec.nodes)
+    rec.nodes.append((op, refs, spec))
+    rec.key.append((op, tuple(key), str(spec)))
+    STATS["ops_recorded"] += 1
+    out_flat, out_spec = tree_flatten(meta_out)
+    results = []
+    for pos, m in enumerate(out_flat):
+        if isinstance(m, torch.Tensor):
+            t = torch.empty_strided(tuple(m.shape), tuple(m.stride()), dtype=m.dtype, device=f"npu:{index}")
+            rec.produced[t.untyped_storage().data_ptr()] = (node, pos)
+            rec.outputs.append((node, pos, weakref.ref(t)))
+            results.append(t)
+        else:
+            results.append(m)
+    from . import adapter
+
+    adapter().set_lazy_pending(True)
+    return tree_unflatten(results, out_spec)
+
+
+def _ref(rec, t):
+    if t.device.type == "npu":
+        hit = rec.produced.get(t.untyped_storage().data_ptr())
+        if hit is not None:
+            return ("node",) + hit + ((tuple(t.shape), tuple(t.stride()), t.storage_offset()),)
+    pos = rec.input_ids.get(id(t))
+    if pos is None:
+        pos = rec.input_ids[id(t)] = len(rec.inputs)
+        rec.inputs.append(t)
+    return ("in", pos)
+
+
+def flush_all() -> None:
+    """Run what was recorded (a sync point); nothing to do when nothing is pending."""
+    rec = getattr(_TLS, "recorder", None)
+    if rec is None:
+        return
+    _TLS.recorder = None
+    from . import _STATE
+
+    if _STATE["adapter"] is not None:
+        _STATE["adapter"].set_lazy_pending(False)
+    if not rec.nodes:
+        return
+    _TLS.flushing = True
+    try:
+        _run(rec)
+    finally:
+        _TLS.flushing = False
+
+
+def _replay(rec, alive):
+    """The recorded ops as a function of the external inputs, returning the alive outputs."""
+    from .ops import _TRACE_AS as trace_as
+
+    aten = torch.ops.aten
+
+    def program(*inputs):
+        env = {}
+        for i, (op, refs, spec) in enumerate(rec.nodes):
+            vals = []
+            for r in refs:
+                if isinstance(r, tuple) and r and r[0] == "in":
+                    vals.append(inputs[r[1]])
+                elif isinstance(r, tuple) and r and r[0] == "node":
+                    _tag, n, pos, (shape, stride, offset) = r
+                    src = env[(n, pos)]
+                    if (tuple(src.shape), tuple(src.stride()), src.storage_offset()) != (shape, stride, offset):
+                        if offset == 0 and src.is_contiguous() and src.numel() == _numel(shape) and \
+                                torch.empty(shape, device="meta").stride() == stride:
+                            src = aten.view.default(src, list(shape))
+                        else:
+                            src = aten.as_strided.default(src, list(shape), list(stride), offset)
+                    vals.append(src)
+                else:
+                    vals.append(r)
+            a, k = tree_unflatten(vals, spec)
+            out = trace_as.get(op, op)(*a, **k)
+            for pos, o in enumerate(tree_flatten(out)[0]):
+                env[(i, pos)] = o
+        return tuple(env[(n, pos)] for n, pos in alive)
+
+    return program
+
+
+def _numel(shape):
+    n = 1
+    for s in shape:
+        n *= s
+    return n
+
+
+def _run(rec):
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from torchfl.planner.api import plan_captured
+    from torchfl.planner.capture import Captured
+
+    from . import device as _dev
+    from . import ops as _ops
+    from .executor import EagerExecutor
+
+    targets, alive = [], []
+    for n, pos, ref in rec.outputs:
+        t = ref()
+        if t is not None:
+            targets.append(t)
+            alive.append((n, pos))
+    STATS["flushes"] += 1
+    if not alive:
+        return
+    static = tuple(i for i, t in enumerate(rec.inputs) if isinstance(t, torch.nn.Parameter))
+    key = (rec.index, tuple(rec.key), tuple(alive), static,
+           tuple((tuple(t.shape), t.dtype, tuple(t.stride())) for t in rec.inputs))
+    entry = _GRAPHS.get(key)
+    if entry is None:
+        target = _dev.target_of(rec.index)
+        table = _ops.decompositions(target.packs)
+        examples = [torch.empty_strided(tuple(t.shape), tuple(t.stride()), dtype=t.dtype) for t in rec.inputs]
+        with torch.no_grad():
+            gm = make_fx(_replay(rec, alive), decomposition_table=table, tracing_mode="fake")(*examples)
+        _ops._drop_dead(gm)
+        writes = _ops.functionalize_input_writes(gm)
+        placeholders = [(p.name, "input", i) for i, p in enumerate(n for n in gm.graph.nodes if n.op == "placeholder")]
+        out_node = next(n for n in gm.graph.nodes if n.op == "output")
+        outputs = [a.name if isinstance(a, torch.fx.Node) else None for a in tree_flatten(out_node.args[0])[0]]
+        captured = Captured(gm, placeholders, {}, outputs, training=False,
+                            extra={"unbatched": _ops.unbatched_inputs(placeholders, rec.inputs)})
+        strict = _ops._strict()
+        plan = plan_captured(captured, rec.inputs, target, precision=_ops.eager_precision(), strict=strict)
+        executor = EagerExecutor(plan, target, rec.index, graph_module=gm, strict=strict,
+                                 static_inputs=static)
+        entry = _GRAPHS[key] = (plan, executor, writes)
+        STATS["graphs_planned"] += 1
+    plan, executor, writes = entry
+    _LAST["plan"] = plan
+    results = executor.run(tuple(rec.inputs))
+    with torch.no_grad():
+        for t, r in zip(targets, results):
+            if isinstance(r, torch.Tensor):
+                t.copy_(r)
+        for i, r in zip(writes, results[len(results) - len(writes):] if writes else ()):
+            rec.inputs[i].copy_(r)      # running statistics a training-mode batch-norm updates
+    _ops.STATS["lazy_graph_ops"] += len(rec.nodes)
+    del results
+

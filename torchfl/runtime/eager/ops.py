@@ -1,0 +1,505 @@
+"""Every op on ``npu`` tensors (other than the adapter's factories, copies and views): a
+one-op plan of the SME, cached per signature, run by the plan executor on the chip.
+
+* The op is traced alone into a core-ATen FX graph (``make_fx`` with the planner's
+  decomposition table) and planned like any captured graph: the same rules, costs, hard
+  constraints (the same errors as the compile path) and precision policy
+  (``TORCHFL_PRECISION``). Plans are cached per signature: op, device, each argument's
+  shape, dtype and layout, and the values of its non-tensor arguments.
+* Inputs are read in place: the executor sees each npu tensor's own device buffer, in the
+  layout its strides describe. Outputs are the kernels' buffers, handed to torch as npu
+  tensors (no copy). A strided view, a misaligned offset or a dtype/layout the plan does
+  not take is copied first (counted in ``STATS["converted_inputs"]``).
+* In-place and ``out=`` overloads run their functional overload and copy the result in.
+* Ops with no rule run as the plan's explicit host fallbacks (logged once per signature,
+  counted per call); ops that cannot even be traced run on the host whole. Both are refused
+  by ``TORCHFL_STRICT=1``. Random fills and constant fills write host-made data into the
+  tensor (like a copy from the host): they are counted apart, and strict mode allows them.
+"""
+from __future__ import annotations
+
+import os
+import threading
+from collections import Counter
+
+import torch
+from torch.utils._pytree import tree_flatten, tree_unflatten
+
+from . import device as _dev
+
+__all__ = ["dispatch", "STATS", "reset_stats", "eager_precision", "clear_cache"]
+
+STATS: Counter = Counter()      # chip_ops, host_fallback_ops, host_writes, converted_inputs, plans
+ROUTES: Counter = Counter()     # (aten op, route) -> calls
+_CACHE: dict = {}
+_TABLES: dict = {}
+_LOCK = threading.RLock()
+
+# ops that write host-made data into their tensor: random draws and constant fills
+HOST_WRITES = frozenset({
+    "normal_", "uniform_", "bernoulli_", "random_", "exponential_", "geometric_", "cauchy_",
+    "log_normal_", "fill_", "zero_", "randperm", "normal", "bernoulli", "multinomial",
+})
+
+
+def reset_stats() -> None:
+    STATS.clear()
+    ROUTES.clear()
+
+
+def clear_cache() -> None:
+    with _LOCK:
+        _CACHE.clear()
+
+
+def eager_precision() -> str | None:
+    """``TORCHFL_PRECISION`` (float16 / bfloat16): the policy for float32 ops on chips
+    without a float32 unit, as ``options={"precision": ...}`` is for torch.compile."""
+    p = os.environ.get("TORCHFL_PRECISION", "").strip()
+    return p or None
+
+
+def _strict() -> bool:
+    from torchfl.runtime.logs import strict_env
+
+    return strict_env()
+
+
+def _short(dtype) -> str:
+    return str(dtype).removeprefix("torch.")
+
+
+# ---------------------------------------------------------------- entry point
+
+def dispatch(op, args, kwargs):
+    from . import lazy
+
+    if lazy.active():
+        return lazy.record(op, args, kwargs)
+    return run_eager(op, args, kwargs)
+
+
+def run_eager(op, args, kwargs):
+    _ensure_functional_routes()
+    schema = op._schema
+    base = schema.name.split("::")[-1]
+    if base in HOST_WRITES or base + "_" in HOST_WRITES:
+        return _host_write(op, args, kwargs)
+    if schema.is_mutable:
+        return _mutating(op, args, kwargs)
+    return _functional(op, args, kwargs)
+
+
+_ROUTES_READY = False
+
+
+def _ensure_functional_routes():
+    """Once: register the functional overloads the bundled rule packs name (see routing)."""
+    global _ROUTES_READY
+    if _ROUTES_READY:
+        return
+    _ROUTES_READY = True
+    from torchfl.planner.target import bundled_packs
+
+    from .routing import register_functional
+
+    names = sorted({r.op for pack in bundled_packs() for r in pack.rules})
+    register_functional(names)
+
+
+# ---------------------------------------------------------------- signatures
+
+def _device_of(flat, kwargs) -> int:
+    index = None
+    for a in flat:
+        if isinstance(a, torch.Tensor) and a.device.type == "npu":
+            i = a.device.index or 0
+            if index is None:
+                index = i
+            elif i != index:
+                raise RuntimeError(f"Expected all tensors to be on the same device, but found at least two "
+                                   f"devices, npu:{index} and npu:{i}; move them with .to('npu:{index}')")
+    if index is None:
+        dev = kwargs.get("device")
+        if dev is not None and torch.device(dev).type == "npu":
+            index = torch.device(dev).index or 0
+        else:
+            index = _dev.adapter_current()
+    return index
+
+
+def _arg_key(a):
+    if isinstance(a, torch.Tensor):
+        from torchfl.planner.constraints import tensor_layout
+
+        dense = a.is_contiguous() or tensor_layout(a) is not None
+        weight = isinstance(a, torch.nn.Parameter) or isinstance(getattr(a, "_base", None), torch.nn.Parameter)
+        return ("T", a.device.type, tuple(a.shape), a.dtype, tensor_layout(a) if dense else tuple(a.stride()),
+                a.requires_grad and torch.is_grad_enabled(), weight)
+    if isinstance(a, float) and a != a:
+        return ("nan",)
+    return (type(a).__name__, a)
+
+
+# ---------------------------------------------------------------- routes
+
+class _ChipRoute:
+    """A planned one-op graph and its executor (zero-copy inputs and outputs)."""
+
+    kind = "chip"
+
+    def __init__(self, plan, executor, out_spec, label, fallback: bool, writes=()):
+        self.plan, self.executor, self.out_spec, self.label = plan, executor, out_spec, label
+        self.fallback = fallback
+        self.writes = tuple(writes)    # input positions the op updates in place (extra outputs)
+
+    def run(self, tensors):
+        flat = list(self.executor.run(tensors))
+        STATS["host_fallback_ops" if self.fallback else "chip_ops"] += 1
+        ROUTES[(self.label, "host fallback" if self.fallback else "chip")] += 1
+        if self.writes:
+            n = len(flat) - len(self.writes)
+            with torch.no_grad():
+                for i, value in zip(self.writes, flat[n:]):
+                    tensors[i].copy_(value)
+            flat = flat[:n]
+        return tree_unflatten(flat, self.out_spec)
+
+
+class _HostRoute:
+    """The op on the host, whole (it could not be traced or planned alone)."""
+
+    kind = "host"
+
+    def __init__(self, op, index, label, reason):
+        self.op, self.index, self.label, self.reason = op, index, label, reason
+
+    def run_args(self, args, kwargs):
+        STATS["host_fallback_ops"] += 1
+        ROUTES[(self.label, "host fallback")] += 1
+        return _on_host(self.op, args, kwargs, self.index)
+
+
+def _label(op) -> str:
+    from torchfl.runtime.errors import aten_name
+
+    return aten_name(str(op))
+
+
+def _native_batch_norm(input, weight, bias, running_mean, running_var, training, momentum, eps):
+    """``native_batch_norm`` as the compile path captures it: in inference
+    ``_native_batch_norm_legit_no_training`` (the fusion rules' spelling). In training it
+    writes its running statistics although its schema does not say so: trace it as the
+    functional form the rules map (which returns the new statistics) plus the writes (``functionalize_input_writes`` turns them into
+    outputs copied back after the run)."""
+    aten = torch.ops.aten
+    if running_mean is None or running_var is None:
+        return aten.native_batch_norm.default(input, weight, bias, running_mean, running_var, training,
+                                              momentum, eps)
+    if not training:    # the spelling torch.export gives, which the fusion rules match
+        return aten._native_batch_norm_legit_no_training.default(input, weight, bias, running_mean,
+                                                                 running_var, momentum, eps)
+    out, mean, invstd, new_mean, new_var = aten._native_batch_norm_legit_functional.default(
+        input, weight, bias, running_mean, running_var, True, momentum, eps)
+    running_mean.copy_(new_mean)
+    running_var.copy_(new_var)
+    return out, mean, invstd
+
+
+_TRACE_AS = {torch.ops.aten.native_batch_norm.default: _native_batch_norm}
+
+
+def _trace(op, flat, spec, tensors, table):
+    """The op alone as a core-ATen FX graph over its tensor arguments."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    is_tensor = [isinstance(a, torch.Tensor) for a in flat]
+    call = _TRACE_AS.get(op, op)
+
+    def one_op(*ts):
+        it = iter(ts)
+        vals = [next(it) if t else a for a, t in zip(flat, is_tensor)]
+        a, k = tree_unflatten(vals, spec)
+        return call(*a, **k)
+
+    examples = [torch.empty_strided(tuple(t.shape), tuple(t.stride()), dtype=t.dtype) for t in tensors]
+    with torch.no_grad():
+        gm = make_fx(one_op, decomposition_table=table, tracing_mode="fake")(*examples)
+    _drop_dead(gm)
+    return gm
+
+
+def functionalize_input_writes(gm) -> list:
+    """Ops that write their inputs without saying so in their schema (a training-mode
+    ``native_batch_norm`` updates its running statistics) trace as ``copy_`` into a
+    placeholder. Each such write becomes an extra graph output, appended after the
+    original output (which becomes element 0 of a tuple); returns the written
+    placeholders' positions, in the order of the extra outputs."""
+    aten = torch.ops.aten
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    writes = []
+    for node in list(gm.graph.nodes):
+        if node.op == "call_function" and node.target is aten.copy_.default and node.args[0] in placeholders:
+            dst, src = node.args[0], node.args[1]
+            node.replace_all_uses_with(src)
+            gm.graph.erase_node(node)
+            writes.append((placeholders.index(dst), src))
+    if writes:
+        out = next(n for n in gm.graph.nodes if n.op == "output")
+        out.args = ((out.args[0],) + tuple(src for _i, src in writes),)
+        gm.recompile()
+    return [i for i, _src in writes]
+
+
+def _drop_dead(gm) -> None:
+    """Remove the unread ``getitem`` nodes make_fx leaves behind (the planner folds a
+    multi-output node's getitems into it and expects each to be read)."""
+    if gm.graph.eliminate_dead_code():
+        gm.recompile()
+
+
+def decompositions(packs) -> dict:
+    """The one-op decomposition table for ``packs`` (cached per pack tuple)."""
+    table = _TABLES.get(id(packs))
+    if table is None:
+        table = _TABLES[id(packs)] = (packs, _decompositions(packs))   # packs kept: ids stay unique
+    return table[1]
+
+
+def _decompositions(packs) -> dict:
+    """Core ATen, except what a rule maps whole (the compile path's training table) and
+    the ops the inference capture keeps (linear, conv2d, attention...)."""
+    from torchfl.planner.capture import KEEP_OPS, training_decompositions
+
+    keep = {f"aten.{name}" for name in KEEP_OPS}
+    return {op: fn for op, fn in training_decompositions(packs).items() if str(op) not in keep}
+
+
+def _build(op, index, flat, spec, tensors):
+    from torchfl.planner.api import plan_captured
+    from torchfl.planner.capture import Captured, CaptureError
+    from torchfl.planner.errors import PlanError
+
+    from .executor import EagerExecutor
+
+    label = _label(op)
+    target = _dev.target_of(index)
+    table = decompositions(target.packs)
+    try:
+        gm = _trace(op, flat, spec, tensors, table)
+    except Exception as exc:   # an op with no meta/fake kernel, data-dependent output shapes
+        return _host(op, index, label, f"cannot be traced alone ({type(exc).__name__}: "
+                                       f"{str(exc).strip().splitlines()[0] if str(exc).strip() else ''})")
+    placeholders = [(n.name, "input", i) for i, n in enumerate(n for n in gm.graph.nodes if n.op == "placeholder")]
+    out_node = next(n for n in gm.graph.nodes if n.op == "output")
+    out_spec = tree_flatten(out_node.args[0])[1]
+    writes = functionalize_input_writes(gm)
+    out_flat = tree_flatten(out_node.args[0])[0]
+    outputs = [a.name if isinstance(a, torch.fx.Node) else None for a in out_flat]
+    captured = Captured(gm, placeholders, {}, outputs, training=False,
+                        extra={"unbatched": unbatched_inputs(placeholders, tensors)})
+    strict = _strict()
+    try:
+        plan = plan_captured(captured, tensors, target, precision=eager_precision(), strict=strict)
+    except (PlanError, CaptureError):
+        raise          # hard constraints, precision, strict: the compile path's own errors
+    executor = EagerExecutor(plan, target, index, graph_module=gm, strict=strict)
+    STATS["plans"] += 1
+    return _ChipRoute(plan, executor, out_spec, label, fallback=bool(plan.fallbacks), writes=writes)
+
+
+def unbatched_inputs(placeholders, tensors) -> list:
+    """Placeholders exempt from ``max_batch_size``, as the compile path exempts its lifted
+    weights and every input of a backward graph: parameters (and views of them: ``w.t()``
+    of a linear layer), vectors (biases, a batch-norm's running statistics: an eager op
+    cannot tell a module's buffer from an activation, and a batch is never 1-D here) and,
+    inside the autograd engine, every input of a backward op."""
+    if torch._C._current_autograd_node() is not None:
+        return [name for name, _k, _i in placeholders]
+    return [name for (name, _k, _i), t in zip(placeholders, tensors)
+            if t.dim() <= 1 or isinstance(t, torch.nn.Parameter)
+            or isinstance(getattr(t, "_base", None), torch.nn.Parameter)]
+
+
+def _host(op, index, label, reason):
+    from torchfl.runtime.errors import FallbackNotAllowed
+    from torchfl.runtime.logs import LOG
+
+    chip = _dev.chip_names()[index]
+    if _strict():
+        raise FallbackNotAllowed(chip, [_Fallback(str(op), "eager", reason)])
+    LOG.warning("[SME] Fallback to CPU: %s (%s)", label, reason)
+    return _HostRoute(op, index, label, reason)
+
+
+class _Fallback:
+    def __init__(self, op, node, reason):
+        self.op, self.node, self.reason = op, node, reason
+
+
+def _functional(op, args, kwargs):
+    flat, spec = tree_flatten((args, kwargs))
+    index = _device_of(flat, kwargs)
+    key = (op, index, _strict(), eager_precision(), torch._C._current_autograd_node() is not None, str(spec),
+           tuple(_arg_key(a) for a in flat))
+    route = _CACHE.get(key)
+    tensors = [a for a in flat if isinstance(a, torch.Tensor)]
+    if route is None:
+        with _LOCK:
+            route = _CACHE.get(key)
+            if route is None:
+                route = _CACHE[key] = _build(op, index, flat, spec, tensors)
+    if route.kind == "host":
+        return route.run_args(args, kwargs)
+    return route.run(tensors)
+
+
+# ---------------------------------------------------------------- host paths
+
+def _to_host(x):
+    if isinstance(x, torch.Tensor) and x.device.type == "npu":
+        return x.detach().to("cpu")
+    if isinstance(x, torch.Generator) and x.device.type == "npu":
+        return None              # host draws use the CPU generator (torch.manual_seed seeds it)
+    if isinstance(x, torch.device) and x.type == "npu":
+        return torch.device("cpu")
+    return x
+
+
+def _to_device(x, index):
+    if isinstance(x, torch.Tensor) and x.device.type == "cpu":
+        return x.to(f"npu:{index}")
+    return x
+
+
+def _on_host(op, args, kwargs, index):
+    from torch.utils._pytree import tree_map
+
+    h_args, h_kwargs = tree_map(_to_host, (args, kwargs))
+    with torch.no_grad():
+        out = op(*h_args, **h_kwargs)
+    return tree_map(lambda x: _to_device(x, index), out)
+
+
+def _write_back(targets, results):
+    for t, r in zip(targets, results):
+        if tuple(t.shape) != tuple(r.shape):
+            t.resize_(r.shape)
+        t.copy_(r)
+
+
+def _written(op, args, kwargs):
+    """The tensors ``op`` writes (``self`` of an in-place op, the ``out=`` tensors)."""
+    written = []
+    for i, arg in enumerate(op._schema.arguments):
+        if arg.alias_info is not None and arg.alias_info.is_write:
+            value = kwargs.get(arg.name, args[i] if i < len(args) and not arg.kwarg_only else None)
+            if isinstance(value, torch.Tensor):
+                written.append(value)
+            elif isinstance(value, (list, tuple)):
+                written.extend(v for v in value if isinstance(v, torch.Tensor))
+    return written
+
+
+def _host_write(op, args, kwargs):
+    """A random or constant fill: made on the host, copied into the device tensor."""
+    index = _device_of(tree_flatten((args, kwargs))[0], kwargs)
+    STATS["host_writes"] += 1
+    ROUTES[(_label(op), "host write")] += 1
+    targets = _written(op, args, kwargs)
+    if not targets:      # a functional random op (normal, bernoulli): its result, on the device
+        return _on_host(op, args, kwargs, index)
+    from torch.utils._pytree import tree_map
+
+    h_args, h_kwargs = tree_map(_to_host, (args, kwargs))
+    host_targets = _written(op, h_args, h_kwargs)
+    with torch.no_grad():
+        op(*h_args, **h_kwargs)
+    _write_back(targets, host_targets)
+    return targets[0] if len(targets) == 1 else tuple(targets)
+
+
+def functional_of(op):
+    """The functional overload computing what ``op`` (in-place or ``out=``) writes, or None."""
+    return _functional_of(op)
+
+
+_FUNCTIONAL: dict = {}
+
+
+def _functional_of(op):
+    if op in _FUNCTIONAL:
+        return _FUNCTIONAL[op]
+    schema = op._schema
+    name = schema.name.split("::")[-1]
+    base = name[:-1] if name.endswith("_") else name
+    ins = [a.name for a in schema.arguments if not (a.alias_info is not None and a.alias_info.is_write
+                                                   and a.kwarg_only)]
+    found = None
+    packet = getattr(torch.ops.aten, base, None)
+    if packet is not None:
+        for overload in packet.overloads():
+            cand = getattr(packet, overload)
+            cs = cand._schema
+            if cs.is_mutable:
+                continue
+            if [a.name for a in cs.arguments] == ins:
+                found = cand
+                break
+    _FUNCTIONAL[op] = found
+    return found
+
+
+def _mutating(op, args, kwargs):
+    functional = _functional_of(op)
+    targets = _written(op, args, kwargs)
+    if functional is None or not targets:
+        flat = tree_flatten((args, kwargs))[0]
+        index = _device_of(flat, kwargs)
+        label = _label(op)
+        key = (op, index, _strict(), "host")
+        route = _CACHE.get(key)
+        if route is None:
+            route = _CACHE[key] = _host(op, index, label, "no functional form to plan")
+        h_args, h_kwargs = _host_args(args, kwargs)
+        host_targets = _written(op, h_args, h_kwargs)
+        STATS["host_fallback_ops"] += 1
+        ROUTES[(label, "host fallback")] += 1
+        with torch.no_grad():
+            out = op(*h_args, **h_kwargs)
+        _write_back(targets, host_targets)
+        if targets:
+            return targets[0] if len(targets) == 1 else tuple(targets)
+        return _on_host_result(out, index)
+    schema = op._schema
+    f_args, f_kwargs = [], {}
+    bound = {}
+    for i, arg in enumerate(schema.arguments):
+        if arg.name in kwargs:
+            bound[arg.name] = kwargs[arg.name]
+        elif i < len(args) and not arg.kwarg_only:
+            bound[arg.name] = args[i]
+    for arg in functional._schema.arguments:
+        if arg.name not in bound:
+            continue
+        if arg.kwarg_only:
+            f_kwargs[arg.name] = bound[arg.name]
+        else:
+            f_args.append(bound[arg.name])
+    result = _functional(functional, tuple(f_args), f_kwargs)
+    results = list(result) if isinstance(result, (tuple, list)) else [result]
+    with torch.no_grad():
+        _write_back(targets, results[:len(targets)])
+    return targets[0] if len(targets) == 1 else tuple(targets)
+
+
+def _host_args(args, kwargs):
+    from torch.utils._pytree import tree_map
+
+    return tree_map(_to_host, (args, kwargs))
+
+
+def _on_host_result(out, index):
+    from torch.utils._pytree import tree_map
+
+    return tree_map(lambda x: _to_device(x, index), out)

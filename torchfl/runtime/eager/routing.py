@@ -1,0 +1,141 @@
+"""Where ops on ``npu`` tensors go: the PrivateUse1 fallback (Python), installed at
+registration without importing the planner or numba (they load on the first op).
+
+The adapter's C++ kernels (factories, copies, views) take precedence over the fallback;
+everything else reaches :func:`torchfl.runtime.eager.ops.dispatch`. Structured ops reach a
+backend fallback as their ``.out`` overloads, so once the planner is loaded the functional
+overloads the rule packs name are registered explicitly too (:func:`register_functional`).
+"""
+from __future__ import annotations
+
+__all__ = ["install", "install_first_use", "register_functional"]
+
+_LIBS: list = []
+_FUNCTIONAL_DONE: set = set()
+
+
+def _fallback(op, *args, **kwargs):
+    from .ops import dispatch
+
+    return dispatch(op, args, kwargs)
+
+
+def install() -> None:
+    """The PrivateUse1 fallback and npu-aware tensor printing."""
+    import torch
+
+    lib = torch.library.Library("_", "IMPL")   # noqa: TOR901 -- a backend fallback needs the global namespace
+    lib.fallback(_fallback, "PrivateUse1")
+    _LIBS.append(lib)
+    # convolution reaches a backend as these two "overrideable" ops, which have a default
+    # kernel (an error), so the fallback never sees them: send them to the router as the
+    # ops the rules name
+    aten = torch.library.Library("aten", "IMPL")   # noqa: TOR901
+    aten.impl("convolution_overrideable", _convolution, "PrivateUse1")
+    aten.impl("convolution_backward_overrideable", _convolution_backward, "PrivateUse1")
+    _LIBS.append(aten)
+    _patch_printing()
+
+
+def _convolution(*args, **kwargs):
+    import torch
+
+    from .ops import dispatch
+
+    return dispatch(torch.ops.aten.convolution.default, args, kwargs)
+
+
+def _convolution_backward(grad_output, input, weight, stride, padding, dilation, transposed, output_padding,
+                          groups, output_mask):
+    import torch
+
+    from .ops import dispatch
+
+    bias_sizes = [weight.shape[0]] if output_mask[2] else None
+    return dispatch(torch.ops.aten.convolution_backward.default,
+                    (grad_output, input, weight, bias_sizes, stride, padding, dilation, transposed,
+                     output_padding, groups, output_mask), {})
+
+
+def register_functional(op_names) -> None:
+    """Send the functional overloads ``op_names`` (``aten.mul.Tensor``) straight to the
+    router instead of through their ``.out`` form (which would allocate twice)."""
+    import torch
+
+    todo = [n for n in op_names if n not in _FUNCTIONAL_DONE]
+    if not todo:
+        return
+    lib = torch.library.Library("aten", "IMPL")   # noqa: TOR901
+    for name in todo:
+        _FUNCTIONAL_DONE.add(name)
+        parts = name.split(".")
+        if len(parts) != 3 or parts[0] != "aten":
+            continue
+        packet = getattr(torch.ops.aten, parts[1], None)
+        op = getattr(packet, parts[2], None) if packet is not None else None
+        if op is None or op._schema.is_mutable or name in _NOT_ROUTED or _is_view(op) or any(
+                torch._C._dispatch_has_kernel_for_dispatch_key(op.name(), k)
+                for k in ("PrivateUse1", "CompositeImplicitAutograd")):
+            continue   # served already: by the adapter's views and copies, or a composite
+        key = op._schema.name.split("::")[1] + ("." + op._schema.overload_name if op._schema.overload_name else "")
+
+        def kernel(*args, _op=op, **kwargs):
+            from .ops import dispatch
+
+            return dispatch(_op, args, kwargs)
+
+        try:
+            lib.impl(key, kernel, "PrivateUse1")
+        except RuntimeError:   # already has a kernel for this key (another registration)
+            continue
+    _LIBS.append(lib)
+
+
+# device transfers and copies stay the adapter's (a cast between devices is no kernel's)
+_NOT_ROUTED = frozenset({"aten._to_copy.default", "aten.clone.default", "aten.detach.default",
+                         "aten.alias.default", "aten.contiguous.default"})
+
+
+def _is_view(op) -> bool:
+    """Returns an alias of an input (transpose, expand, select...): metadata, the adapter's."""
+    return any(r.alias_info is not None for r in op._schema.returns)
+
+
+def install_first_use(ensure):
+    """Python stand-ins for the C++ factories while the adapter is not built: the first
+    tensor created on ``npu`` builds and loads it, then runs on the C++ kernel. Returns
+    the function that removes the stand-ins (called just before the adapter loads)."""
+    import torch
+
+    lib = torch.library.Library("aten", "IMPL")   # noqa: TOR901
+
+    def empty(*args, **kwargs):
+        ensure()
+        return torch.ops.aten.empty.memory_format(*args, **kwargs)
+
+    def empty_strided(*args, **kwargs):
+        ensure()
+        return torch.ops.aten.empty_strided.default(*args, **kwargs)
+
+    lib.impl("empty.memory_format", empty, "PrivateUse1")
+    lib.impl("empty_strided", empty_strided, "PrivateUse1")
+    return lib._destroy
+
+
+def _patch_printing() -> None:
+    """Format an npu tensor's values from a host copy (printing runs abs, isfinite,
+    masked_select... which would otherwise each be planned, or refused by strict mode);
+    the repr still says ``device='npu:N'``."""
+    import torch._tensor_str as ts
+
+    if getattr(ts._tensor_str, "_torchfl_npu", False):
+        return
+    original = ts._tensor_str
+
+    def _tensor_str(self, indent):
+        if self.device.type == "npu":
+            self = self.detach().to("cpu")
+        return original(self, indent)
+
+    _tensor_str._torchfl_npu = True
+    ts._tensor_str = _tensor_str
