@@ -29,13 +29,18 @@ except Exception as exc:
 """
 
 
-def _run_probe(tmp_path, **env):
+def _probe_env(tmp_path, **env):
+    """The environment of a fresh interpreter whose ``import torch`` autoloads torchfl."""
     site = tmp_path / "site"
     dist = site / "torchfl_autoload_probe-0.dist-info"
     dist.mkdir(parents=True)
     (dist / "METADATA").write_text("Metadata-Version: 2.1\nName: torchfl-autoload-probe\nVersion: 0\n")
     (dist / "entry_points.txt").write_text("[torch.backends]\ntorchfl = torchfl.runtime.eager:autoload\n")
-    full = dict(os.environ, PYTHONPATH=f"{site}{os.pathsep}{REPO}", TORCH_DEVICE_BACKEND_AUTOLOAD="1", **env)
+    return dict(os.environ, PYTHONPATH=f"{site}{os.pathsep}{REPO}", TORCH_DEVICE_BACKEND_AUTOLOAD="1", **env)
+
+
+def _run_probe(tmp_path, **env):
+    full = _probe_env(tmp_path, **env)
     full.pop("TORCHFL_DEVICES", None)
     out = subprocess.run([sys.executable, "-c", PROBE], env=full, capture_output=True, text=True, timeout=300)
     assert out.returncode == 0, out.stderr
@@ -60,3 +65,26 @@ def test_autoload_with_a_working_setup_loads_the_cached_adapter(tmp_path):
     got = _run_probe(tmp_path, TORCHFL_ADAPTER_DIR=str(build_dir().parent))
     assert got["backend"] == "npu" and got["available"] == "True"
     assert got["first_use"] == "ok"
+
+
+COMPILE_PROBE = r"""
+import torch
+m = torch.nn.ReLU()
+c = torch.compile(m, backend="torchfl", options={"chip": "TFL-X1"})
+x = torch.randn(4, 8)
+assert torch.equal(c(x), m(x))
+print("accelerator", torch.accelerator.current_accelerator(), torch.accelerator.current_device_index())
+print("adapter_built", any(__import__("pathlib").Path(__import__("os").environ["TORCHFL_ADAPTER_DIR"]).glob("*/*.so")))
+"""
+
+
+def test_torch_compile_works_before_the_adapter_is_built(tmp_path):
+    """Regression: once ``npu`` is the accelerator, Dynamo asks it for the current stream at
+    every trace; with no adapter built yet that raised inside ``torch.compile`` (any backend)."""
+    env = _probe_env(tmp_path, TORCHFL_ADAPTER_DIR=str(tmp_path / "no-build-yet"))
+    out = subprocess.run([sys.executable, "-c", COMPILE_PROBE], env=env, capture_output=True, text=True,
+                         timeout=600)
+    assert out.returncode == 0, out.stderr[-3000:]
+    got = dict(line.split(" ", 1) for line in out.stdout.strip().splitlines())
+    assert got["accelerator"] == "npu 0", got
+    assert got["adapter_built"] == "False"            # compiling a model never builds the eager adapter

@@ -44,8 +44,10 @@ def register() -> None:
     with _LOCK:
         if _STATE["registered"]:
             return
-        import torch
+        import torch                 # a first `import torch` runs autoload, which registers
 
+        if _STATE["registered"]:
+            return
         current = torch._C._get_privateuse1_backend_name()
         if current != DEVICE:
             if current != "privateuseone":
@@ -67,8 +69,28 @@ def register() -> None:
         if mod is not None:
             _init(mod)
         else:
+            _install_placeholder_guard(torch)
             _STATE["first_use"] = routing.install_first_use(ensure_adapter)
         _STATE["registered"] = True
+
+
+def _install_placeholder_guard(torch) -> None:
+    """A device guard for ``npu`` until the adapter is built (its own guard replaces it).
+
+    Once PrivateUse1 is renamed, ``torch.accelerator`` treats ``npu`` as the process's
+    accelerator, and Dynamo asks it for the current stream at every trace, whatever the
+    backend: without a guard that question raises "PyTorch is not linked with support for
+    npu devices" and ``torch.compile`` breaks in any process that has not built the adapter.
+    Only the guard is registered here, not the PrivateUse1 hooks: torch accepts hooks once
+    per process, and the adapter's must be the ones that stay.
+    """
+    class _PlaceholderGuard(torch._C._acc.DeviceGuard):
+        def type_(self):
+            return torch._C._autograd.DeviceType.PrivateUse1
+
+    guard = _PlaceholderGuard()
+    _STATE["placeholder_guard"] = guard          # torch keeps a borrowed reference
+    torch._C._acc.register_python_privateuseone_device_guard(guard)
 
 
 def _init(mod) -> None:
