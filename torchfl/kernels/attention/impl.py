@@ -43,7 +43,12 @@ def _prepack(K, kst, V, vst, code, H, heads, Lk, D, Dv, npk, npv, Lkp, kp, vp):
                                                          if (j < Lk and e < Dv) else 0.0)
 
 
-@njit(cache=True, fastmath=True)
+# fast math without nnan/ninf: a NaN score (NaN in q, k or the mask) must reach the output
+# row as in torch; under nnan LLVM folds the NaN tests and exp32's NaN select away
+_FM = {"reassoc", "contract", "nsz", "arcp"}
+
+
+@njit(cache=True, fastmath=_FM)
 def _attend_task(t, nq, Q, qst, kp, vp, O, ost, M, mst, mkind, code, H, Lq, Lk, D, Dv, npk, npv, Lkp,
                  Br, Bc, kv_once, causal, scale, es, esm, cnt):
     """One Q tile of one head: its loads counted, its output tile computed and stored."""
@@ -123,8 +128,9 @@ def _attend_task(t, nq, Q, qst, kp, vp, O, ost, M, mst, mkind, code, H, Lq, Lk, 
                 for r in range(mq):
                     so = r * NK
                     mx = mrow[r]
-                    for c in range(nk):          # vectorised max
-                        mx = max(mx, S[so + c])
+                    for c in range(nk):          # a NaN wins and stays, as torch's max
+                        v = S[so + c]
+                        mx = v if (v > mx or v != v) else mx
                     alpha = np.float32(0.0) if mrow[r] == -np.inf else exp32(mrow[r] - mx)
                     ssum = np.float32(0.0)
                     if mx == -np.inf:
@@ -157,7 +163,10 @@ def _attend_task(t, nq, Q, qst, kp, vp, O, ost, M, mst, mkind, code, H, Lq, Lk, 
                                      ip * MR * Dvp + jp * NR, Dvp)
         ob = b * ost[0] + h * ost[1]
         for r in range(mq):
-            inv = np.float32(1.0) / lrow[r] if lrow[r] > 0 else np.float32(np.nan)
+            # a fully masked row (every score -inf: no weight at all) is 0 as in torch's CPU
+            # attention; NaN scores leave lrow NaN and the row NaN
+            lr = lrow[r]
+            inv = np.float32(1.0) / lr if lr > 0 else (np.float32(0.0) if lr == 0 else np.float32(np.nan))
             off = ob + (qs + r) * ost[2]
             for e in range(Dv):
                 v = acc[r * Dvp + e] * inv
@@ -224,8 +233,8 @@ def run_attention(ctx):
     cfg = plan.config
     Br, Bc, kv_once = cfg.tile("q"), cfg.tile("k"), bool(cfg.tile("kv_once"))
     es = ES[p.dtype]
-    if Lk == 0:   # softmax over no keys: torch gives NaN
-        out.logical()[...] = dt.encode(np.full(out.shape, np.nan, np.float32), out.dtype)
+    if Lk == 0:   # softmax over no keys: torch's CPU attention (2.13) gives 0, as for a fully masked row
+        out.logical()[...] = dt.encode(np.zeros(out.shape, np.float32), out.dtype)
         nq = -(-Lq // Br)
         ctx.read(heads * Lq * D * es)
         ctx.write(out.nbytes)
