@@ -110,3 +110,33 @@ def test_data_dependent_shapes_run(fn):
     x = torch.randn(4, 8)
     y = compiled(fn, chip="TFL-X1", precision=None)(x)
     torch.testing.assert_close(y, fn(x))
+
+
+class _Nonzero(torch.nn.Module):
+    def forward(self, t):
+        return torch.nonzero(t > 0).float().sum()
+
+
+def test_plan_module_names_a_data_dependent_shape():
+    from torchfl import planner
+    from torchfl.planner.capture import CaptureError
+
+    with pytest.raises(CaptureError) as err:
+        planner.plan_module(_Nonzero(), (torch.randn(4, 8),), chip="TFL-X1")
+    assert "nonzero" in str(err.value) and "data-dependent output shape" in str(err.value)
+    assert 'backend="torchfl"' in str(err.value)
+
+
+def test_plan_module_runs_linalg_inv_as_fallbacks():
+    from torchfl import planner
+    from torchfl.runtime.executor import Executor
+
+    class Inv(torch.nn.Module):
+        def forward(self, t):
+            return torch.linalg.inv(t)
+
+    x = torch.randn(2, 3, 3) + 3 * torch.eye(3)
+    plan = planner.plan_module(Inv(), (x,), chip="TFL-X1")
+    assert {f.op for f in plan.fallbacks} == {"aten.linalg_inv_ex.default", "aten._linalg_check_errors.default"}
+    (y,) = Executor(plan, log=False).run((x,))
+    torch.testing.assert_close(y, torch.linalg.inv(x), rtol=1e-4, atol=1e-5)
