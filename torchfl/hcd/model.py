@@ -251,11 +251,6 @@ class HCD(_Model):
         return tuple(u.supported_layouts) if u.supported_layouts else self.layouts
 
     @property
-    def attention_enabled(self) -> bool:
-        a = self.compute_units.attention
-        return bool(a and a.enabled)
-
-    @property
     def name(self) -> str:
         return self.chip.name
 

@@ -122,10 +122,6 @@ class KernelSpec:
         return tuple(n for n in self.inputs if not n.endswith("?"))
 
     @property
-    def optional_inputs(self) -> tuple:
-        return tuple(n[:-1] for n in self.inputs if n.endswith("?"))
-
-    @property
     def input_names(self) -> tuple:
         return tuple(n.rstrip("?") for n in self.inputs)
 

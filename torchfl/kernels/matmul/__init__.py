@@ -16,7 +16,6 @@ cache can only add candidates, so it never increases the bytes.
 """
 from __future__ import annotations
 
-import math
 
 from ..dtypes import FLOATS, ITEMSIZE as ES
 from ..errors import KernelError
