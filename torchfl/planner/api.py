@@ -85,6 +85,9 @@ def _plan(captured, example_inputs, target, precision, strict):
     check_graph(hcd, ir, precision, unbatched=frozenset(captured.extra.get("unbatched", ())))
     pricer = Pricer.for_chip(chip)
     cands = Generator(ir, hcd, packs, chip, pricer).run()
+    from torchfl.planner import decompose   # ops a pack serves by a composition of others (priced, rewritten)
+
+    captured, ir, cands, decomposed = decompose.apply(captured, precision, target, ir, cands, pricer)
     if strict and cands.fallbacks:
         lines = [f"  {n} ({ir.nodes[n].op}): {why}" for n, why in cands.fallbacks.items()]
         raise StrictFallbackError(
@@ -120,7 +123,9 @@ def _plan(captured, example_inputs, target, precision, strict):
         notes.extend(opt.payload.warnings)
     notes = list(dict.fromkeys(notes))
     capture = Capture(captured.graph_module, dict(captured.tensors), captured.training)
-    return with_memory(assemble(target, precision, ir, cands, selection, pricer, capture, layouts_in, notes), hcd, chip)
+    plan = decompose.annotate(assemble(target, precision, ir, cands, selection, pricer, capture, layouts_in, notes),
+                              decomposed)
+    return with_memory(plan, hcd, chip)
 
 
 def with_memory(plan, hcd, chip):
