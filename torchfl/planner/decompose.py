@@ -89,6 +89,93 @@ def apply(captured, precision, target, ir, cands, pricer):
     return rewritten, ir2, cands2, tuple(decisions)
 
 
+def fold_repeat_kv(captured):
+    """``captured`` with Hugging Face's ``repeat_kv`` folded into grouped-query attention.
+
+    LLaMA-family models repeat each key/value head for its group before attention when they
+    pass a mask (``x[:, :, None].expand(B, Hkv, G, L, D).reshape(B, Hkv * G, L, D)``: a rank-5
+    unsqueeze/expand, a copy G times the size of K and V, and a view). That is exactly
+    ``scaled_dot_product_attention(..., enable_gqa=True)`` on the unrepeated K and V, which
+    the attention kernel reads in place (and a chip with max_rank 4 can then run at all).
+    The same graph comes back when no attention reads such a chain."""
+    import torch
+
+    sdpa = torch.ops.aten.scaled_dot_product_attention.default
+    hits = []
+    for node in captured.graph_module.graph.nodes:
+        if node.target is sdpa and len(node.args) >= 3:
+            k, v = (_repeated_kv(node.args[i]) for i in (1, 2))
+            if k is not None and v is not None and k[1] == v[1] and not node.kwargs.get("dropout_p"):
+                hits.append((node.name, k[0].name, v[0].name))
+    if not hits:
+        return captured
+    graph, by_name = _copy_graph(captured.graph_module.graph)
+    for name, k, v in hits:
+        node = by_name[name]
+        chains = [node.args[1], node.args[2]]
+        node.args = (node.args[0], by_name[k], by_name[v]) + tuple(node.args[3:])
+        node.kwargs = {**node.kwargs, "enable_gqa": True}
+        for tail in chains:          # the now unread view <- clone <- expand <- unsqueeze chain
+            while tail is not None and tail.op == "call_function" and not tail.users:
+                nxt = tail.args[0] if tail.args and isinstance(tail.args[0], torch.fx.Node) else None
+                graph.erase_node(tail)
+                tail = nxt
+    return _with_graph(captured, graph, {})
+
+
+_VIEWS = ("aten.view.default", "aten._unsafe_view.default", "aten.reshape.default")
+
+
+def _repeated_kv(node):
+    """(source node, group size) when ``node`` is repeat_kv(source), else None."""
+    import torch
+
+    def op(n, *names):
+        return isinstance(n, torch.fx.Node) and n.op == "call_function" and str(n.target) in names
+
+    if not op(node, *_VIEWS):
+        return None
+    x = node.args[0]
+    if op(x, "aten.clone.default"):
+        x = x.args[0]
+    if not op(x, "aten.expand.default") or not op(x.args[0], "aten.unsqueeze.default"):
+        return None
+    expanded, unsq = x, x.args[0]
+    src = unsq.args[0]
+    try:
+        shape = tuple(src.meta["val"].shape)
+        out = tuple(node.meta["val"].shape)
+        wide = tuple(expanded.meta["val"].shape)
+    except (AttributeError, KeyError):
+        return None
+    if len(shape) != 4 or unsq.args[1] not in (2, -3) or len(wide) != 5:
+        return None
+    B, Hkv, L, D = shape
+    G = wide[2]
+    if wide != (B, Hkv, G, L, D) or out != (B, Hkv * G, L, D):
+        return None
+    return src, G
+
+
+def _copy_graph(graph):
+    import torch
+
+    new = torch.fx.Graph()
+    out = new.graph_copy(graph, {})
+    new.output(out)
+    return new, {n.name: n for n in new.nodes}
+
+
+def _with_graph(captured, graph, renamed):
+    import dataclasses
+
+    import torch
+
+    new_gm = torch.fx.GraphModule(captured.graph_module, graph)
+    outputs = [renamed.get(o, o) if o is not None else None for o in captured.outputs]
+    return dataclasses.replace(captured, graph_module=new_gm, outputs=outputs)
+
+
 def annotate(plan, decisions):
     """The plan with ``decomposed`` set and each part's step note naming its decomposition."""
     if not decisions:
@@ -147,16 +234,9 @@ def _candidates(captured, precision, target, pricer):
 def _rewrite(captured, chosen):
     """A copy of ``captured`` with each chosen node replaced by its parts; and per node the
     FX names of its parts in order."""
-    import dataclasses
-
     import torch
 
-    gm = captured.graph_module
-    graph = torch.fx.Graph()
-    val_map: dict = {}
-    out = graph.graph_copy(gm.graph, val_map)
-    graph.output(out)
-    by_name = {n.name: n for n in graph.nodes}
+    graph, by_name = _copy_graph(captured.graph_module.graph)
     renamed, names = {}, {}
     for node_name, (dec, parts, fx_of) in chosen.items():
         node = by_name[node_name]
@@ -169,9 +249,7 @@ def _rewrite(captured, chosen):
         graph.erase_node(node)
         renamed[node_name] = last.name
         names[node_name] = tuple(n.name for n in made.values())
-    new_gm = torch.fx.GraphModule(gm, graph)
-    outputs = [renamed.get(o, o) if o is not None else None for o in captured.outputs]
-    return dataclasses.replace(captured, graph_module=new_gm, outputs=outputs), names
+    return _with_graph(captured, graph, renamed), names
 
 
 def _part_node(graph, owner, part, made, fx_of, by_name):

@@ -437,8 +437,10 @@ class _Compiler:
                 self.error(ppath + ("op",), f"part {part.id} is {m.op} itself: a decomposition cannot recurse")
             when = None
             if part.when is not None:
-                when = self.guards(ppath + ("when",), [part.when], scope)
-                when = when[0].guard if when else None
+                try:
+                    when = compile_guard(part.when, scope)
+                except GuardSyntaxError as exc:
+                    self.guard_error(ppath + ("when",), part.when, exc, "when")
             pargs = self.expressions(ppath + ("args",), enumerate(part.args), scope)
             kwargs = self.expressions(ppath + ("kwargs",), part.kwargs.items(), scope)
             parts.append(DecompositionPart(part.id, part.op, pargs, kwargs, when, self.doc.where(ppath)[0]))
