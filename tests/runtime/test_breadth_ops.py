@@ -66,3 +66,25 @@ def test_mask_and_position_ops_run_on_chip():
 def test_audio_and_vision_ops_run_on_chip():
     torch.manual_seed(0)
     _check(AudioAndVision(), torch.randn(2, 200))
+
+
+class FusedQKV(torch.nn.Module):
+    """BLOOM's attention input: a fused q/k/v projection viewed 5-D, each part selected out
+    (select.int on dim 3) and transposed to (B, heads, L, D). The plan once applied the 4-D
+    transpose to the 5-D one-wide slice (select kept its dim on the chip: ``KernelError:
+    layout_transform: layout [0, 2, 1, 3] is not a permutation of 5 axes``)."""
+
+    def __init__(self):
+        super().__init__()
+        self.qkv = torch.nn.Linear(16, 48)
+
+    def forward(self, x):
+        b, l, _ = x.shape
+        f = self.qkv(x).view(b, l, 4, 3, 4)
+        q, k = f[..., 0, :].transpose(1, 2), f[..., 1, :].transpose(1, 2)
+        return q @ k.transpose(-1, -2)
+
+
+def test_bloom_fused_qkv_select_then_transpose_regression():
+    torch.manual_seed(0)
+    _check(FusedQKV(), torch.randn(2, 6, 16))
