@@ -26,6 +26,7 @@ from dataclasses import replace
 
 from ..errors import KernelError
 from ..spec import KernelSpec, TensorMeta
+from ..spec import numel as _n
 from ..tiling import stream_plan
 
 ALL = ("float32", "float16", "bfloat16", "int8", "int32", "int64", "bool")
@@ -34,12 +35,6 @@ MAXIDX = 6
 IDX = tuple(f"i{d}?" for d in range(MAXIDX))
 IDS = ("int32", "int64")
 
-
-def _n(s):
-    n = 1
-    for v in s:
-        n *= int(v)
-    return n
 
 
 def index_names(p):

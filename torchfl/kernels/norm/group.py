@@ -15,6 +15,7 @@ from __future__ import annotations
 
 from ..errors import KernelError
 from ..spec import KernelSpec, TensorMeta
+from ..spec import numel as _n
 from ..tiling import TileConfig, Traffic, make_plan, stream_plan
 
 FLOATS = ("float32", "float16", "bfloat16")
@@ -22,12 +23,6 @@ ES = {"float32": 4, "float16": 2, "bfloat16": 2}
 STAT = 4
 OPS_PER_ELEMENT = 6      # sum, centred square, normalise, scale, shift (as counted)
 
-
-def _n(s):
-    n = 1
-    for v in s:
-        n *= int(v)
-    return n
 
 
 def geometry(p):
