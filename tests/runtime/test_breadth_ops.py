@@ -6,7 +6,7 @@ and group norm. Real planner, real kernels, compared with eager."""
 import torch
 import torch.nn.functional as F
 
-from models import rel_err
+from tests.runtime.models import rel_err
 
 V3 = {"chip": "NPU-V3", "precision": "float16", "strict": True}
 

@@ -11,10 +11,10 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from ..dtypes import FLOATS
 from ..errors import KernelError
 from ..spec import KernelSpec, TensorMeta
 
-FLOATS = ("float32", "float16", "bfloat16")
 
 
 def _conv2d():

@@ -24,13 +24,13 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+from ..dtypes import DTYPES, ITEMSIZE as ES
 from ..errors import KernelError
 from ..spec import KernelSpec, TensorMeta
 from ..spec import numel as _n
 from ..tiling import stream_plan
 
-ALL = ("float32", "float16", "bfloat16", "int8", "int32", "int64", "bool")
-ES = {"float32": 4, "float16": 2, "bfloat16": 2, "bool": 1, "int8": 1, "int32": 4, "int64": 8}
+ALL = tuple(DTYPES)
 MAXIDX = 6
 IDX = tuple(f"i{d}?" for d in range(MAXIDX))
 IDS = ("int32", "int64")

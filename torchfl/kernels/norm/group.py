@@ -13,13 +13,12 @@ cache is ``chunked``: streamed twice (statistics, then normalisation) in chunks 
 """
 from __future__ import annotations
 
+from ..dtypes import FLOATS, ITEMSIZE as ES
 from ..errors import KernelError
 from ..spec import KernelSpec, TensorMeta
 from ..spec import numel as _n
 from ..tiling import TileConfig, Traffic, make_plan, stream_plan
 
-FLOATS = ("float32", "float16", "bfloat16")
-ES = {"float32": 4, "float16": 2, "bfloat16": 2}
 STAT = 4
 OPS_PER_ELEMENT = 6      # sum, centred square, normalise, scale, shift (as counted)
 

@@ -13,13 +13,13 @@ compute term here, so the time is the same as per tile.
 """
 from __future__ import annotations
 
+from ..dtypes import DTYPES, ITEMSIZE as ES
 from ..errors import KernelError
 from ..spec import KernelSpec, TensorMeta
 from ..spec import numel as _n
 from ..tiling import TileConfig, Traffic, make_plan
 
-ALL = ("float32", "float16", "bfloat16", "int8", "int32", "int64", "bool")
-ES = {"float32": 4, "float16": 2, "bfloat16": 2, "bool": 1, "int8": 1, "int32": 4, "int64": 8}
+ALL = tuple(DTYPES)
 
 
 

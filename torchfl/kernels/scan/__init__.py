@@ -14,14 +14,13 @@ each element is read and written once.
 """
 from __future__ import annotations
 
+from ..dtypes import FLOATS, ITEMSIZE as ES
 from ..errors import KernelError
 from ..spec import KernelSpec, TensorMeta
 from ..spec import numel as _n
 from ..tiling import TileConfig, Traffic, make_plan, stream_plan
 
-FLOATS = ("float32", "float16", "bfloat16")
-INTS = ("int32", "int64", "bool")
-ES = {"float32": 4, "float16": 2, "bfloat16": 2, "bool": 1, "int32": 4, "int64": 8}
+INTS = ("int32", "int64", "bool")   # int8 is the quantised type: no scan
 
 
 
