@@ -378,7 +378,8 @@ class Generator:
         graph = next(iter(self.ir.nodes.values())).fx.graph if self.ir.nodes else None
         if graph is None:
             return
-        for group in _fusion_index(self.packs).find(FxGraphView(graph)):
+        ops = {n.name: n.op for n in self.ir.nodes.values()}
+        for group in _fusion_index(self.packs).find(FxGraphView(graph, ops)):
             if any(n not in self.ir.nodes for n in group.nodes):
                 continue
             fusion = group.fusion

@@ -253,7 +253,9 @@ class FxGraphView:
     node's output value at that position (tuple-returning ops: batch-norm, max-pool with
     indices)."""
 
-    def __init__(self, graph):
+    def __init__(self, graph, ops: Mapping[str, str] | None = None):
+        """``ops``: node name -> op string, when the caller has them already (``str`` of an
+        ATen overload is slow); else read from the nodes' targets."""
         self._nodes: dict = {}
         self._outs: dict[str, list] = {}
         self._value: dict = {}      # value name -> FX node holding it
@@ -279,12 +281,14 @@ class FxGraphView:
                 self._value[n.name] = n
                 self._producer[n.name] = n.name
         self._order = tuple(self._nodes)
+        self._ops = ops if ops is not None else {name: str(n.target) for name, n in self._nodes.items()}
 
     def op_nodes(self):
         return self._order
 
     def op(self, node):
-        return str(self._nodes[node].target)
+        op = self._ops.get(node)
+        return op if op is not None else str(self._nodes[node].target)
 
     def outputs(self, node):
         return self._outs[node]
