@@ -4,7 +4,7 @@ eager torch. Shapes are small (CI: 2 cores, cold Numba cache)."""
 import pytest
 import torch
 
-from models import SmallCNN, rel_err, seeded
+from tests.runtime.models import SmallCNN, rel_err, seeded
 
 from torchfl.planner.zoo import load_model
 from torchfl.runtime.backend import recording

@@ -11,7 +11,6 @@ import sys
 
 import click
 
-ZOO_NAMES = ("mlp", "resnet18", "resnet50", "bert-base", "bert-large", "gpt2")
 # load_model's option -> the flag that sets it (errors name the flag the user wrote)
 OPTION_FLAGS = {"batch": "--batch", "seq_len": "--seq-len", "num_heads": "--heads", "layers": "--layers"}
 

@@ -7,7 +7,8 @@ block of C is held in 12 ``<8 x float>`` registers and updated with ``llvm.fma.v
 
     C[6, 16] (row stride ldc, fp32) += A_panel[kc][6] (x) B_panel[kc][16]
 
-Shared by every family that multiplies matrices (matmul, attention, conv as GEMM).
+Used by the GEMM (gemm.py: matmul, linear, batched matmul) and attention; convolution has
+its own tap-aware micro-kernel (conv/microkernel.py).
 """
 from __future__ import annotations
 
@@ -21,7 +22,6 @@ MR, NR = 6, 16
 @intrinsic
 def ukernel_6x16(typingctx, kc, pa, pa_off, pb, pb_off, c, c_off, ldc):
     """C[c_off + r*ldc + j] += sum_k pa[pa_off + 6k + r] * pb[pb_off + 16k + j]."""
-    f32arr = types.Array(types.float32, 1, "C")
     for arr in (pa, pb, c):
         if not (isinstance(arr, types.Array) and arr.dtype == types.float32 and arr.ndim == 1):
             return None

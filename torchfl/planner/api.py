@@ -117,7 +117,7 @@ def _plan(captured, example_inputs, target, precision, strict):
     from torchfl.planner.cost import Pricer
     from torchfl.planner.graph import build_ir
     from torchfl.planner.plan import Capture, identity_layout
-    from torchfl.planner.select import Problem, select
+    from torchfl.planner.select import CoverProblem, select
 
     hcd, packs, chip = target.hcd, target.packs, target.model
     ir = build_ir(captured, precision)
@@ -149,7 +149,7 @@ def _plan(captured, example_inputs, target, precision, strict):
 
     outputs = tuple((ir.fx_to_ir.get(o, o), identity_layout(values[ir.fx_to_ir.get(o, o)].rank))
                     for o in ir.outputs if ir.fx_to_ir.get(o, o) in values)
-    problem = Problem({n.name: n.inputs for n in ir.nodes.values()}, fixed, outputs, tuple(cands.options),
+    problem = CoverProblem({n.name: n.inputs for n in ir.nodes.values()}, fixed, outputs, tuple(cands.options),
                       conv_cost)
     selection = select(problem)
     notes = [f"selection: {'exact' if selection.exact else 'beam-pruned (not proven optimal)'} dynamic "

@@ -80,7 +80,6 @@ def assemble(target, precision, ir, cands, selection, pricer, capture, input_lay
         converted[key] = new
         return new
 
-    fx_name_of = {}  # IR value -> FX value names it stands for
     for opt in selection.chosen:
         p = opt.payload
         consumer = opt.nodes[-1]

@@ -17,7 +17,8 @@ FORMATS = ("text", "json", "dot")
 MAX_REJECTED_TEXT = 40
 
 
-def explain(plan, format: str = "text") -> str:  # noqa: A002
+def render_plan(plan, format: str = "text") -> str:  # noqa: A002
+    """The text of ``Plan.explain``: EXPLAIN-style ``text``, ``json`` or Graphviz ``dot``."""
     if format == "json":
         return plan.to_json()
     if format == "text":

@@ -18,11 +18,8 @@ import operator
 from dataclasses import dataclass, field
 from typing import Any
 
+from torchfl.hcd.dtypes import short_dtype
 from torchfl.planner.plan import identity_layout
-
-
-def short_dtype(dtype) -> str:
-    return str(dtype).removeprefix("torch.")
 
 
 @dataclass

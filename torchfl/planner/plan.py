@@ -289,9 +289,9 @@ class Plan(_Data):
 
     def explain(self, format: str = "text") -> str:  # noqa: A002 - the CLI's word
         """The plan as ``text`` (EXPLAIN-style table), ``json`` or ``dot`` (Graphviz)."""
-        from torchfl.planner.explain import explain
+        from torchfl.planner.explain import render_plan
 
-        return explain(self, format)
+        return render_plan(self, format)
 
     def step_of(self, value: str) -> Step | None:
         producer = self.values[value].producer

@@ -14,13 +14,13 @@ queries (ops / support / why-not): :mod:`torchfl.rules.support`. The file format
 Imports neither torch nor numba (the kernel catalog is pure Python).
 """
 
-from torchfl.rules.call import Call, TensorMeta, call_from_node
+from torchfl.rules.call import Call, TensorMeta
 from torchfl.rules.compile import PackError, PackReport, check_pack, check_pack_text, load_pack, load_pack_text
 from torchfl.rules.pack import Fusion, Rule, RulePack
 
 __all__ = [
     "Call", "Fusion", "Match", "PackError", "PackReport", "Reason", "Rejection", "Rule", "RulePack", "TensorMeta",
-    "call_from_node", "candidates", "check_pack", "check_pack_text", "load_pack", "load_pack_text", "match",
+    "candidates", "check_pack", "check_pack_text", "load_pack", "load_pack_text", "match",
     "match_fusion",
 ]
 

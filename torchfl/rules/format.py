@@ -33,13 +33,14 @@ from typing import Annotated, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from torchfl.hcd.dtypes import MATRIX_UNITS, STORAGE
 from torchfl.rules.guards.syntax import MAX_CHARS, MAX_INT
 
 SEMVER = r"^(0|[1-9]\d*)\.(0|[1-9]\d*)\.(0|[1-9]\d*)(-[0-9A-Za-z.-]+)?(\+[0-9A-Za-z.-]+)?$"
 OP_NAME = r"^(aten|prims|torchfl|quantized_decomposed)\.[A-Za-z0-9_]+\.[A-Za-z0-9_]+$"
 IDENT = r"^[A-Za-z][A-Za-z0-9_]*$"
-UNITS = Literal["fp16", "bf16", "fp32", "int8", "attention"]
-DTYPES = Literal["float32", "float16", "bfloat16", "int8", "int32", "int64", "bool"]
+UNITS = Literal[MATRIX_UNITS + ("attention",)]
+DTYPES = Literal[tuple(STORAGE)]
 
 
 #: Plausible sizes of a pack's parts: an ATen op has at most ~20 arguments, a fusion a few

@@ -18,8 +18,6 @@ from torchfl.rules.format import Requires
 from torchfl.rules.guards import Guard
 from torchfl.rules.guards.types import Type, arg_type, list_of
 
-BUILTIN_NAMES = ("shape", "rank", "dtype", "layout", "compute_dtype", "compute_layout", "out", "chip")
-
 
 @dataclass(frozen=True)
 class CheckedGuard:

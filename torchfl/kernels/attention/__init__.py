@@ -19,12 +19,11 @@ from __future__ import annotations
 
 import math
 
+from ..dtypes import FLOATS, ITEMSIZE as ES
 from ..errors import KernelError
 from ..spec import KernelSpec, TensorMeta
 from ..tiling import TileConfig, Traffic, make_plan
 
-FLOATS = ("float32", "float16", "bfloat16")
-ES = {"float32": 4, "float16": 2, "bfloat16": 2, "bool": 1}
 SOFTMAX_OPS = 5   # scale/mask, max, exp, sum, rescale per score
 
 

@@ -116,7 +116,7 @@ def run_gemm(ctx):
 def _run_qlinear(ctx, g, A, a_rows, aks, B, b_base, b_ks, b_ns, C, c_rows, TM, TN, TK, b_res):
     """qlinear on the int8 GEMM engine: per-column scales x_scale * w_scale[n] and weight zero
     points (the per-tensor attributes when no vector is given), bias decoded to float32."""
-    p, at, ins, N = ctx.problem, ctx.problem.attrs, ctx.inputs, g.N
+    at, ins, N = ctx.problem.attrs, ctx.inputs, g.N
 
     def vec(name, default, np_type):
         t = ins.get(name)

@@ -13,7 +13,7 @@ import numpy as np
 from numba import get_num_threads, njit, prange
 
 from ..codecs import decode, encode16
-from ..conv.impl import _code, _flat
+from ..staging import _code, _flat
 from ..threads import sized_by
 
 
@@ -299,13 +299,6 @@ def _bounds(tiles):
     """Tile boundaries [s0, s1, s2, ...] for the one parallel call that runs all tiles (each
     tile is processed by one host thread, in order, as the chip streams them)."""
     return np.array([a for a, _ in tiles] + [tiles[-1][1]], np.int64)
-
-
-def _write_vec(ctx, t, vals):
-    from .. import dtypes as _dt
-
-    t.logical()[...] = _dt.encode(np.asarray(vals, np.float32).reshape(t.shape), t.dtype)
-    ctx.write(t.numel * _dt.itemsize(t.dtype))
 
 
 def _elements(p) -> int:

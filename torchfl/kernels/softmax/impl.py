@@ -111,7 +111,6 @@ def run_softmax(ctx):
         return [out]
     names = ins(p)
     d = _dim(p)
-    t0 = ctx.inputs[names[0]]
     shape = out.shape or (1,)
     L = shape[d]
     rows = out.numel // L
@@ -174,7 +173,6 @@ def run_softmax(ctx):
 def _row_split(ctx, accs, oacc, out, rows, L, code, es, kind, cost):
     """Two passes per row over chunks of C: statistics, then normalise and store."""
     C = ctx.plan.config.tile("chunk")
-    nin = len(accs)
 
     def chunk(a, s, e):
         raw = a.load(s, e)
