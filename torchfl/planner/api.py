@@ -111,6 +111,7 @@ def plan_captured(captured, example_inputs, target, precision=None, strict=False
 
 def _plan(captured, example_inputs, target, precision, strict):
     """Plan ``captured`` on ``target`` (its preconditions checked by the caller)."""
+    from torchfl.planner import decompose   # repeat_kv -> GQA; ops a pack serves by a composition of others
     from torchfl.planner.build import assemble
     from torchfl.planner.candidates import Generator
     from torchfl.planner.constraints import check_graph, input_layouts
@@ -120,10 +121,12 @@ def _plan(captured, example_inputs, target, precision, strict):
     from torchfl.planner.select import CoverProblem, select
 
     hcd, packs, chip = target.hcd, target.packs, target.model
+    captured = decompose.fold_repeat_kv(captured)
     ir = build_ir(captured, precision)
     check_graph(hcd, ir, precision, unbatched=frozenset(captured.extra.get("unbatched", ())))
     pricer = Pricer.for_chip(chip)
     cands = Generator(ir, hcd, packs, chip, pricer).run()
+    captured, ir, cands, decomposed = decompose.apply(captured, precision, target, ir, cands, pricer)
     if strict and cands.fallbacks:
         lines = [f"  {n} ({ir.nodes[n].op}): {why}" for n, why in cands.fallbacks.items()]
         raise StrictFallbackError(
@@ -159,7 +162,9 @@ def _plan(captured, example_inputs, target, precision, strict):
         notes.extend(opt.payload.warnings)
     notes = list(dict.fromkeys(notes))
     capture = Capture(captured.graph_module, dict(captured.tensors), captured.training)
-    return with_memory(assemble(target, precision, ir, cands, selection, pricer, capture, layouts_in, notes), hcd, chip)
+    plan = decompose.annotate(assemble(target, precision, ir, cands, selection, pricer, capture, layouts_in, notes),
+                              decomposed)
+    return with_memory(plan, hcd, chip)
 
 
 def with_memory(plan, hcd, chip):

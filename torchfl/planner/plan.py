@@ -121,6 +121,12 @@ def _memory_from(data):
     return MemoryPlan.from_dict(data)
 
 
+def _decomposed_from(items):
+    from torchfl.planner.decompose import Decomposed
+
+    return tuple(Decomposed(**{k: _tuple(v) for k, v in d.items()}) for d in items)
+
+
 def _tuple(value: Any) -> Any:
     if isinstance(value, list):
         return tuple(_tuple(v) for v in value)
@@ -279,6 +285,7 @@ class Plan(_Data):
     folded: tuple[Fallback, ...] = ()
     chip_hash: str = ""  # the chip's HCD content hash (Target.chip_hash); "" for a hand-built plan
     memory: Any = None  # its MemoryPlan (torchfl.planner.memory): live buffers per step, the peak
+    decomposed: tuple = ()  # torchfl.planner.decompose.Decomposed: ops served by their rule pack's decomposition
     capture: Capture | None = field(default=None, compare=False, repr=False, metadata={"json": False})
     target: Any = field(default=None, compare=False, repr=False, metadata={"json": False})
 
@@ -327,6 +334,7 @@ class Plan(_Data):
             folded=tuple(build(Fallback, f) for f in data.get("folded", ())),
             chip_hash=data.get("chip_hash", ""),
             memory=_memory_from(data.get("memory")),
+            decomposed=_decomposed_from(data.get("decomposed", ())),
         )
 
     @classmethod

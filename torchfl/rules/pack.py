@@ -155,6 +155,45 @@ class Fusion:
 
 
 @dataclass(frozen=True)
+class DecompositionPart:
+    """One part: ``op`` applied to ``args``/``kwargs`` (Bindings over the op's args and the
+    earlier parts); skipped, its value being its first argument's, unless ``when`` holds."""
+
+    id: str
+    op: str
+    args: tuple[Binding, ...]
+    kwargs: tuple[Binding, ...]
+    when: Guard | None
+    line: int
+
+
+@dataclass(frozen=True)
+class Decomposition:
+    """An op served by a composition of other ops (``parts``, the last one its value)."""
+
+    pack: str
+    index: int
+    name: str
+    op: str
+    args: tuple[tuple[str, str], ...]
+    primary: str | None
+    requires: Requires
+    guards: tuple[CheckedGuard, ...]
+    parts: tuple[DecompositionPart, ...]
+    defaults: tuple[tuple[str, Any], ...]
+    note: str
+    line: int
+
+    @property
+    def id(self) -> str:
+        return f"{self.pack}:decompositions[{self.index}] {self.name}"
+
+    arg_names = Rule.arg_names
+    bind_args = Rule.bind_args
+    primary_value = Rule.primary_value
+
+
+@dataclass(frozen=True)
 class NoRuleEntry:
     op: str
     reason: str
@@ -170,6 +209,7 @@ class RulePack:
     no_rule: tuple[NoRuleEntry, ...]
     source_file: str
     _canonical: str = field(repr=False, default="{}")
+    decompositions: tuple[Decomposition, ...] = ()
 
     def canonical(self) -> dict:
         return json.loads(self._canonical)
