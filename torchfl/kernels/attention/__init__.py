@@ -1,8 +1,8 @@
 """Attention: scaled-dot-product attention, flash-style (online softmax), pure-Python part.
 
 q[B,H,Lq,D], k[B,Hkv,Lk,D], v[B,Hkv,Lk,Dv] (grouped-query attention when Hkv < H: query
-head h reads key/value head h // (H / Hkv), as torch's enable_gqa), optional mask (bool keep-mask or additive float,
-broadcastable to [B,H,Lq,Lk]), ``causal`` (key j visible to query i iff j <= i, like
+head h reads key/value head h // (H / Hkv) in place, as torch's enable_gqa), optional mask
+(bool keep-mask or additive float, broadcastable to [B,H,Lq,Lk]), ``causal`` (key j visible to query i iff j <= i, like
 torch's is_causal), ``scale`` (default 1/sqrt(D)).
 
 Tiling (``plan_attention``), per head: Q tiles of Br rows, K/V tiles of Bc rows; for each
@@ -13,14 +13,12 @@ output accumulator stay on chip; O is stored once per Q tile. Bytes per head:
     Q + O + (#K/V tiles loaded) x Bc x (D + Dv) x es + mask elements of loaded tiles
 
 ``kv_resident``: K and V of a head fit beside the stream and are loaded once per head.
-``resident``: everything fits at once.
-Grouped-query attention is priced as if each query head loaded its group's K/V (as
-repeat_kv would): never below what the kernel moves. Candidates that fit the cache are scored by
+``resident``: everything fits at once. Candidates that fit the cache are scored by
 bytes, then tile count; a bigger cache only adds candidates, so bytes never grow.
+Grouped-query attention is priced (and counted) as if each query head loaded its group's
+K/V, as after repeat_kv: sharing one K/V load across a group is not modelled.
 """
 from __future__ import annotations
-
-import math
 
 from ..dtypes import FLOATS, ITEMSIZE as ES
 from ..errors import KernelError
