@@ -23,7 +23,7 @@ int8       exact        int32 accumulation is exact; requantisation RNE within 1
 from __future__ import annotations
 
 __all__ = ["DTYPES", "CODE", "storage_dtype", "itemsize", "encode", "decode", "check_dtype",
-           "is_float", "from_torch_dtype", "torch_dtype"]
+           "is_float", "stored", "from_torch_dtype", "torch_dtype"]
 
 # the vocabulary (names, sizes, numpy storage names) is the HCD layer's; numpy itself is
 # imported lazily: the catalog and the planner use itemsize() without loading numpy
@@ -38,6 +38,12 @@ def check_dtype(name: str) -> str:
     if name not in DTYPES:
         raise ValueError(f"unknown storage dtype {name!r}; use one of {', '.join(DTYPES)}")
     return name
+
+
+def stored(name: str) -> bool:
+    """Can the chip's memory hold ``name``? Any other dtype (float64, complex, uint8, ...)
+    lives on the host: uploads convert it (the precision policy) and host fallbacks read it."""
+    return name in DTYPES
 
 
 def storage_dtype(name: str):

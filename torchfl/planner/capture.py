@@ -84,6 +84,19 @@ def _from_exported(ep, training: bool = False) -> Captured:
     return Captured(ep.graph_module, placeholders, tensors, outputs, training)
 
 
+def _without_effect_tokens(ep):
+    """Side-effecting ops (``linalg.inv``'s ``_linalg_check_errors``) arrive wrapped in
+    ``with_effects`` with an effect-token placeholder and output; torch's own pass turns them
+    back into plain calls, so the token never reaches the planner as a tensor-less input."""
+    from torch.export.graph_signature import InputKind
+
+    if not any(s.kind == InputKind.TOKEN for s in ep.graph_signature.input_specs):
+        return ep
+    from torch.export._remove_effect_tokens_pass import _remove_effect_tokens
+
+    return _remove_effect_tokens(ep)
+
+
 def capture_module(module, example_inputs) -> Captured:
     """Inference capture of ``module(*example_inputs)`` through torch.export."""
     import torch
@@ -94,7 +107,7 @@ def capture_module(module, example_inputs) -> Captured:
             # on every capture: torch's internals, nothing a user can act on
             warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)", category=FutureWarning)
             ep = torch.export.export(module, tuple(example_inputs), strict=False)
-            ep = ep.run_decompositions(decomposition_table())
+            ep = _without_effect_tokens(ep.run_decompositions(decomposition_table()))
     except Exception as exc:  # torch's own errors are long; keep the first line and the fix
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise CaptureError(

@@ -16,6 +16,11 @@ Values
   rank-4 channels-last user input; and in ``PlanInput.dtype`` (the caller's dtype).
 * ``plan.values[name]`` gives every value's logical ``shape``, storage ``dtype`` and
   physical ``layout`` and the index of the step that produces it (``None`` for inputs).
+  A value whose dtype the chip cannot store (float64, complex; ``kernels.dtypes.stored``)
+  is a *host value*: it has no device buffer, host steps read and write it as a torch
+  tensor, and a ``cast`` step between it and a chip dtype (the precision policy on a
+  float64 input, a float64 output returned to the caller) converts on the link
+  (``planner.memory.is_link_cast``) instead of running the cast kernel.
 * A step's ``inputs`` are value names, positionally matching the kernel's inputs in
   :mod:`torchfl.kernels.catalog` (``KernelSpec.inputs``); an optional input that the call
   omits is the empty string ``""``.

@@ -45,7 +45,8 @@ def _prepack(K, kst, V, vst, code, H, heads, Lk, D, Dv, npk, npv, Lkp, kp, vp):
 
 
 # reassociation (vectorised max/sum) and FMA contraction only: with fastmath=True's no-inf
-# flag LLVM dropped the `== -inf` tests, and a row with no visible key became NaN
+# flag LLVM dropped the `== -inf` tests, and a row with no visible key became NaN; without
+# no-NaN a NaN score (NaN in q, k or the mask) reaches the output row as in torch
 _FM = {"reassoc", "contract"}
 
 
@@ -131,8 +132,9 @@ def _attend_task(t, nq, Q, qst, kp, vp, O, ost, M, mst, mkind, code, H, G, Lq, L
                 for r in range(mq):
                     so = r * NK
                     mx = mrow[r]
-                    for c in range(nk):          # vectorised max
-                        mx = max(mx, S[so + c])
+                    for c in range(nk):          # a NaN wins and stays, as torch's max
+                        v = S[so + c]
+                        mx = v if (v > mx or v != v) else mx
                     alpha = np.float32(0.0) if mrow[r] == -np.inf else exp32(mrow[r] - mx)
                     ssum = np.float32(0.0)
                     if mx == -np.inf:
@@ -165,7 +167,10 @@ def _attend_task(t, nq, Q, qst, kp, vp, O, ost, M, mst, mkind, code, H, G, Lq, L
                                      ip * MR * Dvp + jp * NR, Dvp)
         ob = b * ost[0] + h * ost[1]
         for r in range(mq):
-            inv = np.float32(1.0) / lrow[r] if lrow[r] > 0 else np.float32(0.0)   # no visible key: 0, as torch
+            # no visible key (every score -inf: no weight at all): 0, as torch's CPU attention;
+            # NaN scores leave lrow NaN and the row NaN, as torch
+            lr = lrow[r]
+            inv = np.float32(1.0) / lr if lr > 0 else (np.float32(0.0) if lr == 0 else np.float32(np.nan))
             off = ob + (qs + r) * ost[2]
             for e in range(Dv):
                 v = acc[r * Dvp + e] * inv
