@@ -80,6 +80,18 @@ def test_softmax(dtype, name, dim):
     check(y, getattr(torch, name)(as_f32(x), dim), dtype, name)
 
 
+@pytest.mark.parametrize("name", ["softmax", "log_softmax"])
+def test_softmax_streamed_rows(name):
+    """Rows longer than a 1 KiB cache: the online (row_split) path keeps NaN and inf too."""
+    chip = chip_for("float32", 1 << 10)
+    mem = DeviceMemory(chip)
+    x = rows(700)
+    x[0, 650], x[1, 690] = NAN, INF                  # specials in a later chunk than the first
+    xd = dev(x, mem, "float32")
+    (y,) = run(name, chip, {"x": xd}, {"dim": -1})
+    check(y, getattr(torch, name)(as_f32(xd), -1), "float32", f"{name} row_split")
+
+
 @pytest.mark.parametrize("dtype", DT)
 @pytest.mark.parametrize("log", [False, True])
 def test_softmax_backward(dtype, log):
@@ -206,6 +218,19 @@ def test_linear_epilogues(dtype, kernel):
 
 
 @pytest.mark.parametrize("dtype", DT)
+def test_layernorm_linear(dtype):
+    chip = chip_for(dtype)
+    mem = DeviceMemory(chip)
+    x = rows(8)                                   # NaN, inf, -inf rows: NaN through the norm
+    w, b = torch.randn(5, 8), torch.randn(5)
+    b[3] = -INF
+    xd, wd, bd = dev(x, mem, dtype), dev(w, mem, dtype), dev(b, mem, dtype)
+    (y,) = run("layernorm_linear", chip, {"x": xd, "w": wd, "bias": bd}, {"eps": 1e-5})
+    ref = F.linear(F.layer_norm(as_f32(xd), (8,), eps=1e-5), as_f32(wd), as_f32(bd))
+    check(y, ref, dtype, "layernorm_linear")
+
+
+@pytest.mark.parametrize("dtype", DT)
 def test_matmul_bmm(dtype):
     chip = chip_for(dtype)
     mem = DeviceMemory(chip)
@@ -219,7 +244,7 @@ def test_matmul_bmm(dtype):
 
 
 @pytest.mark.parametrize("dtype", DT)
-@pytest.mark.parametrize("kernel", ["conv2d", "conv2d_relu", "conv2d_add_relu"])
+@pytest.mark.parametrize("kernel", ["conv2d", "conv2d_relu", "conv2d_add_relu", "conv2d_bn_relu"])
 def test_conv_epilogues(dtype, kernel):
     chip = chip_for(dtype)
     mem = DeviceMemory(chip)
@@ -229,6 +254,11 @@ def test_conv_epilogues(dtype, kernel):
     xd, wd, bd = dev(x, mem, dtype), dev(w, mem, dtype), dev(bias, mem, dtype)
     ins = {"x": xd, "weight": wd, "bias": bd}
     ref = F.conv2d(as_f32(xd), as_f32(wd), as_f32(bd), padding=1)
+    if kernel == "conv2d_bn_relu":
+        g, beta, mean, var = torch.rand(3) + 0.5, torch.randn(3), torch.randn(3), torch.rand(3) + 0.1
+        bn = {"bn_weight": g, "bn_bias": beta, "running_mean": mean, "running_var": var}
+        ins.update({k: dev(t, mem, dtype) for k, t in bn.items()})
+        ref = F.batch_norm(ref, *(as_f32(ins[k]) for k in ("running_mean", "running_var", "bn_weight", "bn_bias")))
     if kernel == "conv2d_add_relu":
         r = torch.randn(1, 3, 5, 5)
         r[0, 0, 4, 4], r[0, 1, 4, 0], r[0, 2, 0, 4] = INF, -INF, NAN

@@ -140,3 +140,14 @@ def test_plan_module_runs_linalg_inv_as_fallbacks():
     assert {f.op for f in plan.fallbacks} == {"aten.linalg_inv_ex.default", "aten._linalg_check_errors.default"}
     (y,) = Executor(plan, log=False).run((x,))
     torch.testing.assert_close(y, torch.linalg.inv(x), rtol=1e-4, atol=1e-5)
+
+
+def test_softmax_of_a_nan_row_is_nan_like_eager():
+    """The issue's case end to end: eager returns NaN for a row holding NaN (and for a row
+    holding +inf); the chip's softmax used to return finite probabilities."""
+    x = torch.randn(4, 6)
+    x[1, 2], x[2, 0] = float("nan"), float("inf")
+    y = compiled(lambda t: torch.softmax(t, -1), strict=True)(x)
+    ref = torch.softmax(x, -1)
+    assert torch.equal(torch.isnan(y), torch.isnan(ref))
+    torch.testing.assert_close(y, ref, rtol=FP16[0], atol=FP16[1], equal_nan=True)

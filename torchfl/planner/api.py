@@ -1,7 +1,9 @@
 """Public entry points: ``plan_module`` (module + example inputs), ``plan_training``
-(its AOTAutograd forward and backward graphs) and ``plan_graph`` (a Dynamo GraphModule, as
-a torch.compile backend receives it), all -> :class:`Plan`; ``plan_captured`` plans a graph
-already captured, on a resolved :class:`~torchfl.planner.target.Target`.
+(its AOTAutograd forward and backward graphs) and ``plan_graph`` (a Dynamo GraphModule),
+all -> :class:`Plan`; ``plan_captured`` plans a graph already captured, and
+``plan_dynamo`` any graph a torch.compile backend receives (Dynamo's, with its weights as
+inputs, or AOTAutograd's), on a resolved :class:`~torchfl.planner.target.Target`. Graph
+surgery (lifting weights, re-tracing symbolic shapes) lives in ``capture.py``.
 
 ``chip`` is a chip name, an HCD or a Target (:func:`~torchfl.planner.target.resolve_target`).
 Pipeline: resolve the target -> check the precision and input layouts (before the costly
@@ -11,7 +13,7 @@ strict check -> exact selection -> Plan assembly.
 
 from __future__ import annotations
 
-from torchfl.planner.errors import StrictFallbackError
+from torchfl.planner.errors import MutatesInputs, StrictFallbackError
 from torchfl.planner.target import resolve_target
 
 
@@ -56,6 +58,43 @@ def plan_graph(gm, example_inputs, chip, precision=None, strict=False, registry=
     example_inputs = tuple(example_inputs)
     target = _prepared(chip, registry, precision, example_inputs)
     return _plan(capture_dynamo(gm, example_inputs), example_inputs, target, precision, strict)
+
+
+def plan_dynamo(gm, args, chip, kind="inference", weights=(), precision=None, strict=False, registry=None):
+    """Plan a graph as torch.compile hands it to a backend: ``(plan, positions of the args
+    that are the plan's inputs)``.
+
+    ``kind="inference"``: a Dynamo graph; the parameters and buffers Dynamo passes as
+    inputs are lifted into the graph (planned as weights), the other args are the plan's
+    inputs. Raises :class:`~torchfl.planner.errors.MutatesInputs` when the graph writes to
+    its inputs. ``kind="forward"|"backward"``: an AOTAutograd graph, re-traced on the
+    concrete ``args`` if its shapes are symbolic; every arg is an input, and ``weights``
+    (the forward's parameter primals) carry no batch dimension."""
+    from torchfl.planner.capture import capture_dynamo, captured_aot, concrete, lift_static
+
+    if kind == "inference":
+        lifted, user = lift_static(gm, args)
+        inputs = tuple(args[i] for i in user)
+        target = _prepared(chip, registry, precision, inputs)
+        plan = _plan(capture_dynamo(lifted, inputs), inputs, target, precision, strict)
+        if len(plan.outputs) != _n_outputs(gm):
+            # torch.export returned the inputs the graph writes to (a train-mode batch-norm's
+            # running statistics and num_batches_tracked, under no_grad) as extra outputs
+            raise MutatesInputs(f"the graph returns {_n_outputs(gm)} values but writes to some of its inputs too")
+        return plan, user
+    if kind not in ("forward", "backward"):
+        raise ValueError(f"plan_dynamo: kind must be inference, forward or backward, not {kind!r}")
+    target = _prepared(chip, registry, precision, ())
+    plan = _plan(captured_aot(concrete(gm, args), kind, weights), (), target, precision, strict)
+    return plan, tuple(range(len(args)))
+
+
+def _n_outputs(gm) -> int:
+    """How many values the graph returns (its output, flattened)."""
+    import torch
+
+    out = next(n for n in gm.graph.nodes if n.op == "output")
+    return len(torch.utils._pytree.tree_leaves(out.args[0]))
 
 
 def plan_captured(captured, example_inputs, target, precision=None, strict=False):

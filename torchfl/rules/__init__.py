@@ -7,7 +7,8 @@
     m.ok -> Match(.kernel .dtype .unit .layout .layouts .inputs .attrs .warnings .rule)
          or Rejection(.reasons: Reason(code, message, field, value, rule, guard))
 
-Matching of fusion groups: :func:`torchfl.rules.matching.match_fusion`; the support
+Where fusion patterns occur in a graph: :mod:`torchfl.rules.groups`; matching a group:
+:func:`torchfl.rules.matching.match_fusion`; the support
 queries (ops / support / why-not): :mod:`torchfl.rules.support`. The file format is in
 :mod:`torchfl.rules.format`, the guard language in :mod:`torchfl.rules.guards`.
 Imports neither torch nor numba (the kernel catalog is pure Python).

@@ -23,6 +23,7 @@ from torchfl.rules.format import FusionModel, GuardItem, PackModel, RuleModel
 from torchfl.rules.guards import GuardSyntaxError, compile_guard
 from torchfl.rules.guards.chip import CHIP
 from torchfl.rules.guards.types import ARG_TYPES, TENSOR, arg_type, record, strip
+from torchfl.rules.groups import pattern_ends
 from torchfl.rules.pack import (Binding, CheckedGuard, Decomposition, DecompositionPart, Fusion, FusionStep,
                                 NoRuleEntry, Rule, RulePack, rule_scope)
 
@@ -385,6 +386,10 @@ class _Compiler:
             seen.append(s.id)
             steps.append(FusionStep(s.id, ops, feed if i > 0 else None, producer, s.output,
                                     tuple(s.commutative or ())))
+        ends = pattern_ends(steps)
+        if len(ends) > 1:
+            self.error(base + ("pattern",), f"the pattern ends in {len(ends)} steps ({', '.join(ends)}) but a fused "
+                       "kernel writes one value: each other step must feed a later one (from:) or an earlier one (into:)")
         self.requires(base + ("requires",), m.requires, m.kernel)
         scope = dict(rule_scope((), CHIP))
         scope.update(records)

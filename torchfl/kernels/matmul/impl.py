@@ -96,9 +96,10 @@ def run_gemm(ctx):
             xs = dt.decode(np.ascontiguousarray(a.logical()), a.dtype).reshape(M, K).astype(np.float32)
             if code == dt.CODE["bfloat16_emulated"]:
                 xs = xs.astype(np.float16).astype(np.float32)
-            mean = xs.mean(axis=1, dtype=np.float64)
-            var = np.square(xs - mean[:, None]).mean(axis=1)
-            rstd = (1.0 / np.sqrt(var + p.attrs["eps"])).astype(np.float32)
+            with np.errstate(invalid="ignore", over="ignore"):   # NaN/inf rows: NaN, as torch
+                mean = xs.mean(axis=1, dtype=np.float64)
+                var = np.square(xs - mean[:, None]).mean(axis=1)
+                rstd = (1.0 / np.sqrt(var + p.attrs["eps"])).astype(np.float32)
             gw = ins.get("ln_weight")
             gb = ins.get("ln_bias")
             dec = lambda t: None if t is None else np.ascontiguousarray(dt.decode(_flat(t), t.dtype), np.float32)

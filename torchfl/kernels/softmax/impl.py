@@ -175,7 +175,13 @@ def run_softmax(ctx):
 
 
 def _row_split(ctx, accs, oacc, out, rows, L, code, es, kind, cost):
-    """Two passes per row over chunks of C: statistics, then normalise and store."""
+    """Two passes per row over chunks of C: statistics, then normalise and store. NaN and
+    inf rows compute NaN/inf as torch does: numpy's warnings about them are not errors."""
+    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+        return _row_split_passes(ctx, accs, oacc, out, rows, L, code, es, kind, cost)
+
+
+def _row_split_passes(ctx, accs, oacc, out, rows, L, code, es, kind, cost):
     C = ctx.plan.config.tile("chunk")
 
     def chunk(a, s, e):
