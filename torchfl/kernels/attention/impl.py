@@ -132,14 +132,14 @@ def _attend_task(t, nq, Q, qst, kp, vp, O, ost, M, mst, mkind, code, H, G, Lq, L
                 for r in range(mq):
                     so = r * NK
                     mx = mrow[r]
-                    for c in range(nk):          # a NaN wins and stays, as torch's max
-                        v = S[so + c]
-                        mx = v if (v > mx or v != v) else mx
+                    for c in range(nk):          # vectorised max (a NaN score reaches the row via exp32)
+                        mx = max(mx, S[so + c])
                     alpha = np.float32(0.0) if mrow[r] == -np.inf else exp32(mrow[r] - mx)
                     ssum = np.float32(0.0)
-                    if mx == -np.inf:
+                    if mx == -np.inf:            # no visible key so far; NaN scores stay NaN
                         for c in range(nk):
-                            S[so + c] = 0.0
+                            v = S[so + c]
+                            S[so + c] = np.float32(0.0) if v == -np.inf else v
                     else:
                         for c in range(nk):      # vectorised exp and sum, in place
                             pv = exp32(S[so + c] - mx)

@@ -24,9 +24,8 @@ _FM = {"reassoc", "contract", "nsz", "arcp"}
 def row_fwd(x, out, o, L, kind):
     """Softmax (kind 0) or log-softmax (1) of the row ``x[o:o + L]`` into ``out``."""
     mx = np.float32(-np.inf)
-    for j in range(L):
-        v = x[o + j]
-        mx = v if (v > mx or v != v) else mx     # a NaN wins and stays, as torch's max
+    for j in range(L):                   # vectorised max; a NaN reaches the row via exp32(NaN)
+        mx = max(mx, x[o + j])
     if mx == -np.inf:
         mx = np.float32(0.0)
     s = np.float32(0.0)
