@@ -64,7 +64,7 @@ def _store_epilogue(C, i, v, bias, j, has_bias, beta, code, act):
 
 @njit(cache=True, parallel=True)
 def _tile(A, rows, a_ks, B, b_base, b_ks, b_ns, j0, tm, tn, K, TK, code, esa, esc, esb,
-          has_ln, mean, rstd, g, bb, has_g, has_b, pres, use_res,
+          has_ln, mean, rstd, g, bb, has_g, has_b, pres, use_res, pre,
           acc, ldc, C, crows, c_ns, alpha, beta, bias, has_bias, act, nthreads, cnt):
     """One C tile (all its K tiles) in ONE parallel region: each thread owns a slice of C
     (its NR panels, or its MR panels when N is narrow), packs the B panels and the A blocks
@@ -108,7 +108,7 @@ def _tile(A, rows, a_ks, B, b_base, b_ks, b_ns, j0, tm, tn, K, TK, code, esa, es
                 rd += tk * (r1 - r0) * esa
                 if ch == 0 and not use_res:
                     rd += tk * tn * esa
-            if not use_res:
+            if not (use_res or pre):
                 for jq in range(nj):
                     jp = jp0 + jq
                     full = (jp + 1) * NR <= tn
@@ -152,8 +152,8 @@ def _tile(A, rows, a_ks, B, b_base, b_ks, b_ns, j0, tm, tn, K, TK, code, esa, es
                                         v = v + bb[k0 + kc0 + k]
                                     pal[base + k * MR] = v
                     for jp in range(jp0, jp1):
-                        if use_res:
-                            boff = (jp * K + k0 + kc0) * NR
+                        if use_res or pre:
+                            boff = ((j0 // NR + jp) * K + k0 + kc0) * NR
                             bsrc = pres
                         else:
                             boff = ((jp - jp0) * tk + kc0) * NR
@@ -233,27 +233,47 @@ def _gemv(A, rows, a_ks, B, b_base, b_ns, j0, tm, tn, K, code, C, crows, c_ns, a
 
 
 def run_float(A, a_rows, a_ks, B, b_base, b_ks, b_ns, C, c_rows, c_ns, *, M, N, K, TM, TN, TK,
-              b_res, code, esa, esc, bias=None, alpha=1.0, beta=1.0, act=0, ln=None, counter=None):
+              b_res, code, esa, esc, bias=None, alpha=1.0, beta=1.0, act=0, ln=None, counter=None,
+              packed_b=None):
     """Run the tiled float GEMM over batches (a_rows/c_rows: [batch, M] element offsets,
     b_base: [batch]); returns (bytes_read, bytes_written, ops) actually moved/computed.
 
     ``ln`` = (mean, rstd, gamma|None, beta|None) applies layer-norm while packing A.
+    ``packed_b``: ``pack_b(...)`` of a B shared by every batch, kept by the caller (a frozen
+    weight, :mod:`torchfl.kernels.frozen`): the tiles read their panels from it instead of
+    decoding and packing B again; the tile loads are counted as the plan says all the same.
     """
     from .threads import threads_for
 
     if b_res and (TN < N or TK < K):   # the packed B buffer holds one TN x K panel set
         raise ValueError(f"run_float: a resident B needs TN >= N and TK >= K (got TN={TN}, N={N}, TK={TK}, K={K})")
+    if packed_b is not None and not prepacked_ok(N, TN, b_base.shape[0]):
+        packed_b = None
     with threads_for(2 * M * N * K * a_rows.shape[0]) as nthreads:
         return _run_float(A, a_rows, a_ks, B, b_base, b_ks, b_ns, C, c_rows, c_ns, M, N, K, TM, TN, TK, b_res,
-                          code, esa, esc, bias, alpha, beta, act, ln, nthreads)
+                          code, esa, esc, bias, alpha, beta, act, ln, nthreads, packed_b)
+
+
+def prepacked_ok(N, TN, nbase=1) -> bool:
+    """Whether tiles of TN columns can read a whole-B panel set: each starts on a panel."""
+    return nbase == 1 and (TN >= N or TN % NR == 0)
+
+
+def pack_b(B, base, ks, ns, K, N, code):
+    """All of B (K x N at ``base``, strides ks/ns, storage ``code``) decoded to float32 and
+    packed into NR-column panels: panel p, row k at ``(p * K + k) * NR``."""
+    pb = np.empty((N + NR - 1) // NR * NR * K, np.float32)
+    _pack_b(B, base, ks, ns, 0, K, 0, N, code, pb)
+    return pb
 
 
 def _run_float(A, a_rows, a_ks, B, b_base, b_ks, b_ns, C, c_rows, c_ns, M, N, K, TM, TN, TK, b_res, code, esa,
-               esc, bias, alpha, beta, act, ln, nthreads):
+               esc, bias, alpha, beta, act, ln, nthreads, packed_b=None):
     batch = a_rows.shape[0]
     tm_pad = (min(TM, M) + MR - 1) // MR * MR
     ldc = (min(TN, N) + NR - 1) // NR * NR
-    pb = np.empty(ldc * K if b_res else 1, np.float32)
+    pre = packed_b is not None
+    pb = packed_b if pre else np.empty(ldc * K if b_res else 1, np.float32)
     acc = np.empty(tm_pad * ldc, np.float32)
     has_bias = bias is not None
     bias_arr = bias if has_bias else np.zeros(1, np.float32 if code == 0 else np.uint16)
@@ -277,7 +297,8 @@ def _run_float(A, a_rows, a_ks, B, b_base, b_ks, b_ns, C, c_rows, c_ns, M, N, K,
         crow_b = c_rows[bt]
         bkey = 0 if b_base.shape[0] == 1 else bt
         if b_res and b_loaded != bkey:
-            _pack_b(B, b_base[bkey], b_ks, b_ns, 0, K, 0, N, code, pb)   # B loaded once, kept
+            if not pre:
+                _pack_b(B, b_base[bkey], b_ks, b_ns, 0, K, 0, N, code, pb)   # B loaded once, kept
             rd += K * N * esa + (N * esb if has_bias else 0)
             b_loaded = bkey
         for i0 in range(0, M, TM):
@@ -287,7 +308,7 @@ def _run_float(A, a_rows, a_ks, B, b_base, b_ks, b_ns, C, c_rows, c_ns, M, N, K,
                 cnt[:] = 0
                 _tile(A, rows_b[i0:i0 + tm], a_ks, B, b_base[bkey], b_ks, b_ns, j0, tm, tn, K, TK, code,
                       esa, esc, esb, has_ln, mean[i0:i0 + tm] if has_ln else e32, rstd[i0:i0 + tm] if has_ln else e32,
-                      g, bb, has_g, has_b, pb, b_res, acc, ldc, C, crow_b[i0:i0 + tm], c_ns, np.float32(alpha),
+                      g, bb, has_g, has_b, pb, b_res, pre, acc, ldc, C, crow_b[i0:i0 + tm], c_ns, np.float32(alpha),
                       np.float32(beta), bias_arr, has_bias, act, nthreads, cnt)
                 t = cnt.sum(axis=0)
                 rd += int(t[0])
