@@ -138,7 +138,7 @@ def _tile(A, rows, a_ks, B, b_base, b_ks, b_ns, j0, tm, tn, K, TK, code, esa, es
             for c in range(jp0 * NR, jp1 * NR):
                 acc[r * ldc + c] = 0.0
         nj = jp1 - jp0
-        pbl = np.empty(nj * min(TK, K) * NR, np.float32)
+        pbl = np.empty(1 if (use_res or pre) else nj * min(TK, K) * NR, np.float32)
         pal = np.empty(MCP * MR * KC, np.float32)
         rd = 0
         for k0 in range(0, K, TK):
