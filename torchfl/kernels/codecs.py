@@ -119,3 +119,15 @@ def encode16(code, x):
     if code == BF16:
         return f32_to_bf16(x)
     return f32_to_bf16_trunc(f16_to_f32(f32_to_f16(x)))   # BF16E
+
+
+@njit(inline="always", cache=True)
+def h2f(h):
+    """float16 bits -> float32, the codec's values, without a branch (both results are
+    computed and one selected), so loops over whole blocks vectorise."""
+    u = np.uint32(h)
+    sign = (u & np.uint32(0x8000)) << np.uint32(16)
+    em = u & np.uint32(0x7FFF)
+    fin = f32_bits(bits_f32(em << np.uint32(13)) * _TWO112) | sign
+    special = sign | np.uint32(0x7F800000) | ((em & np.uint32(0x3FF)) << np.uint32(13))
+    return bits_f32(special if em >= np.uint32(0x7C00) else fin)

@@ -7,7 +7,8 @@ block of C is held in 12 ``<8 x float>`` registers and updated with ``llvm.fma.v
 
     C[6, 16] (row stride ldc, fp32) += A_panel[kc][6] (x) B_panel[kc][16]
 
-Shared by every family that multiplies matrices (matmul, attention, conv as GEMM).
+Used by the GEMM (gemm.py: matmul, linear, batched matmul) and attention; convolution has
+its own tap-aware micro-kernel (conv/microkernel.py).
 """
 from __future__ import annotations
 

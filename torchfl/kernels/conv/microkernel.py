@@ -7,9 +7,10 @@ arbitrary row addresses (one per output pixel, so padding, stride and dilation c
 nothing: the on-chip slab already holds the zero halo), B is one packed 16-wide row per
 reduction step.
 
-    acc[m, 0:16] += sum_k A[pix[m0 + m] + tap + k] * B[boff + 16 k : boff + 16 k + 16]
+    acc[m, 0:16] += sum_t sum_k A[pix[m0 + m] + taps[t] + k] * B[boff + 16 (t kc + k) : +16]
 
-for m in 0..5, k in 0..kc-1; ``acc`` rows are ``ldc`` apart starting at ``coff``.
+for m in 0..5, t over the kernel taps, k in 0..kc-1; ``acc`` rows are ``ldc`` apart
+starting at ``coff``.
 """
 from __future__ import annotations
 
@@ -22,69 +23,10 @@ MR, NR = 6, 16
 
 
 @intrinsic
-def mk6x16(typingctx, A, pix, m0, tap, B, boff, kc, C, coff, ldc):
-    """See module docstring. A, B, C: float32 1-D arrays; pix: int64 1-D array."""
-    sig = types.void(A, pix, m0, tap, B, boff, kc, C, coff, ldc)
-
-    def codegen(context, builder, signature, args):
-        a_arr, pix_arr, m0_v, tap_v, b_arr, boff_v, kc_v, c_arr, coff_v, ldc_v = args
-        sa = signature.args
-        A_ = context.make_array(sa[0])(context, builder, a_arr)
-        P_ = context.make_array(sa[1])(context, builder, pix_arr)
-        B_ = context.make_array(sa[4])(context, builder, b_arr)
-        C_ = context.make_array(sa[7])(context, builder, c_arr)
-        i64 = ir.IntType(64)
-        f32 = ir.FloatType()
-        v8 = ir.VectorType(f32, 8)
-        v8p = v8.as_pointer()
-        fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(v8, [v8, v8, v8]),
-                                             "llvm.fma.v8f32")
-        zero8 = ir.Constant(ir.VectorType(ir.IntType(32), 8), [0] * 8)
-
-        arow = []
-        for m in range(MR):
-            idx = builder.add(m0_v, ir.Constant(i64, m))
-            off = builder.load(builder.gep(P_.data, [idx]))
-            off = builder.add(off, tap_v)
-            arow.append(builder.gep(A_.data, [off]))
-        cptr = []
-        accs = []
-        for m in range(MR):
-            rowoff = builder.add(coff_v, builder.mul(ldc_v, ir.Constant(i64, m)))
-            for h in range(2):
-                p = builder.gep(C_.data, [builder.add(rowoff, ir.Constant(i64, 8 * h))])
-                p = builder.bitcast(p, v8p)
-                cptr.append(p)
-                slot = cgutils.alloca_once(builder, v8)
-                builder.store(builder.load(p, align=4), slot)
-                accs.append(slot)
-        bbase = builder.gep(B_.data, [boff_v])
-        with cgutils.for_range(builder, kc_v) as loop:
-            k = loop.index
-            bp = builder.gep(bbase, [builder.mul(k, ir.Constant(i64, NR))])
-            b0 = builder.load(builder.bitcast(bp, v8p), align=4)
-            b1 = builder.load(builder.bitcast(builder.gep(bp, [ir.Constant(i64, 8)]), v8p), align=4)
-            for m in range(MR):
-                a = builder.load(builder.gep(arow[m], [k]))
-                av = builder.insert_element(ir.Constant(v8, ir.Undefined), a, ir.Constant(ir.IntType(32), 0))
-                av = builder.shuffle_vector(av, ir.Constant(v8, ir.Undefined), zero8)
-                for h, b in enumerate((b0, b1)):
-                    slot = accs[2 * m + h]
-                    builder.store(builder.call(fma, [av, b, builder.load(slot)]), slot)
-        for slot, p in zip(accs, cptr):
-            builder.store(builder.load(slot), p, align=4)
-        return context.get_dummy_value()
-
-    return sig, codegen
-
-
-@intrinsic
 def mk6x16_taps(typingctx, A, pix, m0, taps, ntaps, B, boff, kc, C, coff, ldc):
-    """The same 6x16 block, accumulated over ``ntaps`` kernel taps in registers (C is
-    loaded and stored once per block instead of once per tap):
-
-        acc[m, :] += sum_t sum_k A[pix[m0 + m] + taps[t] + k] * B[boff + 16 (t kc + k) : +16]
-    """
+    """See module docstring: the 6x16 block accumulated over ``ntaps`` kernel taps in
+    registers (C is loaded and stored once per block, not once per tap). A, B, C: float32
+    1-D arrays; pix, taps: int64 1-D arrays."""
     sig = types.void(A, pix, m0, taps, ntaps, B, boff, kc, C, coff, ldc)
 
     def codegen(context, builder, signature, args):

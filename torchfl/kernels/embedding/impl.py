@@ -5,7 +5,7 @@ import numpy as np
 from numba import njit, prange
 
 from ..codecs import decode, encode16
-from ..conv.impl import _code, _flat
+from ..staging import _code, _flat
 
 
 @njit(cache=True, nogil=True)

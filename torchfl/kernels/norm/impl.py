@@ -13,7 +13,7 @@ import numpy as np
 from numba import get_num_threads, njit, prange
 
 from ..codecs import decode, encode16
-from ..conv.impl import _code, _flat
+from ..staging import _code, _flat
 from ..threads import sized_by
 
 

@@ -11,8 +11,9 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from ..codecs import decode, encode16
-from ..conv.impl import _code, _flat, h2f as _h2f, load_rows, load_slab, store_plain
+from ..codecs import decode, encode16, h2f as _h2f
+from ..conv.tiles import load_slab
+from ..staging import _code, _flat, load_rows, store_plain
 
 MAX, AVG, ADAPTIVE = 0, 1, 2
 IDX_BYTES = 8     # int64 indices

@@ -12,7 +12,7 @@ import numpy as np
 from numba import njit, prange
 
 from ..codecs import encode16
-from ..conv.impl import _code
+from ..staging import _code
 from ..norm.impl import _load, _tables
 
 SUM, MEAN, AMAX = 0, 1, 2

@@ -1,0 +1,295 @@
+"""Python drivers of the forward convolution (``spec.impl = "run_conv2d"``): call the tile
+kernels in the order the TilePlan says and count what they move and compute.
+"""
+from __future__ import annotations
+
+import math
+
+import numba
+import numpy as np
+
+from ..staging import _code, _flat, _flat_view, _scratch
+from .fused import conv_tile_fused, conv_tiles, fold_epilogue
+from .microkernel import MR, NR
+from .tiles import F16_LUT, _slab_rows, compute, compute_int, exact_chunk, load_weights, pack_weights, store
+
+
+def _load_vec(ctx, name, k0, k1, dst):
+    """Load params[k0:k1] of a per-channel vector into on-chip dst (float32); counted."""
+    from .. import dtypes as _dt
+
+    t = ctx.inputs[name]
+    raw = t.logical()[k0:k1]
+    dst[k0:k1] = _dt.decode(np.ascontiguousarray(raw), t.dtype)
+    ctx.read((k1 - k0) * _dt.itemsize(t.dtype))
+
+
+class _Site:
+    """What a forward conv call site needs that depends only on its problem and plan
+    (computed once per bound call: ``ctx.cache``)."""
+
+    def __init__(self, p, chip, cfg):
+        from . import _epilogue, _param_names, conv_geometry
+        from .. import dtypes as _dt
+        from .geometry import tile_starts
+
+        self.G = G = conv_geometry(p)
+        self.e = e = _epilogue(p.kernel, p)
+        self.is_int = p.dtype == "int8"
+        self.stationary = cfg.strategy == "weight_stationary"
+        self.fast = self.stationary and not self.is_int
+        self.tk, self.toh, self.tow, self.tc = cfg.tile("k"), cfg.tile("oh"), cfg.tile("ow"), cfg.tile("c")
+        self.params = _param_names(p)
+        self.codes = {n: _code(p.dtype_of(n), chip) for n in p.shapes}
+        self.nvec = sum(_dt.itemsize(p.dtype_of(n)) for n in self.params)
+        self.n_epi = int(e["bias"]) + 2 * int(e["bn"]) + int(e["residual"]) + int(e["relu"])
+        self.kblocks = tile_starts(G["Kg"], self.tk) if G["Kg"] else []
+        oh_tiles, ow_tiles = tile_starts(G["OH"], self.toh), tile_starts(G["OW"], self.tow)
+        tiles = [(n, a0, a1, b0, b1) for n in range(G["N"]) for a0, a1 in oh_tiles for b0, b1 in ow_tiles]
+        self.tiles = np.array(tiles, dtype=np.int64).reshape(-1, 5)
+        self.tile0 = tiles[0] if tiles else None
+        self.single = len(tiles) == 1
+        # tiles of one shape that underfill the 6-pixel micro-kernel are computed together
+        bounds = [0]
+        for t, (n, a0, a1, b0, b1) in enumerate(tiles):
+            if t == 0:
+                continue
+            s0 = tiles[bounds[-1]]
+            px = (a1 - a0) * (b1 - b0)
+            same = (a1 - a0, b1 - b0) == (s0[2] - s0[1], s0[4] - s0[3])
+            want = MR // math.gcd(MR, px) if px < 4 * MR else 1
+            if not same or t - bounds[-1] >= want:
+                bounds.append(t)
+        bounds.append(len(tiles))
+        self.groups = np.array(bounds, dtype=np.int64)
+        rows_max = (self.toh - 1) * G["sh"] + (G["R"] - 1) * G["dh"] + 1
+        cols_max = (self.tow - 1) * G["sw"] + (G["S"] - 1) * G["dw"] + 1
+        self.slab_n = rows_max * cols_max * max(G["Cg"], 1)
+
+
+def run_conv2d(ctx):
+    site = ctx.cache.get("conv")
+    if site is None:
+        site = ctx.cache["conv"] = _Site(ctx.problem, ctx.chip, ctx.plan.config)
+    if site.fast:
+        return _run_stationary_float(ctx, site)
+    return _run_conv2d_general(ctx)
+
+
+def _run_stationary_float(ctx, site):
+    """Float weight-stationary conv: per K block the weights are packed once (panels spread
+    over host threads), then each tile is loaded, computed and stored (epilogue fused into
+    the store of every 6-pixel micro-row)."""
+    from .. import dtypes as _dt
+
+    p, chip = ctx.problem, ctx.chip
+    G, e = site.G, site.e
+    N, K, Cg, R, S, OH, OW = G["N"], G["K"], G["Cg"], G["R"], G["S"], G["OH"], G["OW"]
+    (yt,) = ctx.outputs()
+    if N * K * OH * OW == 0:
+        return [yt]
+    codes = site.codes
+    x, xs = _flat(ctx.inputs["x"])
+    w, wst = _flat(ctx.inputs["weight"])
+    y, ys = _flat(yt)
+    xcode, wcode, ycode = codes["x"], codes["weight"], _code(yt.dtype, chip)
+    es, ew, ey = _dt.itemsize(p.dtype), _dt.itemsize(p.dtype_of("weight")), _dt.itemsize(yt.dtype)
+    if e["residual"]:
+        res, rs = _flat(ctx.inputs["residual"])
+        rcode, er = codes["residual"], _dt.itemsize(p.dtype_of("residual"))
+    else:   # a stand-in of the output's storage type: conv2d_bn_relu and conv2d_bn_add_relu then
+        # share one compiled conv_tile_fused / conv_tiles (a float32 stand-in compiled a second
+        # 21 s specialisation for uint16 storage)
+        res, rs, rcode, er = np.zeros(1, y.dtype), (0, 0, 0, 0), 0, 0
+    # per-channel parameters, loaded once per K block (resident), folded into one FMA
+    vec = {}
+    for name in ("bias", "bn_weight", "bn_bias", "running_mean", "running_var"):
+        t = ctx.inputs.get(name) if name in site.params else None
+        vec[name] = (_flat_view(t), codes[name]) if t is not None else (_NO_RES, 0)
+    ea, eb = np.zeros(K + NR, np.float32), np.zeros(K + NR, np.float32)   # padded: whole 16-wide rows
+    fold_epilogue(K, np.float32(1.0), float(p.attrs["eps"]), e["bias"], *vec["bias"], e["bn"],
+                  "bn_weight" in site.params, *vec["bn_weight"], "bn_bias" in site.params, *vec["bn_bias"],
+                  *vec["running_mean"], *vec["running_var"], ea, eb)
+    ctx.read(K * site.nvec)
+    npanel = -(-site.tk // NR)
+    wpk = _scratch("wpk", npanel * R * S * max(Cg, 1) * NR)
+    slab = _scratch("slab", site.slab_n) if site.single else None
+    # the parallel loops hand their pieces out one at a time (uneven pieces; a host thread
+    # that starts late on a shared machine takes fewer)
+    with numba.parallel_chunksize(1):
+        _conv_blocks(ctx, site, G, x, xs, xcode, w, wst, wcode, y, ys, ycode, res, rs, rcode, ea, eb, wpk, slab,
+                     es, ew, ey, er)
+    return [yt]
+
+
+def _conv_blocks(ctx, site, G, x, xs, xcode, w, wst, wcode, y, ys, ycode, res, rs, rcode, ea, eb, wpk, slab,
+                 es, ew, ey, er):
+    N, Cg, Kg, R, S, g = G["N"], G["Cg"], G["Kg"], G["R"], G["S"], G["g"]
+    H, W, OH, OW = G["H"], G["W"], G["OH"], G["OW"]
+    sh, sw, ph, pw, dh, dw = G["sh"], G["sw"], G["ph"], G["pw"], G["dh"], G["dw"]
+    relu, has_res = site.e["relu"], site.e["residual"]
+    per_out = 2 * Cg * R * S + site.n_epi
+    for gi in range(g):
+        for k0, k1 in site.kblocks:
+            kg0 = gi * Kg + k0          # global output channel of the block
+            tka = k1 - k0
+            if site.single:
+                n, a0, a1, b0, b1 = site.tile0
+                nr, nw = conv_tile_fused(x, *xs, xcode, Cg, H, W, w, *wst, wcode, wpk, tka, R, S, sh, sw, ph, pw,
+                                         dh, dw, n, gi * Cg, a0, a1, b0, b1, slab, y, *ys, ycode, kg0, ea, eb,
+                                         relu, has_res, res, *rs, rcode, F16_LUT)
+                ctx.read(nw * ew)
+            else:
+                ctx.read(pack_weights(w, *wst, wcode, kg0, tka, 0, Cg, R, S, wpk, F16_LUT) * ew)
+                nr = conv_tiles(x, *xs, xcode, gi * Cg, Cg, H, W, wpk, tka, R, S, sh, sw, ph, pw, dh, dw,
+                                site.tiles, site.groups, y, *ys, ycode, kg0, ea, eb, relu, has_res, res,
+                                *rs, rcode, F16_LUT)
+            nout = N * OH * OW * tka
+            ctx.read(nr * es + (nout * er if has_res else 0))
+            ctx.write(nout * ey)
+            ctx.ops(nout * per_out)
+
+
+_NO_RES = np.zeros(1, np.float32)
+
+
+def _sub_channel_zero_points(wpk, zps, run):
+    """Packed int8 weight panels (load_weights: [panel][r][s][c][16], stored as q) minus each
+    output channel's own zero point; the panel's padding channels stay zero."""
+    tk = zps.shape[0]
+    npanel = -(-tk // NR)
+    zp = np.zeros(npanel * NR, np.float32)
+    zp[:tk] = zps
+    view = wpk[:npanel * run * NR].reshape(npanel, run, NR)
+    view -= zp.reshape(npanel, 1, NR)
+
+
+def _run_conv2d_general(ctx):
+    """split_c and int8 convs: channel blocks accumulate into a whole-tile accumulator."""
+    from . import _epilogue, _param_names, conv_geometry
+    from .. import dtypes as _dt
+    from .geometry import tile_starts, window_span
+
+    p, chip, cfg = ctx.problem, ctx.chip, ctx.plan.config
+    G = conv_geometry(p)
+    N, K, Cg, Kg, R, S, g = G["N"], G["K"], G["Cg"], G["Kg"], G["R"], G["S"], G["g"]
+    H, W, OH, OW = G["H"], G["W"], G["OH"], G["OW"]
+    sh, sw, ph, pw, dh, dw = G["sh"], G["sw"], G["ph"], G["pw"], G["dh"], G["dw"]
+    (yt,) = ctx.outputs()
+    if N * K * OH * OW == 0:
+        return [yt]
+    tk, toh, tow, tc = cfg.tile("k"), cfg.tile("oh"), cfg.tile("ow"), cfg.tile("c")
+    stationary = cfg.strategy == "weight_stationary"
+    e = _epilogue(p.kernel, p)
+    is_int = p.dtype == "int8"
+    a = p.attrs
+    x, xs = _flat(ctx.inputs["x"])
+    w, wst = _flat(ctx.inputs["weight"])
+    y, ys = _flat(yt)
+    xcode, wcode = _code(p.dtype, chip), _code(p.dtype_of("weight"), chip)
+    ycode = _code(yt.dtype, chip)
+    es, ew, ey = _dt.itemsize(p.dtype), _dt.itemsize(p.dtype_of("weight")), _dt.itemsize(yt.dtype)
+    xzp = np.float32(a["x_zero_point"] if is_int else 0)
+    wzp = np.float32(a["w_zero_point"] if is_int else 0)
+    deq = np.float32(a["x_scale"] * a["w_scale"]) if is_int else np.float32(1.0)
+    out_inv = np.float32(1.0 / (a["out_scale"] or 1.0))
+    out_zp = np.float32(a["out_zero_point"] or 0)
+    qmin, qmax = np.float32(a.get("out_min", -128)), np.float32(a.get("out_max", 127))
+    wsc = np.ones(max(K, 1), np.float32)     # per-channel weight scales (w_scales input), else deq has w_scale
+    wzv = np.zeros(max(K, 1), np.float32)                                   # per-channel weight zero points
+    per_channel_zp = p.has("w_zero_points")
+    bias = np.zeros(max(K, 1), np.float32)
+    bnw, bnb, mean, var = (np.zeros(max(K, 1), np.float32) for _ in range(4))
+    scale, shift = np.ones(max(K, 1), np.float32), np.zeros(max(K, 1), np.float32)
+    ea, eb = np.ones(max(K, 1), np.float32), np.zeros(max(K, 1), np.float32)
+    if e["residual"]:
+        res, rs = _flat(ctx.inputs["residual"])
+        rcode = _code(p.dtype_of("residual"), chip)
+        er = _dt.itemsize(p.dtype_of("residual"))
+    else:
+        res, rs, rcode, er = np.zeros(1, np.float32), (0, 0, 0, 0), 0, 0
+    eps = float(a["eps"])
+    n_epi = int(e["bias"]) + 2 * int(e["bn"]) + int(e["residual"]) + int(e["relu"])
+
+    rows_max = (toh - 1) * sh + (R - 1) * dh + 1
+    cols_max = (tow - 1) * sw + (S - 1) * dw + 1
+    slab = np.zeros(rows_max * cols_max * max(Cg if stationary else tc, 1), np.float32)
+    npanel = -(-tk // NR)
+    ldc = npanel * NR
+    mpad = -(-(toh * tow) // MR) * MR
+    acc = np.zeros(mpad * ldc, np.float64 if is_int else np.float32)
+    wpk = np.zeros(npanel * R * S * max(Cg if stationary else tc, 1) * NR, np.float32)
+    # int8: exact float32 chunks through the micro-kernel (compute_int); the
+    # chunk depends on the packed block's largest |w - zp|, so it is known once it is loaded
+    tmp = np.zeros(mpad * ldc, np.float32) if is_int else acc
+    x_bound = float(max(127 - a["x_zero_point"], a["x_zero_point"] + 128)) if is_int else 0.0
+    block = {"chunk": 0}
+
+    def chunk(tca):
+        if not is_int:
+            return 0
+        if block.get("tca") != tca:
+            block["tca"], block["chunk"] = tca, exact_chunk(x_bound, wpk, tca)
+        return block["chunk"]
+    oh_tiles = tile_starts(OH, toh)
+    ow_tiles = tile_starts(OW, tow)
+    for gi in range(g):
+        for k0, k1 in tile_starts(Kg, tk):
+            kg0 = gi * Kg + k0          # global output channel of the block
+            tka = k1 - k0
+            # per-channel parameters of the block: loaded once, resident
+            for name in _param_names(p):
+                dst = {"bias": bias, "bn_weight": bnw, "bn_bias": bnb, "running_mean": mean,
+                       "running_var": var, "w_scales": wsc, "w_zero_points": wzv}[name]
+                _load_vec(ctx, name, kg0, kg0 + tka, dst)
+            if e["bn"]:
+                sl = slice(kg0, kg0 + tka)
+                wv = bnw[sl] if p.has("bn_weight") else np.ones(tka, np.float32)
+                bv = bnb[sl] if p.has("bn_bias") else np.zeros(tka, np.float32)
+                inv = (1.0 / np.sqrt(var[sl].astype(np.float64) + eps)).astype(np.float32)
+                scale[sl] = wv * inv
+                shift[sl] = bv - mean[sl] * scale[sl]
+            # fold dequantisation, bias and batch-norm into one per-channel FMA
+            sl = slice(kg0, kg0 + tka)
+            if p.has("w_scales"):
+                deq = np.float32(a["x_scale"])
+            ea[sl] = deq * wsc[sl] * scale[sl]
+            eb[sl] = (bias[sl] * scale[sl] if e["bias"] else 0.0) + shift[sl]
+            if stationary:
+                nread = load_weights(w, *wst, wcode, wzp, kg0, tka, 0, Cg, R, S, wpk)
+                if per_channel_zp:
+                    _sub_channel_zero_points(wpk, wzv[kg0:kg0 + tka], R * S * Cg)
+                block.clear()
+                ctx.read(nread * ew)
+            for n in range(N):
+                for oh0, oh1 in oh_tiles:
+                    lo_h, hi_h = window_span(oh0, oh1, sh, ph, dh, R)
+                    for ow0, ow1 in ow_tiles:
+                        lo_w, hi_w = window_span(ow0, ow1, sw, pw, dw, S)
+                        th, tw = oh1 - oh0, ow1 - ow0
+                        acc[:] = 0
+                        cb = [(0, Cg)] if stationary else tile_starts(Cg, tc)
+                        for c0, c1 in cb:
+                            tca = c1 - c0
+                            if not stationary:
+                                nread = load_weights(w, *wst, wcode, wzp, kg0, tka, c0, tca, R, S, wpk)
+                                if per_channel_zp:
+                                    _sub_channel_zero_points(wpk, wzv[kg0:kg0 + tka], R * S * tca)
+                                block.clear()
+                                ctx.read(nread * ew)
+                            nread = _slab_rows(x, *xs, xcode, xzp, n, gi * Cg + c0, tca, lo_h, lo_w,
+                                               hi_w - lo_w, H, W, slab, 0, hi_h - lo_h, F16_LUT)
+                            ctx.read(nread * es)
+                            if tca and chunk(tca) > 0:
+                                compute_int(slab, hi_w - lo_w, tca, wpk, tka, R, S, sh, sw, dh, dw, th, tw,
+                                            acc, tmp, ldc, chunk(tca))
+                            elif tca:
+                                compute(slab, hi_w - lo_w, tca, wpk, tka, R, S, sh, sw, dh, dw, th, tw,
+                                        acc, ldc, is_int)
+                            ctx.ops(2 * th * tw * tka * tca * R * S)
+                        nw, nr = store(acc, ldc, tka, th, tw, n, kg0, oh0, ow0, y, *ys, ycode, ea, eb,
+                                       e["relu"], e["residual"], res, *rs, rcode, out_inv, out_zp, qmin, qmax)
+                        ctx.write(nw * ey)
+                        ctx.read(nr * er)
+                        ctx.ops(nw * n_epi)
+    return [yt]
