@@ -1,6 +1,7 @@
 """End-to-end benchmark: models compiled with backend="torchfl" vs eager torch, side by side.
 
-    python tools/bench_e2e.py [--json] [--runs 5] [--cases resnet50_b1,bert_layer_s128,gpt2_small_s128]
+    python tools/bench_e2e.py [--json] [--runs 5] [--cases resnet50_b1,bert_layer_s128,gpt2_small_s128,
+                                                   resnet50_b8,bert_base_s512]
 
 Per case: the first call (plan + Numba kernel compile + run) is timed as first_compile_s;
 one more warm-up call; then ``--runs`` alternating timed calls of the compiled model and of
@@ -36,6 +37,10 @@ CASES = {
                         "BERT-large-shaped encoder layer (1024 hidden, 16 heads), 128 tokens"),
     "gpt2_small_s128": ("gpt2", dict(batch=1, seq_len=128, layers=12), "TFL-X1", "float16",
                         "GPT-2 small (12 layers, 12 heads: runs on TFL-X1; NPU-V3 has no 12-head attention)"),
+    # large shapes (issue 25 item 3): the tiling's cache-reuse vs streamed paths differ here
+    "resnet50_b8": ("resnet50", dict(batch=8, image=224), "NPU-V3", "float16", "ResNet-50, 8x3x224x224"),
+    "bert_base_s512": ("bert-base", dict(batch=1, seq_len=512), "TFL-X1", "float16",
+                       "BERT-base (12 layers, 12 heads: runs on TFL-X1), 512 tokens"),
     # *_int8: the model quantised with PT2E (torchfl.planner.quantise), compiled and run on the int8
     # unit; eager is the float model (what int8 is meant to beat), rel_err_vs_eager its accuracy
     # loss, rel_err_vs_quantised_reference the distance to PyTorch's own quantised computation
