@@ -10,8 +10,6 @@ server directly take ``pg_server``.
 from __future__ import annotations
 
 import os
-import sys
-from pathlib import Path
 
 import pytest
 from hypothesis import settings
@@ -23,8 +21,7 @@ settings.register_profile("ci", derandomize=True, print_blob=True)
 if os.environ.get("CI"):
     settings.load_profile("ci")
 
-sys.path.insert(0, str(Path(__file__).resolve().parent))
-from pg_server import PostgresUnavailable, start_server  # noqa: E402
+from tests.pg_server import PostgresUnavailable, start_server
 
 
 @pytest.fixture(scope="session")

@@ -76,3 +76,63 @@ def test_errors():
 def test_bigger_cache_never_more_bytes(causal):
     bytes_monotone("attention", {"q": (2, 4, 300, 64), "k": (2, 4, 300, 64), "v": (2, 4, 300, 64)},
                    {"causal": causal}, "float32")
+
+
+# -- grouped-query attention (enable_gqa: fewer key/value heads than query heads) --------
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+@pytest.mark.parametrize("heads", [(4, 1), (6, 2), (8, 4)])
+@pytest.mark.parametrize("mode", ["plain", "causal", "bool", "float"])
+@pytest.mark.parametrize("cache", (32 << 10, 8 << 20))
+def test_attention_gqa(dtype, heads, mode, cache):
+    H, Hkv = heads
+    chip = chip_for(dtype, cache)
+    mem = DeviceMemory(chip)
+    g = torch.Generator().manual_seed(H * 10 + Hkv)
+    q = torch.randn(2, H, 19, 16, generator=g)
+    k, v = torch.randn(2, Hkv, 23, 16, generator=g), torch.randn(2, Hkv, 23, 8, generator=g)
+    inputs = {"q": dev(q, mem, dtype), "k": dev(k, mem, dtype, "NCWH"), "v": dev(v, mem, dtype)}
+    kw = {}
+    if mode == "bool":
+        m = torch.rand(19, 23, generator=g) > 0.4
+        inputs["mask"], kw["attn_mask"] = dev(m, mem), m
+    elif mode == "float":
+        m = torch.randn(2, 1, 19, 23, generator=g)
+        inputs["mask"] = dev(m, mem, dtype)
+        kw["attn_mask"] = as_f32(inputs["mask"])
+    (o,), plan = run_checked("attention", chip, inputs, {"causal": mode == "causal"})
+    ref = F.scaled_dot_product_attention(as_f32(inputs["q"]), as_f32(inputs["k"]), as_f32(inputs["v"]),
+                                         is_causal=mode == "causal", enable_gqa=True, **kw)
+    assert_close(as_f32(o), ref, dtype, scale=2, what=f"gqa {heads} {mode} {plan.config.strategy}")
+
+
+def test_gqa_heads_must_group():
+    with pytest.raises(KernelError, match="cannot be grouped over 4 key/value heads"):
+        CATALOG["attention"].problem({"q": (1, 6, 3, 4), "k": (1, 4, 3, 4), "v": (1, 4, 3, 4)})
+
+
+# -- rows with no visible key: torch 2.13 (CPU) returns zeros there, and so does the kernel --
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+@pytest.mark.parametrize("kind", ["bool", "float"])
+def test_fully_masked_rows_are_zero_as_torch(dtype, kind):
+    chip = chip_for(dtype)
+    mem = DeviceMemory(chip)
+    q, k, v = torch.randn(1, 2, 5, 8), torch.randn(1, 2, 7, 8), torch.randn(1, 2, 7, 8)
+    keep = torch.rand(5, 7) > 0.3
+    keep[:, 0] = True
+    keep[2] = False                      # query 2 sees no key
+    m = keep if kind == "bool" else torch.zeros(5, 7).masked_fill(~keep, float("-inf"))
+    md = dev(m, mem) if kind == "bool" else dev(m, mem, dtype)
+    qd, kd, vd = dev(q, mem, dtype), dev(k, mem, dtype), dev(v, mem, dtype)
+    (o,), _ = run_checked("attention", chip, {"q": qd, "k": kd, "v": vd, "mask": md})
+    ref = F.scaled_dot_product_attention(as_f32(qd), as_f32(kd), as_f32(vd), attn_mask=m)
+    assert torch.equal(ref[:, :, 2], torch.zeros_like(ref[:, :, 2]))   # what torch does (not NaN)
+    assert_close(as_f32(o), ref, dtype, scale=2)
+
+
+def test_no_keys_is_zero_as_torch():
+    chip = chip_for("float32")
+    mem = DeviceMemory(chip)
+    q, k = torch.randn(1, 2, 3, 4), torch.randn(1, 2, 0, 4)
+    (o,), _ = run_checked("attention", chip, {"q": dev(q, mem, "float32"), "k": dev(k, mem, "float32"),
+                                               "v": dev(k, mem, "float32")})
+    torch.testing.assert_close(as_f32(o), F.scaled_dot_product_attention(q, k, k))

@@ -4,7 +4,7 @@ import pytest
 import torch
 from torch import nn
 
-from planner_helpers import capture_of, hcd_variant
+from tests.planner.planner_helpers import capture_of, hcd_variant
 from torchfl.planner import plan_module
 from torchfl.planner.api import plan_captured
 from torchfl.planner.target import Target

@@ -5,7 +5,7 @@ import pytest
 import torch
 from torch import nn
 
-from planner_helpers import capture_of, captured, hcd_variant
+from tests.planner.planner_helpers import capture_of, captured, hcd_variant
 from torchfl.planner.api import plan_captured
 from torchfl.planner.target import Target
 
@@ -84,7 +84,8 @@ def test_no_attention_unit_never_gets_an_attention_kernel(chips, packs):
     plan = plan_captured(cap, x, Target.of(chips["DSP-M4"], packs), precision="float16")
     assert not any(s.kernel == "attention" for s in plan.steps)
     sdpa = "aten.scaled_dot_product_attention.default"
-    assert any(f.op == sdpa for f in plan.fallbacks)  # explicit fallback, never rewritten into matmuls
+    # the core pack's decomposition (GEMM + softmax kernels), explicit in the plan, no fallback
+    assert [d.op for d in plan.decomposed] == [sdpa] and not any(f.op == sdpa for f in plan.fallbacks)
     with_unit = plan_captured(cap, x, Target.of(chips["NPU-V3"], packs), precision="float16")
     assert any(s.kernel == "attention" for s in with_unit.steps) or any(f.op == sdpa for f in with_unit.fallbacks)
 

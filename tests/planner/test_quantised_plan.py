@@ -5,7 +5,7 @@ import warnings
 
 import pytest
 
-from planner_helpers import capture_of, hcd_variant
+from tests.planner.planner_helpers import capture_of, hcd_variant
 from torchfl.planner.api import plan_captured
 from torchfl.planner.target import Target
 

@@ -4,7 +4,8 @@ import random
 
 import pytest
 
-from torchfl.planner.select import Option, Problem, brute_force, evaluate, schedule, select
+from tests.planner.select_oracle import brute_force, evaluate
+from torchfl.planner.select import CoverProblem, Option, schedule, select
 
 LAYOUTS = ("NCHW", "NHWC", "NHCW")
 
@@ -59,7 +60,7 @@ def test_chain_is_exact(seed):
             a = rng.randrange(0, n - 1)
             b = rng.randint(a + 1, min(n - 1, a + 2))
             fusable.append([f"op{k}" for k in range(a, b + 1)])
-    problem = Problem(nodes, {"x": rng.choice(LAYOUTS)}, ((prev, "NCHW"),),
+    problem = CoverProblem(nodes, {"x": rng.choice(LAYOUTS)}, ((prev, "NCHW"),),
                       tuple(_options_for(rng, nodes, fusable)), _conv_cost(rng))
     sel = select(problem)
     assert sel.exact
@@ -89,7 +90,7 @@ def test_small_dag_is_exact(seed):
     last = list(nodes)[-1]
     outputs = [last] + [v for v in nodes if v not in users and v != last]
     fusable = [[u, next(iter(users[u]))] for u in nodes if len(users.get(u, ())) == 1 and u not in outputs]
-    problem = Problem(nodes, {"x": "NCHW"}, tuple((v, "NCHW") for v in outputs),
+    problem = CoverProblem(nodes, {"x": "NCHW"}, tuple((v, "NCHW") for v in outputs),
                       tuple(_options_for(rng, nodes, fusable[:3])), _conv_cost(rng))
     sel = select(problem)
     assert sel.exact
@@ -102,7 +103,7 @@ def test_residual_block_and_attention_shapes_are_exact():
              "o": ("p", "v"), "a": ("o",), "b": ("a",), "r": ("b", "h")}
     rng = random.Random(7)
     fusable = [["s", "p", "o"], ["a", "b"], ["b", "r"]]
-    problem = Problem(nodes, {"x": "NCHW"}, (("r", "NCHW"),), tuple(_options_for(rng, nodes, fusable)),
+    problem = CoverProblem(nodes, {"x": "NCHW"}, (("r", "NCHW"),), tuple(_options_for(rng, nodes, fusable)),
                       _conv_cost(rng))
     sel = select(problem)
     assert sel.cost == pytest.approx(brute_force(problem))
@@ -118,6 +119,6 @@ def test_fusion_chains_are_contiguous_in_the_schedule():
 def test_ties_are_broken_deterministically():
     nodes = {"a": ("x",), "b": ("a",)}
     opts = tuple(Option(f"{n}:{lay}", (n,), i, (lay,), lay, 1.0) for n, i in nodes.items() for lay in LAYOUTS)
-    problem = Problem(nodes, {"x": "NHWC"}, (("b", "NHWC"),), opts, lambda v, a, b: 1.0)
+    problem = CoverProblem(nodes, {"x": "NHWC"}, (("b", "NHWC"),), opts, lambda v, a, b: 1.0)
     keys = {tuple(o.key for o in select(problem).chosen) for _ in range(5)}
     assert keys == {("a:NHWC", "b:NHWC")}

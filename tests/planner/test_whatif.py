@@ -11,7 +11,7 @@ import textwrap
 import pytest
 from click.testing import CliRunner
 
-from planner_helpers import captured, hcd_variant
+from tests.planner.planner_helpers import captured, hcd_variant
 
 from torchfl.cli.main import cli
 

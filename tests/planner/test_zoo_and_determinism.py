@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from planner_helpers import captured
+from tests.planner.planner_helpers import captured
 from torchfl.planner.api import plan_captured
 from torchfl.planner.target import Target
 from torchfl.planner.errors import HardConstraintError, UnsupportedAttention

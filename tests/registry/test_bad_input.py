@@ -12,7 +12,7 @@ import tempfile
 from pathlib import Path
 
 import pytest
-from registry_gen import hcd_text, write_hcds
+from tests.registry.registry_gen import hcd_text, write_hcds
 
 from torchfl.registry import Registry, RegistryUnavailable, SchemaMismatch
 from torchfl.registry.names import HEAD

@@ -5,7 +5,7 @@ from __future__ import annotations
 import multiprocessing as mp
 import traceback
 
-from registry_gen import hcd_text, many
+from tests.registry.registry_gen import hcd_text, many
 
 from torchfl.registry.names import HEAD
 from torchfl.registry import Registry

@@ -13,7 +13,7 @@ import random
 import signal
 import time
 
-from registry_gen import many
+from tests.registry.registry_gen import many
 
 from torchfl.registry import Registry
 

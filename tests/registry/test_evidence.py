@@ -7,7 +7,7 @@ import json
 from datetime import datetime, timezone
 
 import pytest
-from registry_gen import hcd_text, pack_text
+from tests.registry.registry_gen import hcd_text, pack_text
 
 from torchfl.registry.evidence import claim_state, describe
 

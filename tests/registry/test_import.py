@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 import pytest
-from registry_gen import hcd_text, pack_text, write_hcds
+from tests.registry.registry_gen import hcd_text, pack_text, write_hcds
 
 from torchfl.registry.names import HEAD
 from torchfl.registry import ImportRefused, Registry

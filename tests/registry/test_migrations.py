@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import pytest
-from registry_gen import hcd_text, pack_text
+from tests.registry.registry_gen import hcd_text, pack_text
 
 from torchfl.registry import Registry, SchemaMismatch, migrate
 from torchfl.registry.engine import WRITE, create_registry_engine

@@ -9,7 +9,7 @@ import subprocess
 import uuid
 
 import pytest
-from pg_server import PostgresServer, ensure_pg_user
+from tests.pg_server import PostgresServer, ensure_pg_user
 
 
 @pytest.mark.postgres

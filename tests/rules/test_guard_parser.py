@@ -8,7 +8,8 @@ from __future__ import annotations
 
 from hypothesis import given, settings, strategies as st
 
-from torchfl.rules.guards.syntax import GuardSyntaxError, parse, parse_reference
+from tests.rules.guard_reference import parse_reference
+from torchfl.rules.guards.syntax import GuardSyntaxError, parse
 
 NAMES = st.sampled_from(["x", "groups", "shape", "s", "true", "none", "inx", "fort", "a_b"])
 ATOMS = st.one_of(

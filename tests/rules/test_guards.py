@@ -222,3 +222,34 @@ def test_static_cost_bounds_the_evaluators_count():
         ev = Evaluator(text, dict(ENV, anything=full, groups=CALL_LEN))
         ev.value(g.tree)
         assert STEP_BUDGET - ev.budget <= check_cost(g.tree), text
+
+
+def test_chip_namespace_is_the_hcd_model_seen_by_guards():
+    """``chip.*`` is derived from the HCD model: every value a bundled HCD states (but its
+    identity section) is reachable with a type that accepts it, and nothing else is."""
+    from torchfl.hcd import load_hcd
+    from torchfl.resources import bundled_path
+    from torchfl.rules.guards.chip import chip_view
+
+    def check(value, t, path):
+        if t.kind == "optional":
+            if value is None:
+                return
+            t = t.elem
+        if t.kind == "record":
+            assert isinstance(value, dict) and sorted(value) == sorted(t.field_names), path
+            for name, ft in t.fields:
+                check(value[name], ft, f"{path}.{name}")
+        elif t.kind == "list":
+            assert isinstance(value, list), path
+            for i, v in enumerate(value):
+                check(v, t.elem, f"{path}[{i}]")
+        else:
+            assert type(value).__name__ == t.kind or (t.kind == "float" and isinstance(value, int)), (path, value)
+
+    for path in sorted(pathlib.Path(bundled_path("hcd_registry")).glob("*.hcd")):
+        hcd = load_hcd(path)
+        view = chip_view(hcd)
+        check(view, CHIP, "chip")
+        assert "chip" not in view and view["dtypes"] == list(hcd.dtypes)
+        assert set(view) - {"dtypes", "layouts"} == set(hcd.canonical()) - {"chip"}

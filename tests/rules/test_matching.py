@@ -227,10 +227,10 @@ def test_fusion_match_with_commutative_operand():
     residual = TensorMeta((1, 16, 16, 16), "float16")
     add = Call((residual, conv_out))  # add(identity, conv(x)): conv arrives as `other`
     relu = Call((TensorMeta((1, 16, 16, 16), "float16"),))
-    m = match_fusion(fusion, hcd, {"conv": conv, "add": add, "act": relu}, layout="NHCW", fed={"add": "other"})
+    m = match_fusion(fusion, hcd, {"conv": conv, "add": add, "act": relu}, layout="NHCW", swaps=(("add", "self", "other"),))
     assert m.ok and m.kernel == "conv2d_add_relu" and m.inputs["residual"] is residual
     bad = Call((residual, conv_out), {"alpha": 2})
-    m = match_fusion(fusion, hcd, {"conv": conv, "add": bad, "act": relu}, layout="NHCW", fed={"add": "other"})
+    m = match_fusion(fusion, hcd, {"conv": conv, "add": bad, "act": relu}, layout="NHCW", swaps=(("add", "self", "other"),))
     assert not m.ok and "add.alpha == 1" in str(m)
     m = match_fusion(fusion, CHIPS["NPU-V2"], {"conv": conv, "add": add, "act": relu}, layout="NHCW")
     assert not m.ok and "layout NHCW not in compute_units.fp16.supported_layouts [NCHW, NHWC] of NPU-V2" in str(m)

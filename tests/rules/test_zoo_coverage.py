@@ -11,21 +11,20 @@ that excludes that call on purpose, never a binding or arity problem.
 from __future__ import annotations
 
 import os
-import sys
 from collections import Counter
 from pathlib import Path
 
 import pytest
 
-sys.path.insert(0, str(Path(__file__).parent))
 torch = pytest.importorskip("torch")
 pytest.importorskip("transformers")
 
-import zoo_ops  # noqa: E402
+from tests.rules import zoo_ops  # noqa: E402
 
 from torchfl.hcd import load_hcd  # noqa: E402
 from torchfl.resources import bundled_path  # noqa: E402
-from torchfl.rules import call_from_node, load_pack  # noqa: E402
+from tests.rules.calls import call_from_node  # noqa: E402
+from torchfl.rules import load_pack  # noqa: E402
 from torchfl.rules.matching import candidates  # noqa: E402
 
 pytestmark = [pytest.mark.slow, pytest.mark.xdist_group("zoo")]

@@ -8,7 +8,7 @@ import sys
 import pytest
 import torch
 
-from models import SmallCNN, TwoGraphs, WithErfinv, rel_err, seeded
+from tests.runtime.models import SmallCNN, TwoGraphs, WithErfinv, rel_err, seeded
 
 V3 = {"chip": "NPU-V3", "precision": "float16"}
 FP16_TOL = 1e-2   # end-to-end fp16 storage with fp32 accumulation, relative to max |ref|

@@ -6,7 +6,7 @@ import copy
 import torch
 from torch import nn
 
-from models import rel_err
+from tests.runtime.models import rel_err
 
 from torchfl.runtime.backend import recording
 

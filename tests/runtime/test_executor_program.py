@@ -3,7 +3,7 @@ metadata reshapes sharing their input's buffer. Real kernels and real device mem
 plan built by hand (no planner), observed through memory_allocated()."""
 import torch
 
-from test_executor import CHIP, _kstep
+from tests.runtime.test_executor import CHIP, _kstep
 from torchfl.planner.plan import Capture, Plan, PlanInput, Summary, Value
 from torchfl.runtime.executor import Executor, Record
 

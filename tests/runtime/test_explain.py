@@ -3,7 +3,7 @@ import pytest
 import torch
 
 import torchfl
-from models import SmallCNN, TwoGraphs, seeded
+from tests.runtime.models import SmallCNN, TwoGraphs, seeded
 
 V3 = {"chip": "NPU-V3", "precision": "float16"}
 

@@ -3,7 +3,7 @@
 when the indices are unread (inference), and keeps them when the model returns them."""
 import torch
 
-from models import rel_err, seeded
+from tests.runtime.models import rel_err, seeded
 from torchfl.planner import plan_module
 
 V3 = {"chip": "NPU-V3", "precision": "float16"}

@@ -37,15 +37,8 @@ def cli() -> None:
 
 def _attach() -> None:
     for module_name, attr, parent in _COMMANDS:
-        try:
-            module = importlib.import_module(module_name)
-        except ModuleNotFoundError as exc:  # a layer not built yet
-            if exc.name != module_name:
-                raise
-            continue
-        target = cli if parent is None else cli.commands.get(parent)
-        if target is None:
-            continue
+        module = importlib.import_module(module_name)
+        target = cli if parent is None else cli.commands[parent]
         value = getattr(module, attr)
         for command in value if isinstance(value, (list, tuple)) else [value]:
             target.add_command(command)

@@ -11,7 +11,6 @@ import sys
 
 import click
 
-ZOO_NAMES = ("mlp", "resnet18", "resnet50", "bert-base", "bert-large", "gpt2")
 # load_model's option -> the flag that sets it (errors name the flag the user wrote)
 OPTION_FLAGS = {"batch": "--batch", "seq_len": "--seq-len", "num_heads": "--heads", "layers": "--layers"}
 
@@ -28,7 +27,7 @@ def plan() -> None:
 @click.option("--seq-len", type=click.IntRange(min=1), default=None, help="Sequence length (BERT, GPT-2).")
 @click.option("--heads", type=click.IntRange(min=1), default=None, help="Attention heads (BERT, GPT-2).")
 @click.option("--layers", type=click.IntRange(min=1), default=None, help="Encoder/decoder layers (BERT, GPT-2).")
-@click.option("--precision", type=click.Choice(["float16", "bfloat16"]), default=None,
+@click.option("--precision", type=click.Choice(["float16", "bfloat16", "float32"]), default=None,
               help="Precision policy for float32 models on chips without an fp32 unit.")
 @click.option("--strict", is_flag=True, help="Fail instead of falling back to the CPU for any op.")
 @click.option("--format", "fmt", type=click.Choice(["text", "json", "dot"]), default="text", show_default=True)

@@ -60,10 +60,6 @@ def _evidence(reg, hcd, op=None) -> dict:
     return out
 
 
-def _lays(xs) -> str:
-    return ", ".join(xs) if xs else "n/a (layout-free)"
-
-
 def _dtype_layouts(row) -> str:
     """``float16, bfloat16 in NCHW, NHWC; int8 in NHWC``: each dtype with its own unit's
     layouts (dtypes sharing the same layouts grouped), ``(layout-free)`` for ops without."""
@@ -181,7 +177,7 @@ def why_not(op, chip_name, chip_version, dtype, layout, registry_url, as_json):
     hcd = reg.chip(chip_name, chip_version)
     packs = _packs(reg)
     others = layouts_of([reg.chip(s.name) for s in reg.chips()])
-    from torchfl.registry.evidence import describe, short
+    from torchfl.registry.evidence import describe
 
     result = query(op, hcd, packs, dtype=dtype, layout=layout, known_layouts=others)
     rows = _evidence(reg, hcd, result["op"]).get(result["op"], [])

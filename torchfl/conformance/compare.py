@@ -25,6 +25,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from torchfl.hcd.dtypes import short_dtype
+
 TOLERANCES = {
     "float32": (1e-4, 1e-5),
     "float16": (2e-3, 2e-3),
@@ -46,10 +48,6 @@ class Comparison:
     max_abs_error: float | None = None
     max_rel_error: float | None = None
     detail: str = ""          # why not ok: the worst element, or a shape/dtype/NaN mismatch
-
-
-def short_dtype(dtype) -> str:
-    return str(dtype).removeprefix("torch.")
 
 
 def compare(got, eager, exact=None, *, bf16_emulated: bool = False) -> Comparison:

@@ -23,8 +23,10 @@ from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 
+from torchfl.hcd.dtypes import STORAGE
+
 #: dtypes the harness can draw OpInfo samples in (torch dtypes by short name)
-TESTABLE = ("float32", "float16", "bfloat16", "int8", "int32", "int64", "bool")
+TESTABLE = tuple(STORAGE)   # every storage dtype of the emulated chip
 
 
 @dataclass(frozen=True)

@@ -16,6 +16,8 @@ from typing import Annotated, Optional
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PrivateAttr, WithJsonSchema
 
+from torchfl.hcd.dtypes import MATRIX_UNITS, UNIT_OF_DTYPE
+
 SEMVER = re.compile(
     r"^(0|[1-9]\d*)\.(0|[1-9]\d*)\.(0|[1-9]\d*)"
     r"(?:-((?:0|[1-9]\d*|\d*[a-zA-Z-][0-9a-zA-Z-]*)(?:\.(?:0|[1-9]\d*|\d*[a-zA-Z-][0-9a-zA-Z-]*))*))?"
@@ -25,9 +27,6 @@ CHIP_NAME = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 DEVICE_TYPE = re.compile(r"^[a-z][a-z0-9_]{0,31}$")
 LAYOUT = re.compile(r"^[A-Z]{1,8}$")
 
-#: dtype (short name) -> the compute-unit key that runs it natively
-UNIT_OF_DTYPE = {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32", "int8": "int8"}
-MATRIX_UNITS = ("fp16", "bf16", "fp32", "int8")
 
 
 def _semver(value: str) -> str:
@@ -250,11 +249,6 @@ class HCD(_Model):
         if u is None:
             return ()
         return tuple(u.supported_layouts) if u.supported_layouts else self.layouts
-
-    @property
-    def attention_enabled(self) -> bool:
-        a = self.compute_units.attention
-        return bool(a and a.enabled)
 
     @property
     def name(self) -> str:

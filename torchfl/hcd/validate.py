@@ -22,7 +22,8 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from torchfl.hcd.diagnostics import Diagnostic, HCDError, YAMLLoadError, errors
-from torchfl.hcd.model import HCD, LAYOUT, MATRIX_UNITS, UNIT_OF_DTYPE
+from torchfl.hcd.dtypes import MATRIX_UNITS, UNIT_OF_DTYPE
+from torchfl.hcd.model import HCD, LAYOUT
 from torchfl.hcd.source import LocatedDocument, located_yaml, read_source
 
 # legacy key -> (canonical key, unit kinds where it is legal)

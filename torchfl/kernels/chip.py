@@ -9,9 +9,6 @@ from dataclasses import dataclass, field
 
 __all__ = ["ChipModel", "reference_chip"]
 
-_STORAGE = ("float32", "float16", "bfloat16", "int8", "int32", "int64", "bool")
-
-
 @dataclass(frozen=True)
 class ChipModel:
     """Memory hierarchy and peak rates of one chip.

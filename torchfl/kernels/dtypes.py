@@ -23,32 +23,27 @@ int8       exact        int32 accumulation is exact; requantisation RNE within 1
 from __future__ import annotations
 
 __all__ = ["DTYPES", "CODE", "storage_dtype", "itemsize", "encode", "decode", "check_dtype",
-           "is_float", "from_torch_dtype", "torch_dtype"]
+           "is_float", "stored", "from_torch_dtype", "torch_dtype"]
 
-# short name -> numpy storage dtype name (numpy itself is imported lazily: the catalog
-# and the planner use itemsize() without loading numpy)
-DTYPES = {
-    "float32": "float32",
-    "float16": "uint16",
-    "bfloat16": "uint16",
-    "int8": "int8",
-    "int32": "int32",
-    "int64": "int64",
-    "bool": "bool",
-}
-ITEMSIZE = {"float32": 4, "float16": 2, "bfloat16": 2, "int8": 1, "int32": 4, "int64": 8, "bool": 1}
+# the vocabulary (names, sizes, numpy storage names) is the HCD layer's; numpy itself is
+# imported lazily: the catalog and the planner use itemsize() without loading numpy
+from torchfl.hcd.dtypes import FLOATS, ITEMSIZE, STORAGE as DTYPES, short_dtype
 
 # integer codes the jitted kernels branch on (one compiled body serves all floats)
 CODE = {"float32": 0, "float16": 1, "bfloat16": 2, "bfloat16_emulated": 3, "int8": 4,
         "int32": 5, "int64": 6, "bool": 7}
-
-FLOATS = ("float32", "float16", "bfloat16")
 
 
 def check_dtype(name: str) -> str:
     if name not in DTYPES:
         raise ValueError(f"unknown storage dtype {name!r}; use one of {', '.join(DTYPES)}")
     return name
+
+
+def stored(name: str) -> bool:
+    """Can the chip's memory hold ``name``? Any other dtype (float64, complex, uint8, ...)
+    lives on the host: uploads convert it (the precision policy) and host fallbacks read it."""
+    return name in DTYPES
 
 
 def storage_dtype(name: str):
@@ -110,13 +105,9 @@ def decode(s, name: str):
     return s
 
 
-_TORCH_NAMES = {"float32": "float32", "float16": "float16", "bfloat16": "bfloat16", "int8": "int8",
-                "int32": "int32", "int64": "int64", "bool": "bool"}
-
-
 def from_torch_dtype(dt) -> str:
     """``torch.float16`` (object or string) -> ``float16``."""
-    name = str(dt).removeprefix("torch.")
+    name = short_dtype(dt)
     if name == "half":
         name = "float16"
     if name == "float":
@@ -127,4 +118,4 @@ def from_torch_dtype(dt) -> str:
 def torch_dtype(name: str):
     import torch
 
-    return getattr(torch, _TORCH_NAMES[check_dtype(name)])
+    return getattr(torch, check_dtype(name))

@@ -15,9 +15,11 @@ _LN2_HI = np.float32(0.693359375)
 _LN2_LO = np.float32(-2.12194440e-4)
 
 
-@njit(inline="always", cache=True, fastmath=True)
+@njit(inline="always", cache=True, fastmath={"reassoc", "contract", "nsz", "arcp"})
 def exp32(x):
-    """exp(x) for float32, ~1 ulp (Cephes expf polynomial); exp(-inf) = 0, clamps at 88.7."""
+    """exp(x) for float32, ~1 ulp (Cephes expf polynomial); exp(-inf) = 0, clamps at 88.7;
+    exp(NaN) = NaN (a select, so loops still vectorise)."""
+    x0 = x
     tiny = x < np.float32(-87.33654)
     x = min(max(x, np.float32(-87.33654)), np.float32(88.72283))
     n = np.floor(x * _LOG2E + np.float32(0.5))
@@ -30,7 +32,7 @@ def exp32(x):
     p = p * r + np.float32(5.0000001201e-1)
     p = p * r * r + r + np.float32(1.0)
     y = p * bits_f32(np.int32(np.int32(n) + 127) << 23)
-    return np.float32(0.0) if tiny else y
+    return np.float32(0.0) if tiny else (y if x0 == x0 else x0)
 
 
 @njit(inline="always", cache=True)

@@ -12,6 +12,8 @@ import importlib
 from dataclasses import dataclass, field
 from typing import Any, Callable
 
+from torchfl.hcd.dtypes import short_dtype
+
 from .errors import KernelError
 from .tiling import TilePlan, Traffic
 
@@ -20,11 +22,36 @@ __all__ = ["KernelSpec", "Problem", "TensorMeta", "RunContext", "BoundRun"]
 
 @dataclass(frozen=True)
 class TensorMeta:
-    """Shape, storage dtype and layout of a kernel output (what the planner propagates)."""
+    """A tensor described without its data: ``shape``, ``dtype`` (short name, ``float16``),
+    ``layout`` (``NCHW``... or None). What a kernel says it outputs, what the planner
+    propagates and what rule guards read (``rank`` and ``numel`` derived)."""
 
-    shape: tuple
+    shape: tuple[int, ...]
     dtype: str
     layout: str | None = None
+
+    FIELDS = ("shape", "dtype", "layout", "rank", "numel")
+
+    def __post_init__(self):
+        object.__setattr__(self, "shape", tuple(int(s) for s in self.shape))
+        object.__setattr__(self, "dtype", short_dtype(self.dtype))
+
+    def field(self, name: str):
+        """The value a guard's ``x.<name>`` reads."""
+        if name == "shape":
+            return list(self.shape)
+        if name == "dtype":
+            return self.dtype
+        if name == "layout":
+            return self.layout
+        if name == "rank":
+            return len(self.shape)
+        if name == "numel":
+            return _numel(self.shape)
+        raise KeyError(name)
+
+    def as_dict(self) -> dict:
+        return {"shape": list(self.shape), "dtype": self.dtype, "layout": self.layout}
 
 
 @dataclass(frozen=True)
@@ -93,10 +120,6 @@ class KernelSpec:
     @property
     def required_inputs(self) -> tuple:
         return tuple(n for n in self.inputs if not n.endswith("?"))
-
-    @property
-    def optional_inputs(self) -> tuple:
-        return tuple(n[:-1] for n in self.inputs if n.endswith("?"))
 
     @property
     def input_names(self) -> tuple:

@@ -29,6 +29,23 @@ def _start(shape, strides, s):
 
 
 @njit(cache=True)
+def _advance(shape, strides, idx, off, run):
+    """Move the walk ``run`` elements along its innermost axis (a run never leaves its row)
+    and carry into the outer axes; returns the new offset."""
+    R = shape.shape[0]
+    off += run * strides[R - 1]
+    idx[R - 1] += run
+    d = R - 1
+    while d > 0 and idx[d] == shape[d]:
+        off -= idx[d] * strides[d]
+        idx[d] = 0
+        d -= 1
+        idx[d] += 1
+        off += strides[d]
+    return off
+
+
+@njit(cache=True)
 def gather(src, shape, strides, s, e, dst):
     """dst[0:e-s] = elements s..e-1 of the walk (shape, strides) over src."""
     n = e - s
@@ -48,15 +65,7 @@ def gather(src, shape, strides, s, e, dst):
             for j in range(run):
                 dst[i + j] = src[off + j * st]
         i += run
-        off += run * st
-        idx[R - 1] += run
-        d = R - 1
-        while d > 0 and idx[d] == shape[d]:
-            off -= idx[d] * strides[d]
-            idx[d] = 0
-            d -= 1
-            idx[d] += 1
-            off += strides[d]
+        off = _advance(shape, strides, idx, off, run)
 
 
 @njit(cache=True)
@@ -75,15 +84,7 @@ def scatter(dst, shape, strides, s, e, src):
         for j in range(run):
             dst[off + j * st] = src[i + j]
         i += run
-        off += run * st
-        idx[R - 1] += run
-        d = R - 1
-        while d > 0 and idx[d] == shape[d]:
-            off -= idx[d] * strides[d]
-            idx[d] = 0
-            d -= 1
-            idx[d] += 1
-            off += strides[d]
+        off = _advance(shape, strides, idx, off, run)
 
 
 class Access:

@@ -126,8 +126,12 @@ class DeviceTensor:
     def from_torch(cls, x, memory, layout=None, dtype=None) -> "DeviceTensor":
         import torch
 
-        src = _dt.from_torch_dtype(x.dtype)
         x = x.detach().cpu()
+        name = str(x.dtype).removeprefix("torch.")
+        if not _dt.stored(name) and dtype is not None and not x.is_complex():
+            # a host dtype (float64, uint8, int16) converted on upload (the precision policy)
+            return cls.from_numpy(x.contiguous().numpy(), memory, layout, dtype)
+        src = _dt.from_torch_dtype(x.dtype)
         if src == "bfloat16":
             bits = x.contiguous().view(torch.int16).numpy().view(np.uint16)
             if dtype not in (None, "bfloat16"):   # one buffer, in the target dtype (no stray bf16 one)

@@ -114,17 +114,26 @@ def make_plan(kernel, key, config, groups, on_chip_bytes) -> TilePlan:
                     kernel=kernel, key=key)
 
 
-def simulated_time(plan_or_traffic, chip, dtype: str) -> float:
-    """Seconds on ``chip``: sum over tiles of max(ops / peak[dtype], bytes / offchip_bw).
+def simulated_time(plan_or_traffic, chip, dtype: str, *, flops_scale: float = 1.0,
+                   bytes_scale: float = 1.0) -> float:
+    """Seconds on ``chip``: sum over tiles of max(ops / peak[dtype], bytes / offchip_bw),
+    the one roofline formula (the planner prices with it, explain analyze replays it).
 
-    A bare :class:`Traffic` is priced as one tile."""
-    peak = chip.peak_for(dtype)
-    bw = chip.offchip_bw
+    A bare :class:`Traffic` is priced as one tile. ``flops_scale`` / ``bytes_scale`` scale
+    every tile's counts (analyze: the counted totals over the planned ones)."""
+    peak = chip.peak_for(dtype) / flops_scale if flops_scale else float("inf")
+    bw = chip.offchip_bw / bytes_scale if bytes_scale else float("inf")
     if isinstance(plan_or_traffic, Traffic):
         groups = ((1, plan_or_traffic),)
     else:
         groups = plan_or_traffic.groups
     return float(sum(c * max(t.flops / peak, t.bytes / bw) for c, t in groups))
+
+
+def round_trip_time(nbytes: int, chip) -> float:
+    """Seconds to move ``nbytes`` device -> host -> device over the off-chip link (a CPU
+    fallback; the host's own compute is not modelled)."""
+    return nbytes * 2 / chip.offchip_bw
 
 
 def stream_plan(kernel: str, key: tuple, n_units: int, in_bytes: int, out_bytes: int,

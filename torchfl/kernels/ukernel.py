@@ -22,7 +22,6 @@ MR, NR = 6, 16
 @intrinsic
 def ukernel_6x16(typingctx, kc, pa, pa_off, pb, pb_off, c, c_off, ldc):
     """C[c_off + r*ldc + j] += sum_k pa[pa_off + 6k + r] * pb[pb_off + 16k + j]."""
-    f32arr = types.Array(types.float32, 1, "C")
     for arr in (pa, pb, c):
         if not (isinstance(arr, types.Array) and arr.dtype == types.float32 and arr.ndim == 1):
             return None

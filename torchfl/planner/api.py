@@ -1,7 +1,9 @@
 """Public entry points: ``plan_module`` (module + example inputs), ``plan_training``
-(its AOTAutograd forward and backward graphs) and ``plan_graph`` (a Dynamo GraphModule, as
-a torch.compile backend receives it), all -> :class:`Plan`; ``plan_captured`` plans a graph
-already captured, on a resolved :class:`~torchfl.planner.target.Target`.
+(its AOTAutograd forward and backward graphs) and ``plan_graph`` (a Dynamo GraphModule),
+all -> :class:`Plan`; ``plan_captured`` plans a graph already captured, and
+``plan_dynamo`` any graph a torch.compile backend receives (Dynamo's, with its weights as
+inputs, or AOTAutograd's), on a resolved :class:`~torchfl.planner.target.Target`. Graph
+surgery (lifting weights, re-tracing symbolic shapes) lives in ``capture.py``.
 
 ``chip`` is a chip name, an HCD or a Target (:func:`~torchfl.planner.target.resolve_target`).
 Pipeline: resolve the target -> check the precision and input layouts (before the costly
@@ -11,7 +13,7 @@ strict check -> exact selection -> Plan assembly.
 
 from __future__ import annotations
 
-from torchfl.planner.errors import StrictFallbackError
+from torchfl.planner.errors import MutatesInputs, StrictFallbackError
 from torchfl.planner.target import resolve_target
 
 
@@ -58,6 +60,43 @@ def plan_graph(gm, example_inputs, chip, precision=None, strict=False, registry=
     return _plan(capture_dynamo(gm, example_inputs), example_inputs, target, precision, strict)
 
 
+def plan_dynamo(gm, args, chip, kind="inference", weights=(), precision=None, strict=False, registry=None):
+    """Plan a graph as torch.compile hands it to a backend: ``(plan, positions of the args
+    that are the plan's inputs)``.
+
+    ``kind="inference"``: a Dynamo graph; the parameters and buffers Dynamo passes as
+    inputs are lifted into the graph (planned as weights), the other args are the plan's
+    inputs. Raises :class:`~torchfl.planner.errors.MutatesInputs` when the graph writes to
+    its inputs. ``kind="forward"|"backward"``: an AOTAutograd graph, re-traced on the
+    concrete ``args`` if its shapes are symbolic; every arg is an input, and ``weights``
+    (the forward's parameter primals) carry no batch dimension."""
+    from torchfl.planner.capture import capture_dynamo, captured_aot, concrete, lift_static
+
+    if kind == "inference":
+        lifted, user = lift_static(gm, args)
+        inputs = tuple(args[i] for i in user)
+        target = _prepared(chip, registry, precision, inputs)
+        plan = _plan(capture_dynamo(lifted, inputs), inputs, target, precision, strict)
+        if len(plan.outputs) != _n_outputs(gm):
+            # torch.export returned the inputs the graph writes to (a train-mode batch-norm's
+            # running statistics and num_batches_tracked, under no_grad) as extra outputs
+            raise MutatesInputs(f"the graph returns {_n_outputs(gm)} values but writes to some of its inputs too")
+        return plan, user
+    if kind not in ("forward", "backward"):
+        raise ValueError(f"plan_dynamo: kind must be inference, forward or backward, not {kind!r}")
+    target = _prepared(chip, registry, precision, ())
+    plan = _plan(captured_aot(concrete(gm, args), kind, weights), (), target, precision, strict)
+    return plan, tuple(range(len(args)))
+
+
+def _n_outputs(gm) -> int:
+    """How many values the graph returns (its output, flattened)."""
+    import torch
+
+    out = next(n for n in gm.graph.nodes if n.op == "output")
+    return len(torch.utils._pytree.tree_leaves(out.args[0]))
+
+
 def plan_captured(captured, example_inputs, target, precision=None, strict=False):
     """Plan an already captured graph on a resolved ``target`` (a Target; tests and the
     benchmark reuse captures)."""
@@ -72,19 +111,22 @@ def plan_captured(captured, example_inputs, target, precision=None, strict=False
 
 def _plan(captured, example_inputs, target, precision, strict):
     """Plan ``captured`` on ``target`` (its preconditions checked by the caller)."""
+    from torchfl.planner import decompose   # repeat_kv -> GQA; ops a pack serves by a composition of others
     from torchfl.planner.build import assemble
     from torchfl.planner.candidates import Generator
     from torchfl.planner.constraints import check_graph, input_layouts
     from torchfl.planner.cost import Pricer
     from torchfl.planner.graph import build_ir
     from torchfl.planner.plan import Capture, identity_layout
-    from torchfl.planner.select import Problem, select
+    from torchfl.planner.select import CoverProblem, select
 
     hcd, packs, chip = target.hcd, target.packs, target.model
+    captured = decompose.fold_repeat_kv(captured)
     ir = build_ir(captured, precision)
     check_graph(hcd, ir, precision, unbatched=frozenset(captured.extra.get("unbatched", ())))
     pricer = Pricer.for_chip(chip)
     cands = Generator(ir, hcd, packs, chip, pricer).run()
+    captured, ir, cands, decomposed = decompose.apply(captured, precision, target, ir, cands, pricer)
     if strict and cands.fallbacks:
         lines = [f"  {n} ({ir.nodes[n].op}): {why}" for n, why in cands.fallbacks.items()]
         raise StrictFallbackError(
@@ -110,7 +152,7 @@ def _plan(captured, example_inputs, target, precision, strict):
 
     outputs = tuple((ir.fx_to_ir.get(o, o), identity_layout(values[ir.fx_to_ir.get(o, o)].rank))
                     for o in ir.outputs if ir.fx_to_ir.get(o, o) in values)
-    problem = Problem({n.name: n.inputs for n in ir.nodes.values()}, fixed, outputs, tuple(cands.options),
+    problem = CoverProblem({n.name: n.inputs for n in ir.nodes.values()}, fixed, outputs, tuple(cands.options),
                       conv_cost)
     selection = select(problem)
     notes = [f"selection: {'exact' if selection.exact else 'beam-pruned (not proven optimal)'} dynamic "
@@ -120,7 +162,9 @@ def _plan(captured, example_inputs, target, precision, strict):
         notes.extend(opt.payload.warnings)
     notes = list(dict.fromkeys(notes))
     capture = Capture(captured.graph_module, dict(captured.tensors), captured.training)
-    return with_memory(assemble(target, precision, ir, cands, selection, pricer, capture, layouts_in, notes), hcd, chip)
+    plan = decompose.annotate(assemble(target, precision, ir, cands, selection, pricer, capture, layouts_in, notes),
+                              decomposed)
+    return with_memory(plan, hcd, chip)
 
 
 def with_memory(plan, hcd, chip):

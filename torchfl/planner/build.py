@@ -80,7 +80,6 @@ def assemble(target, precision, ir, cands, selection, pricer, capture, input_lay
         converted[key] = new
         return new
 
-    fx_name_of = {}  # IR value -> FX value names it stands for
     for opt in selection.chosen:
         p = opt.payload
         consumer = opt.nodes[-1]
@@ -88,6 +87,8 @@ def assemble(target, precision, ir, cands, selection, pricer, capture, input_lay
         for kinput, fx_name, ir_name, lay in zip(p.kernel_inputs or p.fx_inputs, p.fx_inputs, opt.inputs,
                                                  opt.layouts_in):
             name = plan_name(ir_name, fx_name)
+            if name in values and len(lay) != len(values[name].shape):
+                lay = identity_layout(len(values[name].shape))   # a side output (linalg_inv_ex's info)
             ins.append(need(name, lay, consumer))
             lays.append(lay)
         if p.kind not in HOST_STEPS and p.kernel_inputs:

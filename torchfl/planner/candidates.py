@@ -183,6 +183,22 @@ def _shared_cache(hcd, packs, chip) -> dict:
     return cache
 
 
+_INDEXES: dict = {}
+
+
+def _fusion_index(packs):
+    """The packs' fusions by root op, built once per set of packs."""
+    from torchfl.rules.groups import FusionIndex
+
+    key = tuple(p.content_hash() for p in packs)
+    index = _INDEXES.get(key)
+    if index is None:
+        if len(_INDEXES) >= _CACHE_CHIPS:
+            _INDEXES.pop(next(iter(_INDEXES)))
+        index = _INDEXES[key] = FusionIndex(packs)
+    return index
+
+
 def clear_caches() -> None:
     """Forget every cached outcome and price (benchmarks measure cold planning with it)."""
     from torchfl.planner.cost import _PRICERS
@@ -200,10 +216,6 @@ class Generator:
         self.layouts4 = tuple(hcd.layouts)
         self._match_cache = _shared_cache(hcd, packs, chip)  # call signature -> priced outcomes
         self._sigs: dict = {}
-        self._fx_users: dict[str, list] = {}
-        for n in ir.nodes.values():
-            for a in n.fx.all_input_nodes:
-                self._fx_users.setdefault(a.name, []).append(n.fx)
 
     # -- layouts an option may take --
     def layout_choices(self, nodes) -> tuple:
@@ -263,22 +275,27 @@ class Generator:
         """Match/Rejection list -> replayable outcomes: kernel inputs as arg paths, already
         priced (everything a price depends on is in the call's signature)."""
         out = []
+        inside = {o for n in nodes for o in n.outs if o}
         for r in results:
             kernel = getattr(r.rule, "kernel", None)
             if not r.ok:
                 out.append(("reject", kernel, tuple(str(x) for x in r.reasons)))
                 continue
-            paths = {}
+            paths, why = {}, None
             for kname, tm in r.inputs.items():
                 if tm is None:
                     continue
                 path = builder.path_of.get(id(tm))
                 if path is None:
-                    paths = None
+                    why = f"{kernel}: input {kname} is bound to something that is not a graph value"
+                elif builder.values[path][1] in inside:
+                    why = (f"{kernel}: input {kname} is bound to {builder.values[path][1]}, a value computed inside "
+                           f"the group ({getattr(r.rule, 'id', kernel)}: bind it to a value from outside)")
+                if why:
                     break
                 paths[kname] = path
-            if paths is None:
-                out.append(("reject", kernel, (f"{kernel}: an input is bound to something that is not a graph value",)))
+            if why:
+                out.append(("reject", kernel, (why,)))
                 continue
             out.append(self._price(nodes, kernel, paths, builder, dict(r.attrs), r.dtype, getattr(r.rule, "id", ""),
                                    tuple(r.warnings), layout))
@@ -286,6 +303,7 @@ class Generator:
 
     def _price(self, nodes, kernel, paths, builder, match_attrs, match_dtype, rule_id, warnings, layout):
         from torchfl.kernels.catalog import CATALOG
+        from torchfl.kernels.errors import KernelError
 
         spec = CATALOG.get(kernel)
         if spec is None:
@@ -308,7 +326,7 @@ class Generator:
             problem = spec.problem(shapes, attrs, dtype, layouts, dtypes)
             metas = spec.output_meta(problem)
             priced = price_plan(spec.tile(problem, self.chip), self.chip, problem.dtype)
-        except Exception as exc:  # noqa: BLE001 - the kernel's own check: its sentence is the reason
+        except KernelError as exc:  # the kernel's own check refuses the call: its sentence is the reason
             return ("reject", kernel, (f"{kernel}: {exc}",))
         info = self.ir.values.get(nodes[-1].name)
         out_meta = metas[0] if metas else None
@@ -352,120 +370,37 @@ class Generator:
                                            tuple(i for i, _f in refs), tuple(l for _k, _p, l in inputs),
                                            layout_out, priced.time_s, payload))
 
-    # -- fusion groups --
+    # -- fusion groups (found by the rules layer, priced here) --
     def fusions(self):
-        from torchfl.rules.matching import all_fusions, match_fusion
+        from torchfl.rules.groups import FxGraphView
+        from torchfl.rules.matching import match_fusion
 
-        for fusion in all_fusions(self.packs):
-            first_ops = set(fusion.steps[0].ops)
-            for node in self.ir.nodes.values():
-                if node.op not in first_ops:
-                    continue
-                group = self.walk(fusion, node)
-                if group is None:
-                    continue
-                nodes, step_nodes = group
-                values = {}
-                sigs = []
-                for sid, n in step_nodes.items():
-                    sig, vals = self._sig(n, sid)
-                    sigs.append((sid, sig))
-                    values.update(vals)
-                sigs = tuple(sigs)
-                for layout in self.layout_choices(nodes):
-                    key = (fusion.id, sigs, tuple(n.op for n in nodes), tuple(n.static for n in nodes), layout)
-                    outcomes = self._match_cache.get(key)
-                    if outcomes is None:
-                        builder = _CallBuilder(self.ir)
-                        calls = {sid: builder.call(n.fx, layout, sid)[0] for sid, n in step_nodes.items()}
-                        m = match_fusion(fusion, self.hcd, calls, layout=layout)
-                        outcomes = self._match_cache[key] = self._record([m], builder, nodes, layout)
-                    self._replay(nodes, outcomes, values, layout, "fused")
-
-    def walk(self, fusion, start):
-        """The IR nodes of ``fusion`` starting at ``start``, or None when the pattern does not match."""
-        step_nodes = {fusion.steps[0].id: start}
-        chain = [start]
-        side = []   # nodes found through into: (second operands of DAG patterns)
-        through = set(fusion.through)
-        for step in fusion.steps[1:]:
-            if step.into is not None:
-                found = self._operand(fusion, step, step_nodes)
-                if found is None:
-                    return None
-                side.append(found)
-                step_nodes[step.id] = found
+        graph = next(iter(self.ir.nodes.values())).fx.graph if self.ir.nodes else None
+        if graph is None:
+            return
+        ops = {n.name: n.op for n in self.ir.nodes.values()}
+        for group in _fusion_index(self.packs).find(FxGraphView(graph, ops)):
+            if any(n not in self.ir.nodes for n in group.nodes):
                 continue
-            producer = step_nodes.get(step.from_)
-            if producer is None or producer is not chain[-1]:
-                return None  # only linear patterns are walked
-            fx_val = producer.outs[step.output] if step.output < len(producer.outs) else ""
-            if not fx_val:
-                return None
-            extra = []
-            while True:
-                users = self._fx_users.get(fx_val, [])
-                if len(users) != 1 or fx_val in self.ir.outputs:
-                    return None
-                user = users[0]
-                nxt = self.ir.nodes.get(user.name)
-                if nxt is None:
-                    return None
-                if nxt.op in step.ops:
-                    break
-                if nxt.op in through and len(nxt.outs) == 1:
-                    extra.append(nxt)
-                    fx_val = nxt.outs[0]
-                    continue
-                return None
-            rule = fusion.rule_for(step.id)
-            names = rule.arg_names()
-            fed = [names[i] for i, a in enumerate(user.args) if i < len(names) and getattr(a, "name", None) == fx_val]
-            want = step.input
-            if want is not None and want not in fed and not (step.commutative and set(step.commutative) & set(fed)):
-                return None
-            chain.extend(extra)
-            chain.append(nxt)
-            step_nodes[step.id] = nxt
-        if side:   # graph order, the chain's last node (the group's output) still last
-            position = self._positions()
-            chain = sorted(chain[:-1] + side, key=lambda n: position[n.name]) + chain[-1:]
-        return chain, step_nodes
-
-    def _positions(self) -> dict:
-        if not hasattr(self, "_position"):
-            self._position = {name: i for i, name in enumerate(self.ir.nodes)}
-        return self._position
-
-    def _operand(self, fusion, step, step_nodes):
-        """The node of an ``into`` step: the producer of argument ``step.input`` of the
-        consumer step's node (for a commutative consumer fed through its other operand,
-        the operand the chain did not take), when its op is the step's and the consumer is
-        its only reader. None when the pattern does not match here."""
-        consumer = step_nodes.get(step.into)
-        if consumer is None:
-            return None
-        cstep = next(s for s in fusion.steps if s.id == step.into)
-        names = fusion.rule_for(step.into).arg_names()
-        want = step.input
-        if cstep.commutative and want in cstep.commutative and cstep.input in cstep.commutative:
-            prev = step_nodes.get(cstep.from_)
-            fed_by = {id(prev)} if prev is None else {prev.name, *prev.outs}
-            taken = [names[i] for i, a in enumerate(consumer.fx.args)
-                     if i < len(names) and getattr(a, "name", None) in fed_by]
-            if taken and taken[0] != cstep.input:   # the chain arrived through the other operand
-                want = cstep.input
-        if want not in names:
-            return None
-        i = names.index(want)
-        arg = consumer.fx.args[i] if i < len(consumer.fx.args) else consumer.fx.kwargs.get(want)
-        node = self.ir.nodes.get(getattr(arg, "name", None))
-        if node is None or node.op not in step.ops or len(node.outs) != 1:
-            return None
-        users = self._fx_users.get(node.outs[0], [])
-        if len(users) != 1 or users[0] is not consumer.fx or node.outs[0] in self.ir.outputs:
-            return None
-        return node
+            fusion = group.fusion
+            nodes = [self.ir.nodes[n] for n in group.nodes]
+            step_nodes = {sid: self.ir.nodes[n] for sid, n in group.steps}
+            values, sigs = {}, []
+            for sid, n in step_nodes.items():
+                sig, vals = self._sig(n, sid)
+                sigs.append((sid, sig))
+                values.update(vals)
+            sigs = tuple(sigs)
+            for layout in self.layout_choices(nodes):
+                key = (fusion.id, sigs, group.swaps, tuple(n.op for n in nodes), tuple(n.static for n in nodes),
+                       layout)
+                outcomes = self._match_cache.get(key)
+                if outcomes is None:
+                    builder = _CallBuilder(self.ir)
+                    calls = {sid: builder.call(n.fx, layout, sid)[0] for sid, n in step_nodes.items()}
+                    m = match_fusion(fusion, self.hcd, calls, layout=layout, swaps=group.swaps)
+                    outcomes = self._match_cache[key] = self._record([m], builder, nodes, layout)
+                self._replay(nodes, outcomes, values, layout, "fused")
 
     # -- CPU fallback, or a fold of an input-independent node --
     def fallback(self, node):

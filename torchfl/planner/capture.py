@@ -84,6 +84,19 @@ def _from_exported(ep, training: bool = False) -> Captured:
     return Captured(ep.graph_module, placeholders, tensors, outputs, training)
 
 
+def _without_effect_tokens(ep):
+    """Side-effecting ops (``linalg.inv``'s ``_linalg_check_errors``) arrive wrapped in
+    ``with_effects`` with an effect-token placeholder and output; torch's own pass turns them
+    back into plain calls, so the token never reaches the planner as a tensor-less input."""
+    from torch.export.graph_signature import InputKind
+
+    if not any(s.kind == InputKind.TOKEN for s in ep.graph_signature.input_specs):
+        return ep
+    from torch.export._remove_effect_tokens_pass import _remove_effect_tokens
+
+    return _remove_effect_tokens(ep)
+
+
 def capture_module(module, example_inputs) -> Captured:
     """Inference capture of ``module(*example_inputs)`` through torch.export."""
     import torch
@@ -94,7 +107,7 @@ def capture_module(module, example_inputs) -> Captured:
             # on every capture: torch's internals, nothing a user can act on
             warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)", category=FutureWarning)
             ep = torch.export.export(module, tuple(example_inputs), strict=False)
-            ep = ep.run_decompositions(decomposition_table())
+            ep = _without_effect_tokens(ep.run_decompositions(decomposition_table()))
     except Exception as exc:  # torch's own errors are long; keep the first line and the fix
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise CaptureError(
@@ -257,8 +270,7 @@ def capture_training(module, example_inputs, packs=None) -> tuple[Captured, Capt
 
     def backend(gm, inputs):
         # the forward's primals are Dynamo's graph inputs, in order: its parameters are the weights
-        weights.extend(i for i, a in enumerate(inputs) if isinstance(a, torch.nn.Parameter)
-                       or getattr(a, "_dynamo_static_input_type", None))
+        weights.extend(i for i, a in enumerate(inputs) if is_static(a))
         return aot(gm, inputs)
 
     torch._dynamo.reset()
@@ -268,19 +280,133 @@ def capture_training(module, example_inputs, packs=None) -> tuple[Captured, Capt
     sum(o.float().sum() for o in outs if isinstance(o, torch.Tensor) and o.requires_grad).backward()
     if "forward" not in graphs or "backward" not in graphs:
         raise CaptureError("AOTAutograd produced no backward graph: does the model have trainable parameters?")
-    result = []
-    for kind in ("forward", "backward"):
-        gm, _inputs = graphs[kind]
-        placeholders = [(n.name, "input", i) for i, n in enumerate(n for n in gm.graph.nodes if n.op == "placeholder")]
-        out_node = next(n for n in gm.graph.nodes if n.op == "output")
-        flat = out_node.args[0] if isinstance(out_node.args[0], (list, tuple)) else [out_node.args[0]]
-        outputs = [getattr(a, "name", None) for a in flat]
-        # weights carry no batch dimension; nor does any backward input (the forward checked them)
-        if kind == "forward":
-            unbatched = [placeholders[i][0] for i in weights if i < len(placeholders)]
-        else:
-            unbatched = [name for name, _k, _i in placeholders]
-        result.append(Captured(gm, placeholders, {}, outputs, training=True,
-                               extra={"graph": kind, "unbatched": unbatched,
-                                      "weights": tuple(weights) if kind == "forward" else ()}))
-    return result[0], result[1]
+    return (captured_aot(graphs["forward"][0], "forward", weights),
+            captured_aot(graphs["backward"][0], "backward"))
+
+
+def captured_aot(gm, kind: str, weights=()) -> Captured:
+    """The planner's Captured for an AOTAutograd graph (``kind`` forward or backward; all
+    placeholders are inputs).
+
+    Parameters change at every optimiser step, so they stay inputs (never cached), but
+    they carry no batch dimension: the forward's weight primals (``weights``: positions of
+    the Dynamo graph's parameters, the same as the forward's) and every backward input
+    are exempt from the batch limit (``extra["unbatched"]``)."""
+    placeholders = [(n.name, "input", i) for i, n in enumerate(n for n in gm.graph.nodes if n.op == "placeholder")]
+    if kind == "backward":
+        unbatched = [name for name, _k, _i in placeholders]
+    else:
+        unbatched = [placeholders[i][0] for i in weights if i < len(placeholders)]
+    out_node = next(n for n in gm.graph.nodes if n.op == "output")
+    flat = out_node.args[0] if isinstance(out_node.args[0], (list, tuple)) else [out_node.args[0]]
+    outputs = [getattr(a, "name", None) for a in flat]
+    return Captured(gm, placeholders, {}, outputs, training=True,
+                    extra={"graph": kind, "unbatched": unbatched,
+                           "weights": tuple(weights) if kind == "forward" else ()})
+
+
+def concrete(gm, args):
+    """An AOT graph traced with symbolic shapes, re-traced on the concrete ``args`` (a plan
+    is made for one shape)."""
+    import torch
+
+    symbolic = False
+    for n in gm.graph.nodes:
+        v = n.meta.get("val")
+        if isinstance(v, torch.SymInt) or (isinstance(v, torch.Tensor) and any(not isinstance(s, int) for s in v.shape)):
+            symbolic = True
+            break
+    if not symbolic:
+        return gm
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    with torch.no_grad():
+        return make_fx(gm, tracing_mode="real")(*args)
+
+
+# ---------------------------------------------------------------- Dynamo's weights as graph inputs
+
+def is_static(a) -> bool:
+    """Is this graph input a weight (a parameter, or a buffer Dynamo marks static)?"""
+    import torch
+
+    return isinstance(a, torch.nn.Parameter) or bool(getattr(a, "_dynamo_static_input_type", None))
+
+
+def lift_static(gm, args):
+    """Dynamo passes parameters and buffers as graph inputs; give the planner a graph that
+    holds them as parameters/buffers (``get_attr``), so they are planned as weights (static
+    casts and layout transforms, no batch limits on an embedding table) and the plan keeps
+    them. Returns (graph module, positions of the remaining user inputs)."""
+    import copy
+
+    import torch
+
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    static = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor) and is_static(a)]
+    if len(placeholders) != len(args) or not static:
+        return gm, tuple(range(len(args)))
+    graph = copy.deepcopy(gm.graph)
+    new_ph = [n for n in graph.nodes if n.op == "placeholder"]
+    root = torch.nn.Module()
+    for name, mod in gm.named_children():
+        root.add_module(name, mod)
+    for attr in {n.target for n in graph.nodes if n.op == "get_attr"}:
+        obj = gm
+        for part in str(attr).split("."):
+            obj = getattr(obj, part)
+        _set_attr(root, str(attr), obj)
+    first = next(n for n in graph.nodes if n.op != "placeholder")
+    used = set()
+    taken = {n for n, _m in gm.named_children()} | {str(n.target).split(".")[0] for n in graph.nodes
+                                                   if n.op == "get_attr"}
+    for i in static:
+        node = new_ph[i]
+        target = _readable(node.name, i, used)
+        if target.split(".")[0] in taken:     # never write into the user's own submodules
+            target = f"torchfl_static_{i}"
+        _set_attr(root, target, args[i])
+        with graph.inserting_before(first):
+            ga = graph.get_attr(target)
+        ga.meta = dict(node.meta)
+        node.replace_all_uses_with(ga)
+        graph.erase_node(node)
+    return torch.fx.GraphModule(root, graph), tuple(i for i in range(len(args)) if i not in set(static))
+
+
+def _readable(placeholder: str, i: int, used: set) -> str:
+    """Dynamo's ``l_self_modules_layer1_modules_0_modules_conv1_parameters_weight_`` ->
+    ``layer1.0.conv1.weight`` (the state-dict key the user knows); unique."""
+    import re
+
+    name = re.sub(r"^l_(self|fn|args_\d+|kwargs)_", "", placeholder.lower()).strip("_")
+    name = re.sub(r"(^|_)(modules|parameters|buffers)_", ".", name).strip(".")
+    parts = [p for p in name.split(".") if p]
+    if not parts or any(not re.fullmatch(r"[a-z_][a-z0-9_]*|\d+", p) for p in parts):
+        parts = [f"static_{i}"]
+    if parts[0].isdigit():
+        parts = ["m"] + parts
+    dotted = ".".join(parts)
+    while dotted in used or any(u.startswith(dotted + ".") or dotted.startswith(u + ".") for u in used):
+        dotted = f"{dotted}_{i}"
+    used.add(dotted)
+    return dotted
+
+
+def _set_attr(root, dotted, value):
+    import torch
+
+    *path, last = dotted.split(".")
+    obj = root
+    for part in path:
+        if not hasattr(obj, part):
+            obj.add_module(part, torch.nn.Module())
+        obj = getattr(obj, part)
+    if isinstance(value, torch.nn.Module):
+        obj.add_module(last, value)
+    elif isinstance(value, torch.nn.Parameter):
+        obj.register_parameter(last, value)
+    elif isinstance(value, torch.Tensor):
+        obj.register_buffer(last, value)
+    else:
+        setattr(obj, last, value)

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from torchfl.planner.errors import ChoiceError, HardConstraintError, UnsupportedAttention
 
-PRECISIONS = ("float16", "bfloat16")
+PRECISIONS = ("float16", "bfloat16", "float32")  # float32: float64 values computed in float32
 ATTENTION_OPS = ("aten.scaled_dot_product_attention.default",
                  "aten._scaled_dot_product_flash_attention_for_cpu.default",
                  "aten._scaled_dot_product_flash_attention.default",
@@ -28,6 +28,25 @@ def check_precision(hcd, precision):
             f"precision {precision} is not supported on {hcd.chip.name}: tensor.supported_dtypes is "
             f"{', '.join(hcd.dtypes)}; use precision={' or '.join(repr(p) for p in ok) or 'none available'}",
             field="tensor.supported_dtypes", limit=list(hcd.dtypes), value=precision)
+
+
+def check_float64(hcd, ir):
+    """No chip stores float64: without a precision policy ("graph dtypes as written") a
+    float64 value cannot be planned. The policy computes it like float32 (in the policy's
+    dtype) and returns float64 outputs; complex and other host dtypes are host fallbacks."""
+    f64 = [n for n, v in ir.values.items() if v.dtype == "float64"]
+    if not f64:
+        return
+    kind = next((f"input {n}" for n, k, _t, _i in ir.placeholders if n == f64[0] and k == "input"), f64[0])
+    ok = [p for p in PRECISIONS if p in hcd.dtypes and hcd.unit_for(p) is not None]
+    ok.sort(key=lambda p: p != "float32")
+    raise HardConstraintError(
+        f"dtype torch.float64 of {kind} is not supported on {hcd.chip.name}: tensor.supported_dtypes is "
+        f"[{', '.join('torch.' + d for d in hcd.dtypes)}] and no precision policy was given. Pass "
+        f"precision={' or '.join(repr(p) for p in ok)} (torch.compile options={{\"precision\": \"{ok[0]}\"}}, "
+        f"TORCHFL_PRECISION={ok[0]} on the npu device, CLI --precision {ok[0]}) to compute float64 values in "
+        "that dtype on the chip (outputs are returned as float64), or cast the model and inputs to float32",
+        field="tensor.supported_dtypes", limit=list(hcd.dtypes), value="float64", node=f64[0])
 
 
 def check_layout_inputs(hcd, example_inputs):
@@ -137,6 +156,8 @@ def check_graph(hcd, ir, precision, unbatched=frozenset()):
             f"tensor.supported_dtypes is [{', '.join('torch.' + d for d in hcd.dtypes)}]; plan it for a chip "
             "with an int8 unit, or run the float model with a precision policy",
             field="tensor.supported_dtypes", limit=list(hcd.dtypes), value="int8", node=quantised[0])
+    if precision is None:
+        check_float64(hcd, ir)
     if precision is None and hcd.unit_for("float32") is None:
         f32 = [n for n, v in ir.values.items() if v.dtype == "float32"]
         if f32:

@@ -12,11 +12,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-
-from torchfl.kernels.tiling import TilePlan, Traffic, simulated_time, stream_plan
-
-ELEM = {"float32": 4, "float16": 2, "bfloat16": 2, "int8": 1, "int32": 4, "int64": 8, "bool": 1, "float64": 8,
-        "uint8": 1, "int16": 2}
+from torchfl.hcd.dtypes import ITEMSIZE as ELEM
+from torchfl.kernels.tiling import TilePlan, round_trip_time, simulated_time, stream_plan
 
 
 def numel(shape) -> int:
@@ -49,12 +46,10 @@ def _catalog():
     return CATALOG
 
 
-def _kernel_price(kernel, shapes, attrs, dtype, layouts, dtypes, chip):
-    spec = _catalog().get(kernel)
-    if spec is None:
-        return None
+def _kernel_price(kernel, shapes, attrs, dtype, layouts, dtypes, chip) -> Priced:
+    spec = _catalog()[kernel]
     problem = spec.problem(shapes, attrs, dtype, layouts, dtypes)
-    return price_plan(spec.tile(problem, chip), chip, dtype), problem
+    return price_plan(spec.tile(problem, chip), chip, dtype)
 
 
 _PRICERS: dict = {}
@@ -89,27 +84,12 @@ class Pricer:
         return hit
 
     def _layout_price(self, shape, dtype, src, dst):
+        """The ``layout_transform`` kernel's own tiling of this permutation."""
         from torchfl.planner.plan import identity_layout
 
         ident = identity_layout(len(shape))
-        spec = _catalog().get("layout_transform")
-        if spec is not None:
-            attrs = {}
-            if "layout" in spec.attrs:
-                attrs["layout"] = dst
-            elif "to" in spec.attrs:
-                attrs["to"] = dst
-            elif "out_layout" in spec.attrs:
-                attrs["out_layout"] = dst
-            name = spec.input_names[0]
-            res = _kernel_price("layout_transform", {name: shape}, attrs, dtype,
-                                {name: None if src == ident else src}, {name: dtype}, self.chip)
-            if res is not None:
-                return res[0]
-        es = ELEM.get(dtype, 4)
-        plan = stream_plan("layout_transform", (shape, dtype, src, dst), numel(shape), es, es, 0, self.chip,
-                           unit_name="elements", notes=f"permute {src} -> {dst}")
-        return price_plan(plan, self.chip, dtype) if plan else Priced(None, float("inf"), 0, 0, {})
+        return _kernel_price("layout_transform", {"x": shape}, {"layout": dst}, dtype,
+                             {"x": None if src == ident else src}, {"x": dtype}, self.chip)
 
     def cast(self, shape, src, dst) -> Priced:
         key = (tuple(shape), src, dst)
@@ -119,24 +99,23 @@ class Pricer:
         return hit
 
     def _cast_price(self, shape, src, dst):
-        spec = _catalog().get("cast")
-        if spec is not None:
-            name = spec.input_names[0]
-            attrs = {k: dst for k in ("dtype", "to") if k in spec.attrs}
+        """The ``cast`` kernel's tiling where both sides are storage dtypes of the chip;
+        a host dtype (float64, uint8, ...) converts at the boundary, priced as a stream of
+        its bytes. A cast that fits no tile costs infinity (the planner then avoids it)."""
+        from torchfl.kernels.dtypes import DTYPES
+        from torchfl.kernels.errors import KernelError
+
+        if src in DTYPES and dst in DTYPES:
             try:
-                res = _kernel_price("cast", {name: shape}, attrs, src, {}, {name: src}, self.chip)
-            except Exception:  # noqa: BLE001 - fall through to the shared streaming tiler
-                res = None
-            if res is not None:
-                return res[0]
-        n = numel(shape)
-        plan = stream_plan("cast", (shape, src, dst), n, ELEM.get(src, 4), ELEM.get(dst, 4), 1, self.chip,
+                return _kernel_price("cast", {"x": shape}, {"to": dst}, src, {}, {"x": src}, self.chip)
+            except KernelError as e:
+                return Priced(None, float("inf"), 0, 0, {}, str(e))
+        plan = stream_plan("cast", (shape, src, dst), numel(shape), ELEM.get(src, 4), ELEM.get(dst, 4), 1, self.chip,
                            unit_name="elements", notes=f"{src} -> {dst}")
         return price_plan(plan, self.chip, dst) if plan else Priced(None, float("inf"), 0, 0, {})
 
     def fallback(self, in_bytes: int, out_bytes: int) -> Priced:
-        t = Traffic(in_bytes, out_bytes, 0)
-        return Priced(None, (in_bytes + out_bytes) * 2 / self.chip.offchip_bw, in_bytes + out_bytes, 0,
+        return Priced(None, round_trip_time(in_bytes + out_bytes, self.chip), in_bytes + out_bytes, 0,
                       {"strategy": "cpu", "notes": "device->host->device round trip of its tensors"},
                       "runs on the CPU")
 

@@ -45,3 +45,11 @@ class ChoiceError(PlanError, ValueError):
     """An unknown chip, model, precision or format; the message lists the choices."""
 
     kind = "Error"
+
+
+class MutatesInputs(PlanError, RuntimeError):
+    """An inference graph writes to its inputs (a train-mode batch-norm's running statistics
+    under no_grad): it cannot be planned as one inference graph; AOTAutograd's
+    functionalised forward can (the torch.compile backend falls back to it)."""
+
+    kind = "RuntimeError"

@@ -17,7 +17,8 @@ FORMATS = ("text", "json", "dot")
 MAX_REJECTED_TEXT = 40
 
 
-def explain(plan, format: str = "text") -> str:  # noqa: A002
+def render_plan(plan, format: str = "text") -> str:  # noqa: A002
+    """The text of ``Plan.explain``: EXPLAIN-style ``text``, ``json`` or Graphviz ``dot``."""
     if format == "json":
         return plan.to_json()
     if format == "text":
@@ -131,6 +132,10 @@ def _text(plan) -> str:
             lines += paragraph(f"{'+'.join(r.nodes)}: {r.kernel}: {'; '.join(r.reasons)}", indent="  ")
         if len(plan.rejected) > MAX_REJECTED_TEXT:
             lines.append(f"  ... and {len(plan.rejected) - MAX_REJECTED_TEXT} more (--format json lists all)")
+    for d in getattr(plan, "decomposed", ()):
+        parts = ", ".join(f"{p} ({o.removeprefix('aten.').rsplit('.', 1)[0]})" for p, o in zip(d.parts, d.part_ops))
+        lines += paragraph(f"Decomposed: {d.node} ({d.op}) by {d.rule} into {len(d.parts)} parts, predicted "
+                           f"{_time(d.predicted_time_s)} vs {_time(d.alternative_time_s)} for {d.alternative}: {parts}")
     if plan.folded:
         lines.append(f"Folded on the host ({len(plan.folded)}; input-independent, computed once and kept on "
                      "the chip):")

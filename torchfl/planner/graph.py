@@ -18,11 +18,8 @@ import operator
 from dataclasses import dataclass, field
 from typing import Any
 
+from torchfl.hcd.dtypes import short_dtype
 from torchfl.planner.plan import identity_layout
-
-
-def short_dtype(dtype) -> str:
-    return str(dtype).removeprefix("torch.")
 
 
 @dataclass
@@ -127,10 +124,31 @@ def _stat_only(node) -> bool:
     return True
 
 
+def check_static_shapes(gm):
+    """Plans are made for concrete shapes: a node whose output size depends on the data
+    (nonzero, boolean-mask indexing, unique) is named with the ways around it, instead of
+    torch's GuardOnDataDependentSymNode from deep inside the planner."""
+    import torch
+    from torch.fx.experimental.symbolic_shapes import free_unbacked_symbols
+
+    from torchfl.planner.capture import CaptureError
+
+    for node in gm.graph.nodes:
+        vals = node.meta.get("val")
+        for v in vals if isinstance(vals, (list, tuple)) else (vals,):
+            if isinstance(v, torch.Tensor) and free_unbacked_symbols(v):
+                raise CaptureError(
+                    f"node {node.name} ({node.target}) has a data-dependent output shape {tuple(v.shape)}: "
+                    "torchfl plans concrete shapes. Run the model through torch.compile(model, "
+                    "backend=\"torchfl\") (Dynamo breaks the graph around such ops and runs them on the host), "
+                    "or compute that part outside the captured module")
+
+
 def build_ir(captured, precision: str | None) -> IRGraph:
     import torch
 
     gm = captured.graph_module
+    check_static_shapes(gm)
     kinds = {name: (kind, target) for name, kind, target in captured.placeholders}
     values: dict[str, VInfo] = {}
     fx_to_ir: dict[str, str] = {}

@@ -174,6 +174,23 @@ def is_alias(step, values) -> bool:
     return (step.tile or {}).get("strategy") == "metadata"
 
 
+def on_host(dtype: str) -> bool:
+    """A value of a dtype the chip cannot store (float64, complex, ...) lives on the host:
+    no device buffer; host fallbacks read it, a link cast uploads or downloads it."""
+    from torchfl.kernels.dtypes import stored
+
+    return bool(dtype) and not stored(dtype)
+
+
+def is_link_cast(step, values) -> bool:
+    """A cast between a host dtype and a chip dtype (a float64 input under the precision
+    policy, a float64 output returned to the caller): the conversion happens on the link."""
+    if step.kind != "cast" or not step.inputs:
+        return False
+    src = values.get(step.inputs[0])
+    return on_host(step.attrs.get("to", "")) or (src is not None and on_host(src.dtype))
+
+
 def static_steps(plan, static_inputs=()) -> tuple[frozenset, frozenset]:
     """(indices of steps that run once, names of values kept across calls): lifted
     placeholders, the ``static_inputs`` user inputs, and every output of a step whose
@@ -216,17 +233,17 @@ def plan_memory(plan, alignment: int, capacity: int | None = None, static_inputs
     allocs: list = []
     user_positions = {int(i) for i in static_inputs}
     for pin in plan.inputs:
-        if pin.kind != "input":
+        if pin.kind != "input" and not on_host(pin.dtype):
             allocs.append((pin.name, _nbytes(pin.shape, pin.dtype), -1, "parameter"))
     for pin in plan.inputs:
-        if pin.kind == "input" and pin.name in read:
+        if pin.kind == "input" and pin.name in read and not on_host(pin.dtype):
             kind = "parameter" if int(pin.target) in user_positions else "input"
             allocs.append((pin.name, _nbytes(pin.shape, pin.dtype), -1, kind))
     scratch: list = []   # (step, bytes)
     for step in steps:
-        if step.kind in HOST_STEPS:
+        if step.kind in HOST_STEPS or is_link_cast(step, values):
             for o in step.outputs:
-                if o and o in values:
+                if o and o in values and not on_host(values[o].dtype):
                     allocs.append((o, _nbytes(values[o].shape, values[o].dtype), step.index, None))
             continue
         if is_alias(step, values):

@@ -16,6 +16,11 @@ Values
   rank-4 channels-last user input; and in ``PlanInput.dtype`` (the caller's dtype).
 * ``plan.values[name]`` gives every value's logical ``shape``, storage ``dtype`` and
   physical ``layout`` and the index of the step that produces it (``None`` for inputs).
+  A value whose dtype the chip cannot store (float64, complex; ``kernels.dtypes.stored``)
+  is a *host value*: it has no device buffer, host steps read and write it as a torch
+  tensor, and a ``cast`` step between it and a chip dtype (the precision policy on a
+  float64 input, a float64 output returned to the caller) converts on the link
+  (``planner.memory.is_link_cast``) instead of running the cast kernel.
 * A step's ``inputs`` are value names, positionally matching the kernel's inputs in
   :mod:`torchfl.kernels.catalog` (``KernelSpec.inputs``); an optional input that the call
   omits is the empty string ``""``.
@@ -119,6 +124,12 @@ def _memory_from(data):
     from torchfl.planner.memory import MemoryPlan
 
     return MemoryPlan.from_dict(data)
+
+
+def _decomposed_from(items):
+    from torchfl.planner.decompose import Decomposed
+
+    return tuple(Decomposed(**{k: _tuple(v) for k, v in d.items()}) for d in items)
 
 
 def _tuple(value: Any) -> Any:
@@ -282,6 +293,7 @@ class Plan(_Data):
     folded: tuple[Fallback, ...] = ()
     chip_hash: str = ""  # the chip's HCD content hash (Target.chip_hash); "" for a hand-built plan
     memory: Any = None  # its MemoryPlan (torchfl.planner.memory): live buffers per step, the peak
+    decomposed: tuple = ()  # torchfl.planner.decompose.Decomposed: ops served by their rule pack's decomposition
     capture: Capture | None = field(default=None, compare=False, repr=False, metadata={"json": False})
     target: Any = field(default=None, compare=False, repr=False, metadata={"json": False})
 
@@ -292,9 +304,9 @@ class Plan(_Data):
 
     def explain(self, format: str = "text") -> str:  # noqa: A002 - the CLI's word
         """The plan as ``text`` (EXPLAIN-style table), ``json`` or ``dot`` (Graphviz)."""
-        from torchfl.planner.explain import explain
+        from torchfl.planner.explain import render_plan
 
-        return explain(self, format)
+        return render_plan(self, format)
 
     def step_of(self, value: str) -> Step | None:
         producer = self.values[value].producer
@@ -330,6 +342,7 @@ class Plan(_Data):
             folded=tuple(build(Fallback, f) for f in data.get("folded", ())),
             chip_hash=data.get("chip_hash", ""),
             memory=_memory_from(data.get("memory")),
+            decomposed=_decomposed_from(data.get("decomposed", ())),
         )
 
     @classmethod

@@ -68,7 +68,7 @@ class Option:
 
 
 @dataclass(frozen=True)
-class Problem:
+class CoverProblem:
     """Nodes (name -> input value names), fixed input layouts, outputs, options, prices."""
 
     nodes: dict[str, tuple[str, ...]]
@@ -137,7 +137,7 @@ def schedule(nodes: dict[str, tuple[str, ...]], outputs: Iterable[str] = (),
     return order
 
 
-def select(problem: Problem, beam: int = 256) -> Selection:
+def select(problem: CoverProblem, beam: int = 256) -> Selection:
     """Solve ``problem`` (module docstring: method, exactness, determinism)."""
     nodes = problem.nodes
     out_values = [v for v, _ in problem.outputs]
@@ -364,47 +364,3 @@ def select(problem: Problem, beam: int = 256) -> Selection:
     for opt in chosen:
         layouts[opt.nodes[-1]] = opt.layout_out
     return Selection(tuple(chosen), layouts, best, tuple(order), exact, max_states)
-
-
-def evaluate(problem: Problem, chosen: Iterable[Option]) -> float:
-    """The objective of a given cover (used by brute force and by tests)."""
-    chosen = list(chosen)
-    layouts = dict(problem.input_layouts)
-    for opt in chosen:
-        layouts[opt.nodes[-1]] = opt.layout_out
-    total = 0.0
-    for opt in chosen:
-        total += opt.cost
-        for value, need in zip(opt.inputs, opt.layouts_in):
-            if value and layouts.get(value, need) != need:
-                total += problem.conv_cost(value, layouts[value], need)
-    for value, need in problem.outputs:
-        if layouts[value] != need:
-            total += problem.conv_cost(value, layouts[value], need)
-    return total
-
-
-def brute_force(problem: Problem) -> float:
-    """Minimum objective over every cover (exponential; for tests on small graphs)."""
-    names = list(problem.nodes)
-    users = _users(problem.nodes)
-    out_values = {v for v, _ in problem.outputs}
-    valid = [o for o in problem.options
-             if not any(u not in o.nodes for x in o.nodes[:-1] for u in users.get(x, ()))
-             and not (set(o.nodes[:-1]) & out_values)]
-    best = INF
-
-    def rec(covered: frozenset, picked: list[Option]):
-        nonlocal best
-        first = next((x for x in names if x not in covered), None)
-        if first is None:
-            best = min(best, evaluate(problem, picked))
-            return
-        for o in valid:
-            if first in o.nodes and not (covered & set(o.nodes)):
-                picked.append(o)
-                rec(covered | set(o.nodes), picked)
-                picked.pop()
-
-    rec(frozenset(), [])
-    return best

@@ -8,12 +8,13 @@
 Schema changes go through Alembic only (``migrations/``); see ``api.py`` for the rules.
 """
 
-from torchfl.registry.api import ImportResult, Record, Registry, Summary, VersionInfo
+from torchfl.registry.api import Registry
 from torchfl.registry.diff import Change
 from torchfl.registry.errors import ImportRefused, NotFound, RegistryError, RegistryUnavailable, SchemaMismatch
+from torchfl.registry.records import ImportResult, Listing, StoredVersion, VersionInfo
 from torchfl.registry.results import Conflict, Outcome
 
 __all__ = [
-    "Change", "Conflict", "ImportRefused", "ImportResult", "NotFound", "Outcome", "Record", "Registry",
-    "RegistryError", "RegistryUnavailable", "SchemaMismatch", "Summary", "VersionInfo",
+    "Change", "Conflict", "ImportRefused", "ImportResult", "Listing", "NotFound", "Outcome", "Registry",
+    "RegistryError", "RegistryUnavailable", "SchemaMismatch", "StoredVersion", "VersionInfo",
 ]

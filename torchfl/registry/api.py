@@ -12,12 +12,12 @@ import contextlib
 import difflib
 import json
 import os
-from dataclasses import dataclass
 from datetime import datetime
 from pathlib import Path
 from typing import Iterable
 
 from torchfl.registry.dialects import dialect_for
+from torchfl.registry.records import ImportResult, Listing, StoredVersion, VersionInfo
 from torchfl.registry.dialects.sqlite import sqlite_file
 from torchfl.registry.engine import WRITE, check_url, create_registry_engine, translated
 from torchfl.registry.reader import timestamp
@@ -25,75 +25,6 @@ from torchfl.registry.errors import ImportRefused, NotFound, RegistryError, Regi
 from torchfl.registry.names import BASE, HEAD, REVISIONS, TABLE_NAMES
 from torchfl.registry.semver import semver_key
 from torchfl.registry.url import display_url, resolve_url
-
-
-@dataclass(frozen=True)
-class VersionInfo:
-    """One published version of a chip or rule pack (without its content)."""
-
-    kind: str
-    name: str
-    version: str
-    content_hash: str
-    imported_at: datetime
-    import_id: int
-    source_name: str
-
-    def as_dict(self) -> dict:
-        return dict(kind=self.kind, name=self.name, version=self.version, content_hash=self.content_hash,
-                    imported_at=self.imported_at.isoformat(), import_id=self.import_id, source_name=self.source_name)
-
-
-@dataclass(frozen=True)
-class Record(VersionInfo):
-    """A version with its content: the canonical form and the text as imported."""
-
-    canonical: dict = None  # type: ignore[assignment]
-    source_text: str = ""
-
-    def as_dict(self) -> dict:
-        out = super().as_dict()
-        out["canonical"] = self.canonical
-        return out
-
-
-@dataclass(frozen=True)
-class Summary:
-    """A chip or rule pack with its latest version."""
-
-    kind: str
-    name: str
-    latest: str
-    versions: tuple[str, ...]
-    imported_at: datetime
-    device_type: str | None = None
-    vendor: str | None = None
-
-    def as_dict(self) -> dict:
-        out = dict(kind=self.kind, name=self.name, latest=self.latest, versions=list(self.versions),
-                   imported_at=self.imported_at.isoformat())
-        if self.kind == "chip":
-            out.update(device_type=self.device_type, vendor=self.vendor)
-        return out
-
-
-@dataclass(frozen=True)
-class ImportResult:
-    outcomes: list
-    warnings: list
-
-    @property
-    def added(self) -> list:
-        return [o for o in self.outcomes if o.status == "added"]
-
-    @property
-    def unchanged(self) -> list:
-        return [o for o in self.outcomes if o.status == "unchanged"]
-
-    def as_dict(self) -> dict:
-        return {"imported": [o.as_dict() for o in self.outcomes],
-                "warnings": [str(w) for w in self.warnings],
-                "added": len(self.added), "unchanged": len(self.unchanged)}
 
 
 def _tool_version() -> str:
@@ -314,7 +245,7 @@ class Registry:
         return before
 
     def seed(self) -> ImportResult:
-        """Import the chips (and rule packs, where rule-pack support exists) bundled with torchfl.
+        """Import the chips and rule packs bundled with torchfl.
 
         A bundled file that fails validation is a packaging bug; it is skipped with an
         error-severity entry in ``warnings`` rather than keeping the registry unusable.
@@ -323,13 +254,7 @@ class Registry:
         from torchfl.registry.documents import load_documents
         from torchfl.resources import bundled_hcds, bundled_rule_packs
 
-        files = [str(p) for p in bundled_hcds()]
-        try:
-            import torchfl.rules  # noqa: F401
-        except ModuleNotFoundError:
-            pass
-        else:
-            files += [str(p) for p in bundled_rule_packs()]
+        files = [str(p) for p in bundled_hcds()] + [str(p) for p in bundled_rule_packs()]
         docs, diagnostics = load_documents(files)
         broken = {d.file for d in errors(diagnostics)}
         result = self._store([d for d in docs if d.file not in broken],
@@ -398,7 +323,7 @@ class Registry:
 
     # ------------------------------------------------------------------ queries
 
-    def _summaries(self, kind: str) -> list[Summary]:
+    def _summaries(self, kind: str) -> list[Listing]:
         table = TABLE_NAMES[kind]
         extra_cols = ", device_type, vendor" if kind == "chip" else ""
         by_name: dict[str, list] = {}
@@ -410,14 +335,14 @@ class Registry:
             rows = sorted(by_name[name], key=lambda row: semver_key(row[1]))
             top = rows[-1]
             extra = {"device_type": top[3], "vendor": top[4]} if kind == "chip" else {}
-            out.append(Summary(kind, name, top[1], tuple(row[1] for row in rows), timestamp(top[2]), **extra))
+            out.append(Listing(kind, name, top[1], tuple(row[1] for row in rows), timestamp(top[2]), **extra))
         return out
 
-    def chips(self) -> list[Summary]:
+    def chips(self) -> list[Listing]:
         """Every chip with its latest version (by semver), sorted by name."""
         return self._summaries("chip")
 
-    def packs(self) -> list[Summary]:
+    def packs(self) -> list[Listing]:
         """Every rule pack with its latest version, sorted by name."""
         return self._summaries("pack")
 
@@ -432,7 +357,7 @@ class Registry:
         infos = [VersionInfo(kind, row[0], row[1], row[2], timestamp(row[3]), row[4], row[5]) for row in rows]
         return sorted(infos, key=lambda i: semver_key(i.version))
 
-    def record(self, name: str, version: str | None = None, *, kind: str = "chip") -> Record:
+    def record(self, name: str, version: str | None = None, *, kind: str = "chip") -> StoredVersion:
         """One version with its content; the latest by semver when ``version`` is None."""
         table = TABLE_NAMES[kind]
         with self._read() as r:
@@ -446,7 +371,7 @@ class Registry:
                 raise NotFound(f"{kind} {name} has no version {version} in {self.display_url}; it has {known}")
             row = r.first(f"SELECT name, version, content_hash, imported_at, import_id, source_name, canonical_json, "
                           f"source_text FROM {table} WHERE name = ? AND version = ?", (name, version))
-        return Record(kind, row[0], row[1], row[2], timestamp(row[3]), row[4], row[5],
+        return StoredVersion(kind, row[0], row[1], row[2], timestamp(row[3]), row[4], row[5],
                       canonical=json.loads(row[6]), source_text=row[7])
 
     def chip(self, name: str, version: str | None = None):

@@ -42,13 +42,8 @@ def _from_hcd_report(report, file: str, source: str | None):
 
 
 def _pack_document(path: str, source: str):
-    try:
-        from torchfl.rules import check_pack
-    except ModuleNotFoundError as exc:
-        if exc.name not in ("torchfl.rules",):
-            raise
-        return None, [_error(path, "is a rule pack, but this torchfl has no rule-pack support "
-                                   "(torchfl.rules is missing); reinstall torchfl")]
+    from torchfl.rules import check_pack
+
     report = check_pack(path)
     if not report.ok or report.pack is None:
         return None, list(report.diagnostics)

@@ -13,8 +13,6 @@ from __future__ import annotations
 
 from datetime import datetime, timezone
 
-from torchfl.registry.dialects import Reader  # noqa: F401  (re-exported: the type reads are written against)
-
 
 def timestamp(value) -> datetime:
     """A stored time as an aware UTC datetime (SQLite hands back SQLAlchemy's text form)."""

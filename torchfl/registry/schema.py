@@ -13,7 +13,7 @@ from __future__ import annotations
 from sqlalchemy import (Column, DateTime, Float, ForeignKey, Integer, MetaData, String, Table, Text,
                         UniqueConstraint)
 
-from torchfl.registry.names import HEAD, REVISIONS, TABLE_NAMES  # noqa: F401  (re-exported)
+from torchfl.registry.names import TABLE_NAMES
 
 NAMING = {
     "ix": "ix_%(table_name)s_%(column_0_N_name)s",

@@ -7,19 +7,20 @@
     m.ok -> Match(.kernel .dtype .unit .layout .layouts .inputs .attrs .warnings .rule)
          or Rejection(.reasons: Reason(code, message, field, value, rule, guard))
 
-Matching of fusion groups: :func:`torchfl.rules.matching.match_fusion`; the support
+Where fusion patterns occur in a graph: :mod:`torchfl.rules.groups`; matching a group:
+:func:`torchfl.rules.matching.match_fusion`; the support
 queries (ops / support / why-not): :mod:`torchfl.rules.support`. The file format is in
 :mod:`torchfl.rules.format`, the guard language in :mod:`torchfl.rules.guards`.
 Imports neither torch nor numba (the kernel catalog is pure Python).
 """
 
-from torchfl.rules.call import Call, TensorMeta, call_from_node
+from torchfl.rules.call import Call, TensorMeta
 from torchfl.rules.compile import PackError, PackReport, check_pack, check_pack_text, load_pack, load_pack_text
 from torchfl.rules.pack import Fusion, Rule, RulePack
 
 __all__ = [
     "Call", "Fusion", "Match", "PackError", "PackReport", "Reason", "Rejection", "Rule", "RulePack", "TensorMeta",
-    "call_from_node", "candidates", "check_pack", "check_pack_text", "load_pack", "load_pack_text", "match",
+    "candidates", "check_pack", "check_pack_text", "load_pack", "load_pack_text", "match",
     "match_fusion",
 ]
 

@@ -23,8 +23,9 @@ from torchfl.rules.format import FusionModel, GuardItem, PackModel, RuleModel
 from torchfl.rules.guards import GuardSyntaxError, compile_guard
 from torchfl.rules.guards.chip import CHIP
 from torchfl.rules.guards.types import ARG_TYPES, TENSOR, arg_type, record, strip
-from torchfl.rules.pack import (Binding, CheckedGuard, Fusion, FusionStep, NoRuleEntry, Rule, RulePack,
-                                rule_scope)
+from torchfl.rules.groups import pattern_ends
+from torchfl.rules.pack import (Binding, CheckedGuard, Decomposition, DecompositionPart, Fusion, FusionStep,
+                                NoRuleEntry, Rule, RulePack, rule_scope)
 
 
 @dataclass
@@ -148,6 +149,8 @@ class _Compiler:
             by_op.setdefault(r.op, r)
         self.broken_ops = {m.op for m in model.rules} - set(by_op)  # their errors are reported already
         fusions = tuple(f for f in (self.fusion(pname, i, m, by_op) for i, m in enumerate(model.fusions)) if f)
+        decompositions = tuple(d for d in (self.decomposition(pname, i, m, by_op)
+                                           for i, m in enumerate(model.decompositions)) if d)
         no_rule = []
         for i, e in enumerate(model.no_rule):
             if e.op in by_op:
@@ -160,9 +163,11 @@ class _Compiler:
             for step in f["pattern"]:  # so their canonical form and content hash stay as they were
                 if step.get("into") is None:
                     step.pop("into", None)
+        if not dumped["decompositions"]:   # likewise for packs without decompositions
+            dumped.pop("decompositions")
         canonical = json.dumps(dumped, sort_keys=True, separators=(",", ":"))
         return RulePack(pname, model.pack.version, model.pack.description, rules, fusions, tuple(no_rule),
-                        self.doc.filename, canonical), self.diags
+                        self.doc.filename, canonical, decompositions), self.diags
 
     def errors(self) -> bool:
         return any(d.severity == "error" for d in self.diags)
@@ -381,6 +386,10 @@ class _Compiler:
             seen.append(s.id)
             steps.append(FusionStep(s.id, ops, feed if i > 0 else None, producer, s.output,
                                     tuple(s.commutative or ())))
+        ends = pattern_ends(steps)
+        if len(ends) > 1:
+            self.error(base + ("pattern",), f"the pattern ends in {len(ends)} steps ({', '.join(ends)}) but a fused "
+                       "kernel writes one value: each other step must feed a later one (from:) or an earlier one (into:)")
         self.requires(base + ("requires",), m.requires, m.kernel)
         scope = dict(rule_scope((), CHIP))
         scope.update(records)
@@ -392,11 +401,80 @@ class _Compiler:
                       m.note, self.doc.where(base)[0], tuple(step_rules))
 
 
+    # -- decompositions --
+    def decomposition(self, pname: str, index: int, m, by_op: dict[str, Rule]) -> Decomposition | None:
+        """A decomposition's args (its own, else its op's rule's), guards, and parts whose
+        expressions see the args and the parts before them (a later part is an unknown name)."""
+        base = ("decompositions", index)
+        before = len(self.diags)
+        args = tuple(m.args.items())
+        if not args:
+            rule = by_op.get(m.op)
+            if rule is None:
+                if m.op not in self.broken_ops:
+                    self.error(base + ("op",), f"{m.op} has no rule in this pack to take its arguments from; "
+                               "declare them under args:")
+                return None
+            args, defaults, primary = rule.args, dict(rule.defaults), rule.primary
+        else:
+            defaults, primary = {}, None
+            for name, spelling in args:
+                if arg_type(spelling) is None:
+                    self.error(base + ("args", name), f"unknown argument type {spelling!r}; use one of "
+                               f"{', '.join(sorted(ARG_TYPES))} (add ? for optional)")
+            primary = next((n for n, t in args if strip(arg_type(t) or TENSOR) == TENSOR), None)
+        for name, value in m.defaults.items():
+            if name not in dict(args):
+                self.error(base + ("defaults", name), f"default for {name!r}, which is not in args", key=True)
+            defaults[name] = value
+        if m.requires.dtypes or m.requires.units or m.requires.device_types or m.requires.layouts != "unit":
+            self.error(base + ("requires",), "a decomposition's parts carry their own dtype, unit and layout "
+                       "requirements; here only attention: (and compute:/storage:) apply", key=True)
+        scope = dict(rule_scope(args, CHIP))
+        guards = self.guards(base + ("guards",), m.guards, scope)
+        parts = []
+        for i, part in enumerate(m.parts):
+            ppath = base + ("parts", i)
+            if part.id in scope:
+                self.error(ppath + ("id",), f"part id {part.id!r} is already an argument, a part or a built-in name")
+                continue
+            if part.op == m.op:
+                self.error(ppath + ("op",), f"part {part.id} is {m.op} itself: a decomposition cannot recurse")
+            when = None
+            if part.when is not None:
+                try:
+                    when = compile_guard(part.when, scope)
+                except GuardSyntaxError as exc:
+                    self.guard_error(ppath + ("when",), part.when, exc, "when")
+            pargs = self.expressions(ppath + ("args",), enumerate(part.args), scope)
+            kwargs = self.expressions(ppath + ("kwargs",), part.kwargs.items(), scope)
+            parts.append(DecompositionPart(part.id, part.op, pargs, kwargs, when, self.doc.where(ppath)[0]))
+            scope[part.id] = TENSOR
+        if any(d.severity == "error" for d in self.diags[before:]):
+            return None
+        return Decomposition(pname, index, m.name, m.op, args, primary, m.requires, guards, tuple(parts),
+                             tuple(defaults.items()), m.note, self.doc.where(base)[0])
+
+    def expressions(self, path, items, scope) -> tuple[Binding, ...]:
+        """(key, value) pairs -> Bindings: strings are expressions, other values constants."""
+        out = []
+        for key, value in items:
+            if isinstance(value, str):
+                try:
+                    out.append(Binding(str(key), compile_guard(value, scope, want_bool=False)))
+                except GuardSyntaxError as exc:
+                    self.guard_error(path + (key,), value, exc, "expression")
+            else:
+                out.append(Binding(str(key), None, value))
+        return tuple(out)
+
+
 def _fields_at(path) -> list[str]:
     from torchfl.rules import format as F
 
     table = {("pack",): F.PackInfo, ("requires",): F.Requires, ("rules",): F.RuleModel,
-             ("fusions",): F.FusionModel, ("pattern",): F.FusionStep, ("no_rule",): F.NoRule}
+             ("fusions",): F.FusionModel, ("pattern",): F.FusionStep, ("no_rule",): F.NoRule,
+             ("decompositions",): F.DecompositionModel, ("parts",): F.DecompositionPart}
     keys = [p for p in path[:-1] if isinstance(p, str)]
     model = F.PackModel
     if keys:

@@ -23,6 +23,15 @@ gets the file:line:column of the YAML value it is about.
           - {id: relu, op: aten.relu.default}
         guards: ["conv.groups == 1"]
         bind: {x: conv.input, weight: conv.weight, ...}
+    decompositions:                            # op -> a little graph of other ops (planner/decompose.py)
+      - name: sdpa_gemm_softmax
+        op: aten.scaled_dot_product_attention.default
+        requires: {attention: false}           # false: only on a chip with no enabled attention unit
+        guards: ["dropout_p == 0"]
+        parts:
+          - {id: s, op: aten.bmm.default, args: [q3, kt3]}
+          - {id: p, op: aten._softmax.default, args: [s, -1, false]}
+          - {id: o, op: aten.add.Tensor, args: [p, attn_mask], when: "attn_mask != none"}
     no_rule:
       - {op: aten.index.Tensor, reason: "..."}
 """
@@ -33,13 +42,14 @@ from typing import Annotated, Literal, Optional, Union
 
 from pydantic import BaseModel, ConfigDict, Field
 
+from torchfl.hcd.dtypes import MATRIX_UNITS, STORAGE
 from torchfl.rules.guards.syntax import MAX_CHARS, MAX_INT
 
 SEMVER = r"^(0|[1-9]\d*)\.(0|[1-9]\d*)\.(0|[1-9]\d*)(-[0-9A-Za-z.-]+)?(\+[0-9A-Za-z.-]+)?$"
 OP_NAME = r"^(aten|prims|torchfl|quantized_decomposed)\.[A-Za-z0-9_]+\.[A-Za-z0-9_]+$"
 IDENT = r"^[A-Za-z][A-Za-z0-9_]*$"
-UNITS = Literal["fp16", "bf16", "fp32", "int8", "attention"]
-DTYPES = Literal["float32", "float16", "bfloat16", "int8", "int32", "int64", "bool"]
+UNITS = Literal[MATRIX_UNITS + ("attention",)]
+DTYPES = Literal[tuple(STORAGE)]
 
 
 #: Plausible sizes of a pack's parts: an ATen op has at most ~20 arguments, a fusion a few
@@ -69,7 +79,8 @@ class Requires(_Model):
     dtypes: Optional[list[DTYPES]] = Field(default=None, max_length=MAX_LIST, description="dtypes the rule computes in "
                                            "(default: all the kernel supports); the chip must list one.")
     units: Optional[list[UNITS]] = Field(default=None, max_length=MAX_LIST, description="compute units that must be present.")
-    attention: Optional[bool] = Field(default=None, description="true: the attention unit must be enabled.")
+    attention: Optional[bool] = Field(default=None, description="true: the attention unit must be enabled; "
+                                      "false (decompositions): it must be absent or disabled.")
     layouts: Union[Literal["unit", "chip", "none"], Annotated[list[Name], Field(max_length=MAX_LIST)]] = Field(
         default="unit",
         description="unit: the layouts of the unit running the dtype; chip: any layout the chip computes in "
@@ -135,6 +146,35 @@ class FusionModel(_Model):
     note: str = Field(default="", max_length=1000)
 
 
+class DecompositionPart(_Model):
+    """One op of a decomposition: an ATen overload applied to expressions over the decomposed
+    op's arguments and the earlier parts (a bare name is that tensor)."""
+
+    id: str = Field(pattern=IDENT, max_length=MAX_NAME)
+    op: str = Field(pattern=OP_NAME, max_length=MAX_NAME)
+    args: list[BindValue] = Field(default_factory=list, max_length=MAX_ARGS,
+                                  description="positional arguments: expressions (strings) or constants")
+    kwargs: dict[Name, BindValue] = Field(default_factory=dict, max_length=MAX_ARGS,
+                                          description="keyword arguments, e.g. dtype: \"'bool'\"")
+    when: Optional[Text] = Field(default=None, description="skip the part unless this holds; a skipped part's "
+                                 "value is its first argument's")
+
+
+class DecompositionModel(_Model):
+    """An op served by a composition of other ops, each planned and priced by its own rule;
+    the planner compares the whole against the op's direct kernels and the CPU fallback."""
+
+    name: str = Field(pattern=IDENT, max_length=MAX_NAME)
+    op: str = Field(pattern=OP_NAME, max_length=MAX_NAME)
+    args: dict[Name, Name] = Field(default_factory=dict, max_length=MAX_ARGS,
+                                   description="the op's arguments (default: those of its rule in this pack)")
+    defaults: dict[Name, DefaultValue] = Field(default_factory=dict, max_length=MAX_ARGS)
+    requires: Requires = Field(default_factory=Requires)
+    guards: list[GuardSpec] = Field(default_factory=list, max_length=32)
+    parts: list[DecompositionPart] = Field(min_length=1, max_length=32)
+    note: str = Field(default="", max_length=1000)
+
+
 class NoRule(_Model):
     op: str = Field(pattern=OP_NAME, max_length=MAX_NAME)
     reason: str = Field(min_length=1, max_length=1000)
@@ -144,4 +184,5 @@ class PackModel(_Model):
     pack: PackInfo
     rules: list[RuleModel] = Field(default_factory=list, max_length=5000)
     fusions: list[FusionModel] = Field(default_factory=list, max_length=500)
+    decompositions: list[DecompositionModel] = Field(default_factory=list, max_length=500)
     no_rule: list[NoRule] = Field(default_factory=list, max_length=5000)

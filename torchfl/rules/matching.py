@@ -8,7 +8,8 @@ planner's errors and ``registry why-not`` can quote them as they are.
 
 - ``candidates(packs, hcd, op, call)``: one :class:`Match` or :class:`Rejection` per rule.
 - ``match(packs, hcd, op, call)``: the first match, else a rejection with every reason.
-- ``match_fusion(fusion, hcd, calls)``: the same for a fusion group (one call per step).
+- ``match_fusion(fusion, hcd, calls, swaps=group.swaps)``: the same for a fusion group
+  (one call per step); :mod:`torchfl.rules.groups` finds the groups in a graph.
 - ``call=None`` asks about the chip alone (what the support queries show): requirements
   are checked, guards on the call are listed as pending, guards on ``chip`` alone are
   evaluated.
@@ -18,7 +19,7 @@ from __future__ import annotations
 
 import difflib
 from dataclasses import dataclass, field
-from typing import Any, Iterable, Mapping, Sequence
+from typing import Any, Mapping
 
 from torchfl.rules import kernels as K
 from torchfl.rules.call import Call, TensorMeta
@@ -26,6 +27,7 @@ from torchfl.rules.guards import GuardEvalError
 from torchfl.rules.guards import syntax as S
 from torchfl.rules.guards.chip import chip_view
 from torchfl.rules.guards.evaluate import show
+from torchfl.rules.groups import oriented
 from torchfl.rules.pack import Fusion, Rule, RulePack, call_env
 
 ALL_DTYPES = ("float32", "float16", "bfloat16", "int8", "int32", "int64", "bool")
@@ -352,13 +354,13 @@ def _bind(rule, env) -> tuple[dict, dict]:
 # -- fusions ---------------------------------------------------------------------------
 
 def match_fusion(fusion: Fusion, hcd, calls: Mapping[str, Call], *, dtype: str | None = None,
-                 layout: str | None = None, pack: str | None = None,
-                 fed: Mapping[str, str] | None = None) -> Match | Rejection:
+                 layout: str | None = None, pack: str | None = None, swaps=()) -> Match | Rejection:
     """Does ``fusion`` serve this group? ``calls`` maps each pattern step id to its call.
 
-    ``fed`` (optional) maps a step id to the argument name its producer's value actually
-    arrives in; for a ``commutative`` step fed through the other operand (``add(x, conv)``)
-    the two operands are swapped, so guards and binds see the pattern's order.
+    ``swaps`` is the group's orientation (:attr:`torchfl.rules.groups.Group.swaps`, found
+    with the group): a ``commutative`` step whose producer arrives in another operand
+    (``add(x, conv)``) has its operands read in the pattern's order, so guards and binds
+    see ``add.other`` as the residual whichever side it is on.
     """
     name = f"fusion {fusion.name}"
     chip = _view(hcd)
@@ -373,11 +375,7 @@ def match_fusion(fusion: Fusion, hcd, calls: Mapping[str, Call], *, dtype: str |
         values, err = rule.bind_args(call)
         if err:
             return Rejection(name, (Reason("args", f"{fusion.id} step {step.id}: {err}", rule=fusion.id),), fusion)
-        values = dict(values)
-        arrived = (fed or {}).get(step.id)
-        if (step.commutative and step.input and arrived and arrived != step.input
-                and arrived in step.commutative and step.input in step.commutative):
-            values[step.input], values[arrived] = values.get(arrived), values.get(step.input)
+        values = oriented(values, step.id, swaps)
         values["out"] = call.out
         env[step.id] = values
         if first_primary is None:
@@ -410,17 +408,6 @@ def fusion_static(fusion: Fusion, hcd, dtype: str, layout: str | None = None) ->
     pending = tuple(g.text.strip() for g in fusion.guards)
     return Match(f"fusion {fusion.name}", fusion.kernel, fusion, fusion.pack, dtype, unit, layout, allowed,
                  {}, {}, tuple(warnings), pending)
-
-
-def all_fusions(packs) -> Iterable[Fusion]:
-    for p in _packs(packs):
-        yield from p.fusions
-
-
-def dtype_candidates(hcd, rule) -> Sequence[str]:
-    """dtypes worth asking about: the rule's, in the chip's order first."""
-    served = rule_dtypes(rule)
-    return [d for d in hcd.dtypes if d in served] + [d for d in served if d not in hcd.dtypes]
 
 
 __all__ = ["Match", "Rejection", "Reason", "candidates", "match", "match_fusion", "fusion_static", "requirements",

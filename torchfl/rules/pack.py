@@ -18,8 +18,6 @@ from torchfl.rules.format import Requires
 from torchfl.rules.guards import Guard
 from torchfl.rules.guards.types import Type, arg_type, list_of
 
-BUILTIN_NAMES = ("shape", "rank", "dtype", "layout", "compute_dtype", "compute_layout", "out", "chip")
-
 
 @dataclass(frozen=True)
 class CheckedGuard:
@@ -157,6 +155,45 @@ class Fusion:
 
 
 @dataclass(frozen=True)
+class DecompositionPart:
+    """One part: ``op`` applied to ``args``/``kwargs`` (Bindings over the op's args and the
+    earlier parts); skipped, its value being its first argument's, unless ``when`` holds."""
+
+    id: str
+    op: str
+    args: tuple[Binding, ...]
+    kwargs: tuple[Binding, ...]
+    when: Guard | None
+    line: int
+
+
+@dataclass(frozen=True)
+class Decomposition:
+    """An op served by a composition of other ops (``parts``, the last one its value)."""
+
+    pack: str
+    index: int
+    name: str
+    op: str
+    args: tuple[tuple[str, str], ...]
+    primary: str | None
+    requires: Requires
+    guards: tuple[CheckedGuard, ...]
+    parts: tuple[DecompositionPart, ...]
+    defaults: tuple[tuple[str, Any], ...]
+    note: str
+    line: int
+
+    @property
+    def id(self) -> str:
+        return f"{self.pack}:decompositions[{self.index}] {self.name}"
+
+    arg_names = Rule.arg_names
+    bind_args = Rule.bind_args
+    primary_value = Rule.primary_value
+
+
+@dataclass(frozen=True)
 class NoRuleEntry:
     op: str
     reason: str
@@ -172,6 +209,7 @@ class RulePack:
     no_rule: tuple[NoRuleEntry, ...]
     source_file: str
     _canonical: str = field(repr=False, default="{}")
+    decompositions: tuple[Decomposition, ...] = ()
 
     def canonical(self) -> dict:
         return json.loads(self._canonical)

@@ -233,23 +233,17 @@ def _tile_text(step) -> str:
 
 def _simulated(step, rec, prep, chip) -> float:
     """Per-tile roofline of the executed tile plan, scaled to the counted totals."""
-    from torchfl.kernels.tiling import Traffic
+    from torchfl.kernels.tiling import Traffic, round_trip_time, simulated_time
 
     bytes_ = rec.bytes_read + rec.bytes_written
     if step.kind in HOST_STEPS or prep is None or prep.tile_plan is None:
-        return bytes_ * 2 / chip.offchip_bw if step.kind in HOST_STEPS else 0.0
+        return round_trip_time(bytes_, chip) if step.kind in HOST_STEPS else 0.0
     tp = prep.tile_plan
+    if not tp.groups:
+        return simulated_time(Traffic(rec.bytes_read, rec.bytes_written, rec.flops), chip, step.dtype)
     planned_b, planned_f = tp.traffic.bytes, tp.traffic.flops
-    kb = bytes_ / planned_b if planned_b else 1.0
-    kf = rec.flops / planned_f if planned_f else 1.0
-    peak = chip.peak_for(step.dtype)
-    bw = chip.offchip_bw
-    total = 0.0
-    for c, t in tp.groups:
-        total += c * max(t.flops * kf / peak, t.bytes * kb / bw)
-    if not tp.groups and (bytes_ or rec.flops):
-        total = max(rec.flops / peak, bytes_ / bw)
-    return float(total)
+    return simulated_time(tp, chip, step.dtype, bytes_scale=bytes_ / planned_b if planned_b else 1.0,
+                          flops_scale=rec.flops / planned_f if planned_f else 1.0)
 
 
 def from_record(plan, record, executor, title: str = "") -> AnalyzedPlan:

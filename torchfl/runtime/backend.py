@@ -6,9 +6,12 @@ point, so ``backend="torchfl"`` needs no torchfl import in user code).
                            "registry": "sqlite:///path/registry.db"})
 
 Dynamo hands over one FX graph per frame (graph breaks give several); each becomes a
-:class:`CompiledGraph`. Inference graphs are planned with ``plan_graph``; when autograd
-is recording (an input requires grad), AOTAutograd splits the graph into forward and
-backward core-ATen graphs and both are planned and executed on the emulated chip.
+:class:`CompiledGraph`. When autograd is recording (an input requires grad), AOTAutograd
+splits the graph into forward and backward core-ATen graphs. Every graph is planned by
+the planner's one entry for them (``planner.plan_dynamo``: the graph surgery, lifting
+weights and re-tracing symbolic shapes, is the planner's) and executed on the emulated
+chip. This module is the torch.compile face only: options, the plans per input
+signature, the ``aot_autograd`` wiring and the outputs as the caller expects them.
 
 Planning happens at the first call of each input signature (shapes, dtypes,
 channels-last), from the real inputs: a new shape replans, also after Dynamo has made the
@@ -21,6 +24,8 @@ from __future__ import annotations
 
 import threading
 from dataclasses import dataclass
+
+from torchfl.planner.capture import is_static
 
 __all__ = ["torchfl_backend", "CompiledGraph", "Options", "recording"]
 
@@ -97,12 +102,6 @@ def _active():
 
 # ---------------------------------------------------------------- compiled graphs
 
-def _is_static(a) -> bool:
-    import torch
-
-    return isinstance(a, torch.nn.Parameter) or bool(getattr(a, "_dynamo_static_input_type", None))
-
-
 def _signature(args, scalars=()) -> tuple:
     """What a plan depends on: shapes, dtypes, channels-last, which tensors the parameters
     are (a plan holds its parameters: new parameter objects replan), and the values of the
@@ -114,7 +113,7 @@ def _signature(args, scalars=()) -> tuple:
         if isinstance(a, torch.Tensor):
             cl = a.dim() == 4 and not a.is_contiguous() and a.is_contiguous(memory_format=torch.channels_last)
             value = a.item() if i in scalars else None
-            sig.append((tuple(a.shape), a.dtype, cl, id(a) if _is_static(a) else None, value, a.device))
+            sig.append((tuple(a.shape), a.dtype, cl, id(a) if is_static(a) else None, value, a.device))
         elif isinstance(a, (int, float, bool)):
             sig.append((type(a).__name__, a))
         else:
@@ -123,90 +122,7 @@ def _signature(args, scalars=()) -> tuple:
 
 
 def _static_positions(args) -> tuple:
-    return tuple(i for i, a in enumerate(args) if _is_static(a))
-
-
-def _lift_static(gm, args):
-    """Dynamo passes parameters and buffers as graph inputs; give the planner a graph that
-    holds them as parameters/buffers (``get_attr``), so they are planned as weights (static
-    casts and layout transforms, no batch limits on an embedding table) and the plan keeps
-    them. Returns (graph module, positions of the remaining user inputs)."""
-    import copy
-
-    import torch
-
-    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
-    if len(placeholders) != len(args):
-        return gm, tuple(range(len(args)))
-    static = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor) and _is_static(a)]
-    if not static:
-        return gm, tuple(range(len(args)))
-    graph = copy.deepcopy(gm.graph)
-    new_ph = [n for n in graph.nodes if n.op == "placeholder"]
-    root = torch.nn.Module()
-    for name, mod in gm.named_children():
-        root.add_module(name, mod)
-    for attr in {n.target for n in graph.nodes if n.op == "get_attr"}:
-        obj = gm
-        for part in str(attr).split("."):
-            obj = getattr(obj, part)
-        _set_attr(root, str(attr), obj)
-    first = next(n for n in graph.nodes if n.op != "placeholder")
-    used = set()
-    taken = {n for n, _m in gm.named_children()} | {str(n.target).split(".")[0] for n in graph.nodes
-                                                   if n.op == "get_attr"}
-    for i in static:
-        node = new_ph[i]
-        target = _readable(node.name, i, used)
-        if target.split(".")[0] in taken:     # never write into the user's own submodules
-            target = f"torchfl_static_{i}"
-        a = args[i]
-        _set_attr(root, target, a)
-        with graph.inserting_before(first):
-            ga = graph.get_attr(target)
-        ga.meta = dict(node.meta)
-        node.replace_all_uses_with(ga)
-        graph.erase_node(node)
-    lifted = torch.fx.GraphModule(root, graph)
-    return lifted, tuple(i for i in range(len(args)) if i not in set(static))
-
-
-def _readable(placeholder: str, i: int, used: set) -> str:
-    """Dynamo's ``l_self_modules_layer1_modules_0_modules_conv1_parameters_weight_`` ->
-    ``layer1.0.conv1.weight`` (the state-dict key the user knows); unique."""
-    import re
-
-    name = re.sub(r"^l_(self|fn|args_\d+|kwargs)_", "", placeholder.lower()).strip("_")
-    name = re.sub(r"(^|_)(modules|parameters|buffers)_", ".", name).strip(".")
-    parts = [p for p in name.split(".") if p]
-    if not parts or any(not re.fullmatch(r"[a-z_][a-z0-9_]*|\d+", p) for p in parts):
-        parts = [f"static_{i}"]
-    if parts[0].isdigit():
-        parts = ["m"] + parts
-    dotted = ".".join(parts)
-    while dotted in used or any(u.startswith(dotted + ".") or dotted.startswith(u + ".") for u in used):
-        dotted = f"{dotted}_{i}"
-    used.add(dotted)
-    return dotted
-
-
-def _set_attr(root, dotted, value):
-    import torch
-
-    *path, last = dotted.split(".")
-    obj = root
-    for part in path:
-        if not hasattr(obj, part):
-            obj.add_module(part, torch.nn.Module())
-        obj = getattr(obj, part)
-    if isinstance(value, torch.nn.Module):
-        obj.add_module(last, value)
-    elif isinstance(value, torch.nn.Parameter):
-        obj.register_parameter(last, value)
-    elif isinstance(value, torch.Tensor):
-        obj.register_buffer(last, value)
-    else:
-        setattr(obj, last, value)
+    return tuple(i for i, a in enumerate(args) if is_static(a))
 
 
 class _Entry:
@@ -215,10 +131,6 @@ class _Entry:
     def __init__(self, plan=None, executor=None, error=None, user=None, aot=None):
         self.plan, self.executor, self.error, self.user = plan, executor, error, user
         self.aot = aot    # a graph that mutates its inputs: its AOTAutograd callable
-
-
-class _MutatesInputs(Exception):
-    """The inference graph writes to its inputs (see CompiledGraph._plan)."""
 
 
 class CompiledGraph:
@@ -241,29 +153,21 @@ class CompiledGraph:
 
     # -- planning --
     def _plan(self, args):
-        """(plan, positions of the user inputs among ``args``)."""
+        """(plan, positions of the user inputs among ``args``): the planner's one entry for
+        the graphs a backend receives (weights lifted, symbolic AOT graphs made concrete)."""
         from torchfl import planner
 
         o = self.options
         target = planner.resolve_target(o.chip, o.registry)
-        if self.kind == "inference":
-            gm, user = _lift_static(self.gm, args)
-            plan = planner.plan_graph(gm, [args[i] for i in user], chip=target, precision=o.precision,
-                                      strict=o.strict)
-            if len(plan.outputs) != _n_outputs(self.gm):
-                # torch.export returned the inputs the graph writes to (a train-mode batch-norm's
-                # running statistics and num_batches_tracked, under no_grad) as extra outputs
-                raise _MutatesInputs
-            return plan, user
-        gm = _concrete(self.gm, args)
-        plan = planner.plan_captured(_captured_aot(gm, self.kind, self.static_positions), (), target,
-                                     precision=o.precision, strict=o.strict)
-        return plan, tuple(range(len(args)))
+        return planner.plan_dynamo(self.gm, args, target, self.kind, self.static_positions,
+                                   precision=o.precision, strict=o.strict)
 
     def _entry(self, args) -> _Entry:
         sig = _signature(args, self.scalar_positions)
         entry = self.entries.get(sig)
         if entry is None:
+            from torchfl.planner.errors import MutatesInputs
+
             from .logs import announce_compiles
 
             announce_compiles()
@@ -272,7 +176,7 @@ class CompiledGraph:
                 static = _static_positions([args[i] for i in user])
                 ex = _executor(plan, args, self.options, static)
                 entry = _Entry(plan, ex, user=None if len(user) == len(args) else user)
-            except _MutatesInputs:
+            except MutatesInputs:
                 # as a training graph: AOTAutograd functionalises the writes, its forward graph
                 # returns the new values, and its runtime wrapper copies them into the inputs
                 try:
@@ -368,55 +272,6 @@ def _channels_last_outputs(gm) -> tuple:
     return tuple(positions)
 
 
-def _n_outputs(gm) -> int:
-    """How many values the graph returns (its output, flattened)."""
-    import torch
-
-    out = next(n for n in gm.graph.nodes if n.op == "output")
-    return len(torch.utils._pytree.tree_leaves(out.args[0]))
-
-
-def _concrete(gm, args):
-    """An AOT graph traced with symbolic shapes, re-traced on the concrete ``args``."""
-    import torch
-
-    symbolic = False
-    for n in gm.graph.nodes:
-        v = n.meta.get("val")
-        if isinstance(v, torch.Tensor) and any(not isinstance(s, int) for s in v.shape):
-            symbolic = True
-            break
-        if isinstance(v, torch.SymInt):
-            symbolic = True
-            break
-    if not symbolic:
-        return gm
-    from torch.fx.experimental.proxy_tensor import make_fx
-
-    with torch.no_grad():
-        return make_fx(gm, tracing_mode="real")(*args)
-
-
-def _captured_aot(gm, kind, static_positions=()):
-    """The planner's Captured for an AOTAutograd graph (all placeholders are inputs).
-
-    Parameters change at every optimiser step, so they stay inputs (never cached), but
-    they carry no batch dimension: the forward's weight primals (the Dynamo graph's static
-    inputs, same positions) and every backward input are exempt from the batch limit."""
-    from torchfl.planner.capture import Captured
-
-    placeholders = [(n.name, "input", i) for i, n in
-                    enumerate(n for n in gm.graph.nodes if n.op == "placeholder")]
-    if kind == "backward":
-        unbatched = [name for name, _k, _i in placeholders]
-    else:
-        unbatched = [placeholders[i][0] for i in static_positions if i < len(placeholders)]
-    out_node = next(n for n in gm.graph.nodes if n.op == "output")
-    flat = out_node.args[0] if isinstance(out_node.args[0], (list, tuple)) else [out_node.args[0]]
-    outputs = [getattr(a, "name", None) for a in flat]
-    return Captured(gm, placeholders, {}, outputs, training=True, extra={"graph": kind, "unbatched": unbatched})
-
-
 # ---------------------------------------------------------------- the backend
 
 def _deferred(exc):
@@ -479,7 +334,8 @@ def _aot_compile(gm, example_inputs, opts, decompositions=None):
 
 
 def training_decompositions(opts):
-    """The planner's training decompositions for the chip and rule packs in ``opts``."""
+    """AOTAutograd's decompositions for the chip and rule packs in ``opts``
+    (:func:`torchfl.planner.capture.training_decompositions`)."""
     from torchfl.planner import resolve_target
     from torchfl.planner.capture import training_decompositions as for_packs
 

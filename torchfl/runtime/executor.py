@@ -42,7 +42,7 @@ import time
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 
-from torchfl.planner.memory import is_alias
+from torchfl.planner.memory import is_alias, is_link_cast, on_host
 from torchfl.planner.plan import HOST_STEPS, identity_layout
 
 from .errors import FallbackNotAllowed, PlanMismatch
@@ -92,7 +92,8 @@ class _Prep:
     """One step, compiled once: resolved spec, input/output slots, bound kernel call."""
 
     __slots__ = ("step", "kind", "host", "spec", "names", "ins", "outs", "attrs", "tile_plan", "call",
-                 "static", "node", "base", "n_out", "relabel", "alias", "ops", "kernel", "label", "squeeze")
+                 "static", "node", "base", "n_out", "relabel", "alias", "ops", "kernel", "label", "squeeze",
+                 "link")
 
     def __init__(self, step):
         self.step = step
@@ -117,6 +118,7 @@ class _Prep:
         self.ops = tuple(step.ops)
         self.kernel = step.kernel
         self.label = step.kernel or step.kind
+        self.link = None          # a link cast: the dtype a host value is uploaded in, or downloaded to
 
 
 class _Program:
@@ -266,7 +268,10 @@ class Executor:
             if step.kernel == "slice" and "aten.select.int" in step.ops and step.outputs[:1] and \
                     step.outputs[0] in plan.values:
                 p.squeeze = tuple(plan.values[step.outputs[0]].shape)
-            if step.kind in _CHIP_STEPS:
+            if is_link_cast(step, plan.values):
+                p.host, p.link = True, step.attrs["to"]
+                bound = [(v, v) for v in step.inputs if v]
+            elif step.kind in _CHIP_STEPS:
                 try:
                     p.spec = get(step.kernel)
                 except KeyError as exc:
@@ -381,9 +386,23 @@ class Executor:
 
         import torch
 
-        if not isinstance(x, torch.Tensor):
-            return x
+        if not isinstance(x, torch.Tensor) or on_host(dtype):
+            return x        # a host dtype (float64, complex) stays a host tensor: see _link
         return DeviceTensor.from_torch(x, self.memory, layout=layout, dtype=dtype)
+
+    def _link(self, p, vals):
+        """A link cast: a host value uploaded in a chip dtype (``DeviceTensor.from_torch``
+        rounds it), or a chip value downloaded into the caller's host dtype (float64)."""
+        import torch
+
+        from torchfl.kernels.tensor import DeviceTensor
+
+        x = vals[p.ins[0]]
+        if not on_host(p.link):
+            return [DeviceTensor.from_torch(x, self.memory, layout=_kernel_layout(p.step.layout_out, x.dim()),
+                                            dtype=p.link)]
+        x = x.to_torch() if isinstance(x, DeviceTensor) else x
+        return [x.to(getattr(torch, p.link))]
 
     def _compile_helper(self, p):
         """Around a step's first call: if it starts a Numba compile, a helper process compiles
@@ -457,24 +476,25 @@ class Executor:
 
         from torchfl.kernels.tensor import DeviceTensor
 
+        if p.link is not None:
+            return self._link(p, vals)
         slots = self.slots
 
         def value_of(n):
+            # in the graph's own dtype, as eager runs the node: the host has float32 and
+            # float64 (an fft or linalg.inv refuses float16), and float32 saved statistics
+            # beside float16 activations must meet in one dtype
             v = vals[slots[p.base.get(n.name, n.name)]]
-            return v.to_torch() if isinstance(v, DeviceTensor) else v
+            v = v.to_torch() if isinstance(v, DeviceTensor) else v
+            want = getattr(n.meta.get("val"), "dtype", None)
+            if isinstance(v, torch.Tensor) and v.is_floating_point() and want is not None \
+                    and want.is_floating_point and want != v.dtype:
+                v = v.to(want)
+            return v
 
         node = p.node
         args = map_arg(node.args, value_of)
         kwargs = map_arg(node.kwargs, value_of)
-        floats = {a.dtype for a in torch.utils._pytree.tree_leaves((args, kwargs))
-                  if isinstance(a, torch.Tensor) and a.is_floating_point()}
-        if len(floats) > 1:
-            # float32 saved statistics beside float16 activations (planner/graph.py): torch's
-            # CPU ops want one dtype, so the host runs the node in the graph's own dtypes
-            def in_graph_dtype(n):
-                v, want = value_of(n), getattr(n.meta.get("val"), "dtype", None)
-                return v.to(want) if isinstance(v, torch.Tensor) and v.is_floating_point() and want else v
-            args, kwargs = map_arg(node.args, in_graph_dtype), map_arg(node.kwargs, in_graph_dtype)
         with torch.no_grad():
             result = node.target(*args, **kwargs)
         results = result if isinstance(result, (tuple, list)) else (result,)
@@ -484,7 +504,7 @@ class Executor:
                 out.append(None)
                 continue
             val = self.plan.values.get(name)
-            if isinstance(r, torch.Tensor):
+            if isinstance(r, torch.Tensor) and not (val and on_host(val.dtype)):
                 lay = _kernel_layout(val.layout, r.dim()) if val else None
                 out.append(DeviceTensor.from_torch(r, self.memory, layout=lay,
                                                    dtype=val.dtype if val else None))

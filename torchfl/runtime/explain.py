@@ -14,18 +14,6 @@ import json
 __all__ = ["explain", "explain_plans"]
 
 
-def _plan_text(plan, format: str) -> str:  # noqa: A002
-    try:
-        return plan.explain(format)
-    except ModuleNotFoundError as exc:  # the planner's explain renderer is not in this build
-        if format == "json":
-            return plan.to_json()
-        return (f"{plan.summary.headline(plan.chip)}\n(plan table unavailable: {exc}; "
-                "steps follow)\n" + "\n".join(
-                    f"  {s.index:>3} {s.kind:<8} {s.kernel or 'CPU':<20} {' + '.join(s.ops)}"
-                    for s in plan.steps))
-
-
 def _is_compiled(model) -> bool:
     import torch
 
@@ -47,7 +35,7 @@ def explain_plans(entries, *, analyze: bool, format: str = "text") -> str:  # no
         return "\n".join(plan.explain("dot") for _t, plan, _a in entries)
     parts = []
     for title, plan, an in entries:
-        block = [f"== {title} ==", _plan_text(plan, "text")] if len(entries) > 1 else [_plan_text(plan, "text")]
+        block = [f"== {title} ==", plan.explain("text")] if len(entries) > 1 else [plan.explain("text")]
         if an is not None:
             block += ["", an.render()]
         parts.append("\n".join(block))

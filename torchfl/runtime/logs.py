@@ -10,13 +10,12 @@ from __future__ import annotations
 import logging
 import os
 
+from torchfl.hcd.dtypes import unit_label
 from torchfl.planner.plan import identity_layout
 
 from .errors import aten_name
 
 LOG = logging.getLogger("torchfl")
-_SHORT = {"float32": "fp32", "float16": "fp16", "bfloat16": "bf16", "int8": "int8",
-          "int32": "int32", "int64": "int64", "bool": "bool"}
 
 
 def debug_enabled() -> bool:
@@ -37,10 +36,6 @@ def _ensure_handler() -> None:
         LOG.setLevel(logging.DEBUG)
 
 
-def short_dtype(dtype: str) -> str:
-    return _SHORT.get(dtype, dtype)
-
-
 def kernel_display(step, plan) -> str:
     """``conv2d`` stored NHWC displays as ``conv2d_nhwc``; identity layouts add nothing."""
     name = step.kernel or "?"
@@ -56,7 +51,7 @@ def kernel_display(step, plan) -> str:
 def mapping_line(step, plan) -> str:
     ops = " + ".join(aten_name(o) for o in step.ops) or step.kind
     layout = (step.layouts_in[0] if step.layouts_in else "") or step.layout_out
-    return f"[SME] Mapping {ops} -> {kernel_display(step, plan)} (layout={layout}, dtype={short_dtype(step.dtype)})"
+    return f"[SME] Mapping {ops} -> {kernel_display(step, plan)} (layout={layout}, dtype={unit_label(step.dtype)})"
 
 
 def fallback_line(fb) -> str:
@@ -75,7 +70,7 @@ def log_plan(plan) -> None:
             elif step.kind in ("cast", "layout"):
                 LOG.debug("[SME] %s %s -> %s (%s, dtype=%s)", "Cast" if step.kind == "cast" else "Layout",
                           ",".join(step.inputs), ",".join(step.outputs), step.kernel,
-                          short_dtype(step.dtype))
+                          unit_label(step.dtype))
         for fold in plan.folded:
             LOG.debug("[SME] Fold on host: %s (input-independent: computed once, kept on the chip)",
                       aten_name(fold.op))

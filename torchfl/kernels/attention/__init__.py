@@ -1,7 +1,8 @@
 """Attention: scaled-dot-product attention, flash-style (online softmax), pure-Python part.
 
-q[B,H,Lq,D], k[B,H,Lk,D], v[B,H,Lk,Dv], optional mask (bool keep-mask or additive float,
-broadcastable to [B,H,Lq,Lk]), ``causal`` (key j visible to query i iff j <= i, like
+q[B,H,Lq,D], k[B,Hkv,Lk,D], v[B,Hkv,Lk,Dv] (grouped-query attention when Hkv < H: query
+head h reads key/value head h // (H / Hkv) in place, as torch's enable_gqa), optional mask
+(bool keep-mask or additive float, broadcastable to [B,H,Lq,Lk]), ``causal`` (key j visible to query i iff j <= i, like
 torch's is_causal), ``scale`` (default 1/sqrt(D)).
 
 Tiling (``plan_attention``), per head: Q tiles of Br rows, K/V tiles of Bc rows; for each
@@ -14,17 +15,16 @@ output accumulator stay on chip; O is stored once per Q tile. Bytes per head:
 ``kv_resident``: K and V of a head fit beside the stream and are loaded once per head.
 ``resident``: everything fits at once. Candidates that fit the cache are scored by
 bytes, then tile count; a bigger cache only adds candidates, so bytes never grow.
+Grouped-query attention is priced (and counted) as if each query head loaded its group's
+K/V, as after repeat_kv: sharing one K/V load across a group is not modelled.
 """
 from __future__ import annotations
 
-import math
-
+from ..dtypes import FLOATS, ITEMSIZE as ES
 from ..errors import KernelError
 from ..spec import KernelSpec, TensorMeta
 from ..tiling import TileConfig, Traffic, make_plan
 
-FLOATS = ("float32", "float16", "bfloat16")
-ES = {"float32": 4, "float16": 2, "bfloat16": 2, "bool": 1}
 SOFTMAX_OPS = 5   # scale/mask, max, exp, sum, rescale per score
 
 
@@ -33,10 +33,18 @@ def dims(p):
     if len(q) != 4 or len(k) != 4 or len(v) != 4:
         raise KernelError(f"attention: q, k, v must be [B, H, L, D]; got {list(q)}, {list(k)}, {list(v)}")
     B, H, Lq, D = q
-    if k[:2] != (B, H) or v[:2] != (B, H) or k[3] != D or v[2] != k[2]:
+    if k[0] != B or v[:2] != k[:2] or k[3] != D or v[2] != k[2]:
         raise KernelError(f"attention: shapes do not agree: q{list(q)} k{list(k)} v{list(v)} "
-                          "(need k [B,H,Lk,D] and v [B,H,Lk,Dv])")
+                          "(need k [B,Hkv,Lk,D] and v [B,Hkv,Lk,Dv])")
+    if k[1] == 0 or H % k[1]:
+        raise KernelError(f"attention: {H} query heads cannot be grouped over {k[1]} key/value heads "
+                          "(grouped-query attention needs the query heads a multiple of the key/value heads)")
     return B, H, Lq, k[2], D, v[3]
+
+
+def kv_heads(p) -> int:
+    """Key/value heads (H for plain attention, fewer for grouped-query attention)."""
+    return p.shapes["k"][1]
 
 
 def _check(p):

@@ -16,7 +16,7 @@ from .. import dtypes as dt
 from ..codecs import decode, encode16
 from ..mathfn import exp32
 from ..ukernel import MR, NR, ukernel_6x16
-from . import ES, SOFTMAX_OPS, dims
+from . import ES, SOFTMAX_OPS, dims, kv_heads
 
 MQ = 48     # queries per CPU sub-block (multiple of MR)
 NK = 128    # keys per CPU sub-block (multiple of NR)
@@ -24,6 +24,7 @@ NK = 128    # keys per CPU sub-block (multiple of NR)
 
 @njit(cache=True)
 def _prepack(K, kst, V, vst, code, H, heads, Lk, D, Dv, npk, npv, Lkp, kp, vp):
+    """K and V of each of the ``heads`` key/value heads (H per batch) into panels."""
     for bh in range(heads):
         b, h = bh // H, bh % H
         kb = b * kst[0] + h * kst[1]
@@ -43,10 +44,17 @@ def _prepack(K, kst, V, vst, code, H, heads, Lk, D, Dv, npk, npv, Lkp, kp, vp):
                                                          if (j < Lk and e < Dv) else 0.0)
 
 
-@njit(cache=True, fastmath=True)
-def _attend_task(t, nq, Q, qst, kp, vp, O, ost, M, mst, mkind, code, H, Lq, Lk, D, Dv, npk, npv, Lkp,
+# reassociation (vectorised max/sum) and FMA contraction only: with fastmath=True's no-inf
+# flag LLVM dropped the `== -inf` tests, and a row with no visible key became NaN; without
+# no-NaN a NaN score (NaN in q, k or the mask) reaches the output row as in torch
+_FM = {"reassoc", "contract"}
+
+
+@njit(cache=True, fastmath=_FM)
+def _attend_task(t, nq, Q, qst, kp, vp, O, ost, M, mst, mkind, code, H, G, Lq, Lk, D, Dv, npk, npv, Lkp,
                  Br, Bc, kv_once, causal, scale, es, esm, cnt):
-    """One Q tile of one head: its loads counted, its output tile computed and stored."""
+    """One Q tile of one head: its loads counted, its output tile computed and stored.
+    Query head h reads the panels of key/value head h // G (G = 1 without grouping)."""
     Dvp = npv * NR
     bh, qi = t // nq, t % nq
     b, h = bh // H, bh % H
@@ -74,8 +82,9 @@ def _attend_task(t, nq, Q, qst, kp, vp, O, ost, M, mst, mkind, code, H, Lq, Lk, 
     mrow = np.empty(MQ, np.float32)
     lrow = np.empty(MQ, np.float32)
     qb = b * qst[0] + h * qst[1]
-    kpo = bh * npk * D * NR
-    vpo = bh * npv * Lkp * NR
+    kvh = b * (H // G) + h // G
+    kpo = kvh * npk * D * NR
+    vpo = kvh * npv * Lkp * NR
     mb = b * mst[0] + h * mst[1]
     for qs in range(i0, i0 + tq, MQ):
         mq = min(MQ, i0 + tq - qs)
@@ -123,8 +132,9 @@ def _attend_task(t, nq, Q, qst, kp, vp, O, ost, M, mst, mkind, code, H, Lq, Lk, 
                 for r in range(mq):
                     so = r * NK
                     mx = mrow[r]
-                    for c in range(nk):          # vectorised max
-                        mx = max(mx, S[so + c])
+                    for c in range(nk):          # a NaN wins and stays, as torch's max
+                        v = S[so + c]
+                        mx = v if (v > mx or v != v) else mx
                     alpha = np.float32(0.0) if mrow[r] == -np.inf else exp32(mrow[r] - mx)
                     ssum = np.float32(0.0)
                     if mx == -np.inf:
@@ -157,7 +167,10 @@ def _attend_task(t, nq, Q, qst, kp, vp, O, ost, M, mst, mkind, code, H, Lq, Lk, 
                                      ip * MR * Dvp + jp * NR, Dvp)
         ob = b * ost[0] + h * ost[1]
         for r in range(mq):
-            inv = np.float32(1.0) / lrow[r] if lrow[r] > 0 else np.float32(np.nan)
+            # no visible key (every score -inf: no weight at all): 0, as torch's CPU attention;
+            # NaN scores leave lrow NaN and the row NaN, as torch
+            lr = lrow[r]
+            inv = np.float32(1.0) / lr if lr > 0 else (np.float32(0.0) if lr == 0 else np.float32(np.nan))
             off = ob + (qs + r) * ost[2]
             for e in range(Dv):
                 v = acc[r * Dvp + e] * inv
@@ -168,7 +181,7 @@ def _attend_task(t, nq, Q, qst, kp, vp, O, ost, M, mst, mkind, code, H, Lq, Lk, 
 
 
 @njit(cache=True, parallel=True)
-def _attend(Q, qst, kp, vp, O, ost, M, mst, mkind, code, H, heads, Lq, Lk, D, Dv, npk, npv, Lkp,
+def _attend(Q, qst, kp, vp, O, ost, M, mst, mkind, code, H, G, heads, Lq, Lk, D, Dv, npk, npv, Lkp,
             Br, Bc, kv_once, causal, scale, es, esm, cnt):
     """Every (head, Q tile) task in parallel. The task is a separate function: Numba's
     parallel passes grow with the prange body. (The index is cast: the parallel lowering
@@ -178,7 +191,7 @@ def _attend(Q, qst, kp, vp, O, ost, M, mst, mkind, code, H, heads, Lq, Lk, D, Dv
     1.64 ms, fp32 8x1024x64 19.5 vs 19.3 ms): under 0.5 % of a BERT layer."""
     nq = (Lq + Br - 1) // Br
     for t in prange(heads * nq):
-        _attend_task(np.int64(t), nq, Q, qst, kp, vp, O, ost, M, mst, mkind, code, H, Lq, Lk, D, Dv, npk, npv, Lkp,
+        _attend_task(np.int64(t), nq, Q, qst, kp, vp, O, ost, M, mst, mkind, code, H, G, Lq, Lk, D, Dv, npk, npv, Lkp,
                      Br, Bc, kv_once, causal, scale, es, esm, cnt)
 
 
@@ -224,8 +237,8 @@ def run_attention(ctx):
     cfg = plan.config
     Br, Bc, kv_once = cfg.tile("q"), cfg.tile("k"), bool(cfg.tile("kv_once"))
     es = ES[p.dtype]
-    if Lk == 0:   # softmax over no keys: torch gives NaN
-        out.logical()[...] = dt.encode(np.full(out.shape, np.nan, np.float32), out.dtype)
+    if Lk == 0:   # no keys: torch 2.13's CPU attention gives zeros (as for a fully masked row)
+        out.logical()[...] = dt.encode(np.zeros(out.shape, np.float32), out.dtype)
         nq = -(-Lq // Br)
         ctx.read(heads * Lq * D * es)
         ctx.write(out.nbytes)
@@ -233,15 +246,17 @@ def run_attention(ctx):
     npk = -(-Lk // NR)
     npv = -(-Dv // NR)
     Lkp = npk * NR
-    kp = np.empty(heads * npk * D * NR, np.float32)
-    vp = np.empty(heads * npv * Lkp * NR, np.float32)
-    _prepack(Kf, kst, Vf, vst, code, H, heads, Lk, D, Dv, npk, npv, Lkp, kp, vp)
+    Hkv = kv_heads(p)
+    G = H // Hkv
+    kp = np.empty(B * Hkv * npk * D * NR, np.float32)
+    vp = np.empty(B * Hkv * npv * Lkp * NR, np.float32)
+    _prepack(Kf, kst, Vf, vst, code, Hkv, B * Hkv, Lk, D, Dv, npk, npv, Lkp, kp, vp)
     nq = -(-Lq // Br)
     cnt = np.zeros((heads * nq, 3), np.int64)
     from ..threads import threads_for
 
     with threads_for(heads * Lq * Lk * (2 * D + 2 * Dv)):
-        _attend(Qf, qst, kp, vp, Of, ost, Mf, mst, mkind, code, H, heads, Lq, Lk, D, Dv, npk, npv, Lkp,
+        _attend(Qf, qst, kp, vp, Of, ost, Mf, mst, mkind, code, H, G, heads, Lq, Lk, D, Dv, npk, npv, Lkp,
                 Br, Bc, kv_once, bool(p.attrs["causal"]), scale, es, esm, cnt)
     tot = cnt.sum(axis=0)
     ctx.read(int(tot[0]))

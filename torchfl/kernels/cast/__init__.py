@@ -9,12 +9,12 @@ Tiling: a stream of elements (``stream_plan``), reads = in bytes, writes = out b
 """
 from __future__ import annotations
 
+from ..dtypes import DTYPES, ITEMSIZE as ES
 from ..errors import KernelError
 from ..spec import KernelSpec, TensorMeta
 from ..tiling import stream_plan
 
-ALL = ("float32", "float16", "bfloat16", "int8", "int32", "int64", "bool")
-ES = {"float32": 4, "float16": 2, "bfloat16": 2, "bool": 1, "int8": 1, "int32": 4, "int64": 8}
+ALL = tuple(DTYPES)
 
 
 def _n(s):

@@ -24,6 +24,7 @@ from collections import Counter
 from functools import lru_cache
 
 from .. import dtypes as _dt
+from ..dtypes import FLOATS
 from ..errors import KernelError
 from ..spec import KernelSpec, TensorMeta
 from ..tiling import TileConfig, Traffic, make_plan
@@ -32,7 +33,6 @@ from .geometry import clipped, pair, conv_out_size, pow2_candidates, tile_starts
 __all__ = ["KERNELS", "conv_geometry", "conv_tiling", "conv_bwd_input_tiling",
            "conv_bwd_weight_tiling"]
 
-FLOATS = ("float32", "float16", "bfloat16")
 CONV_DTYPES = FLOATS + ("int8",)
 
 _COMMON_ATTRS = {"stride": (1, 1), "padding": (0, 0), "dilation": (1, 1), "groups": 1}

@@ -91,10 +91,6 @@ def layout_strides(shape: tuple[int, ...], layout: str, logical: str = "NCHW") -
     return tuple(stride[d] for d in logical)
 
 
-def ceil_div(a: int, b: int) -> int:
-    return -(-a // b)
-
-
 def pow2_candidates(n: int) -> list[int]:
     """Tile sizes tried along an axis of length ``n``: powers of two below it, and ``n``."""
     out, p = [], 1

@@ -13,13 +13,12 @@ integer arithmetic. Comparisons and logical ops (``BOOL_OUT``) store a bool resu
 """
 from __future__ import annotations
 
+from ..dtypes import DTYPES, FLOATS, ITEMSIZE as ES
 from ..errors import KernelError
 from ..spec import KernelSpec, TensorMeta
 from ..tiling import stream_plan
 
-FLOATS = ("float32", "float16", "bfloat16")
 INTS = ("int32", "int64", "bool")   # int8 is the quantised type: its elementwise ops are the q-kernels
-ES = {"float32": 4, "float16": 2, "bfloat16": 2, "bool": 1, "int8": 1, "int32": 4, "int64": 8}
 
 # name: (op code, inputs, attrs, cost, fuses, doc)
 OPS = {
@@ -133,8 +132,8 @@ def _check(p):
                 raise KernelError(f"{p.kernel}: {a}={v} is not an integer, but the input is {p.dtype} (torch "
                                   "would promote to a float): cast the input to a float first")
     to = p.attrs.get("to")
-    if to is not None and to not in ES:
-        raise KernelError(f"fill: to={to!r} is not a storage dtype; use one of {', '.join(ES)}")
+    if to is not None and to not in DTYPES:
+        raise KernelError(f"fill: to={to!r} is not a storage dtype; use one of {', '.join(DTYPES)}")
     if p.attrs.get("approximate", "none") not in ("none", "tanh"):
         raise KernelError(f"{p.kernel}: approximate must be 'none' or 'tanh', got {p.attrs['approximate']!r}")
     lay = p.attrs.get("out_layout")

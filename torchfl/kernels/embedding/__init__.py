@@ -18,13 +18,13 @@ from __future__ import annotations
 
 from .. import dtypes as _dt
 from ..conv.geometry import pow2_candidates
+from ..dtypes import FLOATS
 from ..errors import KernelError
 from ..spec import KernelSpec, TensorMeta
 from ..tiling import TileConfig, Traffic, make_plan
 
 __all__ = ["KERNELS", "embedding_tiling"]
 
-FLOATS = ("float32", "float16", "bfloat16")
 ACC = 4
 
 

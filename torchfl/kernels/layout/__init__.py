@@ -9,12 +9,12 @@ writes = output bytes. ``reshape`` of a row-major tensor moves nothing (``metada
 """
 from __future__ import annotations
 
+from ..dtypes import DTYPES, ITEMSIZE as ES
 from ..errors import KernelError
 from ..spec import KernelSpec, TensorMeta
 from ..tiling import TileConfig, make_plan, stream_plan
 
-ALL = ("float32", "float16", "bfloat16", "int8", "int32", "int64", "bool")
-ES = {"float32": 4, "float16": 2, "bfloat16": 2, "bool": 1, "int8": 1, "int32": 4, "int64": 8}
+ALL = tuple(DTYPES)
 MAXCAT = 8
 CAT_IN = ("x0", "x1") + tuple(f"x{i}?" for i in range(2, MAXCAT))
 

@@ -16,13 +16,12 @@ cache can only add candidates, so it never increases the bytes.
 """
 from __future__ import annotations
 
-import math
 
+from ..dtypes import FLOATS, ITEMSIZE as ES
 from ..errors import KernelError
 from ..spec import KernelSpec, TensorMeta
 from ..tiling import TileConfig, Traffic, make_plan
 
-FLOATS = ("float32", "float16", "bfloat16")
 DTYPES = FLOATS + ("int8",)
 QUANT = {"a_scale": 1.0, "a_zero": 0, "b_scale": 1.0, "b_zero": 0, "out_scale": 0.0, "out_zero": 0}
 # qlinear (quantised graphs: dequantize -> linear [-> relu] [-> quantize]): per-tensor scales and
@@ -31,8 +30,6 @@ QUANT = {"a_scale": 1.0, "a_zero": 0, "b_scale": 1.0, "b_zero": 0, "out_scale": 
 QLINEAR = {"x_scale": 1.0, "x_zero_point": 0, "w_scale": 1.0, "w_zero_point": 0, "out_scale": None,
            "out_zero_point": 0, "out_min": -128, "out_max": 127, "relu": False, "out_dtype": "float32"}
 QVECS = ("bias", "w_scales", "w_zero_points")   # qlinear's per-output-channel epilogue vectors
-ES = {"float32": 4, "float16": 2, "bfloat16": 2, "int8": 1}
-ES_ALL = {**ES, "int32": 4, "int64": 8}
 
 
 def _prod(xs):
@@ -91,7 +88,7 @@ class Gemm:
                 if tuple(s[k]) != (self.N,):
                     raise KernelError(f"qlinear: {k} must have shape [{self.N}], got {list(s[k])}")
             self.has_bias = bool(vecs)
-            self.esbias = sum(ES_ALL[p.dtype_of(k)] for k in vecs)
+            self.esbias = sum(ES[p.dtype_of(k)] for k in vecs)
         self.acc = 4   # fp32 / int32 accumulator on chip
 
 

@@ -97,9 +97,10 @@ def run_gemm(ctx):
             xs = dt.decode(np.ascontiguousarray(a.logical()), a.dtype).reshape(M, K).astype(np.float32)
             if code == dt.CODE["bfloat16_emulated"]:
                 xs = xs.astype(np.float16).astype(np.float32)
-            mean = xs.mean(axis=1, dtype=np.float64)
-            var = np.square(xs - mean[:, None]).mean(axis=1)
-            rstd = (1.0 / np.sqrt(var + p.attrs["eps"])).astype(np.float32)
+            with np.errstate(invalid="ignore", over="ignore"):   # NaN/inf rows: NaN, as torch
+                mean = xs.mean(axis=1, dtype=np.float64)
+                var = np.square(xs - mean[:, None]).mean(axis=1)
+                rstd = (1.0 / np.sqrt(var + p.attrs["eps"])).astype(np.float32)
             gw = ins.get("ln_weight")
             gb = ins.get("ln_bias")
             dec = lambda t: None if t is None else np.ascontiguousarray(dt.decode(_flat(t), t.dtype), np.float32)
@@ -129,7 +130,7 @@ def _packed_b(b, B, b_base, b_ks, b_ns, M, N, K, TN, code):
 def _run_qlinear(ctx, g, A, a_rows, aks, B, b_base, b_ks, b_ns, C, c_rows, TM, TN, TK, b_res):
     """qlinear on the int8 GEMM engine: per-column scales x_scale * w_scale[n] and weight zero
     points (the per-tensor attributes when no vector is given), bias decoded to float32."""
-    p, at, ins, N = ctx.problem, ctx.problem.attrs, ctx.inputs, g.N
+    at, ins, N = ctx.problem.attrs, ctx.inputs, g.N
 
     def vec(name, default, np_type):
         t = ins.get(name)

@@ -18,13 +18,13 @@ from __future__ import annotations
 from functools import lru_cache
 
 from .. import dtypes as _dt
+from ..dtypes import FLOATS
 from ..errors import KernelError
 from ..spec import KernelSpec, TensorMeta
 from ..tiling import TileConfig, Traffic, make_plan
 
 __all__ = ["KERNELS", "norm_tiling", "segments"]
 
-FLOATS = ("float32", "float16", "bfloat16")
 STAT = 4   # saved statistics (mean, invstd) are float32, as torch keeps them
 
 # per-element ops per pass and per-segment ops (definitions the kernels count by)

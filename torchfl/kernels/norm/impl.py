@@ -313,13 +313,6 @@ def _bounds(tiles):
     return np.array([a for a, _ in tiles] + [tiles[-1][1]], np.int64)
 
 
-def _write_vec(ctx, t, vals):
-    from .. import dtypes as _dt
-
-    t.logical()[...] = _dt.encode(np.asarray(vals, np.float32).reshape(t.shape), t.dtype)
-    ctx.write(t.numel * _dt.itemsize(t.dtype))
-
-
 def _elements(p) -> int:
     from . import segments
 

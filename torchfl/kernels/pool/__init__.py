@@ -16,13 +16,13 @@ from functools import lru_cache
 from .. import dtypes as _dt
 from ..conv.geometry import (adaptive_span, clipped, pair, pool_out_size, pow2_candidates, tile_starts,
                              window_span)
+from ..dtypes import FLOATS
 from ..errors import KernelError
 from ..spec import KernelSpec, TensorMeta
 from ..tiling import TileConfig, Traffic, make_plan
 
 __all__ = ["KERNELS", "pool_geometry", "pool_tiling", "Axis"]
 
-FLOATS = ("float32", "float16", "bfloat16")
 IDX_BYTES = 8   # int64 indices, as torch returns them
 
 

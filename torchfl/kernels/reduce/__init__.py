@@ -10,13 +10,13 @@ output for ``mean``.
 from __future__ import annotations
 
 from .. import dtypes as _dt
+from ..dtypes import FLOATS
 from ..errors import KernelError
 from ..spec import KernelSpec, TensorMeta
 from ..tiling import TileConfig, Traffic, make_plan
 
 __all__ = ["KERNELS", "reduce_dims", "reduce_tiling"]
 
-FLOATS = ("float32", "float16", "bfloat16")
 ACC = 8   # float64 accumulator per output
 
 

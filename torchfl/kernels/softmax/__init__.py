@@ -7,12 +7,11 @@ chunks twice (pass 1 running max and sum, pass 2 normalise and store), so reads 
 """
 from __future__ import annotations
 
+from ..dtypes import FLOATS, ITEMSIZE as ES
 from ..errors import KernelError
 from ..spec import KernelSpec, TensorMeta
 from ..tiling import TileConfig, Traffic, make_plan, stream_plan
 
-FLOATS = ("float32", "float16", "bfloat16")
-ES = {"float32": 4, "float16": 2, "bfloat16": 2}
 COST = {"softmax": 5, "log_softmax": 5, "softmax_backward": 4, "log_softmax_backward": 4}
 
 

@@ -15,14 +15,18 @@ from ..threads import ELEMENT_WORK, threads_for
 from . import COST, ES, _dim, ins
 
 KIND = {"softmax": 0, "log_softmax": 1, "softmax_backward": 2, "log_softmax_backward": 3}
+# fast math without nnan/ninf: a row holding NaN or +inf must come out NaN as in torch, and
+# LLVM folds the NaN tests away under nnan
+_FM = {"reassoc", "contract", "nsz", "arcp"}
 
 
-@njit(cache=True, fastmath=True, inline="always")
+@njit(cache=True, fastmath=_FM, inline="always")
 def row_fwd(x, out, o, L, kind):
     """Softmax (kind 0) or log-softmax (1) of the row ``x[o:o + L]`` into ``out``."""
     mx = np.float32(-np.inf)
     for j in range(L):
-        mx = max(mx, x[o + j])
+        v = x[o + j]
+        mx = v if (v > mx or v != v) else mx     # a NaN wins and stays, as torch's max
     if mx == -np.inf:
         mx = np.float32(0.0)
     s = np.float32(0.0)
@@ -42,19 +46,19 @@ def row_fwd(x, out, o, L, kind):
             out[o + j] = x[o + j] - lse
 
 
-@njit(cache=True, parallel=True, fastmath=True)
+@njit(cache=True, parallel=True, fastmath=_FM)
 def rows_fwd(x, out, m, L, kind):
     for r in prange(m):
         row_fwd(x, out, r * L, L, kind)
 
 
-@njit(cache=True, fastmath=True)
+@njit(cache=True, fastmath=_FM)
 def rows_fwd_serial(x, out, m, L, kind):
     for r in range(m):
         row_fwd(x, out, r * L, L, kind)
 
 
-@njit(cache=True, parallel=True, fastmath=True)
+@njit(cache=True, parallel=True, fastmath=_FM)
 def tiles_fwd(x, out, rows, L, T, kind, es, cost, cnt):
     """All streamed tiles of a contiguous fp32 softmax in one parallel call: the tiles are
     the parallel units (one wake-up of the worker threads, not one per tile); each tile
@@ -70,7 +74,7 @@ def tiles_fwd(x, out, rows, L, T, kind, es, cost, cnt):
         cnt[t, 2] = m * L * cost
 
 
-@njit(cache=True, parallel=True, fastmath=True)
+@njit(cache=True, parallel=True, fastmath=_FM)
 def rows_bwd(g, y, out, m, L, kind):
     for r in prange(m):
         o = r * L
@@ -111,7 +115,6 @@ def run_softmax(ctx):
         return [out]
     names = ins(p)
     d = _dim(p)
-    t0 = ctx.inputs[names[0]]
     shape = out.shape or (1,)
     L = shape[d]
     rows = out.numel // L
@@ -172,9 +175,14 @@ def run_softmax(ctx):
 
 
 def _row_split(ctx, accs, oacc, out, rows, L, code, es, kind, cost):
-    """Two passes per row over chunks of C: statistics, then normalise and store."""
+    """Two passes per row over chunks of C: statistics, then normalise and store. NaN and
+    inf rows compute NaN/inf as torch does: numpy's warnings about them are not errors."""
+    with np.errstate(invalid="ignore", divide="ignore", over="ignore"):
+        return _row_split_passes(ctx, accs, oacc, out, rows, L, code, es, kind, cost)
+
+
+def _row_split_passes(ctx, accs, oacc, out, rows, L, code, es, kind, cost):
     C = ctx.plan.config.tile("chunk")
-    nin = len(accs)
 
     def chunk(a, s, e):
         raw = a.load(s, e)

@@ -9,7 +9,7 @@ Grammar (``grammar.lark``), by precedence, lowest first::
     x.field   x[i]   x[i:j]   f(args)   all(e for v in list)   any(e for v in list)
     [e for v in list]   literals: 1  2.5  'str'  "str"  [1, 2]  true false none (also True False None)
 
-Functions: ``len``, ``min``, ``max``, ``abs``, ``all``, ``any``, ``range`` (at most 4096 values),
+Functions: ``len``, ``min``, ``max``, ``abs``, ``sqrt``, ``all``, ``any``, ``range`` (at most 4096 values),
 ``is_tensor`` (an argument that may be a tensor or a Python number, as ATen allows). Names are a rule's call
 arguments (declared in its ``args:``), ``shape``/``dtype``/``layout``/``rank`` (of the
 primary input, with ``dtype``/``layout`` the candidate's), ``out`` (the result), and

@@ -17,7 +17,7 @@ from torchfl.rules.guards import syntax as S
 from torchfl.rules.guards.types import (ANY, BOOL, FLOAT, INT, NONE, STR, Type, compatible, list_of, numeric,
                                         strip, unify)
 
-FUNCTIONS = ("len", "min", "max", "abs", "all", "any", "range", "is_tensor")
+FUNCTIONS = ("len", "min", "max", "abs", "sqrt", "all", "any", "range", "is_tensor")
 
 
 class GuardTypeError(S.GuardSyntaxError):
@@ -298,6 +298,10 @@ class _Checker:
             if len(args) != 1 or not numeric(args[0]):
                 raise GuardTypeError("abs takes one number", n.start)
             return args[0]
+        if n.func == "sqrt":
+            if len(args) != 1 or not numeric(args[0]):
+                raise GuardTypeError("sqrt takes one number", n.start)
+            return FLOAT
         if n.func in ("min", "max"):
             if not args:
                 raise GuardTypeError(f"{n.func} needs arguments", n.start)

@@ -10,38 +10,44 @@ must be limited to a device type says so in ``requires.device_types``.
 
 from __future__ import annotations
 
-from torchfl.rules.guards.types import BOOL, FLOAT, INT, STR, list_of, optional, record
+import types
+import typing
 
-_FLOAT_UNIT = dict(count=INT, peak_tflops=FLOAT, supported_layouts=optional(list_of(STR)))
+from pydantic import BaseModel
 
-CHIP = record(
-    "chip",
-    compute_units=record(
-        "chip.compute_units",
-        fp16=optional(record("chip.compute_units.fp16", **_FLOAT_UNIT)),
-        bf16=optional(record("chip.compute_units.bf16", **_FLOAT_UNIT)),
-        fp32=optional(record("chip.compute_units.fp32", **_FLOAT_UNIT)),
-        int8=optional(record("chip.compute_units.int8", count=INT, peak_tops=FLOAT,
-                             supported_layouts=optional(list_of(STR)))),
-        attention=optional(record("chip.compute_units.attention", enabled=BOOL,
-                                  max_sequence_length=optional(INT), supported_heads=optional(list_of(INT)))),
-    ),
-    memory=record(
-        "chip.memory",
-        on_chip_cache=record("chip.memory.on_chip_cache", size_kb=INT, bandwidth_gb_per_s=FLOAT),
-        off_chip_memory=record("chip.memory.off_chip_memory", bandwidth_gb_per_s=FLOAT, size_gb=optional(FLOAT)),
-    ),
-    tensor=record("chip.tensor", max_rank=INT, supported_dtypes=list_of(STR), default_layout=STR),
-    constraints=record(
-        "chip.constraints",
-        max_batch_size=INT,
-        max_sequence_length=INT,
-        memory_alignment_bytes=INT,
-        bfloat16_emulation=BOOL,
-    ),
-    dtypes=list_of(STR),
-    layouts=list_of(STR),
-)
+from torchfl.hcd import HCD
+from torchfl.rules.guards.types import BOOL, FLOAT, INT, STR, Type, list_of, optional, record
+
+def _guard_type(annotation, path: str) -> Type:
+    """The guard type of one HCD model field: nested models become records named by their
+    path, ``Optional`` optional, ``list[...]`` lists, constrained scalars their base type."""
+    origin, args = typing.get_origin(annotation), typing.get_args(annotation)
+    if origin is typing.Annotated:
+        return _guard_type(args[0], path)
+    if origin in (typing.Union, types.UnionType):
+        inner = [a for a in args if a is not type(None)]
+        if len(inner) != 1:
+            raise TypeError(f"{path}: the guard view has no type for the union {annotation!r}")
+        return optional(_guard_type(inner[0], path))
+    if origin is list:
+        return list_of(_guard_type(args[0], path))
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return _record(annotation, path)
+    if annotation in _SCALARS:
+        return _SCALARS[annotation]
+    raise TypeError(f"{path}: the guard view has no type for the HCD field type {annotation!r}")
+
+
+def _record(model, path: str, skip=()) -> Type:
+    return record(path, **{name: _guard_type(f.annotation, f"{path}.{name}")
+                           for name, f in model.model_fields.items() if name not in skip})
+
+
+_SCALARS = {bool: BOOL, int: INT, float: FLOAT, str: STR}
+
+#: ``chip.*``: every HCD section but ``chip:`` (identity), derived from the model, plus the
+#: derived lists ``dtypes`` and ``layouts``
+CHIP = record("chip", **dict(_record(HCD, "chip", skip=("chip",)).fields), dtypes=list_of(STR), layouts=list_of(STR))
 
 
 def chip_view(hcd) -> dict:

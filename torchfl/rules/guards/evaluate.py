@@ -9,6 +9,8 @@ budget, and integers are bounded, so a guard's cost is bounded whatever the call
 
 from __future__ import annotations
 
+import math
+
 from typing import Any, Mapping
 
 from torchfl.rules.guards import syntax as S
@@ -286,6 +288,11 @@ class Evaluator:
         if f == "abs":
             self._need_number(args[0], n.args[0])
             return abs(args[0])
+        if f == "sqrt":   # attention's default scale 1/sqrt(head_dim), in decompositions
+            self._need_number(args[0], n.args[0])
+            if args[0] < 0:
+                self.fail(f"sqrt of a negative number {show(args[0])}", n)
+            return math.sqrt(args[0])
         if f in ("min", "max"):
             items = args[0] if len(args) == 1 else args
             if not isinstance(items, (list, tuple)) or not items:

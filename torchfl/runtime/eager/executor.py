@@ -89,6 +89,10 @@ class EagerExecutor(Executor):
     def _upload(self, x, layout, dtype):
         if not isinstance(x, torch.Tensor):
             return x
+        if dtype and not _dt.stored(dtype):
+            # a dtype the chip cannot compute in (float64, complex): bytes on the device, a
+            # host value for the plan (its host fallbacks, or the precision policy's link cast)
+            return x.cpu()
         if x.device.type == "npu":
             want = dtype or _dt.from_torch_dtype(x.dtype)
             if want == _dt.from_torch_dtype(x.dtype):
@@ -112,7 +116,10 @@ class EagerExecutor(Executor):
 
     def run(self, args, record=None):
         try:
-            return super().run(args, record)
+            out = super().run(args, record)
+            # host values (a complex fallback's result) come back as npu tensors, like the rest
+            return tuple(o.to(f"npu:{self.index}") if isinstance(o, torch.Tensor) and o.device.type != "npu"
+                         else o for o in out)
         finally:
             kept = {id(v.buffer) for env in (self._base or (), (self._lifted_vals or {}).values())
                     for v in env if isinstance(v, DeviceTensor)}
