@@ -25,7 +25,7 @@ PUBLISHED = {
     ("core", "1.3.0"): "4bf2811c4fe2574b9bdfe6539edf3013d49e5153d1d829f48acf3cfe8e0bfce0",
     ("core", "1.4.0"): "0167757d73e61e2f7f4a8b2a8858ad99f9a1c38b3cb7736380daa8448ea6ca9f",
     ("core", "1.5.0"): "5b8b5920343b649e3f75dccc10f5cfe16a10e56226262b8a8878a1e60ab12e98",
-    ("core", "1.6.0"): "43d4e20b9f9150ed37f637b24953d95e9850b667099b437b9ddd1b33ca26e5d6",
+    ("core", "1.6.0"): "e081b46a0772f058fac47c085924e47f968a462128e3bbdfd123f49d58edd178",
 }
 
 

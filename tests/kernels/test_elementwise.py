@@ -158,8 +158,12 @@ def test_out_layout_and_errors():
     torch.testing.assert_close(as_f32(y), torch.relu(as_f32(x)))
     with pytest.raises(KernelError, match="do not broadcast"):
         CATALOG["add"].problem({"a": (2, 3), "b": (4,)})
-    with pytest.raises(KernelError, match="must all be float32"):
+    with pytest.raises(KernelError, match="must be float32, got float16; insert a cast"):
         CATALOG["add"].problem({"a": (2, 3), "b": (3,)}, dtypes={"a": "float32", "b": "float16"})
+    # an integer second operand of float arithmetic is promoted on load, as torch does
+    CATALOG["mul"].problem({"a": (2, 3), "b": (3,)}, dtypes={"a": "float16", "b": "int64"})
+    with pytest.raises(KernelError, match="input a must be int64"):
+        CATALOG["mul"].problem({"a": (2, 3), "b": (3,)}, dtypes={"a": "float16", "b": "int64"}, dtype="int64")
 
 
 @pytest.mark.parametrize("name,shapes", [("add", {"a": (64, 1000), "b": (1000,)}), ("gelu", {"a": (300, 300)}),

@@ -131,11 +131,11 @@ decompositions:
     parts:
       - {id: mm, op: aten.mm.default, args: [mat1, mat2]}
       - {id: o, op: aten.add.Tensor, args: [mm, self]}
-  - name: sdpa_cumsum
+  - name: sdpa_flip
     op: aten.scaled_dot_product_attention.default
     args: {query: tensor, key: tensor, value: tensor}
     parts:
-      - {id: c, op: aten.cumsum.default, args: [query, 2]}
+      - {id: c, op: aten.flip.default, args: [query, "[2]"]}
 """
 
 
@@ -160,13 +160,13 @@ def test_decomposition_loses_to_a_direct_kernel_on_price():
 
 def test_decomposition_refused_when_a_part_would_fall_back():
     """The first decomposition that applies is the one priced (pack order): after core's, the
-    extra pack's sdpa_cumsum is never tried; before it, its cumsum part has no kernel on
-    DSP-M4, so the op falls back whole, with the reason."""
+    extra pack's sdpa_flip is never tried; before it, its flip part has no kernel (no rule),
+    so the op falls back whole, with the reason."""
     tgt = _target("DSP-M4")
     after = Target.of(tgt.hcd, bundled_packs() + _extra())
     assert len(plan_module(SDPA(), _qkv(kv=4), chip=after, precision="float16").decomposed) == 1
     before = Target.of(tgt.hcd, _extra() + bundled_packs())
     plan = plan_module(SDPA(), _qkv(kv=4), chip=before, precision="float16")
     assert not plan.decomposed and [f.op for f in plan.fallbacks] == ["aten.scaled_dot_product_attention.default"]
-    (lost,) = [r for r in plan.rejected if r.kernel == "decomposed (sdpa_cumsum)"]
-    assert "would fall back" in lost.reasons[0] and "cumsum" in lost.reasons[0]
+    (lost,) = [r for r in plan.rejected if r.kernel == "decomposed (sdpa_flip)"]
+    assert "would fall back" in lost.reasons[0] and "flip" in lost.reasons[0]

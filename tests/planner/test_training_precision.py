@@ -18,12 +18,13 @@ SHAPES = {
     "batch_norm_train": {"x": (2, 4, 3, 3), "weight": (4,), "bias": (4,), "running_mean": (4,),
                          "running_var": (4,)},
     "layer_norm": {"x": (2, 5, 6), "weight": (6,), "bias": (6,)},
+    "group_norm": {"x": (2, 4, 6), "weight": (4,), "bias": (4,)},
     "batch_norm_backward": {"grad_out": (2, 4, 3, 3), "x": (2, 4, 3, 3), "weight": (4,),
                             "save_mean": (4,), "save_invstd": (4,)},
     "layer_norm_backward": {"grad_out": (2, 5, 6), "x": (2, 5, 6), "mean": (2, 5, 1), "rstd": (2, 5, 1),
                             "weight": (6,), "bias": (6,)},
 }
-ATTRS = {"layer_norm": {"normalized_shape": [6]}, "layer_norm_backward": {"normalized_shape": [6]}}
+ATTRS = {"layer_norm": {"normalized_shape": [6]}, "group_norm": {"groups": 2}, "layer_norm_backward": {"normalized_shape": [6]}}
 
 
 def _serving(op):

@@ -42,7 +42,7 @@ def run_json(url, *args):
 def test_done_criterion_npu_v3_has_nhcw_npu_v2_does_not(registry):
     v3 = run_json(registry, "ops", "--chip", "NPU-V3")
     conv = next(o for o in v3["ops"] if o["op"] == "aten.convolution.default")
-    assert {"NCHW", "NHWC", "NHCW"} <= set(conv["layouts"]) and conv["kernels"] == ["conv2d"]
+    assert {"NCHW", "NHWC", "NHCW"} <= set(conv["layouts"]) and conv["kernels"] == ["conv2d", "conv1d"]   # 1-D: conv1d
     v2 = run_json(registry, "ops", "--chip", "NPU-V2", "--version", "2.1.0")
     conv2 = next(o for o in v2["ops"] if o["op"] == "aten.convolution.default")
     assert set(conv2["layouts"]) == {"NCHW", "NHWC"}

@@ -90,6 +90,7 @@ STAT_DTYPES = ("float32", "float16", "bfloat16")
 # this table against the kernel catalog.
 ACCUMULATOR_OUTPUTS = {   # op -> positions of its outputs that are saved statistics
     "aten.native_layer_norm.default": (1, 2),
+    "aten.native_group_norm.default": (1, 2),
     "aten._native_batch_norm_legit_functional.default": (1, 2),
     "aten._native_batch_norm_legit.default": (1, 2),
     "aten._native_batch_norm_legit_no_training.default": (1, 2),

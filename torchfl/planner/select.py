@@ -152,71 +152,8 @@ def select(problem: CoverProblem, beam: int = 256) -> Selection:
     if n == 0:
         return Selection((), dict(problem.input_layouts), 0.0, (), True, 0)
 
-    # valid options: known nodes, inner values used only inside the group, not outputs
-    users = _users(nodes)
-    singles: dict[int, list[Option]] = {}
-    completes: dict[int, list[Option]] = {}  # fusion groups not contiguous in the schedule
-    segments: dict[int, list[tuple[int, Option]]] = {}  # contiguous fusion groups: (first position, option)
-    groups_of: dict[int, list[tuple[str, ...]]] = {}  # position -> groups it may be reserved for
-    covered: set[str] = set()
-    dominant: dict[tuple, Option] = {}
-    outs = set(out_values)
-    for opt in problem.options:
-        if any(x not in pos for x in opt.nodes):
-            raise SelectionError(f"option {opt.key} covers unknown node(s) {opt.nodes}")
-        if len(opt.inputs) != len(opt.layouts_in) or not all(isinstance(v, str) for v in opt.inputs):
-            raise SelectionError(f"option {opt.key}: inputs {opt.inputs!r} and layouts_in {opt.layouts_in!r} "
-                                 "must be equally long tuples of value names / layouts")
-        inner = opt.nodes[:-1]
-        if any(u not in opt.nodes for x in inner for u in users.get(x, ())) or set(inner) & outs:
-            continue
-        if len(set(opt.nodes)) != len(opt.nodes):
-            continue
-        last = pos[opt.nodes[-1]]
-        if any(pos[x] > last for x in inner):
-            continue
-        covered.update(opt.nodes)
-        shape_key = (opt.nodes, opt.inputs, opt.layouts_in, opt.layout_out)
-        kept = dominant.get(shape_key)
-        if kept is not None and kept.cost <= opt.cost:
-            continue  # same transition, not cheaper: can never be chosen (ties keep the first)
-        dominant[shape_key] = opt
-        if not inner:
-            singles.setdefault(last, []).append(opt)
-            continue
-        start = pos[opt.nodes[0]]
-        if [pos[x] for x in opt.nodes] == list(range(start, last + 1)):
-            segments.setdefault(last, []).append((start, opt))  # contiguous: one transition, no reservation
-            continue
-        completes.setdefault(last, []).append(opt)
-        for x in inner:
-            lst = groups_of.setdefault(pos[x], [])
-            if opt.nodes not in lst:
-                lst.append(opt.nodes)
-    missing = [x for x in order if x not in covered]
-    if missing:
-        raise SelectionError(f"no kernel option covers node(s) {', '.join(missing[:10])}")
-
-    # a value read by a member of a group may be read as late as the group's last node
-    late = {x: pos[x] for x in order}
-    for p_, groups in groups_of.items():
-        for g in groups:
-            late[order[p_]] = max(late[order[p_]], pos[g[-1]])
-    last_use: dict[str, int] = {}
-    for name in order:
-        for value in nodes[name]:
-            if value in nodes:
-                last_use[value] = max(last_use.get(value, -1), late[name])
-    for value in out_values:
-        if value in nodes:
-            last_use[value] = n
-    live: list[tuple[str, ...]] = []
-    current: list[str] = []
-    for i, name in enumerate(order):
-        current = [v for v in current if last_use.get(v, -1) > i]
-        if last_use.get(name, -1) > i:
-            current.append(name)
-        live.append(tuple(current))
+    singles, segments, completes, groups_of = _classify(problem, order, pos)
+    live = _liveness(problem, order, pos, groups_of)
     live_index = [{v: k for k, v in enumerate(t)} for t in live]
 
     required_out: dict[str, list[str]] = {}
@@ -348,6 +285,91 @@ def select(problem: CoverProblem, beam: int = 256) -> Selection:
         if not table:
             raise SelectionError(f"no feasible cover reaches node {name}: every option needs an impossible "
                                  "layout conversion")
+    chosen, layouts, best = _backtrack(problem, tables, order)
+    return Selection(tuple(chosen), layouts, best, tuple(order), exact, max_states)
+
+
+def _classify(problem: CoverProblem, order: list[str], pos: dict[str, int]):
+    """The valid options by the schedule position of their last node: single nodes, fusion
+    groups contiguous in the schedule (one transition), and the others (completed at their
+    last node, their inner nodes reserved for them on the way); a node no option covers is
+    a SelectionError."""
+    # valid options: known nodes, inner values used only inside the group, not outputs
+    users = _users(problem.nodes)
+    singles: dict[int, list[Option]] = {}
+    completes: dict[int, list[Option]] = {}  # fusion groups not contiguous in the schedule
+    segments: dict[int, list[tuple[int, Option]]] = {}  # contiguous fusion groups: (first position, option)
+    groups_of: dict[int, list[tuple[str, ...]]] = {}  # position -> groups it may be reserved for
+    covered: set[str] = set()
+    dominant: dict[tuple, Option] = {}
+    outs = {v for v, _ in problem.outputs}
+    for opt in problem.options:
+        if any(x not in pos for x in opt.nodes):
+            raise SelectionError(f"option {opt.key} covers unknown node(s) {opt.nodes}")
+        if len(opt.inputs) != len(opt.layouts_in) or not all(isinstance(v, str) for v in opt.inputs):
+            raise SelectionError(f"option {opt.key}: inputs {opt.inputs!r} and layouts_in {opt.layouts_in!r} "
+                                 "must be equally long tuples of value names / layouts")
+        inner = opt.nodes[:-1]
+        if any(u not in opt.nodes for x in inner for u in users.get(x, ())) or set(inner) & outs:
+            continue
+        if len(set(opt.nodes)) != len(opt.nodes):
+            continue
+        last = pos[opt.nodes[-1]]
+        if any(pos[x] > last for x in inner):
+            continue
+        covered.update(opt.nodes)
+        shape_key = (opt.nodes, opt.inputs, opt.layouts_in, opt.layout_out)
+        kept = dominant.get(shape_key)
+        if kept is not None and kept.cost <= opt.cost:
+            continue  # same transition, not cheaper: can never be chosen (ties keep the first)
+        dominant[shape_key] = opt
+        if not inner:
+            singles.setdefault(last, []).append(opt)
+            continue
+        start = pos[opt.nodes[0]]
+        if [pos[x] for x in opt.nodes] == list(range(start, last + 1)):
+            segments.setdefault(last, []).append((start, opt))  # contiguous: one transition, no reservation
+            continue
+        completes.setdefault(last, []).append(opt)
+        for x in inner:
+            lst = groups_of.setdefault(pos[x], [])
+            if opt.nodes not in lst:
+                lst.append(opt.nodes)
+    missing = [x for x in order if x not in covered]
+    if missing:
+        raise SelectionError(f"no kernel option covers node(s) {', '.join(missing[:10])}")
+    return singles, segments, completes, groups_of
+
+
+def _liveness(problem: CoverProblem, order: list[str], pos: dict[str, int], groups_of) -> list[tuple[str, ...]]:
+    """The values live after each schedule position (produced there or before, read after)."""
+    nodes, n = problem.nodes, len(order)
+    # a value read by a member of a group may be read as late as the group's last node
+    late = {x: pos[x] for x in order}
+    for p_, groups in groups_of.items():
+        for g in groups:
+            late[order[p_]] = max(late[order[p_]], pos[g[-1]])
+    last_use: dict[str, int] = {}
+    for name in order:
+        for value in nodes[name]:
+            if value in nodes:
+                last_use[value] = max(last_use.get(value, -1), late[name])
+    for value, _ in problem.outputs:
+        if value in nodes:
+            last_use[value] = n
+    live: list[tuple[str, ...]] = []
+    current: list[str] = []
+    for i, name in enumerate(order):
+        current = [v for v in current if last_use.get(v, -1) > i]
+        if last_use.get(name, -1) > i:
+            current.append(name)
+        live.append(tuple(current))
+    return live
+
+
+def _backtrack(problem: CoverProblem, tables, order) -> tuple[list[Option], dict[str, str], float]:
+    """The cheapest final state with no open reservation, walked back to the chosen options."""
+    n = len(order)
     finals = [(k, v) for k, v in tables[-1].items() if not k[1]]
     if not finals:
         raise SelectionError("no feasible cover: a fusion group could not be completed")
@@ -363,4 +385,4 @@ def select(problem: CoverProblem, beam: int = 256) -> Selection:
     layouts = dict(problem.input_layouts)
     for opt in chosen:
         layouts[opt.nodes[-1]] = opt.layout_out
-    return Selection(tuple(chosen), layouts, best, tuple(order), exact, max_states)
+    return chosen, layouts, best

@@ -164,9 +164,31 @@ def _sub_channel_zero_points(wpk, zps, run):
     view -= zp.reshape(npanel, 1, NR)
 
 
+def _fold_block(ctx, p, e, vec, kg0, tka, deq, eps, ea, eb):
+    """Load the per-channel parameters of output channels [kg0, kg0 + tka) (once per block,
+    resident) and fold dequantisation, bias and batch-norm into one per-channel FMA:
+    ``y = acc * ea + eb``."""
+    from . import _param_names
+
+    for name in _param_names(p):
+        _load_vec(ctx, name, kg0, kg0 + tka, vec[name])
+    sl = slice(kg0, kg0 + tka)
+    scale, shift = vec["scale"], vec["shift"]
+    if e["bn"]:
+        wv = vec["bn_weight"][sl] if p.has("bn_weight") else np.ones(tka, np.float32)
+        bv = vec["bn_bias"][sl] if p.has("bn_bias") else np.zeros(tka, np.float32)
+        inv = (1.0 / np.sqrt(vec["running_var"][sl].astype(np.float64) + eps)).astype(np.float32)
+        scale[sl] = wv * inv
+        shift[sl] = bv - vec["running_mean"][sl] * scale[sl]
+    if p.has("w_scales"):
+        deq = np.float32(p.attrs["x_scale"])
+    ea[sl] = deq * vec["w_scales"][sl] * scale[sl]
+    eb[sl] = (vec["bias"][sl] * scale[sl] if e["bias"] else 0.0) + shift[sl]
+
+
 def _run_conv2d_general(ctx):
     """split_c and int8 convs: channel blocks accumulate into a whole-tile accumulator."""
-    from . import _epilogue, _param_names, conv_geometry
+    from . import _epilogue, conv_geometry
     from .. import dtypes as _dt
     from .geometry import tile_starts, window_span
 
@@ -195,12 +217,12 @@ def _run_conv2d_general(ctx):
     out_inv = np.float32(1.0 / (a["out_scale"] or 1.0))
     out_zp = np.float32(a["out_zero_point"] or 0)
     qmin, qmax = np.float32(a.get("out_min", -128)), np.float32(a.get("out_max", 127))
-    wsc = np.ones(max(K, 1), np.float32)     # per-channel weight scales (w_scales input), else deq has w_scale
-    wzv = np.zeros(max(K, 1), np.float32)                                   # per-channel weight zero points
     per_channel_zp = p.has("w_zero_points")
-    bias = np.zeros(max(K, 1), np.float32)
-    bnw, bnb, mean, var = (np.zeros(max(K, 1), np.float32) for _ in range(4))
-    scale, shift = np.ones(max(K, 1), np.float32), np.zeros(max(K, 1), np.float32)
+    # per-channel vectors (w_scales: else deq has w_scale), loaded per K block; scale/shift: folded bn
+    vec = {name: np.zeros(max(K, 1), np.float32) for name in ("bias", "bn_weight", "bn_bias", "running_mean",
+                                                               "running_var", "w_zero_points", "shift")}
+    vec["w_scales"], vec["scale"] = np.ones(max(K, 1), np.float32), np.ones(max(K, 1), np.float32)
+    wzv = vec["w_zero_points"]
     ea, eb = np.ones(max(K, 1), np.float32), np.zeros(max(K, 1), np.float32)
     if e["residual"]:
         res, rs = _flat(ctx.inputs["residual"])
@@ -237,24 +259,7 @@ def _run_conv2d_general(ctx):
         for k0, k1 in tile_starts(Kg, tk):
             kg0 = gi * Kg + k0          # global output channel of the block
             tka = k1 - k0
-            # per-channel parameters of the block: loaded once, resident
-            for name in _param_names(p):
-                dst = {"bias": bias, "bn_weight": bnw, "bn_bias": bnb, "running_mean": mean,
-                       "running_var": var, "w_scales": wsc, "w_zero_points": wzv}[name]
-                _load_vec(ctx, name, kg0, kg0 + tka, dst)
-            if e["bn"]:
-                sl = slice(kg0, kg0 + tka)
-                wv = bnw[sl] if p.has("bn_weight") else np.ones(tka, np.float32)
-                bv = bnb[sl] if p.has("bn_bias") else np.zeros(tka, np.float32)
-                inv = (1.0 / np.sqrt(var[sl].astype(np.float64) + eps)).astype(np.float32)
-                scale[sl] = wv * inv
-                shift[sl] = bv - mean[sl] * scale[sl]
-            # fold dequantisation, bias and batch-norm into one per-channel FMA
-            sl = slice(kg0, kg0 + tka)
-            if p.has("w_scales"):
-                deq = np.float32(a["x_scale"])
-            ea[sl] = deq * wsc[sl] * scale[sl]
-            eb[sl] = (bias[sl] * scale[sl] if e["bias"] else 0.0) + shift[sl]
+            _fold_block(ctx, p, e, vec, kg0, tka, deq, eps, ea, eb)
             if stationary:
                 nread = load_weights(w, *wst, wcode, wzp, kg0, tka, 0, Cg, R, S, wpk)
                 if per_channel_zp:

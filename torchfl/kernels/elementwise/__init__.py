@@ -73,6 +73,9 @@ INDEX_OPS = frozenset({"add", "sub", "mul", "neg", "abs", "where", "eq", "ne", "
                        "logical_and", "logical_or", "logical_not", "fill", "masked_fill", "hardtanh"})
 BOOL_OUT = frozenset({"eq", "ne", "lt", "le", "gt", "ge", "logical_and", "logical_or", "logical_not"})
 COND = {"where": "cond", "masked_fill": "mask"}   # the bool input of each op that has one
+# float arithmetic whose second operand may be an integer or bool tensor: torch promotes it to
+# the float dtype (BLOOM's ALiBi: float slopes * int64 positions); it is converted on load
+PROMOTE = frozenset({"add", "sub", "mul", "div"})
 
 
 def broadcast_shape(shapes, kernel):
@@ -121,7 +124,8 @@ def _check(p):
     for n in _names(p):
         n = n.rstrip("?")
         want = "bool" if COND.get(p.kernel) == n else p.dtype
-        if p.dtype_of(n) != want:
+        promoted = n == "b" and p.kernel in PROMOTE and p.dtype in FLOATS and p.dtype_of(n) in INTS
+        if p.dtype_of(n) != want and not promoted:
             raise KernelError(f"{p.kernel}: input {n} must be {want}, got {p.dtype_of(n)}; insert a cast")
     if p.dtype in INTS and p.kernel not in INDEX_OPS:
         raise KernelError(f"{p.kernel} computes in {', '.join(FLOATS)}, not {p.dtype}; cast to a float first")
@@ -193,7 +197,8 @@ def _spec(name):
     return KernelSpec(name=name, family="elementwise", inputs=inputs, attrs={**attrs, "out_layout": None},
                       dtypes=FLOATS + INTS if name in INDEX_OPS else FLOATS, layouts="any", fuses=(), doc=doc,
                       check=_check, meta=_meta, tiler=plan_elementwise, impl="run_elementwise",
-                      mixed_dtypes=name in COND, dtype_input="a" if name in COND else None)
+                      mixed_dtypes=name in COND or name in PROMOTE,
+                      dtype_input="a" if name in COND or name in PROMOTE else None)
 
 
 # -- int8: quantised add (PT2E's dequantize, dequantize -> add [-> relu] -> quantize) --------

@@ -299,7 +299,7 @@ def run_elementwise(ctx):
                 ctx.read(m * ES[p.dtype_of(nm)])
             if nm == cond:
                 c = raw
-            elif is_int:
+            elif is_int or p.dtype_of(nm) in INTS:     # an integer operand of float math: promoted
                 f = fbufs[i][:m]
                 f[:] = raw
                 vals.append(f)

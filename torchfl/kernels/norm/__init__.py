@@ -253,3 +253,7 @@ KERNELS = [
                "Layer-norm backward: grad_input, and grad_weight / grad_bias when weight / bias "
                "are given.", _check, _meta, norm_tiling, "run_layer_norm_backward", mixed_dtypes=True),
 ]
+
+from .group import KERNELS as _GROUP  # noqa: E402  (group norm: its own module)
+
+KERNELS += _GROUP
