@@ -1,6 +1,7 @@
 """End-to-end benchmark: models compiled with backend="torchfl" vs eager torch, side by side.
 
-    python tools/bench_e2e.py [--json] [--runs 5] [--cases resnet50_b1,bert_layer_s128,gpt2_small_s128]
+    python tools/bench_e2e.py [--json] [--runs 5] [--cases resnet50_b1,bert_layer_s128,gpt2_small_s128,
+                                                   resnet50_b8,bert_base_s512]
 
 Per case: the first call (plan + Numba kernel compile + run) is timed as first_compile_s;
 one more warm-up call; then ``--runs`` alternating timed calls of the compiled model and of
@@ -9,7 +10,9 @@ ratio = torch_eager_s / torchfl_s. Eager is also timed alone before torchfl runs
 (torch_eager_alone_s, ratio_vs_eager_alone), and the compiled model alone before the
 alternating runs (torchfl_alone_s, ratio_alone = the two alone): each runtime's idle worker
 threads can slow the other down when the two alternate on 2 cores. spread_ms gives min,
-quartiles and max of each series.
+quartiles and max of each series. ``--threads 1 --timer cpu`` measures CPU time on one
+thread per side instead: on a shared host wall time swings several-fold with the other
+processes' load (eager torch's OpenMP threads suffer most), CPU time does not.
 
 Executor overhead = wall time of the plan's executors (``Executor.run``: static-cache check,
 input upload, every step, output download) minus the wall time inside kernel calls (each
@@ -36,12 +39,19 @@ CASES = {
                         "BERT-large-shaped encoder layer (1024 hidden, 16 heads), 128 tokens"),
     "gpt2_small_s128": ("gpt2", dict(batch=1, seq_len=128, layers=12), "TFL-X1", "float16",
                         "GPT-2 small (12 layers, 12 heads: runs on TFL-X1; NPU-V3 has no 12-head attention)"),
+    # large shapes (issue 25 item 3): the tiling's cache-reuse vs streamed paths differ here
+    "resnet50_b8": ("resnet50", dict(batch=8, image=224), "NPU-V3", "float16", "ResNet-50, 8x3x224x224"),
+    "bert_base_s512": ("bert-base", dict(batch=1, seq_len=512), "TFL-X1", "float16",
+                       "BERT-base (12 layers, 12 heads: runs on TFL-X1), 512 tokens"),
     # *_int8: the model quantised with PT2E (torchfl.planner.quantise), compiled and run on the int8
     # unit; eager is the float model (what int8 is meant to beat), rel_err_vs_eager its accuracy
     # loss, rel_err_vs_quantised_reference the distance to PyTorch's own quantised computation
     "resnet50_int8_b1": ("resnet50", dict(batch=1, image=224), "NPU-V3", "float16",
                          "ResNet-50 quantised (PT2E int8, per-channel weights), 1x3x224x224"),
 }
+
+
+_clock = time.perf_counter     # --timer cpu: time.process_time
 
 
 def _tensor(out):
@@ -65,15 +75,15 @@ def run_case(name, runs, registry=None):
         model(*inputs)
         alone = []
         for _ in range(runs):
-            t0 = time.perf_counter()
+            t0 = _clock()
             model(*inputs)
-            alone.append(time.perf_counter() - t0)
+            alone.append(_clock() - t0)
     compiled = torch.compile(quantised if quantised is not None else model, backend="torchfl",
                              options={"chip": chip, "precision": precision, "registry": registry})
     with torch.no_grad():
-        t0 = time.perf_counter()
+        t0 = _clock()
         y = _tensor(compiled(*inputs))
-        first = time.perf_counter() - t0
+        first = _clock() - t0
         with recording() as rec:
             compiled(*inputs)
         executors = []
@@ -84,18 +94,18 @@ def run_case(name, runs, registry=None):
         ref = _tensor(model(*inputs))
         ours_alone = []
         for _ in range(runs):
-            t0 = time.perf_counter()
+            t0 = _clock()
             compiled(*inputs)
-            ours_alone.append(time.perf_counter() - t0)
+            ours_alone.append(_clock() - t0)
         ours, eager, overhead = [], [], []
         for _ in range(runs):
-            t0 = time.perf_counter()
+            t0 = _clock()
             compiled(*inputs)
-            ours.append(time.perf_counter() - t0)
+            ours.append(_clock() - t0)
             overhead.append(sum(e.last_total_s - e.last_kernel_s for e in executors) / max(1, n_steps))
-            t0 = time.perf_counter()
+            t0 = _clock()
             model(*inputs)
-            eager.append(time.perf_counter() - t0)
+            eager.append(_clock() - t0)
     rel = float((y.float() - ref.float()).abs().max() / ref.float().abs().max())
     extra = {}
     if quantised is not None:
@@ -135,12 +145,26 @@ def main(argv=None):
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--cases", default=",".join(CASES))
     ap.add_argument("--registry", default=None)
+    ap.add_argument("--threads", type=int, default=0,
+                    help="threads for both sides (torch and the emulator's kernels; default: all cores)")
+    ap.add_argument("--timer", choices=("wall", "cpu"), default="wall",
+                    help="cpu: the process's CPU time (with --threads 1, the work each side does, steady on a "
+                         "loaded host where wall time swings with the other processes)")
     a = ap.parse_args(argv)
+    global _clock
+    if a.timer == "cpu":
+        _clock = time.process_time
+    if a.threads:
+        import os
+
+        os.environ["NUMBA_NUM_THREADS"] = str(a.threads)
     import warnings
 
     warnings.filterwarnings("ignore")
     import torch
 
+    if a.threads:
+        torch.set_num_threads(a.threads)
     results = []
     for name in a.cases.split(","):
         if name not in CASES:
@@ -153,7 +177,7 @@ def main(argv=None):
         if not a.json:
             print(_line(results[-1]), flush=True)
     if a.json:
-        json.dump({"threads": torch.get_num_threads(), "results": results}, sys.stdout, indent=2)
+        json.dump({"threads": torch.get_num_threads(), "timer": a.timer, "results": results}, sys.stdout, indent=2)
         print()
     return 0 if all("error" not in r for r in results) else 1
 

@@ -46,6 +46,11 @@ def cases():
     wc = r(64, 64, 3, 3)
     xcl = xc.contiguous(memory_format=torch.channels_last)
     xl, wl, bl = r(8192, 768), r(768), r(768)
+    # transformer projections (BERT-large layer): fp16 weights kept packed, as the executor
+    # keeps a model's weights (frozen), against torch fp32
+    xt, wt, bt, wf = r(128, 1024), r(1024, 1024) * 0.03, r(1024), r(4096, 1024) * 0.03
+    bf = r(4096)
+    lin = lambda x, w, b: {"x": (x.half(), None), "w": (w.half(), None), "bias": (b.half(), None)}  # noqa: E731
     conv_attrs = {"padding": (1, 1)}
     return [
         # case, kernel, inputs {name: (tensor, layout)}, attrs, torch fn, flops
@@ -60,6 +65,10 @@ def cases():
          lambda: F.conv2d(xc, wc, padding=1), 2 * 8 * 64 * 64 * 9 * 56 * 56),
         ("layernorm_f32", "layer_norm", {"x": (xl, None), "weight": (wl, None), "bias": (bl, None)},
          {"normalized_shape": (768,), "eps": 1e-5}, lambda: F.layer_norm(xl, (768,), wl, bl), 8 * xl.numel()),
+        ("linear_f16_128x1024x1024", "linear", lin(xt, wt, bt), {}, lambda: F.linear(xt, wt, bt), 2 * 128 * 1024 ** 2),
+        ("linear_gelu_f16_128x4096x1024", "linear_gelu", lin(xt, wf, bf), {"approximate": "none"},
+         lambda: F.gelu(F.linear(xt, wf, bf)), 2 * 128 * 4096 * 1024),
+        ("linear_f16_1x1024x1024", "linear", lin(xt[:1], wt, bt), {}, lambda: F.linear(xt[:1], wt, bt), 2 * 1024 ** 2),
     ] + int8_cases(g)
 
 
@@ -145,6 +154,10 @@ def run_case(case, kernel, inputs, attrs, torch_fn, flops, runs, chip, peak):
     spec = CATALOG[kernel]
     mem = DeviceMemory(chip)
     dev = {nm: DeviceTensor.from_torch(t, mem, layout=lay) for nm, (t, lay) in inputs.items()}
+    if kernel in ("linear", "linear_gelu") and dev["w"].dtype != "int8":
+        from torchfl.kernels.frozen import freeze
+
+        freeze(dev["w"].buffer)     # a model's weight, as the executor keeps it
     prob = spec.problem({k: t.shape for k, t in dev.items()}, attrs, None,
                         {k: t.layout for k, t in dev.items()}, {k: t.dtype for k, t in dev.items()})
     plan = spec.tile(prob, chip)

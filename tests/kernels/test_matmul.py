@@ -200,3 +200,37 @@ def test_resident_b_needs_the_whole_b():
     with pytest.raises(ValueError, match="resident B needs TN >= N"):
         run_float(A, rows, 1, B, np.zeros(1, np.int64), N, 1, C, crows, 1, M=M, N=N, K=K, TM=8, TN=32, TK=16,
                   b_res=True, code=0, esa=4, esc=4)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16"])
+@pytest.mark.parametrize("mkn,cache", [((37, 53, 40), 16 << 10), ((64, 300, 48), 256 << 10),
+                                      ((13, 70, 33), 8 << 20), ((5, 8, 24), 8 << 20)])
+@pytest.mark.parametrize("kernel", ["linear", "linear_gelu"])
+def test_linear_frozen_weight_packed_once(dtype, mkn, cache, kernel):
+    """A frozen weight (the executor's static values) is decoded and packed once and kept:
+    the second call reads the kept panels; results are bit-identical to the unfrozen run and
+    the counted traffic is the plan's either way. Freeing the buffer drops the copy."""
+    from torchfl.kernels import frozen
+
+    M, K, N = mkn
+    chip = chip_for(dtype, cache)
+    mem = DeviceMemory(chip)
+    g = torch.Generator().manual_seed(M + K + N)
+    x = dev(torch.randn(M, K, generator=g), mem, dtype)
+    w_plain = dev(torch.randn(N, K, generator=g), mem, dtype)
+    w = dev(w_plain.to_torch().float(), mem, dtype)
+    bias = dev(torch.randn(N, generator=g), mem, dtype)
+    (ref,), _ = run_checked(kernel, chip, {"x": x, "w": w_plain, "bias": bias})
+    frozen.freeze(w.buffer)
+    before = frozen.cached_bytes()
+    for _ in range(2):
+        (c,), plan = run_checked(kernel, chip, {"x": x, "w": w, "bias": bias})
+        np.testing.assert_array_equal(c.to_numpy(), ref.to_numpy())
+    kept = frozen.cached_bytes() - before
+    if plan.config.tile("n") % 16 == 0 or plan.config.tile("n") >= N:
+        assert kept == -(-N // 16) * 16 * K * 4
+    assert_close(as_f32(c), F.linear(as_f32(x), as_f32(w), as_f32(bias)) if kernel == "linear"
+                 else F.gelu(F.linear(as_f32(x), as_f32(w), as_f32(bias))), dtype, scale=2)
+    w.buffer.free()
+    assert frozen.derived(w.buffer, "any", lambda: 1 / 0) is None
+    assert frozen.cached_bytes() == before

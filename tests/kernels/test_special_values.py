@@ -363,3 +363,37 @@ def test_embedding_copies_specials():
     wd = dev(w, mem, "float16")
     (y,) = run("embedding", chip, {"weight": wd, "indices": dev(torch.tensor([[4, 0], [1, 4]]), mem)})
     check(y, F.embedding(torch.tensor([[4, 0], [1, 4]]), as_f32(wd)), "float16", "embedding")
+
+
+# ---------------------------------------------------------------- group norm, scan, pad, index
+
+@pytest.mark.parametrize("dtype", DT)
+def test_group_norm(dtype):
+    chip = chip_for(dtype)
+    mem = DeviceMemory(chip)
+    x = special((2, 4, 3, 3), 12, (4, 40, 70))       # a NaN, +inf, -inf in three different groups
+    w, b = torch.rand(4) + 0.5, torch.randn(4)
+    xd, wd, bd = dev(x, mem, dtype), dev(w, mem, dtype), dev(b, mem, dtype)
+    (y, *_) = run("group_norm", chip, {"x": xd, "weight": wd, "bias": bd}, {"groups": 2, "eps": 1e-5})
+    check(y, F.group_norm(as_f32(xd), 2, as_f32(wd), as_f32(bd), 1e-5), dtype, "group_norm")
+
+
+@pytest.mark.parametrize("dtype", DT)
+def test_cumsum(dtype):
+    chip = chip_for(dtype)
+    mem = DeviceMemory(chip)
+    x = rows(6)                                       # NaN onward NaN; inf then -inf: NaN
+    xd = dev(x, mem, dtype)
+    (y,) = run("cumsum", chip, {"x": xd}, {"dim": -1})
+    check(y, torch.cumsum(as_f32(xd), -1), dtype, "cumsum")
+
+
+def test_pad_and_index_copy_specials():
+    chip = chip_for("float16")
+    mem = DeviceMemory(chip)
+    xd = dev(special((3, 4), 13, (1, 6, 11)), mem, "float16")
+    (y,) = run("constant_pad", chip, {"x": xd}, {"pad": (1, 1), "value": float("-inf")})
+    check(y, F.pad(as_f32(xd), (1, 1), value=-INF), "float16", "constant_pad")
+    idx = torch.tensor([2, 0, 2])
+    (y,) = run("index_select", chip, {"x": xd, "index": dev(idx, mem)}, {"dim": 0})
+    check(y, torch.index_select(as_f32(xd), 0, idx), "float16", "index_select")

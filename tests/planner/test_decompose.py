@@ -170,3 +170,11 @@ def test_decomposition_refused_when_a_part_would_fall_back():
     assert not plan.decomposed and [f.op for f in plan.fallbacks] == ["aten.scaled_dot_product_attention.default"]
     (lost,) = [r for r in plan.rejected if r.kernel == "decomposed (sdpa_flip)"]
     assert "would fall back" in lost.reasons[0] and "flip" in lost.reasons[0]
+
+
+def test_attention_unit_sequence_limit_stands_never_a_decomposition():
+    """NPU-V2's unit takes sequences up to 2048: 2049 keys is the HCD's error, not a rewrite."""
+    from torchfl.planner.errors import HardConstraintError
+
+    with pytest.raises(HardConstraintError, match="compute_units.attention.max_sequence_length"):
+        plan_module(SDPA(), _qkv(heads=4, kv=4, lq=1, lk=2049, d=8), chip=_target("NPU-V2"), precision="float16")

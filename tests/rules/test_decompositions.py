@@ -135,3 +135,13 @@ def test_core_masked_fill_scalar_binds_its_value():
     x, m = TensorMeta((2, 3), "float16"), TensorMeta((2, 3), "bool")
     hit = match(_core(), _hcd("NPU-V3"), "aten.masked_fill.Scalar", Call(args=(x, m, -7.5), kwargs={}))
     assert hit.ok and hit.attrs["scalar"] == -7.5
+
+
+def test_why_not_lists_the_decomposition_where_the_chip_allows_it():
+    from torchfl.rules.support import why_not
+
+    sdpa = "aten.scaled_dot_product_attention.default"
+    (d,) = why_not(sdpa, _hcd("DSP-M4"), _core())["decompositions"]
+    assert d["rule"].endswith("sdpa_gemm_softmax") and "aten.bmm.default" in d["parts"]
+    assert "dropout_p == 0" in d["guards"]
+    assert why_not(sdpa, _hcd("NPU-V2"), _core())["decompositions"] == []

@@ -51,6 +51,10 @@ def test_float64_plan_casts_on_the_link():
     (y,) = Executor(plan, log=False).run((x,))
     assert y.dtype == torch.float64
     torch.testing.assert_close(y, m(x), rtol=FP16[0] * 4, atol=FP16[1] * 4)
+    from torchfl.runtime.analyze import analyze
+
+    links = [s for s in analyze(plan, (x,)).steps if s.kind == "cast"]   # priced as what the link moves
+    assert links and all(s.bytes_match for s in links)
 
 
 @pytest.mark.parametrize("chip,fix", [("NPU-V3", "precision='float16'"), ("TFL-X1", "precision='float32'")])

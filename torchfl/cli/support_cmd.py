@@ -230,6 +230,12 @@ def _why_not_lines(result) -> list[str]:
     for g in gaps:
         what = " ".join(x for x in (g["dtype"], g["layout"]) if x) or "any"
         lines += [f"  not {what}: {r['message']}" for r in g["reasons"]]
+    for d in result.get("decompositions", ()):
+        parts = ", ".join(p.removeprefix("aten.").rsplit(".", 1)[0] for p in d["parts"])
+        lines.append(f"  decomposed instead by {d['rule']} into {parts} (each part by its own rule, "
+                     "planned when cheaper than a direct kernel, or when none takes the call)")
+        if d["guards"]:
+            lines.append(f"    if the call meets: {'; '.join(d['guards'])}")
     if served and "evidence" in result:
         lines.append(f"  evidence: {short(result['evidence'])}")
         lines += [f"    {line}" for line in _problems(result["evidence"])]

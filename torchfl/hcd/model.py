@@ -16,7 +16,7 @@ from typing import Annotated, Optional
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PrivateAttr, WithJsonSchema
 
-from torchfl.hcd.dtypes import MATRIX_UNITS, UNIT_OF_DTYPE
+from torchfl.hcd.dtypes import MATRIX_UNITS, UNIT_OF_DTYPE, short_dtype
 
 SEMVER = re.compile(
     r"^(0|[1-9]\d*)\.(0|[1-9]\d*)\.(0|[1-9]\d*)"
@@ -63,7 +63,7 @@ def _layout(value: str) -> str:
 
 
 def _dtype(value: str) -> str:
-    short = value.removeprefix("torch.")
+    short = short_dtype(value)
     if not value.startswith("torch.") or short not in UNIT_OF_DTYPE:
         known = ", ".join(f"torch.{d}" for d in UNIT_OF_DTYPE)
         raise ValueError(f"{value!r} is not a dtype an HCD can list; write one of {known}")
@@ -206,7 +206,7 @@ class HCD(_Model):
     @cached_property
     def dtypes(self) -> tuple[str, ...]:
         """Supported dtypes as short names (``float16``), in the file's order."""
-        return tuple(d.removeprefix("torch.") for d in self.tensor.supported_dtypes)
+        return tuple(short_dtype(d) for d in self.tensor.supported_dtypes)
 
     @cached_property
     def layouts(self) -> tuple[str, ...]:
@@ -225,7 +225,7 @@ class HCD(_Model):
         bfloat16 without a bf16 unit runs on the fp16 unit (at its peak) when the chip lists
         bfloat16 or emulates it; validation warns about the former.
         """
-        dtype = dtype.removeprefix("torch.")
+        dtype = short_dtype(dtype)
         unit = UNIT_OF_DTYPE.get(dtype)
         if unit and getattr(self.compute_units, unit) is not None:
             return unit

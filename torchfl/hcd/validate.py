@@ -22,7 +22,7 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from torchfl.hcd.diagnostics import Diagnostic, HCDError, YAMLLoadError, errors
-from torchfl.hcd.dtypes import MATRIX_UNITS, UNIT_OF_DTYPE
+from torchfl.hcd.dtypes import MATRIX_UNITS, UNIT_OF_DTYPE, short_dtype
 from torchfl.hcd.model import HCD, LAYOUT
 from torchfl.hcd.source import LocatedDocument, located_yaml, read_source
 
@@ -270,7 +270,7 @@ def _consistency(doc: LocatedDocument, data: dict) -> list[Diagnostic]:
 
     dtypes_raw = _get(data, "tensor", "supported_dtypes")
     dtypes = [d for d in dtypes_raw if isinstance(d, str)] if isinstance(dtypes_raw, list) else []
-    short = [d.removeprefix("torch.") for d in dtypes]
+    short = [short_dtype(d) for d in dtypes]
     emulation = _get(data, "constraints", "bfloat16_emulation") is True
 
     # duplicates in lists

@@ -14,7 +14,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from .codecs import decode, encode16, f16_to_f32
+from .codecs import decode, encode16, f16_to_f32, f32_to_f16
 from .mathfn import gelu32
 from .ukernel import MR, NR, ukernel_6x16
 
@@ -62,9 +62,54 @@ def _store_epilogue(C, i, v, bias, j, has_bias, beta, code, act):
         C[i] = encode16(code, v)
 
 
+@njit(cache=True, error_model="numpy")
+def _epilogue_row(C, row, c_ns, acc, a0, c0, c1, alpha, beta, biasf, j0, has_bias, act, code, rowv):
+    """C[row + n*c_ns] = act(alpha * acc[a0 + n] + beta * biasf[j0 + n]) for n in [c0, c1), in
+    C's storage type. One pass per stage over a row so each loop vectorises (the per-element
+    _store_epilogue, with its branches, ran GELU at ~8 ns an element; IEEE division, or
+    Numba's zero-division check in erf32 keeps the GELU loop scalar: 10 -> 0.7 ns an
+    element); ``biasf`` is float32."""
+    w = c1 - c0
+    r = rowv[:w]
+    a = acc[a0 + c0:a0 + c1]
+    for n in range(w):
+        r[n] = alpha * a[n]
+    if has_bias:
+        bsl = biasf[j0 + c0:j0 + c1]
+        for n in range(w):
+            r[n] += beta * bsl[n]
+    if act == 1:
+        for n in range(w):
+            r[n] = max(r[n], np.float32(0.0))
+    elif act == 2:
+        for n in range(w):
+            r[n] = gelu32(r[n], False)
+    elif act == 3:
+        for n in range(w):
+            r[n] = gelu32(r[n], True)
+    base = row + c0 * c_ns
+    if c_ns == 1:
+        out = C[base:base + w]
+        if code == 0:
+            for n in range(w):
+                out[n] = r[n]
+        elif code == 1:
+            for n in range(w):
+                out[n] = f32_to_f16(r[n])
+        else:
+            for n in range(w):
+                out[n] = encode16(code, r[n])
+        return
+    for n in range(w):
+        if code == 0:
+            C[base + n * c_ns] = r[n]
+        else:
+            C[base + n * c_ns] = encode16(code, r[n])
+
+
 @njit(cache=True, parallel=True)
 def _tile(A, rows, a_ks, B, b_base, b_ks, b_ns, j0, tm, tn, K, TK, code, esa, esc, esb,
-          has_ln, mean, rstd, g, bb, has_g, has_b, pres, use_res,
+          has_ln, mean, rstd, g, bb, has_g, has_b, pres, use_res, pre,
           acc, ldc, C, crows, c_ns, alpha, beta, bias, has_bias, act, nthreads, cnt):
     """One C tile (all its K tiles) in ONE parallel region: each thread owns a slice of C
     (its NR panels, or its MR panels when N is narrow), packs the B panels and the A blocks
@@ -93,7 +138,7 @@ def _tile(A, rows, a_ks, B, b_base, b_ks, b_ns, j0, tm, tn, K, TK, code, esa, es
             for c in range(jp0 * NR, jp1 * NR):
                 acc[r * ldc + c] = 0.0
         nj = jp1 - jp0
-        pbl = np.empty(nj * min(TK, K) * NR, np.float32)
+        pbl = np.empty(1 if (use_res or pre) else nj * min(TK, K) * NR, np.float32)
         pal = np.empty(MCP * MR * KC, np.float32)
         rd = 0
         for k0 in range(0, K, TK):
@@ -108,7 +153,7 @@ def _tile(A, rows, a_ks, B, b_base, b_ks, b_ns, j0, tm, tn, K, TK, code, esa, es
                 rd += tk * (r1 - r0) * esa
                 if ch == 0 and not use_res:
                     rd += tk * tn * esa
-            if not use_res:
+            if not (use_res or pre):
                 for jq in range(nj):
                     jp = jp0 + jq
                     full = (jp + 1) * NR <= tn
@@ -152,8 +197,8 @@ def _tile(A, rows, a_ks, B, b_base, b_ks, b_ns, j0, tm, tn, K, TK, code, esa, es
                                         v = v + bb[k0 + kc0 + k]
                                     pal[base + k * MR] = v
                     for jp in range(jp0, jp1):
-                        if use_res:
-                            boff = (jp * K + k0 + kc0) * NR
+                        if use_res or pre:
+                            boff = ((j0 // NR + jp) * K + k0 + kc0) * NR
                             bsrc = pres
                         else:
                             boff = ((jp - jp0) * tk + kc0) * NR
@@ -163,16 +208,10 @@ def _tile(A, rows, a_ks, B, b_base, b_ks, b_ns, j0, tm, tn, K, TK, code, esa, es
         # --- epilogue and store of this thread's slice ---
         if has_bias and not use_res and ch == 0:
             rd += tn * esb
-        plain = (not has_bias) and act == 0 and alpha == 1.0
+        rowv = np.empty(max(c1 - c0, 1), np.float32)
         for m in range(r0, r1):
-            row = crows[m] + j0 * c_ns
-            a0 = m * ldc
-            if plain and code == 0 and c_ns == 1:
-                for n in range(c0, c1):
-                    C[row + n] = acc[a0 + n]
-                continue
-            for n in range(c0, c1):
-                _store_epilogue(C, row + n * c_ns, alpha * acc[a0 + n], bias, j0 + n, has_bias, beta, code, act)
+            _epilogue_row(C, crows[m] + j0 * c_ns, c_ns, acc, m * ldc, c0, c1, alpha, beta, bias, j0,
+                          has_bias, act, code, rowv)
         cnt[ch, 0] = rd
         cnt[ch, 1] = (r1 - r0) * (c1 - c0) * esc
         cnt[ch, 2] = (r1 - r0) * (c1 - c0) * (2 * K + epi)
@@ -233,30 +272,59 @@ def _gemv(A, rows, a_ks, B, b_base, b_ns, j0, tm, tn, K, code, C, crows, c_ns, a
 
 
 def run_float(A, a_rows, a_ks, B, b_base, b_ks, b_ns, C, c_rows, c_ns, *, M, N, K, TM, TN, TK,
-              b_res, code, esa, esc, bias=None, alpha=1.0, beta=1.0, act=0, ln=None, counter=None):
+              b_res, code, esa, esc, bias=None, alpha=1.0, beta=1.0, act=0, ln=None, counter=None,
+              packed_b=None):
     """Run the tiled float GEMM over batches (a_rows/c_rows: [batch, M] element offsets,
     b_base: [batch]); returns (bytes_read, bytes_written, ops) actually moved/computed.
 
     ``ln`` = (mean, rstd, gamma|None, beta|None) applies layer-norm while packing A.
+    ``packed_b``: ``pack_b(...)`` of a B shared by every batch, kept by the caller (a frozen
+    weight, :mod:`torchfl.kernels.frozen`): the tiles read their panels from it instead of
+    decoding and packing B again; the tile loads are counted as the plan says all the same.
     """
     from .threads import threads_for
 
     if b_res and (TN < N or TK < K):   # the packed B buffer holds one TN x K panel set
         raise ValueError(f"run_float: a resident B needs TN >= N and TK >= K (got TN={TN}, N={N}, TK={TK}, K={K})")
+    if packed_b is not None and not prepacked_ok(N, TN, b_base.shape[0]):
+        packed_b = None
     with threads_for(2 * M * N * K * a_rows.shape[0]) as nthreads:
         return _run_float(A, a_rows, a_ks, B, b_base, b_ks, b_ns, C, c_rows, c_ns, M, N, K, TM, TN, TK, b_res,
-                          code, esa, esc, bias, alpha, beta, act, ln, nthreads)
+                          code, esa, esc, bias, alpha, beta, act, ln, nthreads, packed_b)
+
+
+@njit(cache=True)
+def _decoded(x, code):
+    out = np.empty(x.size, np.float32)
+    for i in range(x.size):
+        out[i] = np.float32(x[i]) if code == 0 else decode(code, x[i])
+    return out
+
+
+def prepacked_ok(N, TN, nbase=1) -> bool:
+    """Whether tiles of TN columns can read a whole-B panel set: each starts on a panel."""
+    return nbase == 1 and (TN >= N or TN % NR == 0)
+
+
+def pack_b(B, base, ks, ns, K, N, code):
+    """All of B (K x N at ``base``, strides ks/ns, storage ``code``) decoded to float32 and
+    packed into NR-column panels: panel p, row k at ``(p * K + k) * NR``."""
+    pb = np.empty((N + NR - 1) // NR * NR * K, np.float32)
+    _pack_b(B, base, ks, ns, 0, K, 0, N, code, pb)
+    return pb
 
 
 def _run_float(A, a_rows, a_ks, B, b_base, b_ks, b_ns, C, c_rows, c_ns, M, N, K, TM, TN, TK, b_res, code, esa,
-               esc, bias, alpha, beta, act, ln, nthreads):
+               esc, bias, alpha, beta, act, ln, nthreads, packed_b=None):
     batch = a_rows.shape[0]
     tm_pad = (min(TM, M) + MR - 1) // MR * MR
     ldc = (min(TN, N) + NR - 1) // NR * NR
-    pb = np.empty(ldc * K if b_res else 1, np.float32)
+    pre = packed_b is not None
+    pb = packed_b if pre else np.empty(ldc * K if b_res else 1, np.float32)
     acc = np.empty(tm_pad * ldc, np.float32)
     has_bias = bias is not None
     bias_arr = bias if has_bias else np.zeros(1, np.float32 if code == 0 else np.uint16)
+    biasf = _decoded(bias_arr, code) if has_bias else np.zeros(1, np.float32)
     esb = esa
     has_ln = ln is not None
     e32 = np.zeros(1, np.float32)
@@ -277,7 +345,8 @@ def _run_float(A, a_rows, a_ks, B, b_base, b_ks, b_ns, C, c_rows, c_ns, M, N, K,
         crow_b = c_rows[bt]
         bkey = 0 if b_base.shape[0] == 1 else bt
         if b_res and b_loaded != bkey:
-            _pack_b(B, b_base[bkey], b_ks, b_ns, 0, K, 0, N, code, pb)   # B loaded once, kept
+            if not pre:
+                _pack_b(B, b_base[bkey], b_ks, b_ns, 0, K, 0, N, code, pb)   # B loaded once, kept
             rd += K * N * esa + (N * esb if has_bias else 0)
             b_loaded = bkey
         for i0 in range(0, M, TM):
@@ -287,8 +356,8 @@ def _run_float(A, a_rows, a_ks, B, b_base, b_ks, b_ns, C, c_rows, c_ns, M, N, K,
                 cnt[:] = 0
                 _tile(A, rows_b[i0:i0 + tm], a_ks, B, b_base[bkey], b_ks, b_ns, j0, tm, tn, K, TK, code,
                       esa, esc, esb, has_ln, mean[i0:i0 + tm] if has_ln else e32, rstd[i0:i0 + tm] if has_ln else e32,
-                      g, bb, has_g, has_b, pb, b_res, acc, ldc, C, crow_b[i0:i0 + tm], c_ns, np.float32(alpha),
-                      np.float32(beta), bias_arr, has_bias, act, nthreads, cnt)
+                      g, bb, has_g, has_b, pb, b_res, pre, acc, ldc, C, crow_b[i0:i0 + tm], c_ns, np.float32(alpha),
+                      np.float32(beta), biasf, has_bias, act, nthreads, cnt)
                 t = cnt.sum(axis=0)
                 rd += int(t[0])
                 wr += int(t[1])

@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import numpy as np
 
+from torchfl.hcd.dtypes import short_dtype
+
 from . import dtypes as _dt
-from .memory import address_of, check_alignment
+from .memory import check_alignment
 
 __all__ = ["DeviceTensor", "logical_letters", "layout_perm"]
 
@@ -127,7 +129,7 @@ class DeviceTensor:
         import torch
 
         x = x.detach().cpu()
-        name = str(x.dtype).removeprefix("torch.")
+        name = short_dtype(x.dtype)
         if not _dt.stored(name) and dtype is not None and not x.is_complex():
             # a host dtype (float64, uint8, int16) converted on upload (the precision policy)
             return cls.from_numpy(x.contiguous().numpy(), memory, layout, dtype)

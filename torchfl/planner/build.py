@@ -247,7 +247,7 @@ def _rejected(cands, selection):
             why = (f"{opt.cost:.3g} s alone, but the chosen {label} ({chosen_cost:.3g} s) is cheaper once the "
                    "layout conversions and fusions around it are counted")
         out.append(Rejected(opt.nodes, f"{opt.payload.kernel or 'cpu'} ({opt.layout_out})", (why,),
-                            opt.cost, chosen_cost))
+                            opt.cost, chosen_cost, _call_of(opt)))
     seen = set()
     for nodes, kernel, reasons in sorted(cands.rejected, key=lambda r: (position.get(r[0][-1], 0), r[0],
                                                                         str(r[1]), r[2])):
@@ -257,6 +257,16 @@ def _rejected(cands, selection):
         seen.add(key)
         out.append(Rejected(tuple(nodes), kernel or "(no rule)", tuple(reasons)))
     return tuple(out)
+
+
+def _call_of(opt) -> dict:
+    """A priced alternative's kernel call as Rejected.call keeps it (none for a host option)."""
+    pl = opt.payload
+    if not pl.kernel or pl.kind not in ("kernel", "fused"):
+        return {}
+    return {"kernel": pl.kernel, "inputs": list(pl.fx_inputs), "kernel_inputs": list(pl.kernel_inputs),
+            "layouts_in": list(opt.layouts_in), "layout_out": opt.layout_out, "attrs": dict(pl.attrs),
+            "dtype": pl.dtype}
 
 
 def _positional(kernel: str, names, ins: list, lays: list) -> tuple[list, list]:

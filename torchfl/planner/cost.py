@@ -110,6 +110,13 @@ class Pricer:
                 return _kernel_price("cast", {"x": shape}, {"to": dst}, src, {}, {"x": src}, self.chip)
             except KernelError as e:
                 return Priced(None, float("inf"), 0, 0, {}, str(e))
+        if src in DTYPES or dst in DTYPES:
+            # a link cast (float64 under the precision policy): converted on the host as it is
+            # uploaded or downloaded; the chip moves only its own side's bytes, one way
+            nbytes = numel(shape) * ELEM[src if src in DTYPES else dst]
+            return Priced(None, round_trip_time(nbytes, self.chip) / 2, nbytes, 0,
+                          {"strategy": "link", "notes": f"{src} -> {dst} converted on the host link"},
+                          "converted on upload/download")
         plan = stream_plan("cast", (shape, src, dst), numel(shape), ELEM.get(src, 4), ELEM.get(dst, 4), 1, self.chip,
                            unit_name="elements", notes=f"{src} -> {dst}")
         return price_plan(plan, self.chip, dst) if plan else Priced(None, float("inf"), 0, 0, {})

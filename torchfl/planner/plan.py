@@ -229,6 +229,9 @@ class Rejected(_Data):
     reasons: tuple[str, ...]
     predicted_time_s: float | None = None
     chosen_time_s: float | None = None
+    # a priced alternative's kernel call, so it can be run and timed (tools/calibrate.py):
+    # kernel, inputs (value names), kernel_inputs, layouts_in, layout_out, attrs, dtype
+    call: dict = field(default_factory=dict)
 
 
 @dataclass(frozen=True)

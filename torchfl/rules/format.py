@@ -28,10 +28,12 @@ gets the file:line:column of the YAML value it is about.
         op: aten.scaled_dot_product_attention.default
         requires: {attention: false}           # false: only on a chip with no enabled attention unit
         guards: ["dropout_p == 0"]
-        parts:
-          - {id: s, op: aten.bmm.default, args: [q3, kt3]}
-          - {id: p, op: aten._softmax.default, args: [s, -1, false]}
-          - {id: o, op: aten.add.Tensor, args: [p, attn_mask], when: "attn_mask != none"}
+        parts:                                 # args: expressions over the op's args and earlier parts
+          - {id: kt, op: aten.transpose.int, args: [key, 2, 3]}
+          - {id: s, op: aten.matmul.default, args: [query, kt]}
+          - {id: m, op: aten.add.Tensor, args: [s, attn_mask], when: "attn_mask != none"}  # skipped: = s
+          - {id: p, op: aten._softmax.default, args: [m, -1, false]}
+          - {id: o, op: aten.matmul.default, args: [p, value]}   # the last part is the op's value
     no_rule:
       - {op: aten.index.Tensor, reason: "..."}
 """

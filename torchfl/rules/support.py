@@ -237,12 +237,21 @@ def why_not(op: str, hcd, packs, *, dtype: str | None = None, layout: str | None
                 gaps.append({"dtype": d, "layout": lay,
                              "reasons": _dedup(_reason(r) for m in outcome for r in m.reasons)})
     supported = bool(served) and (not (dtype and layout) or not gaps)
-    return dict(result, supported=supported, served=served, gaps=gaps)
+    return dict(result, supported=supported, served=served, gaps=gaps, decompositions=decompositions_on(op, hcd, packs))
+
+
+def decompositions_on(op: str, hcd, packs) -> list[dict]:
+    """The pack decompositions of ``op`` this chip's HCD allows: the planner may serve the op
+    by their parts (each matched by its own rule) where a call meets their guards."""
+    from torchfl.rules.decompose import _requirements, decompositions_for
+
+    return [{"rule": d.id, "parts": list(dict.fromkeys(p.op for p in d.parts)), "guards": [g.text for g in d.guards]}
+            for d in decompositions_for(_packs(packs), op) if not _requirements(d, hcd)]
 
 
 def layouts_of(chips: Sequence) -> list[str]:
     return _union(list(h.layouts) for h in chips)
 
 
-__all__ = ["SupportError", "chip_ops", "op_support", "why_not", "normalise_dtype", "normalise_layout", "check_op",
+__all__ = ["SupportError", "chip_ops", "op_support", "why_not", "decompositions_on", "normalise_dtype", "normalise_layout", "check_op",
            "known_ops", "layouts_of", "RulePack"]

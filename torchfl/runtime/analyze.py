@@ -236,6 +236,8 @@ def _simulated(step, rec, prep, chip) -> float:
     from torchfl.kernels.tiling import Traffic, round_trip_time, simulated_time
 
     bytes_ = rec.bytes_read + rec.bytes_written
+    if prep is not None and prep.link is not None:   # a link cast: one way over the off-chip link
+        return round_trip_time(bytes_, chip) / 2
     if step.kind in HOST_STEPS or prep is None or prep.tile_plan is None:
         return round_trip_time(bytes_, chip) if step.kind in HOST_STEPS else 0.0
     tp = prep.tile_plan

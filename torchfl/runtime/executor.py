@@ -374,6 +374,7 @@ class Executor:
     # ------------------------------------------------------------------ helpers
 
     keeps_outputs = False   # outputs' buffers are handed over by _download (eager device)
+    freezes_static = True   # static values' buffers are the executor's own (see _keep_static)
 
     def _download(self, v):
         """An output value as the caller gets it: a CPU torch tensor (the buffer is freed
@@ -692,10 +693,17 @@ class Executor:
 
     def _keep_static(self, vals, key):
         """After a full run: the lifted uploads and static results become the base of every
-        later call (until a weight's version changes)."""
+        later call (until a weight's version changes). Their buffers are frozen: nothing
+        writes them until ``release`` frees them, so kernels may keep host copies derived
+        from them (packed GEMM weights, torchfl.kernels.frozen)."""
+        from torchfl.kernels.frozen import freeze
+        from torchfl.kernels.tensor import DeviceTensor
+
         base = [None] * len(vals)
         for v in self.static_vals:
             s = self.slots[v]
             base[s] = vals[s]
+            if self.freezes_static and vals[s].__class__ is DeviceTensor:
+                freeze(vals[s].buffer)
         self._base = base
         self._static_key = key

@@ -4,7 +4,8 @@ from __future__ import annotations
 import numpy as np
 
 from .. import dtypes as dt
-from ..gemm import run_float, run_int8
+from .. import frozen
+from ..gemm import GEMV_M, pack_b, prepacked_ok, run_float, run_int8
 from . import Gemm, out_dtype
 
 
@@ -105,13 +106,25 @@ def run_gemm(ctx):
             dec = lambda t: None if t is None else np.ascontiguousarray(dt.decode(_flat(t), t.dtype), np.float32)
             ln = (mean.astype(np.float32), rstd, dec(gw), dec(gb))
             ctx.read(sum(t.nbytes for t in (gw, gb) if t is not None))
+        packed = _packed_b(b, B, b_base, b_ks, b_ns, M, N, K, TN, code)
         rd, wr, ops = run_float(A, a_rows, aks, B, b_base, b_ks, b_ns, C, c_rows, 1, M=M, N=N, K=K, TM=TM,
                                 TN=TN, TK=TK, b_res=b_res, code=code, esa=esa, esc=g.esc, bias=bias_arr,
-                                alpha=p.attrs.get("alpha", 1.0), beta=p.attrs.get("beta", 1.0), act=g.act, ln=ln)
+                                alpha=p.attrs.get("alpha", 1.0), beta=p.attrs.get("beta", 1.0), act=g.act, ln=ln,
+                                packed_b=packed)
     ctx.read(rd)
     ctx.write(wr)
     ctx.ops(ops)
     return [out]
+
+
+def _packed_b(b, B, b_base, b_ks, b_ns, M, N, K, TN, code):
+    """B decoded and packed once for all calls when its buffer is frozen (a weight the
+    executor keeps): None when it is not, or when the tiles cannot read a whole-B panel set."""
+    if b_base.shape[0] != 1 or not prepacked_ok(N, TN) or (M <= GEMV_M and b_ks == 1):
+        return None
+    base = int(b_base[0])
+    return frozen.derived(b.buffer, ("gemm_b", b.offset, base, b_ks, b_ns, K, N, code),
+                          lambda: pack_b(B, base, b_ks, b_ns, K, N, code))
 
 
 def _run_qlinear(ctx, g, A, a_rows, aks, B, b_base, b_ks, b_ns, C, c_rows, TM, TN, TK, b_res):

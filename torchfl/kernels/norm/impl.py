@@ -12,7 +12,7 @@ import math
 import numpy as np
 from numba import get_num_threads, njit, prange
 
-from ..codecs import decode, encode16
+from ..codecs import decode, encode16, f16_to_f32, f32_to_f16
 from ..staging import _code, _flat
 from ..threads import sized_by
 
@@ -96,17 +96,24 @@ def seg_normalize(x, xseg, xel, xest, code, y, yseg, yel, yest, ycode, bounds, L
                   mean_out, rstd_out):
     """Whole segments on chip: mean, biased variance (two passes over the on-chip copy),
     y = (x - mean) * rstd * w + b; w/b per segment (wstride 0) or per element (1)."""
-    fast = xest == 1 and yest == 1 and code == 0 and ycode == 0 and wstride == 1
+    fast = xest == 1 and yest == 1 and code == ycode and (code == 0 or code == 1) and wstride == 1
     for t in prange(bounds.size - 1):
         buf = np.empty(L, np.float32)
         for s in range(bounds[t], bounds[t + 1]):
-            if fast:   # contiguous fp32 rows (layer-norm): load+sum, squares, normalise+store
+            if fast:   # contiguous fp32 / fp16 rows (layer-norm): load+sum, squares, normalise+store
                 xb, yb = xseg[s], yseg[s]
                 a32 = np.float32(0.0)
-                for i in range(L):
-                    v = x[xb + i]
-                    buf[i] = v
-                    a32 += v
+                if code == 0:
+                    for i in range(L):
+                        v = np.float32(x[xb + i])
+                        buf[i] = v
+                        a32 += v
+                else:   # one decode loop, then the sum: each vectorises (0.65 -> ~0.1 ms at 128 x 768)
+                    xr = x[xb:xb + L]
+                    for i in range(L):
+                        buf[i] = f16_to_f32(xr[i])
+                    for i in range(L):
+                        a32 += buf[i]
                 mu = a32 / np.float32(L)
                 q32 = np.float32(0.0)
                 for i in range(L):
@@ -115,8 +122,13 @@ def seg_normalize(x, xseg, xel, xest, code, y, yseg, yel, yest, ycode, bounds, L
                 r32 = np.float32(1.0 / math.sqrt(q32 / L + eps))
                 mean_out[s] = mu
                 rstd_out[s] = r32
-                for i in range(L):
-                    y[yb + i] = (buf[i] - mu) * r32 * w[i] + b[i]
+                if code == 0:
+                    for i in range(L):
+                        y[yb + i] = (buf[i] - mu) * r32 * w[i] + b[i]
+                else:
+                    yr = y[yb:yb + L]
+                    for i in range(L):
+                        yr[i] = f32_to_f16((buf[i] - mu) * r32 * w[i] + b[i])
                 continue
             _load(x, xseg[s], xel, xest, code, 0, L, buf)
             acc = 0.0

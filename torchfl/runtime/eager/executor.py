@@ -78,6 +78,7 @@ class EagerExecutor(Executor):
     """Executes a one-op (or lazily recorded) plan on npu tensors, without copies."""
 
     keeps_outputs = True
+    freezes_static = False     # a static input may be the caller's own npu buffer, written in place
 
     def __init__(self, plan, chip, index: int, **kwargs):
         super().__init__(plan, chip, **kwargs)

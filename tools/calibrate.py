@@ -1,0 +1,274 @@
+#!/usr/bin/env python
+"""Cost-model calibration: does the planner's predicted time rank kernel calls as their
+measured time does?
+
+    python tools/calibrate.py [--json] [--cases resnet50_b8,bert_base_s512] [--top 8] [--runs 3]
+
+For each case the model is planned (fp16 policy) and its ``--top`` most expensive distinct
+chip steps are taken (by predicted time; repeated layers counted once). Each step's points
+are the chosen call and every priced alternative the plan rejected inside the step's nodes
+(``plan.rejected[i].call``: kernel, inputs, layouts, attributes; partial covers included,
+e.g. a conv without its batch-norm). Each point is run on the emulated chip on random
+inputs of the plan's shapes (weights frozen, as the executor keeps them) and timed: the
+least CPU time (``time.process_time``) of ``--runs`` calls after a warm-up, on ``--threads``
+threads (default 1: on a shared host wall time swings several-fold with the other
+processes' load, a single thread's CPU time does not).
+
+Per kernel family (the catalog's ``family`` of each point's kernel):
+``spearman``: rank correlation of predicted vs measured over all the family's points;
+``within_step_spearman``: its mean over steps with >= 3 points of distinct predicted time
+(the ranking the planner actually uses: alternatives of one step against each other);
+``mae_s``: mean |predicted - measured| in seconds (the chip's time against this CPU's: an
+offset, not an error of the model alone); ``median_measured_over_predicted``.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import statistics
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+CASES = {
+    # name: (zoo model, options, chip)
+    "resnet50_b8": ("resnet50", dict(batch=8, image=224), "NPU-V3"),
+    "bert_base_s512": ("bert-base", dict(batch=1, seq_len=512), "TFL-X1"),
+}
+
+
+def ranks(xs):
+    """1-based ranks, ties averaged."""
+    order = sorted(range(len(xs)), key=lambda i: xs[i])
+    r = [0.0] * len(xs)
+    i = 0
+    while i < len(order):
+        j = i
+        while j + 1 < len(order) and xs[order[j + 1]] == xs[order[i]]:
+            j += 1
+        for k in range(i, j + 1):
+            r[order[k]] = (i + j) / 2 + 1
+        i = j + 1
+    return r
+
+
+def spearman(a, b):
+    """Spearman's rho (Pearson on tie-averaged ranks); None when either side is constant."""
+    if len(a) < 2:
+        return None
+    ra, rb = ranks(a), ranks(b)
+    ma, mb = statistics.fmean(ra), statistics.fmean(rb)
+    sab = sum((x - ma) * (y - mb) for x, y in zip(ra, rb))
+    saa = sum((x - ma) ** 2 for x in ra)
+    sbb = sum((y - mb) ** 2 for y in rb)
+    if saa == 0 or sbb == 0:
+        return None
+    return sab / math.sqrt(saa * sbb)
+
+
+def _calls(plan, top):
+    """(step, [(label, call dict, predicted_s)]) for the ``top`` most expensive distinct steps."""
+    from torchfl.kernels.catalog import get
+
+    steps = sorted((s for s in plan.steps if s.kind in ("kernel", "fused") and not s.static),
+                   key=lambda s: -s.predicted_time_s)
+    out, seen = [], set()
+    for s in steps:
+        shapes = tuple(tuple(plan.values[v].shape) if v in plan.values else () for v in s.inputs)
+        sig = (s.kernel, shapes, s.layouts_in, repr(sorted(s.attrs.items())))
+        if sig in seen:
+            continue
+        seen.add(sig)
+        names = get(s.kernel).input_names
+        chosen = {"kernel": s.kernel, "inputs": list(s.inputs), "kernel_inputs": list(names[:len(s.inputs)]),
+                  "layouts_in": list(s.layouts_in), "attrs": dict(s.attrs), "dtype": s.dtype}
+        points = [("chosen", chosen, s.predicted_time_s)]
+        nodes = set(s.nodes)
+        for r in plan.rejected:
+            if r.call and r.predicted_time_s is not None and set(r.nodes) <= nodes:
+                points.append((r.kernel, r.call, r.predicted_time_s))
+        out.append((s, points))
+        if len(out) >= top:
+            break
+    return out
+
+
+def _tensor(plan, name, layout, dtype, mem, static):
+    import torch
+
+    from torchfl.kernels import frozen
+    from torchfl.kernels.tensor import DeviceTensor
+    from torchfl.planner.plan import identity_layout
+
+    val = plan.values.get(name)
+    if val is not None:
+        shape, want = tuple(val.shape), val.dtype
+    else:   # a value inside a fused step (never materialised): its shape from the captured graph
+        meta = _fx_values(plan).get(name)
+        if meta is None:
+            raise KeyError(f"value {name} is neither in the plan nor in the captured graph")
+        shape, want = tuple(meta.shape), str(meta.dtype).replace("torch.", "")
+    if want in ("float32", "float16", "bfloat16") and dtype in ("float16", "bfloat16"):
+        want = dtype
+    if want in ("int8", "int32", "int64", "bool"):
+        x = torch.zeros(shape, dtype=torch.int64)
+    else:
+        x = torch.randn(shape, generator=torch.Generator().manual_seed(len(shape))) * 0.1
+    lay = None if not layout or layout in ("A", identity_layout(len(shape))) else layout
+    t = DeviceTensor.from_torch(x, mem, layout=lay, dtype=want)
+    if static:
+        frozen.freeze(t.buffer)
+    return t
+
+
+_FX: dict = {}
+
+
+def _fx_values(plan):
+    if id(plan) in _FX:
+        return _FX[id(plan)]
+    gm = plan.capture.graph_module if plan.capture else None
+    vals = _FX[id(plan)] = {}
+    for n in (gm.graph.nodes if gm is not None else ()):
+        v = n.meta.get("val")
+        if hasattr(v, "shape"):
+            vals[n.name] = v
+    return vals
+
+
+def measure(plan, call, chip, mem, static_vals, runs):
+    """Least CPU time of the kernel call on random inputs of the plan's shapes."""
+    from torchfl.kernels.catalog import get
+
+    spec = get(call["kernel"])
+    ins = {}
+    for kname, v, lay in zip(call["kernel_inputs"], call["inputs"], call["layouts_in"]):
+        if v:
+            ins[kname] = _tensor(plan, v, lay, call["dtype"], mem, v in static_vals)
+    attrs = dict(call["attrs"])
+    first = next((ins[n].dtype for n in spec.input_names if n in ins), None)
+    prob = spec.problem({k: t.shape for k, t in ins.items()}, attrs, None if spec.mixed_dtypes else first,
+                        {k: t.layout for k, t in ins.items()}, {k: t.dtype for k, t in ins.items()})
+    tp = spec.tile(prob, chip)
+    bound = spec.bind(chip, prob, tp, mem)
+    times = []
+    try:
+        for i in range(runs + 1):
+            t0 = time.process_time()
+            outs, _ = bound(ins)
+            dt = time.process_time() - t0
+            for o in outs:
+                o.free()
+            if i:
+                times.append(dt)
+    finally:
+        for t in ins.values():
+            t.free()
+    return min(times)
+
+
+def calibrate_case(name, top, runs, registry=None):
+    import torch
+
+    from torchfl.kernels.catalog import get
+    from torchfl.kernels.memory import DeviceMemory
+    from torchfl.planner.api import plan_module
+    from torchfl.planner.memory import static_steps
+    from torchfl.planner.zoo import load_model
+
+    zoo, kw, chip_name = CASES[name]
+    model, inputs = load_model(zoo, **kw)
+    with torch.no_grad():
+        plan = plan_module(model, inputs, chip_name, precision="float16", registry=registry)
+    chip = plan.target.model
+    mem = DeviceMemory(chip)
+    _steps, static_vals = static_steps(plan)
+    points, skipped = [], []
+    for step, alts in _calls(plan, top):
+        done = set()
+        for label, call, pred in alts:
+            key = json.dumps([call["kernel"], call["layouts_in"], call["inputs"], repr(call["attrs"])])
+            if key in done:
+                continue
+            done.add(key)
+            try:
+                meas = measure(plan, call, chip, mem, static_vals, runs)
+            except Exception as exc:    # an alternative the kernel refuses on these inputs: say so
+                skipped.append({"step": step.index, "kernel": call["kernel"], "why": f"{type(exc).__name__}: {exc}"[:200]})
+                continue
+            points.append({"case": name, "step": step.index, "family": get(call["kernel"]).family,
+                           "kernel": call["kernel"], "label": label, "layouts_in": call["layouts_in"],
+                           "predicted_s": pred, "measured_s": meas})
+    return points, skipped
+
+
+def summarise(points):
+    fams = {}
+    for p in points:
+        fams.setdefault(p["family"], []).append(p)
+    out = {}
+    for fam, ps in sorted(fams.items()):
+        pred = [p["predicted_s"] for p in ps]
+        meas = [p["measured_s"] for p in ps]
+        within = []
+        by_step = {}
+        for p in ps:
+            by_step.setdefault((p["case"], p["step"]), []).append(p)
+        for group in by_step.values():
+            if len({p["predicted_s"] for p in group}) >= 3:
+                rho = spearman([p["predicted_s"] for p in group], [p["measured_s"] for p in group])
+                if rho is not None:
+                    within.append(rho)
+        ratios = [m / p for p, m in zip(pred, meas) if p > 0]
+        out[fam] = {"points": len(ps), "spearman": spearman(pred, meas),
+                    "within_step_spearman": statistics.fmean(within) if within else None,
+                    "within_step_groups": len(within),
+                    "mae_s": statistics.fmean(abs(p - m) for p, m in zip(pred, meas)),
+                    "median_measured_over_predicted": statistics.median(ratios) if ratios else None}
+    return out
+
+
+def main(argv=None):
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--json", action="store_true")
+    ap.add_argument("--cases", default=",".join(CASES))
+    ap.add_argument("--top", type=int, default=8, help="distinct most expensive steps per case")
+    ap.add_argument("--runs", type=int, default=3, help="timed calls per point (the minimum is kept)")
+    ap.add_argument("--registry", default=None)
+    ap.add_argument("--threads", type=int, default=1, help="kernel threads (CPU time is summed over them)")
+    a = ap.parse_args(argv)
+    import os
+
+    os.environ["NUMBA_NUM_THREADS"] = str(a.threads)
+    import warnings
+
+    warnings.filterwarnings("ignore")
+    points, skipped = [], []
+    for name in a.cases.split(","):
+        if name not in CASES:
+            ap.error(f"unknown case {name!r}; choose from {', '.join(CASES)}")
+        ps, sk = calibrate_case(name, a.top, a.runs, a.registry)
+        points += ps
+        skipped += sk
+    fams = summarise(points)
+    if a.json:
+        json.dump({"threads": a.threads, "timer": "process_time (min of runs)", "top": a.top, "families": fams,
+                   "points": points, "skipped": skipped}, sys.stdout, indent=2)
+        print()
+        return 0
+    for fam, f in fams.items():
+        rho = "-" if f["spearman"] is None else f"{f['spearman']:.3f}"
+        wr = "-" if f["within_step_spearman"] is None else f"{f['within_step_spearman']:.3f}"
+        print(f"{fam:<12} points {f['points']:3d}  spearman {rho}  within-step {wr} ({f['within_step_groups']} steps)  "
+              f"MAE {f['mae_s'] * 1e3:.3f} ms  measured/predicted {f['median_measured_over_predicted']:.1f}")
+    for s in skipped:
+        print(f"skipped: step {s['step']} {s['kernel']}: {s['why']}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
