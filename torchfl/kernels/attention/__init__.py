@@ -15,8 +15,9 @@ output accumulator stay on chip; O is stored once per Q tile. Bytes per head:
 ``kv_resident``: K and V of a head fit beside the stream and are loaded once per head.
 ``resident``: everything fits at once. Candidates that fit the cache are scored by
 bytes, then tile count; a bigger cache only adds candidates, so bytes never grow.
-Grouped-query attention is priced (and counted) as if each query head loaded its group's
-K/V, as after repeat_kv: sharing one K/V load across a group is not modelled.
+Grouped-query attention: where K/V stay resident (``kv_resident``, ``resident``) they are
+loaded once per key/value head, its group's query heads running in turn; streamed K/V
+tiles are loaded per query head, as after repeat_kv.
 """
 from __future__ import annotations
 
@@ -97,6 +98,7 @@ def plan_attention(p, chip):
     has_mask = "mask" in p.shapes
     esm = ES[p.dtype_of("mask")] if has_mask else 0
     heads = B * H
+    kvh = B * kv_heads(p)   # K/V loaded once per head are loaded once per group: the group's heads run in turn
     cache = chip.cache_bytes
     key = p.key
     if heads == 0 or Lq == 0 or Dv == 0:
@@ -115,7 +117,7 @@ def plan_attention(p, chip):
             groups[t] = groups.get(t, 0) + heads
         out = [(c, t) for t, c in groups.items()]
         if kv_once:
-            out.append((heads, Traffic(Lk * (D + Dv) * es, 0, 0)))
+            out.append((kvh, Traffic(Lk * (D + Dv) * es, 0, 0)))
         return out
 
     best = None
@@ -135,8 +137,8 @@ def plan_attention(p, chip):
                 kk = min(Lk, (last // Bc + 1) * Bc) if last >= 0 else 0
                 keys += kk
                 mk += kk * tq * esm
-        per_head = Lq * D * es + Lq * Dv * es + mk + (Lk if kv_once else keys) * (D + Dv) * es
-        return heads * per_head
+        per_head = Lq * D * es + Lq * Dv * es + mk + (0 if kv_once else keys * (D + Dv) * es)
+        return heads * per_head + (kvh * Lk * (D + Dv) * es if kv_once else 0)
 
     def consider(strategy, Br, Bc, kv_once, fp):
         nonlocal best

@@ -69,7 +69,7 @@ def _attend_task(t, nq, Q, qst, kp, vp, O, ost, M, mst, mkind, code, H, G, Lq, L
     rd = tq * D * es + keys * tq * esm
     if not kv_once:
         rd += keys * (D + Dv) * es
-    elif qi == 0:
+    elif qi == 0 and h % G == 0:      # resident K/V: once per key/value head (its group's first head)
         rd += Lk * (D + Dv) * es
     cnt[t, 0] = rd
     cnt[t, 1] = tq * Dv * es
