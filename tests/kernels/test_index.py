@@ -102,3 +102,15 @@ def test_as_strided_window_past_the_end_is_refused():
     with pytest.raises(KernelError, match="reaches element 128"):
         from torchfl.kernels.catalog import get
         get("as_strided").problem({"x": (2, 64)}, {"size": (2, 2), "stride": (64, 64), "storage_offset": 0})
+
+
+def test_gather_and_index_select_of_a_0d_tensor():
+    chip = ChipModel()
+    mem = DeviceMemory(chip)
+    x = torch.tensor(2.5)
+    (y,), _ = run_checked("index_select", chip, {"x": dev(x, mem), "index": dev(torch.tensor([0]), mem)}, {"dim": 0})
+    assert y.shape == () and torch.equal(y.to_torch(), torch.index_select(x, 0, torch.tensor([0])))
+    (y,), _ = run_checked("gather", chip, {"x": dev(x, mem), "index": dev(torch.tensor(0), mem)}, {"dim": 0})
+    assert torch.equal(y.to_torch(), torch.gather(x, 0, torch.tensor(0)))
+    with pytest.raises(KernelError, match="index 1 of index"):
+        run_checked("gather", chip, {"x": dev(x, mem), "index": dev(torch.tensor(1), mem)}, {"dim": 0})

@@ -71,6 +71,13 @@ OPINFOS: dict[str, tuple[str, ...]] = {
     "aten.contiguous.default": ("contiguous",),
     "aten._to_copy.default": ("to",),
     "aten.scaled_dot_product_attention.default": ("nn.functional.scaled_dot_product_attention",),
+    # gathers, scan, padding, 1-D convolution, group norm (core 1.6.0)
+    "aten.gather.default": ("gather",),
+    "aten.index_select.default": ("index_select",),
+    "aten.cumsum.default": ("cumsum",),
+    "aten.constant_pad_nd.default": ("nn.functional.pad.constant",),
+    "aten.native_group_norm.default": ("nn.functional.group_norm",),
+    "aten.squeeze.dims": ("squeeze.multiple",),
 }
 
 

@@ -70,7 +70,7 @@ def out_shape(p):
         return tuple(p.shapes["index"])
     if k == "index_select":
         d = _dim(p)
-        return xs[:d] + (_n(p.shapes["index"]),) + xs[d + 1:]
+        return xs[:d] + (_n(p.shapes["index"]),) + xs[d + 1:] if xs else ()   # a 0-d x stays 0-d
     return tuple(int(v) for v in p.attrs["size"])
 
 

@@ -48,6 +48,9 @@ def _wrap(kernel, name, vals, size, coords, negative_ok):
 def _x_coords(ctx, p, coords, oshape):
     """The coordinates in x of the output elements at ``coords`` (one array per x dim)."""
     k, ins, xs = p.kernel, ctx.inputs, p.shapes["x"]
+    if not xs and k in ("gather", "index_select"):   # a 0-d x: every index must address its element
+        _wrap(k, "index", ins["index"].logical().reshape(-1).astype(np.int64), 1, [], False)
+        return []
     if k == "gather":
         d = _dim(p)
         xc = list(coords)
