@@ -350,7 +350,6 @@ def _run_float(A, a_rows, a_ks, B, b_base, b_ks, b_ns, C, c_rows, c_ns, M, N, K,
     g = e32 if g is None else g
     bb = e32 if bb is None else bb
     rd = wr = ops = 0
-    epi = int(has_bias) + int(act > 0)
     ln_ops = 4 if has_ln else 0
     cnt = np.zeros((max(nthreads, 1), 3), np.int64)
     b_loaded = -1

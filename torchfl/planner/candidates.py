@@ -12,7 +12,6 @@ option at all becomes a CPU fallback option (never silently: it is listed in the
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Any
 
 from torchfl.planner.cost import ELEM, Priced, Pricer, numel, price_plan
 from torchfl.planner.graph import IRGraph, bind_outputs, short_dtype

@@ -276,8 +276,13 @@ def capture_training(module, example_inputs, packs=None) -> tuple[Captured, Capt
     torch._dynamo.reset()
     compiled = torch.compile(module, backend=backend, fullgraph=True)
     out = compiled(*example_inputs)
-    outs = out if isinstance(out, (list, tuple)) else (out,)
-    sum(o.float().sum() for o in outs if isinstance(o, torch.Tensor) and o.requires_grad).backward()
+    # any output structure (tuples, dicts, Hugging Face ModelOutput): its differentiable tensors
+    grads = [o for o in torch.utils._pytree.tree_leaves(dict(out) if hasattr(out, "keys") else out)
+             if isinstance(o, torch.Tensor) and o.requires_grad]
+    if not grads:
+        raise CaptureError("the model's outputs carry no gradient (no output depends on a trainable parameter): "
+                           "put the module in train mode with requires_grad parameters, or plan it for inference")
+    sum(o.float().sum() for o in grads).backward()
     if "forward" not in graphs or "backward" not in graphs:
         raise CaptureError("AOTAutograd produced no backward graph: does the model have trainable parameters?")
     return (captured_aot(graphs["forward"][0], "forward", weights),

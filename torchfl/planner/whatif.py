@@ -14,8 +14,12 @@ from __future__ import annotations
 
 import time
 from dataclasses import asdict, dataclass, field
+from typing import TYPE_CHECKING
 
 from torchfl.planner.errors import PlanError
+
+if TYPE_CHECKING:
+    from torchfl.planner.target import Target
 
 __all__ = ["chip_of", "registry_chips", "auto_precision", "plan_on", "Planned", "plan_everywhere",
            "max_batch", "MaxBatch", "Probe", "compare", "impact", "Impact", "batched", "bound_resource",

@@ -21,6 +21,7 @@ import difflib
 from dataclasses import dataclass, field
 from typing import Any, Mapping
 
+from torchfl.hcd.dtypes import MATRIX_UNITS, STORAGE, unit_label
 from torchfl.rules import kernels as K
 from torchfl.rules.call import Call, TensorMeta
 from torchfl.rules.guards import GuardEvalError
@@ -30,8 +31,8 @@ from torchfl.rules.guards.evaluate import show
 from torchfl.rules.groups import oriented
 from torchfl.rules.pack import Fusion, Rule, RulePack, call_env
 
-ALL_DTYPES = ("float32", "float16", "bfloat16", "int8", "int32", "int64", "bool")
-UNIT_NAMES = ("fp16", "bf16", "fp32", "int8")
+ALL_DTYPES = tuple(STORAGE)          # every dtype the emulated chip can store
+UNIT_NAMES = MATRIX_UNITS
 CHIP_ONLY = {"chip", "dtype", "layout", "compute_dtype", "compute_layout"}
 
 
@@ -161,7 +162,7 @@ def requirements(rule: Rule | Fusion, hcd, dtype: str | None, layout: str | None
             if unit is None:
                 reasons.append(Reason("unit", f"no compute unit runs {dtype}: compute_units has "
                                       f"{_fmt(u for u in _present_units(hcd) if u != 'attention')} on {label}",
-                                      f"compute_units.{_unit_key(dtype)}", None))
+                                      f"compute_units.{unit_label(dtype)}", None))
             elif dtype == "bfloat16" and unit == "fp16":
                 why = ("constraints.bfloat16_emulation is true" if hcd.constraints.bfloat16_emulation
                        else "no bf16 unit")
@@ -184,10 +185,6 @@ def requirements(rule: Rule | Fusion, hcd, dtype: str | None, layout: str | None
         reasons.append(Reason("layout", f"layout {layout} not in {where} of {label}",
                               field_name, list(allowed), rule.id if isinstance(req.layouts, list) else None))
     return reasons, unit, allowed, warnings
-
-
-def _unit_key(dtype: str) -> str:
-    return {"float16": "fp16", "bfloat16": "bf16", "float32": "fp32", "int8": "int8"}.get(dtype, dtype)
 
 
 def _allowed_layouts(rule, hcd, unit):

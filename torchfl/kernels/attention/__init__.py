@@ -126,7 +126,6 @@ def plan_attention(p, chip):
         """Bytes of schedule(Br, Bc, kv_once) without building it (the tiler scores many)."""
         nfull, rest = divmod(Lq, Br)
         if not causal:
-            keys_full = keys_rest = Lk
             keys = Lk * (nfull + (1 if rest else 0))
             mk = Lk * Lq * esm
         else:

@@ -65,10 +65,6 @@ def _strict() -> bool:
     return strict_env()
 
 
-def _short(dtype) -> str:
-    return str(dtype).removeprefix("torch.")
-
-
 # ---------------------------------------------------------------- entry point
 
 def dispatch(op, args, kwargs):
@@ -417,11 +413,6 @@ def _host_write(op, args, kwargs):
         op(*h_args, **h_kwargs)
     _write_back(targets, host_targets)
     return targets[0] if len(targets) == 1 else tuple(targets)
-
-
-def functional_of(op):
-    """The functional overload computing what ``op`` (in-place or ``out=``) writes, or None."""
-    return _functional_of(op)
 
 
 _FUNCTIONAL: dict = {}
