@@ -16,7 +16,7 @@ FP16_TOL = 1e-2   # fp16 storage, fp32 accumulation, relative to max |ref|
 
 
 class BufferScale(nn.Module):
-    """x * cumsum(buffer) + arange: cumsum has no kernel, but neither it nor arange reads x."""
+    """x * flip(buffer) + arange: flip has no kernel, but neither it nor arange reads x."""
 
     def __init__(self, n=16):
         super().__init__()
@@ -24,14 +24,14 @@ class BufferScale(nn.Module):
 
     def forward(self, x):
         ramp = torch.arange(x.shape[-1], dtype=torch.float32) / 16
-        return x * torch.cumsum(self.w, 0) + ramp
+        return x * torch.flip(self.w, [0]) + ramp
 
 
-class InputCumsum(nn.Module):
-    """cumsum of the input itself: input-dependent, so a real (per-call) fallback."""
+class InputFlip(nn.Module):
+    """flip of the input itself: input-dependent, so a real (per-call) fallback."""
 
     def forward(self, x):
-        return torch.cumsum(x * 2, -1)
+        return torch.flip(x * 2, [-1])
 
 
 def _run(model, x, **opts):
@@ -49,7 +49,7 @@ def test_input_independent_nodes_fold_instead_of_falling_back():
     (_cg, plan, record), = rec.entries
     assert not plan.fallbacks
     folded_ops = {f.op for f in plan.folded}
-    assert "aten.cumsum.default" in folded_ops and "aten.arange.start_step" in folded_ops
+    assert "aten.flip.default" in folded_ops and "aten.arange.start_step" in folded_ops
     s = plan.summary
     assert s.folded == len(plan.folded) and s.nodes_on_chip + s.folded == s.nodes_total
     assert "input-independent nodes folded" in s.headline(plan.chip)
@@ -59,7 +59,7 @@ def test_input_independent_nodes_fold_instead_of_falling_back():
     routes = {k for per_op in record.routes.values() for k in per_op}
     assert "host fold (once)" in routes and "CPU fallback" not in routes
     text = plan.explain()
-    assert "Folded on the host" in text and "aten.cumsum.default" in text
+    assert "Folded on the host" in text and "aten.flip.default" in text
     assert "host (folded)" in plan.explain("dot")
     from torchfl.planner.plan import Plan
 
@@ -77,20 +77,20 @@ def test_folded_value_is_computed_once_and_again_when_its_buffer_changes():
         m.w.mul_(3.0)                       # in place: same tensor, new version
         y2 = c(x)
         assert rel_err(y2, m(x)) < FP16_TOL
-        assert rel_err(y2, y1) > 0.1        # the folded cumsum was recomputed
+        assert rel_err(y2, y1) > 0.1        # the folded flip was recomputed
 
 
 def test_input_dependent_node_is_a_logged_fallback(caplog):
-    m = InputCumsum()
+    m = InputFlip()
     x = torch.randn(3, 8)
     with caplog.at_level(logging.WARNING, logger="torchfl"):
         _c, y, rec = _run(m, x)
     (_cg, plan, _r), = rec.entries
-    assert [f.op for f in plan.fallbacks] == ["aten.cumsum.default"] and not plan.folded
-    assert "[SME] Fallback to CPU: aten::cumsum" in caplog.text
+    assert [f.op for f in plan.fallbacks] == ["aten.flip.default"] and not plan.folded
+    assert "[SME] Fallback to CPU: aten::flip" in caplog.text
     assert rel_err(y, m(x)) < FP16_TOL
     torch._dynamo.reset()
-    with pytest.raises(RuntimeError, match="cumsum") as err:
+    with pytest.raises(RuntimeError, match="flip") as err:
         _run(m, x, strict=True)
     assert "strict" in str(err.value).lower()
 
@@ -99,7 +99,7 @@ def test_debug_log_names_folds(monkeypatch, caplog):
     monkeypatch.setenv("TORCH_FL_DEBUG", "1")
     with caplog.at_level(logging.DEBUG, logger="torchfl"):
         _run(BufferScale().eval(), torch.randn(2, 16))
-    assert "[SME] Fold on host: aten::cumsum" in caplog.text
+    assert "[SME] Fold on host: aten::flip" in caplog.text
     assert "Fallback to CPU" not in caplog.text
 
 
