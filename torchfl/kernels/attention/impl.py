@@ -15,8 +15,10 @@ from numba import njit, prange
 from .. import dtypes as dt
 from ..codecs import decode, encode16
 from ..mathfn import exp32
-from ..ukernel import MR, NR, ukernel_6x16
+from ..ukernel import ukernel_6x16
 from . import ES, SOFTMAX_OPS, dims, kv_heads
+
+MR, NR = 6, 16    # the 6x16 micro-kernel's panel shape
 
 MQ = 48     # queries per CPU sub-block (multiple of MR)
 NK = 128    # keys per CPU sub-block (multiple of NR)
