@@ -4,8 +4,9 @@
 
 Per-op overhead: a small op (relu, add, a 64x64 matmul) on npu tensors, called ``--op-calls``
 times after a warm-up; per call the wall time minus the time inside the kernel call (the
-executor's ``last_kernel_s``: the kernel's ``run`` with its own Python wrapper), median over
-calls: what eager routing adds (dispatcher, signature, plan cache, executor, output wrap).
+route's ``last_kernel_s``: the bound kernel's call with its own Python wrapper, as the
+executor's ``last_kernel_s`` measures it), median over calls: what eager routing adds
+(dispatcher, signature, route cache, input and output wrapping).
 The same op in torch CPU eager is listed beside it.
 
 Models (b1 forward, batch 1, 224x224, float16 weights and input on the chip): eager npu
@@ -51,16 +52,17 @@ def per_op(torch, calls):
              "matmul_64x64": (lambda: a @ b, lambda: ha @ hb)}
     out = {}
     for name, (npu_fn, cpu_fn) in cases.items():
+        known = set(ops._CACHE)
         npu_fn()
         npu_fn()
-        route = _latest_route(ops)
+        route = _new_route(ops, known)
         walls, beyond = [], []
         for _ in range(calls):
             t0 = time.perf_counter()
             npu_fn()
             wall = time.perf_counter() - t0
             walls.append(wall)
-            beyond.append(wall - route.executor.last_kernel_s)
+            beyond.append(wall - route.last_kernel_s)
         cpu = []
         for _ in range(calls):
             t0 = time.perf_counter()
@@ -72,13 +74,12 @@ def per_op(torch, calls):
     return out
 
 
-def _latest_route(ops):
-    best = None
-    for route in ops._CACHE.values():
-        ex = getattr(route, "executor", None)
-        if ex is not None and getattr(ex, "_last_t", 0) and (best is None or ex._last_t >= best.executor._last_t):
-            best = route
-    return best
+def _new_route(ops, known):
+    """The one-op route the case's warm-up planned (each case is a new op)."""
+    routes = [r for k, r in ops._CACHE.items() if k not in known and r.kind == "chip"]
+    if len(routes) != 1:
+        raise RuntimeError(f"expected the case to plan one chip route, got {len(routes)}")
+    return routes[0]
 
 
 def models(torch, names, runs, chip):
@@ -144,9 +145,6 @@ def main(argv=None):
     ap.add_argument("--models", default="resnet18,resnet50")
     args = ap.parse_args(argv)
     torch = _setup(args.chip)
-    from torchfl.runtime.executor import Executor
-
-    _instrument(Executor)
     load0 = os.getloadavg()
     out = {"chip": args.chip, "runs": args.runs, "threads": torch.get_num_threads(),
            "per_op": per_op(torch, args.op_calls),
@@ -164,19 +162,6 @@ def main(argv=None):
                   + f"  lazy/compiled {r['ratio_lazy_vs_compiled']:.2f}")
         print("load average", out["loadavg"])
     return 0
-
-
-def _instrument(executor_cls):
-    """Stamp each executor's last run (which route ran last, for the per-op figure)."""
-    run = executor_cls.run
-
-    def timed(self, *a, **k):
-        try:
-            return run(self, *a, **k)
-        finally:
-            self._last_t = time.perf_counter()
-
-    executor_cls.run = timed
 
 
 if __name__ == "__main__":

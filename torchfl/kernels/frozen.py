@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import weakref
 
-__all__ = ["freeze", "is_frozen", "derived", "cached_bytes", "BUDGET_BYTES"]
+__all__ = ["freeze", "thaw", "is_frozen", "derived", "cached_bytes", "BUDGET_BYTES"]
 
 BUDGET_BYTES = 2 << 30        # host memory for derived copies, all buffers together
 
@@ -33,6 +33,15 @@ def freeze(buffer) -> None:
         copies: dict = {}
         _frozen[buffer] = copies
         weakref.finalize(buffer, _forget, copies)
+
+
+def thaw(buffer) -> None:
+    """End the promise: the buffer's owner will write it (an npu weight an optimizer step
+    updates in place). Its derived copies are dropped; ``freeze`` it again to keep new ones."""
+    copies = _frozen.pop(buffer, None)
+    if copies:
+        _forget(copies)
+        copies.clear()
 
 
 def is_frozen(buffer) -> bool:
