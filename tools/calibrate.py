@@ -2,7 +2,8 @@
 """Cost-model calibration: does the planner's predicted time rank kernel calls as their
 measured time does?
 
-    python tools/calibrate.py [--json] [--cases resnet50_b8,bert_base_s512] [--top 8] [--runs 3]
+    python tools/calibrate.py [--json] [--cases resnet50_b8,bert_base_s512,bert_layer_s512] [--top 8]
+                              [--runs 3]
 
 For each case the model is planned (fp16 policy) and its ``--top`` most expensive distinct
 chip steps are taken (by predicted time; repeated layers counted once). Each step's points
@@ -25,7 +26,8 @@ model says they cost the same; their measured order is the host's, see BENCHMARK
 offset, not an error of the model alone); ``median_measured_over_predicted``.
 ``steps`` lists each step's own correlation (or why there is none: too few points, all
 predicted equal); ``excluded`` the points not measured and why (an alternative the kernel
-refuses on these inputs, a call already measured in the step).
+refuses on these inputs, a call already measured in the step); ``host_balanced_spearman``
+the ranking of the same plans priced with this host's balance (:func:`host_balanced`).
 """
 from __future__ import annotations
 
@@ -326,6 +328,9 @@ def main(argv=None):
                    "host_balance": host, "points": points, "excluded": skipped}, sys.stdout, indent=2)
         print()
         return 0
+    if host:
+        print(f"host balance: {host['peak_ops_per_s'] / 1e9:.1f} GFLOP/s ({host['peak_set_by']}), "
+              f"{host['offchip_bytes_per_s'] / 1e9:.2f} GB/s ({host['bw_set_by']})")
     for fam, f in fams.items():
         rho = "-" if f["spearman"] is None else f"{f['spearman']:.3f}"
         wr = "-" if f["within_step_spearman"] is None else f"{f['within_step_spearman']:.3f}"

@@ -36,10 +36,16 @@ def test_pipeline_fill_and_drain():
     chip = ChipModel(peak={"float32": 1e12}, offchip_bw=1e9)
     tile = Traffic(1_000_000, 0, 500 * 10**6)          # 1 ms memory, 0.5 ms compute per tile
     one = make_plan("k", (), TileConfig("resident"), [(1, tile)], 0)
-    four = make_plan("k", (), TileConfig("streamed"), [(4, tile)], 0)
+    four = make_plan("k", (), TileConfig("streamed", (), True, pipelined_tiles=True), [(4, tile)], 0)
     assert simulated_time(one, chip, "float32") == pytest.approx(1.5e-3)      # nothing overlaps
     assert simulated_time(four, chip, "float32") == pytest.approx(4e-3 + 0.5e-3)   # m + 3 max(c, m) + c
-    half = make_plan("k", (), TileConfig("streamed", compute_util=0.25), [(4, tile)], 0)
+    serial = make_plan("k", (), TileConfig("streamed"), [(4, tile)], 0)      # no double buffering
+    assert simulated_time(serial, chip, "float32") == pytest.approx(4 * 1.5e-3)
+    # double-buffered inside its tiles (finer stages than its groups): the steady state only
+    inner = make_plan("k", (), TileConfig("streamed", (), True), [(4, tile)], 0)
+    assert simulated_time(inner, chip, "float32") == pytest.approx(4e-3)
+    half = make_plan("k", (), TileConfig("streamed", (), True, compute_util=0.25, pipelined_tiles=True),
+                     [(4, tile)], 0)
     assert simulated_time(half, chip, "float32") == pytest.approx(4 * 2e-3 + 1e-3)  # now compute-bound
     with pytest.raises(ValueError, match="compute_util"):
         make_plan("k", (), TileConfig("resident", compute_util=0.0), [(1, tile)], 0)

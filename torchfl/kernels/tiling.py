@@ -17,14 +17,18 @@ Strategy names used across families:
 
 Simulated time is a roofline per tile: a tile costs the larger of its compute time
 (ops / the unit's peak for the dtype, at the plan's ``compute_util``) and its memory time
-(off-chip bytes / off-chip bandwidth), and a plan costs the sum over its tiles plus the
-pipeline's fill and drain. Double buffering is what makes the "larger of" honest for
+(off-chip bytes / off-chip bandwidth), and a plan costs the sum over its tiles plus what
+its pipeline cannot overlap. Double buffering is what makes the "larger of" honest for
 streamed tiles, but it cannot hide the first tile's load nor the last tile's compute: n
-equal tiles take ``m + (n-1) max(c, m) + c = n max(c, m) + min(c, m)``, so the plan adds
-``min(compute, memory)`` of its mean tile; a resident plan (one tile) costs ``c + m``.
-That term is also what separates two options whose binding term ties (a conv with or
-without a batch-norm epilogue, memory-bound alike: the one with fewer operations is
-cheaper), deterministically and from counts, not noise.
+equal tiles take ``m + (n-1) max(c, m) + c = n max(c, m) + min(c, m)``. A tiler whose
+tiles are its pipeline's stages says so (``TileConfig.pipelined_tiles``: conv's output
+tiles, ``stream_plan``'s) and the plan adds ``min(compute, memory)`` of its mean tile; a
+double-buffered plan that streams inside its tiles (GEMM k-chunks) adds nothing, its
+stages being finer than its groups. A plan without double buffering overlaps nothing:
+each tile costs ``c + m`` (a resident plan: load, compute, store). The fill/drain term
+also separates options whose binding term ties (a conv with or without a batch-norm
+epilogue, memory-bound alike: the one with fewer operations is cheaper),
+deterministically and from counts, not noise.
 
 ``compute_util`` (0 < u <= 1) is the fraction of the unit's peak a kernel's inner loop can
 reach because of its shape: a unit works on vectors of ``chip.alignment`` bytes (the HCD's
@@ -81,6 +85,7 @@ class TileConfig:
     double_buffered: bool = False
     notes: str = ""
     compute_util: float = 1.0
+    pipelined_tiles: bool = False   # the tiles are the double-buffered pipeline's stages
 
     def as_dict(self) -> dict:
         d = {"strategy": self.strategy, "tiles": {a: s for a, s in self.tiles},
@@ -153,28 +158,35 @@ def vector_utilisation(n: int, itemsize: int, chip) -> float:
 def simulated_time(plan_or_traffic, chip, dtype: str, *, flops_scale: float = 1.0,
                    bytes_scale: float = 1.0) -> float:
     """Seconds on ``chip``: sum over tiles of max(ops / (peak[dtype] * compute_util),
-    bytes / offchip_bw), plus the pipeline's fill and drain, min(total compute, total
-    memory) / tiles (see the module's docstring): the one roofline formula (the planner
-    prices with it, explain analyze replays it).
+    bytes / offchip_bw), plus what the pipeline cannot overlap (see the module's
+    docstring): the pipelined tiles' fill and drain, min(total compute, total memory) /
+    tiles, or without double buffering every tile's smaller term. The one roofline formula
+    (the planner prices with it, explain analyze replays it).
 
     A bare :class:`Traffic` is priced as one tile (compute + memory: nothing overlaps).
     ``flops_scale`` / ``bytes_scale`` scale every tile's counts (analyze: the counted
     totals over the planned ones)."""
     if isinstance(plan_or_traffic, Traffic):
-        groups, util = ((1, plan_or_traffic),), 1.0
+        groups, util, cfg = ((1, plan_or_traffic),), 1.0, None
     else:
-        groups, util = plan_or_traffic.groups, plan_or_traffic.compute_util
+        groups, cfg = plan_or_traffic.groups, plan_or_traffic.config
+        util = cfg.compute_util
     peak = chip.peak_for(dtype) * util / flops_scale if flops_scale else float("inf")
     bw = chip.offchip_bw / bytes_scale if bytes_scale else float("inf")
-    steady = comp = mem = 0.0
+    steady = comp = mem = serial = 0.0
     n = 0
     for c, t in groups:
         tc, tm = t.flops / peak, t.bytes / bw
         steady += c * max(tc, tm)
+        serial += c * min(tc, tm)
         comp += c * tc
         mem += c * tm
         n += c
-    return float(steady + min(comp, mem) / n) if n else 0.0
+    if not n:
+        return 0.0
+    if cfg is None or not cfg.double_buffered:
+        return float(steady + serial)
+    return float(steady + (min(comp, mem) / n if cfg.pipelined_tiles else 0.0))
 
 
 def round_trip_time(nbytes: int, chip) -> float:
@@ -222,5 +234,5 @@ def stream_plan(kernel: str, key: tuple, n_units: int, in_bytes: int, out_bytes:
         groups.append((1, tr(rest, True)))
     cfg = TileConfig("streamed", ((unit_name, int(t)),), True,
                      notes or f"double-buffered tiles of {t} {unit_name}"
-                     + (f"; {resident_bytes} B resident" if resident_bytes else ""))
+                     + (f"; {resident_bytes} B resident" if resident_bytes else ""), pipelined_tiles=True)
     return make_plan(kernel, key, cfg, groups, resident_bytes + t * per_tile_unit)
