@@ -124,3 +124,28 @@ def test_lazy_weights_follow_in_place_writes(fp32_dev):
     npu.fc.weight.data = swapped.to(fp32_dev)
     changed(out, check())
     assert lazy.STATS["graphs_planned"] == planned  # the same graph throughout: planned once
+
+
+def test_lazy_records_lists_tuples_and_named_outputs(fp32_dev):
+    """The recorder's argument forms: tensors inside a list (cat), a list of ints (sum over
+    dims), a tuple of outputs (batch-norm), a named tuple (max over a dim); recorded twice, so
+    the second time every op's outputs come from the per-signature meta cache."""
+    torch.manual_seed(3)
+    a, b = torch.randn(2, 3, 4, 4), torch.randn(2, 3, 4, 4)
+    bn = torch.nn.BatchNorm2d(6).eval()
+    bn.running_mean.uniform_(-1, 1)
+    npu_bn = copy.deepcopy(bn).to(fp32_dev)
+
+    def f(x, y, norm):
+        z = norm(torch.cat([x, y], 1))
+        m = z.max(dim=3)
+        return z.sum([2, 3]) + m.values.sum(2), m.indices
+
+    ref = f(a, b, bn)
+    da, db = a.to(fp32_dev), b.to(fp32_dev)
+    with torch.no_grad():
+        for _ in range(2):
+            with torch.npu.lazy():
+                got = f(da, db, npu_bn)
+            torch.testing.assert_close(got[0].cpu(), ref[0], rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(got[1].cpu(), ref[1], rtol=0, atol=0)
