@@ -149,3 +149,21 @@ def test_lazy_records_lists_tuples_and_named_outputs(fp32_dev):
                 got = f(da, db, npu_bn)
             torch.testing.assert_close(got[0].cpu(), ref[0], rtol=1e-5, atol=1e-5)
             torch.testing.assert_close(got[1].cpu(), ref[1], rtol=0, atol=0)
+
+
+def test_signatures_keep_signed_zero_and_nan(fp32_dev):
+    """0.0 == -0.0 in Python, and NaN is not equal to itself: the signatures neither merge
+    the two zeros into one route nor make a new route per NaN call."""
+    from torchfl.runtime.eager import ops
+
+    mul = torch.ops.aten.mul.Scalar
+    x = torch.tensor([1.0, -2.0])
+    d = x.to(fp32_dev)
+    routes = {}
+    for _ in range(3):
+        for s in (0.0, -0.0, float("nan")):
+            torch.testing.assert_close(mul(d, s).cpu(), mul(x, s), rtol=0, atol=0, equal_nan=True)
+            routes.setdefault(repr(s), set()).add(id(ops._FAST[ops._fast_key(mul, (d, s))]))
+        n_fast = len(ops._FAST)
+    assert len(ops._FAST) == n_fast and all(len(r) == 1 for r in routes.values())
+    assert routes["0.0"] != routes["-0.0"]
