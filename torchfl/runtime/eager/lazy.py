@@ -110,9 +110,11 @@ _DEVICES: dict = {}        # index -> "npu:index"
 
 def _flatten(args, kwargs):
     """``tree_flatten((args, kwargs))`` and a cheap hashable name of its structure. A call
-    with positional arguments only and no tensor inside a list (every op of a model but
-    ``cat``/``stack``) keeps its arguments as the leaves: a list of ints is one leaf."""
-    if not kwargs and not any(isinstance(a, (list, tuple)) and any(isinstance(x, torch.Tensor) for x in a)
+    with positional arguments only and no tensor (or nested container) inside a list (every
+    op of a model but ``cat``/``stack``) keeps its arguments as the leaves: a list of ints
+    is one leaf."""
+    if not kwargs and not any(isinstance(a, (list, tuple)) and any(isinstance(x, (torch.Tensor, list, tuple, dict))
+                                                                   for x in a) or isinstance(a, dict)
                               for a in args):
         n = len(args)
         spec = _ARG_SPECS.get(n)
