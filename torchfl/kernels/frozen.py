@@ -10,12 +10,17 @@ emulation: the kernel still counts the operand's tile loads as the plan says.
 
 Copies live as long as their buffer object and never past its ``free``; their total
 size is bounded (``BUDGET_BYTES``): beyond it kernels simply derive again per call.
+
+On the eager npu device a frozen buffer may be the caller's own weight, which an optimizer
+step writes in place: the eager executors keep it frozen only while the weight's identity,
+version counter and address are the ones it was frozen with, and ``thaw`` it otherwise
+(``runtime/eager/executor.py``).
 """
 from __future__ import annotations
 
 import weakref
 
-__all__ = ["freeze", "is_frozen", "derived", "cached_bytes", "BUDGET_BYTES"]
+__all__ = ["freeze", "thaw", "is_frozen", "derived", "cached_bytes", "BUDGET_BYTES"]
 
 BUDGET_BYTES = 2 << 30        # host memory for derived copies, all buffers together
 
@@ -33,6 +38,15 @@ def freeze(buffer) -> None:
         copies: dict = {}
         _frozen[buffer] = copies
         weakref.finalize(buffer, _forget, copies)
+
+
+def thaw(buffer) -> None:
+    """End the promise: the buffer's owner will write it (an npu weight an optimizer step
+    updates in place). Its derived copies are dropped; ``freeze`` it again to keep new ones."""
+    copies = _frozen.pop(buffer, None)
+    if copies:
+        _forget(copies)
+        copies.clear()
 
 
 def is_frozen(buffer) -> bool:

@@ -229,15 +229,20 @@ def _rejected(cands, selection):
         if k not in best_alt or opt.cost < best_alt[k].cost:
             best_alt[k] = opt
     out = []
+    against: dict = {}  # alternative's nodes -> (chosen cost, label, same nodes?, the nodes the chosen cover)
     for k in sorted(best_alt, key=lambda k: (position.get(k[0][-1], 0), k[0], str(k[1]), k[2])):
         opt = best_alt[k]
-        chosen = list({id(c): c for c in (chosen_by_node[n] for n in opt.nodes)}.values())
-        chosen_cost = sum(o.cost for o in chosen)
-        label = " + ".join(f"{o.payload.kernel or 'cpu'} ({o.layout_out})" for o in chosen)
-        covered = {n for o in chosen for n in o.nodes}
-        if set(opt.nodes) != covered:
+        hit = against.get(opt.nodes)
+        if hit is None:
+            chosen = list({id(c): c for c in (chosen_by_node[n] for n in opt.nodes)}.values())
+            covered = {n for o in chosen for n in o.nodes}
+            label = " + ".join(f"{o.payload.kernel or 'cpu'} ({o.layout_out})" for o in chosen)
+            hit = against[opt.nodes] = (sum(o.cost for o in chosen), label, set(opt.nodes) == covered,
+                                        "+".join(sorted(covered, key=lambda n: position.get(n, 0))))
+        chosen_cost, label, same, covered_text = hit
+        if not same:
             why = (f"covers {'+'.join(opt.nodes)} for {opt.cost:.3g} s; the chosen {label} covers "
-                   f"{'+'.join(sorted(covered, key=lambda n: position.get(n, 0)))} for {chosen_cost:.3g} s "
+                   f"{covered_text} for {chosen_cost:.3g} s "
                    "and the whole cover is cheaper")
         elif opt.cost == chosen_cost:
             why = f"tie at {opt.cost:.3g} s with the chosen {label}; the earlier candidate is kept"

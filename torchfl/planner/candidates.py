@@ -71,6 +71,9 @@ def foldable(node) -> bool:
     return torch.Tag.nondeterministic_seeded not in target.tags and not target._schema.is_mutable
 
 
+_PLAIN = (int, float, bool, str, type(None))  # argument types that stand for themselves in a signature
+
+
 class _CallBuilder:
     """FX nodes -> rules Calls. Every TensorMeta gets a *path* (step, arg position, list
     index) so that a match found for one call can be replayed on another call with the same
@@ -106,6 +109,9 @@ class _CallBuilder:
         return tm, sig
 
     def convert(self, value, layout, path):
+        kind = type(value)
+        if kind in _PLAIN:   # the common scalar argument: no torch type checks
+            return value, (kind.__name__, value)
         import torch
 
         _Node = torch.fx.Node
@@ -201,9 +207,11 @@ def _fusion_index(packs):
 def clear_caches() -> None:
     """Forget every cached outcome and price (benchmarks measure cold planning with it)."""
     from torchfl.planner.cost import _PRICERS
+    from torchfl.planner.memory import _OUTPUT_BYTES
 
     _CACHES.clear()
     _PRICERS.clear()
+    _OUTPUT_BYTES.clear()
 
 
 class Generator:
@@ -242,13 +250,13 @@ class Generator:
 
     # -- one op --
     def single(self, node):
-        from torchfl.rules import candidates as rule_candidates
-
         base, values = self._sig(node, None)
         for layout in self.layout_choices([node]):
             key = (base, layout)
             outcomes = self._match_cache.get(key)
             if outcomes is None:
+                from torchfl.rules import candidates as rule_candidates
+
                 builder = _CallBuilder(self.ir)
                 call, _sig = builder.call(node.fx, layout)
                 results = rule_candidates(self.packs, self.hcd, node.op, call, layout=layout)
@@ -344,30 +352,35 @@ class Generator:
 
     def _replay(self, nodes, outcomes, values, layout, kind):
         names = tuple(n.name for n in nodes)
+        last = nodes[-1]
+        op_outs = last.outs
+        fx_nodes, ops, static, label = None, None, None, None  # per call, built at the first match
+        options, rejected = self.out.options, self.out.rejected
         for o in outcomes:
             if o[0] == "reject":
-                self.out.rejected.append((names, o[1], o[2]))
+                rejected.append((names, o[1], o[2]))
                 continue
             _, kernel, inputs, priced, layout_out, attrs, dtype, rule_id, warnings, slots = o
             # the kernel's outputs by FX name (graph.bind_outputs); every output the graph reads must be one
-            op_outs = nodes[-1].outs
             outs = tuple(op_outs[j] if j < len(op_outs) else "" for j in slots) if op_outs else ()
             unread = [x for x in op_outs if x and x not in outs]
             if unread:
-                self.out.rejected.append((names, kernel, (f"{kernel} computes output(s) {list(slots)} of "
-                                                          f"{nodes[-1].op}; the graph also reads {', '.join(unread)}",)))
+                rejected.append((names, kernel, (f"{kernel} computes output(s) {list(slots)} of "
+                                                 f"{last.op}; the graph also reads {', '.join(unread)}",)))
                 continue
+            if fx_nodes is None:
+                fx_nodes = []
+                for n in nodes:
+                    fx_nodes.append(n.name)
+                    fx_nodes.extend(x for x in n.outs if x and x != n.name)
+                fx_nodes, ops, static, label = (tuple(fx_nodes), tuple(n.op for n in nodes),
+                                                all(n.static for n in nodes), "+".join(names))
             refs = [values[path] for _k, path, _l in inputs]
-            fx_nodes = []
-            for n in nodes:
-                fx_nodes.append(n.name)
-                fx_nodes.extend(x for x in n.outs if x and x != n.name)
-            payload = Payload(kind, kernel, tuple(fx_nodes), tuple(n.op for n in nodes), tuple(f for _i, f in refs),
-                              tuple(k for k, _p, _l in inputs), attrs, dtype, priced, outs,
-                              all(n.static for n in nodes), rule_id, warnings)
-            self.out.options.append(Option(f"{kernel}@{'+'.join(names)}:{layout_out}", names,
-                                           tuple(i for i, _f in refs), tuple(l for _k, _p, l in inputs),
-                                           layout_out, priced.time_s, payload))
+            payload = Payload(kind, kernel, fx_nodes, ops, tuple([f for _i, f in refs]),
+                              tuple([k for k, _p, _l in inputs]), attrs, dtype, priced, outs,
+                              static, rule_id, warnings)
+            options.append(Option(f"{kernel}@{label}:{layout_out}", names, tuple([i for i, _f in refs]),
+                                  tuple([l for _k, _p, l in inputs]), layout_out, priced.time_s, payload))
 
     # -- fusion groups (found by the rules layer, priced here) --
     def fusions(self):

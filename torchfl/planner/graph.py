@@ -137,7 +137,9 @@ def check_static_shapes(gm):
     for node in gm.graph.nodes:
         vals = node.meta.get("val")
         for v in vals if isinstance(vals, (list, tuple)) else (vals,):
-            if isinstance(v, torch.Tensor) and free_unbacked_symbols(v):
+            # concrete sizes (plain ints, the usual case) carry no symbol: skip torch's walk
+            if (isinstance(v, torch.Tensor) and not all(type(d) is int for d in v.shape)
+                    and free_unbacked_symbols(v)):
                 raise CaptureError(
                     f"node {node.name} ({node.target}) has a data-dependent output shape {tuple(v.shape)}: "
                     "torchfl plans concrete shapes. Run the model through torch.compile(model, "

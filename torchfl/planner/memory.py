@@ -149,18 +149,43 @@ def _nbytes(shape, dtype: str) -> int:
     return n
 
 
+_OUTPUT_BYTES: dict = {}
+
+
+def _frozen(v):
+    """A hashable copy of JSON-like step attrs (lists -> tuples, dicts -> sorted items)."""
+    if isinstance(v, dict):
+        return tuple(sorted((k, _frozen(x)) for k, x in v.items()))
+    if isinstance(v, (list, tuple)):
+        return tuple(_frozen(x) for x in v)
+    return v
+
+
 def _kernel_outputs(step, values) -> list[int]:
     """Bytes of each buffer the step's kernel allocates (its output metadata for the
-    problem its inputs make, as the executor binds it)."""
+    problem its inputs make, as the executor binds it). Memoised per call signature
+    (kernel, its bound inputs' shapes, dtypes and layouts, attrs): repeated blocks and
+    re-plans ask again."""
     from torchfl.kernels.catalog import get
 
     spec = get(step.kernel)
     bound = [(n, values[v]) for n, v in zip(spec.input_names, step.inputs) if v]
+    key = (step.kernel, tuple((n, v.shape, v.dtype, v.layout) for n, v in bound), _frozen(step.attrs))
+    hit = _OUTPUT_BYTES.get(key)
+    if hit is None:
+        if len(_OUTPUT_BYTES) > 50_000:
+            _OUTPUT_BYTES.clear()
+        hit = _OUTPUT_BYTES[key] = tuple(_problem_outputs(spec, bound, step.attrs))
+    return list(hit)
+
+
+def _problem_outputs(spec, bound, attrs) -> list[int]:
+    """The output bytes of ``spec`` called on ``bound`` ((input name, Value) pairs)."""
     shapes = {n: v.shape for n, v in bound}
     dtypes = {n: v.dtype for n, v in bound}
     layouts = {n: _kernel_layout(v.layout, len(v.shape)) for n, v in bound}
     first = next((dtypes[n] for n in spec.input_names if n in dtypes), None)
-    problem = spec.problem(shapes, step.attrs, None if spec.mixed_dtypes else first, layouts, dtypes)
+    problem = spec.problem(shapes, attrs, None if spec.mixed_dtypes else first, layouts, dtypes)
     return [_nbytes(m.shape, m.dtype) for m in spec.output_meta(problem)]
 
 

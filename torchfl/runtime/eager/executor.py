@@ -30,6 +30,15 @@ class _Borrowed(DeviceBuffer):
         pass
 
 
+def _identity(t):
+    """What a static input's cached state is valid for: the tensor (a view's base), its
+    version counter and the address of its data."""
+    if not isinstance(t, torch.Tensor):
+        return id(t)
+    base = t._base
+    return id(t if base is None else base), t._version, t.data_ptr()
+
+
 def as_device_tensor(x, alignment: int):
     """The npu tensor ``x`` as a DeviceTensor over its own buffer, or None when it is not a
     dense permutation at an aligned address (a view that must be copied first)."""
@@ -49,9 +58,8 @@ def as_device_tensor(x, alignment: int):
     return DeviceTensor(borrowed, tuple(x.shape), layout, _dt.from_torch_dtype(x.dtype), offset)
 
 
-def as_npu_tensor(v, index: int, owners: dict):
-    """DeviceTensor ``v`` as an npu tensor on device ``index``. ``owners`` maps buffer
-    addresses to npu tensors already holding them (the inputs, earlier outputs)."""
+def layout_strides(v) -> list:
+    """The element strides of DeviceTensor ``v``'s logical axes, stored densely in its layout."""
     rank = len(v.shape)
     perm = layout_perm(v.layout, rank)
     phys = v.physical_shape
@@ -60,6 +68,13 @@ def as_npu_tensor(v, index: int, owners: dict):
     for i in range(rank - 1, -1, -1):
         strides[perm[i]] = step
         step *= phys[i]
+    return strides
+
+
+def as_npu_tensor(v, index: int, owners: dict):
+    """DeviceTensor ``v`` as an npu tensor on device ``index``. ``owners`` maps buffer
+    addresses to npu tensors already holding them (the inputs, earlier outputs)."""
+    strides = layout_strides(v)
     item = _dt.itemsize(v.dtype)
     offset = v.offset // item
     owner = owners.get(v.buffer.address)
@@ -78,7 +93,30 @@ class EagerExecutor(Executor):
     """Executes a one-op (or lazily recorded) plan on npu tensors, without copies."""
 
     keeps_outputs = True
-    freezes_static = False     # a static input may be the caller's own npu buffer, written in place
+    # A static input may be the caller's own npu buffer, which an optimizer step, ``copy_``
+    # or ``add_`` writes in place. Every such write bumps the tensor's version counter
+    # (shared by its views), so the cached static values -- and the frozen copies kernels
+    # derive from them -- are keyed on the tensor's identity, version and address
+    # (:meth:`_static_inputs_key`): a written weight is re-derived on its next use.
+    freezes_static = True
+
+    def _static_inputs_key(self, args):
+        """The base class's key (identity and version of each static input and lifted
+        tensor), with views seen through to their base (a ``w.t()`` made anew per call is
+        the same weight) and the data address (``p.data = ...`` swaps storage without a
+        version bump)."""
+        n = len(args)
+        return (tuple([_identity(args[i]) for i in self._static_pos if i < n]),
+                tuple([_identity(t) for t in self._lifted_tensors]))
+
+    def release(self):
+        from torchfl.kernels.frozen import thaw
+
+        for env in (self._base or (), (self._lifted_vals or {}).values()):
+            for v in env:
+                if isinstance(v, DeviceTensor) and isinstance(v.buffer, _Borrowed):
+                    thaw(v.buffer)      # the caller's buffer: never freed here, its copies dropped
+        super().release()
 
     def __init__(self, plan, chip, index: int, **kwargs):
         super().__init__(plan, chip, **kwargs)

@@ -24,6 +24,8 @@ import weakref
 import torch
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
+from . import _STATE
+
 __all__ = ["active", "record", "flush_all", "lazy_mode", "STATS", "last_plan"]
 
 _TLS = threading.local()
@@ -91,52 +93,114 @@ def _meta(t):
     return torch.empty_strided(tuple(t.shape), tuple(t.stride()), dtype=t.dtype, device="meta")
 
 
-def record(op, args, kwargs):
-    """Record ``op`` (returns its outputs, allocated, to be computed at the next flush)."""
-    from . import ops as _ops
+_OPS: list = [None]         # the ops module, imported at the first record (it loads the planner)
 
-    schema = op._schema
-    base = schema.name.split("::")[-1]
-    if schema.is_mutable or base in _ops.HOST_WRITES or base + "_" in _ops.HOST_WRITES:
+
+def _load_ops():
+    from . import ops
+
+    _OPS[0] = ops
+    return ops
+
+
+_METAS: dict = {}          # (op, structure, argument signature) -> outputs' metadata, or None
+_ARG_SPECS: dict = {}      # number of positional arguments -> TreeSpec of (args, {})
+_DEVICES: dict = {}        # index -> "npu:index"
+
+
+def _flatten(args, kwargs):
+    """``tree_flatten((args, kwargs))`` and a cheap hashable name of its structure. A call
+    with positional arguments only and no tensor (or nested container) inside a list (every
+    op of a model but ``cat``/``stack``) keeps its arguments as the leaves: a list of ints
+    is one leaf."""
+    if not kwargs and not any(isinstance(a, (list, tuple)) and any(isinstance(x, (torch.Tensor, list, tuple, dict))
+                                                                   for x in a) or isinstance(a, dict)
+                              for a in args):
+        n = len(args)
+        spec = _ARG_SPECS.get(n)
+        if spec is None:
+            spec = _ARG_SPECS[n] = tree_flatten((tuple(range(n)), {}))[1]
+        return list(args), spec, n
+    flat, spec = tree_flatten((args, kwargs))
+    return flat, spec, str(spec)
+
+
+def _outputs_meta(op, flat, spec):
+    """The outputs ``op`` gives for these arguments, from its meta kernel: (out spec, per
+    output (shape, stride, dtype) or the non-tensor value, how to rebuild it: "single" tensor,
+    "tuple" of leaves, else "tree")."""
+    m_args, m_kwargs = tree_unflatten([_meta(a) if isinstance(a, torch.Tensor) else a for a in flat], spec)
+    out_flat, out_spec = tree_flatten(op(*m_args, **m_kwargs))
+    metas = tuple((tuple(m.shape), tuple(m.stride()), m.dtype) if isinstance(m, torch.Tensor) else ("value", m)
+                  for m in out_flat)
+    if out_spec.is_leaf():
+        form = "single" if len(metas[0]) == 3 else "tree"
+    else:          # batch_norm's (out, mean, invstd): a plain tuple of leaves
+        form = "tuple" if out_spec.type is tuple and out_spec.num_leaves == out_spec.num_children else "tree"
+    return out_spec, metas, form
+
+
+def _index_of(flat, kwargs, _ops) -> int:
+    """The device index of the call (``ops._device_of``, which also names mixed devices,
+    when the first npu tensor does not settle it)."""
+    index = None
+    for a in flat:
+        if isinstance(a, torch.Tensor):
+            dev = a.device
+            if dev.type == "npu":
+                if index is None:
+                    index = dev.index or 0
+                elif (dev.index or 0) != index:
+                    index = None
+                    break
+    return _ops._device_of(flat, kwargs) if index is None else index
+
+
+def record(op, args, kwargs):
+    """Record ``op`` (returns its outputs, allocated, to be computed at the next flush).
+    The outputs' shapes come from the op's meta kernel, run once per signature."""
+    _ops = _OPS[0] or _load_ops()
+    if (_ops._KINDS.get(op) or _ops._kind(op)) != "functional":     # writes: run now, in order
         flush_all()
         return _ops.run_eager(op, args, kwargs)
-    _ops._ensure_functional_routes()
-    flat, spec = tree_flatten((args, kwargs))
-    index = _ops._device_of(flat, kwargs)
-    try:
-        m_args, m_kwargs = tree_unflatten([_meta(a) if isinstance(a, torch.Tensor) else a for a in flat], spec)
-        meta_out = op(*m_args, **m_kwargs)
-    except Exception:   # no meta kernel: run it now, eagerly, after what was recorded
+    if not _ops._ROUTES_READY:
+        _ops._ensure_functional_routes()
+    flat, spec, structure = _flatten(args, kwargs)
+    index = _index_of(flat, kwargs, _ops)
+    sig = tuple([(a.shape, a.dtype, a.stride(), a.storage_offset()) if isinstance(a, torch.Tensor)
+                 else ("v", repr(a)) for a in flat])
+    mkey = (op, structure, sig, torch.get_default_dtype())
+    meta = _METAS.get(mkey, False)
+    if meta is False:
+        try:
+            meta = _outputs_meta(op, flat, spec)
+        except Exception:   # no meta kernel: run it now, eagerly, after what was recorded
+            meta = None
+        _METAS[mkey] = meta
+    if meta is None:
         flush_all()
         return _ops.run_eager(op, args, kwargs)
     rec = _recorder(index)
-    refs, key = [], []
-    for a in flat:
-        if isinstance(a, torch.Tensor):
-            ref = _ref(rec, a)
-            refs.append(ref)
-            key.append((ref, tuple(a.shape), a.dtype, tuple(a.stride()), a.storage_offset()))
-        else:
-            refs.append(a)
-            key.append(("v", repr(a)))
+    refs = [_ref(rec, a) if isinstance(a, torch.Tensor) else a for a in flat]
     node = len(rec.nodes)
     rec.nodes.append((op, refs, spec))
-    rec.key.append((op, tuple(key), str(spec)))
+    rec.key.append((op, structure, sig, tuple([r for r, a in zip(refs, flat) if isinstance(a, torch.Tensor)])))
     STATS["ops_recorded"] += 1
-    out_flat, out_spec = tree_flatten(meta_out)
+    out_spec, metas, form = meta
+    device = _DEVICES.get(index) or _DEVICES.setdefault(index, f"npu:{index}")
     results = []
-    for pos, m in enumerate(out_flat):
-        if isinstance(m, torch.Tensor):
-            t = torch.empty_strided(tuple(m.shape), tuple(m.stride()), dtype=m.dtype, device=f"npu:{index}")
+    for pos, m in enumerate(metas):
+        if len(m) == 3:
+            t = torch.empty_strided(m[0], m[1], dtype=m[2], device=device)
             rec.produced[t.untyped_storage().data_ptr()] = (node, pos)
             rec.outputs.append((node, pos, weakref.ref(t)))
             results.append(t)
         else:
-            results.append(m)
-    from . import adapter
-
-    adapter().set_lazy_pending(True)
-    return tree_unflatten(results, out_spec)
+            results.append(m[1])
+    _STATE["adapter"].set_lazy_pending(True)     # the adapter's copies flush first
+    if form == "single":
+        return results[0]
+    return tuple(results) if form == "tuple" else tree_unflatten(results, out_spec)
 
 
 def _ref(rec, t):
@@ -157,8 +221,6 @@ def flush_all() -> None:
     if rec is None:
         return
     _TLS.recorder = None
-    from . import _STATE
-
     if _STATE["adapter"] is not None:
         _STATE["adapter"].set_lazy_pending(False)
     if not rec.nodes:
@@ -230,7 +292,8 @@ def _run(rec):
     STATS["flushes"] += 1
     if not alive:
         return
-    static = tuple(i for i, t in enumerate(rec.inputs) if isinstance(t, torch.nn.Parameter))
+    param = torch.nn.Parameter     # weights and their views (the ``w.t()`` of a linear layer)
+    static = tuple(i for i, t in enumerate(rec.inputs) if isinstance(t, param) or isinstance(t._base, param))
     key = (rec.index, tuple(rec.key), tuple(alive), static,
            tuple((tuple(t.shape), t.dtype, tuple(t.stride())) for t in rec.inputs))
     entry = _GRAPHS.get(key)

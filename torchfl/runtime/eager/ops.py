@@ -26,6 +26,8 @@ import torch
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from . import device as _dev
+from . import direct as _direct
+from . import lazy as _lazy
 
 __all__ = ["dispatch", "STATS", "reset_stats", "eager_precision", "clear_cache"]
 
@@ -50,6 +52,7 @@ def reset_stats() -> None:
 def clear_cache() -> None:
     with _LOCK:
         _CACHE.clear()
+        _FAST.clear()
 
 
 def eager_precision() -> str | None:
@@ -68,22 +71,33 @@ def _strict() -> bool:
 # ---------------------------------------------------------------- entry point
 
 def dispatch(op, args, kwargs):
-    from . import lazy
-
-    if lazy.active():
-        return lazy.record(op, args, kwargs)
+    if _lazy.active():
+        return _lazy.record(op, args, kwargs)
     return run_eager(op, args, kwargs)
 
 
 def run_eager(op, args, kwargs):
-    _ensure_functional_routes()
+    if not _ROUTES_READY:
+        _ensure_functional_routes()
+    kind = _KINDS.get(op) or _kind(op)
+    if kind == "functional":
+        return _functional(op, args, kwargs)
+    if kind == "write":
+        return _host_write(op, args, kwargs)
+    return _mutating(op, args, kwargs)
+
+
+_KINDS: dict = {}
+
+
+def _kind(op) -> str:
+    """How ``op`` runs (once per op): a host write, a mutating op or a functional one."""
     schema = op._schema
     base = schema.name.split("::")[-1]
-    if base in HOST_WRITES or base + "_" in HOST_WRITES:
-        return _host_write(op, args, kwargs)
-    if schema.is_mutable:
-        return _mutating(op, args, kwargs)
-    return _functional(op, args, kwargs)
+    kind = ("write" if base in HOST_WRITES or base + "_" in HOST_WRITES
+            else "mutating" if schema.is_mutable else "functional")
+    _KINDS[op] = kind
+    return kind
 
 
 _ROUTES_READY = False
@@ -132,8 +146,8 @@ def _arg_key(a):
         weight = isinstance(a, torch.nn.Parameter) or isinstance(getattr(a, "_base", None), torch.nn.Parameter)
         return ("T", a.device.type, tuple(a.shape), a.dtype, tensor_layout(a) if dense else tuple(a.stride()),
                 a.requires_grad and torch.is_grad_enabled(), weight)
-    if isinstance(a, float) and a != a:
-        return ("nan",)
+    if isinstance(a, float):
+        return ("float", a.hex())          # NaN equals itself, -0.0 is not 0.0
     return (type(a).__name__, a)
 
 
@@ -143,14 +157,31 @@ class _ChipRoute:
     """A planned one-op graph and its executor (zero-copy inputs and outputs)."""
 
     kind = "chip"
+    direct = None                      # a DirectRun once prepared (False: the plan needs the executor)
+    last_kernel_s = 0.0                # the last call's time in the kernel (tools/bench_eager.py)
 
     def __init__(self, plan, executor, out_spec, label, fallback: bool, writes=()):
         self.plan, self.executor, self.out_spec, self.label = plan, executor, out_spec, label
         self.fallback = fallback
         self.writes = tuple(writes)    # input positions the op updates in place (extra outputs)
+        self.single = out_spec.is_leaf()
+
+    def call(self, args, kwargs, tensors):
+        return self.run(tensors)
 
     def run(self, tensors):
+        direct = self.direct
+        if direct:
+            out = direct.run(tensors)
+            if out is not None:
+                self.last_kernel_s = direct.last_kernel_s
+                STATS["chip_ops"] += 1
+                ROUTES[self.label, "chip"] += 1
+                return out[0] if self.single else tree_unflatten(list(out), self.out_spec)
         flat = list(self.executor.run(tensors))
+        self.last_kernel_s = self.executor.last_kernel_s
+        if direct is None:
+            self.direct = (not self.writes and not self.fallback and _direct.prepare(self.executor, tensors)) or False
         STATS["host_fallback_ops" if self.fallback else "chip_ops"] += 1
         ROUTES[(self.label, "host fallback" if self.fallback else "chip")] += 1
         if self.writes:
@@ -169,6 +200,9 @@ class _HostRoute:
 
     def __init__(self, op, index, label, reason):
         self.op, self.index, self.label, self.reason = op, index, label, reason
+
+    def call(self, args, kwargs, tensors):
+        return self.run_args(args, kwargs)
 
     def run_args(self, args, kwargs):
         STATS["host_fallback_ops"] += 1
@@ -334,6 +368,59 @@ class _Fallback:
 
 
 def _functional(op, args, kwargs):
+    fkey = None if kwargs else _fast_key(op, args)
+    if fkey is not None:
+        route = _FAST.get(fkey)
+        if route is not None:
+            return route.call(args, kwargs, [a for a in args if isinstance(a, torch.Tensor)])
+    route, tensors = _route(op, args, kwargs)
+    if fkey is not None:
+        _FAST[fkey] = route
+    return route.call(args, kwargs, tensors)
+
+
+_PARAM = torch.nn.Parameter
+_FAST: dict = {}       # _fast_key -> route (the same routes as _CACHE, found without flattening)
+
+
+def _fast_key(op, args):
+    """A cheap signature of a call with positional arguments only, or None (the general key
+    of :func:`_route` applies). Finer than that key -- strides instead of layouts, the
+    device of each tensor -- so each fast key names one route. None for tensors or nested
+    containers inside lists (``cat``) and calls with no npu tensor."""
+    key = [op, _strict(), eager_precision(), torch._C._current_autograd_node() is not None,
+           torch.is_grad_enabled()]
+    npu = False
+    tensor = torch.Tensor
+    for a in args:
+        if isinstance(a, tensor):
+            dev = a.device
+            npu = npu or dev.type == "npu"
+            base = a._base
+            key.append((dev, a.dtype, a.shape, a.stride(), a.requires_grad,
+                        (a.__class__ is not tensor and isinstance(a, _PARAM))
+                        or (base is not None and base.__class__ is not tensor and isinstance(base, _PARAM))))
+        elif isinstance(a, (list, tuple)):
+            for x in a:
+                if isinstance(x, (torch.Tensor, list, tuple)):
+                    return None
+            key.append((a.__class__, tuple([x.hex() if isinstance(x, float) else x for x in a]),
+                        tuple([x.__class__ for x in a])))
+        elif isinstance(a, float):
+            key.append(("float", a.hex()))      # NaN equals itself, -0.0 is not 0.0
+        else:
+            key.append((a.__class__, a))
+    if not npu:
+        return None
+    try:
+        hash(key := tuple(key))
+    except TypeError:
+        return None
+    return key
+
+
+def _route(op, args, kwargs):
+    """The route for this call (built on first use) and its flat tensor arguments."""
     flat, spec = tree_flatten((args, kwargs))
     index = _device_of(flat, kwargs)
     key = (op, index, _strict(), eager_precision(), torch._C._current_autograd_node() is not None, str(spec),
@@ -345,9 +432,7 @@ def _functional(op, args, kwargs):
             route = _CACHE.get(key)
             if route is None:
                 route = _CACHE[key] = _build(op, index, flat, spec, tensors)
-    if route.kind == "host":
-        return route.run_args(args, kwargs)
-    return route.run(tensors)
+    return route, tensors
 
 
 # ---------------------------------------------------------------- host paths

@@ -1,0 +1,116 @@
+"""The eager warm path: a one-op plan run straight through its bound kernel.
+
+Most one-op plans are one chip step that reads the caller's npu tensors as they are (their
+dtype and layout are the plan's) and writes fresh output buffers. For those the executor's
+general machinery (slots, memory plan, uploads, static caches, output spec) does nothing a
+call needs, and costs more than the routing around it should (issue 19: <= 50 us per op
+beyond the kernel). :func:`prepare` checks, once, after the executor's first run (which
+bound the kernel to its tile plan and checked it against the plan), that the plan is of
+that shape; :class:`DirectRun` then takes the inputs' buffers, calls the same bound kernel
+(``KernelSpec.bind``: its per-call signature and alignment checks still run) and wraps the
+outputs as npu tensors. Anything unusual on a call (a misaligned view, a buffer torch does
+not own) returns None before the kernel runs and the caller takes the executor's path.
+"""
+from __future__ import annotations
+
+import time
+
+from torchfl.kernels import dtypes as _dt
+from torchfl.kernels.tensor import DeviceTensor
+
+from . import device as _dev
+from .executor import as_device_tensor, as_npu_tensor, layout_strides
+
+__all__ = ["DirectRun", "prepare"]
+
+_LIVE = _dev._LIVE          # address -> buffer of each torch npu storage
+
+
+def prepare(executor, tensors):
+    """A :class:`DirectRun` for ``executor``'s plan, or None when the plan needs the executor
+    (several steps, host steps, weights, conversions, outputs that view inputs...).
+    ``tensors``: the call's flat tensor arguments (the executor has just run on them)."""
+    plan = executor.plan
+    if len(executor.preps) != 1 or executor.lifted or plan.fallbacks:
+        return None
+    p = executor.preps[0]
+    if p.host or p.call is None or p.relabel or p.squeeze is not None or p.alias or p.link is not None:
+        return None
+    n = len(executor.out_slots)
+    if tuple(p.outs) != executor.out_slots or len(set(p.outs)) != n or min(p.outs, default=0) < 0 \
+            or executor.out_spec != tuple(("value", i) for i in range(n)):
+        return None
+    by_slot = {executor.slots[name]: (pos, lay, dt) for name, pos, lay, dt in executor.user_inputs}
+    inputs = []
+    for name, s in zip(p.names, p.ins):
+        hit = by_slot.get(s)
+        if hit is None or hit[0] >= len(tensors):
+            return None
+        pos, lay, dt = hit
+        t = tensors[pos]
+        if t.device.type != "npu" or (dt and dt != _dt.from_torch_dtype(t.dtype)):
+            return None
+        v = as_device_tensor(t, executor.chip.alignment)
+        if v is None or v.layout != lay:
+            return None
+        inputs.append((name, pos, v.shape, v.layout, v.dtype))
+    return DirectRun(p.call, tuple(inputs), n, executor)
+
+
+class DirectRun:
+    """One prepared one-op plan: ``run(tensors)`` -> its outputs as npu tensors, or None
+    (nothing ran) when a call's inputs are not as prepared. ``last_kernel_s``: the time in
+    the kernel call, as the executor's ``last_kernel_s`` measures it."""
+
+    __slots__ = ("call", "inputs", "n_out", "index", "memory", "align", "wrappers", "last_kernel_s")
+
+    def __init__(self, call, inputs, n_out, executor):
+        self.call, self.inputs, self.n_out = call, inputs, n_out
+        self.index = executor.index
+        self.memory = executor.memory
+        self.align = int(executor.chip.alignment)
+        self.wrappers: dict = {}        # (shape, layout, dtype) -> (shape list, strides, torch dtype)
+        self.last_kernel_s = 0.0
+
+    def run(self, tensors):
+        align = self.align
+        inputs = {}
+        new = DeviceTensor.__new__
+        for name, pos, shape, layout, dtype in self.inputs:
+            t = tensors[pos]
+            offset = t.storage_offset() * t.element_size()
+            buf = _LIVE.get(t.data_ptr() - offset)
+            if buf is None or (buf.address + offset) % align:
+                return None
+            v = new(DeviceTensor)
+            v.buffer, v.shape, v.layout, v.dtype, v.offset = buf, shape, layout, dtype, offset
+            inputs[name] = v
+        with self.memory.returned_on_error():
+            k0 = time.perf_counter()
+            outs, _counted = self.call(inputs)
+            self.last_kernel_s = time.perf_counter() - k0
+        n = self.n_out
+        for extra in outs[n:]:          # outputs the plan does not name (as the executor's _store)
+            extra.buffer.free()
+        return tuple([self._wrap(o, tensors) for o in outs[:n]])
+
+    def _wrap(self, v, tensors):
+        """Output ``v`` as an npu tensor owning its buffer (no copy)."""
+        address = v.buffer.address
+        if v.offset or address in _LIVE:    # a view into an input's (or another output's) buffer
+            owners = {t.untyped_storage().data_ptr(): t for t in tensors}
+            return as_npu_tensor(v, self.index, owners)
+        key = (v.shape, v.layout, v.dtype)
+        w = self.wrappers.get(key)
+        if w is None:
+            w = self.wrappers[key] = _wrapper(v)
+        shape, strides, dtype = w
+        from . import _STATE
+
+        _LIVE[address] = v.buffer
+        return _STATE["adapter"].wrap(address, v.buffer.nbytes, shape, strides, 0, dtype, self.index)
+
+
+def _wrapper(v):
+    """Shape, strides and torch dtype of a fresh output in its layout (as_npu_tensor's)."""
+    return list(v.shape), layout_strides(v), _dt.torch_dtype(v.dtype)
