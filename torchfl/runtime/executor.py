@@ -157,10 +157,16 @@ def _relabel(t):
     return DeviceTensor(t.buffer, t.physical_shape, None, t.dtype, t.offset)
 
 
+_VIEWED_GEMMS = frozenset({"linear_gelu", "linear_relu", "matmul_gelu"})
+_VIEW_OPS = frozenset({"aten.view.default", "aten._unsafe_view.default"})
+
+
 def _reshaped(t, shape):
     """``t`` (identity layout) seen with ``shape`` (same elements): select drops its dim."""
     from torchfl.kernels.tensor import DeviceTensor
 
+    if tuple(t.shape) == shape:
+        return t
     if t.layout is not None or t.numel != _numel(shape):
         raise PlanMismatch(f"select: a slice of shape {t.shape} cannot be seen as {shape}")
     return DeviceTensor(t.buffer, shape, None, t.dtype, t.offset)
@@ -267,6 +273,11 @@ class Executor:
             p = _Prep(step)
             if step.kernel == "slice" and "aten.select.int" in step.ops and step.outputs[:1] and \
                     step.outputs[0] in plan.values:
+                p.squeeze = tuple(plan.values[step.outputs[0]].shape)
+            elif step.kernel in _VIEWED_GEMMS and step.outputs[:1] and step.outputs[0] in plan.values and \
+                    _VIEW_OPS & set(step.ops):
+                # a GEMM fused through a view (addmm -> view -> gelu): its [M, N] result is the
+                # group output's shape, the same elements
                 p.squeeze = tuple(plan.values[step.outputs[0]].shape)
             if is_link_cast(step, plan.values):
                 p.host, p.link = True, step.attrs["to"]
