@@ -10,7 +10,7 @@ conv(value, its layout, the layout the consumer needs) + output conversions``.
 
 Method (exact for chains *and* DAGs while the state count stays under ``beam``):
 
-1. On a networkx DiGraph of the nodes, contract every maximal *single-user path* (a node
+1. On the graph of the nodes (adjacency lists), contract every maximal *single-user path* (a node
    whose only user is the next one) and take the lexicographic topological order of the
    contracted graph, expanding each path in place. Every fusion group is a sub-path of
    such a path, so it is contiguous in this order (the contracted graph is acyclic: an
@@ -39,12 +39,12 @@ candidate in the options' given order. Time O(nodes x options per node x states)
 
 from __future__ import annotations
 
+import heapq
 import math
 from operator import itemgetter
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
-import networkx as nx
 
 INF = math.inf
 RESERVED = "~"  # layout slot of a value reserved for an open fusion group (layouts are letters, "" is rank 0)
@@ -98,6 +98,29 @@ def _users(nodes: dict[str, tuple[str, ...]]) -> dict[str, list[str]]:
     return users
 
 
+def _lexicographic_order(succ: dict[str, list[str]]) -> list[str]:
+    """The topological order of the DAG ``succ`` (node -> successors, every node a key) that
+    always takes the smallest available name next: the order of networkx's
+    ``lexicographical_topological_sort``, without building a DiGraph per plan."""
+    indegree = dict.fromkeys(succ, 0)
+    for users in succ.values():
+        for u in users:
+            indegree[u] += 1
+    heap = [v for v, d in indegree.items() if d == 0]
+    heapq.heapify(heap)
+    order = []
+    while heap:
+        v = heapq.heappop(heap)
+        order.append(v)
+        for u in succ[v]:
+            indegree[u] -= 1
+            if indegree[u] == 0:
+                heapq.heappush(heap, u)
+    if len(order) != len(succ):
+        raise SelectionError("the graph has a cycle")
+    return order
+
+
 def schedule(nodes: dict[str, tuple[str, ...]], outputs: Iterable[str] = (),
              prefer: set[tuple[str, str]] = frozenset()) -> list[str]:
     """A topological order of ``nodes`` in which chosen single-user paths are contiguous.
@@ -105,18 +128,17 @@ def schedule(nodes: dict[str, tuple[str, ...]], outputs: Iterable[str] = (),
     A node joins the path of one input whose only user it is: an input edge listed in
     ``prefer`` (consecutive nodes of a fusion option) first, else its first such input.
     """
-    graph = nx.DiGraph()
-    graph.add_nodes_from(nodes)
+    succ: dict[str, list[str]] = {name: [] for name in nodes}  # distinct users, as a DiGraph's edges
     for name, inputs in nodes.items():
-        for value in inputs:
+        for value in dict.fromkeys(inputs):
             if value in nodes:
-                graph.add_edge(value, name)
+                succ[value].append(name)
     escaping = set(outputs)
     head: dict[str, str] = {}
     paths: dict[str, list[str]] = {}
-    for name in nx.lexicographical_topological_sort(graph):
+    for name in _lexicographic_order(succ):
         single = [p for p in dict.fromkeys(nodes[name])
-                  if p in nodes and graph.out_degree(p) == 1 and p not in escaping
+                  if p in nodes and len(succ[p]) == 1 and p not in escaping
                   and paths[head[p]][-1] == p]
         join = next((p for p in single if (p, name) in prefer), single[0] if single else None)
         if join is not None:
@@ -126,13 +148,16 @@ def schedule(nodes: dict[str, tuple[str, ...]], outputs: Iterable[str] = (),
             paths[h] = []
         head[name] = h
         paths[h].append(name)
-    contracted = nx.DiGraph()
-    contracted.add_nodes_from(paths)
-    for u, v in graph.edges:
-        if head[u] != head[v]:
-            contracted.add_edge(head[u], head[v])
+    contracted: dict[str, list[str]] = {h: [] for h in paths}
+    seen = set()
+    for u, users in succ.items():
+        for v in users:
+            edge = (head[u], head[v])
+            if edge[0] != edge[1] and edge not in seen:
+                seen.add(edge)
+                contracted[edge[0]].append(edge[1])
     order: list[str] = []
-    for h in nx.lexicographical_topological_sort(contracted):
+    for h in _lexicographic_order(contracted):
         order.extend(paths[h])
     return order
 
