@@ -1,6 +1,7 @@
 """The npu eager device: per-op overhead and whole models in four modes, side by side.
 
     python tools/bench_eager.py [--json] [--runs 5] [--chip NPU-V3] [--models resnet18,resnet50]
+                                [--threads 1 --timer cpu]
 
 Per-op overhead: a small op (relu, add, a 64x64 matmul) on npu tensors, called ``--op-calls``
 times after a warm-up; per call the wall time minus the time inside the kernel call (the
@@ -15,7 +16,9 @@ call, with fusion), ``torch.compile(backend="torchfl")`` on the same npu tensors
 CPU eager in float32 (CPU float16 convolutions are not a fair reference). Each mode is
 warmed up (plans and kernel compiles) and then the four alternate ``--runs`` times;
 medians. ratio_lazy_vs_compiled = lazy / compiled (target <= 1.3). The machine is shared:
-compare only figures from one run, and read the load average printed with them.
+compare only figures from one run, and read the load average printed with them;
+``--threads 1 --timer cpu`` (one thread for torch and the kernels, the process's CPU time)
+measures the work each mode does, steady while other processes load the host.
 """
 from __future__ import annotations
 
@@ -29,9 +32,17 @@ import time
 os.environ.setdefault("NUMBA_CACHE_DIR", os.path.join(os.path.dirname(__file__), "..", ".cache", "numba"))
 
 
-def _setup(chip):
+_clock = time.perf_counter     # --timer cpu: time.process_time
+
+
+def _setup(chip, threads):
     os.environ["TORCHFL_DEVICES"] = chip
+    if threads:
+        os.environ["NUMBA_NUM_THREADS"] = str(threads)
     import torch
+
+    if threads:
+        torch.set_num_threads(threads)
 
     from torchfl.runtime import eager
 
@@ -58,16 +69,16 @@ def per_op(torch, calls):
         route = _new_route(ops, known)
         walls, beyond = [], []
         for _ in range(calls):
-            t0 = time.perf_counter()
+            t0 = _clock()
             npu_fn()
-            wall = time.perf_counter() - t0
+            wall = _clock() - t0
             walls.append(wall)
             beyond.append(wall - route.last_kernel_s)
         cpu = []
         for _ in range(calls):
-            t0 = time.perf_counter()
+            t0 = _clock()
             cpu_fn()
-            cpu.append(time.perf_counter() - t0)
+            cpu.append(_clock() - t0)
         out[name] = {"eager_npu_us": 1e6 * statistics.median(walls),
                      "overhead_beyond_kernel_us": 1e6 * statistics.median(beyond),
                      "torch_cpu_us": 1e6 * statistics.median(cpu)}
@@ -113,16 +124,16 @@ def models(torch, names, runs, chip):
         first = {}
         with torch.no_grad():
             for mode, fn in modes.items():
-                t0 = time.perf_counter()
+                t0 = _clock()
                 fn()
-                first[mode] = time.perf_counter() - t0
+                first[mode] = _clock() - t0
                 fn()
             times = {mode: [] for mode in modes}
             for _ in range(runs):
                 for mode, fn in modes.items():
-                    t0 = time.perf_counter()
+                    t0 = _clock()
                     fn()
-                    times[mode].append(time.perf_counter() - t0)
+                    times[mode].append(_clock() - t0)
             ref = cpu().float()
             errs = {mode: float((fn().cpu().float() - ref).abs().max() / ref.abs().max())
                     for mode, fn in modes.items() if mode != "torch_cpu"}
@@ -143,10 +154,17 @@ def main(argv=None):
     ap.add_argument("--op-calls", type=int, default=200)
     ap.add_argument("--chip", default="NPU-V3")
     ap.add_argument("--models", default="resnet18,resnet50")
+    ap.add_argument("--threads", type=int, default=0,
+                    help="threads for torch and the emulator's kernels (default: all cores)")
+    ap.add_argument("--timer", choices=("wall", "cpu"), default="wall",
+                    help="cpu: the process's CPU time (steady on a loaded host with --threads 1)")
     args = ap.parse_args(argv)
-    torch = _setup(args.chip)
+    global _clock
+    if args.timer == "cpu":
+        _clock = time.process_time
+    torch = _setup(args.chip, args.threads)
     load0 = os.getloadavg()
-    out = {"chip": args.chip, "runs": args.runs, "threads": torch.get_num_threads(),
+    out = {"chip": args.chip, "runs": args.runs, "threads": torch.get_num_threads(), "timer": args.timer,
            "per_op": per_op(torch, args.op_calls),
            "models": models(torch, [m for m in args.models.split(",") if m], args.runs, args.chip),
            "loadavg": [load0, os.getloadavg()]}

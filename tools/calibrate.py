@@ -2,7 +2,8 @@
 """Cost-model calibration: does the planner's predicted time rank kernel calls as their
 measured time does?
 
-    python tools/calibrate.py [--json] [--cases resnet50_b8,bert_base_s512] [--top 8] [--runs 3]
+    python tools/calibrate.py [--json] [--cases resnet50_b8,bert_base_s512,bert_layer_s512] [--top 8]
+                              [--runs 3]
 
 For each case the model is planned (fp16 policy) and its ``--top`` most expensive distinct
 chip steps are taken (by predicted time; repeated layers counted once). Each step's points
@@ -15,11 +16,18 @@ threads (default 1: on a shared host wall time swings several-fold with the othe
 processes' load, a single thread's CPU time does not).
 
 Per kernel family (the catalog's ``family`` of each point's kernel):
-``spearman``: rank correlation of predicted vs measured over all the family's points;
+``spearman``: rank correlation of predicted vs measured over all the family's points
+(pooled over steps and cases; ties get averaged ranks);
 ``within_step_spearman``: its mean over steps with >= 3 points of distinct predicted time
 (the ranking the planner actually uses: alternatives of one step against each other);
+``tied_points``: points whose predicted time equals another point's of the same step (the
+model says they cost the same; their measured order is the host's, see BENCHMARKS.md);
 ``mae_s``: mean |predicted - measured| in seconds (the chip's time against this CPU's: an
 offset, not an error of the model alone); ``median_measured_over_predicted``.
+``steps`` lists each step's own correlation (or why there is none: too few points, all
+predicted equal); ``excluded`` the points not measured and why (an alternative the kernel
+refuses on these inputs, a call already measured in the step); ``host_balanced_spearman``
+the ranking of the same plans priced with this host's balance (:func:`host_balanced`).
 """
 from __future__ import annotations
 
@@ -38,6 +46,9 @@ CASES = {
     # name: (zoo model, options, chip)
     "resnet50_b8": ("resnet50", dict(batch=8, image=224), "NPU-V3"),
     "bert_base_s512": ("bert-base", dict(batch=1, seq_len=512), "TFL-X1"),
+    # NPU-V3's 8 MiB cache: a BERT-large layer's 1024x4096 fp16 weights (8 MiB) do not fit, so
+    # its GEMMs stream and their alternatives (linear vs fused epilogues) price differently
+    "bert_layer_s512": ("bert-large", dict(batch=1, seq_len=512, layers=1), "NPU-V3"),
 }
 
 
@@ -141,7 +152,7 @@ def _fx_values(plan):
 
 
 def measure(plan, call, chip, mem, static_vals, runs):
-    """Least CPU time of the kernel call on random inputs of the plan's shapes."""
+    """(least CPU time of the kernel call on random inputs of the plan's shapes, its TilePlan)."""
     from torchfl.kernels.catalog import get
 
     spec = get(call["kernel"])
@@ -168,7 +179,7 @@ def measure(plan, call, chip, mem, static_vals, runs):
     finally:
         for t in ins.values():
             t.free()
-    return min(times)
+    return min(times), tp
 
 
 def calibrate_case(name, top, runs, registry=None):
@@ -176,6 +187,7 @@ def calibrate_case(name, top, runs, registry=None):
 
     from torchfl.kernels.catalog import get
     from torchfl.kernels.memory import DeviceMemory
+    from torchfl.kernels.tiling import simulated_time
     from torchfl.planner.api import plan_module
     from torchfl.planner.memory import static_steps
     from torchfl.planner.zoo import load_model
@@ -193,17 +205,72 @@ def calibrate_case(name, top, runs, registry=None):
         for label, call, pred in alts:
             key = json.dumps([call["kernel"], call["layouts_in"], call["inputs"], repr(call["attrs"])])
             if key in done:
+                skipped.append({"case": name, "step": step.index, "kernel": call["kernel"], "label": label,
+                                "why": "the same call as another point of this step (measured once)"})
                 continue
             done.add(key)
             try:
-                meas = measure(plan, call, chip, mem, static_vals, runs)
+                meas, tp = measure(plan, call, chip, mem, static_vals, runs)
             except Exception as exc:    # an alternative the kernel refuses on these inputs: say so
-                skipped.append({"step": step.index, "kernel": call["kernel"], "why": f"{type(exc).__name__}: {exc}"[:200]})
+                skipped.append({"case": name, "step": step.index, "kernel": call["kernel"], "label": label,
+                                "why": f"{type(exc).__name__}: {exc}"[:200]})
                 continue
             points.append({"case": name, "step": step.index, "family": get(call["kernel"]).family,
                            "kernel": call["kernel"], "label": label, "layouts_in": call["layouts_in"],
-                           "predicted_s": pred, "measured_s": meas})
+                           "predicted_s": pred, "measured_s": meas, "flops": tp.traffic.flops,
+                           "bytes": tp.traffic.bytes, "compute_util": tp.compute_util,
+                           "repriced_s": simulated_time(tp, chip, call["dtype"]),
+                           "_host": (tp, chip, call["dtype"])})
     return points, skipped
+
+
+def host_balanced(points):
+    """The same tile plans priced with this host's balance instead of the chip's.
+
+    The host's ceilings are the empirical roofline of the measured points (the best
+    ops/s and the best counted bytes/s any point reached); each point's plan is then
+    priced by the one formula (``simulated_time``) on its chip with those two numbers in
+    place of the HCD's peak and off-chip bandwidth (cache, alignment, tiling unchanged).
+    Where the chip is memory-bound and the host compute-bound, the chip's ranking and
+    the host's differ by design; this says whether the formula ranks the host's times
+    when given the host's numbers. Adds ``host_predicted_s`` to each point."""
+    from dataclasses import replace
+
+    from torchfl.kernels.tiling import simulated_time
+
+    plans = [p.pop("_host") for p in points]
+    live = [p for p in points if p["measured_s"] > 0]
+    if not live:
+        return {}
+    top_f = max(live, key=lambda p: p["flops"] / p["measured_s"])
+    top_b = max(live, key=lambda p: p["bytes"] / p["measured_s"])
+    peak, bw = top_f["flops"] / top_f["measured_s"], top_b["bytes"] / top_b["measured_s"]
+    for p, (tp, chip, dtype) in zip(points, plans):
+        host = replace(chip, peak={d: peak for d in chip.peak}, offchip_bw=bw)
+        p["host_predicted_s"] = simulated_time(tp, host, dtype) if peak > 0 and bw > 0 else None
+    return {"peak_ops_per_s": peak, "peak_set_by": f"{top_f['case']} step {top_f['step']} {top_f['kernel']}",
+            "offchip_bytes_per_s": bw, "bw_set_by": f"{top_b['case']} step {top_b['step']} {top_b['kernel']}"}
+
+
+def _step_rows(ps):
+    """Each step's own correlation over its points, or why there is none."""
+    by_step = {}
+    for p in ps:
+        by_step.setdefault((p["case"], p["step"]), []).append(p)
+    rows = []
+    for (case, step), group in by_step.items():
+        pred = [p["predicted_s"] for p in group]
+        distinct = len(set(pred))
+        rho = spearman(pred, [p["measured_s"] for p in group]) if distinct >= 2 else None
+        why = None
+        if len(group) < 2:
+            why = "one point"
+        elif distinct < 2:
+            why = "all points predicted equal"
+        rows.append({"case": case, "step": step, "points": len(group), "distinct_predicted": distinct,
+                     "tied_points": sum(1 for x in pred if pred.count(x) > 1),
+                     "spearman": rho, "why_none": why})
+    return rows
 
 
 def summarise(points):
@@ -214,21 +281,21 @@ def summarise(points):
     for fam, ps in sorted(fams.items()):
         pred = [p["predicted_s"] for p in ps]
         meas = [p["measured_s"] for p in ps]
-        within = []
-        by_step = {}
-        for p in ps:
-            by_step.setdefault((p["case"], p["step"]), []).append(p)
-        for group in by_step.values():
-            if len({p["predicted_s"] for p in group}) >= 3:
-                rho = spearman([p["predicted_s"] for p in group], [p["measured_s"] for p in group])
-                if rho is not None:
-                    within.append(rho)
+        steps = _step_rows(ps)
+        within = [r["spearman"] for r in steps if r["distinct_predicted"] >= 3 and r["spearman"] is not None]
         ratios = [m / p for p, m in zip(pred, meas) if p > 0]
-        out[fam] = {"points": len(ps), "spearman": spearman(pred, meas),
+        rho = spearman(pred, meas)
+        hp = [p.get("host_predicted_s") for p in ps]
+        out[fam] = {"points": len(ps), "spearman": rho,
+                    "host_balanced_spearman": spearman(hp, meas) if None not in hp else None,
+                    "spearman_why_none": None if rho is not None else
+                    ("fewer than 2 points" if len(ps) < 2 else "all points predicted (or measured) equal"),
                     "within_step_spearman": statistics.fmean(within) if within else None,
                     "within_step_groups": len(within),
+                    "tied_points": sum(r["tied_points"] for r in steps),
                     "mae_s": statistics.fmean(abs(p - m) for p, m in zip(pred, meas)),
-                    "median_measured_over_predicted": statistics.median(ratios) if ratios else None}
+                    "median_measured_over_predicted": statistics.median(ratios) if ratios else None,
+                    "steps": steps}
     return out
 
 
@@ -254,19 +321,30 @@ def main(argv=None):
         ps, sk = calibrate_case(name, a.top, a.runs, a.registry)
         points += ps
         skipped += sk
+    host = host_balanced(points)
     fams = summarise(points)
     if a.json:
         json.dump({"threads": a.threads, "timer": "process_time (min of runs)", "top": a.top, "families": fams,
-                   "points": points, "skipped": skipped}, sys.stdout, indent=2)
+                   "host_balance": host, "points": points, "excluded": skipped}, sys.stdout, indent=2)
         print()
         return 0
+    if host:
+        print(f"host balance: {host['peak_ops_per_s'] / 1e9:.1f} GFLOP/s ({host['peak_set_by']}), "
+              f"{host['offchip_bytes_per_s'] / 1e9:.2f} GB/s ({host['bw_set_by']})")
     for fam, f in fams.items():
         rho = "-" if f["spearman"] is None else f"{f['spearman']:.3f}"
         wr = "-" if f["within_step_spearman"] is None else f"{f['within_step_spearman']:.3f}"
-        print(f"{fam:<12} points {f['points']:3d}  spearman {rho}  within-step {wr} ({f['within_step_groups']} steps)  "
-              f"MAE {f['mae_s'] * 1e3:.3f} ms  measured/predicted {f['median_measured_over_predicted']:.1f}")
+        hb = "-" if f["host_balanced_spearman"] is None else f"{f['host_balanced_spearman']:.3f}"
+        print(f"{fam:<12} points {f['points']:3d}  spearman {rho} (host-balanced {hb})  "
+              f"within-step {wr} ({f['within_step_groups']} steps)  "
+              f"tied {f['tied_points']}  MAE {f['mae_s'] * 1e3:.3f} ms  "
+              f"measured/predicted {f['median_measured_over_predicted']:.1f}")
+        for r in f["steps"]:
+            rr = f"{r['spearman']:.3f}" if r["spearman"] is not None else f"- ({r['why_none']})"
+            print(f"    {r['case']} step {r['step']}: {r['points']} points, {r['distinct_predicted']} distinct "
+                  f"predicted, {r['tied_points']} tied, spearman {rr}")
     for s in skipped:
-        print(f"skipped: step {s['step']} {s['kernel']}: {s['why']}")
+        print(f"excluded: {s['case']} step {s['step']} {s['kernel']} ({s['label']}): {s['why']}")
     return 0
 
 

@@ -1,7 +1,7 @@
 #!/usr/bin/env python
 """Measure this machine's fp32 FMA peak and memory bandwidth (the roof GEMM is judged by).
 
-fp32 peak: the GEMM micro-kernel (12 x <8 x float> FMA accumulators, LLVM IR) on
+fp32 peak: the GEMM micro-kernel (kernels/ukernel.py's ukernel_gemm, LLVM IR) on
 L1-resident packed panels, one instance per core (prange) -- the FMA rate the kernels
 can actually issue. Bandwidth: a STREAM-style triad a = b + s*c over 3 x 64 MiB float64
 arrays, counting 3 x 8 bytes per element (write-allocate traffic not counted).
@@ -21,7 +21,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[1]))
 import numpy as np  # noqa: E402
 from numba import get_num_threads, njit, prange  # noqa: E402
 
-from torchfl.kernels.ukernel import MR, NR, ukernel_6x16  # noqa: E402
+from torchfl.kernels.ukernel import MR, NR, ukernel_gemm  # noqa: E402
 
 KC = 128
 
@@ -33,7 +33,7 @@ def _fma_burn(reps, nthreads):
         pb = np.full(KC * NR, 1e-3, np.float32)
         c = np.zeros(MR * NR, np.float32)
         for _ in range(reps):
-            ukernel_6x16(KC, pa, 0, pb, 0, c, 0, NR)
+            ukernel_gemm(KC, pa, 0, pb, 0, c, 0, NR)
 
 
 @njit(parallel=True, cache=True)

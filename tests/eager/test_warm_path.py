@@ -124,3 +124,67 @@ def test_lazy_weights_follow_in_place_writes(fp32_dev):
     npu.fc.weight.data = swapped.to(fp32_dev)
     changed(out, check())
     assert lazy.STATS["graphs_planned"] == planned  # the same graph throughout: planned once
+
+
+def test_lazy_records_lists_tuples_and_named_outputs(fp32_dev):
+    """The recorder's argument forms: tensors inside a list (cat), a list of ints (sum over
+    dims), a tuple of outputs (batch-norm), a named tuple (max over a dim); recorded twice, so
+    the second time every op's outputs come from the per-signature meta cache."""
+    torch.manual_seed(3)
+    a, b = torch.randn(2, 3, 4, 4), torch.randn(2, 3, 4, 4)
+    bn = torch.nn.BatchNorm2d(6).eval()
+    bn.running_mean.uniform_(-1, 1)
+    npu_bn = copy.deepcopy(bn).to(fp32_dev)
+
+    def f(x, y, norm):
+        z = norm(torch.cat([x, y], 1))
+        m = z.max(dim=3)
+        return z.sum([2, 3]) + m.values.sum(2), m.indices
+
+    ref = f(a, b, bn)
+    da, db = a.to(fp32_dev), b.to(fp32_dev)
+    with torch.no_grad():
+        for _ in range(2):
+            with torch.npu.lazy():
+                got = f(da, db, npu_bn)
+            torch.testing.assert_close(got[0].cpu(), ref[0], rtol=1e-5, atol=1e-5)
+            torch.testing.assert_close(got[1].cpu(), ref[1], rtol=0, atol=0)
+
+
+def test_signatures_keep_signed_zero_and_nan(fp32_dev):
+    """0.0 == -0.0 in Python, and NaN is not equal to itself: the signatures neither merge
+    the two zeros into one route nor make a new route per NaN call."""
+    from torchfl.runtime.eager import ops
+
+    mul = torch.ops.aten.mul.Scalar
+    x = torch.tensor([1.0, -2.0])
+    d = x.to(fp32_dev)
+    routes = {}
+    for _ in range(3):
+        for s in (0.0, -0.0, float("nan")):
+            torch.testing.assert_close(mul(d, s).cpu(), mul(x, s), rtol=0, atol=0, equal_nan=True)
+            routes.setdefault(repr(s), set()).add(id(ops._FAST[ops._fast_key(mul, (d, s))]))
+        n_fast = len(ops._FAST)
+    assert len(ops._FAST) == n_fast and all(len(r) == 1 for r in routes.values())
+    assert routes["0.0"] != routes["-0.0"]
+
+
+def test_compiled_on_npu_follows_optimizer_steps(fp16_dev):
+    """torch.compile on npu tensors runs the same eager executor, frozen weights included
+    (NPU-V3 keeps float16 linear weights decoded to float32): after an optimizer step the
+    compiled model reads the new weights, without a recompile. Reference: CPU float32 on the
+    npu model's float16 weights (float16 activations: atol 3e-2 on values of order 1)."""
+    torch.manual_seed(4)
+    npu = torch.nn.Sequential(torch.nn.Linear(16, 32), torch.nn.ReLU(), torch.nn.Linear(32, 8)).eval()
+    npu = npu.half().to(fp16_dev)
+    x = torch.randn(2, 16)
+    compiled = torch.compile(npu, backend="torchfl", options={"chip": "NPU-V3"})
+    grads = [torch.randn(p.shape).half().to(fp16_dev) for p in npu.parameters()]
+    with torch.no_grad():
+        for step in range(3):
+            ref = copy.deepcopy(npu).cpu().float()(x)
+            for _ in range(2):
+                got = compiled(x.half().to(fp16_dev)).cpu().float()
+                torch.testing.assert_close(got, ref, rtol=0, atol=3e-2)
+            for p, g in zip(npu.parameters(), grads):
+                p.sub_(0.2 * g)

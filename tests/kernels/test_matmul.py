@@ -8,6 +8,7 @@ import torch.nn.functional as F
 
 from torchfl.kernels import ChipModel, DeviceMemory
 from torchfl.kernels.catalog import CATALOG
+from torchfl.kernels.ukernel import NR
 
 from .helpers import CACHES, as_f32, assert_close, bytes_monotone, chip_for, dev, run_checked
 
@@ -230,8 +231,9 @@ def test_linear_frozen_weight_packed_once(dtype, mkn, cache, kernel):
     kept = frozen.cached_bytes() - before
     if M <= 4:       # the few-row path keeps B's columns decoded (nothing to decode in float32)
         assert kept == (0 if dtype == "float32" else N * K * 4)
-    elif plan.config.tile("n") % 16 == 0 or plan.config.tile("n") >= N:
-        assert kept == -(-N // 16) * 16 * K * 4
+    else:            # B packed in NR-column panels, tile by tile of TN columns
+        tn = min(plan.config.tile("n"), N)
+        assert kept == -(-N // tn) * -(-tn // NR) * NR * K * 4
     assert_close(as_f32(c), F.linear(as_f32(x), as_f32(w), as_f32(bias)) if kernel == "linear"
                  else F.gelu(F.linear(as_f32(x), as_f32(w), as_f32(bias))), dtype, scale=2)
     w.buffer.free()

@@ -46,14 +46,36 @@ def test_rejected_alternatives_keep_their_call_and_are_measured(tmp_path):
     chip = plan.target.model
     mem = DeviceMemory(chip)
     _st, static_vals = static_steps(plan)
+    from torchfl.kernels.tiling import simulated_time
+
     for _step, pts in calls:
         for _label, call, pred in pts:
             assert pred > 0
-            assert calibrate.measure(plan, call, chip, mem, static_vals, runs=1) >= 0
+            seconds, tp = calibrate.measure(plan, call, chip, mem, static_vals, runs=1)
+            assert seconds >= 0
+            # the point's plan is the one the planner priced: the same formula gives its price back
+            assert simulated_time(tp, chip, call["dtype"]) == pytest.approx(pred)
             assert get(call["kernel"]).family
     assert mem.memory_allocated() == 0
-    fams = calibrate.summarise([{"case": "c", "step": 1, "family": "matmul", "predicted_s": p, "measured_s": 2 * p}
-                                for p in (1.0, 2.0, 3.0)])
-    assert fams["matmul"]["spearman"] == pytest.approx(1.0)
-    assert fams["matmul"]["within_step_spearman"] == pytest.approx(1.0)
-    assert fams["matmul"]["mae_s"] == pytest.approx(2.0)
+
+
+def test_summary_reports_ties_steps_and_the_host_balance():
+    from torchfl.kernels.chip import ChipModel
+    from torchfl.kernels.tiling import TileConfig, Traffic, make_plan
+
+    chip = ChipModel(peak={"float16": 1e12}, offchip_bw=1e9)
+    def point(step, pred, meas, flops, nbytes):
+        tp = make_plan("k", (), TileConfig("resident"), [(1, Traffic(nbytes, 0, flops))], 0)
+        return {"case": "c", "step": step, "family": "matmul", "kernel": "k", "predicted_s": pred, "measured_s": meas,
+                "flops": flops, "bytes": nbytes, "_host": (tp, chip, "float16")}
+    pts = [point(1, 1.0, 2.0, 10, 1), point(1, 2.0, 4.0, 20, 1), point(1, 3.0, 6.0, 30, 1),
+           point(2, 5.0, 1.0, 10, 1), point(2, 5.0, 2.0, 10, 1)]
+    host = calibrate.host_balanced(pts)
+    assert host["peak_ops_per_s"] == pytest.approx(10.0) and host["offchip_bytes_per_s"] == pytest.approx(1.0)
+    assert all("_host" not in p and p["host_predicted_s"] > 0 for p in pts)
+    fam = calibrate.summarise(pts)["matmul"]
+    assert fam["within_step_spearman"] == pytest.approx(1.0) and fam["within_step_groups"] == 1
+    assert fam["tied_points"] == 2 and fam["mae_s"] == pytest.approx((1 + 2 + 3 + 4 + 3) / 5)
+    steps = {r["step"]: r for r in fam["steps"]}
+    assert steps[1]["spearman"] == pytest.approx(1.0)
+    assert steps[2]["spearman"] is None and steps[2]["why_none"] == "all points predicted equal"

@@ -216,3 +216,54 @@ def test_a_pattern_with_two_ends_is_refused_when_compiled():
     report = check_pack_text(bad, "bad.yaml")
     assert not report.ok
     assert any("the pattern ends in 2 steps (b, c)" in str(d) for d in report.diagnostics)
+
+
+def gelu_new(g, x, half_scalar=0.5, swap_sum=False, y=None):
+    """GPT-2's gelu_new as torch.export captures it (transformers' NewGELUActivation);
+    ``y``: a different value in the inner sum (not GELU)."""
+    half = g.op(aten.mul.Tensor, x, half_scalar)
+    cube = g.op(aten.pow.Tensor_Scalar, x, 3.0)
+    c1 = g.op(aten.mul.Tensor, cube, 0.044715)
+    inner = g.op(aten.add.Tensor, *((c1, x if y is None else y) if swap_sum else (x if y is None else y, c1)))
+    th = g.op(aten.tanh.default, g.op(aten.mul.Tensor, inner, 0.7978845608028654))
+    return g.op(aten.mul.Tensor, half, g.op(aten.add.Tensor, th, 1.0)), (half, cube, inner)
+
+
+@pytest.mark.parametrize("swap_sum", [False, True])
+def test_gelu_tanh_written_out_is_one_group_over_its_shared_input(swap_sum):
+    g = G("x")
+    out, (half, cube, inner) = gelu_new(g, g.inputs[0], swap_sum=swap_sum)
+    (group,) = find_groups(CORE, g.done(out))
+    assert group.fusion.name == "gelu_tanh_decomposed" and group.fusion.kernel == "gelu"
+    assert len(group.nodes) == 8 and group.output == out.name and group.node("half") == half.name
+    assert group.node("cube") == cube.name and group.node("inner") == inner.name
+
+
+def test_gelu_tanh_needs_one_value_in_its_three_reads():
+    g = G("x", "y")
+    out, _ = gelu_new(g, g.inputs[0], y=g.inputs[1])       # x + 0.044715 y^3: not GELU
+    assert find_groups(CORE, g.done(out)) == []
+    g = G("x")
+    out, (half, _, _) = gelu_new(g, g.inputs[0])
+    assert find_groups(CORE, g.done(out, half)) == []      # an intermediate escapes
+
+
+def test_same_groups_are_checked_when_compiled():
+    bad = textwrap.dedent("""\
+        pack: {name: bad, version: 1.0.0}
+        rules:
+          - {op: aten.relu.default, kernel: relu, args: {self: tensor}, bind: {a: self}}
+          - {op: aten.neg.default, kernel: neg, args: {self: tensor}, bind: {a: self}}
+        fusions:
+          - name: shared
+            kernel: relu
+            pattern:
+              - {id: a, op: aten.relu.default}
+              - {id: b, op: aten.neg.default}
+            same: [[a.self, b.other], [a.self, c.self]]
+            bind: {a: a.self}
+        """)
+    report = check_pack_text(bad, "bad.yaml")
+    text = "\n".join(str(d) for d in report.diagnostics)
+    assert not report.ok
+    assert "'other' is not an argument of aten.neg.default" in text and "'c' is not a step" in text

@@ -10,6 +10,11 @@ emulation: the kernel still counts the operand's tile loads as the plan says.
 
 Copies live as long as their buffer object and never past its ``free``; their total
 size is bounded (``BUDGET_BYTES``): beyond it kernels simply derive again per call.
+
+On the eager npu device a frozen buffer may be the caller's own weight, which an optimizer
+step writes in place: the eager executors keep it frozen only while the weight's identity,
+version counter and address are the ones it was frozen with, and ``thaw`` it otherwise
+(``runtime/eager/executor.py``).
 """
 from __future__ import annotations
 

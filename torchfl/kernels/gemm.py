@@ -14,12 +14,9 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from .codecs import decode, encode16, f16_to_f32, f32_to_f16
+from .codecs import decode, encode16, f16_to_f32, f32_to_f16, h2f
 from .mathfn import gelu32
-from .ukernel import MR, NR, ukernel_6x16
-
-KC = 256      # CPU sub-block along K (L1/L2 reuse of the packed panels)
-MCP = 16      # A panels (of MR rows) per parallel block: MC = 96 rows
+from .ukernel import KC, MCP, MR, NR, ukernel_gemm   # MR x NR micro-kernel, KC x MCP*MR A blocks
 
 
 @njit(cache=True, parallel=True)
@@ -109,7 +106,7 @@ def _epilogue_row(C, row, c_ns, acc, a0, c0, c1, alpha, beta, biasf, j0, has_bia
 
 @njit(cache=True, parallel=True)
 def _tile(A, rows, a_ks, B, b_base, b_ks, b_ns, j0, tm, tn, K, TK, code, esa, esc, esb,
-          has_ln, mean, rstd, g, bb, has_g, has_b, pres, use_res, pre,
+          has_ln, mean, rstd, g, bb, has_g, has_b, pres, use_res, pre, pbase,
           acc, ldc, C, crows, c_ns, alpha, beta, bias, has_bias, act, nthreads, cnt):
     """One C tile (all its K tiles) in ONE parallel region: each thread owns a slice of C
     (its NR panels, or its MR panels when N is narrow), packs the B panels and the A blocks
@@ -140,6 +137,7 @@ def _tile(A, rows, a_ks, B, b_base, b_ks, b_ns, j0, tm, tn, K, TK, code, esa, es
         nj = jp1 - jp0
         pbl = np.empty(1 if (use_res or pre) else nj * min(TK, K) * NR, np.float32)
         pal = np.empty(MCP * MR * KC, np.float32)
+        arow = np.empty(KC, np.float32)
         rd = 0
         for k0 in range(0, K, TK):
             tk = min(TK, K - k0)
@@ -180,31 +178,43 @@ def _tile(A, rows, a_ks, B, b_base, b_ks, b_ns, j0, tm, tn, K, TK, code, esa, es
                                     pal[base + k * MR] = 0.0
                                 continue
                             off = rows[m] + (k0 + kc0) * a_ks
-                            if code == 0:
-                                for k in range(kc):
-                                    pal[base + k * MR] = np.float32(A[off + k * a_ks])
+                            # decode the row contiguously (vectorised), then scatter
+                            av = arow[:kc]
+                            if a_ks == 1:
+                                src = A[off:off + kc]
+                                if code == 1:
+                                    for k in range(kc):
+                                        av[k] = h2f(src[k])
+                                else:
+                                    for k in range(kc):
+                                        av[k] = np.float32(src[k]) if code == 0 else decode(code, src[k])
                             else:
                                 for k in range(kc):
-                                    pal[base + k * MR] = decode(code, A[off + k * a_ks])
+                                    av[k] = decode(code, A[off + k * a_ks])
                             if has_ln:
                                 mu = mean[m]
                                 rs = rstd[m]
                                 for k in range(kc):
-                                    v = (pal[base + k * MR] - mu) * rs
-                                    if has_g:
-                                        v = v * g[k0 + kc0 + k]
-                                    if has_b:
-                                        v = v + bb[k0 + kc0 + k]
-                                    pal[base + k * MR] = v
+                                    av[k] = (av[k] - mu) * rs
+                                if has_g:
+                                    gs = g[k0 + kc0:k0 + kc0 + kc]
+                                    for k in range(kc):
+                                        av[k] = av[k] * gs[k]
+                                if has_b:
+                                    bs = bb[k0 + kc0:k0 + kc0 + kc]
+                                    for k in range(kc):
+                                        av[k] = av[k] + bs[k]
+                            for k in range(kc):
+                                pal[base + k * MR] = av[k]
                     for jp in range(jp0, jp1):
                         if use_res or pre:
-                            boff = ((j0 // NR + jp) * K + k0 + kc0) * NR
+                            boff = ((pbase + jp) * K + k0 + kc0) * NR
                             bsrc = pres
                         else:
                             boff = ((jp - jp0) * tk + kc0) * NR
                             bsrc = pbl
                         for ip in range(p0, p1):
-                            ukernel_6x16(kc, pal, (ip - p0) * kc * MR, bsrc, boff, acc, ip * MR * ldc + jp * NR, ldc)
+                            ukernel_gemm(kc, pal, (ip - p0) * kc * MR, bsrc, boff, acc, ip * MR * ldc + jp * NR, ldc)
         # --- epilogue and store of this thread's slice ---
         if has_bias and not use_res and ch == 0:
             rd += tn * esb
@@ -280,7 +290,7 @@ def run_float(A, a_rows, a_ks, B, b_base, b_ks, b_ns, C, c_rows, c_ns, *, M, N, 
     b_base: [batch]); returns (bytes_read, bytes_written, ops) actually moved/computed.
 
     ``ln`` = (mean, rstd, gamma|None, beta|None) applies layer-norm while packing A.
-    ``packed_b``: ``pack_b(...)`` of a B shared by every batch, kept by the caller (a frozen
+    ``packed_b``: ``pack_b(..., TN)`` of a B shared by every batch, kept by the caller (a frozen
     weight, :mod:`torchfl.kernels.frozen`): the tiles read their panels from it instead of
     decoding and packing B again; the tile loads are counted as the plan says all the same.
     ``decoded_b``: likewise for the few-row path (``decode_b_rows``: B's columns as float32 rows).
@@ -305,15 +315,27 @@ def _decoded(x, code):
 
 
 def prepacked_ok(N, TN, nbase=1) -> bool:
-    """Whether tiles of TN columns can read a whole-B panel set: each starts on a panel."""
-    return nbase == 1 and (TN >= N or TN % NR == 0)
+    """Whether the tiles can read a whole-B panel set (``pack_b``): one B for all batches."""
+    return nbase == 1
 
 
-def pack_b(B, base, ks, ns, K, N, code):
+def _tile_panels(N, TN):
+    """NR-column panels per C tile of TN columns (each tile's panels start afresh)."""
+    return (min(TN, N) + NR - 1) // NR
+
+
+def pack_b(B, base, ks, ns, K, N, code, TN=None):
     """All of B (K x N at ``base``, strides ks/ns, storage ``code``) decoded to float32 and
-    packed into NR-column panels: panel p, row k at ``(p * K + k) * NR``."""
-    pb = np.empty((N + NR - 1) // NR * NR * K, np.float32)
-    _pack_b(B, base, ks, ns, 0, K, 0, N, code, pb)
+    packed into NR-column panels, tile by tile of TN columns (default: one tile): the panel
+    p of the tile starting at column j0 sits at panel index ``(j0 // TN) * _tile_panels(N, TN)
+    + p``, row k of panel P at ``(P * K + k) * NR``."""
+    TN = N if TN is None or TN >= N else TN
+    ppt = _tile_panels(N, TN)
+    ntiles = (N + TN - 1) // TN
+    pb = np.empty(ntiles * ppt * NR * K, np.float32)
+    for t in range(ntiles):
+        j0 = t * TN
+        _pack_b(B, base, ks, ns, 0, K, j0, min(TN, N - j0), code, pb[t * ppt * NR * K:])
     return pb
 
 
@@ -336,6 +358,9 @@ def _run_float(A, a_rows, a_ks, B, b_base, b_ks, b_ns, C, c_rows, c_ns, M, N, K,
     batch = a_rows.shape[0]
     tm_pad = (min(TM, M) + MR - 1) // MR * MR
     ldc = (min(TN, N) + NR - 1) // NR * NR
+    ppt = _tile_panels(N, TN)
+    if packed_b is not None and packed_b.size != (N + TN - 1) // TN * ppt * NR * K:
+        packed_b = None             # packed for another tiling
     pre = packed_b is not None
     pb = packed_b if pre else np.empty(ldc * K if b_res else 1, np.float32)
     acc = np.empty(tm_pad * ldc, np.float32)
@@ -372,7 +397,7 @@ def _run_float(A, a_rows, a_ks, B, b_base, b_ks, b_ns, C, c_rows, c_ns, M, N, K,
                 cnt[:] = 0
                 _tile(A, rows_b[i0:i0 + tm], a_ks, B, b_base[bkey], b_ks, b_ns, j0, tm, tn, K, TK, code,
                       esa, esc, esb, has_ln, mean[i0:i0 + tm] if has_ln else e32, rstd[i0:i0 + tm] if has_ln else e32,
-                      g, bb, has_g, has_b, pb, b_res, pre, acc, ldc, C, crow_b[i0:i0 + tm], c_ns, np.float32(alpha),
+                      g, bb, has_g, has_b, pb, b_res, pre, (j0 // TN) * ppt if pre else 0, acc, ldc, C, crow_b[i0:i0 + tm], c_ns, np.float32(alpha),
                       np.float32(beta), biasf, has_bias, act, nthreads, cnt)
                 t = cnt.sum(axis=0)
                 rd += int(t[0])

@@ -58,12 +58,14 @@ def gather(src, shape, strides, s, e, dst):
     i = 0
     while i < n:
         run = min(inner - idx[R - 1], n - i)
+        d = dst[i:i + run]         # slices: indices from 0 need no wraparound check (vectorises)
         if st == 1:
+            sv = src[off:off + run]
             for j in range(run):
-                dst[i + j] = src[off + j]
+                d[j] = sv[j]
         else:
             for j in range(run):
-                dst[i + j] = src[off + j * st]
+                d[j] = src[off + j * st]
         i += run
         off = _advance(shape, strides, idx, off, run)
 

@@ -16,17 +16,34 @@ Strategy names used across families:
 - families may add others (e.g. ``row_split`` softmax, ``metadata`` for reshape).
 
 Simulated time is a roofline per tile: a tile costs the larger of its compute time
-(ops / the unit's peak for the dtype) and its memory time (off-chip bytes / off-chip
-bandwidth), and a plan costs the sum over its tiles. Double buffering is what makes the
-"larger of" honest for streamed tiles; a resident plan is one tile. On-chip cache
-bandwidth is not a term: tiles are sized to the cache, and the chips we model feed their
-units from it faster than the units consume (cache_bw >= offchip_bw in every HCD).
+(ops / the unit's peak for the dtype, at the plan's ``compute_util``) and its memory time
+(off-chip bytes / off-chip bandwidth), and a plan costs the sum over its tiles plus what
+its pipeline cannot overlap. Double buffering is what makes the "larger of" honest for
+streamed tiles, but it cannot hide the first tile's load nor the last tile's compute: n
+equal tiles take ``m + (n-1) max(c, m) + c = n max(c, m) + min(c, m)``. A tiler whose
+tiles are its pipeline's stages says so (``TileConfig.pipelined_tiles``: conv's output
+tiles, ``stream_plan``'s) and the plan adds ``min(compute, memory)`` of its mean tile; a
+double-buffered plan that streams inside its tiles (GEMM k-chunks) adds nothing, its
+stages being finer than its groups. A plan without double buffering overlaps nothing:
+each tile costs ``c + m`` (a resident plan: load, compute, store). The fill/drain term
+also separates options whose binding term ties (a conv with or without a batch-norm
+epilogue, memory-bound alike: the one with fewer operations is cheaper),
+deterministically and from counts, not noise.
+
+``compute_util`` (0 < u <= 1) is the fraction of the unit's peak a kernel's inner loop can
+reach because of its shape: a unit works on vectors of ``chip.alignment`` bytes (the HCD's
+``memory_alignment_bytes``: the DMA and vector granule), and a loop whose vectorised run
+is shorter, or not a multiple, leaves lanes idle (:func:`vector_utilisation`; a conv
+whose reduction run is 7 taps x 3 input channels fills 42 of 256 bytes). Each family's
+tiler states it from its own loop structure; the default is 1. On-chip cache bandwidth is
+not a term: tiles are sized to the cache, and the chips we model feed their units from
+it faster than the units consume (cache_bw >= offchip_bw in every HCD).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-__all__ = ["TileConfig", "Traffic", "TilePlan", "simulated_time", "stream_plan", "ZERO"]
+__all__ = ["TileConfig", "Traffic", "TilePlan", "simulated_time", "stream_plan", "vector_utilisation", "ZERO"]
 
 
 @dataclass(frozen=True)
@@ -59,16 +76,23 @@ ZERO = Traffic()
 
 @dataclass(frozen=True)
 class TileConfig:
-    """What the plan shows: strategy, tile sizes per axis, double buffering, why."""
+    """What the plan shows: strategy, tile sizes per axis, double buffering, why, and the
+    fraction of the unit's peak its loops reach (``compute_util``, see the module's
+    docstring; shown only when below 1)."""
 
     strategy: str
     tiles: tuple = ()
     double_buffered: bool = False
     notes: str = ""
+    compute_util: float = 1.0
+    pipelined_tiles: bool = False   # the tiles are the double-buffered pipeline's stages
 
     def as_dict(self) -> dict:
-        return {"strategy": self.strategy, "tiles": {a: s for a, s in self.tiles},
-                "double_buffered": self.double_buffered, "notes": self.notes}
+        d = {"strategy": self.strategy, "tiles": {a: s for a, s in self.tiles},
+             "double_buffered": self.double_buffered, "notes": self.notes}
+        if self.compute_util != 1.0:
+            d["compute_util"] = self.compute_util
+        return d
 
     def tile(self, axis: str, default=None):
         """Size of ``axis`` (None/default if the config does not tile it)."""
@@ -96,6 +120,10 @@ class TilePlan:
     key: tuple = field(default=(), compare=True)
 
     @property
+    def compute_util(self) -> float:
+        return self.config.compute_util
+
+    @property
     def n_tiles(self) -> int:
         return sum(c for c, _ in self.groups)
 
@@ -110,24 +138,55 @@ def make_plan(kernel, key, config, groups, on_chip_bytes) -> TilePlan:
     total = ZERO
     for c, t in groups:
         total = total + t * c
+    if not 0.0 < config.compute_util <= 1.0:
+        raise ValueError(f"kernel {kernel}: compute_util must lie in (0, 1], got {config.compute_util}")
     return TilePlan(config=config, traffic=total, groups=groups, on_chip_bytes=int(on_chip_bytes),
                     kernel=kernel, key=key)
 
 
+def vector_utilisation(n: int, itemsize: int, chip) -> float:
+    """Fraction of the unit's lanes a vectorised run of ``n`` elements of ``itemsize`` bytes
+    fills: the unit works on vectors of ``chip.alignment`` bytes, so the run occupies
+    ceil(n * itemsize / alignment) of them. 1 for an empty run (no work, nothing wasted)."""
+    nbytes = int(n) * int(itemsize)
+    if nbytes <= 0:
+        return 1.0
+    vec = int(chip.alignment)
+    return nbytes / (-(-nbytes // vec) * vec)
+
+
 def simulated_time(plan_or_traffic, chip, dtype: str, *, flops_scale: float = 1.0,
                    bytes_scale: float = 1.0) -> float:
-    """Seconds on ``chip``: sum over tiles of max(ops / peak[dtype], bytes / offchip_bw),
-    the one roofline formula (the planner prices with it, explain analyze replays it).
+    """Seconds on ``chip``: sum over tiles of max(ops / (peak[dtype] * compute_util),
+    bytes / offchip_bw), plus what the pipeline cannot overlap (see the module's
+    docstring): the pipelined tiles' fill and drain, min(total compute, total memory) /
+    tiles, or without double buffering every tile's smaller term. The one roofline formula
+    (the planner prices with it, explain analyze replays it).
 
-    A bare :class:`Traffic` is priced as one tile. ``flops_scale`` / ``bytes_scale`` scale
-    every tile's counts (analyze: the counted totals over the planned ones)."""
-    peak = chip.peak_for(dtype) / flops_scale if flops_scale else float("inf")
-    bw = chip.offchip_bw / bytes_scale if bytes_scale else float("inf")
+    A bare :class:`Traffic` is priced as one tile (compute + memory: nothing overlaps).
+    ``flops_scale`` / ``bytes_scale`` scale every tile's counts (analyze: the counted
+    totals over the planned ones)."""
     if isinstance(plan_or_traffic, Traffic):
-        groups = ((1, plan_or_traffic),)
+        groups, util, cfg = ((1, plan_or_traffic),), 1.0, None
     else:
-        groups = plan_or_traffic.groups
-    return float(sum(c * max(t.flops / peak, t.bytes / bw) for c, t in groups))
+        groups, cfg = plan_or_traffic.groups, plan_or_traffic.config
+        util = cfg.compute_util
+    peak = chip.peak_for(dtype) * util / flops_scale if flops_scale else float("inf")
+    bw = chip.offchip_bw / bytes_scale if bytes_scale else float("inf")
+    steady = comp = mem = serial = 0.0
+    n = 0
+    for c, t in groups:
+        tc, tm = t.flops / peak, t.bytes / bw
+        steady += c * max(tc, tm)
+        serial += c * min(tc, tm)
+        comp += c * tc
+        mem += c * tm
+        n += c
+    if not n:
+        return 0.0
+    if cfg is None or not cfg.double_buffered:
+        return float(steady + serial)
+    return float(steady + (min(comp, mem) / n if cfg.pipelined_tiles else 0.0))
 
 
 def round_trip_time(nbytes: int, chip) -> float:
@@ -175,5 +234,5 @@ def stream_plan(kernel: str, key: tuple, n_units: int, in_bytes: int, out_bytes:
         groups.append((1, tr(rest, True)))
     cfg = TileConfig("streamed", ((unit_name, int(t)),), True,
                      notes or f"double-buffered tiles of {t} {unit_name}"
-                     + (f"; {resident_bytes} B resident" if resident_bytes else ""))
+                     + (f"; {resident_bytes} B resident" if resident_bytes else ""), pipelined_tiles=True)
     return make_plan(kernel, key, cfg, groups, resident_bytes + t * per_tile_unit)

@@ -390,6 +390,7 @@ class _Compiler:
         if len(ends) > 1:
             self.error(base + ("pattern",), f"the pattern ends in {len(ends)} steps ({', '.join(ends)}) but a fused "
                        "kernel writes one value: each other step must feed a later one (from:) or an earlier one (into:)")
+        same = self.same_values(base + ("same",), m.same, step_rules_by_id)
         self.requires(base + ("requires",), m.requires, m.kernel)
         scope = dict(rule_scope((), CHIP))
         scope.update(records)
@@ -398,7 +399,27 @@ class _Compiler:
         if any(d.severity == "error" for d in self.diags[before:]):
             return None
         return Fusion(pname, index, m.name, m.kernel, tuple(steps), tuple(m.through), m.requires, guards, bind,
-                      m.note, self.doc.where(base)[0], tuple(step_rules))
+                      m.note, self.doc.where(base)[0], tuple(step_rules), same)
+
+    def same_values(self, path, groups, rules) -> tuple:
+        """A fusion's ``same:`` groups as ((step id, arg), ...) after checking each names a
+        step of the pattern and an argument of that step's op."""
+        out = []
+        for g, refs in enumerate(groups):
+            pairs = []
+            for j, ref in enumerate(refs):
+                sid, arg = ref.split(".", 1)
+                rule = rules.get(sid)
+                if rule is None:
+                    self.error(path + (g, j), f"{ref!r}: {sid!r} is not a step of this pattern")
+                elif arg not in dict(rule.args):
+                    self.error(path + (g, j), f"{ref!r}: {arg!r} is not an argument of {rule.op} "
+                               f"(args: {', '.join(dict(rule.args))})")
+                pairs.append((sid, arg))
+            if len(set(pairs)) != len(pairs):
+                self.error(path + (g,), "a same: group names one step argument twice")
+            out.append(tuple(pairs))
+        return tuple(out)
 
 
     # -- decompositions --

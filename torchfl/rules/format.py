@@ -50,6 +50,7 @@ from torchfl.rules.guards.syntax import MAX_CHARS, MAX_INT
 SEMVER = r"^(0|[1-9]\d*)\.(0|[1-9]\d*)\.(0|[1-9]\d*)(-[0-9A-Za-z.-]+)?(\+[0-9A-Za-z.-]+)?$"
 OP_NAME = r"^(aten|prims|torchfl|quantized_decomposed)\.[A-Za-z0-9_]+\.[A-Za-z0-9_]+$"
 IDENT = r"^[A-Za-z][A-Za-z0-9_]*$"
+STEP_ARG = r"^[A-Za-z][A-Za-z0-9_]*\.[A-Za-z_][A-Za-z0-9_]*$"     # a fusion step's argument: step.arg
 UNITS = Literal[MATRIX_UNITS + ("attention",)]
 DTYPES = Literal[tuple(STORAGE)]
 
@@ -142,6 +143,11 @@ class FusionModel(_Model):
     kernel: str = Field(min_length=1, max_length=100)
     pattern: list[FusionStep] = Field(min_length=2, max_length=16)
     through: list[Name] = Field(default_factory=list, max_length=MAX_LIST, description="view-like ops allowed between steps")
+    same: list[Annotated[list[Annotated[str, Field(pattern=STEP_ARG, max_length=2 * MAX_NAME)]],
+                         Field(min_length=2, max_length=MAX_LIST)]] = Field(
+        default_factory=list, max_length=MAX_LIST,
+        description="groups of step arguments (step.arg) that hold one and the same graph value: a value "
+                    "read by several steps, e.g. GELU-tanh's x in [cube.self, inner.self, half.self]")
     requires: Requires = Field(default_factory=Requires)
     guards: list[GuardSpec] = Field(default_factory=list, max_length=32)
     bind: dict[Name, BindValue] = Field(default_factory=dict, max_length=MAX_ARGS)

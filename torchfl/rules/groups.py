@@ -22,6 +22,10 @@ such that
   the search (which argument an ``into:`` step feeds) and the binding
   (:func:`oriented`) read: guards and binds always see the pattern's order.
 
+A ``same:`` group names step arguments that must hold one and the same graph value (a
+value read by several steps, which from:/into: edges alone cannot say: GELU-tanh's x feeds
+its cube, its sum and its half); those reads count as edges of the group.
+
 Fusions are indexed by their root op (:class:`FusionIndex`), so each fusion is tried only
 at the nodes whose op can start it. Imports neither torch nor the planner.
 """
@@ -217,11 +221,18 @@ class _Search:
             yield node, [], [(consumer, value)], ()
 
     def _group(self, bound, through, edges, swaps) -> Group | None:
-        """The group, when no value computed inside it but its output escapes it."""
+        """The group, when its ``same:`` arguments hold one value each and no value computed
+        inside it but its output escapes it."""
         view = self.view
         members = set(bound.values()) | set(through)
         out_node = bound[self.sink]
         allowed = set(edges)
+        for refs in self.fusion.same:
+            reads = [self._value_in(bound[sid], sid, arg, swaps) for sid, arg in refs]
+            values = {v for _, v in reads}
+            if len(values) != 1 or None in values:
+                return None
+            allowed.update(reads)        # the shared value's reads are edges of the group
         for node in members:
             if node == out_node:
                 continue
@@ -233,6 +244,13 @@ class _Search:
         nodes = sorted(members - {out_node}, key=self.position.__getitem__)
         steps = tuple((s.id, bound[s.id]) for s in self.fusion.steps)
         return Group(self.fusion, steps, tuple(nodes) + (out_node,), tuple(swaps))
+
+
+    def _value_in(self, node: str, step_id: str, arg: str, swaps) -> tuple[str, str | None]:
+        """(node, the graph value in the step's argument ``arg`` as the pattern orients it)."""
+        names = self.fusion.rule_for(step_id).arg_names()
+        name = call_arg(swaps, step_id, arg)
+        return node, (self.view.arg(node, names.index(name), name) if name in names else None)
 
 
 def pattern_ends(steps: Sequence[FusionStep]) -> list[str]:

@@ -141,6 +141,7 @@ class Fusion:
     note: str
     line: int
     step_rules: tuple[tuple[str, Rule], ...] = field(default=())  # step id -> the rule giving its args
+    same: tuple[tuple[tuple[str, str], ...], ...] = ()   # groups of (step id, arg) holding one value
 
     @property
     def id(self) -> str:

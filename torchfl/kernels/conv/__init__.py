@@ -27,7 +27,7 @@ from .. import dtypes as _dt
 from ..dtypes import FLOATS
 from ..errors import KernelError
 from ..spec import KernelSpec, TensorMeta
-from ..tiling import TileConfig, Traffic, make_plan
+from ..tiling import TileConfig, Traffic, make_plan, vector_utilisation
 from .geometry import clipped, pair, conv_out_size, pow2_candidates, tile_starts, window_span
 
 __all__ = ["KERNELS", "conv_geometry", "conv_tiling", "conv_bwd_input_tiling",
@@ -270,8 +270,26 @@ def conv_tiling(p, chip):
     notes = (f"{'weights resident per K block' if strat == 0 else 'reduction split into C blocks'}; "
              f"input slabs double-buffered; footprint {need} B"
              + ("" if fits else f" EXCEEDS the {chip.cache_bytes} B cache (smallest tile)"))
-    cfg = TileConfig(name, (("k", tk), ("oh", toh), ("ow", tow), ("c", tc)), True, notes)
+    util = conv_compute_util(G, tk, tc, es, chip)
+    if util < 1.0:
+        notes += f"; vector lanes {util:.0%} filled"
+    # the output tiles are the pipeline's stages (split_c's channel blocks stream inside one
+    # tile, but its slabs and weight blocks are loaded per tile: the tile is still the stage)
+    cfg = TileConfig(name, (("k", tk), ("oh", toh), ("ow", tow), ("c", tc)), True, notes, util, True)
     return make_plan(p.kernel, p.key, cfg, [(c, t) for t, c in groups.items()], need)
+
+
+def conv_compute_util(G, tk, tc, es, chip) -> float:
+    """Fraction of the unit's vector lanes a forward conv tile keeps busy (see
+    ``tiling.vector_utilisation``). The implicit GEMM vectorises one of two runs, whichever
+    fills more lanes: the reduction's contiguous run in the channel-innermost slab (a
+    kernel row's S taps x the block's TC channels when the taps are adjacent, dw == 1,
+    else TC channels) or the output channels of the tile (TK; a tile covering whole groups,
+    e.g. depthwise, lays the groups' channels side by side: TK x groups). The stem's 7x7
+    conv of 3 channels: 21 fp16 (42 B of a 256 B vector) or its 64 output channels (128 B)."""
+    run = G["S"] * tc if G["dw"] == 1 else tc
+    lanes_k = tk * G["g"] if tk == G["Kg"] else tk
+    return max(vector_utilisation(run, es, chip), vector_utilisation(lanes_k, es, chip))
 
 
 # ---------------------------------------------------------------- backward: input gradient

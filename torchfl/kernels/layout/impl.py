@@ -15,9 +15,11 @@ def _copy_tiles(ctx, src_accs, out, T):
     es = ES[out.dtype]
     for s in range(0, n, T):
         e = min(n, s + T)
+        dst = oflat[s:e]
         for acc, per in src_accs:
-            tile = acc.load(s, e)
-            oflat[s:e] = tile
+            tile = acc.load(s, e, dst)      # a strided walk gathers straight into the output
+            if tile.ctypes.data != dst.ctypes.data:
+                dst[:] = tile
             ctx.read((e - s) * per)
         ctx.write((e - s) * es)
 

@@ -124,8 +124,8 @@ def _packed_b(b, B, b_base, b_ks, b_ns, M, N, K, TN, code):
     if b_base.shape[0] != 1 or not prepacked_ok(N, TN) or (M <= GEMV_M and b_ks == 1):
         return None
     base = int(b_base[0])
-    return frozen.derived(b.buffer, ("gemm_b", b.offset, base, b_ks, b_ns, K, N, code),
-                          lambda: pack_b(B, base, b_ks, b_ns, K, N, code))
+    return frozen.derived(b.buffer, ("gemm_b", b.offset, base, b_ks, b_ns, K, N, code, min(TN, N)),
+                          lambda: pack_b(B, base, b_ks, b_ns, K, N, code, TN))
 
 
 def _decoded_b(b, B, b_base, b_ks, b_ns, M, N, K, code):

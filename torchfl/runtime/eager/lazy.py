@@ -110,9 +110,11 @@ _DEVICES: dict = {}        # index -> "npu:index"
 
 def _flatten(args, kwargs):
     """``tree_flatten((args, kwargs))`` and a cheap hashable name of its structure. A call
-    with positional arguments only and no tensor inside a list (every op of a model but
-    ``cat``/``stack``) keeps its arguments as the leaves: a list of ints is one leaf."""
-    if not kwargs and not any(isinstance(a, (list, tuple)) and any(isinstance(x, torch.Tensor) for x in a)
+    with positional arguments only and no tensor (or nested container) inside a list (every
+    op of a model but ``cat``/``stack``) keeps its arguments as the leaves: a list of ints
+    is one leaf."""
+    if not kwargs and not any(isinstance(a, (list, tuple)) and any(isinstance(x, (torch.Tensor, list, tuple, dict))
+                                                                   for x in a) or isinstance(a, dict)
                               for a in args):
         n = len(args)
         spec = _ARG_SPECS.get(n)
@@ -125,12 +127,33 @@ def _flatten(args, kwargs):
 
 def _outputs_meta(op, flat, spec):
     """The outputs ``op`` gives for these arguments, from its meta kernel: (out spec, per
-    output (shape, stride, dtype) or the non-tensor value, a single tensor?)."""
+    output (shape, stride, dtype) or the non-tensor value, how to rebuild it: "single" tensor,
+    "tuple" of leaves, else "tree")."""
     m_args, m_kwargs = tree_unflatten([_meta(a) if isinstance(a, torch.Tensor) else a for a in flat], spec)
     out_flat, out_spec = tree_flatten(op(*m_args, **m_kwargs))
     metas = tuple((tuple(m.shape), tuple(m.stride()), m.dtype) if isinstance(m, torch.Tensor) else ("value", m)
                   for m in out_flat)
-    return out_spec, metas, out_spec.is_leaf() and len(metas[0]) == 3
+    if out_spec.is_leaf():
+        form = "single" if len(metas[0]) == 3 else "tree"
+    else:          # batch_norm's (out, mean, invstd): a plain tuple of leaves
+        form = "tuple" if out_spec.type is tuple and out_spec.num_leaves == out_spec.num_children else "tree"
+    return out_spec, metas, form
+
+
+def _index_of(flat, kwargs, _ops) -> int:
+    """The device index of the call (``ops._device_of``, which also names mixed devices,
+    when the first npu tensor does not settle it)."""
+    index = None
+    for a in flat:
+        if isinstance(a, torch.Tensor):
+            dev = a.device
+            if dev.type == "npu":
+                if index is None:
+                    index = dev.index or 0
+                elif (dev.index or 0) != index:
+                    index = None
+                    break
+    return _ops._device_of(flat, kwargs) if index is None else index
 
 
 def record(op, args, kwargs):
@@ -143,7 +166,7 @@ def record(op, args, kwargs):
     if not _ops._ROUTES_READY:
         _ops._ensure_functional_routes()
     flat, spec, structure = _flatten(args, kwargs)
-    index = _ops._device_of(flat, kwargs)
+    index = _index_of(flat, kwargs, _ops)
     sig = tuple([(a.shape, a.dtype, a.stride(), a.storage_offset()) if isinstance(a, torch.Tensor)
                  else ("v", repr(a)) for a in flat])
     mkey = (op, structure, sig, torch.get_default_dtype())
@@ -163,7 +186,7 @@ def record(op, args, kwargs):
     rec.nodes.append((op, refs, spec))
     rec.key.append((op, structure, sig, tuple([r for r, a in zip(refs, flat) if isinstance(a, torch.Tensor)])))
     STATS["ops_recorded"] += 1
-    out_spec, metas, single = meta
+    out_spec, metas, form = meta
     device = _DEVICES.get(index) or _DEVICES.setdefault(index, f"npu:{index}")
     results = []
     for pos, m in enumerate(metas):
@@ -175,7 +198,9 @@ def record(op, args, kwargs):
         else:
             results.append(m[1])
     _STATE["adapter"].set_lazy_pending(True)     # the adapter's copies flush first
-    return results[0] if single else tree_unflatten(results, out_spec)
+    if form == "single":
+        return results[0]
+    return tuple(results) if form == "tuple" else tree_unflatten(results, out_spec)
 
 
 def _ref(rec, t):

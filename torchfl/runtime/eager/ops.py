@@ -146,8 +146,8 @@ def _arg_key(a):
         weight = isinstance(a, torch.nn.Parameter) or isinstance(getattr(a, "_base", None), torch.nn.Parameter)
         return ("T", a.device.type, tuple(a.shape), a.dtype, tensor_layout(a) if dense else tuple(a.stride()),
                 a.requires_grad and torch.is_grad_enabled(), weight)
-    if isinstance(a, float) and a != a:
-        return ("nan",)
+    if isinstance(a, float):
+        return ("float", a.hex())          # NaN equals itself, -0.0 is not 0.0
     return (type(a).__name__, a)
 
 
@@ -157,6 +157,8 @@ class _ChipRoute:
     """A planned one-op graph and its executor (zero-copy inputs and outputs)."""
 
     kind = "chip"
+    direct = None                      # a DirectRun once prepared (False: the plan needs the executor)
+    last_kernel_s = 0.0                # the last call's time in the kernel (tools/bench_eager.py)
 
     def __init__(self, plan, executor, out_spec, label, fallback: bool, writes=()):
         self.plan, self.executor, self.out_spec, self.label = plan, executor, out_spec, label
@@ -166,9 +168,6 @@ class _ChipRoute:
 
     def call(self, args, kwargs, tensors):
         return self.run(tensors)
-
-    direct = None                      # a DirectRun once prepared (False: the plan needs the executor)
-    last_kernel_s = 0.0
 
     def run(self, tensors):
         direct = self.direct
@@ -387,8 +386,8 @@ _FAST: dict = {}       # _fast_key -> route (the same routes as _CACHE, found wi
 def _fast_key(op, args):
     """A cheap signature of a call with positional arguments only, or None (the general key
     of :func:`_route` applies). Finer than that key -- strides instead of layouts, the
-    device of each tensor -- so each fast key names one route. None for tensors inside
-    lists (``cat``), NaNs in lists, and calls with no npu tensor."""
+    device of each tensor -- so each fast key names one route. None for tensors or nested
+    containers inside lists (``cat``) and calls with no npu tensor."""
     key = [op, _strict(), eager_precision(), torch._C._current_autograd_node() is not None,
            torch.is_grad_enabled()]
     npu = False
@@ -403,12 +402,12 @@ def _fast_key(op, args):
                         or (base is not None and base.__class__ is not tensor and isinstance(base, _PARAM))))
         elif isinstance(a, (list, tuple)):
             for x in a:
-                if isinstance(x, torch.Tensor) or (isinstance(x, float) and x != x) or \
-                        isinstance(x, (list, tuple)):
+                if isinstance(x, (torch.Tensor, list, tuple)):
                     return None
-            key.append((a.__class__, tuple(a), tuple(x.__class__ for x in a)))
-        elif isinstance(a, float) and a != a:
-            key.append(("nan",))
+            key.append((a.__class__, tuple([x.hex() if isinstance(x, float) else x for x in a]),
+                        tuple([x.__class__ for x in a])))
+        elif isinstance(a, float):
+            key.append(("float", a.hex()))      # NaN equals itself, -0.0 is not 0.0
         else:
             key.append((a.__class__, a))
     if not npu:
