@@ -7,8 +7,9 @@ Each (case, backend) runs in a fresh Python process with empty caches of its own
 ``NUMBA_CACHE_DIR`` for torchfl, a new ``TORCHINDUCTOR_CACHE_DIR`` for Inductor, a new
 ``XDG_CACHE_HOME`` for both), so ``first_call_s`` is what a new user's first call costs:
 capture, planning (or Inductor's lowering and C++ build) and every kernel compile, plus
-the run. The model is built before the clock starts. ``warm_s`` is the median of
-``--runs`` later calls, ``eager_s`` eager torch fp32 on the same inputs; for torchfl
+the run. The model is built before the clock starts. ``second_call_s`` is the call after
+it (for torchfl, what the first call left to compile: kernel paths of frozen weights),
+``warm_s`` the median of ``--runs`` later calls, ``eager_s`` eager torch fp32 on the same inputs; for torchfl
 ``numba_compile_s`` is the time spent inside Numba compiles (``numba:compile`` events,
 outermost only) and ``functions_compiled`` how many dispatchers compiled.
 
@@ -82,7 +83,8 @@ def child(case: str, backend: str, runs: int) -> dict:
             ref = _tensor(model(*inputs))
             eager.append(time.perf_counter() - t0)
     rel = float((y.float() - ref.float()).abs().max() / ref.float().abs().max())
-    out = {"case": case, "backend": backend, "first_call_s": first, "warm_s": statistics.median(warm),
+    out = {"case": case, "backend": backend, "first_call_s": first, "second_call_s": warm[0] if warm else None,
+           "warm_s": statistics.median(warm),
            "eager_s": statistics.median(eager), "rel_err_vs_eager": rel, "setup_s": import_s}
     if backend == "torchfl":
         out.update(numba_compile_s=sum(compile_events), functions_compiled=len(compile_events))
@@ -140,7 +142,8 @@ def _line(r: dict) -> str:
         return f"{r['case']:<16} {r['backend']:<9} cold wall {r['wall_s']:.1f} s (load {r['load_before']:.2f})"
     extra = (f"  numba compile {r['numba_compile_s']:.1f} s in {r['functions_compiled']} functions"
              if "numba_compile_s" in r else "")
-    return (f"{r['case']:<16} {r['backend']:<9} first call {r['first_call_s']:7.1f} s  warm "
+    return (f"{r['case']:<16} {r['backend']:<9} first call {r['first_call_s']:7.1f} s  second "
+            f"{r['second_call_s']:6.2f} s  warm "
             f"{r['warm_s'] * 1e3:8.1f} ms  eager {r['eager_s'] * 1e3:7.1f} ms  rel err "
             f"{r['rel_err_vs_eager']:.1e}{extra}")
 

@@ -188,3 +188,22 @@ def test_compiled_on_npu_follows_optimizer_steps(fp16_dev):
                 torch.testing.assert_close(got, ref, rtol=0, atol=3e-2)
             for p, g in zip(npu.parameters(), grads):
                 p.sub_(0.2 * g)
+
+
+def test_thaw_drops_derived_copies(fp32_dev):
+    """``frozen.thaw``: the owner will write the buffer, so its derived copies go (and are
+    no longer made) until it is frozen again."""
+    import numpy as np
+
+    from torchfl.kernels import frozen
+    from torchfl.runtime.eager import device
+
+    t = torch.zeros(64, device=fp32_dev)
+    buf = device.buffer_at(t.untyped_storage().data_ptr())
+    before = frozen.cached_bytes()
+    frozen.freeze(buf)
+    assert frozen.derived(buf, "k", lambda: np.ones(8)) is not None
+    assert frozen.cached_bytes() == before + 64
+    frozen.thaw(buf)
+    assert frozen.cached_bytes() == before and not frozen.is_frozen(buf)
+    assert frozen.derived(buf, "k", lambda: np.ones(8)) is None

@@ -36,6 +36,30 @@ def test_matmul(dtype, mkn, cache):
     assert_close(as_f32(c), ref.float(), dtype, scale=max(1.0, math.sqrt(K) / 4), what=f"matmul {mkn}")
 
 
+@pytest.mark.parametrize("dtype", FLOAT_DT)
+@pytest.mark.parametrize("approximate", ["none", "tanh"])
+@pytest.mark.parametrize("mkn,cache", [((37, 53, 40), 16 << 10), ((128, 64, 150), 8 << 20), ((3, 33, 19), 16 << 10)])
+def test_matmul_gelu(dtype, approximate, mkn, cache):
+    """gelu(alpha * a @ b + beta * bias) in the GEMM epilogue (GPT-2's Conv1D then gelu_new): an
+    un-transposed b, also stored column-major (a non-contiguous walk), a NaN row as torch."""
+    M, K, N = mkn
+    chip = chip_for(dtype, cache)
+    mem = DeviceMemory(chip)
+    g = torch.Generator().manual_seed(M + K + N)
+    x = torch.randn(M, K, generator=g)
+    x[0, 0] = float("nan")
+    a = dev(x, mem, dtype)
+    b = dev(torch.randn(K, N, generator=g) / math.sqrt(K), mem, dtype, layout="BA" if K % 2 else None)
+    bias = dev(torch.randn(N, generator=g), mem, dtype)
+    (c,), _ = run_checked("matmul_gelu", chip, {"a": a, "b": b, "bias": bias},
+                          {"alpha": 0.5, "beta": 2.0, "approximate": approximate})
+    ref = F.gelu((0.5 * (_ref_in(a) @ _ref_in(b)) + 2.0 * _ref_in(bias)).float(), approximate=approximate)
+    got = as_f32(c)
+    assert torch.equal(got.isnan(), ref.isnan())
+    fin = ~ref.isnan()
+    assert_close(got[fin], ref[fin], dtype, scale=2, what=f"matmul_gelu {mkn}")
+
+
 @pytest.mark.parametrize("dtype", ["float32", "float16"])
 @pytest.mark.parametrize("layout", [None, "NLC", "CLN", "LNC"])
 def test_matmul_batched_a_any_layout(dtype, layout):

@@ -127,3 +127,30 @@ def test_norm_bigger_cache_never_moves_more():
             t = spec.tile(prob, ChipModel(cache_bytes=kb << 10)).traffic.bytes
             assert last is None or t <= last, (name, kb)
             last = t
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_layer_norm_kept_weights_decoded_once(dtype):
+    """Frozen weight and bias (the executor's kept parameters) are decoded once and kept:
+    same results and counts as unfrozen; freeing the buffer drops the copy."""
+    from torchfl.kernels import frozen
+
+    chip = ChipModel()
+    mem = DeviceMemory(chip)
+    torch.manual_seed(3)
+    x, w, b = torch.randn(6, 40), torch.rand(40) + 0.5, torch.randn(40)
+    tdt = getattr(torch, dtype)
+    plain = {"x": dev(x.to(tdt), mem), "weight": dev(w.to(tdt), mem), "bias": dev(b.to(tdt), mem)}
+    (ref, _, _), _ = run_checked("layer_norm", chip, plain, {"normalized_shape": (40,)})
+    kept = {"x": plain["x"], "weight": dev(w.to(tdt), mem), "bias": dev(b.to(tdt), mem)}
+    before = frozen.cached_bytes()
+    for t in ("weight", "bias"):
+        frozen.freeze(kept[t].buffer)
+    for _ in range(2):
+        (y, _, _), _ = run_checked("layer_norm", chip, kept, {"normalized_shape": (40,)})
+        np.testing.assert_array_equal(y.to_numpy(), ref.to_numpy())
+    assert frozen.cached_bytes() - before == 2 * 40 * 4
+    for t in ("weight", "bias"):
+        kept[t].buffer.free()
+        assert frozen.derived(kept[t].buffer, "any", lambda: 1 / 0) is None
+    assert frozen.cached_bytes() == before

@@ -92,3 +92,13 @@ def test_memory_bound_ties_break_by_operations_not_layout(chips):
     assert bn_relu - plain < 0.01 * plain            # a secondary term, not a new ranking
     by_layout = {lay: _conv(chip, x, w, layout=lay)[1] for lay in (None, "NHWC", "NHCW")}
     assert len(set(by_layout.values())) == 1
+
+
+def test_only_weight_stationary_conv_tiles_are_pipeline_stages(chips):
+    """split_c streams channel blocks inside each output tile: its stages are finer than its
+    tiles, so it adds no fill/drain term (a weight-stationary conv's tiles are its stages)."""
+    chip = ChipModel.from_hcd(chips["NPU-V3"]).with_cache(256 << 10)
+    ws, _ = _conv(chip, (1, 64, 16, 16), (64, 64, 3, 3), padding=(1, 1))
+    split, _ = _conv(chip, (1, 1024, 14, 14), (512, 1024, 3, 3), padding=(1, 1))
+    assert ws.config.strategy == "weight_stationary" and ws.config.pipelined_tiles
+    assert split.config.strategy == "split_c" and not split.config.pipelined_tiles

@@ -2,11 +2,15 @@
 
 Numba compiles on one core holding the GIL, and a model's first call compiles its kernels
 one after the other. A helper process given the calls that are still ahead (kernel, input
-shapes, storage dtypes, layouts, attributes) calls each kernel once on scratch inputs of
-exactly those types, last call first, so it compiles the same specialisations into the
-shared kernel cache (see :mod:`jitcache`) while this process compiles from the first call
-on; when this process reaches a kernel the helper has compiled, Numba loads it from the
-cache. Scratch inputs are uninitialised (types, not values, decide what Numba compiles); a
+shapes, storage dtypes, layouts, attributes, which inputs get frozen) calls each kernel once
+on scratch inputs of exactly those types, the kernel needed last first, so it compiles the
+same specialisations into the shared kernel cache (see :mod:`jitcache`) while this process
+compiles from the first on. Both processes claim a specialisation before compiling it
+(:mod:`compilelock`): where they meet, the helper skips a call whose kernel this process is
+compiling, and this process waits for a kernel the helper is compiling and then loads it
+(without claims both compiled the same large kernels side by side). Then the helper compiles
+the calls with frozen inputs as later calls make them (a frozen weight takes other kernel
+paths). Scratch inputs are uninitialised (types, not values, decide what Numba compiles); a
 call that fails in the helper costs nothing, this process compiles it as usual. The helper
 imports numpy and numba, never torch.
 
@@ -16,6 +20,7 @@ imports numpy and numba, never torch.
 """
 from __future__ import annotations
 
+import atexit
 import os
 import pickle
 import subprocess
@@ -36,12 +41,24 @@ class KernelCall:
     layouts: dict       # input name -> layout letters
     attrs: dict
     dtype: str | None   # the problem's dtype (None: the kernel takes mixed dtypes)
+    frozen: tuple = ()  # inputs whose buffers the executor freezes after its first call
 
     @property
     def key(self) -> tuple:
         """Calls with equal keys compile the same code (shapes aside)."""
         return (self.impl, tuple(sorted((self.dtypes[k], len(s)) for k, s in self.shapes.items())),
-                tuple(sorted((k, type(v).__name__) for k, v in self.attrs.items())))
+                tuple(sorted((k, type(v).__name__) for k, v in self.attrs.items())), self.frozen)
+
+    @property
+    def ident(self) -> tuple:
+        """Equal for calls that are the same in every respect the kernel sees (shapes too:
+        they choose kernel paths, a conv's single-tile or tiled driver)."""
+        return (self.kernel, self.key, tuple(sorted(self.shapes.items())), tuple(sorted(self.layouts.items())),
+                repr(sorted(self.attrs.items())), self.dtype)
+
+    def thawed(self) -> "KernelCall":
+        """This call as the executor's first call makes it (nothing frozen yet)."""
+        return KernelCall(self.kernel, self.impl, self.shapes, self.dtypes, self.layouts, self.attrs, self.dtype)
 
 
 def enabled() -> bool:
@@ -53,6 +70,7 @@ def enabled() -> bool:
 
 def run_calls(chip, calls) -> int:
     """Call each kernel once on scratch inputs (in this process); returns the calls that ran."""
+    from . import frozen
     from .catalog import CATALOG
     from .memory import DeviceMemory
     from .tensor import DeviceTensor
@@ -66,6 +84,8 @@ def run_calls(chip, calls) -> int:
             memory = DeviceMemory(chip)
             inputs = {k: DeviceTensor.empty(memory, c.shapes[k], c.dtypes[k], c.layouts.get(k))
                       for k in c.shapes}
+            for k in c.frozen:      # kernels take other paths (other specialisations) for these
+                frozen.freeze(inputs[k].buffer)
             spec.bind(chip, problem, plan, memory)(inputs)
             done += 1
         except Exception:  # noqa: BLE001 - the caller compiles what the helper could not
@@ -73,14 +93,29 @@ def run_calls(chip, calls) -> int:
     return done
 
 
+def order(calls, skip=()) -> tuple[list, list]:
+    """The helper's work, ``calls`` (in the executor's order) deduplicated (``ident``), none
+    in ``skip`` (idents): (for the first call: the call needed last first, so the two
+    processes meet in the middle; for later calls: the calls with frozen inputs as the
+    executor makes them once it has frozen its static values, in its order). A call whose
+    kernels are compiled already only runs (milliseconds on scratch inputs)."""
+    seen, first, later = set(), [], []
+    for c in calls:
+        if c.ident in skip:
+            continue
+        for todo, v in ((first, c.thawed()), (later, c)):
+            if v.ident not in seen:
+                seen.add(v.ident)
+                todo.append(v)
+    return first[::-1], later
+
+
 def start(chip, calls, skip=()):
-    """A helper process compiling ``calls`` (deduplicated, last first, none whose key is in
-    ``skip``: this process compiles those now); None if none started."""
-    seen, todo = set(skip), []
-    for c in reversed(calls):
-        if c.key not in seen:
-            seen.add(c.key)
-            todo.append(c)
+    """A helper process compiling ``calls`` (see :func:`order`); None if none started. Its
+    ``later`` attribute: whether it has calls for after the first call to compile too (the
+    caller lets it run on past its first call)."""
+    first, later = order(calls, skip)
+    todo = first + later
     if not todo:
         return None
     try:
@@ -90,9 +125,29 @@ def start(chip, calls, skip=()):
         proc.stdin.close()
     except OSError:
         return None
+    from . import compilelock
+
+    compilelock.install("wait")
+    proc.later = bool(later)
+    if not _running:
+        atexit.register(_stop)
+    _running.append(proc)
     return proc
 
 
+_running: list = []
+
+
+def _stop() -> None:
+    """At exit: a helper still compiling for later calls has no later call to serve."""
+    for proc in _running:
+        if proc.poll() is None:
+            proc.terminate()
+
+
 if __name__ == "__main__":
+    from torchfl.kernels import compilelock
+
     _chip, _calls = pickle.loads(sys.stdin.buffer.read())
+    compilelock.install("skip")
     run_calls(_chip, _calls)

@@ -21,10 +21,10 @@ Simulated time is a roofline per tile: a tile costs the larger of its compute ti
 its pipeline cannot overlap. Double buffering is what makes the "larger of" honest for
 streamed tiles, but it cannot hide the first tile's load nor the last tile's compute: n
 equal tiles take ``m + (n-1) max(c, m) + c = n max(c, m) + min(c, m)``. A tiler whose
-tiles are its pipeline's stages says so (``TileConfig.pipelined_tiles``: conv's output
-tiles, ``stream_plan``'s) and the plan adds ``min(compute, memory)`` of its mean tile; a
-double-buffered plan that streams inside its tiles (GEMM k-chunks) adds nothing, its
-stages being finer than its groups. A plan without double buffering overlaps nothing:
+tiles are its pipeline's stages says so (``TileConfig.pipelined_tiles``: weight-stationary
+conv's output tiles, ``stream_plan``'s) and the plan adds ``min(compute, memory)`` of its
+mean tile; a double-buffered plan that streams inside its tiles (GEMM k-chunks, split_c
+conv's channel blocks) adds nothing, its stages being finer than its groups. A plan without double buffering overlaps nothing:
 each tile costs ``c + m`` (a resident plan: load, compute, store). The fill/drain term
 also separates options whose binding term ties (a conv with or without a batch-norm
 epilogue, memory-bound alike: the one with fewer operations is cheaper),

@@ -157,10 +157,16 @@ def _relabel(t):
     return DeviceTensor(t.buffer, t.physical_shape, None, t.dtype, t.offset)
 
 
+_VIEWED_GEMMS = frozenset({"linear_gelu", "linear_relu", "matmul_gelu"})
+_VIEW_OPS = frozenset({"aten.view.default", "aten._unsafe_view.default"})
+
+
 def _reshaped(t, shape):
     """``t`` (identity layout) seen with ``shape`` (same elements): select drops its dim."""
     from torchfl.kernels.tensor import DeviceTensor
 
+    if tuple(t.shape) == shape:
+        return t
     if t.layout is not None or t.numel != _numel(shape):
         raise PlanMismatch(f"select: a slice of shape {t.shape} cannot be seen as {shape}")
     return DeviceTensor(t.buffer, shape, None, t.dtype, t.offset)
@@ -267,6 +273,11 @@ class Executor:
             p = _Prep(step)
             if step.kernel == "slice" and "aten.select.int" in step.ops and step.outputs[:1] and \
                     step.outputs[0] in plan.values:
+                p.squeeze = tuple(plan.values[step.outputs[0]].shape)
+            elif step.kernel in _VIEWED_GEMMS and step.outputs[:1] and step.outputs[0] in plan.values and \
+                    _VIEW_OPS & set(step.ops):
+                # a GEMM fused through a view (addmm -> view -> gelu): its [M, N] result is the
+                # group output's shape, the same elements
                 p.squeeze = tuple(plan.values[step.outputs[0]].shape)
             if is_link_cast(step, plan.values):
                 p.host, p.link = True, step.attrs["to"]
@@ -410,10 +421,11 @@ class Executor:
         executor."""
         import contextlib
 
-        from torchfl.kernels import compiling, precompile
+        from torchfl.kernels import compilelock, compiling, precompile
 
         if self._helper_started or not precompile.enabled():
             return contextlib.nullcontext()
+        compilelock.install("wait")     # claimed from the first compile on: the helper skips it
         stack = contextlib.ExitStack()
 
         def on_compile(ev):
@@ -421,7 +433,7 @@ class Executor:
                 self._helper_started = True
                 now = self._call_of(p)
                 self._helper = precompile.start(self.chip, self._calls_after(p.step.index),
-                                                skip={now.key} if now is not None else ())
+                                                skip={now.ident} if now is not None else ())
 
         stack.callback(compiling.subscribe(on_compile))
         return stack
@@ -442,9 +454,11 @@ class Executor:
             return None
         dtypes = {n: val.dtype for n, val in pairs}
         first = next((dtypes[n] for n in q.spec.input_names if n in dtypes), None)
+        frozen = tuple(n for n, v in zip(q.spec.input_names, q.step.inputs)
+                       if v and self.freezes_static and v in self.static_vals)
         return KernelCall(q.kernel, f"{q.spec.family}.{q.spec.impl}", {n: tuple(val.shape) for n, val in pairs},
                           dtypes, {n: val.layout for n, val in pairs}, dict(q.attrs),
-                          None if q.spec.mixed_dtypes else first)
+                          None if q.spec.mixed_dtypes else first, frozen)
 
     def _bind(self, p, inputs):
         """First run of a chip step: the kernel's tile plan for this problem on this chip,
@@ -647,7 +661,7 @@ class Executor:
                 record.on_step(len(record.steps), n_total, p.step)
 
         if self._helper is not None:   # every step is bound now: what the helper has left is moot
-            if self._helper.poll() is None:
+            if self._helper.poll() is None and not self._helper.later:   # (unless for later calls)
                 self._helper.terminate()
             self._helper = None
         if not measuring and not cached:

@@ -273,9 +273,9 @@ def conv_tiling(p, chip):
     util = conv_compute_util(G, tk, tc, es, chip)
     if util < 1.0:
         notes += f"; vector lanes {util:.0%} filled"
-    # the output tiles are the pipeline's stages (split_c's channel blocks stream inside one
-    # tile, but its slabs and weight blocks are loaded per tile: the tile is still the stage)
-    cfg = TileConfig(name, (("k", tk), ("oh", toh), ("ow", tow), ("c", tc)), True, notes, util, True)
+    # weight_stationary's output tiles are its pipeline's stages; split_c streams channel
+    # blocks inside each tile (finer stages than its groups: no fill/drain term, as GEMM)
+    cfg = TileConfig(name, (("k", tk), ("oh", toh), ("ow", tow), ("c", tc)), True, notes, util, strat == 0)
     return make_plan(p.kernel, p.key, cfg, [(c, t) for t, c in groups.items()], need)
 
 

@@ -54,10 +54,10 @@ class Gemm:
                 raise KernelError(f"bmm: expects a[B,M,K] and b[B,K,N], got a{list(a)} b{list(b)}")
             self.batch, self.M, self.K, self.N, self.b_shared = a[0], a[1], a[2], b[2], False
             self.out_shape = (a[0], a[1], b[2])
-        elif name == "matmul":
+        elif name in ("matmul", "matmul_gelu"):
             a, b = s["a"], s["b"]
             if len(a) < 1 or len(b) != 2 or a[-1] != b[0]:
-                raise KernelError(f"matmul: expects a[...,M,K] and b[K,N], got a{list(a)} b{list(b)}"
+                raise KernelError(f"{name}: expects a[...,M,K] and b[K,N], got a{list(a)} b{list(b)}"
                                   " (for batched b use bmm)")
             self.batch, self.M, self.K, self.N, self.b_shared = 1, _prod(a[:-1]), a[-1], b[1], True
             self.out_shape = tuple(a[:-1]) + (b[1],)
@@ -71,7 +71,8 @@ class Gemm:
         if bias is not None and tuple(bias) != (self.N,):
             raise KernelError(f"{name}: bias must have shape [{self.N}], got {list(bias)}")
         self.has_bias = bias is not None
-        self.act = {"linear_relu": 1, "linear_gelu": 2 if p.attrs.get("approximate", "none") == "none" else 3,
+        gelu = 2 if p.attrs.get("approximate", "none") == "none" else 3
+        self.act = {"linear_relu": 1, "linear_gelu": gelu, "matmul_gelu": gelu,
                     "qlinear": int(bool(p.attrs.get("relu")))}.get(name, 0)
         self.ln = name == "layernorm_linear"
         if self.ln:
@@ -123,8 +124,8 @@ def _check_qlinear(p):
 def _check(p):
     if p.kernel == "qlinear":
         return _check_qlinear(p)
-    a = "a" if p.kernel in ("matmul", "bmm") else "x"
-    b = "b" if p.kernel in ("matmul", "bmm") else "w"
+    a = "a" if p.kernel in ("matmul", "matmul_gelu", "bmm") else "x"
+    b = "b" if p.kernel in ("matmul", "matmul_gelu", "bmm") else "w"
     if p.dtype_of(a) != p.dtype or p.dtype_of(b) != p.dtype:
         raise KernelError(f"{p.kernel}: {a} and {b} must share one dtype, got "
                           f"{p.dtype_of(a)} and {p.dtype_of(b)}; insert a cast")
@@ -132,10 +133,12 @@ def _check(p):
     for k in ("bias", "ln_weight", "ln_bias"):
         if k in p.shapes and p.dtype_of(k) != want:
             raise KernelError(f"{p.kernel}: {k} must be {want} for {p.dtype} inputs, got {p.dtype_of(k)}")
+    if p.kernel == "matmul_gelu" and p.dtype == "int8":
+        raise KernelError("matmul_gelu: int8 is not supported (the int8 GEMM has no GELU epilogue)")
     if p.kernel == "layernorm_linear" and p.dtype == "int8":
         raise KernelError("layernorm_linear: int8 is not supported (normalise in float first)")
-    if p.kernel == "linear_gelu" and p.attrs["approximate"] not in ("none", "tanh"):
-        raise KernelError(f"linear_gelu: approximate must be 'none' or 'tanh', got {p.attrs['approximate']!r}")
+    if p.kernel in ("linear_gelu", "matmul_gelu") and p.attrs["approximate"] not in ("none", "tanh"):
+        raise KernelError(f"{p.kernel}: approximate must be 'none' or 'tanh', got {p.attrs['approximate']!r}")
     Gemm(p)
 
 
@@ -260,6 +263,9 @@ def _spec(name, inputs, attrs, doc, fuses=()):
 KERNELS = [
     _spec("matmul", ("a", "b", "bias?"), {"alpha": 1.0, "beta": 1.0, **QUANT},
           "a[...,M,K] @ b[K,N] (mm), alpha*(a@b) + beta*bias[N] (addmm)." + _DOC_Q, ("aten.mm", "aten.addmm", "aten.matmul")),
+    _spec("matmul_gelu", ("a", "b", "bias?"), {"alpha": 1.0, "beta": 1.0, "approximate": "none"},
+          "gelu(alpha*(a@b) + beta*bias[N]) (approximate none=erf or tanh), fused epilogue: addmm with "
+          "an un-transposed weight (GPT-2's Conv1D) then GELU.", ("aten.addmm", "aten.gelu")),
     _spec("bmm", ("a", "b"), {"alpha": 1.0, **QUANT}, "a[B,M,K] @ b[B,K,N]." + _DOC_Q, ("aten.bmm",)),
     _spec("linear", _LIN_IN, dict(QUANT), "x[...,K] @ w[N,K]^T + bias[N]." + _DOC_Q, ("aten.linear",)),
     _spec("linear_relu", _LIN_IN, dict(QUANT), "relu(linear(x, w, bias)), fused epilogue.",

@@ -34,7 +34,7 @@ def run_gemm(ctx):
     g = Gemm(p)
     ins = ctx.inputs
     (out,) = ctx.outputs()
-    if p.kernel in ("matmul", "bmm"):
+    if p.kernel in ("matmul", "matmul_gelu", "bmm"):
         a, b = ins["a"], ins["b"]
     else:
         a, b = ins["x"], ins["w"]
@@ -74,7 +74,7 @@ def run_gemm(ctx):
         a_rows = ar.reshape(1, M)
         bst, _ = _estrides(b)
         b_base = np.zeros(1, np.int64)
-        if p.kernel == "matmul":
+        if p.kernel in ("matmul", "matmul_gelu"):
             b_ks, b_ns = bst[0], bst[1]
         else:                      # w[N, K]: B[k, n] = w[n, k]
             b_ks, b_ns = bst[1], bst[0]

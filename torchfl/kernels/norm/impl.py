@@ -45,6 +45,17 @@ def _tables(t, seg_dims):
     return flat, seg, el, est
 
 
+def _tables_of(ctx, t, seg_dims):
+    """``_tables`` with the offset arrays kept in the bound call's cache (``ctx.cache``): they
+    depend only on the shape and strides, the same on every call of a step (0.06 ms a call)."""
+    flat, strides = _flat(t)
+    key = ("norm_tables", tuple(t.shape), tuple(strides), tuple(seg_dims))
+    hit = ctx.cache.get(key)
+    if hit is None:
+        hit = ctx.cache[key] = _tables(t, seg_dims)[1:]
+    return (flat,) + hit
+
+
 @njit(cache=True, nogil=True, inline="always")
 def _load(x, base, el, est, code, e0, e1, buf):
     if est == 1 and code == 0:        # contiguous float32: a plain copy
@@ -293,11 +304,27 @@ def _vec(ctx, name, n, default, lo=None, hi=None):
     t = ctx.inputs.get(name)
     if t is None:
         return np.full(n, default, np.float32)
+    if lo is None and hi is None:       # a kept weight (frozen buffer): decoded once (callers only read it)
+        from .. import frozen
+
+        kept = frozen.derived(t.buffer, ("norm_vec", t.offset, tuple(t.shape), t.dtype, t.layout),
+                              lambda: _vec_decoded(t, n, default))
+        if kept is not None:
+            ctx.read(n * _dt.itemsize(t.dtype))
+            return kept
     out = np.full(n, default, np.float32)
     lo = 0 if lo is None else lo
     hi = n if hi is None else hi
     out[lo:hi] = _dt.decode(np.ascontiguousarray(t.logical().reshape(-1)[lo:hi]), t.dtype)
     ctx.read((hi - lo) * _dt.itemsize(t.dtype))
+    return out
+
+
+def _vec_decoded(t, n, default):
+    from .. import dtypes as _dt
+
+    out = np.full(n, default, np.float32)
+    out[:] = _dt.decode(np.ascontiguousarray(t.logical().reshape(-1)), t.dtype)
     return out
 
 
@@ -548,8 +575,8 @@ def run_layer_norm(ctx):
     if M * D == 0:
         return [yt, mt, rt]
     sd = _ln_dims(p)
-    x, xseg, xel, xest = _tables(ctx.inputs["x"], sd)
-    y, yseg, yel, yest = _tables(yt, sd)
+    x, xseg, xel, xest = _tables_of(ctx, ctx.inputs["x"], sd)
+    y, yseg, yel, yest = _tables_of(ctx, yt, sd)
     code = _code(p.dtype, chip)
     ope, ops_seg = _OPS[p.kernel]
     es = x.dtype.itemsize

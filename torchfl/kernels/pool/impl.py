@@ -72,6 +72,126 @@ def pool_fwd(slab, cols, tc, lo_h, lo_w, H, W, kind, kh, kw, sh, sw, ph, pw, OH,
     return ops
 
 
+@njit(cache=True, nogil=True)
+def _max_pool_channel(x, s0, s1, s2, s3, code, n, ch, lo_h, lo_w, rows, cols, h0, h1, w0, w1, H, W, kh, kw, sh, sw,
+                      dh, dw, oh0, th, ow0, tw, y, t0, t1, t2, t3, with_idx, yi, i0, i1, i2, i3):
+    """One channel ``ch`` of max_pool_tile (a plain function the parallel loop calls: a large
+    prange body costs Numba's parallel passes seconds of compile, see ARCHITECTURE.md)."""
+    plane = np.empty(rows * cols, np.float32)
+    vm = np.empty(cols, np.float32)
+    out = np.empty(tw, np.float32)
+    oidx = np.empty(tw, np.int64)
+    otap = np.empty(tw, np.float32)
+    for o in range(rows * cols):
+        plane[o] = -np.inf
+    base = n * s0 + ch * s1
+    nan = 0
+    nw = w1 - w0
+    for h in range(h0, h1):
+        # row views: indices from 0 up, so Numba's negative-index wrap test folds away
+        # and the loops vectorise
+        prow = plane[(h - lo_h) * cols + (w0 - lo_w):]
+        b = base + h * s2 + w0 * s3
+        if code == 1 and s3 == 1:
+            xrow = x[b:b + nw]
+            for k in range(nw):
+                prow[k] = _h2f(xrow[k])
+        elif code == 1:
+            for k in range(nw):
+                prow[k] = _h2f(x[b + k * s3])
+        else:
+            for k in range(nw):
+                prow[k] = decode(code, x[b + k * s3])
+        for k in range(nw):
+            nan += prow[k] != prow[k]
+    for i in range(th):
+        if nan == 0:
+            # down the columns (contiguous, every column), then along the row (strided)
+            prow = plane[(i * sh) * cols:]
+            for w in range(cols):
+                vm[w] = prow[w]
+            for r in range(1, kh):
+                prow = plane[(i * sh + r * dh) * cols:]
+                for w in range(cols):
+                    v = prow[w]
+                    vm[w] = v if v > vm[w] else vm[w]
+            vs = vm[::sw]           # strided views: indices from 0, no wrap test
+            for j in range(tw):
+                out[j] = vs[j]
+            for s in range(1, kw):
+                vs = vm[s * dw::sw]
+                for j in range(tw):
+                    v = vs[j]
+                    out[j] = v if v > out[j] else out[j]
+            if with_idx:
+                # the first in-bounds tap (window order) holding the max, as torch's
+                # strict > keeps it: taps scanned last to first, each match overwrites;
+                # integer arithmetic, no select (Numba's selects here become branches)
+                for j in range(tw):
+                    oidx[j] = -1
+                hs = lo_h + i * sh
+                for r in range(kh - 1, -1, -1):
+                    h = hs + r * dh
+                    if h < 0 or h >= H:
+                        continue
+                    for s in range(kw - 1, -1, -1):
+                        ps = plane[(i * sh + r * dh) * cols + s * dw::sw]   # strided view
+                        w0s = lo_w + s * dw
+                        for j in range(tw):
+                            w = w0s + j * sw
+                            hit = np.int64((ps[j] == out[j]) & (w >= 0) & (w < W))
+                            oidx[j] += hit * (h * W + w - oidx[j])
+        elif not with_idx:
+            for j in range(tw):
+                out[j] = -np.inf
+            for r in range(kh):
+                for s in range(kw):
+                    ps = plane[(i * sh + r * dh) * cols + s * dw:]
+                    for j in range(tw):
+                        v = ps[j * sw]
+                        a = out[j]
+                        out[j] = v if (v > a or v != v) else a
+        else:
+            # the winning tap's number r * kw + s is tracked as a float32 (exact),
+            # selected like the value (an int64 select stays a mispredicted branch)
+            for j in range(tw):
+                out[j] = -np.inf
+                otap[j] = -1.0
+            for r in range(kh):
+                for s in range(kw):
+                    ps = plane[(i * sh + r * dh) * cols + s * dw:]
+                    tap = np.float32(r * kw + s)
+                    for j in range(tw):
+                        v = ps[j * sw]
+                        take = (v > out[j]) | (v != v)
+                        out[j] = v if take else out[j]
+                        otap[j] = tap if take else otap[j]
+            hs = lo_h + i * sh
+            hf = hs if hs >= 0 else hs + ((-hs + dh - 1) // dh) * dh
+            for j in range(tw):
+                ws = lo_w + j * sw
+                t = np.int64(otap[j])
+                if t < 0:   # no tap beat -inf: torch's index is the first in-bounds tap
+                    oidx[j] = hf * W + (ws if ws >= 0 else ws + ((-ws + dw - 1) // dw) * dw)
+                else:
+                    oidx[j] = (hs + (t // kw) * dh) * W + ws + (t % kw) * dw
+        if with_idx:
+            ib = n * i0 + ch * i1 + (oh0 + i) * i2 + ow0 * i3
+            for j in range(tw):
+                yi[ib + j * i3] = oidx[j]
+        yb = n * t0 + ch * t1 + (oh0 + i) * t2 + ow0 * t3
+        if code == 0:
+            for j in range(tw):
+                y[yb + j * t3] = out[j]
+        elif code == 1 and t3 == 1:
+            yrow = y[yb:yb + tw]
+            for j in range(tw):
+                yrow[j] = encode16(1, out[j])
+        else:
+            for j in range(tw):
+                y[yb + j * t3] = encode16(code, out[j])
+
+
 @njit(cache=True, nogil=True, parallel=True)
 def max_pool_tile(x, s0, s1, s2, s3, code, n, c0, tc, lo_h, hi_h, lo_w, hi_w, H, W, kh, kw, sh, sw, dh, dw,
                   oh0, th, ow0, tw, y, t0, t1, t2, t3, with_idx, yi, i0, i1, i2, i3):
@@ -88,119 +208,9 @@ def max_pool_tile(x, s0, s1, s2, s3, code, n, c0, tc, lo_h, hi_h, lo_w, hi_w, H,
     h0, h1 = max(lo_h, 0), max(max(lo_h, 0), min(hi_h, H))
     w0, w1 = max(lo_w, 0), max(max(lo_w, 0), min(hi_w, W))
     for c in prange(tc):
-        plane = np.empty(rows * cols, np.float32)
-        vm = np.empty(cols, np.float32)
-        out = np.empty(tw, np.float32)
-        oidx = np.empty(tw, np.int64)
-        otap = np.empty(tw, np.float32)
-        for o in range(rows * cols):
-            plane[o] = -np.inf
-        base = n * s0 + (c0 + c) * s1
-        nan = 0
-        nw = w1 - w0
-        for h in range(h0, h1):
-            # row views: indices from 0 up, so Numba's negative-index wrap test folds away
-            # and the loops vectorise
-            prow = plane[(h - lo_h) * cols + (w0 - lo_w):]
-            b = base + h * s2 + w0 * s3
-            if code == 1 and s3 == 1:
-                xrow = x[b:b + nw]
-                for k in range(nw):
-                    prow[k] = _h2f(xrow[k])
-            elif code == 1:
-                for k in range(nw):
-                    prow[k] = _h2f(x[b + k * s3])
-            else:
-                for k in range(nw):
-                    prow[k] = decode(code, x[b + k * s3])
-            for k in range(nw):
-                nan += prow[k] != prow[k]
-        for i in range(th):
-            if nan == 0:
-                # down the columns (contiguous, every column), then along the row (strided)
-                prow = plane[(i * sh) * cols:]
-                for w in range(cols):
-                    vm[w] = prow[w]
-                for r in range(1, kh):
-                    prow = plane[(i * sh + r * dh) * cols:]
-                    for w in range(cols):
-                        v = prow[w]
-                        vm[w] = v if v > vm[w] else vm[w]
-                vs = vm[::sw]           # strided views: indices from 0, no wrap test
-                for j in range(tw):
-                    out[j] = vs[j]
-                for s in range(1, kw):
-                    vs = vm[s * dw::sw]
-                    for j in range(tw):
-                        v = vs[j]
-                        out[j] = v if v > out[j] else out[j]
-                if with_idx:
-                    # the first in-bounds tap (window order) holding the max, as torch's
-                    # strict > keeps it: taps scanned last to first, each match overwrites;
-                    # integer arithmetic, no select (Numba's selects here become branches)
-                    for j in range(tw):
-                        oidx[j] = -1
-                    hs = lo_h + i * sh
-                    for r in range(kh - 1, -1, -1):
-                        h = hs + r * dh
-                        if h < 0 or h >= H:
-                            continue
-                        for s in range(kw - 1, -1, -1):
-                            ps = plane[(i * sh + r * dh) * cols + s * dw::sw]   # strided view
-                            w0s = lo_w + s * dw
-                            for j in range(tw):
-                                w = w0s + j * sw
-                                hit = np.int64((ps[j] == out[j]) & (w >= 0) & (w < W))
-                                oidx[j] += hit * (h * W + w - oidx[j])
-            elif not with_idx:
-                for j in range(tw):
-                    out[j] = -np.inf
-                for r in range(kh):
-                    for s in range(kw):
-                        ps = plane[(i * sh + r * dh) * cols + s * dw:]
-                        for j in range(tw):
-                            v = ps[j * sw]
-                            a = out[j]
-                            out[j] = v if (v > a or v != v) else a
-            else:
-                # the winning tap's number r * kw + s is tracked as a float32 (exact),
-                # selected like the value (an int64 select stays a mispredicted branch)
-                for j in range(tw):
-                    out[j] = -np.inf
-                    otap[j] = -1.0
-                for r in range(kh):
-                    for s in range(kw):
-                        ps = plane[(i * sh + r * dh) * cols + s * dw:]
-                        tap = np.float32(r * kw + s)
-                        for j in range(tw):
-                            v = ps[j * sw]
-                            take = (v > out[j]) | (v != v)
-                            out[j] = v if take else out[j]
-                            otap[j] = tap if take else otap[j]
-                hs = lo_h + i * sh
-                hf = hs if hs >= 0 else hs + ((-hs + dh - 1) // dh) * dh
-                for j in range(tw):
-                    ws = lo_w + j * sw
-                    t = np.int64(otap[j])
-                    if t < 0:   # no tap beat -inf: torch's index is the first in-bounds tap
-                        oidx[j] = hf * W + (ws if ws >= 0 else ws + ((-ws + dw - 1) // dw) * dw)
-                    else:
-                        oidx[j] = (hs + (t // kw) * dh) * W + ws + (t % kw) * dw
-            if with_idx:
-                ib = n * i0 + (c0 + c) * i1 + (oh0 + i) * i2 + ow0 * i3
-                for j in range(tw):
-                    yi[ib + j * i3] = oidx[j]
-            yb = n * t0 + (c0 + c) * t1 + (oh0 + i) * t2 + ow0 * t3
-            if code == 0:
-                for j in range(tw):
-                    y[yb + j * t3] = out[j]
-            elif code == 1 and t3 == 1:
-                yrow = y[yb:yb + tw]
-                for j in range(tw):
-                    yrow[j] = encode16(1, out[j])
-            else:
-                for j in range(tw):
-                    y[yb + j * t3] = encode16(code, out[j])
+        _max_pool_channel(x, s0, s1, s2, s3, code, n, c0 + np.int64(c), lo_h, lo_w, rows, cols, h0, h1, w0, w1,
+                          H, W, kh, kw, sh, sw, dh, dw, oh0, th, ow0, tw, y, t0, t1, t2, t3, with_idx, yi, i0, i1,
+                          i2, i3)
     ops = 0
     for i in range(th):
         nr = 0

@@ -1,0 +1,107 @@
+"""Claims keep two processes from compiling one kernel specialisation at once
+(torchfl.kernels.compilelock): the executor waits and loads, the helper skips. Each case runs
+in a fresh process (install patches Numba's dispatcher for the whole process) on a kernel
+module and cache of its own."""
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+
+KERNEL = """
+from numba import njit
+
+@njit(cache=True)
+def twice(x):
+    return 2 * x
+"""
+
+CASE = """
+import os, subprocess, sys, threading, time
+sys.path.insert(0, {kdir!r})
+import numpy as np
+from torchfl.kernels import compilelock, compiling
+import kmod
+
+compilelock.install({mode!r})
+events = []
+compiling.subscribe(lambda ev: events.append((ev.kind, ev.function)))
+holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+path = compilelock._state["dir"] / compilelock._name(kmod.twice, (kmod.numba_typeof(np.int64(1)),))
+path.write_text(str(holder.pid))
+{body}
+holder.kill()
+"""
+
+WAIT = """
+def release():      # another process compiles it into the cache, then lets go of the claim
+    time.sleep(1.0)
+    env = dict(os.environ, PYTHONPATH={kdir!r})
+    subprocess.run([sys.executable, "-c", "import kmod; kmod.twice(3)"], env=env, check=True)
+    path.unlink()
+threading.Thread(target=release).start()
+t0 = time.perf_counter()
+assert kmod.twice(np.int64(3)) == 6
+waited = time.perf_counter() - t0
+stats = kmod.twice.stats
+print("RESULT", round(waited, 2), sum(stats.cache_hits.values()), sum(stats.cache_misses.values()), events)
+"""
+
+SKIP = """
+try:
+    kmod.twice(np.int64(3))
+except Exception as e:      # Numba may wrap it; the message names the claim
+    print("RESULT", type(e).__name__, "being compiled by another process" in str(e))
+else:
+    print("RESULT compiled")
+holder.kill()
+time.sleep(0.3)             # its claim is now a dead process's: taken over
+assert kmod.twice(np.int64(3)) == 6
+print("AFTER", sum(kmod.twice.stats.cache_misses.values()))
+"""
+
+
+def _run(tmp_path, mode, body):
+    kdir = tmp_path / "k"
+    kdir.mkdir()
+    (kdir / "kmod.py").write_text(KERNEL + "\nfrom numba import typeof as numba_typeof\n")
+    script = CASE.format(kdir=str(kdir), mode=mode, body=textwrap.dedent(body).format(kdir=str(kdir)))
+    env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path / "cache"), PYTHONPATH=str(ROOT))
+    out = subprocess.run([sys.executable, "-c", script], env=env, capture_output=True, text=True, timeout=300)
+    assert out.returncode == 0, out.stderr[-3000:]
+    return [line.split(" ", 1)[1] for line in out.stdout.splitlines() if line.startswith(("RESULT", "AFTER"))]
+
+
+def test_wait_mode_waits_for_the_claim_then_loads_from_the_cache(tmp_path):
+    (result,) = _run(tmp_path, "wait", WAIT)
+    waited, hits, misses, events = result.split(" ", 3)
+    assert float(waited) >= 0.9, result            # it waited for the other process
+    assert (hits, misses) == ("1", "0"), result    # and loaded its compile instead of compiling
+    # the wait is reported as the function's compile (progress displays see it)
+    assert events == "[('start', 'kmod.twice'), ('end', 'kmod.twice')]", result
+
+
+def test_skip_mode_gives_up_a_claimed_kernel_and_takes_over_a_dead_claim(tmp_path):
+    result, after = _run(tmp_path, "skip", SKIP)
+    assert result.endswith("True"), result
+    assert after == "1", after      # compiled here once the holder was gone
+
+
+def test_helper_order_meets_the_executor_in_the_middle_then_compiles_frozen_paths():
+    """precompile.order: each distinct call once, the one needed last first; calls with
+    frozen inputs come first as the first call makes them (nothing frozen), and after all
+    of those as later calls make them."""
+    from torchfl.kernels.precompile import KernelCall, order
+
+    def call(kernel, n, frozen=()):
+        return KernelCall(kernel, f"{kernel}.impl", {"x": (n, 4)}, {"x": "float16"}, {"x": "AB"}, {}, "float16",
+                          frozen)
+
+    a, b, c = call("relu", 2), call("linear", 2, ("x",)), call("relu", 3)
+    first, later = order([a, b, a, c, b], skip={c.ident})
+    assert [(x.kernel, x.shapes["x"][0], x.frozen) for x in first] == [("linear", 2, ()), ("relu", 2, ())]
+    assert [(x.kernel, x.frozen) for x in later] == [("linear", ("x",))]

@@ -1,0 +1,154 @@
+"""One compile of a kernel specialisation at a time across processes sharing the cache.
+
+The executor and its compile helper (:mod:`precompile`) share one kernel cache. Without
+coordination both compiled the same large kernel at the same moment (ResNet-50's first
+call: ``conv_tile_fused`` and ``max_pool_tile`` twice each, side by side, ~35 s of a
+shared core apiece). Once :func:`install` has run, a process about to compile a cached
+jitted function for a signature Numba has no entry for first claims it: a file named
+after (function, signature) created exclusively in ``<kernel cache>/.claims``. Whoever
+holds the claim compiles (Numba then writes the result to the cache); a process that finds
+it held either waits for it to go and loads the result from the cache (``"wait"``: the
+executor, which needs the kernel now) or gives up the kernel call (``"skip"``: the helper,
+which goes on to its next call; a claim met inside another compile is waited for up to
+``NESTED_WAIT_S``, so that a small shared callee does not cost a whole large kernel). A
+claim whose process has died is taken over. Functions without a cache (Numba's own
+overloads) are compiled as usual, unclaimed.
+
+    compilelock.install("wait")    # idempotent; the mode can be changed by a later call
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import threading
+import time
+from pathlib import Path
+
+__all__ = ["Claimed", "install", "mode", "NESTED_WAIT_S"]
+
+NESTED_WAIT_S = 5.0
+_POLL_S = 0.05
+_EMPTY_S = 5.0
+
+_state = {"mode": None, "original": None, "dir": None}
+_local = threading.local()       # held claim names (re-entrant) and nesting depth, per thread
+
+
+class Claimed(RuntimeError):
+    """Another process is compiling this kernel specialisation (raised in ``"skip"`` mode)."""
+
+
+def mode() -> str | None:
+    return _state["mode"]
+
+
+def install(how: str = "wait") -> None:
+    """Claim before compiling in this process (``how``: ``"wait"`` or ``"skip"``)."""
+    if how not in ("wait", "skip"):
+        raise ValueError(f"compilelock mode {how!r}: expected 'wait' or 'skip'")
+    from numba.core.dispatcher import Dispatcher
+
+    from .jitcache import configure
+
+    claims = configure() / ".claims"
+    if _state["mode"] == how and _state["dir"] == claims:
+        return
+    claims.mkdir(parents=True, exist_ok=True)
+    _state["dir"], _state["mode"] = claims, how
+    if _state["original"] is None:
+        _state["original"] = Dispatcher.compile
+        Dispatcher.compile = _compile
+
+
+def _name(disp, args) -> str:
+    fn = disp.py_func
+    key = f"{fn.__module__}.{fn.__qualname__}:{fn.__code__.co_firstlineno}|{args}"
+    return hashlib.sha1(key.encode()).hexdigest()[:24]
+
+
+def _take(path: Path) -> bool:
+    try:
+        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
+    except FileExistsError:
+        return False
+    try:
+        os.write(fd, str(os.getpid()).encode())
+    finally:
+        os.close(fd)
+    return True
+
+
+def _holder_dead(path: Path) -> bool:
+    """Whether the claim's process is gone (an empty file is being written: alive unless
+    it stayed empty for ``_EMPTY_S``)."""
+    try:
+        text = path.read_text()
+        pid = int(text or 0)
+        if not text:
+            return time.time() - path.stat().st_mtime > _EMPTY_S
+    except FileNotFoundError:
+        return False
+    except (OSError, ValueError):
+        return True
+    if pid <= 0:
+        return True
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return True
+    except PermissionError:
+        return False
+    return _zombie(pid)
+
+
+def _zombie(pid: int) -> bool:
+    """A process that exited but was not reaped yet (the executor's own dead helper)."""
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return False
+    return stat[stat.rfind(")") + 2:][:1] in ("Z", "X")
+
+
+def _acquire(path: Path, disp, args, nested: bool) -> None:
+    """Take the claim, waiting as the mode says; Claimed when giving up. A wait is reported
+    as a compile of the function (``numba:compile``: progress displays and compile totals
+    count it, the kernel is being compiled, on the other core)."""
+    if _take(path):
+        return
+    from numba.core import event
+
+    with event.trigger_event("numba:compile", data=dict(dispatcher=disp, args=args, return_type=None)):
+        t0 = time.monotonic()
+        while not _take(path):
+            if _holder_dead(path):
+                path.unlink(missing_ok=True)
+                continue
+            if _state["mode"] == "skip" and (not nested or time.monotonic() - t0 > NESTED_WAIT_S):
+                raise Claimed(f"{disp.py_func.__qualname__}{args} is being compiled by another process")
+            time.sleep(_POLL_S)
+
+
+def _compile(self, sig):
+    """Numba's ``Dispatcher.compile`` behind a cross-process claim (see module docstring)."""
+    from numba.core import sigutils
+    from numba.core.caching import NullCache
+
+    original = _state["original"]
+    args, _ret = sigutils.normalize_signature(sig)
+    if _state["mode"] is None or tuple(args) in self.overloads or isinstance(self._cache, NullCache):
+        return original(self, sig)
+    held = getattr(_local, "held", None)
+    if held is None:
+        held = _local.held = set()
+    name = _name(self, tuple(args))
+    if name in held:                  # a recursive compile of the same specialisation
+        return original(self, sig)
+    path = _state["dir"] / name
+    _acquire(path, self, tuple(args), nested=bool(held))
+    held.add(name)
+    try:
+        return original(self, sig)
+    finally:
+        held.discard(name)
+        path.unlink(missing_ok=True)
