@@ -47,14 +47,14 @@ def run_layout(ctx):
         x = ctx.inputs["x"]
         d = a["dim"] % x.ndim
         outs, start = [], 0
-        for meta in ctx.spec.output_meta(p):
+        for meta in ctx.output_metas():
             out = ctx.output(meta)
             if out.numel:
                 _slice_into(ctx, x, out, d, start, 1, T)
             start += meta.shape[d]
             outs.append(out)
         return outs
-    (meta,) = ctx.spec.output_meta(p)
+    (meta,) = ctx.output_metas()
     if plan.config.strategy == "metadata":
         x = ctx.inputs["x"]
         return [DeviceTensor(x.buffer, meta.shape, None, x.dtype, x.offset)]
