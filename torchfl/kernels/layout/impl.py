@@ -65,7 +65,7 @@ def run_layout(ctx):
     es = ES[p.dtype]
     if k in ("layout_transform", "copy", "expand"):
         x = ctx.inputs["x"]
-        acc = Access(x, order, out.shape)
+        acc = Access.kept(ctx.cache, "layout_walk", x, order, out.shape)
         per = es
         if k == "expand" and plan.traffic.bytes_read == x.nbytes and x.numel < out.numel:
             ctx.read(x.nbytes)   # resident: loaded once, expanded on chip
@@ -75,7 +75,7 @@ def run_layout(ctx):
     if k == "reshape":
         # non-row-major input: walk it in logical (row-major) order, which is out's order
         x = ctx.inputs["x"]
-        acc = Access(x, list(range(x.ndim)))
+        acc = Access.kept(ctx.cache, "layout_walk", x, list(range(x.ndim)))
         _copy_tiles(ctx, [(acc, es)], out, T)
         return [out]
     if k == "slice":
