@@ -12,6 +12,7 @@ option at all becomes a CPU fallback option (never silently: it is listed in the
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from torchfl.planner.cost import ELEM, Priced, Pricer, numel, price_plan
 from torchfl.planner.graph import IRGraph, bind_outputs, short_dtype
@@ -19,9 +20,9 @@ from torchfl.planner.plan import identity_layout
 from torchfl.planner.select import Option
 
 
-@dataclass(frozen=True)
-class Payload:
-    """What a chosen option turns into in the plan."""
+class Payload(NamedTuple):
+    """What a chosen option turns into in the plan (a named tuple: one is built per option,
+    and a frozen dataclass of 13 fields costs several times more to construct)."""
 
     kind: str  # kernel | fused | fallback | fold
     kernel: str | None
