@@ -72,6 +72,7 @@ def foldable(node) -> bool:
     return torch.Tag.nondeterministic_seeded not in target.tags and not target._schema.is_mutable
 
 
+_TARGET_NAMES: dict = {}  # FX node target (an ATen op) -> its name
 _PLAIN = (int, float, bool, str, type(None))  # argument types that stand for themselves in a signature
 
 
@@ -161,7 +162,10 @@ class _CallBuilder:
         out_sig = None
         if node.name in self.ir.values:
             out, out_sig = self.meta(node.name, layout, None)
-        sig = (str(node.target), tuple(sig_args), tuple(sig_kw), out_sig, layout)
+        target = _TARGET_NAMES.get(node.target)
+        if target is None:   # an OpOverload formats its name in Python on every str()
+            target = _TARGET_NAMES[node.target] = str(node.target)
+        sig = (target, tuple(sig_args), tuple(sig_kw), out_sig, layout)
         if not self.build:
             return None, sig
         from torchfl.rules import Call
