@@ -380,13 +380,10 @@ def _classify(problem: CoverProblem, order: list[str], pos: dict[str, int]):
             raise SelectionError(f"option {opt.key}: inputs {opt.inputs!r} and layouts_in {opt.layouts_in!r} "
                                  "must be equally long tuples of value names / layouts")
         inner = opt.nodes[:-1]
-        if any(u not in opt.nodes for x in inner for u in users.get(x, ())) or set(inner) & outs:
-            continue
-        if len(set(opt.nodes)) != len(opt.nodes):
-            continue
         last = pos[opt.nodes[-1]]
-        if any(pos[x] > last for x in inner):
-            continue
+        if inner and (any(u not in opt.nodes for x in inner for u in users.get(x, ())) or set(inner) & outs
+                      or len(set(opt.nodes)) != len(opt.nodes) or any(pos[x] > last for x in inner)):
+            continue  # (a single node, most options, passes these checks by construction)
         covered.update(opt.nodes)
         shape_key = (opt.nodes, opt.inputs, opt.layouts_in, opt.layout_out)
         kept = dominant.get(shape_key)
