@@ -151,7 +151,13 @@ def _tile(A, rows, a_ks, B, b_base, b_ks, b_ns, j0, tm, tn, K, TK, code, esa, es
                 rd += tk * (r1 - r0) * esa
                 if ch == 0 and not use_res:
                     rd += tk * tn * esa
-            if not (use_res or pre):
+        # --- compute: per chip K tile when B is packed per tile; with B's panels whole (resident
+        # or kept), the CPU's KC blocks run across the chip's K tiles (TK 256 capped KC at 256)
+        whole_b = use_res or pre
+        for seg in range(1 if whole_b else (K + TK - 1) // TK):
+            k0 = 0 if whole_b else seg * TK
+            tk = K if whole_b else min(TK, K - k0)
+            if not whole_b:
                 for jq in range(nj):
                     jp = jp0 + jq
                     full = (jp + 1) * NR <= tn

@@ -309,8 +309,19 @@ class RunContext:
 
         return DeviceTensor.empty(self.memory, meta.shape, meta.dtype, meta.layout)
 
+    def output_metas(self) -> list:
+        """The spec's output metas for this problem, computed once per call site (they depend
+        on the problem only; a GPT-2 call runs ~350 steps, each asked for them)."""
+        metas = self.cache.get(_METAS)
+        if metas is None:
+            metas = self.cache[_METAS] = self.spec.output_meta(self.problem)
+        return metas
+
     def outputs(self):
-        return [self.output(m) for m in self.spec.output_meta(self.problem)]
+        return [self.output(m) for m in self.output_metas()]
+
+
+_METAS = ("spec.output_metas",)      # RunContext.cache key (a tuple: no impl uses one like it)
 
 
 numel = _numel

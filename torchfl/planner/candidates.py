@@ -12,6 +12,7 @@ option at all becomes a CPU fallback option (never silently: it is listed in the
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import NamedTuple
 
 from torchfl.planner.cost import ELEM, Priced, Pricer, numel, price_plan
 from torchfl.planner.graph import IRGraph, bind_outputs, short_dtype
@@ -19,9 +20,9 @@ from torchfl.planner.plan import identity_layout
 from torchfl.planner.select import Option
 
 
-@dataclass(frozen=True)
-class Payload:
-    """What a chosen option turns into in the plan."""
+class Payload(NamedTuple):
+    """What a chosen option turns into in the plan (a named tuple: one is built per option,
+    and a frozen dataclass of 13 fields costs several times more to construct)."""
 
     kind: str  # kernel | fused | fallback | fold
     kernel: str | None
@@ -71,6 +72,7 @@ def foldable(node) -> bool:
     return torch.Tag.nondeterministic_seeded not in target.tags and not target._schema.is_mutable
 
 
+_TARGET_NAMES: dict = {}  # FX node target (an ATen op) -> its name
 _PLAIN = (int, float, bool, str, type(None))  # argument types that stand for themselves in a signature
 
 
@@ -160,7 +162,10 @@ class _CallBuilder:
         out_sig = None
         if node.name in self.ir.values:
             out, out_sig = self.meta(node.name, layout, None)
-        sig = (str(node.target), tuple(sig_args), tuple(sig_kw), out_sig, layout)
+        target = _TARGET_NAMES.get(node.target)
+        if target is None:   # an OpOverload formats its name in Python on every str()
+            target = _TARGET_NAMES[node.target] = str(node.target)
+        sig = (target, tuple(sig_args), tuple(sig_kw), out_sig, layout)
         if not self.build:
             return None, sig
         from torchfl.rules import Call

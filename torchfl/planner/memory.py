@@ -36,6 +36,7 @@ from __future__ import annotations
 from collections import defaultdict
 from dataclasses import dataclass
 
+from torchfl.kernels.dtypes import itemsize, stored  # cheap (no numba, no torch), called per step
 from torchfl.planner.errors import HardConstraintError
 from torchfl.planner.plan import HOST_STEPS, _Data, _tuple, identity_layout
 
@@ -141,8 +142,6 @@ def _kernel_layout(layout: str | None, rank: int):
 
 
 def _nbytes(shape, dtype: str) -> int:
-    from torchfl.kernels.dtypes import itemsize
-
     n = itemsize(dtype)
     for s in shape:
         n *= int(s)
@@ -150,15 +149,6 @@ def _nbytes(shape, dtype: str) -> int:
 
 
 _OUTPUT_BYTES: dict = {}
-
-
-def _frozen(v):
-    """A hashable copy of JSON-like step attrs (lists -> tuples, dicts -> sorted items)."""
-    if isinstance(v, dict):
-        return tuple(sorted((k, _frozen(x)) for k, x in v.items()))
-    if isinstance(v, (list, tuple)):
-        return tuple(_frozen(x) for x in v)
-    return v
 
 
 def _kernel_outputs(step, values) -> list[int]:
@@ -170,7 +160,8 @@ def _kernel_outputs(step, values) -> list[int]:
 
     spec = get(step.kernel)
     bound = [(n, values[v]) for n, v in zip(spec.input_names, step.inputs) if v]
-    key = (step.kernel, tuple((n, v.shape, v.dtype, v.layout) for n, v in bound), _frozen(step.attrs))
+    # attrs are JSON scalars, lists and dicts: their repr tells unequal ones apart
+    key = (step.kernel, tuple((n, v.shape, v.dtype, v.layout) for n, v in bound), repr(step.attrs))
     hit = _OUTPUT_BYTES.get(key)
     if hit is None:
         if len(_OUTPUT_BYTES) > 50_000:
@@ -202,8 +193,6 @@ def is_alias(step, values) -> bool:
 def on_host(dtype: str) -> bool:
     """A value of a dtype the chip cannot store (float64, complex, ...) lives on the host:
     no device buffer; host fallbacks read it, a link cast uploads or downloads it."""
-    from torchfl.kernels.dtypes import stored
-
     return bool(dtype) and not stored(dtype)
 
 

@@ -10,7 +10,7 @@ conv(value, its layout, the layout the consumer needs) + output conversions``.
 
 Method (exact for chains *and* DAGs while the state count stays under ``beam``):
 
-1. On a networkx DiGraph of the nodes, contract every maximal *single-user path* (a node
+1. On the graph of the nodes (adjacency lists), contract every maximal *single-user path* (a node
    whose only user is the next one) and take the lexicographic topological order of the
    contracted graph, expanding each path in place. Every fusion group is a sub-path of
    such a path, so it is contiguous in this order (the contracted graph is acyclic: an
@@ -39,12 +39,12 @@ candidate in the options' given order. Time O(nodes x options per node x states)
 
 from __future__ import annotations
 
+import heapq
 import math
 from operator import itemgetter
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
-import networkx as nx
 
 INF = math.inf
 RESERVED = "~"  # layout slot of a value reserved for an open fusion group (layouts are letters, "" is rank 0)
@@ -98,6 +98,29 @@ def _users(nodes: dict[str, tuple[str, ...]]) -> dict[str, list[str]]:
     return users
 
 
+def _lexicographic_order(succ: dict[str, list[str]]) -> list[str]:
+    """The topological order of the DAG ``succ`` (node -> successors, every node a key) that
+    always takes the smallest available name next: the order of networkx's
+    ``lexicographical_topological_sort``, without building a DiGraph per plan."""
+    indegree = dict.fromkeys(succ, 0)
+    for users in succ.values():
+        for u in users:
+            indegree[u] += 1
+    heap = [v for v, d in indegree.items() if d == 0]
+    heapq.heapify(heap)
+    order = []
+    while heap:
+        v = heapq.heappop(heap)
+        order.append(v)
+        for u in succ[v]:
+            indegree[u] -= 1
+            if indegree[u] == 0:
+                heapq.heappush(heap, u)
+    if len(order) != len(succ):
+        raise SelectionError("the graph has a cycle")
+    return order
+
+
 def schedule(nodes: dict[str, tuple[str, ...]], outputs: Iterable[str] = (),
              prefer: set[tuple[str, str]] = frozenset()) -> list[str]:
     """A topological order of ``nodes`` in which chosen single-user paths are contiguous.
@@ -105,18 +128,17 @@ def schedule(nodes: dict[str, tuple[str, ...]], outputs: Iterable[str] = (),
     A node joins the path of one input whose only user it is: an input edge listed in
     ``prefer`` (consecutive nodes of a fusion option) first, else its first such input.
     """
-    graph = nx.DiGraph()
-    graph.add_nodes_from(nodes)
+    succ: dict[str, list[str]] = {name: [] for name in nodes}  # distinct users, as a DiGraph's edges
     for name, inputs in nodes.items():
-        for value in inputs:
+        for value in dict.fromkeys(inputs):
             if value in nodes:
-                graph.add_edge(value, name)
+                succ[value].append(name)
     escaping = set(outputs)
     head: dict[str, str] = {}
     paths: dict[str, list[str]] = {}
-    for name in nx.lexicographical_topological_sort(graph):
+    for name in _lexicographic_order(succ):
         single = [p for p in dict.fromkeys(nodes[name])
-                  if p in nodes and graph.out_degree(p) == 1 and p not in escaping
+                  if p in nodes and len(succ[p]) == 1 and p not in escaping
                   and paths[head[p]][-1] == p]
         join = next((p for p in single if (p, name) in prefer), single[0] if single else None)
         if join is not None:
@@ -126,13 +148,16 @@ def schedule(nodes: dict[str, tuple[str, ...]], outputs: Iterable[str] = (),
             paths[h] = []
         head[name] = h
         paths[h].append(name)
-    contracted = nx.DiGraph()
-    contracted.add_nodes_from(paths)
-    for u, v in graph.edges:
-        if head[u] != head[v]:
-            contracted.add_edge(head[u], head[v])
+    contracted: dict[str, list[str]] = {h: [] for h in paths}
+    seen = set()
+    for u, users in succ.items():
+        for v in users:
+            edge = (head[u], head[v])
+            if edge[0] != edge[1] and edge not in seen:
+                seen.add(edge)
+                contracted[edge[0]].append(edge[1])
     order: list[str] = []
-    for h in nx.lexicographical_topological_sort(contracted):
+    for h in _lexicographic_order(contracted):
         order.extend(paths[h])
     return order
 
@@ -171,50 +196,77 @@ def select(problem: CoverProblem, beam: int = 256) -> Selection:
             c = conv_cache[key] = conv(value, have, need)
         return c
 
-    # a state is (layouts of live values, reserved (node, group) pairs); RESERVED = reserved value
+    # a state is (layouts of live values, id of its reserved (node, group) pairs); RESERVED =
+    # reserved value. The pairs are interned (``reservations[id]``, id 0 = none) so that a state
+    # key hashes a few short strings and an int. A table maps a state to (cost, previous
+    # state, option, previous position).
     State = tuple
-    prev_table: dict[State, tuple[float, Any]] = {((), ()): (0.0, None)}
-    tables: list[dict[State, tuple[float, Any]]] = []
+    reservations: list[tuple] = [()]
+    reservation_id: dict[tuple, int] = {(): 0}
+
+    def intern(reserved: tuple) -> int:
+        rid = reservation_id.get(reserved)
+        if rid is None:
+            rid = reservation_id[reserved] = len(reservations)
+            reservations.append(reserved)
+        return rid
+
+    def real(state) -> tuple:
+        """The state with its reserved pairs spelt out (the order ties are broken in)."""
+        return (state[0], reservations[state[1]])
+
+    prev_table: dict[State, tuple] = {((), 0): (0.0, None, None, None)}
+    tables: list[dict[State, tuple]] = []
     exact = True
     max_states = 1
-    start_table: dict[State, tuple[float, Any]] = {((), ()): (0.0, None)}
-    maps: dict[tuple[int, int], Any] = {}
+    start_table: dict[State, tuple] = {((), 0): (0.0, None, None, None)}
+    rows_cache: dict[tuple[int, int], list] = {}
 
-    def state_map(src: int, dst: int):
-        """(live index at src, function building the layouts at dst) for a transition."""
-        hit = maps.get((src, dst))
+    def rows(src: int, dst: int):
+        """(n, groups): the states at ``src`` grouped by reservation id (first seen first), each
+        as (state, cost, its layouts, the layouts it keeps at ``dst``); a transition's new
+        layouts are the kept ones followed by ``n`` times its output layout (the produced value,
+        and inner members of the fusion group it completes that a reservation keeps live).
+        Computed once per transition, not per option."""
+        hit = rows_cache.get((src, dst))
         if hit is not None:
             return hit
         before = live_index[src] if src >= 0 else {}
         width = len(live[src]) if src >= 0 else 0
-        idx = [before.get(v, width) for v in live[dst]]  # width -> the produced value, appended
-        if not idx:
-            def make(layouts, out_layout):
-                return ()
-        elif len(idx) == 1:
-            j = idx[0]
-
-            def make(layouts, out_layout, j=j):
-                return ((layouts + (out_layout,))[j],)
-        else:
-            getter = itemgetter(*idx)
-
-            def make(layouts, out_layout, getter=getter):
-                return getter(layouts + (out_layout,))
-        hit = maps[(src, dst)] = (before, make)
+        idx = [before.get(v, width) for v in live[dst]]  # width -> produced by the transition
+        kept = [i for i in idx if i < width]
+        n_out = len(idx) - len(kept)
+        # _liveness appends values in schedule order: those live at src precede the new ones
+        assert idx[len(kept):] == [width] * n_out, (src, dst, idx)
+        getter = itemgetter(*kept) if len(kept) > 1 else None
+        groups: dict[int, list] = {}
+        for state, (cost, *_back) in (tables[src] if src >= 0 else start_table).items():
+            layouts = state[0]
+            proj = getter(layouts) if getter else ((layouts[kept[0]],) if kept else ())
+            groups.setdefault(state[1], []).append((state, cost, layouts, proj))
+        hit = rows_cache[(src, dst)] = (n_out, list(groups.items()))
         return hit
 
-    groups_cache: dict[int, dict] = {}
+    reserved_names: dict[int, frozenset] = {0: frozenset()}  # reservation id -> the reserved nodes
+    completed: dict[tuple, int | None] = {}  # (reservation id, pairs a group completes) -> id after it
 
-    def grouped(src: int):
-        g = groups_cache.get(src)
-        if g is None:
-            g = {}
-            for state, (cost, _back) in (tables[src] if src >= 0 else start_table).items():
-                g.setdefault(state[1], []).append((state, cost))
-            groups_cache[src] = g
-            groups_cache.pop(src - 64, None)  # segments reach back a few positions only
-        return g
+    def after(reserved: int, read, need_pairs) -> int | None:
+        """The reservation id a transition leaves (None: not allowed: it reads a reserved
+        value, whose price is INF, or lacks a pair it completes)."""
+        if reserved and read:
+            names = reserved_names.get(reserved)
+            if names is None:
+                names = reserved_names[reserved] = frozenset(r[0] for r in reservations[reserved])
+            if any(v in names for v in read):
+                return None
+        if not need_pairs:
+            return reserved
+        key = (reserved, need_pairs)
+        if key not in completed:
+            pairs = reservations[reserved]
+            completed[key] = (intern(tuple(r for r in pairs if r not in need_pairs))
+                              if all(pair in pairs for pair in need_pairs) else None)
+        return completed[key]
 
     for p in range(n):
         name = order[p]
@@ -223,7 +275,7 @@ def select(problem: CoverProblem, beam: int = 256) -> Selection:
         table: dict[State, tuple[float, Any]] = {}
 
         def apply(opt: Option, need_pairs, src: int):
-            before, make = state_map(src, p)
+            before = live_index[src] if src >= 0 else {}
             produced = opt.nodes[-1]
             base = opt.cost
             for need in required_out.get(produced, ()):
@@ -238,14 +290,31 @@ def select(problem: CoverProblem, beam: int = 256) -> Selection:
                     base += price(value, problem.input_layouts.get(value, need), need)
             if base == INF:
                 return
-            out_layout = opt.layout_out
-            for reserved, members in grouped(src).items():
-                if need_pairs:
-                    if not all(pair in reserved for pair in need_pairs):
-                        continue
-                    reserved = tuple(r for r in reserved if r not in need_pairs)
-                for state, cost in members:
-                    layouts = state[0]
+            n_out, groups = rows(src, p)
+            out = (opt.layout_out,) * n_out
+            read = [d[1] for d in dynamic]
+            get = table.get
+            one = dynamic[0] if len(dynamic) == 1 else None
+            for reserved, members in groups:
+                reserved = after(reserved, read, need_pairs)
+                if reserved is None:
+                    continue
+                if one is not None:  # the common case, unrolled: one input read from a live value
+                    k, value, need, memo = one
+                    for state, cost, layouts, proj in members:
+                        have = layouts[k]
+                        c = memo.get(have)
+                        if c is None:
+                            c = memo[have] = price(value, have, need)
+                        total = cost + base + c
+                        if total == INF:
+                            continue
+                        new = (proj + out, reserved)
+                        old = get(new)
+                        if old is None or total < old[0]:
+                            table[new] = (total, state, opt, src)
+                    continue
+                for state, cost, layouts, proj in members:
                     total = cost + base
                     for k, value, need, memo in dynamic:
                         have = layouts[k]
@@ -255,10 +324,10 @@ def select(problem: CoverProblem, beam: int = 256) -> Selection:
                         total += c
                     if total == INF:
                         continue
-                    new = (make(layouts, out_layout), reserved)
-                    old = table.get(new)
+                    new = (proj + out, reserved)
+                    old = get(new)
                     if old is None or total < old[0]:
-                        table[new] = (total, (state, opt, src))
+                        table[new] = (total, state, opt, src)
 
         for opt in singles.get(p, ()):
             apply(opt, (), p - 1)
@@ -267,25 +336,26 @@ def select(problem: CoverProblem, beam: int = 256) -> Selection:
         for opt in completes.get(p, ()):
             apply(opt, tuple(sorted((m, opt.nodes) for m in opt.nodes[:-1])), p - 1)
         for group in groups_of.get(p, ()):
-            for state, (cost, _back) in prev_table.items():
+            for state, (cost, *_back) in prev_table.items():
                 layouts, reserved = state
                 new = (tuple(layouts[k] if k >= 0 else RESERVED for k in cmap),
-                       tuple(sorted(reserved + ((name, group),))))
+                       intern(tuple(sorted(reservations[reserved] + ((name, group),)))))
                 old = table.get(new)
                 if old is None or cost < old[0]:
-                    table[new] = (cost, (state, None, p - 1))
+                    table[new] = (cost, state, None, p - 1)
         if len(table) > max_states:
             max_states = len(table)
         if len(table) > beam:
             exact = False
-            table = dict(sorted(table.items(), key=lambda kv: (kv[1][0], kv[0]))[:beam])
+            table = dict(sorted(table.items(), key=lambda kv: (kv[1][0], real(kv[0])))[:beam])
         tables.append(table)
         prev_table = table
-        groups_cache.pop(p, None)
+        for src in [k for k in rows_cache if k[1] == p]:
+            del rows_cache[src]  # rows serve transitions into p only
         if not table:
             raise SelectionError(f"no feasible cover reaches node {name}: every option needs an impossible "
                                  "layout conversion")
-    chosen, layouts, best = _backtrack(problem, tables, order)
+    chosen, layouts, best = _backtrack(problem, tables, order, real)
     return Selection(tuple(chosen), layouts, best, tuple(order), exact, max_states)
 
 
@@ -310,13 +380,10 @@ def _classify(problem: CoverProblem, order: list[str], pos: dict[str, int]):
             raise SelectionError(f"option {opt.key}: inputs {opt.inputs!r} and layouts_in {opt.layouts_in!r} "
                                  "must be equally long tuples of value names / layouts")
         inner = opt.nodes[:-1]
-        if any(u not in opt.nodes for x in inner for u in users.get(x, ())) or set(inner) & outs:
-            continue
-        if len(set(opt.nodes)) != len(opt.nodes):
-            continue
         last = pos[opt.nodes[-1]]
-        if any(pos[x] > last for x in inner):
-            continue
+        if inner and (any(u not in opt.nodes for x in inner for u in users.get(x, ())) or set(inner) & outs
+                      or len(set(opt.nodes)) != len(opt.nodes) or any(pos[x] > last for x in inner)):
+            continue  # (a single node, most options, passes these checks by construction)
         covered.update(opt.nodes)
         shape_key = (opt.nodes, opt.inputs, opt.layouts_in, opt.layout_out)
         kept = dominant.get(shape_key)
@@ -367,17 +434,18 @@ def _liveness(problem: CoverProblem, order: list[str], pos: dict[str, int], grou
     return live
 
 
-def _backtrack(problem: CoverProblem, tables, order) -> tuple[list[Option], dict[str, str], float]:
-    """The cheapest final state with no open reservation, walked back to the chosen options."""
+def _backtrack(problem: CoverProblem, tables, order, real) -> tuple[list[Option], dict[str, str], float]:
+    """The cheapest final state with no open reservation (id 0), walked back to the chosen
+    options; ``real(state)`` spells a state's reservations out for the tie order."""
     n = len(order)
     finals = [(k, v) for k, v in tables[-1].items() if not k[1]]
     if not finals:
         raise SelectionError("no feasible cover: a fusion group could not be completed")
-    final_state, (best, _b) = min(finals, key=lambda kv: (kv[1][0], kv[0]))
+    final_state, (best, *_b) = min(finals, key=lambda kv: (kv[1][0], real(kv[0])))
     chosen: list[Option] = []
     state, p = final_state, n - 1
     while p >= 0:
-        _cost, (prev_state, opt, src) = tables[p][state]
+        _cost, prev_state, opt, src = tables[p][state]
         if opt is not None:
             chosen.append(opt)
         state, p = prev_state, src

@@ -269,8 +269,8 @@ def run_elementwise(ctx):
         return _fill(ctx, out, T)
     order = out_order(out.shape, out.layout)
     names = [nm.rstrip("?") for nm in _names(p)]
-    accs = [Access(ctx.inputs[nm], order, out.shape) for nm in names]
-    oacc = Access(out, order)
+    accs = [Access.kept(ctx.cache, ("ew_walk", nm), ctx.inputs[nm], order, out.shape) for nm in names]
+    oacc = Access.kept(ctx.cache, ("ew_walk", None), out, order)
     mask = plan.config.tile("resident_mask", 0)
     is_int = p.dtype in INTS
     code = 0 if is_int else dt.code(p.dtype, ctx.chip.bf16_emulation)

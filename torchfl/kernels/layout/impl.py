@@ -47,14 +47,14 @@ def run_layout(ctx):
         x = ctx.inputs["x"]
         d = a["dim"] % x.ndim
         outs, start = [], 0
-        for meta in ctx.spec.output_meta(p):
+        for meta in ctx.output_metas():
             out = ctx.output(meta)
             if out.numel:
                 _slice_into(ctx, x, out, d, start, 1, T)
             start += meta.shape[d]
             outs.append(out)
         return outs
-    (meta,) = ctx.spec.output_meta(p)
+    (meta,) = ctx.output_metas()
     if plan.config.strategy == "metadata":
         x = ctx.inputs["x"]
         return [DeviceTensor(x.buffer, meta.shape, None, x.dtype, x.offset)]
@@ -65,7 +65,7 @@ def run_layout(ctx):
     es = ES[p.dtype]
     if k in ("layout_transform", "copy", "expand"):
         x = ctx.inputs["x"]
-        acc = Access(x, order, out.shape)
+        acc = Access.kept(ctx.cache, "layout_walk", x, order, out.shape)
         per = es
         if k == "expand" and plan.traffic.bytes_read == x.nbytes and x.numel < out.numel:
             ctx.read(x.nbytes)   # resident: loaded once, expanded on chip
@@ -75,7 +75,7 @@ def run_layout(ctx):
     if k == "reshape":
         # non-row-major input: walk it in logical (row-major) order, which is out's order
         x = ctx.inputs["x"]
-        acc = Access(x, list(range(x.ndim)))
+        acc = Access.kept(ctx.cache, "layout_walk", x, list(range(x.ndim)))
         _copy_tiles(ctx, [(acc, es)], out, T)
         return [out]
     if k == "slice":
