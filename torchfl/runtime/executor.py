@@ -271,13 +271,11 @@ class Executor:
         self.preps = []
         for step in plan.steps:
             p = _Prep(step)
-            if step.kernel == "slice" and "aten.select.int" in step.ops and step.outputs[:1] and \
-                    step.outputs[0] in plan.values:
-                p.squeeze = tuple(plan.values[step.outputs[0]].shape)
-            elif step.kernel in _VIEWED_GEMMS and step.outputs[:1] and step.outputs[0] in plan.values and \
-                    _VIEW_OPS & set(step.ops):
-                # a GEMM fused through a view (addmm -> view -> gelu): its [M, N] result is the
-                # group output's shape, the same elements
+            # the kernel's result seen with the group output's shape (same elements): a select
+            # drops its dim; a GEMM fused through a view (addmm -> view -> gelu) returns [M, N]
+            if step.outputs[:1] and step.outputs[0] in plan.values and (
+                    (step.kernel == "slice" and "aten.select.int" in step.ops)
+                    or (step.kernel in _VIEWED_GEMMS and _VIEW_OPS & set(step.ops))):
                 p.squeeze = tuple(plan.values[step.outputs[0]].shape)
             if is_link_cast(step, plan.values):
                 p.host, p.link = True, step.attrs["to"]
