@@ -153,7 +153,8 @@ def test_lazy_records_lists_tuples_and_named_outputs(fp32_dev):
 
 def test_signatures_keep_signed_zero_and_nan(fp32_dev):
     """0.0 == -0.0 in Python, and NaN is not equal to itself: the signatures neither merge
-    the two zeros into one route nor make a new route per NaN call."""
+    the two zeros into one route nor make a new route per NaN call, and the planner's shared
+    per-signature cache below them does not merge them either (x * -0.0 is -0 for x > 0)."""
     from torchfl.runtime.eager import ops
 
     mul = torch.ops.aten.mul.Scalar
@@ -162,7 +163,9 @@ def test_signatures_keep_signed_zero_and_nan(fp32_dev):
     routes = {}
     for _ in range(3):
         for s in (0.0, -0.0, float("nan")):
-            torch.testing.assert_close(mul(d, s).cpu(), mul(x, s), rtol=0, atol=0, equal_nan=True)
+            got, ref = mul(d, s).cpu(), mul(x, s)
+            torch.testing.assert_close(got, ref, rtol=0, atol=0, equal_nan=True)
+            assert torch.equal(torch.signbit(got), torch.signbit(ref)), (s, got)   # assert_close: -0 == +0
             routes.setdefault(repr(s), set()).add(id(ops._FAST[ops._fast_key(mul, (d, s))]))
         n_fast = len(ops._FAST)
     assert len(ops._FAST) == n_fast and all(len(r) == 1 for r in routes.values())

@@ -113,6 +113,9 @@ class _CallBuilder:
     def convert(self, value, layout, path):
         kind = type(value)
         if kind in _PLAIN:   # the common scalar argument: no torch type checks
+            if kind is float and (value == 0.0 or value != value):
+                # as dict keys -0.0 == 0.0 (x * -0.0 would reuse x * 0.0's call) and nan != nan
+                return value, ("float", value.hex())
             return value, (kind.__name__, value)
         import torch
 
