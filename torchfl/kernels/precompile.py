@@ -1,4 +1,4 @@
-"""Compile kernels in a helper process while this one runs: a cold first call on 2 cores.
+"""Compile kernels in helper processes while this one runs: a cold first call on 2 cores.
 
 Numba compiles on one core holding the GIL, and a model's first call compiles its kernels
 one after the other. A helper process given the calls that are still ahead (kernel, input
