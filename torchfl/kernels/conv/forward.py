@@ -8,6 +8,7 @@ import math
 import numba
 import numpy as np
 
+from .. import frozen
 from ..staging import _code, _flat, _flat_view, _scratch
 from .fused import conv_tile_fused, conv_tiles, fold_epilogue
 from .microkernel import MR, NR
@@ -133,15 +134,19 @@ def _conv_blocks(ctx, site, G, x, xs, xcode, w, wst, wcode, y, ys, ycode, res, r
         for k0, k1 in site.kblocks:
             kg0 = gi * Kg + k0          # global output channel of the block
             tka = k1 - k0
+            kept = _kept_panels(ctx, w, wst, wcode, kg0, tka, Cg, R, S)
+            bw = wpk if kept is None else kept
             if site.single:
                 n, a0, a1, b0, b1 = site.tile0
-                nr, nw = conv_tile_fused(x, *xs, xcode, Cg, H, W, w, *wst, wcode, wpk, tka, R, S, sh, sw, ph, pw,
-                                         dh, dw, n, gi * Cg, a0, a1, b0, b1, slab, y, *ys, ycode, kg0, ea, eb,
-                                         relu, has_res, res, *rs, rcode, F16_LUT)
+                nr, nw = conv_tile_fused(x, *xs, xcode, Cg, H, W, w, *wst, wcode, bw, kept is None, tka, R, S, sh,
+                                         sw, ph, pw, dh, dw, n, gi * Cg, a0, a1, b0, b1, slab, y, *ys, ycode, kg0,
+                                         ea, eb, relu, has_res, res, *rs, rcode, F16_LUT)
                 ctx.read(nw * ew)
             else:
-                ctx.read(pack_weights(w, *wst, wcode, kg0, tka, 0, Cg, R, S, wpk, F16_LUT) * ew)
-                nr = conv_tiles(x, *xs, xcode, gi * Cg, Cg, H, W, wpk, tka, R, S, sh, sw, ph, pw, dh, dw,
+                if kept is None:
+                    pack_weights(w, *wst, wcode, kg0, tka, 0, Cg, R, S, wpk, F16_LUT)
+                ctx.read(tka * Cg * R * S * ew)
+                nr = conv_tiles(x, *xs, xcode, gi * Cg, Cg, H, W, bw, tka, R, S, sh, sw, ph, pw, dh, dw,
                                 site.tiles, site.groups, y, *ys, ycode, kg0, ea, eb, relu, has_res, res,
                                 *rs, rcode, F16_LUT)
             nout = N * OH * OW * tka
@@ -151,6 +156,19 @@ def _conv_blocks(ctx, site, G, x, xs, xcode, w, wst, wcode, y, ys, ycode, res, r
 
 
 _NO_RES = np.zeros(1, np.float32)
+
+
+def _kept_panels(ctx, w, wst, wcode, kg0, tka, Cg, R, S):
+    """The K block's packed weight panels, packed once for all calls when the weight's
+    buffer is frozen (a weight the executor keeps; kernels/frozen.py); None otherwise (the
+    caller packs into scratch). The chip still loads the block: the caller counts it."""
+    wt = ctx.inputs["weight"]
+
+    def make():
+        wpk = np.empty(-(-tka // NR) * R * S * max(Cg, 1) * NR, np.float32)
+        pack_weights(w, *wst, wcode, kg0, tka, 0, Cg, R, S, wpk, F16_LUT)
+        return wpk
+    return frozen.derived(wt.buffer, ("conv_panels", NR, wt.offset, tuple(wst), wcode, kg0, tka, Cg, R, S), make)
 
 
 def _sub_channel_zero_points(wpk, zps, run):

@@ -181,12 +181,13 @@ def _tile_pixels(th, tw, sh, sw, cols, tc, sbase, n, oh0, ow0, t0, t2, t3, k0t1,
 
 
 @njit(cache=True, nogil=True, parallel=True)
-def conv_tile_fused(x, s0, s1, s2, s3, code, tc, H, W, w, w0, w1, w2, w3, wcode, wpk, tk, R, S, sh, sw, ph, pw,
-                    dh, dw, n, c0, oh0, oh1, ow0, ow1, slab, y, t0, t1, t2, t3, ycode, k0, ea, eb, relu,
+def conv_tile_fused(x, s0, s1, s2, s3, code, tc, H, W, w, w0, w1, w2, w3, wcode, wpk, pack, tk, R, S, sh, sw, ph,
+                    pw, dh, dw, n, c0, oh0, oh1, ow0, ow1, slab, y, t0, t1, t2, t3, ycode, k0, ea, eb, relu,
                     has_res, res, r0, r1, r2, r3, rcode, lut):
     """One large weight-stationary float tile in two parallel phases: (1) the K block's
     weight panels and the tile's input slab rows are loaded (independent pieces, handed to
     host threads one by one), (2) compute + epilogue + store per 6-pixel micro-row.
+    ``pack`` False: wpk already holds the block's panels (a frozen weight's, packed once).
     Returns (input elements read, weight elements read)."""
     lo_h = oh0 * sh - ph
     rows = (oh1 - oh0 - 1) * sh + (R - 1) * dh + 1
@@ -195,12 +196,13 @@ def conv_tile_fused(x, s0, s1, s2, s3, code, tc, H, W, w, w0, w1, w2, w3, wcode,
     npanel = (tk + NR - 1) // NR
     rpc = max(1, 2048 // max(cols * tc, 1))          # slab rows per piece (~8 KB of input)
     nrc = (rows + rpc - 1) // rpc
+    npk = npanel if pack else 0
     nread = 0
-    for it in prange(npanel + nrc):
-        if it < npanel:
+    for it in prange(npk + nrc):
+        if it < npk:
             _pack_panel(w, w0, w1, w2, w3, wcode, k0, tk, np.int64(0), tc, R, S, wpk, np.int64(it), lut)
         else:
-            i0 = (it - npanel) * rpc
+            i0 = (it - npk) * rpc
             nread += _slab_rows(x, s0, s1, s2, s3, code, np.float32(0.0), n, c0, tc, lo_h, lo_w, cols, H, W,
                                 slab, i0, min(rows, i0 + rpc), lut)
     th, tw = oh1 - oh0, ow1 - ow0
