@@ -9,7 +9,7 @@ import numpy as np
 from numba import njit, prange
 
 from ..codecs import decode, encode16, h2f
-from .microkernel import MR, NR, epi6x16_f16, mk6x16_taps
+from .microkernel import MR, NR, epi6x16_f16, gather_rows, gather_run, mk6x16_taps, scatter_rows, scatter_run
 from .tiles import _pack_panel, _slab_rows
 
 
@@ -64,7 +64,7 @@ def _mm_store(slab, pix, m0, m1, taps, kc, tc, wpk, tk, R, S, p0, p1, acc, ybase
                             ea, eb, lo, has_res, res, r1, rcode, h, rt, rr, lut)
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, inline="always")
 def _epilogue_store(acc, mn, kn, kb, kl, mr, ybase, rbase, y, t1, ycode, ea, eb, lo, has_res, res, r1, rcode, h,
                     rt, rr, lut):
     """The epilogue of a 6 x 16 block (channels kb.. of the output, kl.. of this K block):
@@ -79,7 +79,12 @@ def _epilogue_store(acc, mn, kn, kb, kl, mr, ybase, rbase, y, t1, ycode, ea, eb,
         if mn < MR or kn < NR:
             for q in range(MR * NR):
                 rr[q] = 0
-        if r1 == 1:
+        full = mn == MR and kn == NR
+        if full and r1 == 1:
+            gather_rows(rr, res, rbase, mr, kl, r1)
+        elif full and _run6(rbase, mr, mn):
+            gather_run(rr, res, rbase, mr, kl, r1)
+        elif r1 == 1:
             for mi in range(mn):
                 rrow = res[rbase[mr + mi] + kl:]    # a view: indices from 0, no wrap test
                 for j in range(kn):
@@ -118,6 +123,12 @@ def _epilogue_store(acc, mn, kn, kb, kl, mr, ybase, rbase, y, t1, ycode, ea, eb,
                 q = mi * NR + j
                 acc[q] = max(np.float32(acc[q] * a_s[j] + b_s[j]), lo)
     if ycode == 0:
+        if mn == MR and kn == NR and t1 == 1:
+            scatter_rows(acc, y, ybase, mr, kl, t1)
+            return
+        if mn == MR and kn == NR and _run6(ybase, mr, mn):
+            scatter_run(acc, y, ybase, mr, kl, t1)
+            return
         for mi in range(mn):
             for j in range(kn):
                 y[ybase[mr + mi] + (kl + j) * t1] = acc[mi * NR + j]
@@ -129,8 +140,14 @@ def _epilogue_store(acc, mn, kn, kb, kl, mr, ybase, rbase, y, t1, ycode, ea, eb,
 
 @njit(cache=True, nogil=True, inline="always")
 def _scatter(h, mn, kn, kl, mr, ybase, y, t1):
-    """The encoded block h[m * 16 + j] -> y[ybase[mr + m] + (kl + j) * t1]."""
-    if t1 == 1:     # channel-inner layout: each pixel's channels are neighbours
+    """The encoded block h[m * 16 + j] -> y[ybase[mr + m] + (kl + j) * t1] (a whole block
+    in vectors: scatter_rows / scatter_run)."""
+    full = mn == MR and kn == NR
+    if full and t1 == 1:
+        scatter_rows(h, y, ybase, mr, kl, t1)
+    elif full and _run6(ybase, mr, mn):
+        scatter_run(h, y, ybase, mr, kl, t1)
+    elif t1 == 1:     # channel-inner layout: each pixel's channels are neighbours
         for mi in range(mn):
             yrow = y[ybase[mr + mi] + kl:]
             for j in range(kn):
