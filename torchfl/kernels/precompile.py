@@ -14,7 +14,7 @@ paths). Scratch inputs are uninitialised (types, not values, decide what Numba c
 call that fails in the helper costs nothing, this process compiles it as usual. The helper
 imports numpy and numba, never torch.
 
-    helper = start(chip, calls)      # None if it could not start
+    helper = start(chip, calls)      # the helpers as one (Helpers), None if none started
     ...
     helper.wait()                    # optional: the helper exits when done
 """
@@ -27,7 +27,7 @@ import subprocess
 import sys
 from dataclasses import dataclass
 
-ENV = "TORCHFL_COMPILE_HELPERS"   # 0 turns the helper off (default: on where there are 2+ CPUs)
+ENV = "TORCHFL_COMPILE_HELPERS"   # how many helpers (0: none; default 2 where there are 2+ CPUs)
 
 
 @dataclass(frozen=True)
