@@ -8,6 +8,7 @@ change (which also regenerates the golden plans) regenerate with
 
 import hashlib
 import json
+import pickle
 import sys
 import warnings
 from pathlib import Path
@@ -15,6 +16,7 @@ from pathlib import Path
 import pytest
 
 from tests.planner.golden import plan_case
+from torchfl.planner.plan import LazyTuple
 
 DIGESTS = Path(__file__).resolve().parent / "data" / "explain_digests.json"
 CASES = ("resnet50-64/NPU-V3/fp16", "bert-base-1layer/NPU-V3/fp16")
@@ -35,10 +37,12 @@ def test_explain_and_json_unchanged(name):
 
 def test_lazy_rejected_behaves_as_a_tuple():
     plan = plan_case(CASES[1])
+    assert isinstance(plan.rejected, LazyTuple) and plan.rejected._items is None, "built before anything read it"
     eager = tuple(plan.rejected)
     assert eager and plan.rejected == eager and eager == plan.rejected and len(plan.rejected) == len(eager)
     assert plan.rejected[:3] == eager[:3] and list(plan.rejected) == list(eager)
     assert plan.to_dict()["rejected"] == [r.to_dict() for r in eager]
+    assert pickle.loads(pickle.dumps(plan.rejected)) == eager
 
 
 if __name__ == "__main__":

@@ -111,9 +111,15 @@ class LazyTuple(Sequence):
         self._make, self._items = make, None
 
     def _tuple(self) -> tuple:
-        if self._items is None:
-            self._items, self._make = tuple(self._make()), None
-        return self._items
+        items = self._items
+        if items is None:
+            make = self._make  # None: another thread has just built it (it sets _items first)
+            items = self._items if make is None else tuple(make())
+            self._items, self._make = items, None
+        return items
+
+    def __reduce__(self):  # pickled (and deep-copied) as the plain tuple
+        return (tuple, (self._tuple(),))
 
     def __len__(self):
         return len(self._tuple())
