@@ -54,6 +54,8 @@ def cases():
     xd, wd = r(128, 4096), r(1024, 4096) * 0.015     # the FFN's down projection (K = 4096)
     lin = lambda x, w, b: {"x": (x.half(), None), "w": (w.half(), None), "bias": (b.half(), None)}  # noqa: E731
     conv_attrs = {"padding": (1, 1)}
+    # ResNet-50 b1 layer-1 convs: fp16 storage, weights kept packed (frozen), against torch fp32 NCHW
+    x1, w1 = r(1, 64, 56, 56), r(256, 64, 1, 1) * 0.1
     return [
         # case, kernel, inputs {name: (tensor, layout)}, attrs, torch fn, flops
         ("gemm_f32_1024", "matmul", {"a": (a, None), "b": (b, None)}, {}, lambda: a @ b, 2 * n ** 3),
@@ -65,6 +67,10 @@ def cases():
          lambda: F.conv2d(xcl, wc, padding=1), 2 * 8 * 64 * 64 * 9 * 56 * 56),
         ("conv3x3_nchw_f32", "conv2d", {"x": (xc, None), "weight": (wc, None)}, conv_attrs,
          lambda: F.conv2d(xc, wc, padding=1), 2 * 8 * 64 * 64 * 9 * 56 * 56),
+        ("conv1x1_f16_b1_64x256x56", "conv2d", {"x": (x1.half(), None), "weight": (w1.half(), None)}, {},
+         lambda: F.conv2d(x1, w1), 2 * 64 * 256 * 56 * 56),
+        ("conv3x3_f16_b1_64x64x56", "conv2d", {"x": (x1.half(), None), "weight": (wc.half(), None)}, conv_attrs,
+         lambda: F.conv2d(x1, wc, padding=1), 2 * 64 * 64 * 9 * 56 * 56),
         ("layernorm_f32", "layer_norm", {"x": (xl, None), "weight": (wl, None), "bias": (bl, None)},
          {"normalized_shape": (768,), "eps": 1e-5}, lambda: F.layer_norm(xl, (768,), wl, bl), 8 * xl.numel()),
         ("linear_f16_128x1024x1024", "linear", lin(xt, wt, bt), {}, lambda: F.linear(xt, wt, bt), 2 * 128 * 1024 ** 2),
@@ -161,10 +167,12 @@ def run_case(case, kernel, inputs, attrs, torch_fn, flops, runs, chip, peak):
     spec = CATALOG[kernel]
     mem = DeviceMemory(chip)
     dev = {nm: DeviceTensor.from_torch(t, mem, layout=lay) for nm, (t, lay) in inputs.items()}
-    if kernel in ("linear", "linear_gelu") and dev["w"].dtype != "int8":
+    # a model's weights as the executor keeps them: linear's, and the fp16 (ResNet-50 b1) convs'
+    kept = dev.get("w") if kernel in ("linear", "linear_gelu") else dev.get("weight") if kernel == "conv2d" else None
+    if kept is not None and kept.dtype != "int8" and (kernel != "conv2d" or kept.dtype == "float16"):
         from torchfl.kernels.frozen import freeze
 
-        freeze(dev["w"].buffer)     # a model's weight, as the executor keeps it
+        freeze(kept.buffer)     # a model's weight, as the executor keeps it
     prob = spec.problem({k: t.shape for k, t in dev.items()}, attrs, None,
                         {k: t.layout for k, t in dev.items()}, {k: t.dtype for k, t in dev.items()})
     plan = spec.tile(prob, chip)

@@ -105,3 +105,30 @@ def test_helper_order_meets_the_executor_in_the_middle_then_compiles_frozen_path
     first, later = order([a, b, a, c, b], skip={c.ident})
     assert [(x.kernel, x.shapes["x"][0], x.frozen) for x in first] == [("linear", 2, ()), ("relu", 2, ())]
     assert [(x.kernel, x.frozen) for x in later] == [("linear", ("x",))]
+
+
+def test_helper_count_follows_the_environment(monkeypatch):
+    """Two helpers by default on 2+ CPUs (they split the calls through claims), none when
+    turned off, a number when one is given."""
+    from torchfl.kernels import precompile
+
+    monkeypatch.setattr(os, "cpu_count", lambda: 2)
+    for value, expected in (("", 2), ("0", 0), ("off", 0), ("1", 1), ("3", 3)):
+        monkeypatch.setenv(precompile.ENV, value)
+        assert precompile.count() == expected, value
+        assert precompile.enabled() == (expected > 0)
+    monkeypatch.setattr(os, "cpu_count", lambda: 1)
+    monkeypatch.setenv(precompile.ENV, "")
+    assert precompile.count() == 0
+
+
+def test_helpers_are_handled_as_one_process():
+    """precompile.Helpers: running while any runs, the first failure's status once all ended."""
+    from torchfl.kernels.precompile import Helpers
+
+    quick = subprocess.Popen([sys.executable, "-c", "pass"])
+    slow = subprocess.Popen([sys.executable, "-c", "import sys, time; time.sleep(1); sys.exit(3)"])
+    helpers = Helpers([quick, slow], later=False)
+    assert helpers.poll() is None
+    assert helpers.wait(timeout=60) == 3 and helpers.poll() == 3
+    helpers.terminate()     # nothing left to stop

@@ -158,3 +158,38 @@ def test_one_tile_epilogue_paths(name, ks, dtype, layout):
     out = y.to_numpy()
     np.testing.assert_array_equal(np.isnan(out), np.isnan(ref.numpy()))
     close(np.nan_to_num(out), np.nan_to_num(ref.numpy()), dtype, scale=8)
+
+
+@pytest.mark.parametrize("cache", [8 << 20, 32 << 10])      # one tile, many tiles
+def test_frozen_weight_packed_once(cache):
+    """A frozen weight's K blocks are packed into micro-kernel panels once and kept (both the
+    one-tile and the many-tile path): later calls read the kept panels, results are
+    bit-identical to the unfrozen run, the counted traffic is the plan's either way, and
+    freeing the buffer drops the copies."""
+    from torchfl.kernels import frozen
+    from torchfl.kernels.conv.microkernel import NR
+
+    chip = ChipModel(cache_bytes=cache)
+    mem = DeviceMemory(chip)
+    torch.manual_seed(11)
+    x, w = torch.randn(1, 24, 15, 13).half(), torch.randn(40, 24, 3, 3).half()
+    gamma, beta, mean, var = (t.half() for t in _bn_params(40))
+    ins = {"x": dev(x, mem, "NCHW"), "weight": dev(w, mem), "bn_weight": dev(gamma, mem),
+           "bn_bias": dev(beta, mem), "running_mean": dev(mean, mem), "running_var": dev(var, mem)}
+    attrs = {"padding": 1}
+    (ref,), plan = run_checked("conv2d_bn_relu", chip, ins, attrs)
+    assert plan.config.strategy == "weight_stationary"
+    wf = dev(w, mem)
+    frozen.freeze(wf.buffer)
+    before = frozen.cached_bytes()
+    for _ in range(2):
+        (y,), _ = run_checked("conv2d_bn_relu", chip, {**ins, "weight": wf}, attrs)
+        np.testing.assert_array_equal(y.to_numpy(), ref.to_numpy())
+    tk = plan.config.tile("k")
+    assert frozen.cached_bytes() - before == -(-40 // tk) * -(-tk // NR) * NR * 24 * 9 * 4
+    wf.buffer.free()
+    assert frozen.derived(wf.buffer, "any", lambda: 1 / 0) is None
+    assert frozen.cached_bytes() == before
+    want = F.relu(F.batch_norm(F.conv2d(x.float(), w.float(), padding=1), mean.float(), var.float(),
+                               gamma.float(), beta.float(), False, 0.0, 1e-5))
+    close(y.to_numpy(), want.numpy(), "float16", scale=8)

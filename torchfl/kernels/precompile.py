@@ -1,4 +1,4 @@
-"""Compile kernels in a helper process while this one runs: a cold first call on 2 cores.
+"""Compile kernels in helper processes while this one runs: a cold first call on 2 cores.
 
 Numba compiles on one core holding the GIL, and a model's first call compiles its kernels
 one after the other. A helper process given the calls that are still ahead (kernel, input
@@ -14,7 +14,7 @@ paths). Scratch inputs are uninitialised (types, not values, decide what Numba c
 call that fails in the helper costs nothing, this process compiles it as usual. The helper
 imports numpy and numba, never torch.
 
-    helper = start(chip, calls)      # None if it could not start
+    helper = start(chip, calls)      # the helpers as one (Helpers), None if none started
     ...
     helper.wait()                    # optional: the helper exits when done
 """
@@ -27,7 +27,7 @@ import subprocess
 import sys
 from dataclasses import dataclass
 
-ENV = "TORCHFL_COMPILE_HELPERS"   # 0 turns the helper off (default: on where there are 2+ CPUs)
+ENV = "TORCHFL_COMPILE_HELPERS"   # how many helpers (0: none; default 2 where there are 2+ CPUs)
 
 
 @dataclass(frozen=True)
@@ -61,11 +61,22 @@ class KernelCall:
         return KernelCall(self.kernel, self.impl, self.shapes, self.dtypes, self.layouts, self.attrs, self.dtype)
 
 
-def enabled() -> bool:
+def count() -> int:
+    """How many helper processes a first call starts: ``$TORCHFL_COMPILE_HELPERS`` (0/off:
+    none), else 2 where there are 2+ CPUs. Two, not one, on 2 cores: the executor spends much
+    of a cold first call waiting for a kernel a helper holds, and a lone helper compiled the
+    large kernels one after the other (BERT layer: GEMM ``_tile`` 9.5 s, then attention 7.3 s,
+    the executor idle meanwhile); a second one takes the next call the first holds a claim on."""
     value = os.environ.get(ENV, "").strip().lower()
     if value in ("0", "false", "no", "off"):
-        return False
-    return (os.cpu_count() or 1) > 1
+        return 0
+    if (os.cpu_count() or 1) < 2:
+        return 0
+    return int(value) if value.isdigit() else 2
+
+
+def enabled() -> bool:
+    return count() > 0
 
 
 def run_calls(chip, calls) -> int:
@@ -111,28 +122,60 @@ def order(calls, skip=()) -> tuple[list, list]:
 
 
 def start(chip, calls, skip=()):
-    """A helper process compiling ``calls`` (see :func:`order`); None if none started. Its
-    ``later`` attribute: whether it has calls for after the first call to compile too (the
-    caller lets it run on past its first call)."""
+    """Helper processes (:func:`count`) compiling ``calls`` (see :func:`order`), as one
+    :class:`Helpers`; None if none started. Each takes the calls in the same order; claims
+    (:mod:`compilelock`) make one skip what another is compiling, so they split the work.
+    ``later``: whether there are calls for after the first call too (the caller lets them
+    run on past its first call)."""
     first, later = order(calls, skip)
     todo = first + later
     if not todo:
         return None
-    try:
-        proc = subprocess.Popen([sys.executable, "-m", "torchfl.kernels.precompile"], stdin=subprocess.PIPE,
-                                stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        proc.stdin.write(pickle.dumps((chip, todo)))
-        proc.stdin.close()
-    except OSError:
+    procs = []
+    for _ in range(count() or 1):
+        try:
+            proc = subprocess.Popen([sys.executable, "-m", "torchfl.kernels.precompile"], stdin=subprocess.PIPE,
+                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+            proc.stdin.write(pickle.dumps((chip, todo)))
+            proc.stdin.close()
+        except OSError:
+            break
+        procs.append(proc)
+    if not procs:
         return None
     from . import compilelock
 
     compilelock.install("wait")
-    proc.later = bool(later)
+    helpers = Helpers(procs, bool(later))
     if not _running:
         atexit.register(_stop)
-    _running.append(proc)
-    return proc
+    _running.append(helpers)
+    return helpers
+
+
+class Helpers:
+    """The helper processes of one first call, handled as one (``subprocess.Popen``'s
+    ``poll``/``wait``/``terminate``)."""
+
+    def __init__(self, procs, later: bool):
+        self.procs, self.later = procs, later
+
+    def poll(self):
+        """None while any helper runs, else the first non-zero exit status (or 0)."""
+        codes = [p.poll() for p in self.procs]
+        if any(c is None for c in codes):
+            return None
+        return next((c for c in codes if c), 0)
+
+    def wait(self, timeout=None):
+        for p in self.procs:
+            p.wait(timeout)
+        return self.poll()
+
+    def terminate(self):
+        for p in self.procs:
+            if p.poll() is None:
+                p.terminate()
 
 
 _running: list = []

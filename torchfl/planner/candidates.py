@@ -355,8 +355,10 @@ class Generator:
             # its physical order, read row-major, is the node's permuted logical shape
             layout_out = None
         layout_out = layout_out or identity_layout(rank)
+        # the inputs' kernel names, layouts and paths apart too: every replay reads them
         return ("match", kernel, tuple(inputs), priced, layout_out, _jsonable(dict(problem.attrs)), problem.dtype,
-                rule_id, warnings, slots)
+                rule_id, warnings, slots, tuple([k for k, _p, _l in inputs]), tuple([l for _k, _p, l in inputs]),
+                tuple([p for _k, p, _l in inputs]))
 
     def _replay(self, nodes, outcomes, values, layout, kind):
         names = tuple(n.name for n in nodes)
@@ -368,7 +370,7 @@ class Generator:
             if o[0] == "reject":
                 rejected.append((names, o[1], o[2]))
                 continue
-            _, kernel, inputs, priced, layout_out, attrs, dtype, rule_id, warnings, slots = o
+            _, kernel, _inputs, priced, layout_out, attrs, dtype, rule_id, warnings, slots, knames, lays, paths = o
             # the kernel's outputs by FX name (graph.bind_outputs); every output the graph reads must be one
             outs = tuple(op_outs[j] if j < len(op_outs) else "" for j in slots) if op_outs else ()
             unread = [x for x in op_outs if x and x not in outs]
@@ -383,12 +385,11 @@ class Generator:
                     fx_nodes.extend(x for x in n.outs if x and x != n.name)
                 fx_nodes, ops, static, label = (tuple(fx_nodes), tuple(n.op for n in nodes),
                                                 all(n.static for n in nodes), "+".join(names))
-            refs = [values[path] for _k, path, _l in inputs]
-            payload = Payload(kind, kernel, fx_nodes, ops, tuple([f for _i, f in refs]),
-                              tuple([k for k, _p, _l in inputs]), attrs, dtype, priced, outs,
-                              static, rule_id, warnings)
-            options.append(Option(f"{kernel}@{label}:{layout_out}", names, tuple([i for i, _f in refs]),
-                                  tuple([l for _k, _p, l in inputs]), layout_out, priced.time_s, payload))
+            refs = [values[path] for path in paths]
+            payload = Payload(kind, kernel, fx_nodes, ops, tuple([f for _i, f in refs]), knames, attrs, dtype, priced,
+                              outs, static, rule_id, warnings)
+            options.append(Option(f"{kernel}@{label}:{layout_out}", names, tuple([i for i, _f in refs]), lays,
+                                  layout_out, priced.time_s, payload))
 
     # -- fusion groups (found by the rules layer, priced here) --
     def fusions(self):

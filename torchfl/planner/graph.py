@@ -32,10 +32,10 @@ class VInfo:
     dtype: str
     static: bool
     kind: str  # input | parameter | buffer | constant | node | cast
+    rank: int = field(init=False, repr=False, compare=False)  # len(shape), read thousands of times per plan
 
-    @property
-    def rank(self) -> int:
-        return len(self.shape)
+    def __post_init__(self):
+        self.rank = len(self.shape)
 
 
 @dataclass

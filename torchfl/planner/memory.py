@@ -156,10 +156,8 @@ def _kernel_outputs(step, values) -> list[int]:
     problem its inputs make, as the executor binds it). Memoised per call signature
     (kernel, its bound inputs' shapes, dtypes and layouts, attrs): repeated blocks and
     re-plans ask again."""
-    from torchfl.kernels.catalog import get
-
-    spec = get(step.kernel)
-    bound = [(n, values[v]) for n, v in zip(spec.input_names, step.inputs) if v]
+    spec, names = _spec_names(step.kernel)
+    bound = [(n, values[v]) for n, v in zip(names, step.inputs) if v]
     # attrs are JSON scalars, lists and dicts: their repr tells unequal ones apart
     key = (step.kernel, tuple((n, v.shape, v.dtype, v.layout) for n, v in bound), repr(step.attrs))
     hit = _OUTPUT_BYTES.get(key)
@@ -168,6 +166,20 @@ def _kernel_outputs(step, values) -> list[int]:
             _OUTPUT_BYTES.clear()
         hit = _OUTPUT_BYTES[key] = tuple(_problem_outputs(spec, bound, step.attrs))
     return list(hit)
+
+
+_SPEC_NAMES: dict = {}
+
+
+def _spec_names(kernel: str):
+    """(spec, its input names) of ``kernel``: the names property builds a tuple per call."""
+    hit = _SPEC_NAMES.get(kernel)
+    if hit is None:
+        from torchfl.kernels.catalog import get
+
+        spec = get(kernel)
+        hit = _SPEC_NAMES[kernel] = (spec, spec.input_names)
+    return hit
 
 
 def _problem_outputs(spec, bound, attrs) -> list[int]:
@@ -232,16 +244,19 @@ def plan_memory(plan, alignment: int, capacity: int | None = None, static_inputs
 
     parent: dict = {}
 
-    def root(v):
+    def find(v):
         while parent.get(v, v) != v:
             v = parent[v]
         return v
 
-    for step in steps:
-        if is_alias(step, values) and step.outputs and step.outputs[0]:
-            a, b = root(step.outputs[0]), root(step.inputs[0])
+    aliasing = [is_alias(step, values) for step in steps]  # a reshape viewing its input
+    for step, alias in zip(steps, aliasing):
+        if alias and step.outputs and step.outputs[0]:
+            a, b = find(step.outputs[0]), find(step.inputs[0])
             if a != b:
                 parent[a] = b
+    roots = {v: find(v) for v in parent}  # a value not in it is its own root
+    root = roots.get
 
     # allocations: (value, bytes, step, kind); -1 = before step 0
     allocs: list = []
@@ -254,13 +269,13 @@ def plan_memory(plan, alignment: int, capacity: int | None = None, static_inputs
             kind = "parameter" if int(pin.target) in user_positions else "input"
             allocs.append((pin.name, _nbytes(pin.shape, pin.dtype), -1, kind))
     scratch: list = []   # (step, bytes)
-    for step in steps:
+    for step, alias in zip(steps, aliasing):
         if step.kind in HOST_STEPS or is_link_cast(step, values):
             for o in step.outputs:
                 if o and o in values and not on_host(values[o].dtype):
                     allocs.append((o, _nbytes(values[o].shape, values[o].dtype), step.index, None))
             continue
-        if is_alias(step, values):
+        if alias:
             continue
         for i, nb in enumerate(_kernel_outputs(step, values)):
             o = step.outputs[i] if i < len(step.outputs) else ""
@@ -272,15 +287,15 @@ def plan_memory(plan, alignment: int, capacity: int | None = None, static_inputs
     members = defaultdict(list)
     last: dict = {}
     for name, _nb, at, _k in allocs:
-        last.setdefault(root(name), at)
-        members[root(name)].append(name)
+        last.setdefault(root(name, name), at)
+        members[root(name, name)].append(name)
     for step in steps:
         for v in [v for v in step.inputs if v] + [o for o in step.outputs if o]:
-            r = root(v)
+            r = root(v, v)
             last[r] = step.index
             if v not in members[r]:
                 members[r].append(v)
-    out_groups = {root(o) for o in outputs}
+    out_groups = {root(o, o) for o in outputs}
     # a static buffer stays on the device between calls only when a per-call step (or the
     # output) reads it: a float32 parameter whose only reader is its static cast is freed
     # after that cast, so the chip keeps the weights in the plan's dtype, once
@@ -293,7 +308,7 @@ def plan_memory(plan, alignment: int, capacity: int | None = None, static_inputs
     buffers = []
     frees = defaultdict(list)
     for name, nb, at, kind in allocs:
-        r = root(name)
+        r = root(name, name)
         if r in resident:
             free = None
         elif r in out_groups:
@@ -317,8 +332,8 @@ def plan_memory(plan, alignment: int, capacity: int | None = None, static_inputs
                               at, at))
     at_end = []
     for o in outputs:
-        r = root(o)
-        if r not in resident and r not in {root(x) for x in at_end}:
+        r = root(o, o)
+        if r not in resident and r not in {root(x, x) for x in at_end}:
             at_end.append(o)
 
     upload = sum(b.nbytes for b in buffers if b.alloc < 0)

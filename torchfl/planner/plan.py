@@ -86,6 +86,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field, fields
 from typing import Any
+from collections.abc import Callable, Sequence
 
 STEP_KINDS = ("kernel", "fused", "cast", "layout", "fallback", "fold")
 HOST_STEPS = ("fallback", "fold")  # run by torch on the host: per call, or once (folded)
@@ -99,7 +100,49 @@ def identity_layout(rank: int) -> str:
     return "ABCDEFGHIJKLMNOPQRSTUVWXYZ"[:rank]
 
 
+class LazyTuple(Sequence):
+    """A tuple computed on first use: ``Plan.rejected`` is built only when something reads it
+    (explain, JSON, calibrate), not on every (re-)plan. Compares, slices, iterates and
+    serialises as the tuple it stands for."""
+
+    __slots__ = ("_make", "_items")
+
+    def __init__(self, make: Callable[[], tuple]):
+        self._make, self._items = make, None
+
+    def _tuple(self) -> tuple:
+        items = self._items
+        if items is None:
+            make = self._make  # None: another thread has just built it (it sets _items first)
+            items = self._items if make is None else tuple(make())
+            self._items, self._make = items, None
+        return items
+
+    def __reduce__(self):  # pickled (and deep-copied) as the plain tuple
+        return (tuple, (self._tuple(),))
+
+    def __len__(self):
+        return len(self._tuple())
+
+    def __getitem__(self, i):
+        return self._tuple()[i]
+
+    def __iter__(self):
+        return iter(self._tuple())
+
+    def __eq__(self, other):
+        return self._tuple() == (other._tuple() if isinstance(other, LazyTuple) else other)
+
+    def __hash__(self):
+        return hash(self._tuple())
+
+    def __repr__(self):
+        return repr(self._tuple())
+
+
 def _jsonable(value: Any) -> Any:
+    if isinstance(value, LazyTuple):
+        value = value._tuple()
     if isinstance(value, tuple):
         return [_jsonable(v) for v in value]
     if isinstance(value, list):

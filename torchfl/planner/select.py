@@ -240,10 +240,14 @@ def select(problem: CoverProblem, beam: int = 256) -> Selection:
         assert idx[len(kept):] == [width] * n_out, (src, dst, idx)
         getter = itemgetter(*kept) if len(kept) > 1 else None
         groups: dict[int, list] = {}
-        for state, (cost, *_back) in (tables[src] if src >= 0 else start_table).items():
+        one = kept[0] if len(kept) == 1 else None
+        for state, entry in (tables[src] if src >= 0 else start_table).items():
             layouts = state[0]
-            proj = getter(layouts) if getter else ((layouts[kept[0]],) if kept else ())
-            groups.setdefault(state[1], []).append((state, cost, layouts, proj))
+            proj = getter(layouts) if getter else ((layouts[one],) if kept else ())
+            members = groups.get(state[1])
+            if members is None:
+                members = groups[state[1]] = []
+            members.append((state, entry[0], layouts, proj))
         hit = rows_cache[(src, dst)] = (n_out, list(groups.items()))
         return hit
 
@@ -336,7 +340,8 @@ def select(problem: CoverProblem, beam: int = 256) -> Selection:
         for opt in completes.get(p, ()):
             apply(opt, tuple(sorted((m, opt.nodes) for m in opt.nodes[:-1])), p - 1)
         for group in groups_of.get(p, ()):
-            for state, (cost, *_back) in prev_table.items():
+            for state, entry in prev_table.items():
+                cost = entry[0]
                 layouts, reserved = state
                 new = (tuple(layouts[k] if k >= 0 else RESERVED for k in cmap),
                        intern(tuple(sorted(reservations[reserved] + ((name, group),)))))
@@ -347,7 +352,7 @@ def select(problem: CoverProblem, beam: int = 256) -> Selection:
             max_states = len(table)
         if len(table) > beam:
             exact = False
-            table = dict(sorted(table.items(), key=lambda kv: (kv[1][0], real(kv[0])))[:beam])
+            table = _beam_cut(table, beam, real)
         tables.append(table)
         prev_table = table
         for src in [k for k in rows_cache if k[1] == p]:
@@ -373,12 +378,8 @@ def _classify(problem: CoverProblem, order: list[str], pos: dict[str, int]):
     covered: set[str] = set()
     dominant: dict[tuple, Option] = {}
     outs = {v for v, _ in problem.outputs}
+    _check_options(problem.options, pos)
     for opt in problem.options:
-        if any(x not in pos for x in opt.nodes):
-            raise SelectionError(f"option {opt.key} covers unknown node(s) {opt.nodes}")
-        if len(opt.inputs) != len(opt.layouts_in) or not all(isinstance(v, str) for v in opt.inputs):
-            raise SelectionError(f"option {opt.key}: inputs {opt.inputs!r} and layouts_in {opt.layouts_in!r} "
-                                 "must be equally long tuples of value names / layouts")
         inner = opt.nodes[:-1]
         last = pos[opt.nodes[-1]]
         if inner and (any(u not in opt.nodes for x in inner for u in users.get(x, ())) or set(inner) & outs
@@ -406,6 +407,33 @@ def _classify(problem: CoverProblem, order: list[str], pos: dict[str, int]):
     if missing:
         raise SelectionError(f"no kernel option covers node(s) {', '.join(missing[:10])}")
     return singles, segments, completes, groups_of
+
+
+def _check_options(options, pos) -> None:
+    """A SelectionError for the first option that covers an unknown node or whose inputs and
+    layouts_in are not equally long tuples of names (checked in bulk first: the common case
+    is that all are well formed)."""
+    if (all(x in pos for o in options for x in o.nodes) and all(len(o.inputs) == len(o.layouts_in) for o in options)
+            and {type(v) for o in options for v in o.inputs} <= {str}):
+        return
+    for opt in options:
+        if any(x not in pos for x in opt.nodes):
+            raise SelectionError(f"option {opt.key} covers unknown node(s) {opt.nodes}")
+        if len(opt.inputs) != len(opt.layouts_in) or not all(isinstance(v, str) for v in opt.inputs):
+            raise SelectionError(f"option {opt.key}: inputs {opt.inputs!r} and layouts_in {opt.layouts_in!r} "
+                                 "must be equally long tuples of value names / layouts")
+
+
+def _beam_cut(table: dict, beam: int, real) -> dict:
+    """The ``beam`` cheapest states of ``table`` in (cost, real state) order: the ones
+    cheaper than the ``beam``-th cost, then the ties at it by state; only those are ranked
+    by their spelt-out state (the costly part of the sort key)."""
+    cut = sorted([v[0] for v in table.values()])[beam - 1]
+    kept = [kv for kv in table.items() if kv[1][0] < cut]
+    ties = sorted((kv for kv in table.items() if kv[1][0] == cut), key=lambda kv: real(kv[0]))
+    kept.extend(ties[:beam - len(kept)])
+    kept.sort(key=lambda kv: (kv[1][0], real(kv[0])))
+    return dict(kept)
 
 
 def _liveness(problem: CoverProblem, order: list[str], pos: dict[str, int], groups_of) -> list[tuple[str, ...]]:

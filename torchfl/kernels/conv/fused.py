@@ -9,7 +9,7 @@ import numpy as np
 from numba import njit, prange
 
 from ..codecs import decode, encode16, h2f
-from .microkernel import MR, NR, epi6x16_f16, mk6x16_taps
+from .microkernel import MR, NR, epi6x16_f16, gather_rows, gather_run, mk6x16_taps, scatter_rows, scatter_run
 from .tiles import _pack_panel, _slab_rows
 
 
@@ -64,7 +64,7 @@ def _mm_store(slab, pix, m0, m1, taps, kc, tc, wpk, tk, R, S, p0, p1, acc, ybase
                             ea, eb, lo, has_res, res, r1, rcode, h, rt, rr, lut)
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, inline="always")
 def _epilogue_store(acc, mn, kn, kb, kl, mr, ybase, rbase, y, t1, ycode, ea, eb, lo, has_res, res, r1, rcode, h,
                     rt, rr, lut):
     """The epilogue of a 6 x 16 block (channels kb.. of the output, kl.. of this K block):
@@ -79,7 +79,12 @@ def _epilogue_store(acc, mn, kn, kb, kl, mr, ybase, rbase, y, t1, ycode, ea, eb,
         if mn < MR or kn < NR:
             for q in range(MR * NR):
                 rr[q] = 0
-        if r1 == 1:
+        full = mn == MR and kn == NR
+        if full and r1 == 1:
+            gather_rows(rr, res, rbase, mr, kl, r1)
+        elif full and _run6(rbase, mr, mn):
+            gather_run(rr, res, rbase, mr, kl, r1)
+        elif r1 == 1:
             for mi in range(mn):
                 rrow = res[rbase[mr + mi] + kl:]    # a view: indices from 0, no wrap test
                 for j in range(kn):
@@ -118,6 +123,12 @@ def _epilogue_store(acc, mn, kn, kb, kl, mr, ybase, rbase, y, t1, ycode, ea, eb,
                 q = mi * NR + j
                 acc[q] = max(np.float32(acc[q] * a_s[j] + b_s[j]), lo)
     if ycode == 0:
+        if mn == MR and kn == NR and t1 == 1:
+            scatter_rows(acc, y, ybase, mr, kl, t1)
+            return
+        if mn == MR and kn == NR and _run6(ybase, mr, mn):
+            scatter_run(acc, y, ybase, mr, kl, t1)
+            return
         for mi in range(mn):
             for j in range(kn):
                 y[ybase[mr + mi] + (kl + j) * t1] = acc[mi * NR + j]
@@ -129,8 +140,14 @@ def _epilogue_store(acc, mn, kn, kb, kl, mr, ybase, rbase, y, t1, ycode, ea, eb,
 
 @njit(cache=True, nogil=True, inline="always")
 def _scatter(h, mn, kn, kl, mr, ybase, y, t1):
-    """The encoded block h[m * 16 + j] -> y[ybase[mr + m] + (kl + j) * t1]."""
-    if t1 == 1:     # channel-inner layout: each pixel's channels are neighbours
+    """The encoded block h[m * 16 + j] -> y[ybase[mr + m] + (kl + j) * t1] (a whole block
+    in vectors: scatter_rows / scatter_run)."""
+    full = mn == MR and kn == NR
+    if full and t1 == 1:
+        scatter_rows(h, y, ybase, mr, kl, t1)
+    elif full and _run6(ybase, mr, mn):
+        scatter_run(h, y, ybase, mr, kl, t1)
+    elif t1 == 1:     # channel-inner layout: each pixel's channels are neighbours
         for mi in range(mn):
             yrow = y[ybase[mr + mi] + kl:]
             for j in range(kn):
@@ -181,12 +198,13 @@ def _tile_pixels(th, tw, sh, sw, cols, tc, sbase, n, oh0, ow0, t0, t2, t3, k0t1,
 
 
 @njit(cache=True, nogil=True, parallel=True)
-def conv_tile_fused(x, s0, s1, s2, s3, code, tc, H, W, w, w0, w1, w2, w3, wcode, wpk, tk, R, S, sh, sw, ph, pw,
-                    dh, dw, n, c0, oh0, oh1, ow0, ow1, slab, y, t0, t1, t2, t3, ycode, k0, ea, eb, relu,
+def conv_tile_fused(x, s0, s1, s2, s3, code, tc, H, W, w, w0, w1, w2, w3, wcode, wpk, pack, tk, R, S, sh, sw, ph,
+                    pw, dh, dw, n, c0, oh0, oh1, ow0, ow1, slab, y, t0, t1, t2, t3, ycode, k0, ea, eb, relu,
                     has_res, res, r0, r1, r2, r3, rcode, lut):
     """One large weight-stationary float tile in two parallel phases: (1) the K block's
     weight panels and the tile's input slab rows are loaded (independent pieces, handed to
     host threads one by one), (2) compute + epilogue + store per 6-pixel micro-row.
+    ``pack`` False: wpk already holds the block's panels (a frozen weight's, packed once).
     Returns (input elements read, weight elements read)."""
     lo_h = oh0 * sh - ph
     rows = (oh1 - oh0 - 1) * sh + (R - 1) * dh + 1
@@ -195,12 +213,13 @@ def conv_tile_fused(x, s0, s1, s2, s3, code, tc, H, W, w, w0, w1, w2, w3, wcode,
     npanel = (tk + NR - 1) // NR
     rpc = max(1, 2048 // max(cols * tc, 1))          # slab rows per piece (~8 KB of input)
     nrc = (rows + rpc - 1) // rpc
+    npk = npanel if pack else 0
     nread = 0
-    for it in prange(npanel + nrc):
-        if it < npanel:
+    for it in prange(npk + nrc):
+        if it < npk:
             _pack_panel(w, w0, w1, w2, w3, wcode, k0, tk, np.int64(0), tc, R, S, wpk, np.int64(it), lut)
         else:
-            i0 = (it - npanel) * rpc
+            i0 = (it - npk) * rpc
             nread += _slab_rows(x, s0, s1, s2, s3, code, np.float32(0.0), n, c0, tc, lo_h, lo_w, cols, H, W,
                                 slab, i0, min(rows, i0 + rpc), lut)
     th, tw = oh1 - oh0, ow1 - ow0

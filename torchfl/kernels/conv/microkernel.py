@@ -10,7 +10,12 @@ reduction step.
     acc[m, 0:16] += sum_t sum_k A[pix[m0 + m] + taps[t] + k] * B[boff + 16 (t kc + k) : +16]
 
 for m in 0..5, t over the kernel taps, k in 0..kc-1; ``acc`` rows are ``ldc`` apart
-starting at ``coff``.
+starting at ``coff``. ``make_taps_kernel(mr, nr, w)`` generates any block shape; conv runs
+6x16 on every host (<16 x float> accumulators with AVX-512, see _vector_width): in a
+tap-aware nest on one Zen 4 core (tools/bench_conv_ukernel.py) 6x16/8, 6x16/16, 12x16,
+14x16, 8x32 and 8x48 with <16 x float> all ran at 106-117 GFLOP/s against a ~116 FMA
+peak -- what the conv loses to torch is outside the FMA loop (BENCHMARKS.md, conv 2026-12-05).
+``make_block_move`` moves a whole block of the epilogue to or from the tensor in vectors.
 """
 from __future__ import annotations
 
@@ -19,67 +24,90 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
+
+def make_taps_kernel(mr: int, nr: int, w: int):
+    """The ``mr x nr`` tap-aware block with ``<w x float>`` accumulators (``nr % w == 0``,
+    ``mr * nr / w`` of them in registers; see the module docstring for what it computes)."""
+    assert nr % w == 0
+    nv = nr // w
+
+    @intrinsic
+    def mk_taps(typingctx, A, pix, m0, taps, ntaps, B, boff, kc, C, coff, ldc):
+        sig = types.void(A, pix, m0, taps, ntaps, B, boff, kc, C, coff, ldc)
+
+        def codegen(context, builder, signature, args):
+            return _emit_taps(context, builder, signature, args, mr, nr, w, nv)
+
+        return sig, codegen
+
+    return mk_taps
+
+
+def _emit_taps(context, builder, signature, args, mr, nr, w, nv):
+    a_arr, pix_arr, m0_v, taps_arr, nt_v, b_arr, boff_v, kc_v, c_arr, coff_v, ldc_v = args
+    sa = signature.args
+    A_ = context.make_array(sa[0])(context, builder, a_arr)
+    P_ = context.make_array(sa[1])(context, builder, pix_arr)
+    T_ = context.make_array(sa[3])(context, builder, taps_arr)
+    B_ = context.make_array(sa[5])(context, builder, b_arr)
+    C_ = context.make_array(sa[8])(context, builder, c_arr)
+    i64 = ir.IntType(64)
+    vt = ir.VectorType(ir.FloatType(), w)
+    vp = vt.as_pointer()
+    fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(vt, [vt, vt, vt]), f"llvm.fma.v{w}f32")
+    zeros = ir.Constant(ir.VectorType(ir.IntType(32), w), [0] * w)
+    pixoff = [builder.load(builder.gep(P_.data, [builder.add(m0_v, ir.Constant(i64, m))])) for m in range(mr)]
+    cptr, accs = [], []
+    for m in range(mr):
+        rowoff = builder.add(coff_v, builder.mul(ldc_v, ir.Constant(i64, m)))
+        for h in range(nv):
+            p = builder.bitcast(builder.gep(C_.data, [builder.add(rowoff, ir.Constant(i64, w * h))]), vp)
+            cptr.append(p)
+            slot = cgutils.alloca_once(builder, vt)
+            builder.store(builder.load(p, align=4), slot)
+            accs.append(slot)
+    bbase = builder.gep(B_.data, [boff_v])
+    with cgutils.for_range(builder, nt_v) as tloop:
+        t = tloop.index
+        toff = builder.load(builder.gep(T_.data, [t]))
+        arow = [builder.gep(A_.data, [builder.add(po, toff)]) for po in pixoff]
+        bt = builder.gep(bbase, [builder.mul(builder.mul(t, kc_v), ir.Constant(i64, nr))])
+        with cgutils.for_range(builder, kc_v) as loop:
+            k = loop.index
+            bp = builder.gep(bt, [builder.mul(k, ir.Constant(i64, nr))])
+            bs = [builder.load(builder.bitcast(builder.gep(bp, [ir.Constant(i64, w * h)]), vp), align=4)
+                  for h in range(nv)]
+            for m in range(mr):
+                a = builder.load(builder.gep(arow[m], [k]))
+                av = builder.insert_element(ir.Constant(vt, ir.Undefined), a, ir.Constant(ir.IntType(32), 0))
+                av = builder.shuffle_vector(av, ir.Constant(vt, ir.Undefined), zeros)
+                for h in range(nv):
+                    slot = accs[nv * m + h]
+                    builder.store(builder.call(fma, [av, bs[h], builder.load(slot)]), slot)
+    for slot, p in zip(accs, cptr):
+        builder.store(builder.load(slot), p, align=4)
+    return context.get_dummy_value()
+
+
+def _vector_width() -> int:
+    """Accumulator width of the 6x16 block: <16 x float> (one zmm per row) on AVX-512 hosts,
+    2-4% faster in tools/bench_conv_ukernel.py and the same sums lane by lane; <8 x float>
+    elsewhere. ``TORCHFL_CONV_VECTOR=8|16`` overrides (read at import)."""
+    import os
+
+    v = os.environ.get("TORCHFL_CONV_VECTOR", "")
+    if v:
+        if v not in ("8", "16"):
+            raise ValueError(f"TORCHFL_CONV_VECTOR={v!r}: use 8 (AVX2 width) or 16 (AVX-512), or unset it")
+        return int(v)
+    from ..ukernel import _host_has_avx512
+
+    return 16 if _host_has_avx512() else 8
+
+
 MR, NR = 6, 16
-
-
-@intrinsic
-def mk6x16_taps(typingctx, A, pix, m0, taps, ntaps, B, boff, kc, C, coff, ldc):
-    """See module docstring: the 6x16 block accumulated over ``ntaps`` kernel taps in
-    registers (C is loaded and stored once per block, not once per tap). A, B, C: float32
-    1-D arrays; pix, taps: int64 1-D arrays."""
-    sig = types.void(A, pix, m0, taps, ntaps, B, boff, kc, C, coff, ldc)
-
-    def codegen(context, builder, signature, args):
-        a_arr, pix_arr, m0_v, taps_arr, nt_v, b_arr, boff_v, kc_v, c_arr, coff_v, ldc_v = args
-        sa = signature.args
-        A_ = context.make_array(sa[0])(context, builder, a_arr)
-        P_ = context.make_array(sa[1])(context, builder, pix_arr)
-        T_ = context.make_array(sa[3])(context, builder, taps_arr)
-        B_ = context.make_array(sa[5])(context, builder, b_arr)
-        C_ = context.make_array(sa[8])(context, builder, c_arr)
-        i64 = ir.IntType(64)
-        f32 = ir.FloatType()
-        v8 = ir.VectorType(f32, 8)
-        v8p = v8.as_pointer()
-        fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(v8, [v8, v8, v8]),
-                                             "llvm.fma.v8f32")
-        zero8 = ir.Constant(ir.VectorType(ir.IntType(32), 8), [0] * 8)
-        pixoff = []
-        for m in range(MR):
-            idx = builder.add(m0_v, ir.Constant(i64, m))
-            pixoff.append(builder.load(builder.gep(P_.data, [idx])))
-        cptr, accs = [], []
-        for m in range(MR):
-            rowoff = builder.add(coff_v, builder.mul(ldc_v, ir.Constant(i64, m)))
-            for h in range(2):
-                p = builder.bitcast(builder.gep(C_.data, [builder.add(rowoff, ir.Constant(i64, 8 * h))]), v8p)
-                cptr.append(p)
-                slot = cgutils.alloca_once(builder, v8)
-                builder.store(builder.load(p, align=4), slot)
-                accs.append(slot)
-        bbase = builder.gep(B_.data, [boff_v])
-        with cgutils.for_range(builder, nt_v) as tloop:
-            t = tloop.index
-            toff = builder.load(builder.gep(T_.data, [t]))
-            arow = [builder.gep(A_.data, [builder.add(po, toff)]) for po in pixoff]
-            bt = builder.gep(bbase, [builder.mul(builder.mul(t, kc_v), ir.Constant(i64, NR))])
-            with cgutils.for_range(builder, kc_v) as loop:
-                k = loop.index
-                bp = builder.gep(bt, [builder.mul(k, ir.Constant(i64, NR))])
-                b0 = builder.load(builder.bitcast(bp, v8p), align=4)
-                b1 = builder.load(builder.bitcast(builder.gep(bp, [ir.Constant(i64, 8)]), v8p), align=4)
-                for m in range(MR):
-                    a = builder.load(builder.gep(arow[m], [k]))
-                    av = builder.insert_element(ir.Constant(v8, ir.Undefined), a, ir.Constant(ir.IntType(32), 0))
-                    av = builder.shuffle_vector(av, ir.Constant(v8, ir.Undefined), zero8)
-                    for h, b in enumerate((b0, b1)):
-                        slot = accs[2 * m + h]
-                        builder.store(builder.call(fma, [av, b, builder.load(slot)]), slot)
-        for slot, p in zip(accs, cptr):
-            builder.store(builder.load(slot), p, align=4)
-        return context.get_dummy_value()
-
-    return sig, codegen
+VW = _vector_width()
+mk6x16_taps = make_taps_kernel(MR, NR, VW)
 
 
 @intrinsic
@@ -169,3 +197,84 @@ def tr16x8_f16(typingctx, X, xoff, s1, S, soff, tc):
         return context.get_dummy_value()
 
     return sig, codegen
+
+
+def make_block_move(run: bool, to_block: bool):
+    """A whole MR x NR block ``blk[m * NR + j]`` moved to (``to_block`` False) or from (True)
+    its place in a tensor's flat storage ``arr``, in vectors instead of 96 scalar accesses:
+
+    - ``run`` False (channel-inner layouts, t1 == 1): element (m, j) at base[mr + m] + kl + j,
+      one NR-wide vector per pixel;
+    - ``run`` True (channel-outer, the MR pixels consecutive): element (m, j) at
+      base[mr] + (kl + j) * t1 + m, one MR-wide vector per channel.
+
+    Where the element types differ (a specialisation whose branch never runs with them: a
+    float32 block against uint16 storage), each element is cast as a Numba assignment would."""
+
+    @intrinsic
+    def move(typingctx, blk, arr, base, mr, kl, t1):
+        sig = types.void(blk, arr, base, mr, kl, t1)
+
+        def codegen(context, builder, signature, args):
+            b_v, a_v, base_v, mr_v, kl_v, t1_v = args
+            sa = signature.args
+            B_ = context.make_array(sa[0])(context, builder, b_v)
+            A_ = context.make_array(sa[1])(context, builder, a_v)
+            P_ = context.make_array(sa[2])(context, builder, base_v)
+            i64, i32 = ir.IntType(64), ir.IntType(32)
+            et = context.get_data_type(sa[0].dtype)
+            mr_i = context.cast(builder, mr_v, sa[3], types.int64)
+            kl_i = context.cast(builder, kl_v, sa[4], types.int64)
+            t1_i = context.cast(builder, t1_v, sa[5], types.int64)
+
+            def at(ptr, off):
+                return builder.gep(ptr, [off])
+
+            def c(v):
+                return ir.Constant(i64, v)
+            if sa[0].dtype != sa[1].dtype:
+                src_t, dst_t = (sa[1].dtype, sa[0].dtype) if to_block else (sa[0].dtype, sa[1].dtype)
+                for m in range(MR):
+                    for j in range(NR):
+                        if run:
+                            off = builder.add(builder.load(at(P_.data, mr_i)),
+                                              builder.add(builder.mul(builder.add(kl_i, c(j)), t1_i), c(m)))
+                        else:
+                            off = builder.add(builder.load(at(P_.data, builder.add(mr_i, c(m)))),
+                                              builder.add(kl_i, c(j)))
+                        bp, ap = at(B_.data, c(m * NR + j)), at(A_.data, off)
+                        src, dst = (ap, bp) if to_block else (bp, ap)
+                        builder.store(context.cast(builder, builder.load(src), src_t, dst_t), dst)
+                return context.get_dummy_value()
+            if not run:
+                vt = ir.VectorType(et, NR)
+                for m in range(MR):
+                    off = builder.add(builder.load(at(P_.data, builder.add(mr_i, c(m)))), kl_i)
+                    bp = builder.bitcast(at(B_.data, c(m * NR)), vt.as_pointer())
+                    ap = builder.bitcast(at(A_.data, off), vt.as_pointer())
+                    src, dst = (ap, bp) if to_block else (bp, ap)
+                    builder.store(builder.load(src, align=2), dst, align=2)
+                return context.get_dummy_value()
+            vt = ir.VectorType(et, MR)
+            base0 = builder.add(builder.load(at(P_.data, mr_i)), builder.mul(kl_i, t1_i))
+            if not to_block:
+                whole = builder.load(builder.bitcast(B_.data, ir.VectorType(et, MR * NR).as_pointer()), align=2)
+            for j in range(NR):
+                ap = builder.bitcast(at(A_.data, builder.add(base0, builder.mul(t1_i, c(j)))), vt.as_pointer())
+                if to_block:
+                    col = builder.load(ap, align=2)
+                    for m in range(MR):
+                        builder.store(builder.extract_element(col, ir.Constant(i32, m)), at(B_.data, c(m * NR + j)))
+                else:
+                    mask = ir.Constant(ir.VectorType(i32, MR), [m * NR + j for m in range(MR)])
+                    builder.store(builder.shuffle_vector(whole, ir.Constant(whole.type, ir.Undefined), mask), ap,
+                                  align=2)
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    return move
+
+
+scatter_rows, scatter_run = make_block_move(False, False), make_block_move(True, False)
+gather_rows, gather_run = make_block_move(False, True), make_block_move(True, True)
