@@ -160,16 +160,21 @@ def test_signatures_keep_signed_zero_and_nan(fp32_dev):
     mul = torch.ops.aten.mul.Scalar
     x = torch.tensor([1.0, -2.0])
     d = x.to(fp32_dev)
-    routes = {}
+    ops.clear_cache()
+    sizes = []
     for _ in range(3):
         for s in (0.0, -0.0, float("nan")):
             got, ref = mul(d, s).cpu(), mul(x, s)
             torch.testing.assert_close(got, ref, rtol=0, atol=0, equal_nan=True)
             assert torch.equal(torch.signbit(got), torch.signbit(ref)), (s, got)   # assert_close: -0 == +0
-            routes.setdefault(repr(s), set()).add(id(ops._FAST[ops._fast_key(mul, (d, s))]))
-        n_fast = len(ops._FAST)
-    assert len(ops._FAST) == n_fast and all(len(r) == 1 for r in routes.values())
-    assert routes["0.0"] != routes["-0.0"]
+        sizes.append(len(ops._FAST))
+    # The dispatcher may hand the call over as mul.Scalar or mul.Tensor (the first call of a
+    # process arrives as the latter): a route per (overload, scalar), found by the scalar's key.
+    routes = {repr(s): {id(r) for k, r in ops._FAST.items() if k[-1] == ("float", s.hex())}
+              for s in (0.0, -0.0, float("nan"))}
+    assert sizes[-1] == sizes[-2], sizes                  # no new route per NaN (or any) call
+    assert all(1 <= len(r) <= 2 for r in routes.values()), routes
+    assert not routes["0.0"] & routes["-0.0"]
 
 
 def test_compiled_on_npu_follows_optimizer_steps(fp16_dev):
