@@ -21,7 +21,25 @@ int8 kernel; the rest run as casts and float kernels.
 
 from __future__ import annotations
 
+import contextlib
+import logging
 import warnings
+
+
+@contextlib.contextmanager
+def _quiet_loggers(*names):
+    """torchao's import logs a warning per CUDA extension it cannot load on a CPU build and
+    torch's pytree one per Enum torchao registers: noise on every CLI run that plans int8,
+    nothing a user can act on. Raised to ERROR for the import, restored after."""
+    loggers = [logging.getLogger(n) for n in names]
+    levels = [lg.level for lg in loggers]
+    for lg in loggers:
+        lg.setLevel(logging.ERROR)
+    try:
+        yield
+    finally:
+        for lg, level in zip(loggers, levels):
+            lg.setLevel(level)
 
 
 def quantise_pt2e(model, example_inputs, calibration=None, per_channel: bool = True):
@@ -30,7 +48,7 @@ def quantise_pt2e(model, example_inputs, calibration=None, per_channel: bool = T
     which runs (eagerly, on the CPU) PyTorch's reference quantised computation."""
     import torch
 
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), _quiet_loggers("torchao", "torch.utils._pytree"):
         warnings.simplefilter("ignore")   # torchao's import-time notices (CUDA kernels, Enum registration)
         from torchao.quantization.pt2e.quantize_pt2e import convert_pt2e, prepare_pt2e
         from torchao.testing.pt2e._xnnpack_quantizer import XNNPACKQuantizer, get_symmetric_quantization_config
