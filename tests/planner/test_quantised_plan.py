@@ -89,3 +89,17 @@ def test_support_queries_answer_for_int8(chips, packs):
     assert any("not in tensor.supported_dtypes" in r["message"] for g in gaps["gaps"] for r in g["reasons"])
     fus = [f for f in chip_ops(no_int8, packs)["fusions"] if f["kernel"] == "qconv2d"]
     assert fus and not any(f["supported"] for f in fus)
+
+
+def test_quantising_prints_no_import_noise():
+    """A fresh process that quantises (as `torchfl plan impact --models zoo` does) writes
+    nothing to stderr: torchao's import logs a warning per CUDA extension a CPU build lacks."""
+    import subprocess
+    import sys
+
+    code = ("import torch\nfrom torchfl.planner.quantise import quantise_pt2e\n"
+            "m = torch.nn.Sequential(torch.nn.Conv2d(3, 4, 3), torch.nn.ReLU())\n"
+            "quantise_pt2e(m, (torch.randn(1, 3, 8, 8),))\nprint('done')\n")
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0 and run.stdout.strip() == "done", run.stderr
+    assert "Failed to load" not in run.stderr and "Enum subclass" not in run.stderr, run.stderr
