@@ -13,6 +13,7 @@ import numpy as np
 from numba import njit, prange
 
 from .. import dtypes as dt
+from .. import taskcall
 from ..codecs import decode, encode16, h2f
 from ..mathfn import exp32
 from ..ukernel import ukernel_6x16
@@ -214,18 +215,29 @@ def _attend_task(t, nq, Q, qst, kp, vp, O, ost, M, mst, mkind, code, H, G, Lq, L
 
 
 @njit(cache=True, parallel=True)
-def _attend(Q, qst, kp, vp, O, ost, M, mst, mkind, code, H, G, heads, Lq, Lk, D, Dv, npk, npv, Lkp,
+def _attend(task, Q, qst, kp, vp, O, ost, M, mst, mkind, code, H, G, heads, Lq, Lk, D, Dv, npk, npv, Lkp,
             Br, Bc, kv_once, causal, scale, es, esm, cnt):
     """Every (head, Q tile) task in parallel. The task is a separate function: Numba's
-    parallel passes grow with the prange body. (The index is cast: the parallel lowering
-    types a prange index uint64 where typing saw int64, which would compile the task twice.)
-    A/B against the task inline in the loop, one process: 2.6 s less compile per dtype
-    (fp16 7.0 vs 9.6 s), 1-7 % slower (fp16 16x128x64 1.57 vs 1.48 ms, causal 1.76 vs
-    1.64 ms, fp32 8x1024x64 19.5 vs 19.3 ms): under 0.5 % of a BERT layer."""
+    parallel passes grow with the prange body. A/B against the task inline in the loop, one
+    process: 2.6 s less compile per dtype (fp16 7.0 vs 9.6 s), 1-7 % slower (fp16 16x128x64
+    1.57 vs 1.48 ms, causal 1.76 vs 1.64 ms, fp32 8x1024x64 19.5 vs 19.3 ms): under 0.5 % of
+    a BERT layer. It is called through its address ``task`` (:mod:`..taskcall`): linked in,
+    it was optimised and code-generated again inside this function's library."""
     nq = (Lq + Br - 1) // Br
     for t in prange(heads * nq):
-        _attend_task(np.int64(t), nq, Q, qst, kp, vp, O, ost, M, mst, mkind, code, H, G, Lq, Lk, D, Dv, npk, npv, Lkp,
-                     Br, Bc, kv_once, causal, scale, es, esm, cnt)
+        taskcall.call(task, (np.int64(t), nq, Q, qst, kp, vp, O, ost, M, mst, mkind, code, H, G, Lq, Lk, D, Dv,
+                             npk, npv, Lkp, Br, Bc, kv_once, causal, scale, es, esm, cnt))
+
+
+def _attend_call(Q, qst, kp, vp, O, ost, M, mst, mkind, code, H, G, heads, Lq, Lk, D, Dv, npk, npv, Lkp,
+                 Br, Bc, kv_once, causal, scale, es, esm, cnt):
+    """``_attend`` with its task's address (the task's argument types as ``_attend`` passes them)."""
+    nq = (Lq + Br - 1) // Br
+    task = taskcall.address(_attend_task, (np.int64(0), nq, Q, qst, kp, vp, O, ost, M, mst, mkind, code, H, G,
+                                           Lq, Lk, D, Dv, npk, npv, Lkp, Br, Bc, kv_once, causal, scale, es, esm,
+                                           cnt))
+    _attend(task, Q, qst, kp, vp, O, ost, M, mst, mkind, code, H, G, heads, Lq, Lk, D, Dv, npk, npv, Lkp,
+            Br, Bc, kv_once, causal, scale, es, esm, cnt)
 
 
 def _acc(t):
@@ -289,7 +301,7 @@ def run_attention(ctx):
     from ..threads import threads_for
 
     with threads_for(heads * Lq * Lk * (2 * D + 2 * Dv)):
-        _attend(Qf, qst, kp, vp, Of, ost, Mf, mst, mkind, code, H, G, heads, Lq, Lk, D, Dv, npk, npv, Lkp,
+        _attend_call(Qf, qst, kp, vp, Of, ost, Mf, mst, mkind, code, H, G, heads, Lq, Lk, D, Dv, npk, npv, Lkp,
                 Br, Bc, kv_once, bool(p.attrs["causal"]), scale, es, esm, cnt)
     tot = cnt.sum(axis=0)
     ctx.read(int(tot[0]))

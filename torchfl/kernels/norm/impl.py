@@ -12,6 +12,7 @@ import math
 import numpy as np
 from numba import get_num_threads, njit, prange
 
+from .. import taskcall
 from ..codecs import decode, encode16, f16_to_f32, f32_to_f16
 from ..staging import _code, _flat
 from ..threads import sized_by
@@ -165,15 +166,25 @@ def _normalize_task(t, x, xseg, xel, xest, code, y, yseg, yel, yest, ycode, boun
 
 
 @njit(cache=True, nogil=True, parallel=True)
+def _seg_normalize(task, x, xseg, xel, xest, code, y, yseg, yel, yest, ycode, bounds, L, eps, w, b, wstride,
+                   mean_out, rstd_out):
+    """:func:`seg_normalize`'s parallel loop; ``task`` is ``_normalize_task``'s address
+    (:mod:`..taskcall`: called, not linked in and compiled again here). The index is cast to
+    int64 (a uint64 prange index would be a second task signature)."""
+    fast = xest == 1 and yest == 1 and code == ycode and (code == 0 or code == 1) and wstride == 1
+    for t in prange(bounds.size - 1):
+        taskcall.call(task, (np.int64(t), x, xseg, xel, xest, code, y, yseg, yel, yest, ycode, bounds, L, eps, w, b,
+                             wstride, mean_out, rstd_out, fast))
+
+
 def seg_normalize(x, xseg, xel, xest, code, y, yseg, yel, yest, ycode, bounds, L, eps, w, b, wstride,
                   mean_out, rstd_out):
     """Whole segments on chip: mean, biased variance (two passes over the on-chip copy),
-    y = (x - mean) * rstd * w + b; w/b per segment (wstride 0) or per element (1). The index
-    is cast to int64 (a uint64 prange index would compile the task a second time)."""
-    fast = xest == 1 and yest == 1 and code == ycode and (code == 0 or code == 1) and wstride == 1
-    for t in prange(bounds.size - 1):
-        _normalize_task(np.int64(t), x, xseg, xel, xest, code, y, yseg, yel, yest, ycode, bounds, L, eps, w, b,
-                        wstride, mean_out, rstd_out, fast)
+    y = (x - mean) * rstd * w + b; w/b per segment (wstride 0) or per element (1)."""
+    task = taskcall.address(_normalize_task, (np.int64(0), x, xseg, xel, xest, code, y, yseg, yel, yest, ycode,
+                                              bounds, L, eps, w, b, wstride, mean_out, rstd_out, False))
+    _seg_normalize(task, x, xseg, xel, xest, code, y, yseg, yel, yest, ycode, bounds, L, eps, w, b, wstride,
+                   mean_out, rstd_out)
 
 
 @njit(cache=True, nogil=True, fastmath=_FM)

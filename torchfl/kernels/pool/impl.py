@@ -11,6 +11,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
+from .. import taskcall
 from ..codecs import decode, encode16, h2f as _h2f
 from ..conv.tiles import load_slab
 from ..staging import _code, _flat, load_rows, store_plain
@@ -192,7 +193,6 @@ def _max_pool_channel(x, s0, s1, s2, s3, code, n, ch, lo_h, lo_w, rows, cols, h0
                 y[yb + j * t3] = encode16(code, out[j])
 
 
-@njit(cache=True, nogil=True, parallel=True)
 def max_pool_tile(x, s0, s1, s2, s3, code, n, c0, tc, lo_h, hi_h, lo_w, hi_w, H, W, kh, kw, sh, sw, dh, dw,
                   oh0, th, ow0, tw, y, t0, t1, t2, t3, with_idx, yi, i0, i1, i2, i3):
     """Max pooling of one tile without indices, its channels spread over host threads. Each
@@ -204,13 +204,26 @@ def max_pool_tile(x, s0, s1, s2, s3, code, n, c0, tc, lo_h, hi_h, lo_w, hi_w, H,
     takes the tap-by-tap loop (whole rows, taps in window order; a later tap wins only if
     greater or NaN, like torch's; the -inf halo never wins). Returns (elements read,
     elements written, window operations: the valid taps)."""
-    rows, cols = hi_h - lo_h, hi_w - lo_w
-    h0, h1 = max(lo_h, 0), max(max(lo_h, 0), min(hi_h, H))
-    w0, w1 = max(lo_w, 0), max(max(lo_w, 0), min(hi_w, W))
+    z = np.int64(0)    # the channel task's computed arguments are int64 (cast so in _max_pool_tile)
+    task = taskcall.address(_max_pool_channel, (x, s0, s1, s2, s3, code, n, z, lo_h, lo_w, z, z, z, z, z, z, H, W,
+                                                kh, kw, sh, sw, dh, dw, oh0, th, ow0, tw, y, t0, t1, t2, t3, with_idx,
+                                                yi, i0, i1, i2, i3))
+    return _max_pool_tile(task, x, s0, s1, s2, s3, code, n, c0, tc, lo_h, hi_h, lo_w, hi_w, H, W, kh, kw, sh, sw,
+                          dh, dw, oh0, th, ow0, tw, y, t0, t1, t2, t3, with_idx, yi, i0, i1, i2, i3)
+
+
+@njit(cache=True, nogil=True, parallel=True)
+def _max_pool_tile(task, x, s0, s1, s2, s3, code, n, c0, tc, lo_h, hi_h, lo_w, hi_w, H, W, kh, kw, sh, sw, dh, dw,
+                   oh0, th, ow0, tw, y, t0, t1, t2, t3, with_idx, yi, i0, i1, i2, i3):
+    """:func:`max_pool_tile`'s jitted body; ``task`` is ``_max_pool_channel``'s address
+    (:mod:`..taskcall`: called, not linked in and compiled again in this function's library)."""
+    rows, cols = np.int64(hi_h - lo_h), np.int64(hi_w - lo_w)
+    h0, h1 = np.int64(max(lo_h, 0)), np.int64(max(max(lo_h, 0), min(hi_h, H)))
+    w0, w1 = np.int64(max(lo_w, 0)), np.int64(max(max(lo_w, 0), min(hi_w, W)))
     for c in prange(tc):
-        _max_pool_channel(x, s0, s1, s2, s3, code, n, c0 + np.int64(c), lo_h, lo_w, rows, cols, h0, h1, w0, w1,
-                          H, W, kh, kw, sh, sw, dh, dw, oh0, th, ow0, tw, y, t0, t1, t2, t3, with_idx, yi, i0, i1,
-                          i2, i3)
+        taskcall.call(task, (x, s0, s1, s2, s3, code, n, np.int64(c0 + np.int64(c)), lo_h, lo_w, rows, cols, h0, h1,
+                             w0, w1, H, W, kh, kw, sh, sw, dh, dw, oh0, th, ow0, tw, y, t0, t1, t2, t3, with_idx, yi,
+                             i0, i1, i2, i3))
     ops = 0
     for i in range(th):
         nr = 0
