@@ -11,7 +11,7 @@ import numpy as np
 from .. import frozen
 from ..staging import _code, _flat, _flat_view, _scratch
 from .fused import conv_tile_fused, conv_tiles, fold_epilogue
-from .microkernel import MR, NR
+from .microkernel import MR, NR, RB
 from .tiles import F16_LUT, _slab_rows, compute, compute_int, exact_chunk, load_weights, pack_weights, store
 
 
@@ -58,7 +58,7 @@ class _Site:
             s0 = tiles[bounds[-1]]
             px = (a1 - a0) * (b1 - b0)
             same = (a1 - a0, b1 - b0) == (s0[2] - s0[1], s0[4] - s0[3])
-            want = MR // math.gcd(MR, px) if px < 4 * MR else 1
+            want = MR * RB // math.gcd(MR * RB, px) if px < 4 * MR else 1   # whole register blocks
             if not same or t - bounds[-1] >= want:
                 bounds.append(t)
         bounds.append(len(tiles))
@@ -153,7 +153,7 @@ def _conv_blocks(ctx, site, G, x, xs, xcode, w, wst, wcode, y, ys, ycode, res, r
                 ctx.read(tka * Cg * R * S * ew)
                 nr = conv_tiles(x, *xs, xcode, gi * Cg, Cg, H, W, bw, tka, R, S, sh, sw, ph, pw, dh, dw,
                                 site.tiles, site.groups, y, *ys, ycode, kg0, ea, eb, relu, has_res, res,
-                                *rs, rcode, F16_LUT)
+                                *rs, rcode, F16_LUT, np.int64(numba.get_num_threads()))
             nout = N * OH * OW * tka
             ctx.read(nr * es + (nout * er if has_res else 0))
             ctx.write(nout * ey)
