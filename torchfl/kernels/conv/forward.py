@@ -12,6 +12,7 @@ from .. import frozen
 from ..staging import _code, _flat, _flat_view, _scratch
 from .fused import conv_tile_fused, conv_tiles, fold_epilogue
 from .microkernel import MR, NR, RB
+from .pointwise import conv1x1_rows
 from .tiles import F16_LUT, _slab_rows, compute, compute_int, exact_chunk, load_weights, pack_weights, store
 
 
@@ -66,6 +67,51 @@ class _Site:
         rows_max = (self.toh - 1) * G["sh"] + (G["R"] - 1) * G["dh"] + 1
         cols_max = (self.tow - 1) * G["sw"] + (G["S"] - 1) * G["dw"] + 1
         self.slab_n = rows_max * cols_max * max(G["Cg"], 1)
+        self.pointwise = self.fast and _pointwise_problem(p, G, self.codes, chip)
+        if self.pointwise:
+            rowoff = np.zeros(G["K"] + MR * RB, np.int64)     # padded: whole register blocks
+            rowoff[:G["K"]] = np.arange(G["K"], dtype=np.int64) * G["C"]
+            self.rowoff = rowoff
+            self.window_reads = _window_reads(G, self.tiles)
+
+
+def _pointwise_problem(p, G, codes, chip):
+    """Whether the conv is a plain GEMM over channel-outer tensors (pointwise.py): 1x1,
+    no padding, one group, x / output / residual stored alike (float32 or
+    float16) with each channel's pixels contiguous (N, C, H*W)."""
+    from ..staging import _strides
+
+    if (G["R"], G["S"], G["ph"], G["pw"], G["g"]) != (1, 1, 0, 0, 1) or not G["C"]:
+        return False
+    hw = G["OH"] * G["OW"]
+    if hw % NR and hw < 128:     # 7x7: 16-pixel panels pad 49 to 64, the tiled conv's 6-pixel rows to 54
+        return False
+    names = ["x"] + (["residual"] if "residual" in p.shapes else [])
+    if codes["x"] not in (0, 1) or any(codes[n] != codes["x"] for n in names):
+        return False
+    from . import _out_dtype, _out_layout
+
+    if _code(_out_dtype(p), chip) != codes["x"]:
+        return False
+    out = (G["N"], G["K"], G["OH"], G["OW"])
+    metas = [(p.shapes[n], p.layouts.get(n)) for n in names] + [(out, _out_layout(p))]
+    for shape, layout in metas:
+        st = _strides(shape, layout)
+        if st[3] != 1 or st[2] != shape[3] or st[1] != shape[2] * shape[3]:
+            return False
+    return True
+
+
+def _window_reads(G, tiles):
+    """Input elements the tiles' windows read (inside the image), as _slab_rows counts them."""
+    from .geometry import window_span
+
+    total = 0
+    for n, a0, a1, b0, b1 in tiles.tolist():
+        lo_h, hi_h = window_span(a0, a1, G["sh"], G["ph"], G["dh"], G["R"])
+        lo_w, hi_w = window_span(b0, b1, G["sw"], G["pw"], G["dw"], G["S"])
+        total += max(0, min(hi_h, G["H"]) - max(lo_h, 0)) * max(0, min(hi_w, G["W"]) - max(lo_w, 0))
+    return total * G["Cg"]
 
 
 def run_conv2d(ctx):
@@ -112,6 +158,9 @@ def _run_stationary_float(ctx, site):
                   "bn_weight" in site.params, *vec["bn_weight"], "bn_bias" in site.params, *vec["bn_bias"],
                   *vec["running_mean"], *vec["running_var"], ea, eb)
     ctx.read(K * site.nvec)
+    if site.pointwise:
+        _run_pointwise(ctx, site, G, x, xs, xcode, y, ys, res, rs, ea, eb, es, ew, ey, er)
+        return [yt]
     npanel = -(-site.tk // NR)
     wpk = _scratch("wpk", npanel * R * S * max(Cg, 1) * NR)
     slab = _scratch("slab", site.slab_n) if site.single else None
@@ -161,6 +210,41 @@ def _conv_blocks(ctx, site, G, x, xs, xcode, w, wst, wcode, y, ys, ycode, res, r
 
 
 _NO_RES = np.zeros(1, np.float32)
+
+
+def _run_pointwise(ctx, site, G, x, xs, xcode, y, ys, res, rs, ea, eb, es, ew, ey, er):
+    """A 1x1 conv on channel-outer tensors as a GEMM per image (pointwise.py), counted as
+    the tiles count it: per K block its weights, the tiles' input windows, the residual and
+    the output."""
+    N, C, HW, K = G["N"], G["C"], G["OH"] * G["OW"], G["K"]
+    wt = ctx.inputs["weight"]
+    w, wst = _flat(wt)
+    w32 = frozen.derived(wt.buffer, ("conv_rows", wt.offset, tuple(wst), K, C), lambda: _weight_rows(wt, K, C))
+    if w32 is None:
+        w32 = _weight_rows(wt, K, C)
+    slab = _scratch("pw_slab", -(-HW // NR) * NR * C)
+    relu, has_res = site.e["relu"], site.e["residual"]
+    per_out = 2 * C + site.n_epi
+    for k0, k1 in site.kblocks:
+        tka = k1 - k0
+        ctx.read(tka * C * ew)
+        for n in range(N):
+            conv1x1_rows(x, np.int64(n * xs[0]), np.int64(xs[1]), xcode, C, HW, G["OW"], G["sh"], G["sw"], G["W"], w32,
+                         site.rowoff, k0, tka, y, np.int64(n * ys[0]), np.int64(ys[1]), ea, eb, relu, has_res, res,
+                         np.int64(n * rs[0]), np.int64(rs[1]), slab, F16_LUT)
+        ctx.read(site.window_reads * es)
+        nout = N * HW * tka
+        ctx.read(nout * er if has_res else 0)
+        ctx.write(nout * ey)
+        ctx.ops(nout * per_out)
+
+
+def _weight_rows(wt, K, C):
+    """The (K, C, 1, 1) weight as float32 rows of C (the pointwise GEMM's A operand)."""
+    from .. import dtypes as _dt
+
+    return np.ascontiguousarray(_dt.decode(np.ascontiguousarray(wt.logical()), wt.dtype).reshape(K * C),
+                                dtype=np.float32)
 
 
 def _kept_panels(ctx, w, wst, wcode, kg0, tka, Cg, R, S):

@@ -46,10 +46,11 @@ def _mm_store(slab, pix, m0, m1, taps, kc, tc, wpk, tk, R, S, p0, p1, acc, ybase
     h = np.empty(MR * NR, np.uint16)
     rt = np.empty(MR * NR, np.float32)
     rr = np.empty(MR * NR, res.dtype)
-    for mr in range(m0, m1, MR * RB):
-        nrow = 2 if RB == 2 and tk >= 8 and mr + MR < m1 else 1
-        for p in range(p0, p1, PB):
-            npan = 2 if PB == 2 and tk >= 8 and p + 1 < p1 else 1
+    rb, pb = (RB, PB) if tk >= 8 else (1, 1)     # (fewer than 8 channels: one scalar 6x16 block)
+    for mr in range(m0, m1, MR * rb):
+        nrow = 2 if rb == 2 and mr + MR < m1 else 1
+        for p in range(p0, p1, pb):
+            npan = 2 if pb == 2 and p + 1 < p1 else 1
             if tk < 8:
                 blk = acc[0]
                 for q in range(MR * NR):

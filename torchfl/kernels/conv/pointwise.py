@@ -1,0 +1,166 @@
+"""A 1x1 unpadded float conv on channel-outer tensors (NCHW) as the GEMM it is:
+``y[k, p] = sum_c w[k, c] * x[c, p]`` over the image's pixels p, with the fused epilogue.
+
+Why a path of its own: the tiled conv (fused.py) puts 16 output channels in the vector
+lanes, so on a channel-outer output every 6x16 block is transposed on its way out (~1 ns
+an output, more than the FMAs of a 64-channel reduction). Here the lanes hold 16
+consecutive pixels: the register block (microkernel.make_block_kernel) broadcasts a
+weight row's scalars (rows = output channels) against 16-pixel input panels, and each
+accumulator row is one output channel's 16 contiguous pixels, stored as one vector. The
+sums are the tiled conv's, in the same order (one FMA chain over c from 0), so the two
+paths agree bit for bit. The caller counts the tiles' traffic as the plan says.
+"""
+from __future__ import annotations
+
+from llvmlite import ir
+import numpy as np
+from numba import njit, prange, types
+from numba.extending import intrinsic
+
+from .microkernel import MR, NR, PB, RB, mk_r1p1, mk_r1p2, mk_r2p1, mk_r2p2
+from ..codecs import encode16
+from .tiles import _dec
+
+
+def _vec_ptr(context, builder, aty, arr, off, vt):
+    data = context.make_array(aty)(context, builder, arr).data
+    return builder.bitcast(builder.gep(data, [off]), vt.as_pointer())
+
+
+@intrinsic
+def f16x16_to_f32(typingctx, X, xoff, S, soff):
+    """S[soff:soff + 16] = float32 of the float16 bits X[xoff:xoff + 16] (one conversion)."""
+    sig = types.void(X, xoff, S, soff)
+
+    def codegen(context, builder, signature, args):
+        x_arr, xoff_v, s_arr, soff_v = args
+        sa = signature.args
+        h = builder.load(_vec_ptr(context, builder, sa[0], x_arr, xoff_v, ir.VectorType(ir.IntType(16), NR)), align=2)
+        v = builder.fpext(builder.bitcast(h, ir.VectorType(ir.HalfType(), NR)), ir.VectorType(ir.FloatType(), NR))
+        builder.store(v, _vec_ptr(context, builder, sa[2], s_arr, soff_v, v.type), align=4)
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+@intrinsic
+def epi_row16_f16(typingctx, C, coff, a, b, R, roff, has_res, lo, Y, yoff):
+    """Y[yoff:yoff + 16] = f16(max(f32(C[coff:+16] * a + b) (+ f32(R[roff:+16])), lo)), all
+    float16 storage (uint16): one output channel's 16 pixels, rounded as the scalar
+    epilogue rounds (no fused multiply-add; Python's max, NaN stays NaN). R is read even
+    without a residual (pass any 16 readable elements)."""
+    sig = types.void(C, coff, a, b, R, roff, has_res, lo, Y, yoff)
+
+    def codegen(context, builder, signature, args):
+        c_arr, coff_v, a_v, b_v, r_arr, roff_v, hr_v, lo_v, y_arr, yoff_v = args
+        sa = signature.args
+        f32 = ir.FloatType()
+        vf = ir.VectorType(f32, NR)
+        vi = ir.VectorType(ir.IntType(16), NR)
+        vh = ir.VectorType(ir.HalfType(), NR)
+
+        def splat(val, ty):
+            s = builder.insert_element(ir.Constant(vf, ir.Undefined), context.cast(builder, val, ty, types.float32),
+                                       ir.Constant(ir.IntType(32), 0))
+            return builder.shuffle_vector(s, ir.Constant(vf, ir.Undefined),
+                                          ir.Constant(ir.VectorType(ir.IntType(32), NR), [0] * NR))
+        v = builder.load(_vec_ptr(context, builder, sa[0], c_arr, coff_v, vf), align=4)
+        v = builder.fadd(builder.fmul(v, splat(a_v, sa[2])), splat(b_v, sa[3]))
+        r = builder.load(_vec_ptr(context, builder, sa[4], r_arr, roff_v, vi), align=2)
+        v = builder.select(context.cast(builder, hr_v, sa[6], types.boolean),
+                           builder.fadd(v, builder.fpext(builder.bitcast(r, vh), vf)), v)
+        lov = splat(lo_v, sa[7])
+        v = builder.select(builder.fcmp_ordered(">", lov, v), lov, v)
+        builder.store(builder.bitcast(builder.fptrunc(v, vh), vi),
+                      _vec_ptr(context, builder, sa[8], y_arr, yoff_v, vi), align=2)
+        return context.get_dummy_value()
+
+    return sig, codegen
+
+
+@njit(cache=True, nogil=True)
+def _pack_pixels(x, xoff, xc, code, C, HW, OW, sh, sw, W, slab, pp, lut):
+    """Output pixels [16 pp, 16 pp + 16) of every input channel -> slab[pp][c][16] (float32,
+    zero past HW): the micro-kernel's B panel. Output pixel (i, j) reads input pixel
+    (i sh, j sw) of a W wide image: with stride 1 the panel is 16 consecutive values."""
+    p0 = pp * NR
+    if sh == 1 and sw == 1:
+        for c in range(C):
+            src = xoff + c * xc + p0
+            dst = (pp * C + c) * NR
+            if code == 1 and p0 + NR <= HW:
+                f16x16_to_f32(x, src, slab, dst)
+            else:
+                for j in range(NR):
+                    slab[dst + j] = _dec(code, x[src + j], lut) if p0 + j < HW else np.float32(0.0)
+        return
+    src = np.zeros(NR, np.int64)
+    for j in range(NR):
+        p = min(p0 + j, HW - 1)
+        src[j] = xoff + (p // OW) * sh * W + (p % OW) * sw
+    for c in range(C):
+        dst = (pp * C + c) * NR
+        for j in range(NR):
+            slab[dst + j] = _dec(code, x[src[j] + c * xc], lut) if p0 + j < HW else np.float32(0.0)
+
+
+@njit(cache=True, nogil=True)
+def _store_rows(blk, mn, kb, p0, pn, y, yoff, yc, ycode, ea, eb, lo, has_res, res, roff, rc, lut):
+    """Epilogue of a 6 x 16 block: channels kb..kb+mn, pixels p0..p0+pn, one row a channel."""
+    for mi in range(mn):
+        k = kb + mi
+        a, b = ea[k], eb[k]
+        yo = yoff + k * yc + p0
+        ro = roff + k * rc + p0
+        if ycode == 1 and pn == NR:
+            if has_res:
+                epi_row16_f16(blk, mi * NR, a, b, res, ro, True, lo, y, yo)
+            else:
+                epi_row16_f16(blk, mi * NR, a, b, y, yo, False, lo, y, yo)
+            continue
+        for j in range(pn):
+            v = np.float32(blk[mi * NR + j] * a + b)
+            if has_res:
+                v = v + _dec(ycode, res[ro + j], lut)
+            v = max(v, lo)
+            if ycode == 1:
+                y[yo + j] = encode16(ycode, v)
+            else:
+                y[yo + j] = v
+
+
+@njit(cache=True, nogil=True, parallel=True)
+def conv1x1_rows(x, xoff, xc, code, C, HW, OW, sh, sw, W, w32, rowoff, k0, tk, y, yoff, yc, ea, eb, relu, has_res,
+                 res, roff, rc, slab, lut):
+    """Output channels [k0, k0 + tk) of one image: x[c * xc + p] (from xoff) -> y[k * yc + p]
+    (from yoff), residual res[k * rc + p] (from roff), HW output pixels OW wide, read at
+    strides (sh, sw) of a W wide input; ``code`` is the storage of x, y and
+    the residual alike (0 float32, 1 float16); w32 the weight as float32 rows of C,
+    rowoff[k] = k * C (zero past K). Two parallel phases: pixel panels, then per pair of
+    panels every channel row block and its epilogue."""
+    npp = (HW + NR - 1) // NR
+    for pp in prange(npp):
+        _pack_pixels(x, xoff, xc, code, C, HW, OW, sh, sw, W, slab, pp, lut)
+    lo = np.float32(0.0) if relu else np.float32(-np.inf)
+    taps = np.zeros(1, np.int64)
+    pst = C * NR
+    for q in prange((npp + PB - 1) // PB):
+        acc = np.empty((RB * PB, MR * NR), np.float32)
+        p = q * PB
+        npan = 2 if PB == 2 and p + 1 < npp else 1
+        for m in range(0, tk, MR * RB):
+            nrow = 2 if RB == 2 and m + MR < tk else 1
+            if nrow == 2 and npan == 2:
+                mk_r2p2(w32, rowoff, k0 + m, taps, np.int64(1), slab, p * pst, pst, C, acc)
+            elif nrow == 2:
+                mk_r2p1(w32, rowoff, k0 + m, taps, np.int64(1), slab, p * pst, pst, C, acc)
+            elif npan == 2:
+                mk_r1p2(w32, rowoff, k0 + m, taps, np.int64(1), slab, p * pst, pst, C, acc)
+            else:
+                mk_r1p1(w32, rowoff, k0 + m, taps, np.int64(1), slab, p * pst, pst, C, acc)
+            for i in range(nrow):
+                mi0 = m + i * MR
+                for h in range(npan):
+                    p0 = (p + h) * NR
+                    _store_rows(acc[i * npan + h], min(MR, tk - mi0), k0 + mi0, p0, min(NR, HW - p0), y, yoff, yc,
+                                code, ea, eb, lo, has_res, res, roff, rc, lut)
