@@ -89,7 +89,7 @@ def _emit_taps(context, builder, signature, args, mr, nr, w, nv):
     return context.get_dummy_value()
 
 
-def make_block_kernel(rows: int, panels: int, w: int):
+def make_block_kernel(rows: int, panels: int, w: int, packed_a: bool = False):
     """``rows`` micro-rows (6 pixels each) x ``panels`` packed 16-wide weight panels in one
     register block (``rows * 6 * panels * 16 / w`` accumulators, started at zero):
 
@@ -109,14 +109,14 @@ def make_block_kernel(rows: int, panels: int, w: int):
         sig = types.void(A, pix, m0, taps, ntaps, B, boff, pstride, kc, C)
 
         def codegen(context, builder, signature, args):
-            return _emit_block(context, builder, signature, args, rows, panels, w, nv)
+            return _emit_block(context, builder, signature, args, rows, panels, w, nv, packed_a)
 
         return sig, codegen
 
     return mk_block
 
 
-def _emit_block(context, builder, signature, args, rows, panels, w, nv):
+def _emit_block(context, builder, signature, args, rows, panels, w, nv, packed_a):
     a_arr, pix_arr, m0_v, taps_arr, nt_v, b_arr, boff_v, ps_v, kc_v, c_arr = args
     sa = signature.args
     A_ = context.make_array(sa[0])(context, builder, a_arr)
@@ -130,7 +130,10 @@ def _emit_block(context, builder, signature, args, rows, panels, w, nv):
     fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(vt, [vt, vt, vt]), f"llvm.fma.v{w}f32")
     zeros = ir.Constant(ir.VectorType(ir.IntType(32), w), [0] * w)
     npx = rows * MR
-    pixoff = [builder.load(builder.gep(P_.data, [builder.add(m0_v, ir.Constant(i64, m))])) for m in range(npx)]
+    if packed_a:      # A packed [k][npx] from m0: one pointer, the rows at constant offsets
+        pixoff = [builder.add(m0_v, ir.Constant(i64, m)) for m in range(npx)]
+    else:
+        pixoff = [builder.load(builder.gep(P_.data, [builder.add(m0_v, ir.Constant(i64, m))])) for m in range(npx)]
     accs = {}
     for m in range(npx):
         for h in range(panels):
@@ -151,8 +154,9 @@ def _emit_block(context, builder, signature, args, rows, panels, w, nv):
             kb = builder.mul(k, ir.Constant(i64, NR))
             bs = [[builder.load(builder.bitcast(builder.gep(b, [builder.add(kb, ir.Constant(i64, w * v))]), vp),
                                 align=4) for v in range(nv)] for b in bt]
+            ka = builder.mul(k, ir.Constant(i64, npx)) if packed_a else k
             for m in range(npx):
-                a = builder.load(builder.gep(arow[m], [k]))
+                a = builder.load(builder.gep(arow[m], [ka]))
                 av = builder.insert_element(ir.Constant(vt, ir.Undefined), a, ir.Constant(ir.IntType(32), 0))
                 av = builder.shuffle_vector(av, ir.Constant(vt, ir.Undefined), zeros)
                 for h in range(panels):

@@ -104,7 +104,7 @@ def _pack_pixels(x, xoff, xc, code, C, HW, OW, sh, sw, W, slab, pp, lut):
             slab[dst + j] = _dec(code, x[src[j] + c * xc], lut) if p0 + j < HW else np.float32(0.0)
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, inline="always")   # a call passes ~17 arrays' structs: ~100 cycles a block
 def _store_rows(blk, mn, kb, p0, pn, y, yoff, yc, ycode, ea, eb, lo, has_res, res, roff, rc, lut):
     """Epilogue of a 6 x 16 block: channels kb..kb+mn, pixels p0..p0+pn, one row a channel."""
     for mi in range(mn):
@@ -136,31 +136,36 @@ def conv1x1_rows(x, xoff, xc, code, C, HW, OW, sh, sw, W, w32, rowoff, k0, tk, y
     (from yoff), residual res[k * rc + p] (from roff), HW output pixels OW wide, read at
     strides (sh, sw) of a W wide input; ``code`` is the storage of x, y and
     the residual alike (0 float32, 1 float16); w32 the weight as float32 rows of C,
-    rowoff[k] = k * C (zero past K). Two parallel phases: pixel panels, then per pair of
-    panels every channel row block and its epilogue."""
+    rowoff[k] = k * C (zero past K). Per chunk of pixel panels (in parallel): its panels
+    packed, then every channel row block against them, with its epilogue."""
     npp = (HW + NR - 1) // NR
-    for pp in prange(npp):
-        _pack_pixels(x, xoff, xc, code, C, HW, OW, sh, sw, W, slab, pp, lut)
     lo = np.float32(0.0) if relu else np.float32(-np.inf)
     taps = np.zeros(1, np.int64)
     pst = C * NR
-    for q in prange((npp + PB - 1) // PB):
+    # pixel chunks whose panels (~512 KB) are packed and stay in L2 while every channel block
+    # streams past them: the output and residual are then read and written as 12 sequential rows, not
+    # 16-pixel pieces of all K rows (scattered lines the prefetchers do not follow)
+    ppc = max(PB, (512 * 1024) // (pst * 4))
+    ppc -= ppc % PB
+    for ch in prange((npp + ppc - 1) // ppc):
+        for pp in range(ch * ppc, min(npp, (ch + 1) * ppc)):
+            _pack_pixels(x, xoff, xc, code, C, HW, OW, sh, sw, W, slab, pp, lut)
         acc = np.empty((RB * PB, MR * NR), np.float32)
-        p = q * PB
-        npan = 2 if PB == 2 and p + 1 < npp else 1
         for m in range(0, tk, MR * RB):
             nrow = 2 if RB == 2 and m + MR < tk else 1
-            if nrow == 2 and npan == 2:
-                mk_r2p2(w32, rowoff, k0 + m, taps, np.int64(1), slab, p * pst, pst, C, acc)
-            elif nrow == 2:
-                mk_r2p1(w32, rowoff, k0 + m, taps, np.int64(1), slab, p * pst, pst, C, acc)
-            elif npan == 2:
-                mk_r1p2(w32, rowoff, k0 + m, taps, np.int64(1), slab, p * pst, pst, C, acc)
-            else:
-                mk_r1p1(w32, rowoff, k0 + m, taps, np.int64(1), slab, p * pst, pst, C, acc)
-            for i in range(nrow):
-                mi0 = m + i * MR
-                for h in range(npan):
-                    p0 = (p + h) * NR
-                    _store_rows(acc[i * npan + h], min(MR, tk - mi0), k0 + mi0, p0, min(NR, HW - p0), y, yoff, yc,
-                                code, ea, eb, lo, has_res, res, roff, rc, lut)
+            for p in range(ch * ppc, min(npp, (ch + 1) * ppc), PB):
+                npan = 2 if PB == 2 and p + 1 < npp else 1
+                if nrow == 2 and npan == 2:
+                    mk_r2p2(w32, rowoff, k0 + m, taps, np.int64(1), slab, p * pst, pst, C, acc)
+                elif nrow == 2:
+                    mk_r2p1(w32, rowoff, k0 + m, taps, np.int64(1), slab, p * pst, pst, C, acc)
+                elif npan == 2:
+                    mk_r1p2(w32, rowoff, k0 + m, taps, np.int64(1), slab, p * pst, pst, C, acc)
+                else:
+                    mk_r1p1(w32, rowoff, k0 + m, taps, np.int64(1), slab, p * pst, pst, C, acc)
+                for i in range(nrow):
+                    mi0 = m + i * MR
+                    for h in range(npan):
+                        p0 = (p + h) * NR
+                        _store_rows(acc[i * npan + h], min(MR, tk - mi0), k0 + mi0, p0, min(NR, HW - p0), y, yoff,
+                                    yc, code, ea, eb, lo, has_res, res, roff, rc, lut)
