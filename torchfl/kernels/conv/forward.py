@@ -12,7 +12,7 @@ from .. import frozen
 from ..staging import _code, _flat, _flat_view, _scratch
 from .fused import conv_tile_fused, conv_tiles, fold_epilogue
 from .microkernel import MR, NR, RB
-from .pointwise import conv1x1_rows
+from .pointwise import conv1x1_rows, pack_weight_rows
 from .tiles import F16_LUT, _slab_rows, compute, compute_int, exact_chunk, load_weights, pack_weights, store
 
 
@@ -69,9 +69,6 @@ class _Site:
         self.slab_n = rows_max * cols_max * max(G["Cg"], 1)
         self.pointwise = self.fast and _pointwise_problem(p, G, self.codes, chip)
         if self.pointwise:
-            rowoff = np.zeros(G["K"] + MR * RB, np.int64)     # padded: whole register blocks
-            rowoff[:G["K"]] = np.arange(G["K"], dtype=np.int64) * G["C"]
-            self.rowoff = rowoff
             self.window_reads = _window_reads(G, self.tiles)
 
 
@@ -243,9 +240,11 @@ def _run_pointwise(ctx, site, G, x, xs, xcode, y, ys, res, rs, ea, eb, es, ew, e
     N, C, HW, K = G["N"], G["C"], G["OH"] * G["OW"], G["K"]
     wt = ctx.inputs["weight"]
     w, wst = _flat(wt)
-    w32 = frozen.derived(wt.buffer, ("conv_rows", wt.offset, tuple(wst), K, C), lambda: _weight_rows(wt, K, C))
-    if w32 is None:
-        w32 = _weight_rows(wt, K, C)
+    blocks = {}
+    for k0, k1 in site.kblocks:
+        blk = frozen.derived(wt.buffer, ("conv_rows", MR * RB, wt.offset, tuple(wst), K, C, k0, k1),
+                             lambda: pack_weight_rows(_weight_rows(wt, K, C)[k0:k1], k1 - k0, C))
+        blocks[k0] = blk if blk is not None else pack_weight_rows(_weight_rows(wt, K, C)[k0:k1], k1 - k0, C)
     slab = _scratch("pw_slab", -(-HW // NR) * NR * C)
     relu, has_res = site.e["relu"], site.e["residual"]
     per_out = 2 * C + site.n_epi
@@ -253,8 +252,8 @@ def _run_pointwise(ctx, site, G, x, xs, xcode, y, ys, res, rs, ea, eb, es, ew, e
         tka = k1 - k0
         ctx.read(tka * C * ew)
         for n in range(N):
-            conv1x1_rows(x, np.int64(n * xs[0]), np.int64(xs[1]), xcode, C, HW, G["OW"], G["sh"], G["sw"], G["W"], w32,
-                         site.rowoff, k0, tka, y, np.int64(n * ys[0]), np.int64(ys[1]), ea, eb, relu, has_res, res,
+            conv1x1_rows(x, np.int64(n * xs[0]), np.int64(xs[1]), xcode, C, HW, G["OW"], G["sh"], G["sw"], G["W"],
+                         blocks[k0], k0, tka, y, np.int64(n * ys[0]), np.int64(ys[1]), ea, eb, relu, has_res, res,
                          np.int64(n * rs[0]), np.int64(rs[1]), slab, F16_LUT)
         ctx.read(site.window_reads * es)
         nout = N * HW * tka
@@ -267,8 +266,7 @@ def _weight_rows(wt, K, C):
     """The (K, C, 1, 1) weight as float32 rows of C (the pointwise GEMM's A operand)."""
     from .. import dtypes as _dt
 
-    return np.ascontiguousarray(_dt.decode(np.ascontiguousarray(wt.logical()), wt.dtype).reshape(K * C),
-                                dtype=np.float32)
+    return np.asarray(_dt.decode(np.ascontiguousarray(wt.logical()), wt.dtype), dtype=np.float32).reshape(K, C)
 
 
 def _kept_panels(ctx, w, wst, wcode, kg0, tka, Cg, R, S):

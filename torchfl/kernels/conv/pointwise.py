@@ -4,8 +4,8 @@
 Why a path of its own: the tiled conv (fused.py) puts 16 output channels in the vector
 lanes, so on a channel-outer output every 6x16 block is transposed on its way out (~1 ns
 an output, more than the FMAs of a 64-channel reduction). Here the lanes hold 16
-consecutive pixels: the register block (microkernel.make_block_kernel) broadcasts a
-weight row's scalars (rows = output channels) against 16-pixel input panels, and each
+consecutive pixels: the register block (microkernel.make_block_kernel, packed A)
+broadcasts MB output channels' weights against 16-pixel input panels, and each
 accumulator row is one output channel's 16 contiguous pixels, stored as one vector. The
 sums are the tiled conv's, in the same order (one FMA chain over c from 0), so the two
 paths agree bit for bit. The caller counts the tiles' traffic as the plan says.
@@ -17,9 +17,13 @@ import numpy as np
 from numba import njit, prange, types
 from numba.extending import intrinsic
 
-from .microkernel import MR, NR, PB, RB, mk_r1p1, mk_r1p2, mk_r2p1, mk_r2p2
+from .microkernel import MR, NR, PB, RB, VW, make_block_kernel
 from ..codecs import encode16
 from .tiles import _dec
+
+
+MB = MR * RB        # output channels per register block
+mkp_p2, mkp_p1 = make_block_kernel(RB, 2, VW, True), make_block_kernel(RB, 1, VW, True)
 
 
 def _vec_ptr(context, builder, aty, arr, off, vt):
@@ -130,42 +134,47 @@ def _store_rows(blk, mn, kb, p0, pn, y, yoff, yc, ycode, ea, eb, lo, has_res, re
 
 
 @njit(cache=True, nogil=True, parallel=True)
-def conv1x1_rows(x, xoff, xc, code, C, HW, OW, sh, sw, W, w32, rowoff, k0, tk, y, yoff, yc, ea, eb, relu, has_res,
+def conv1x1_rows(x, xoff, xc, code, C, HW, OW, sh, sw, W, wblk, k0, tk, y, yoff, yc, ea, eb, relu, has_res,
                  res, roff, rc, slab, lut):
     """Output channels [k0, k0 + tk) of one image: x[c * xc + p] (from xoff) -> y[k * yc + p]
     (from yoff), residual res[k * rc + p] (from roff), HW output pixels OW wide, read at
-    strides (sh, sw) of a W wide input; ``code`` is the storage of x, y and
-    the residual alike (0 float32, 1 float16); w32 the weight as float32 rows of C,
-    rowoff[k] = k * C (zero past K). Per chunk of pixel panels (in parallel): its panels
-    packed, then every channel row block against them, with its epilogue."""
+    strides (sh, sw) of a W wide input; ``code`` is the storage of x, y and the residual
+    alike (0 float32, 1 float16); ``wblk`` the channels' weights packed by pack_weight_rows.
+    Per chunk of pixel panels (in parallel): its panels packed, then every block of MB
+    channels against them, with its epilogue."""
     npp = (HW + NR - 1) // NR
     lo = np.float32(0.0) if relu else np.float32(-np.inf)
     taps = np.zeros(1, np.int64)
     pst = C * NR
     # pixel chunks whose panels (~512 KB) are packed and stay in L2 while every channel block
-    # streams past them: the output and residual are then read and written as 12 sequential rows, not
-    # 16-pixel pieces of all K rows (scattered lines the prefetchers do not follow)
+    # streams past them: output and residual are then read and written as MB sequential rows,
+    # not 16-pixel pieces of all K rows (scattered lines the prefetchers do not follow)
     ppc = max(PB, (512 * 1024) // (pst * 4))
     ppc -= ppc % PB
     for ch in prange((npp + ppc - 1) // ppc):
         for pp in range(ch * ppc, min(npp, (ch + 1) * ppc)):
             _pack_pixels(x, xoff, xc, code, C, HW, OW, sh, sw, W, slab, pp, lut)
         acc = np.empty((RB * PB, MR * NR), np.float32)
-        for m in range(0, tk, MR * RB):
-            nrow = 2 if RB == 2 and m + MR < tk else 1
+        for m in range(0, tk, MB):
             for p in range(ch * ppc, min(npp, (ch + 1) * ppc), PB):
                 npan = 2 if PB == 2 and p + 1 < npp else 1
-                if nrow == 2 and npan == 2:
-                    mk_r2p2(w32, rowoff, k0 + m, taps, np.int64(1), slab, p * pst, pst, C, acc)
-                elif nrow == 2:
-                    mk_r2p1(w32, rowoff, k0 + m, taps, np.int64(1), slab, p * pst, pst, C, acc)
-                elif npan == 2:
-                    mk_r1p2(w32, rowoff, k0 + m, taps, np.int64(1), slab, p * pst, pst, C, acc)
+                if npan == 2:
+                    mkp_p2(wblk, taps, m * C, taps, np.int64(1), slab, p * pst, pst, C, acc)
                 else:
-                    mk_r1p1(w32, rowoff, k0 + m, taps, np.int64(1), slab, p * pst, pst, C, acc)
-                for i in range(nrow):
+                    mkp_p1(wblk, taps, m * C, taps, np.int64(1), slab, p * pst, pst, C, acc)
+                for i in range(RB):
                     mi0 = m + i * MR
                     for h in range(npan):
                         p0 = (p + h) * NR
                         _store_rows(acc[i * npan + h], min(MR, tk - mi0), k0 + mi0, p0, min(NR, HW - p0), y, yoff,
                                     yc, code, ea, eb, lo, has_res, res, roff, rc, lut)
+
+
+def pack_weight_rows(w, K, C):
+    """A (K, C) float32 weight -> blocks of MB output channels, [block][c][MB] (zero rows past
+    K): the register block's A operand, its MB broadcasts per reduction step from one
+    pointer at constant offsets (12 row pointers would not fit the 16 general registers)."""
+    nb = -(-K // MB)
+    out = np.zeros((nb * MB, C), np.float32)
+    out[:K] = w
+    return np.ascontiguousarray(out.reshape(nb, MB, C).transpose(0, 2, 1)).reshape(-1)
