@@ -195,7 +195,8 @@ def _legend(rows) -> list[str]:
 
     items = ["bytes = predicted off-chip bytes; measured: = when the kernel counted exactly that many, else the "
              "count and !", "err = (predicted - simulated) / simulated time; sim time comes from the counted bytes "
-             "and operations at the chip's rates; wall = this CPU's time to emulate the step"]
+             "and operations at the chip's rates; wall = this CPU's time to emulate the step (a second, warm run: "
+             "the first loads or compiles the kernels)"]
     if any(r[0].endswith("*") for r in rows):
         items.insert(0, "* after the step = static: reads only parameters, runs once (analyze runs it to measure it)")
     out = ["Legend:"]
@@ -266,16 +267,23 @@ def from_record(plan, record, executor, title: str = "") -> AnalyzedPlan:
 
 
 def analyze(plan, inputs, *, chip=None, executor=None, title: str = "",
-            progress=None) -> AnalyzedPlan:
-    """Execute ``plan`` once on ``inputs`` (flattened user inputs) and measure every step.
+            progress=None, warm: bool = True) -> AnalyzedPlan:
+    """Execute ``plan`` on ``inputs`` (flattened user inputs) and measure every step.
 
-    ``progress(done, total, step)`` is called after each step (the first call of a kernel
-    includes its Numba compile: a CLI shows a progress bar from it). ``chip``: as for
-    :class:`~torchfl.runtime.executor.Executor` (default: the plan's target).
-    ``AnalyzedPlan.render()`` is the text of explain analyze; ``to_dict()`` its JSON."""
+    ``progress(done, total, step)`` is called after each step of the first run (the first
+    call of a kernel includes its Numba compile or cache load, tens of ms: a CLI shows a
+    progress bar from it). ``warm`` (default): a second measured run gives the figures, so
+    a step's wall time is what a call costs once its kernel is loaded, not that first
+    call's compile (a ResNet-50 conv: ~1-2 ms, not 20-50); counted bytes are the same in
+    both runs. ``chip``: as for :class:`~torchfl.runtime.executor.Executor` (default: the
+    plan's target). ``AnalyzedPlan.render()`` is the text of explain analyze; ``to_dict()``
+    its JSON."""
     from .executor import Executor, Record
 
     ex = executor or Executor(plan, chip)
     rec = Record(on_step=progress)
     ex.run(tuple(inputs), rec)
+    if warm:
+        rec = Record()
+        ex.run(tuple(inputs), rec)
     return from_record(plan, rec, ex, title)
