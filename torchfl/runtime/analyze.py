@@ -122,8 +122,8 @@ class AnalyzedPlan:
                        "wall_s": self.wall_s, "kernel_wall_s": self.kernel_s,
                        "overhead_per_step_s": self.overhead_per_step_s, "peak_device_bytes": self.peak_bytes,
                        "predicted_peak_device_bytes": self.predicted_peak_bytes},
-            "largest_time_error": None if w is None else {"step": w.index, "kernel": w.kernel,
-                                                          "error": w.time_error if w.time_error != float("inf") else None},
+            "largest_time_error": None if w is None else {
+                "step": w.index, "kernel": w.kernel, "error": w.time_error if w.time_error != float("inf") else None},
             "routes": {op: dict(c) for op, c in sorted(self.routes.items())},
         }
 
@@ -164,7 +164,8 @@ class AnalyzedPlan:
             f"Per call ({len(call)} steps): time predicted {_t(sum(s.predicted_time_s for s in call))} / simulated "
             f"from counts {_t(sum(s.simulated_time_s for s in call))}, {_b(sum(s.predicted_bytes for s in call))} "
             f"off-chip" + (f"; run once ({len(once)} static steps*, cached on the chip after the first call): "
-                           f"{_t(sum(s.predicted_time_s for s in once))} / {_t(sum(s.simulated_time_s for s in once))}, "
+                           f"{_t(sum(s.predicted_time_s for s in once))} / "
+                           f"{_t(sum(s.simulated_time_s for s in once))}, "
                            f"{_b(sum(s.predicted_bytes for s in once))}" if once else ""),
             indent="        ", subsequent="          ")
         lines += paragraph(f"Wall {_t(self.wall_s)} (kernels {_t(self.kernel_s)}; outside kernels, with this run's "
