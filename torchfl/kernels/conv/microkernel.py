@@ -10,12 +10,14 @@ reduction step.
     acc[m, 0:16] += sum_t sum_k A[pix[m0 + m] + taps[t] + k] * B[boff + 16 (t kc + k) : +16]
 
 for m in 0..5, t over the kernel taps, k in 0..kc-1; ``acc`` rows are ``ldc`` apart
-starting at ``coff``. ``make_taps_kernel(mr, nr, w)`` generates any block shape; conv runs
-6x16 on every host (<16 x float> accumulators with AVX-512, see _vector_width): in a
-tap-aware nest on one Zen 4 core (tools/bench_conv_ukernel.py) 6x16/8, 6x16/16, 12x16,
-14x16, 8x32 and 8x48 with <16 x float> all ran at 106-117 GFLOP/s against a ~116 FMA
-peak -- what the conv loses to torch is outside the FMA loop (BENCHMARKS.md, conv 2026-12-05).
-``make_block_move`` moves a whole block of the epilogue to or from the tensor in vectors.
+starting at ``coff``. ``make_taps_kernel(mr, nr, w)`` generates any block shape (the
+split_c / int8 paths and the bench use it). The fused float conv runs
+``make_block_kernel``'s blocks of up to two micro-rows x two panels: on one Zen 4 core
+every shape ran at 106-117 GFLOP/s (one FMA per cycle), but on a Sapphire-Rapids-class
+core (two 512-bit FMA ports, latency 4: 6x16's six chains fill 75 % of them) 12x32 ran
+at 142-185 GFLOP/s against 81-130 for 6x16 (tools/bench_conv_ukernel.py; BENCHMARKS.md,
+conv3). ``make_block_move`` moves a whole block of the epilogue to or from the tensor in
+vectors.
 """
 from __future__ import annotations
 
