@@ -239,12 +239,13 @@ def _run_pointwise(ctx, site, G, x, xs, xcode, y, ys, res, rs, ea, eb, es, ew, e
     the output."""
     N, C, HW, K = G["N"], G["C"], G["OH"] * G["OW"], G["K"]
     wt = ctx.inputs["weight"]
-    w, wst = _flat(wt)
+    wst = _flat(wt)[1]
     blocks = {}
     for k0, k1 in site.kblocks:
-        blk = frozen.derived(wt.buffer, ("conv_rows", MR * RB, wt.offset, tuple(wst), K, C, k0, k1),
-                             lambda: pack_weight_rows(_weight_rows(wt, K, C)[k0:k1], k1 - k0, C))
-        blocks[k0] = blk if blk is not None else pack_weight_rows(_weight_rows(wt, K, C)[k0:k1], k1 - k0, C)
+        def make(k0=k0, k1=k1):
+            return pack_weight_rows(_weight_rows(wt, K, C)[k0:k1], k1 - k0, C)
+        blk = frozen.derived(wt.buffer, ("conv_rows", MR * RB, wt.offset, tuple(wst), K, C, k0, k1), make)
+        blocks[k0] = blk if blk is not None else make()
     slab = _scratch("pw_slab", -(-HW // NR) * NR * C)
     relu, has_res = site.e["relu"], site.e["residual"]
     per_out = 2 * C + site.n_epi
