@@ -16,7 +16,7 @@ from numba import njit
 from torchfl.kernels.conv.microkernel import make_taps_kernel
 
 SHAPES = {"6x16/8": (6, 16, 8), "6x16/16": (6, 16, 16), "12x16/16": (12, 16, 16), "14x16/16": (14, 16, 16),
-          "8x32/16": (8, 32, 16), "8x48/16": (8, 48, 16)}
+          "8x32/16": (8, 32, 16), "8x48/16": (8, 48, 16), "12x32/16": (12, 32, 16)}
 # name: (pixels, C, K, kernel rows: 1 = a 1x1 conv, 3 = a 3x3 conv's three row runs of 3C)
 CASES = {"1x1 C64 K256 56x56": (3136, 64, 256, 1), "1x1 C256 K64 56x56": (3136, 256, 64, 1),
          "3x3 C64 K64 56x56": (3136, 64, 64, 3), "3x3 C256 K256 14x14": (196, 256, 256, 3),

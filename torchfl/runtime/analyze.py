@@ -122,8 +122,8 @@ class AnalyzedPlan:
                        "wall_s": self.wall_s, "kernel_wall_s": self.kernel_s,
                        "overhead_per_step_s": self.overhead_per_step_s, "peak_device_bytes": self.peak_bytes,
                        "predicted_peak_device_bytes": self.predicted_peak_bytes},
-            "largest_time_error": None if w is None else {"step": w.index, "kernel": w.kernel,
-                                                          "error": w.time_error if w.time_error != float("inf") else None},
+            "largest_time_error": None if w is None else {
+                "step": w.index, "kernel": w.kernel, "error": w.time_error if w.time_error != float("inf") else None},
             "routes": {op: dict(c) for op, c in sorted(self.routes.items())},
         }
 
@@ -164,7 +164,8 @@ class AnalyzedPlan:
             f"Per call ({len(call)} steps): time predicted {_t(sum(s.predicted_time_s for s in call))} / simulated "
             f"from counts {_t(sum(s.simulated_time_s for s in call))}, {_b(sum(s.predicted_bytes for s in call))} "
             f"off-chip" + (f"; run once ({len(once)} static steps*, cached on the chip after the first call): "
-                           f"{_t(sum(s.predicted_time_s for s in once))} / {_t(sum(s.simulated_time_s for s in once))}, "
+                           f"{_t(sum(s.predicted_time_s for s in once))} / "
+                           f"{_t(sum(s.simulated_time_s for s in once))}, "
                            f"{_b(sum(s.predicted_bytes for s in once))}" if once else ""),
             indent="        ", subsequent="          ")
         lines += paragraph(f"Wall {_t(self.wall_s)} (kernels {_t(self.kernel_s)}; outside kernels, with this run's "
@@ -195,7 +196,8 @@ def _legend(rows) -> list[str]:
 
     items = ["bytes = predicted off-chip bytes; measured: = when the kernel counted exactly that many, else the "
              "count and !", "err = (predicted - simulated) / simulated time; sim time comes from the counted bytes "
-             "and operations at the chip's rates; wall = this CPU's time to emulate the step"]
+             "and operations at the chip's rates; wall = this CPU's time to emulate the step (a second, warm run: "
+             "the first loads or compiles the kernels)"]
     if any(r[0].endswith("*") for r in rows):
         items.insert(0, "* after the step = static: reads only parameters, runs once (analyze runs it to measure it)")
     out = ["Legend:"]
@@ -266,16 +268,23 @@ def from_record(plan, record, executor, title: str = "") -> AnalyzedPlan:
 
 
 def analyze(plan, inputs, *, chip=None, executor=None, title: str = "",
-            progress=None) -> AnalyzedPlan:
-    """Execute ``plan`` once on ``inputs`` (flattened user inputs) and measure every step.
+            progress=None, warm: bool = True) -> AnalyzedPlan:
+    """Execute ``plan`` on ``inputs`` (flattened user inputs) and measure every step.
 
-    ``progress(done, total, step)`` is called after each step (the first call of a kernel
-    includes its Numba compile: a CLI shows a progress bar from it). ``chip``: as for
-    :class:`~torchfl.runtime.executor.Executor` (default: the plan's target).
-    ``AnalyzedPlan.render()`` is the text of explain analyze; ``to_dict()`` its JSON."""
+    ``progress(done, total, step)`` is called after each step of the first run (the first
+    call of a kernel includes its Numba compile or cache load, tens of ms: a CLI shows a
+    progress bar from it). ``warm`` (default): a second measured run gives the figures, so
+    a step's wall time is what a call costs once its kernel is loaded, not that first
+    call's compile (a ResNet-50 conv: ~1-2 ms, not 20-50); counted bytes are the same in
+    both runs. ``chip``: as for :class:`~torchfl.runtime.executor.Executor` (default: the
+    plan's target). ``AnalyzedPlan.render()`` is the text of explain analyze; ``to_dict()``
+    its JSON."""
     from .executor import Executor, Record
 
     ex = executor or Executor(plan, chip)
     rec = Record(on_step=progress)
     ex.run(tuple(inputs), rec)
+    if warm:
+        rec = Record()
+        ex.run(tuple(inputs), rec)
     return from_record(plan, rec, ex, title)

@@ -194,5 +194,6 @@ def run_conv2d_backward_weight(ctx):
     if do_bias:
         from .. import dtypes as _dt2
 
-        outs[1].logical()[...] = _dt2.encode(bias_out[:K], outs[1].dtype) if outs[1].dtype != "float32" else bias_out[:K]
+        grad_b = bias_out[:K]
+        outs[1].logical()[...] = _dt2.encode(grad_b, outs[1].dtype) if outs[1].dtype != "float32" else grad_b
     return outs

@@ -11,7 +11,8 @@ import numpy as np
 from .. import frozen
 from ..staging import _code, _flat, _flat_view, _scratch
 from .fused import conv_tile_fused, conv_tiles, fold_epilogue
-from .microkernel import MR, NR
+from .microkernel import MR, NR, RB
+from .pointwise import conv1x1_rows, pack_weight_rows
 from .tiles import F16_LUT, _slab_rows, compute, compute_int, exact_chunk, load_weights, pack_weights, store
 
 
@@ -58,7 +59,7 @@ class _Site:
             s0 = tiles[bounds[-1]]
             px = (a1 - a0) * (b1 - b0)
             same = (a1 - a0, b1 - b0) == (s0[2] - s0[1], s0[4] - s0[3])
-            want = MR // math.gcd(MR, px) if px < 4 * MR else 1
+            want = MR * RB // math.gcd(MR * RB, px) if px < 4 * MR else 1   # whole register blocks
             if not same or t - bounds[-1] >= want:
                 bounds.append(t)
         bounds.append(len(tiles))
@@ -66,6 +67,48 @@ class _Site:
         rows_max = (self.toh - 1) * G["sh"] + (G["R"] - 1) * G["dh"] + 1
         cols_max = (self.tow - 1) * G["sw"] + (G["S"] - 1) * G["dw"] + 1
         self.slab_n = rows_max * cols_max * max(G["Cg"], 1)
+        self.pointwise = self.fast and _pointwise_problem(p, G, self.codes, chip)
+        if self.pointwise:
+            self.window_reads = _window_reads(G, self.tiles)
+
+
+def _pointwise_problem(p, G, codes, chip):
+    """Whether the conv is a plain GEMM over channel-outer tensors (pointwise.py): 1x1,
+    no padding, one group, x / output / residual stored alike (float32 or
+    float16) with each channel's pixels contiguous (N, C, H*W)."""
+    from ..staging import _strides
+
+    if (G["R"], G["S"], G["ph"], G["pw"], G["g"]) != (1, 1, 0, 0, 1) or not G["C"]:
+        return False
+    hw = G["OH"] * G["OW"]
+    if hw % NR and hw < 128:     # 7x7: 16-pixel panels pad 49 to 64, the tiled conv's 6-pixel rows to 54
+        return False
+    names = ["x"] + (["residual"] if "residual" in p.shapes else [])
+    if codes["x"] not in (0, 1) or any(codes[n] != codes["x"] for n in names):
+        return False
+    from . import _out_dtype, _out_layout
+
+    if _code(_out_dtype(p), chip) != codes["x"]:
+        return False
+    out = (G["N"], G["K"], G["OH"], G["OW"])
+    metas = [(p.shapes[n], p.layouts.get(n)) for n in names] + [(out, _out_layout(p))]
+    for shape, layout in metas:
+        st = _strides(shape, layout)
+        if st[3] != 1 or st[2] != shape[3] or st[1] != shape[2] * shape[3]:
+            return False
+    return True
+
+
+def _window_reads(G, tiles):
+    """Input elements the tiles' windows read (inside the image), as _slab_rows counts them."""
+    from .geometry import window_span
+
+    total = 0
+    for n, a0, a1, b0, b1 in tiles.tolist():
+        lo_h, hi_h = window_span(a0, a1, G["sh"], G["ph"], G["dh"], G["R"])
+        lo_w, hi_w = window_span(b0, b1, G["sw"], G["pw"], G["dw"], G["S"])
+        total += max(0, min(hi_h, G["H"]) - max(lo_h, 0)) * max(0, min(hi_w, G["W"]) - max(lo_w, 0))
+    return total * G["Cg"]
 
 
 def run_conv2d(ctx):
@@ -103,15 +146,11 @@ def _run_stationary_float(ctx, site):
         # 21 s specialisation for uint16 storage)
         res, rs, rcode, er = np.zeros(1, y.dtype), (0, 0, 0, 0), 0, 0
     # per-channel parameters, loaded once per K block (resident), folded into one FMA
-    vec = {}
-    for name in ("bias", "bn_weight", "bn_bias", "running_mean", "running_var"):
-        t = ctx.inputs.get(name) if name in site.params else None
-        vec[name] = (_flat_view(t), codes[name]) if t is not None else (_NO_RES, 0)
-    ea, eb = np.zeros(K + NR, np.float32), np.zeros(K + NR, np.float32)   # padded: whole 16-wide rows
-    fold_epilogue(K, np.float32(1.0), float(p.attrs["eps"]), e["bias"], *vec["bias"], e["bn"],
-                  "bn_weight" in site.params, *vec["bn_weight"], "bn_bias" in site.params, *vec["bn_bias"],
-                  *vec["running_mean"], *vec["running_var"], ea, eb)
+    ea, eb = _folded_epilogue(ctx, site, K)
     ctx.read(K * site.nvec)
+    if site.pointwise:
+        _run_pointwise(ctx, site, G, x, xs, xcode, y, ys, res, rs, ea, eb, es, ew, ey, er)
+        return [yt]
     npanel = -(-site.tk // NR)
     wpk = _scratch("wpk", npanel * R * S * max(Cg, 1) * NR)
     slab = _scratch("slab", site.slab_n) if site.single else None
@@ -153,7 +192,7 @@ def _conv_blocks(ctx, site, G, x, xs, xcode, w, wst, wcode, y, ys, ycode, res, r
                 ctx.read(tka * Cg * R * S * ew)
                 nr = conv_tiles(x, *xs, xcode, gi * Cg, Cg, H, W, bw, tka, R, S, sh, sw, ph, pw, dh, dw,
                                 site.tiles, site.groups, y, *ys, ycode, kg0, ea, eb, relu, has_res, res,
-                                *rs, rcode, F16_LUT)
+                                *rs, rcode, F16_LUT, np.int64(numba.get_num_threads()))
             nout = N * OH * OW * tka
             ctx.read(nr * es + (nout * er if has_res else 0))
             ctx.write(nout * ey)
@@ -161,6 +200,74 @@ def _conv_blocks(ctx, site, G, x, xs, xcode, w, wst, wcode, y, ys, ycode, res, r
 
 
 _NO_RES = np.zeros(1, np.float32)
+
+
+_EPI_PARAMS = ("bias", "bn_weight", "bn_bias", "running_mean", "running_var")
+
+
+def _folded_epilogue(ctx, site, K):
+    """(ea, eb) of y = acc * ea[k] + eb[k] (fold_epilogue), padded to whole 16-wide rows.
+    Where every parameter is frozen (the executor's static weights) the fold is kept with
+    the first one's buffer, keyed by the others' addresses (frozen buffers are freed, and so
+    may be reused, only together with their derived copies): ~30 us of a conv call's Python."""
+    names = [n for n in _EPI_PARAMS if n in site.params]
+    ts = [ctx.inputs[n] for n in names]
+
+    def make():
+        vec = {}
+        for name in _EPI_PARAMS:
+            t = ctx.inputs.get(name) if name in site.params else None
+            vec[name] = (_flat_view(t), site.codes[name]) if t is not None else (_NO_RES, 0)
+        eab = np.zeros((2, K + NR), np.float32)
+        fold_epilogue(K, np.float32(1.0), float(ctx.problem.attrs["eps"]), site.e["bias"], *vec["bias"],
+                      site.e["bn"], "bn_weight" in site.params, *vec["bn_weight"], "bn_bias" in site.params,
+                      *vec["bn_bias"], *vec["running_mean"], *vec["running_var"], eab[0], eab[1])
+        return eab
+    eab = None
+    if ts and all(frozen.is_frozen(t.buffer) for t in ts):
+        key = ("conv_epilogue", K, float(ctx.problem.attrs["eps"]), site.e["bias"], site.e["bn"],
+               tuple((n, t.buffer.address, t.offset, t.dtype) for n, t in zip(names, ts)))
+        eab = frozen.derived(ts[0].buffer, key, make)
+    if eab is None:
+        eab = make()
+    return eab[0], eab[1]
+
+
+def _run_pointwise(ctx, site, G, x, xs, xcode, y, ys, res, rs, ea, eb, es, ew, ey, er):
+    """A 1x1 conv on channel-outer tensors as a GEMM per image (pointwise.py), counted as
+    the tiles count it: per K block its weights, the tiles' input windows, the residual and
+    the output."""
+    N, C, HW, K = G["N"], G["C"], G["OH"] * G["OW"], G["K"]
+    wt = ctx.inputs["weight"]
+    wst = _flat(wt)[1]
+    blocks = {}
+    for k0, k1 in site.kblocks:
+        def make(k0=k0, k1=k1):
+            return pack_weight_rows(_weight_rows(wt, K, C)[k0:k1], k1 - k0, C)
+        blk = frozen.derived(wt.buffer, ("conv_rows", MR * RB, wt.offset, tuple(wst), K, C, k0, k1), make)
+        blocks[k0] = blk if blk is not None else make()
+    slab = _scratch("pw_slab", -(-HW // NR) * NR * C)
+    relu, has_res = site.e["relu"], site.e["residual"]
+    per_out = 2 * C + site.n_epi
+    for k0, k1 in site.kblocks:
+        tka = k1 - k0
+        ctx.read(tka * C * ew)
+        for n in range(N):
+            conv1x1_rows(x, np.int64(n * xs[0]), np.int64(xs[1]), xcode, C, HW, G["OW"], G["sh"], G["sw"], G["W"],
+                         blocks[k0], k0, tka, y, np.int64(n * ys[0]), np.int64(ys[1]), ea, eb, relu, has_res, res,
+                         np.int64(n * rs[0]), np.int64(rs[1]), slab, F16_LUT)
+        ctx.read(site.window_reads * es)
+        nout = N * HW * tka
+        ctx.read(nout * er if has_res else 0)
+        ctx.write(nout * ey)
+        ctx.ops(nout * per_out)
+
+
+def _weight_rows(wt, K, C):
+    """The (K, C, 1, 1) weight as float32 rows of C (the pointwise GEMM's A operand)."""
+    from .. import dtypes as _dt
+
+    return np.asarray(_dt.decode(np.ascontiguousarray(wt.logical()), wt.dtype), dtype=np.float32).reshape(K, C)
 
 
 def _kept_panels(ctx, w, wst, wcode, kg0, tka, Cg, R, S):

@@ -9,7 +9,8 @@ import numpy as np
 from numba import njit, prange
 
 from ..codecs import decode, encode16, h2f
-from .microkernel import MR, NR, epi6x16_f16, gather_rows, gather_run, mk6x16_taps, scatter_rows, scatter_run
+from .microkernel import (MR, NR, PB, RB, epi6x16_f16, gather_rows, gather_run, mk_r1p1, mk_r1p2, mk_r2p1, mk_r2p2,
+                          scatter_rows, scatter_run)
 from .tiles import _pack_panel, _slab_rows
 
 
@@ -34,34 +35,50 @@ def _taps(R, S, dh, dw, cols, tc):
 def _mm_store(slab, pix, m0, m1, taps, kc, tc, wpk, tk, R, S, p0, p1, acc, ybase, rbase, y, t1,
               ycode, ea, eb, k0, lo, has_res, res, r1, rcode, lut):
     """Pixels [m0, m1) (m0 a multiple of 6) x output channels of panels [p0, p1) of a tile:
-    per 6 pixels x 16 channels the implicit GEMM over the whole reduction into ``acc``
-    (6 x 16, in registers and L1), then at once the epilogue v = acc*ea[k] + eb[k]
-    (+ residual) (relu) and the store, encoded into y's storage at ybase[m] + k*t1 (the
-    residual read at rbase[m] + k*r1). The caller keeps [p0, p1) to a block of packed
-    weight panels that stays in L2 while the micro-rows (each in L1) stream past it.""" 
+    per register block (up to RB micro-rows of 6 pixels x PB panels of 16 channels) the
+    implicit GEMM over the whole reduction into ``acc`` (one 6x16 block a row, in L1), then
+    per 6x16 block the epilogue v = acc*ea[k] + eb[k] (+ residual) (relu) and the store,
+    encoded into y's storage at ybase[m] + k*t1 (the residual read at rbase[m] + k*r1). The
+    caller keeps [p0, p1) to a block of packed weight panels that stays in L2 while the
+    micro-rows stream past it."""
     nt = taps.size
+    pst = R * S * tc * NR          # floats from one packed panel to the next
     h = np.empty(MR * NR, np.uint16)
     rt = np.empty(MR * NR, np.float32)
     rr = np.empty(MR * NR, res.dtype)
-    for mr in range(m0, m1, MR):
-        for p in range(p0, p1):
-            kn = min(NR, tk - p * NR)
-            for q in range(MR * NR):
-                acc[q] = 0.0
-            if tk >= 8:
-                mk6x16_taps(slab, pix, mr, taps, nt, wpk, p * R * S * tc * NR, kc, acc, 0, NR)
-            else:
+    rb, pb = (RB, PB) if tk >= 8 else (1, 1)     # (fewer than 8 channels: one scalar 6x16 block)
+    for mr in range(m0, m1, MR * rb):
+        nrow = 2 if rb == 2 and mr + MR < m1 else 1
+        for p in range(p0, p1, pb):
+            npan = 2 if pb == 2 and p + 1 < p1 else 1
+            if tk < 8:
+                blk = acc[0]
+                for q in range(MR * NR):
+                    blk[q] = 0.0
                 for mi in range(MR):
                     row = mi * NR
                     for t in range(nt):
                         a0 = pix[mr + mi] + taps[t]
-                        wo = p * R * S * tc * NR + t * kc * NR
+                        wo = p * pst + t * kc * NR
                         for c in range(kc):
                             a = slab[a0 + c]
                             for k in range(NR):
-                                acc[row + k] += a * wpk[wo + c * NR + k]
-            _epilogue_store(acc, min(m1, mr + MR) - mr, kn, k0 + p * NR, p * NR, mr, ybase, rbase, y, t1, ycode,
-                            ea, eb, lo, has_res, res, r1, rcode, h, rt, rr, lut)
+                                blk[row + k] += a * wpk[wo + c * NR + k]
+            elif nrow == 2 and npan == 2:
+                mk_r2p2(slab, pix, mr, taps, nt, wpk, p * pst, pst, kc, acc)
+            elif nrow == 2:
+                mk_r2p1(slab, pix, mr, taps, nt, wpk, p * pst, pst, kc, acc)
+            elif npan == 2:
+                mk_r1p2(slab, pix, mr, taps, nt, wpk, p * pst, pst, kc, acc)
+            else:
+                mk_r1p1(slab, pix, mr, taps, nt, wpk, p * pst, pst, kc, acc)
+            for i in range(nrow):
+                mi0 = mr + i * MR
+                for hp in range(npan):
+                    q = p + hp
+                    _epilogue_store(acc[i * npan + hp], min(m1, mi0 + MR) - mi0, min(NR, tk - q * NR), k0 + q * NR,
+                                    q * NR, mi0, ybase, rbase, y, t1, ycode, ea, eb, lo, has_res, res, r1, rcode,
+                                    h, rt, rr, lut)
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -181,8 +198,10 @@ def _run6(base, mr, mn):
 
 @njit(cache=True, nogil=True)
 def _panel_block(taps, kc):
-    """Weight panels per block: as many as keep ~192 KB of packed weights in L2."""
-    return max(1, (192 * 1024) // max(1, taps.size * kc * NR * 4))
+    """Weight panels per block: as many as keep ~192 KB of packed weights in L2, a multiple
+    of PB (the register block's panels; two 3x3x512 panels are ~600 KB)."""
+    n = (192 * 1024) // max(1, taps.size * kc * NR * 4)
+    return max(PB, n - n % PB)
 
 
 @njit(cache=True, nogil=True)
@@ -235,11 +254,12 @@ def conv_tile_fused(x, s0, s1, s2, s3, code, tc, H, W, w, w0, w1, w2, w3, wcode,
     nmp = mpad // MR
     pb = min(npanel, _panel_block(taps, kc))
     nb = (npanel + pb - 1) // pb
-    per = max(1, min(8, (nmp * nb) // 16))             # micro-rows per piece
+    per = max(RB, min(8, (nmp * nb) // 16))            # micro-rows per piece, whole register blocks
+    per -= per % RB
     npc = (nmp + per - 1) // per
     for it in prange(nb * npc):
         b, c = it // npc, it % npc
-        acc = np.empty(MR * NR, np.float32)
+        acc = np.empty((RB * PB, MR * NR), np.float32)
         _mm_store(slab, pix, c * per * MR, min(M, (c + 1) * per * MR), taps, kc, tc, wpk, tk, R, S, b * pb,
                   min(npanel, (b + 1) * pb), acc, ybase, rbase, y, t1, ycode, ea, eb, k0, lo, has_res, res, r1,
                   rcode, lut)
@@ -248,15 +268,23 @@ def conv_tile_fused(x, s0, s1, s2, s3, code, tc, H, W, w, w0, w1, w2, w3, wcode,
 
 @njit(cache=True, nogil=True, parallel=True)
 def conv_tiles(x, s0, s1, s2, s3, code, c0, tc, H, W, wpk, tk, R, S, sh, sw, ph, pw, dh, dw, tiles, groups,
-               y, t0, t1, t2, t3, ycode, k0, ea, eb, relu, has_res, res, r0, r1, r2, r3, rcode, lut):
+               y, t0, t1, t2, t3, ycode, k0, ea, eb, relu, has_res, res, r0, r1, r2, r3, rcode, lut, nthreads):
     """Weight-stationary float tiles of one K block, spread over host threads in chunks.
     Each tile's slab is loaded as the chip loads it; tiles of one shape too small to fill
     the 6-pixel micro-kernel are computed together (``groups[g]:groups[g+1]`` index
     ``tiles``), their pixels side by side in one micro-row, and stored tile by tile. A chunk
     loads its tiles' slabs first, then streams them past one L2-sized block of weight
-    panels after another. tiles[t] = (n, oh0, oh1, ow0, ow1). Returns input elements read."""
+    panels after another. tiles[t] = (n, oh0, oh1, ow0, ow1); ``nthreads``: the host threads
+    (an argument: numba.get_num_threads() inside would make the function uncacheable).
+    Returns input elements read."""
     ng = groups.size - 1
-    nch = min(ng, 32)
+    # chunks: each streams every weight panel once, so a chunk of a few pixels is bound by
+    # that stream (a 1x1 stride-2 conv of 49 one-pixel tiles: 9 chunks read its 8 MB of
+    # panels 9 times); ~48 pixels a chunk, but at least one per host thread
+    npx = np.int64(0)
+    for t in range(tiles.shape[0]):
+        npx += (tiles[t, 2] - tiles[t, 1]) * (tiles[t, 4] - tiles[t, 3])
+    nch = max(1, min(ng, 32, max(nthreads, npx // 48)))
     lo = np.float32(0.0) if relu else np.float32(-np.inf)
     gs = np.zeros(ng, np.int64)      # slab floats and padded pixels of each group
     gm = np.zeros(ng, np.int64)
@@ -305,7 +333,7 @@ def conv_tiles(x, s0, s1, s2, s3, code, c0, tc, H, W, wpk, tk, R, S, sh, sw, ph,
             gmo[g - g0] = mb
             gcnt[g - g0] = M
             mb += gm[g]
-        acc = np.empty(MR * NR, np.float32)
+        acc = np.empty((RB * PB, MR * NR), np.float32)
         pb = _panel_block(t_any, kc)
         for b0 in range(0, npanel, pb):
             for gi in range(g1 - g0):

@@ -10,12 +10,14 @@ reduction step.
     acc[m, 0:16] += sum_t sum_k A[pix[m0 + m] + taps[t] + k] * B[boff + 16 (t kc + k) : +16]
 
 for m in 0..5, t over the kernel taps, k in 0..kc-1; ``acc`` rows are ``ldc`` apart
-starting at ``coff``. ``make_taps_kernel(mr, nr, w)`` generates any block shape; conv runs
-6x16 on every host (<16 x float> accumulators with AVX-512, see _vector_width): in a
-tap-aware nest on one Zen 4 core (tools/bench_conv_ukernel.py) 6x16/8, 6x16/16, 12x16,
-14x16, 8x32 and 8x48 with <16 x float> all ran at 106-117 GFLOP/s against a ~116 FMA
-peak -- what the conv loses to torch is outside the FMA loop (BENCHMARKS.md, conv 2026-12-05).
-``make_block_move`` moves a whole block of the epilogue to or from the tensor in vectors.
+starting at ``coff``. ``make_taps_kernel(mr, nr, w)`` generates any block shape (the
+split_c / int8 paths and the bench use it). The fused float conv runs
+``make_block_kernel``'s blocks of up to two micro-rows x two panels: on one Zen 4 core
+every shape ran at 106-117 GFLOP/s (one FMA per cycle), but on a Sapphire-Rapids-class
+core (two 512-bit FMA ports, latency 4: 6x16's six chains fill 75 % of them) 12x32 ran
+at 142-185 GFLOP/s against 81-130 for 6x16 (tools/bench_conv_ukernel.py; BENCHMARKS.md,
+conv3). ``make_block_move`` moves a whole block of the epilogue to or from the tensor in
+vectors.
 """
 from __future__ import annotations
 
@@ -89,6 +91,87 @@ def _emit_taps(context, builder, signature, args, mr, nr, w, nv):
     return context.get_dummy_value()
 
 
+def make_block_kernel(rows: int, panels: int, w: int, packed_a: bool = False):
+    """``rows`` micro-rows (6 pixels each) x ``panels`` packed 16-wide weight panels in one
+    register block (``rows * 6 * panels * 16 / w`` accumulators, started at zero):
+
+        C[i * panels + h, 16 m + j] = sum_t sum_k A[pix[m0 + 6 i + m] + taps[t] + k]
+                                                  * B[boff + h * pstride + 16 (t kc + k) + j]
+
+    C is a (>= rows * panels, 96) float32 array: each 6x16 block is a row of its own, so the
+    epilogue takes it as it takes a 6x16 block. Why: with AVX-512, 6x16 keeps 6 FMA chains
+    for two FMA ports of latency 4; 12x32 (24 chains, 2 panel loads + 12 broadcasts per 24
+    FMAs) ran 30-75 % faster on a Sapphire-Rapids-class core (BENCHMARKS.md, conv3) and
+    reads the same packed panels (panel h + 1 is ``pstride`` floats after panel h)."""
+    assert NR % w == 0
+    nv = NR // w
+
+    @intrinsic
+    def mk_block(typingctx, A, pix, m0, taps, ntaps, B, boff, pstride, kc, C):
+        sig = types.void(A, pix, m0, taps, ntaps, B, boff, pstride, kc, C)
+
+        def codegen(context, builder, signature, args):
+            return _emit_block(context, builder, signature, args, rows, panels, w, nv, packed_a)
+
+        return sig, codegen
+
+    return mk_block
+
+
+def _emit_block(context, builder, signature, args, rows, panels, w, nv, packed_a):
+    a_arr, pix_arr, m0_v, taps_arr, nt_v, b_arr, boff_v, ps_v, kc_v, c_arr = args
+    sa = signature.args
+    A_ = context.make_array(sa[0])(context, builder, a_arr)
+    P_ = context.make_array(sa[1])(context, builder, pix_arr)
+    T_ = context.make_array(sa[3])(context, builder, taps_arr)
+    B_ = context.make_array(sa[5])(context, builder, b_arr)
+    C_ = context.make_array(sa[9])(context, builder, c_arr)
+    i64 = ir.IntType(64)
+    vt = ir.VectorType(ir.FloatType(), w)
+    vp = vt.as_pointer()
+    fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(vt, [vt, vt, vt]), f"llvm.fma.v{w}f32")
+    zeros = ir.Constant(ir.VectorType(ir.IntType(32), w), [0] * w)
+    npx = rows * MR
+    if packed_a:      # A packed [k][npx] from m0: one pointer, the rows at constant offsets
+        pixoff = [builder.add(m0_v, ir.Constant(i64, m)) for m in range(npx)]
+    else:
+        pixoff = [builder.load(builder.gep(P_.data, [builder.add(m0_v, ir.Constant(i64, m))])) for m in range(npx)]
+    accs = {}
+    for m in range(npx):
+        for h in range(panels):
+            for v in range(nv):
+                slot = cgutils.alloca_once(builder, vt)
+                builder.store(ir.Constant(vt, [0.0] * w), slot)
+                accs[m, h, v] = slot
+    bbase = [builder.gep(B_.data, [builder.add(boff_v, builder.mul(ps_v, ir.Constant(i64, h)))])
+             for h in range(panels)]
+    with cgutils.for_range(builder, nt_v) as tloop:
+        t = tloop.index
+        toff = builder.load(builder.gep(T_.data, [t]))
+        arow = [builder.gep(A_.data, [builder.add(po, toff)]) for po in pixoff]
+        tb = builder.mul(builder.mul(t, kc_v), ir.Constant(i64, NR))
+        bt = [builder.gep(b, [tb]) for b in bbase]
+        with cgutils.for_range(builder, kc_v) as loop:
+            k = loop.index
+            kb = builder.mul(k, ir.Constant(i64, NR))
+            bs = [[builder.load(builder.bitcast(builder.gep(b, [builder.add(kb, ir.Constant(i64, w * v))]), vp),
+                                align=4) for v in range(nv)] for b in bt]
+            ka = builder.mul(k, ir.Constant(i64, npx)) if packed_a else k
+            for m in range(npx):
+                a = builder.load(builder.gep(arow[m], [ka]))
+                av = builder.insert_element(ir.Constant(vt, ir.Undefined), a, ir.Constant(ir.IntType(32), 0))
+                av = builder.shuffle_vector(av, ir.Constant(vt, ir.Undefined), zeros)
+                for h in range(panels):
+                    for v in range(nv):
+                        slot = accs[m, h, v]
+                        builder.store(builder.call(fma, [av, bs[h][v], builder.load(slot)]), slot)
+    for (m, h, v), slot in accs.items():
+        off = ((m // MR) * panels + h) * MR * NR + (m % MR) * NR + w * v
+        p = builder.bitcast(builder.gep(C_.data, [ir.Constant(i64, off)]), vp)
+        builder.store(builder.load(slot), p, align=4)
+    return context.get_dummy_value()
+
+
 def _vector_width() -> int:
     """Accumulator width of the 6x16 block: <16 x float> (one zmm per row) on AVX-512 hosts,
     2-4% faster in tools/bench_conv_ukernel.py and the same sums lane by lane; <8 x float>
@@ -108,6 +191,10 @@ def _vector_width() -> int:
 MR, NR = 6, 16
 VW = _vector_width()
 mk6x16_taps = make_taps_kernel(MR, NR, VW)
+# register blocks of the float conv (fused.py): with AVX-512 (32 vector registers) up to two
+# micro-rows x two panels (24 accumulators); <8 x float> keeps 6x16 (12 of its 16 registers)
+RB = PB = 2 if VW == 16 else 1
+mk_r2p2, mk_r2p1, mk_r1p2, mk_r1p1 = (make_block_kernel(r, q, VW) for r, q in ((2, 2), (2, 1), (1, 2), (1, 1)))
 
 
 @intrinsic
