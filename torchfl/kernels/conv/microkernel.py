@@ -45,19 +45,19 @@ def make_taps_kernel(mr: int, nr: int, w: int):
     return mk_taps
 
 
+def _vector_kit(builder, w):
+    """The IR pieces both register-block emitters use: int64, ``<w x float>`` and its
+    pointer, ``llvm.fma`` on it, and the all-zero shuffle mask that broadcasts a scalar."""
+    vt = ir.VectorType(ir.FloatType(), w)
+    fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(vt, [vt, vt, vt]), f"llvm.fma.v{w}f32")
+    return ir.IntType(64), vt, vt.as_pointer(), fma, ir.Constant(ir.VectorType(ir.IntType(32), w), [0] * w)
+
+
 def _emit_taps(context, builder, signature, args, mr, nr, w, nv):
     a_arr, pix_arr, m0_v, taps_arr, nt_v, b_arr, boff_v, kc_v, c_arr, coff_v, ldc_v = args
-    sa = signature.args
-    A_ = context.make_array(sa[0])(context, builder, a_arr)
-    P_ = context.make_array(sa[1])(context, builder, pix_arr)
-    T_ = context.make_array(sa[3])(context, builder, taps_arr)
-    B_ = context.make_array(sa[5])(context, builder, b_arr)
-    C_ = context.make_array(sa[8])(context, builder, c_arr)
-    i64 = ir.IntType(64)
-    vt = ir.VectorType(ir.FloatType(), w)
-    vp = vt.as_pointer()
-    fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(vt, [vt, vt, vt]), f"llvm.fma.v{w}f32")
-    zeros = ir.Constant(ir.VectorType(ir.IntType(32), w), [0] * w)
+    A_, P_, T_, B_, C_ = (context.make_array(signature.args[i])(context, builder, args[i])
+                          for i in (0, 1, 3, 5, 8))
+    i64, vt, vp, fma, zeros = _vector_kit(builder, w)
     pixoff = [builder.load(builder.gep(P_.data, [builder.add(m0_v, ir.Constant(i64, m))])) for m in range(mr)]
     cptr, accs = [], []
     for m in range(mr):
@@ -120,17 +120,9 @@ def make_block_kernel(rows: int, panels: int, w: int, packed_a: bool = False):
 
 def _emit_block(context, builder, signature, args, rows, panels, w, nv, packed_a):
     a_arr, pix_arr, m0_v, taps_arr, nt_v, b_arr, boff_v, ps_v, kc_v, c_arr = args
-    sa = signature.args
-    A_ = context.make_array(sa[0])(context, builder, a_arr)
-    P_ = context.make_array(sa[1])(context, builder, pix_arr)
-    T_ = context.make_array(sa[3])(context, builder, taps_arr)
-    B_ = context.make_array(sa[5])(context, builder, b_arr)
-    C_ = context.make_array(sa[9])(context, builder, c_arr)
-    i64 = ir.IntType(64)
-    vt = ir.VectorType(ir.FloatType(), w)
-    vp = vt.as_pointer()
-    fma = cgutils.get_or_insert_function(builder.module, ir.FunctionType(vt, [vt, vt, vt]), f"llvm.fma.v{w}f32")
-    zeros = ir.Constant(ir.VectorType(ir.IntType(32), w), [0] * w)
+    A_, P_, T_, B_, C_ = (context.make_array(signature.args[i])(context, builder, args[i])
+                          for i in (0, 1, 3, 5, 9))
+    i64, vt, vp, fma, zeros = _vector_kit(builder, w)
     npx = rows * MR
     if packed_a:      # A packed [k][npx] from m0: one pointer, the rows at constant offsets
         pixoff = [builder.add(m0_v, ir.Constant(i64, m)) for m in range(npx)]
