@@ -154,3 +154,28 @@ def test_layer_norm_kept_weights_decoded_once(dtype):
         kept[t].buffer.free()
         assert frozen.derived(kept[t].buffer, "any", lambda: 1 / 0) is None
     assert frozen.cached_bytes() == before
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_batch_norm_infer_channel_innermost_walks_rows(dtype):
+    """NHWC batch norm (channels interleaved in every row) takes the row-by-row walk
+    (``interleaved_affine``) and matches torch, NaN and +-inf included (tolerance: the
+    dtype's, as every norm test; fp16 stores round to 11 bits)."""
+    from torchfl.kernels.norm.impl import _interleaved, _tables
+
+    chip = ChipModel(cache_bytes=8 << 20)
+    mem = DeviceMemory(chip)
+    torch.manual_seed(3)
+    tdt = getattr(torch, dtype)
+    x = torch.randn(3, 37, 9, 11).to(tdt)
+    x[0, 5, 2, 3], x[1, 36, 0, 0], x[2, 0, 8, 10] = float("nan"), float("inf"), float("-inf")
+    m, v = torch.randn(37).to(tdt), (torch.rand(37) + 0.5).to(tdt)
+    xd = dev(x, mem, "NHWC")
+    _, seg, _, est = _tables(xd, (1,))
+    assert _interleaved(seg, est, 37)
+    (y, *_), _ = run_checked("batch_norm_infer", chip, {"x": xd, "running_mean": dev(m, mem),
+                                                        "running_var": dev(v, mem)}, {"eps": 1e-5})
+    ref = F.batch_norm(x.float(), m.float(), v.float(), eps=1e-5).to(tdt).float().numpy()
+    ours = y.to_numpy().astype(np.float32)
+    np.testing.assert_array_equal(np.isnan(ours), np.isnan(ref))
+    close(np.nan_to_num(ours, nan=0.0), np.nan_to_num(ref, nan=0.0), dtype, scale=2)
