@@ -137,6 +137,35 @@ def test_analyze_predicted_bytes_equal_measured():
     assert ("Largest predicted-vs-simulated" in text) != ("equals the time simulated" in text)
 
 
+def test_measured_run_reads_the_kept_frozen_weights_and_frees_only_its_own():
+    """analyze's warm run executes and counts the static steps (the weight's cast) but feeds
+    the per-call steps the executor's kept, frozen values, as a real call does (a GEMM keeps
+    its packed B only for a frozen buffer); it frees its own temporaries, never a kept one."""
+    from torchfl.kernels.frozen import is_frozen
+    from torchfl.runtime.executor import Record
+
+    plan, w = hand_plan()
+    ex = Executor(plan, CHIP)
+    mem = ex.memory
+    base = mem.memory_allocated()
+    x = torch.randn(1, 3, 8, 8)
+    ex.run((x,))
+    kept = [v for v in ex._base if v is not None and not v.buffer.freed]   # the fp16 cast (the upload is freed)
+    assert len(kept) == 1 and is_frozen(kept[0].buffer)
+    conv = next(p for p in ex.preps if p.kernel == "conv2d")
+    seen, call = [], conv.call
+    conv.call = lambda inputs: (seen.append([t.buffer for t in inputs.values() if t is not None]), call(inputs))[1]
+    rec = Record(kept_static=True)
+    (y,) = ex.run((x,), rec)
+    torch.testing.assert_close(y, _reference(x, w), rtol=2e-3, atol=2e-3)
+    assert any(b is kept[0].buffer for b in seen[0])                 # the kept fp16 weight, not a fresh cast
+    assert {r.index for r in rec.steps} == {s.index for s in plan.steps}   # the cast still ran and counted
+    assert not kept[0].buffer.freed
+    assert mem.memory_allocated() - base == ex.memory_plan.resident_bytes
+    an = analyze(plan, (x,), executor=ex)
+    assert all(s.bytes_match for s in an.steps) and not kept[0].buffer.freed
+
+
 def test_strict_refuses_fallbacks_before_running():
     plan, _w = hand_plan()
     with pytest.raises(FallbackNotAllowed) as err:

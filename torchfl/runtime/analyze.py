@@ -196,8 +196,8 @@ def _legend(rows) -> list[str]:
 
     items = ["bytes = predicted off-chip bytes; measured: = when the kernel counted exactly that many, else the "
              "count and !", "err = (predicted - simulated) / simulated time; sim time comes from the counted bytes "
-             "and operations at the chip's rates; wall = this CPU's time to emulate the step (a second, warm run: "
-             "the first loads or compiles the kernels)"]
+             "and operations at the chip's rates; wall = this CPU's time to emulate the step (a warm run, with the "
+             "weights kept as between calls; the first run loads or compiles the kernels)"]
     if any(r[0].endswith("*") for r in rows):
         items.insert(0, "* after the step = static: reads only parameters, runs once (analyze runs it to measure it)")
     out = ["Legend:"]
@@ -275,9 +275,10 @@ def analyze(plan, inputs, *, chip=None, executor=None, title: str = "",
     call of a kernel includes its Numba compile or cache load, tens of ms: a CLI shows a
     progress bar from it). ``warm`` (default): a second measured run gives the figures, so
     a step's wall time is what a call costs once its kernel is loaded, not that first
-    call's compile (a ResNet-50 conv: ~1-2 ms, not 20-50); counted bytes are the same in
-    both runs. ``chip``: as for :class:`~torchfl.runtime.executor.Executor` (default: the
-    plan's target). ``AnalyzedPlan.render()`` is the text of explain analyze; ``to_dict()``
+    call's compile (a ResNet-50 conv: ~1-2 ms, not 20-50), and its per-call steps read the
+    static values the executor keeps between calls (frozen weights: a GEMM's packed B, as in a
+    real call, not re-packed per call); counted bytes are the same in both runs. ``chip``:
+    as for :class:`~torchfl.runtime.executor.Executor` (default: the plan's target). ``AnalyzedPlan.render()`` is the text of explain analyze; ``to_dict()``
     its JSON."""
     from .executor import Executor, Record
 
@@ -285,6 +286,8 @@ def analyze(plan, inputs, *, chip=None, executor=None, title: str = "",
     rec = Record(on_step=progress)
     ex.run(tuple(inputs), rec)
     if warm:
-        rec = Record()
+        for _ in range(2):          # plain calls: the first keeps the static values, frozen; the
+            ex.run(tuple(inputs))   # second derives from them what kernels keep (packed weights)
+        rec = Record(kept_static=True)
         ex.run(tuple(inputs), rec)
     return from_record(plan, rec, ex, title)

@@ -79,6 +79,9 @@ class Record:
     peak_bytes: int = 0        # the allocator's peak during the run, above base_bytes
     base_bytes: int = 0        # allocated on the chip when the run began (other plans' weights)
     on_step: object = None     # callable(done, total, step) after each step (progress bars)
+    # per-call steps read the static values the executor keeps (frozen: packed GEMM weights)
+    # where it keeps them, as a real call does; the static steps still run and are counted
+    kept_static: bool = False
 
 
 def _kernel_layout(layout: str | None, rank: int):
@@ -582,6 +585,8 @@ class Executor:
         # cached state: lifted tensors and static values (not when measuring: analyze
         # executes and counts every step, static ones included, on fresh uploads)
         cached = False
+        kept = self._base if measuring and record.kept_static else None
+        kept_bufs = None if kept is None else {id(v.buffer) for v in kept if v.__class__ is DeviceTensor}
         if measuring:
             vals = [None] * len(self.slots)
             for s, t, lay, dt in self._lifted_slots:
@@ -624,7 +629,10 @@ class Executor:
                     for op in p.ops:
                         record.routes[op][HOST_ROUTES[p.kind]] += 1
             else:
-                inputs = dict(zip(names, map(vget, ins)))
+                if kept is None or p.static:
+                    inputs = dict(zip(names, map(vget, ins)))
+                else:
+                    inputs = {n: vals[i] if kept[i] is None else kept[i] for n, i in zip(names, ins)}
                 call = p.call
                 if call is None:        # first run of this step: its kernel may JIT-compile
                     from torchfl.kernels.compiling import labelled
@@ -653,7 +661,7 @@ class Executor:
                 self._store(p, vals, outs)
             for s in frees:
                 v = vget(s)
-                if v.__class__ is DeviceTensor:
+                if v.__class__ is DeviceTensor and (kept_bufs is None or id(v.buffer) not in kept_bufs):
                     v.buffer.free()
             if measuring and record.on_step is not None:
                 record.on_step(len(record.steps), n_total, p.step)
@@ -673,8 +681,9 @@ class Executor:
         results = tuple([values[x] if kind == "value" else x for kind, x in self.out_spec])
         if measuring:
             record.peak_bytes = mem.max_memory_allocated() - record.base_bytes
-            for v in vals:          # everything of a measuring run is temporary
-                if v.__class__ is DeviceTensor and not v.buffer.freed:
+            for v in vals:          # everything of a measuring run is temporary (not what it read kept)
+                if v.__class__ is DeviceTensor and not v.buffer.freed and (kept_bufs is None
+                                                                         or id(v.buffer) not in kept_bufs):
                     v.buffer.free()
             record.kernel_s += kernel_s
             record.total_s += perf() - t0
