@@ -14,6 +14,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
+from . import taskcall
 from .codecs import decode, encode16, f16_to_f32, f32_to_f16, h2f
 from .mathfn import gelu32
 from .ukernel import KC, MCP, MR, NR, ukernel_gemm   # MR x NR micro-kernel, KC x MCP*MR A blocks
@@ -107,7 +108,7 @@ def _epilogue_row(C, row, c_ns, acc, a0, c0, c1, alpha, beta, biasf, j0, has_bia
 @njit(cache=True, parallel=True)
 def _tile(A, rows, a_ks, B, b_base, b_ks, b_ns, j0, tm, tn, K, TK, code, esa, esc, esb,
           has_ln, mean, rstd, g, bb, has_g, has_b, pres, use_res, pre, pbase,
-          acc, ldc, C, crows, c_ns, alpha, beta, bias, has_bias, act, nthreads, cnt):
+          acc, ldc, C, crows, c_ns, alpha, beta, bias, has_bias, act, nthreads, cnt, epi_row):
     """One C tile (all its K tiles) in ONE parallel region: each thread owns a slice of C
     (its NR panels, or its MR panels when N is narrow), packs the B panels and the A blocks
     it needs (the tile loads), runs the micro-kernel and stores its slice. Threads never
@@ -116,7 +117,9 @@ def _tile(A, rows, a_ks, B, b_base, b_ks, b_ns, j0, tm, tn, K, TK, code, esa, es
     Packing and the epilogue stay inline although a large prange body costs Numba compile
     time: moved into helper functions they compiled 2.4 s faster (9.1 vs 11.5 s cold) but
     ran 7-30 % slower (A/B in one process: 128x1024x4096 GELU 23.1 vs 21.6 ms, resident-B
-    128x1024x1024 4.3 vs 3.8 ms, 784x256x64 1.46 vs 1.11 ms)."""
+    128x1024x1024 4.3 vs 3.8 ms, 784x256x64 1.46 vs 1.11 ms). The epilogue is called through
+    ``epi_row``, ``_epilogue_row``'s address (:mod:`taskcall`, see :func:`_epilogue_address`):
+    linked in, it was optimised and code-generated again in this function's library."""
     npa = (tm + MR - 1) // MR
     npb = (tn + NR - 1) // NR
     split_n = npb >= 2 * nthreads or npa < 2 * nthreads
@@ -226,8 +229,8 @@ def _tile(A, rows, a_ks, B, b_base, b_ks, b_ns, j0, tm, tn, K, TK, code, esa, es
             rd += tn * esb
         rowv = np.empty(max(c1 - c0, 1), np.float32)
         for m in range(r0, r1):
-            _epilogue_row(C, crows[m] + j0 * c_ns, c_ns, acc, m * ldc, c0, c1, alpha, beta, bias, j0,
-                          has_bias, act, code, rowv)
+            taskcall.call(epi_row, (C, np.int64(crows[m] + j0 * c_ns), c_ns, acc, np.int64(m * ldc), np.int64(c0),
+                                    np.int64(c1), alpha, beta, bias, j0, has_bias, act, code, rowv))
         cnt[ch, 0] = rd
         cnt[ch, 1] = (r1 - r0) * (c1 - c0) * esc
         cnt[ch, 2] = (r1 - r0) * (c1 - c0) * (2 * K + epi)
@@ -384,6 +387,7 @@ def _run_float(A, a_rows, a_ks, B, b_base, b_ks, b_ns, C, c_rows, c_ns, M, N, K,
     ln_ops = 4 if has_ln else 0
     cnt = np.zeros((max(nthreads, 1), 3), np.int64)
     b_loaded = -1
+    epi_row = None
     if M <= GEMV_M and b_ks == 1 and not has_ln:
         return _run_gemv(A, a_rows, a_ks, B, b_base, b_ns, C, c_rows, c_ns, M, N, K, TM, TN, TK, b_res, code,
                          esa, esc, esb, bias_arr, has_bias, alpha, beta, act, decoded_b)
@@ -401,15 +405,24 @@ def _run_float(A, a_rows, a_ks, B, b_base, b_ks, b_ns, C, c_rows, c_ns, M, N, K,
             for j0 in range(0, N, TN):
                 tn = min(TN, N - j0)
                 cnt[:] = 0
+                if epi_row is None:
+                    epi_row = _epilogue_address(C, c_ns, acc, alpha, beta, biasf, j0, has_bias, act, code)
                 _tile(A, rows_b[i0:i0 + tm], a_ks, B, b_base[bkey], b_ks, b_ns, j0, tm, tn, K, TK, code,
                       esa, esc, esb, has_ln, mean[i0:i0 + tm] if has_ln else e32, rstd[i0:i0 + tm] if has_ln else e32,
                       g, bb, has_g, has_b, pb, b_res, pre, (j0 // TN) * ppt if pre else 0, acc, ldc, C, crow_b[i0:i0 + tm], c_ns, np.float32(alpha),
-                      np.float32(beta), biasf, has_bias, act, nthreads, cnt)
+                      np.float32(beta), biasf, has_bias, act, nthreads, cnt, epi_row)
                 t = cnt.sum(axis=0)
                 rd += int(t[0])
                 wr += int(t[1])
                 ops += int(t[2]) + ln_ops * tm * K
     return rd, wr, ops
+
+
+def _epilogue_address(C, c_ns, acc, alpha, beta, biasf, j0, has_bias, act, code):
+    """``_epilogue_row``'s address for ``_tile``'s arguments (the row offsets it computes are int64)."""
+    z = np.int64(0)
+    return taskcall.address(_epilogue_row, (C, z, c_ns, acc, z, z, z, np.float32(alpha), np.float32(beta), biasf, j0,
+                                            has_bias, act, code, np.empty(1, np.float32)))
 
 
 def _run_gemv(A, a_rows, a_ks, B, b_base, b_ns, C, c_rows, c_ns, M, N, K, TM, TN, TK, b_res, code, esa, esc,
