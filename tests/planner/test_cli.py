@@ -54,10 +54,22 @@ def test_unknown_model_chip_format(registry):
 
 
 def test_hard_constraint_is_one_line(registry):
-    out = run("mlp", "--chip", "NPU-V3", registry=registry)
+    out = run("mlp", "--chip", "NPU-V3", "--precision", "none", registry=registry)
     assert out.exit_code == 1
     assert out.stderr.startswith("RuntimeError: NPU-V3 has no float32 compute unit")
     assert "--precision" in out.stderr and "Traceback" not in out.output
+
+
+def test_precision_auto_is_the_default(registry):
+    """As in the what-if commands: float16 on a chip without an fp32 unit, none where there is one."""
+    auto = run("mlp", "--chip", "NPU-V3", "--format", "json", registry=registry)
+    f16 = run("mlp", "--chip", "NPU-V3", "--precision", "float16", "--format", "json", registry=registry)
+    assert auto.exit_code == 0, auto.output
+    assert json.loads(auto.stdout) == json.loads(f16.stdout)
+    out = run("mlp", "--chip", "TFL-X1", "--format", "json", registry=registry)
+    none = run("mlp", "--chip", "TFL-X1", "--precision", "none", "--format", "json", registry=registry)
+    assert out.exit_code == 0, out.output
+    assert json.loads(out.stdout) == json.loads(none.stdout)
 
 
 def test_user_factory(tmp_path, registry):

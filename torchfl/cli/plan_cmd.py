@@ -27,8 +27,9 @@ def plan() -> None:
 @click.option("--seq-len", type=click.IntRange(min=1), default=None, help="Sequence length (BERT, GPT-2).")
 @click.option("--heads", type=click.IntRange(min=1), default=None, help="Attention heads (BERT, GPT-2).")
 @click.option("--layers", type=click.IntRange(min=1), default=None, help="Encoder/decoder layers (BERT, GPT-2).")
-@click.option("--precision", type=click.Choice(["float16", "bfloat16", "float32"]), default=None,
-              help="Precision policy for float32 models on chips without an fp32 unit.")
+@click.option("--precision", type=click.Choice(["auto", "float16", "bfloat16", "float32", "none"]), default="auto",
+              show_default=True, help="Precision policy; auto: none on chips with an fp32 unit, else float16 (or "
+                                      "bfloat16), as the what-if commands plan.")
 @click.option("--strict", is_flag=True, help="Fail instead of falling back to the CPU for any op.")
 @click.option("--format", "fmt", type=click.Choice(["text", "json", "dot"]), default="text", show_default=True)
 @click.option("--registry", default=None, help="Registry URL (default: TORCHFL_REGISTRY_URL or the user's).")
@@ -54,7 +55,8 @@ def explain(model, chip, batch, seq_len, heads, layers, precision, strict, fmt, 
     try:
         module, inputs = load_model(model, batch=batch, seq_len=seq_len, num_heads=heads, layers=layers,
                                     labels=OPTION_FLAGS)
-        result = plan_module(module, inputs, chip=chip, precision=precision, strict=strict, registry=registry)
+        target, precision = _target_and_precision(chip, precision, registry)
+        result = plan_module(module, inputs, chip=target, precision=precision, strict=strict, registry=registry)
     except ModelError as exc:
         _fail("Error", str(exc))
     except PlanError as exc:
@@ -80,6 +82,16 @@ def explain(model, chip, batch, seq_len, heads, layers, precision, strict, fmt, 
             click.echo(analysed.render())
         return
     click.echo(result.explain(fmt), nl=False)
+
+
+def _target_and_precision(chip, precision, registry):
+    """The resolved chip and the policy ``--precision`` names on it (``auto`` as the what-if
+    commands resolve it, ``none``: the graph's dtypes as written)."""
+    from torchfl.planner.target import resolve_target
+    from torchfl.planner.whatif import auto_precision
+
+    target = resolve_target(chip, registry)
+    return target, (None if precision == "none" else auto_precision(target.hcd, precision))
 
 
 def _record_routes(plan, analysed, model, precision, registry) -> None:
