@@ -151,7 +151,6 @@ def _tile(A, rows, a_ks, B, b_base, b_ks, b_ns, j0, tm, tn, K, TK, code, esa, es
         nj = jp1 - jp0
         pbl = aligned_f32(np.int64(1 if (use_res or pre) else nj * min(TK, K) * NR))
         pal = aligned_f32(np.int64(MCP * MR * KC))
-        arow = np.empty(KC, np.float32)
         rd = 0
         for k0 in range(0, K, TK):
             tk = min(TK, K - k0)
@@ -188,44 +187,39 @@ def _tile(A, rows, a_ks, B, b_base, b_ks, b_ns, j0, tm, tn, K, TK, code, esa, es
                 kc = min(KC, tk - kc0)
                 for p0 in range(ip0, ip1, MCP):
                     p1 = min(ip1, p0 + MCP)
-                    # pack the A block [p0, p1) x [k0+kc0, +kc) (decode, layer-norm)
-                    for pp in range(p0, p1):
-                        for rr in range(MR):
-                            m = pp * MR + rr
-                            base = (pp - p0) * kc * MR + rr
-                            if m >= tm:
+                    # pack the A block [p0, p1) x [k0+kc0, +kc), row m at (m - p0*MR)*kc: each row
+                    # decoded contiguously (vectorised), layer-normalised; the kernel reads rows
+                    for m in range(p0 * MR, p1 * MR):
+                        av = pal[(m - p0 * MR) * kc:(m - p0 * MR + 1) * kc]
+                        if m >= tm:
+                            for k in range(kc):
+                                av[k] = 0.0
+                            continue
+                        off = rows[m] + (k0 + kc0) * a_ks
+                        if a_ks == 1:
+                            src = A[off:off + kc]
+                            if code == 1:
                                 for k in range(kc):
-                                    pal[base + k * MR] = 0.0
-                                continue
-                            off = rows[m] + (k0 + kc0) * a_ks
-                            # decode the row contiguously (vectorised), then scatter
-                            av = arow[:kc]
-                            if a_ks == 1:
-                                src = A[off:off + kc]
-                                if code == 1:
-                                    for k in range(kc):
-                                        av[k] = h2f(src[k])
-                                else:
-                                    for k in range(kc):
-                                        av[k] = np.float32(src[k]) if code == 0 else decode(code, src[k])
+                                    av[k] = h2f(src[k])
                             else:
                                 for k in range(kc):
-                                    av[k] = decode(code, A[off + k * a_ks])
-                            if has_ln:
-                                mu = mean[m]
-                                rs = rstd[m]
-                                for k in range(kc):
-                                    av[k] = (av[k] - mu) * rs
-                                if has_g:
-                                    gs = g[k0 + kc0:k0 + kc0 + kc]
-                                    for k in range(kc):
-                                        av[k] = av[k] * gs[k]
-                                if has_b:
-                                    bs = bb[k0 + kc0:k0 + kc0 + kc]
-                                    for k in range(kc):
-                                        av[k] = av[k] + bs[k]
+                                    av[k] = np.float32(src[k]) if code == 0 else decode(code, src[k])
+                        else:
                             for k in range(kc):
-                                pal[base + k * MR] = av[k]
+                                av[k] = decode(code, A[off + k * a_ks])
+                        if has_ln:
+                            mu = mean[m]
+                            rs = rstd[m]
+                            for k in range(kc):
+                                av[k] = (av[k] - mu) * rs
+                            if has_g:
+                                gs = g[k0 + kc0:k0 + kc0 + kc]
+                                for k in range(kc):
+                                    av[k] = av[k] * gs[k]
+                            if has_b:
+                                bs = bb[k0 + kc0:k0 + kc0 + kc]
+                                for k in range(kc):
+                                    av[k] = av[k] + bs[k]
                     bsrc = pres if whole_b else pbl
                     # each call prefetches its share of the next B panel (none after the last)
                     lines = kc * NR // 16
@@ -236,8 +230,8 @@ def _tile(A, rows, a_ks, B, b_base, b_ks, b_ns, j0, tm, tn, K, TK, code, esa, es
                         more = lines if jp + 1 < jp1 else 0
                         for ip in range(p0, p1):
                             q = (ip - p0) * share
-                            ukernel_gemm(kc, pal, (ip - p0) * kc * MR, bsrc, boff, acc, ip * MR * ldc + jp * NR, ldc,
-                                         seg > 0 or kc0 > 0, bsrc, nxt + q * 16, max(0, min(share, more - q)))
+                            ukernel_gemm(kc, pal, (ip - p0) * MR * kc, kc, bsrc, boff, acc, ip * MR * ldc + jp * NR,
+                                         ldc, seg > 0 or kc0 > 0, bsrc, nxt + q * 16, max(0, min(share, more - q)))
         # --- epilogue and store of this thread's slice ---
         if has_bias and not use_res and ch == 0:
             rd += tn * esb
