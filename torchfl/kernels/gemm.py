@@ -15,7 +15,7 @@ import numpy as np
 from numba import njit, prange
 
 from . import taskcall
-from .codecs import decode, encode16, f16_to_f32, f32_to_f16, h2f
+from .codecs import decode, encode16, f2h_cvt, f16_to_f32, h2f_cvt
 from .mathfn import gelu32
 from .ukernel import KC, MCP, MR, NR, ukernel_gemm   # MR x NR micro-kernel, KC x MCP*MR A blocks
 
@@ -103,7 +103,7 @@ def _epilogue_row(C, row, c_ns, acc, a0, c0, c1, alpha, beta, biasf, j0, has_bia
                 out[n] = r[n]
         elif code == 1:
             for n in range(w):
-                out[n] = f32_to_f16(r[n])
+                out[n] = f2h_cvt(r[n])
         else:
             for n in range(w):
                 out[n] = encode16(code, r[n])
@@ -200,7 +200,7 @@ def _tile(A, rows, a_ks, B, b_base, b_ks, b_ns, j0, tm, tn, K, TK, code, esa, es
                             src = A[off:off + kc]
                             if code == 1:
                                 for k in range(kc):
-                                    av[k] = h2f(src[k])
+                                    av[k] = h2f_cvt(src[k])
                             else:
                                 for k in range(kc):
                                     av[k] = np.float32(src[k]) if code == 0 else decode(code, src[k])

@@ -26,17 +26,12 @@ from numba import types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
+from .hostcpu import has_feature
+
 
 def _host_has_avx512() -> bool:
-    """Whether Numba compiles for a host with AVX-512F (an explicit NUMBA_CPU_NAME other
-    than "host" is treated as a portable target: no)."""
-    from numba.core import config
-
-    if config.CPU_NAME and config.CPU_NAME != "host":
-        return "+avx512f" in (config.CPU_FEATURES or "")
-    import llvmlite.binding as llvm
-
-    return "+avx512f" in llvm.get_host_cpu_features().flatten()
+    """Whether Numba compiles for a host with AVX-512F."""
+    return has_feature("avx512f")
 
 
 def make_ukernel(mr: int, nr: int, w: int):
