@@ -417,8 +417,9 @@ def _run_float(A, a_rows, a_ks, B, b_base, b_ks, b_ns, C, c_rows, c_ns, M, N, K,
                     epi_row = _epilogue_address(C, c_ns, acc, alpha, beta, biasf, j0, has_bias, act, code)
                 _tile(A, rows_b[i0:i0 + tm], a_ks, B, b_base[bkey], b_ks, b_ns, j0, tm, tn, K, TK, code,
                       esa, esc, esb, has_ln, mean[i0:i0 + tm] if has_ln else e32, rstd[i0:i0 + tm] if has_ln else e32,
-                      g, bb, has_g, has_b, pb, b_res, pre, (j0 // TN) * ppt if pre else 0, acc, ldc, C, crow_b[i0:i0 + tm], c_ns, np.float32(alpha),
-                      np.float32(beta), biasf, has_bias, act, nthreads, cnt, epi_row)
+                      g, bb, has_g, has_b, pb, b_res, pre, (j0 // TN) * ppt if pre else 0, acc, ldc, C,
+                      crow_b[i0:i0 + tm], c_ns, np.float32(alpha), np.float32(beta), biasf, has_bias, act, nthreads,
+                      cnt, epi_row)
                 t = cnt.sum(axis=0)
                 rd += int(t[0])
                 wr += int(t[1])
