@@ -1,8 +1,9 @@
 """Tiled GEMM engine (Numba) shared by the matmul family (and usable by conv/attention).
 
 Executes a TilePlan's (TM, TN, TK) tiling exactly: for every C tile, for every K tile,
-the A tile and the B tile are *loaded* — packed into MR/NR panels, decoded from their
-storage dtype (and layer-normalised for layernorm_linear) — which is the explicit
+the A tile and the B tile are *loaded* — decoded from their storage dtype (A layer-
+normalised for layernorm_linear), B packed into NR-column panels, A kept in rows the
+micro-kernel broadcasts from — which is the explicit
 off-chip -> on-chip transfer, counted in bytes; the fp32 accumulator tile stays on chip;
 the epilogue (alpha, bias, activation, RNE encode) *stores* the tile, counted. Inside a
 loaded tile the CPU walks KC x MC sub-blocks with the LLVM-IR micro-kernel; that
