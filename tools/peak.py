@@ -33,7 +33,7 @@ def _fma_burn(reps, nthreads):
         pb = np.full(KC * NR, 1e-3, np.float32)
         c = np.zeros(MR * NR, np.float32)
         for _ in range(reps):
-            ukernel_gemm(KC, pa, 0, pb, 0, c, 0, NR)
+            ukernel_gemm(KC, pa, 0, KC, pb, 0, c, 0, NR, True, pb, 0, 0)
 
 
 @njit(parallel=True, cache=True)

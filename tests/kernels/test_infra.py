@@ -137,6 +137,43 @@ def test_codecs_match_torch_bits(rng):
     assert np.array_equal(enc(x, C.BF16), tx.bfloat16().view(torch.int16).numpy().view(np.uint16))
 
 
+def test_f16c_codecs_match_the_software_ones(rng):
+    """h2f_cvt / f2h_cvt (the CPU's conversions where it has F16C) give the software codecs'
+    bits on every float16 pattern and on float32 values around every float16 rounding
+    boundary (ties, overflow to inf, subnormals); NaN stays NaN of the same sign."""
+    from numba import njit
+
+    from torchfl.kernels import codecs as C
+
+    @njit
+    def both(h, x):
+        d = np.empty((2, h.size), np.float32)
+        e = np.empty((2, x.size), np.uint16)
+        for i in range(h.size):
+            d[0, i] = C.h2f(h[i])
+            d[1, i] = C.h2f_cvt(h[i])
+        for i in range(x.size):
+            e[0, i] = C.f32_to_f16(x[i])
+            e[1, i] = C.f2h_cvt(x[i])
+        return d, e
+
+    h = np.arange(1 << 16, dtype=np.uint32).astype(np.uint16)
+    edges = h.view(np.float16).astype(np.float32).view(np.uint32)     # each float16 as float32
+    near = (edges[:, None].astype(np.int64) + np.arange(-2, 3)[None, :] * (1 << 12)) % (1 << 32)   # +- half ulp
+    near = near.reshape(-1).astype(np.uint32)
+    x = np.concatenate([near.view(np.float32), rng.standard_normal(20000).astype(np.float32) * 1e3,
+                        np.array([65504, 65519.99, 65520, 1e6, np.inf, -np.inf, 3e-8, 2.98e-8], np.float32)])
+    d, e = both(h, x)
+    nan_h = (h & 0x7C00) == 0x7C00
+    nan_h &= (h & 0x3FF) != 0
+    assert np.array_equal(d[0][~nan_h].view(np.uint32), d[1][~nan_h].view(np.uint32))
+    assert np.isnan(d[1][nan_h]).all() and np.array_equal(np.signbit(d[1][nan_h]), np.signbit(d[0][nan_h]))
+    fin = ~np.isnan(x)
+    assert np.array_equal(e[0][fin], e[1][fin])
+    nan16 = lambda b: ((b & 0x7C00) == 0x7C00) & ((b & 0x3FF) != 0)   # noqa: E731
+    assert nan16(e[1][~fin]).all() and np.array_equal(e[1][~fin] >> 15, e[0][~fin] >> 15)
+
+
 def test_simulated_time_is_roofline_per_tile():
     chip = ChipModel(peak={"float32": 1e12}, offchip_bw=1e9)
     # one tile, 1 ms of compute and 2 ms of memory: nothing overlaps its own load

@@ -18,6 +18,8 @@ import numpy as np
 from numba import njit, types
 from numba.extending import intrinsic
 
+from .hostcpu import has_feature
+
 F32, F16, BF16, BF16E, I8, I32, I64, BOOL = range(8)
 
 
@@ -131,3 +133,47 @@ def h2f(h):
     fin = f32_bits(bits_f32(em << np.uint32(13)) * _TWO112) | sign
     special = sign | np.uint32(0x7F800000) | ((em & np.uint32(0x3FF)) << np.uint32(13))
     return bits_f32(special if em >= np.uint32(0x7C00) else fin)
+
+
+# -- float16 through the CPU's conversion instructions (F16C: vcvtph2ps / vcvtps2ph) ----------
+# Bit-identical to h2f / f32_to_f16 on every value but NaNs (checked on all 2**32 float32 and
+# all 2**16 float16 patterns): the hardware quiets a signalling NaN and keeps a NaN's top
+# payload bits where the software encoder writes 0x7E00; a NaN stays a NaN of the same sign.
+# A loop of them vectorises to the instructions: a 128x4096 GEMM epilogue's fp16 stores
+# 0.33 -> 0.17 ms, its fp16 A rows' decode 0.16 -> 0.11 ms. Hosts without F16C use h2f /
+# f32_to_f16 (LLVM would call a runtime helper the JIT may not link).
+
+
+@intrinsic
+def _f16_to_f32_cvt(typingctx, h):
+    """float16 bits -> float32 (a kernel typed for several storage types may call it on
+    others in branches it never takes: any number is accepted, cast to uint16 first)."""
+    if not isinstance(h, types.Number):
+        return None
+
+    def codegen(context, builder, sig, args):
+        from llvmlite import ir
+
+        v = context.cast(builder, args[0], sig.args[0], types.uint16)
+        return builder.fpext(builder.bitcast(v, ir.HalfType()), ir.FloatType())
+    return types.float32(h), codegen
+
+
+@intrinsic
+def _f32_to_f16_cvt(typingctx, x):
+    """float32 -> float16 bits, round to nearest even."""
+    if not isinstance(x, types.Number):
+        return None
+
+    def codegen(context, builder, sig, args):
+        from llvmlite import ir
+
+        v = context.cast(builder, args[0], sig.args[0], types.float32)
+        return builder.bitcast(builder.fptrunc(v, ir.HalfType()), ir.IntType(16))
+    return types.uint16(x), codegen
+
+
+if has_feature("f16c"):
+    h2f_cvt, f2h_cvt = _f16_to_f32_cvt, _f32_to_f16_cvt
+else:
+    h2f_cvt, f2h_cvt = h2f, f32_to_f16
