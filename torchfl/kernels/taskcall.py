@@ -34,7 +34,7 @@ def address(task, args: tuple, returns=types.none) -> int:
     that :func:`call_int` reads: ``returns=types.int64``) compiled for the types of ``args``
     (compiled or loaded from the cache on first use, then memoised under the values' type
     fingerprints: ~3 us a call, where ``typeof`` of 28 values took ~75 us)."""
-    key = (task, tuple(map(compute_fingerprint, args)))
+    key = (task, returns, tuple(map(compute_fingerprint, args)))
     addr = _addresses.get(key)
     if addr is None:
         sig = tuple(typeof(a) for a in args)
