@@ -27,7 +27,7 @@ def _widen_for(CIN):
         for i in range(src.shape[0]):
             v = src[i]
             if cin <= 3:
-                fw[i] = np.float64(decode(cin, v))
+                fw[i] = np.float64(decode(np.int64(cin), v))   # (int64: a literal would compile decode again)
             else:
                 iw[i] = np.int64(v)
                 fw[i] = np.float64(iw[i])

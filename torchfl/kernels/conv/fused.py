@@ -6,13 +6,13 @@ epilogue (one folded per-channel FMA, residual, relu) fused into the store of ev
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, prange, types
+from numba import njit, prange
 
 from .. import taskcall
 from ..codecs import decode, encode16, h2f
 from .microkernel import (MR, NR, PB, RB, epi6x16_f16, gather_rows, gather_run, mk_r1p1, mk_r1p2, mk_r2p1, mk_r2p2,
                           scatter_rows, scatter_run)
-from .tiles import _pack_panel, _slab_rows
+from .tiles import _panel_call, _slab_call
 
 
 @njit(cache=True, nogil=True)
@@ -95,28 +95,6 @@ def store_task(slab, wpk, tc, tk, R, S, y, t1, ycode, ea, eb, k0, has_res, res, 
     return taskcall.address(_mm_store, (f32 if slab is None else slab, i64, z, z, i64, z, tc, wpk, tk, R, S, z, z,
                                         acc, i64, i64, y, t1, ycode, ea, eb, k0, np.float32(0.0), has_res, res, r1,
                                         rcode, lut))
-
-
-def load_tasks(x, w, wpk, pack, lut) -> tuple[int, int]:
-    """Addresses (:mod:`..taskcall`) of ``_pack_panel`` (0 without ``pack``: the panels are
-    kept) and ``_slab_rows`` as :func:`conv_tile_fused` / :func:`conv_tiles` call them
-    (integers as int64, the slab a float32 scratch): compiled once for themselves, not
-    linked into both kernels' gufuncs and outer libraries."""
-    z = np.int64(0)
-    panel = taskcall.address(_pack_panel, (w, z, z, z, z, z, z, z, z, z, z, z, wpk, z, lut)) if pack else 0
-    slab = taskcall.address(_slab_rows, (x, z, z, z, z, z, np.float32(0.0), z, z, z, z, z, z, z, z,
-                                         np.zeros(1, np.float32), z, z, lut), returns=types.int64)
-    return panel, slab
-
-
-@njit(cache=True, nogil=True, inline="always")
-def _slab_call(task, x, s0, s1, s2, s3, code, n, c0, tc, lo_h, lo_w, cols, H, W, slab, i0, i1, lut):
-    """``_slab_rows`` (no zero point: float) through its address ``task``, every integer as
-    the int64 :func:`load_tasks` compiled it for."""
-    i64 = np.int64
-    return taskcall.call_int(task, (x, i64(s0), i64(s1), i64(s2), i64(s3), i64(code), np.float32(0.0), i64(n),
-                                    i64(c0), i64(tc), i64(lo_h), i64(lo_w), i64(cols), i64(H), i64(W), slab, i64(i0),
-                                    i64(i1), lut))
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -263,8 +241,8 @@ def conv_tile_fused(task, panel_task, slab_task, x, s0, s1, s2, s3, code, tc, H,
     host threads one by one), (2) compute + epilogue + store per 6-pixel micro-row.
     ``pack`` False: wpk already holds the block's panels (a frozen weight's, packed once).
     ``task``: :func:`store_task` (``_mm_store`` called through its address), ``panel_task``
-    and ``slab_task``: :func:`load_tasks` (``_pack_panel``, 0 when ``pack`` is False, and
-    ``_slab_rows``). Returns (input elements read, weight elements read)."""
+    and ``slab_task``: ``tiles.panel_task`` (0 when ``pack`` is False) and ``tiles.slab_task``.
+    Returns (input elements read, weight elements read)."""
     lo_h = oh0 * sh - ph
     rows = (oh1 - oh0 - 1) * sh + (R - 1) * dh + 1
     lo_w = ow0 * sw - pw
@@ -276,9 +254,7 @@ def conv_tile_fused(task, panel_task, slab_task, x, s0, s1, s2, s3, code, tc, H,
     nread = 0
     for it in prange(npk + nrc):
         if it < npk:
-            taskcall.call(panel_task, (w, np.int64(w0), np.int64(w1), np.int64(w2), np.int64(w3), np.int64(wcode),
-                                       np.int64(k0), np.int64(tk), np.int64(0), np.int64(tc), np.int64(R),
-                                       np.int64(S), wpk, np.int64(it), lut))
+            _panel_call(panel_task, w, w0, w1, w2, w3, wcode, k0, tk, 0, tc, R, S, wpk, it, lut)
         else:
             i0 = np.int64((it - npk) * rpc)
             nread += _slab_call(slab_task, x, s0, s1, s2, s3, code, n, c0, tc, lo_h, lo_w, cols, H, W, slab, i0,
@@ -319,7 +295,7 @@ def conv_tiles(task, slab_task, x, s0, s1, s2, s3, code, c0, tc, H, W, wpk, tk, 
     panels after another. tiles[t] = (n, oh0, oh1, ow0, ow1); ``nthreads``: the host threads
     (an argument: numba.get_num_threads() inside would make the function uncacheable);
     ``task``: :func:`store_task` (``_mm_store`` called through its address), ``slab_task``:
-    :func:`load_tasks`' second (``_slab_rows``). Returns input elements read."""
+    ``tiles.slab_task``. Returns input elements read."""
     ng = groups.size - 1
     # chunks: each streams every weight panel once, so a chunk of a few pixels is bound by
     # that stream (a 1x1 stride-2 conv of 49 one-pixel tiles: 9 chunks read its 8 MB of
