@@ -6,7 +6,7 @@ epilogue (one folded per-channel FMA, residual, relu) fused into the store of ev
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, prange
+from numba import njit, prange, types
 
 from .. import taskcall
 from ..codecs import decode, encode16, h2f
@@ -284,7 +284,6 @@ def conv_tile_fused(task, panel_task, slab_task, x, s0, s1, s2, s3, code, tc, H,
     return nread, tk * tc * R * S
 
 
-@njit(cache=True, nogil=True, parallel=True)
 def conv_tiles(task, slab_task, x, s0, s1, s2, s3, code, c0, tc, H, W, wpk, tk, R, S, sh, sw, ph, pw, dh, dw, tiles,
                groups, y, t0, t1, t2, t3, ycode, k0, ea, eb, relu, has_res, res, r0, r1, r2, r3, rcode, lut, nthreads):
     """Weight-stationary float tiles of one K block, spread over host threads in chunks.
@@ -295,7 +294,25 @@ def conv_tiles(task, slab_task, x, s0, s1, s2, s3, code, c0, tc, H, W, wpk, tk, 
     panels after another. tiles[t] = (n, oh0, oh1, ow0, ow1); ``nthreads``: the host threads
     (an argument: numba.get_num_threads() inside would make the function uncacheable);
     ``task``: :func:`store_task` (``_mm_store`` called through its address), ``slab_task``:
-    ``tiles.slab_task``. Returns input elements read."""
+    ``tiles.slab_task``. Each chunk is :func:`_tiles_chunk`, called through its address
+    (linked into the parallel loop, its body was compiled again in the gufunc and the
+    outer library). Returns input elements read."""
+    lo = np.float32(0.0) if relu else np.float32(-np.inf)
+    z, zi = np.int64(0), np.zeros(1, np.int64)
+    chunk = taskcall.address(_tiles_chunk, (z, z, task, slab_task, x, s0, s1, s2, s3, code, c0, tc, H, W, wpk, tk, R,
+                                            S, sh, sw, ph, pw, dh, dw, tiles, groups, y, t0, t1, t2, t3, ycode, k0,
+                                            ea, eb, lo, has_res, res, r0, r1, r2, r3, rcode, lut, zi, zi),
+                             returns=types.int64)
+    return _conv_tiles(chunk, task, slab_task, x, s0, s1, s2, s3, code, c0, tc, H, W, wpk, tk, R, S, sh, sw, ph, pw,
+                       dh, dw, tiles, groups, y, t0, t1, t2, t3, ycode, k0, ea, eb, lo, has_res, res, r0, r1, r2, r3,
+                       rcode, lut, nthreads)
+
+
+@njit(cache=True, nogil=True, parallel=True)
+def _conv_tiles(chunk, task, slab_task, x, s0, s1, s2, s3, code, c0, tc, H, W, wpk, tk, R, S, sh, sw, ph, pw, dh, dw,
+                tiles, groups, y, t0, t1, t2, t3, ycode, k0, ea, eb, lo, has_res, res, r0, r1, r2, r3, rcode, lut,
+                nthreads):
+    """:func:`conv_tiles`' chunks in parallel; ``chunk`` is :func:`_tiles_chunk`'s address."""
     ng = groups.size - 1
     # chunks: each streams every weight panel once, so a chunk of a few pixels is bound by
     # that stream (a 1x1 stride-2 conv of 49 one-pixel tiles: 9 chunks read its 8 MB of
@@ -304,7 +321,6 @@ def conv_tiles(task, slab_task, x, s0, s1, s2, s3, code, c0, tc, H, W, wpk, tk, 
     for t in range(tiles.shape[0]):
         npx += (tiles[t, 2] - tiles[t, 1]) * (tiles[t, 4] - tiles[t, 3])
     nch = max(1, min(ng, 32, max(nthreads, npx // 48)))
-    lo = np.float32(0.0) if relu else np.float32(-np.inf)
     gs = np.zeros(ng, np.int64)      # slab floats and padded pixels of each group
     gm = np.zeros(ng, np.int64)
     for g in range(ng):
@@ -314,51 +330,65 @@ def conv_tiles(task, slab_task, x, s0, s1, s2, s3, code, c0, tc, H, W, wpk, tk, 
             gs[g] += ((th - 1) * sh + (R - 1) * dh + 1) * ((tw - 1) * sw + (S - 1) * dw + 1) * tc
             msum += th * tw
         gm[g] = (msum + MR - 1) // MR * MR
+    nread = 0
+    for ch in prange(nch):
+        nread += taskcall.call_int(chunk, (np.int64((ng * ch) // nch), np.int64((ng * (ch + 1)) // nch), task,
+                                           slab_task, x, s0, s1, s2, s3, code, c0, tc, H, W, wpk, tk, R, S, sh, sw,
+                                           ph, pw, dh, dw, tiles, groups, y, t0, t1, t2, t3, ycode, k0, ea, eb, lo,
+                                           has_res, res, r0, r1, r2, r3, rcode, lut, gs, gm))
+    return nread
+
+
+@njit(cache=True, nogil=True)
+def _tiles_chunk(g0, g1, task, slab_task, x, s0, s1, s2, s3, code, c0, tc, H, W, wpk, tk, R, S, sh, sw, ph, pw, dh,
+                 dw, tiles, groups, y, t0, t1, t2, t3, ycode, k0, ea, eb, lo, has_res, res, r0, r1, r2, r3, rcode,
+                 lut, gs, gm):
+    """Groups [g0, g1) of :func:`conv_tiles` (one chunk): their slabs loaded, then streamed
+    past one L2-sized block of weight panels after another. ``gs`` / ``gm``: slab floats
+    and padded pixels of each group. Returns input elements read."""
     t_any, kc = _taps(R, S, dh, dw, np.int64(1), tc)
     nt = t_any.size
     npanel = (tk + NR - 1) // NR
-    nread = 0
-    for ch in prange(nch):
-        g0, g1 = (ng * ch) // nch, (ng * (ch + 1)) // nch
-        slab = np.empty(max(1, gs[g0:g1].sum()), np.float32)
-        mtot = gm[g0:g1].sum()
-        pix = np.zeros(mtot, np.int64)
-        ybase = np.zeros(mtot, np.int64)
-        rbase = np.zeros(mtot, np.int64)
-        gtaps = np.empty((g1 - g0, nt), np.int64)
-        gmo = np.empty(g1 - g0, np.int64)
-        gcnt = np.empty(g1 - g0, np.int64)
-        sb = np.int64(0)       # (int64 from the start: a literal 0 would compile callees twice)
-        mb = np.int64(0)
-        for g in range(g0, g1):
-            M = np.int64(0)
-            cols = np.int64(1)
-            gsb = sb
-            for t in range(groups[g], groups[g + 1]):
-                n, oh0, oh1, ow0, ow1 = tiles[t, 0], tiles[t, 1], tiles[t, 2], tiles[t, 3], tiles[t, 4]
-                lo_h = oh0 * sh - ph
-                rows = (oh1 - oh0 - 1) * sh + (R - 1) * dh + 1
-                lo_w = ow0 * sw - pw
-                cols = (ow1 - ow0 - 1) * sw + (S - 1) * dw + 1
-                nread += _slab_call(slab_task, x, s0, s1, s2, s3, code, n, c0, tc, lo_h, lo_w, cols, H, W,
-                                    slab[sb:], np.int64(0), rows, lut)
-                _tile_pixels(oh1 - oh0, ow1 - ow0, sh, sw, cols, tc, sb, n, oh0, ow0, t0, t2, t3, k0 * t1,
-                             r0, r2, r3, k0 * r1, pix, ybase, rbase, mb + M)
-                sb += rows * cols * tc
-                M += (oh1 - oh0) * (ow1 - ow0)
-            for m in range(mb + M, mb + gm[g]):
-                pix[m] = gsb         # padding rows read the group's first slab (never stored)
-            gtaps[g - g0, :] = _taps(R, S, dh, dw, cols, tc)[0]
-            gmo[g - g0] = mb
-            gcnt[g - g0] = M
-            mb += gm[g]
-        acc = np.empty((RB * PB, MR * NR), np.float32)
-        pb = _panel_block(t_any, kc)
-        for b0 in range(0, npanel, pb):
-            for gi in range(g1 - g0):
-                taskcall.call(task, (slab, pix, np.int64(gmo[gi]), np.int64(gmo[gi] + gcnt[gi]), gtaps[gi],
-                                     np.int64(kc), tc, wpk, tk, R, S, np.int64(b0), np.int64(min(npanel, b0 + pb)),
-                                     acc, ybase, rbase, y, t1, ycode, ea, eb, k0, lo, has_res, res, r1, rcode, lut))
+    nread = np.int64(0)
+    slab = np.empty(max(1, gs[g0:g1].sum()), np.float32)
+    mtot = gm[g0:g1].sum()
+    pix = np.zeros(mtot, np.int64)
+    ybase = np.zeros(mtot, np.int64)
+    rbase = np.zeros(mtot, np.int64)
+    gtaps = np.empty((g1 - g0, nt), np.int64)
+    gmo = np.empty(g1 - g0, np.int64)
+    gcnt = np.empty(g1 - g0, np.int64)
+    sb = np.int64(0)       # (int64 from the start: a literal 0 would compile callees twice)
+    mb = np.int64(0)
+    for g in range(g0, g1):
+        M = np.int64(0)
+        cols = np.int64(1)
+        gsb = sb
+        for t in range(groups[g], groups[g + 1]):
+            n, oh0, oh1, ow0, ow1 = tiles[t, 0], tiles[t, 1], tiles[t, 2], tiles[t, 3], tiles[t, 4]
+            lo_h = oh0 * sh - ph
+            rows = (oh1 - oh0 - 1) * sh + (R - 1) * dh + 1
+            lo_w = ow0 * sw - pw
+            cols = (ow1 - ow0 - 1) * sw + (S - 1) * dw + 1
+            nread += _slab_call(slab_task, x, s0, s1, s2, s3, code, n, c0, tc, lo_h, lo_w, cols, H, W,
+                                slab[sb:], np.int64(0), rows, lut)
+            _tile_pixels(oh1 - oh0, ow1 - ow0, sh, sw, cols, tc, sb, n, oh0, ow0, t0, t2, t3, k0 * t1,
+                         r0, r2, r3, k0 * r1, pix, ybase, rbase, mb + M)
+            sb += rows * cols * tc
+            M += (oh1 - oh0) * (ow1 - ow0)
+        for m in range(mb + M, mb + gm[g]):
+            pix[m] = gsb         # padding rows read the group's first slab (never stored)
+        gtaps[g - g0, :] = _taps(R, S, dh, dw, cols, tc)[0]
+        gmo[g - g0] = mb
+        gcnt[g - g0] = M
+        mb += gm[g]
+    acc = np.empty((RB * PB, MR * NR), np.float32)
+    pb = _panel_block(t_any, kc)
+    for b0 in range(0, npanel, pb):
+        for gi in range(g1 - g0):
+            taskcall.call(task, (slab, pix, np.int64(gmo[gi]), np.int64(gmo[gi] + gcnt[gi]), gtaps[gi],
+                                 np.int64(kc), tc, wpk, tk, R, S, np.int64(b0), np.int64(min(npanel, b0 + pb)),
+                                 acc, ybase, rbase, y, t1, ycode, ea, eb, k0, lo, has_res, res, r1, rcode, lut))
     return nread
 
 
