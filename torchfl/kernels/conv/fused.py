@@ -378,7 +378,9 @@ def _tiles_chunk(g0, g1, task, slab_task, x, s0, s1, s2, s3, code, c0, tc, H, W,
             M += (oh1 - oh0) * (ow1 - ow0)
         for m in range(mb + M, mb + gm[g]):
             pix[m] = gsb         # padding rows read the group's first slab (never stored)
-        gtaps[g - g0, :] = _taps(R, S, dh, dw, cols, tc)[0]
+        tg = _taps(R, S, dh, dw, cols, tc)[0]
+        for q in range(nt):     # (a slice assignment compiles numpy's shape-mismatch error: 2 s)
+            gtaps[g - g0, q] = tg[q]
         gmo[g - g0] = mb
         gcnt[g - g0] = M
         mb += gm[g]
