@@ -2,6 +2,7 @@
 encode (RNE), store; count every tile."""
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -38,6 +39,7 @@ def _gelu_grad(v, tanh_form):
     return cdf + v * pdf
 
 
+@functools.lru_cache(maxsize=None)
 def _make_apply(OP):
     """``apply`` for the one op code ``OP``: a closure whose ``op`` is a constant, so Numba's
     dead-branch pruning (before typing) drops every other op's loop and only this op's is
@@ -185,16 +187,10 @@ def _make_apply(OP):
     return apply_op
 
 
-_APPLY: dict = {}
-
-
 def apply(op, x, y, z, c, out, s0, s1, has_y, tanh_form):
     """out = op(x, y, z) on float32 tiles (y/z unused by unary ops; c: bool condition),
     through op's own compiled function (:func:`_make_apply`)."""
-    f = _APPLY.get(op)
-    if f is None:
-        f = _APPLY[op] = _make_apply(int(op))
-    f(x, y, z, c, out, s0, s1, has_y, tanh_form)
+    _make_apply(int(op))(x, y, z, c, out, s0, s1, has_y, tanh_form)
 
 
 @njit(cache=True)
