@@ -21,7 +21,6 @@ def _widen_for(CIN):
     compiled each code's conversion, ~0.5 s of a model's first call; see BENCHMARKS.md,
     cold first call, cold4)."""
 
-    @njit(cache=True)
     def widen(src, fw, iw):
         cin = CIN
         for i in range(src.shape[0]):
@@ -32,7 +31,8 @@ def _widen_for(CIN):
                 iw[i] = np.int64(v)
                 fw[i] = np.float64(iw[i])
 
-    return widen
+    widen.__qualname__ = "widen"     # its name in the cache and `torchfl kernels info`
+    return njit(cache=True)(widen)
 
 
 @functools.lru_cache(maxsize=None)
@@ -42,7 +42,6 @@ def _narrow_for(CIN, COUT):
     PT2E's quantized_decomposed ops: dequantise (q - zp) * scale, quantise rne(x * inv) + zp
     with inv = float32(1 / scale): bit-exact with them."""
 
-    @njit(cache=True)
     def narrow(fw, iw, dst, quant, scale, inv, zp):
         cin = CIN
         cout = COUT
@@ -77,7 +76,8 @@ def _narrow_for(CIN, COUT):
                 else:
                     dst[i] = iv
 
-    return narrow
+    narrow.__qualname__ = "narrow"     # its name in the cache and `torchfl kernels info`
+    return njit(cache=True)(narrow)
 
 
 def run_cast(ctx):

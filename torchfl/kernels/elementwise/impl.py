@@ -49,7 +49,6 @@ def _make_apply(OP):
     (``error_model="numpy"``): x/0 is inf or nan as in torch, never Python's
     ZeroDivisionError, and loops with a division vectorise (no per-element check)."""
 
-    @njit(cache=True, error_model="numpy")
     def apply_op(x, y, z, c, out, s0, s1, has_y, tanh_form):
         op = OP
         n = out.shape[0]
@@ -184,7 +183,8 @@ def _make_apply(OP):
             for i in range(n):
                 out[i] = np.float32(1.0) / x[i]
 
-    return apply_op
+    apply_op.__qualname__ = "apply"     # its name in the cache and `torchfl kernels info`
+    return njit(cache=True, error_model="numpy")(apply_op)
 
 
 def apply(op, x, y, z, c, out, s0, s1, has_y, tanh_form):
