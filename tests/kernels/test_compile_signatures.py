@@ -36,7 +36,7 @@ SCRIPT = textwrap.dedent("""
                                   "weight": dev(torch.randn(32, 16, 3, 3), ms, "float16")}, attrs)  # many tiles
     from torchfl.kernels.attention import impl as attention_impl
     from torchfl.kernels.conv import fused as conv_fused
-    assert conv_fused.conv_tile_fused.signatures and conv_fused._conv_tiles.signatures, "both conv paths ran"
+    assert conv_fused.conv_tile_fused.signatures and conv_fused.conv_tiles.signatures, "both conv paths ran"
     assert attention_impl._attend_task.signatures, "compiled, not loaded from a cache"
 
     def canonical(sig):   # every integer spelled int64: what one compile would serve

@@ -6,13 +6,12 @@ epilogue (one folded per-channel FMA, residual, relu) fused into the store of ev
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, prange, types
+from numba import njit, prange
 
-from .. import taskcall
 from ..codecs import decode, encode16, h2f
 from .microkernel import (MR, NR, PB, RB, epi6x16_f16, gather_rows, gather_run, mk_r1p1, mk_r1p2, mk_r2p1, mk_r2p2,
                           scatter_rows, scatter_run)
-from .tiles import _panel_call, _slab_call
+from .tiles import _pack_panel, _slab_rows
 
 
 @njit(cache=True, nogil=True)
@@ -80,21 +79,6 @@ def _mm_store(slab, pix, m0, m1, taps, kc, tc, wpk, tk, R, S, p0, p1, acc, ybase
                     _epilogue_store(acc[i * npan + hp], min(m1, mi0 + MR) - mi0, min(NR, tk - q * NR), k0 + q * NR,
                                     q * NR, mi0, ybase, rbase, y, t1, ycode, ea, eb, lo, has_res, res, r1, rcode,
                                     h, rt, rr, lut)
-
-
-def store_task(slab, wpk, tc, tk, R, S, y, t1, ycode, ea, eb, k0, has_res, res, r1, rcode, lut) -> int:
-    """Address of :func:`_mm_store` (:mod:`..taskcall`) for the argument types
-    :func:`conv_tile_fused` / :func:`conv_tiles` pass it: the values the caller hands those
-    kernels, int64 / float32 stand-ins for what they compute. ``slab`` None: conv_tiles'
-    own float32 slab. Called, not linked in, the block loop (the register-block variants
-    and the fused epilogue, ~8 s of CPU to compile) is compiled once for itself instead of
-    again inside each kernel's gufunc and outer library (ResNet-50 b1: see BENCHMARKS.md)."""
-    z, i64 = np.int64(0), np.zeros(1, np.int64)
-    f32 = np.zeros(1, np.float32)
-    acc = np.zeros((RB * PB, MR * NR), np.float32)
-    return taskcall.address(_mm_store, (f32 if slab is None else slab, i64, z, z, i64, z, tc, wpk, tk, R, S, z, z,
-                                        acc, i64, i64, y, t1, ycode, ea, eb, k0, np.float32(0.0), has_res, res, r1,
-                                        rcode, lut))
 
 
 @njit(cache=True, nogil=True, inline="always")
@@ -233,15 +217,13 @@ def _tile_pixels(th, tw, sh, sw, cols, tc, sbase, n, oh0, ow0, t0, t2, t3, k0t1,
 
 
 @njit(cache=True, nogil=True, parallel=True)
-def conv_tile_fused(task, panel_task, slab_task, x, s0, s1, s2, s3, code, tc, H, W, w, w0, w1, w2, w3, wcode, wpk,
-                    pack, tk, R, S, sh, sw, ph, pw, dh, dw, n, c0, oh0, oh1, ow0, ow1, slab, y, t0, t1, t2, t3, ycode,
-                    k0, ea, eb, relu, has_res, res, r0, r1, r2, r3, rcode, lut):
+def conv_tile_fused(x, s0, s1, s2, s3, code, tc, H, W, w, w0, w1, w2, w3, wcode, wpk, pack, tk, R, S, sh, sw, ph,
+                    pw, dh, dw, n, c0, oh0, oh1, ow0, ow1, slab, y, t0, t1, t2, t3, ycode, k0, ea, eb, relu,
+                    has_res, res, r0, r1, r2, r3, rcode, lut):
     """One large weight-stationary float tile in two parallel phases: (1) the K block's
     weight panels and the tile's input slab rows are loaded (independent pieces, handed to
     host threads one by one), (2) compute + epilogue + store per 6-pixel micro-row.
     ``pack`` False: wpk already holds the block's panels (a frozen weight's, packed once).
-    ``task``: :func:`store_task` (``_mm_store`` called through its address), ``panel_task``
-    and ``slab_task``: ``tiles.panel_task`` (0 when ``pack`` is False) and ``tiles.slab_task``.
     Returns (input elements read, weight elements read)."""
     lo_h = oh0 * sh - ph
     rows = (oh1 - oh0 - 1) * sh + (R - 1) * dh + 1
@@ -254,11 +236,11 @@ def conv_tile_fused(task, panel_task, slab_task, x, s0, s1, s2, s3, code, tc, H,
     nread = 0
     for it in prange(npk + nrc):
         if it < npk:
-            _panel_call(panel_task, w, w0, w1, w2, w3, wcode, k0, tk, 0, tc, R, S, wpk, it, lut)
+            _pack_panel(w, w0, w1, w2, w3, wcode, k0, tk, np.int64(0), tc, R, S, wpk, np.int64(it), lut)
         else:
-            i0 = np.int64((it - npk) * rpc)
-            nread += _slab_call(slab_task, x, s0, s1, s2, s3, code, n, c0, tc, lo_h, lo_w, cols, H, W, slab, i0,
-                                np.int64(min(rows, i0 + rpc)), lut)
+            i0 = (it - npk) * rpc
+            nread += _slab_rows(x, s0, s1, s2, s3, code, np.float32(0.0), n, c0, tc, lo_h, lo_w, cols, H, W,
+                                slab, i0, min(rows, i0 + rpc), lut)
     th, tw = oh1 - oh0, ow1 - ow0
     M = th * tw
     mpad = (M + MR - 1) // MR * MR
@@ -276,43 +258,25 @@ def conv_tile_fused(task, panel_task, slab_task, x, s0, s1, s2, s3, code, tc, H,
     per -= per % RB
     npc = (nmp + per - 1) // per
     for it in prange(nb * npc):
-        b, c = np.int64(it // npc), np.int64(it % npc)
+        b, c = it // npc, it % npc
         acc = np.empty((RB * PB, MR * NR), np.float32)
-        taskcall.call(task, (slab, pix, np.int64(c * per * MR), np.int64(min(M, (c + 1) * per * MR)), taps,
-                             np.int64(kc), tc, wpk, tk, R, S, np.int64(b * pb), np.int64(min(npanel, (b + 1) * pb)),
-                             acc, ybase, rbase, y, t1, ycode, ea, eb, k0, lo, has_res, res, r1, rcode, lut))
+        _mm_store(slab, pix, c * per * MR, min(M, (c + 1) * per * MR), taps, kc, tc, wpk, tk, R, S, b * pb,
+                  min(npanel, (b + 1) * pb), acc, ybase, rbase, y, t1, ycode, ea, eb, k0, lo, has_res, res, r1,
+                  rcode, lut)
     return nread, tk * tc * R * S
 
 
-def conv_tiles(task, slab_task, x, s0, s1, s2, s3, code, c0, tc, H, W, wpk, tk, R, S, sh, sw, ph, pw, dh, dw, tiles,
-               groups, y, t0, t1, t2, t3, ycode, k0, ea, eb, relu, has_res, res, r0, r1, r2, r3, rcode, lut, nthreads):
+@njit(cache=True, nogil=True, parallel=True)
+def conv_tiles(x, s0, s1, s2, s3, code, c0, tc, H, W, wpk, tk, R, S, sh, sw, ph, pw, dh, dw, tiles, groups,
+               y, t0, t1, t2, t3, ycode, k0, ea, eb, relu, has_res, res, r0, r1, r2, r3, rcode, lut, nthreads):
     """Weight-stationary float tiles of one K block, spread over host threads in chunks.
     Each tile's slab is loaded as the chip loads it; tiles of one shape too small to fill
     the 6-pixel micro-kernel are computed together (``groups[g]:groups[g+1]`` index
     ``tiles``), their pixels side by side in one micro-row, and stored tile by tile. A chunk
     loads its tiles' slabs first, then streams them past one L2-sized block of weight
     panels after another. tiles[t] = (n, oh0, oh1, ow0, ow1); ``nthreads``: the host threads
-    (an argument: numba.get_num_threads() inside would make the function uncacheable);
-    ``task``: :func:`store_task` (``_mm_store`` called through its address), ``slab_task``:
-    ``tiles.slab_task``. Each chunk is :func:`_tiles_chunk`, called through its address
-    (linked into the parallel loop, its body was compiled again in the gufunc and the
-    outer library). Returns input elements read."""
-    lo = np.float32(0.0) if relu else np.float32(-np.inf)
-    z, zi = np.int64(0), np.zeros(1, np.int64)
-    chunk = taskcall.address(_tiles_chunk, (z, z, task, slab_task, x, s0, s1, s2, s3, code, c0, tc, H, W, wpk, tk, R,
-                                            S, sh, sw, ph, pw, dh, dw, tiles, groups, y, t0, t1, t2, t3, ycode, k0,
-                                            ea, eb, lo, has_res, res, r0, r1, r2, r3, rcode, lut, zi, zi),
-                             returns=types.int64)
-    return _conv_tiles(chunk, task, slab_task, x, s0, s1, s2, s3, code, c0, tc, H, W, wpk, tk, R, S, sh, sw, ph, pw,
-                       dh, dw, tiles, groups, y, t0, t1, t2, t3, ycode, k0, ea, eb, lo, has_res, res, r0, r1, r2, r3,
-                       rcode, lut, nthreads)
-
-
-@njit(cache=True, nogil=True, parallel=True)
-def _conv_tiles(chunk, task, slab_task, x, s0, s1, s2, s3, code, c0, tc, H, W, wpk, tk, R, S, sh, sw, ph, pw, dh, dw,
-                tiles, groups, y, t0, t1, t2, t3, ycode, k0, ea, eb, lo, has_res, res, r0, r1, r2, r3, rcode, lut,
-                nthreads):
-    """:func:`conv_tiles`' chunks in parallel; ``chunk`` is :func:`_tiles_chunk`'s address."""
+    (an argument: numba.get_num_threads() inside would make the function uncacheable).
+    Returns input elements read."""
     ng = groups.size - 1
     # chunks: each streams every weight panel once, so a chunk of a few pixels is bound by
     # that stream (a 1x1 stride-2 conv of 49 one-pixel tiles: 9 chunks read its 8 MB of
@@ -321,6 +285,7 @@ def _conv_tiles(chunk, task, slab_task, x, s0, s1, s2, s3, code, c0, tc, H, W, w
     for t in range(tiles.shape[0]):
         npx += (tiles[t, 2] - tiles[t, 1]) * (tiles[t, 4] - tiles[t, 3])
     nch = max(1, min(ng, 32, max(nthreads, npx // 48)))
+    lo = np.float32(0.0) if relu else np.float32(-np.inf)
     gs = np.zeros(ng, np.int64)      # slab floats and padded pixels of each group
     gm = np.zeros(ng, np.int64)
     for g in range(ng):
@@ -330,67 +295,51 @@ def _conv_tiles(chunk, task, slab_task, x, s0, s1, s2, s3, code, c0, tc, H, W, w
             gs[g] += ((th - 1) * sh + (R - 1) * dh + 1) * ((tw - 1) * sw + (S - 1) * dw + 1) * tc
             msum += th * tw
         gm[g] = (msum + MR - 1) // MR * MR
-    nread = 0
-    for ch in prange(nch):
-        nread += taskcall.call_int(chunk, (np.int64((ng * ch) // nch), np.int64((ng * (ch + 1)) // nch), task,
-                                           slab_task, x, s0, s1, s2, s3, code, c0, tc, H, W, wpk, tk, R, S, sh, sw,
-                                           ph, pw, dh, dw, tiles, groups, y, t0, t1, t2, t3, ycode, k0, ea, eb, lo,
-                                           has_res, res, r0, r1, r2, r3, rcode, lut, gs, gm))
-    return nread
-
-
-@njit(cache=True, nogil=True)
-def _tiles_chunk(g0, g1, task, slab_task, x, s0, s1, s2, s3, code, c0, tc, H, W, wpk, tk, R, S, sh, sw, ph, pw, dh,
-                 dw, tiles, groups, y, t0, t1, t2, t3, ycode, k0, ea, eb, lo, has_res, res, r0, r1, r2, r3, rcode,
-                 lut, gs, gm):
-    """Groups [g0, g1) of :func:`conv_tiles` (one chunk): their slabs loaded, then streamed
-    past one L2-sized block of weight panels after another. ``gs`` / ``gm``: slab floats
-    and padded pixels of each group. Returns input elements read."""
     t_any, kc = _taps(R, S, dh, dw, np.int64(1), tc)
     nt = t_any.size
     npanel = (tk + NR - 1) // NR
-    nread = np.int64(0)
-    slab = np.empty(max(1, gs[g0:g1].sum()), np.float32)
-    mtot = gm[g0:g1].sum()
-    pix = np.zeros(mtot, np.int64)
-    ybase = np.zeros(mtot, np.int64)
-    rbase = np.zeros(mtot, np.int64)
-    gtaps = np.empty((g1 - g0, nt), np.int64)
-    gmo = np.empty(g1 - g0, np.int64)
-    gcnt = np.empty(g1 - g0, np.int64)
-    sb = np.int64(0)       # (int64 from the start: a literal 0 would compile callees twice)
-    mb = np.int64(0)
-    for g in range(g0, g1):
-        M = np.int64(0)
-        cols = np.int64(1)
-        gsb = sb
-        for t in range(groups[g], groups[g + 1]):
-            n, oh0, oh1, ow0, ow1 = tiles[t, 0], tiles[t, 1], tiles[t, 2], tiles[t, 3], tiles[t, 4]
-            lo_h = oh0 * sh - ph
-            rows = (oh1 - oh0 - 1) * sh + (R - 1) * dh + 1
-            lo_w = ow0 * sw - pw
-            cols = (ow1 - ow0 - 1) * sw + (S - 1) * dw + 1
-            nread += _slab_call(slab_task, x, s0, s1, s2, s3, code, n, c0, tc, lo_h, lo_w, cols, H, W,
-                                slab[sb:], np.int64(0), rows, lut)
-            _tile_pixels(oh1 - oh0, ow1 - ow0, sh, sw, cols, tc, sb, n, oh0, ow0, t0, t2, t3, k0 * t1,
-                         r0, r2, r3, k0 * r1, pix, ybase, rbase, mb + M)
-            sb += rows * cols * tc
-            M += (oh1 - oh0) * (ow1 - ow0)
-        for m in range(mb + M, mb + gm[g]):
-            pix[m] = gsb         # padding rows read the group's first slab (never stored)
-        tg = _taps(R, S, dh, dw, cols, tc)[0]
-        for q in range(nt):     # (a slice assignment compiles numpy's shape-mismatch error: 2 s)
-            gtaps[g - g0, q] = tg[q]
-        gmo[g - g0] = mb
-        gcnt[g - g0] = M
-        mb += gm[g]
-    acc = np.empty((RB * PB, MR * NR), np.float32)
-    pb = _panel_block(t_any, kc)
-    for b0 in range(0, npanel, pb):
-        for gi in range(g1 - g0):
-            taskcall.call(task, (slab, pix, np.int64(gmo[gi]), np.int64(gmo[gi] + gcnt[gi]), gtaps[gi],
-                                 np.int64(kc), tc, wpk, tk, R, S, np.int64(b0), np.int64(min(npanel, b0 + pb)),
-                                 acc, ybase, rbase, y, t1, ycode, ea, eb, k0, lo, has_res, res, r1, rcode, lut))
+    nread = 0
+    for ch in prange(nch):
+        g0, g1 = (ng * ch) // nch, (ng * (ch + 1)) // nch
+        slab = np.empty(max(1, gs[g0:g1].sum()), np.float32)
+        mtot = gm[g0:g1].sum()
+        pix = np.zeros(mtot, np.int64)
+        ybase = np.zeros(mtot, np.int64)
+        rbase = np.zeros(mtot, np.int64)
+        gtaps = np.empty((g1 - g0, nt), np.int64)
+        gmo = np.empty(g1 - g0, np.int64)
+        gcnt = np.empty(g1 - g0, np.int64)
+        sb = np.int64(0)       # (int64 from the start: a literal 0 would compile callees twice)
+        mb = np.int64(0)
+        for g in range(g0, g1):
+            M = np.int64(0)
+            cols = np.int64(1)
+            gsb = sb
+            for t in range(groups[g], groups[g + 1]):
+                n, oh0, oh1, ow0, ow1 = tiles[t, 0], tiles[t, 1], tiles[t, 2], tiles[t, 3], tiles[t, 4]
+                lo_h = oh0 * sh - ph
+                rows = (oh1 - oh0 - 1) * sh + (R - 1) * dh + 1
+                lo_w = ow0 * sw - pw
+                cols = (ow1 - ow0 - 1) * sw + (S - 1) * dw + 1
+                nread += _slab_rows(x, s0, s1, s2, s3, code, np.float32(0.0), n, c0, tc, lo_h, lo_w, cols, H, W,
+                                    slab[sb:], np.int64(0), rows, lut)
+                _tile_pixels(oh1 - oh0, ow1 - ow0, sh, sw, cols, tc, sb, n, oh0, ow0, t0, t2, t3, k0 * t1,
+                             r0, r2, r3, k0 * r1, pix, ybase, rbase, mb + M)
+                sb += rows * cols * tc
+                M += (oh1 - oh0) * (ow1 - ow0)
+            for m in range(mb + M, mb + gm[g]):
+                pix[m] = gsb         # padding rows read the group's first slab (never stored)
+            gtaps[g - g0, :] = _taps(R, S, dh, dw, cols, tc)[0]
+            gmo[g - g0] = mb
+            gcnt[g - g0] = M
+            mb += gm[g]
+        acc = np.empty((RB * PB, MR * NR), np.float32)
+        pb = _panel_block(t_any, kc)
+        for b0 in range(0, npanel, pb):
+            for gi in range(g1 - g0):
+                _mm_store(slab, pix, gmo[gi], gmo[gi] + gcnt[gi], gtaps[gi], kc, tc, wpk, tk, R, S, b0,
+                          min(npanel, b0 + pb), acc, ybase, rbase, y, t1, ycode, ea, eb, k0, lo, has_res, res, r1,
+                          rcode, lut)
     return nread
 
 

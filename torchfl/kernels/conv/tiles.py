@@ -14,9 +14,8 @@ One compiled body per storage type: the dtype is a runtime code (``dtypes.CODE``
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, prange, types
+from numba import njit, prange
 
-from .. import taskcall
 from ..codecs import decode, encode16, f16_to_f32
 from .microkernel import MR, NR, mk6x16_taps, tr16x8_f16
 
@@ -158,50 +157,13 @@ def _pack_panel(w, s0, s1, s2, s3, code, k0, tk, c0, tc, R, S, wpk, p, lut):
                     wpk[o + j] = 0.0
 
 
-def panel_task(w, wpk, lut) -> int:
-    """Address (:mod:`..taskcall`) of :func:`_pack_panel` for these arrays, every integer
-    int64 (as :func:`_panel_call` passes them): the parallel loops that pack panels call it,
-    it is not linked into their gufuncs and outer libraries and compiled again in each."""
-    z = np.int64(0)
-    return taskcall.address(_pack_panel, (w, z, z, z, z, z, z, z, z, z, z, z, wpk, z, lut))
-
-
-@njit(cache=True, nogil=True, inline="always")
-def _panel_call(task, w, s0, s1, s2, s3, code, k0, tk, c0, tc, R, S, wpk, p, lut):
-    """``_pack_panel(...)`` through its address ``task`` (:func:`panel_task`)."""
-    i64 = np.int64
-    taskcall.call(task, (w, i64(s0), i64(s1), i64(s2), i64(s3), i64(code), i64(k0), i64(tk), i64(c0), i64(tc),
-                         i64(R), i64(S), wpk, i64(p), lut))
-
-
-def slab_task(x, lut) -> int:
-    """Address of :func:`_slab_rows` (float input, a float32 scratch slab, every integer
-    int64, as :func:`_slab_call` passes them); its int64 result is the elements read."""
-    z = np.int64(0)
-    return taskcall.address(_slab_rows, (x, z, z, z, z, z, np.float32(0.0), z, z, z, z, z, z, z, z,
-                                         np.zeros(1, np.float32), z, z, lut), returns=types.int64)
-
-
-@njit(cache=True, nogil=True, inline="always")
-def _slab_call(task, x, s0, s1, s2, s3, code, n, c0, tc, lo_h, lo_w, cols, H, W, slab, i0, i1, lut):
-    """``_slab_rows`` (no zero point: float) through its address ``task`` (:func:`slab_task`)."""
-    i64 = np.int64
-    return taskcall.call_int(task, (x, i64(s0), i64(s1), i64(s2), i64(s3), i64(code), np.float32(0.0), i64(n),
-                                    i64(c0), i64(tc), i64(lo_h), i64(lo_w), i64(cols), i64(H), i64(W), slab, i64(i0),
-                                    i64(i1), lut))
-
-
-def pack_weights(w, s0, s1, s2, s3, code, k0, tk, c0, tc, R, S, wpk, lut):
-    """load_weights for float weights, the panels spread over host threads (each packed
-    by :func:`_pack_panel`, called through its address). Returns elements read."""
-    return _pack_weights(panel_task(w, wpk, lut), w, s0, s1, s2, s3, code, k0, tk, c0, tc, R, S, wpk, lut)
-
-
 @njit(cache=True, nogil=True, parallel=True)
-def _pack_weights(task, w, s0, s1, s2, s3, code, k0, tk, c0, tc, R, S, wpk, lut):
+def pack_weights(w, s0, s1, s2, s3, code, k0, tk, c0, tc, R, S, wpk, lut):
+    """load_weights for float weights, the panels spread over host threads. Returns
+    elements read."""
     npanel = (tk + NR - 1) // NR
     for p in prange(npanel):
-        _panel_call(task, w, s0, s1, s2, s3, code, k0, tk, c0, tc, R, S, wpk, p, lut)
+        _pack_panel(w, s0, s1, s2, s3, code, k0, tk, c0, tc, R, S, wpk, np.int64(p), lut)
     return tk * tc * R * S
 
 
