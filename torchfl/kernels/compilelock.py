@@ -62,7 +62,10 @@ def install(how: str = "wait") -> None:
 
 def _name(disp, args) -> str:
     fn = disp.py_func
-    key = f"{fn.__module__}.{fn.__qualname__}:{fn.__code__.co_firstlineno}|{args}"
+    # a closure's cell values are part of what it compiles (elementwise's per-op apply), as
+    # they are of Numba's cache key
+    cells = tuple(c.cell_contents for c in fn.__closure__ or ())
+    key = f"{fn.__module__}.{fn.__qualname__}:{fn.__code__.co_firstlineno}{cells if cells else ''}|{args}"
     return hashlib.sha1(key.encode()).hexdigest()[:24]
 
 

@@ -80,27 +80,37 @@ def enabled() -> bool:
 
 
 def run_calls(chip, calls) -> int:
-    """Call each kernel once on scratch inputs (in this process); returns the calls that ran."""
+    """Call each kernel once on scratch inputs (in this process); returns the calls that ran.
+    A call that meets a function another process is compiling is tried once more after the
+    others: kernels share tasks compiled once (the conv's ``_mm_store``, :mod:`taskcall`), so
+    the first call of a family holds the rest back; skipped for good, they were all left to
+    the executor, one after the other."""
     from . import frozen
     from .catalog import CATALOG
+    from .compilelock import Claimed
     from .memory import DeviceMemory
     from .tensor import DeviceTensor
 
     done = 0
-    for c in calls:
-        try:
-            spec = CATALOG[c.kernel]
-            problem = spec.problem(c.shapes, c.attrs, c.dtype, c.layouts, c.dtypes)
-            plan = spec.tile(problem, chip)
-            memory = DeviceMemory(chip)
-            inputs = {k: DeviceTensor.empty(memory, c.shapes[k], c.dtypes[k], c.layouts.get(k))
-                      for k in c.shapes}
-            for k in c.frozen:      # kernels take other paths (other specialisations) for these
-                frozen.freeze(inputs[k].buffer)
-            spec.bind(chip, problem, plan, memory)(inputs)
-            done += 1
-        except Exception:  # noqa: BLE001 - the caller compiles what the helper could not
-            continue
+    for attempt in range(2):
+        deferred = []
+        for c in calls:
+            try:
+                spec = CATALOG[c.kernel]
+                problem = spec.problem(c.shapes, c.attrs, c.dtype, c.layouts, c.dtypes)
+                plan = spec.tile(problem, chip)
+                memory = DeviceMemory(chip)
+                inputs = {k: DeviceTensor.empty(memory, c.shapes[k], c.dtypes[k], c.layouts.get(k))
+                          for k in c.shapes}
+                for k in c.frozen:      # kernels take other paths (other specialisations) for these
+                    frozen.freeze(inputs[k].buffer)
+                spec.bind(chip, problem, plan, memory)(inputs)
+                done += 1
+            except Claimed:
+                deferred.append(c)
+            except Exception:  # noqa: BLE001 - the caller compiles what the helper could not
+                continue
+        calls = deferred
     return done
 
 

@@ -17,6 +17,7 @@ import numpy as np
 from numba import njit, prange, types
 from numba.extending import intrinsic
 
+from .. import taskcall
 from .microkernel import MR, NR, PB, RB, VW, make_block_kernel
 from ..codecs import encode16
 from .tiles import _dec
@@ -139,40 +140,66 @@ def _store_rows(blk, mn, kb, p0, pn, y, yoff, yc, ycode, ea, eb, lo, has_res, re
                 y[yo + j] = v
 
 
-@njit(cache=True, nogil=True, parallel=True)
+@njit(cache=True, nogil=True)
+def _rows_chunk(ch, ppc, x, xoff, xc, code, C, HW, OW, sh, sw, W, wblk, k0, tk, y, yoff, yc, ea, eb, lo, has_res,
+                res, roff, rc, slab, lut):
+    """Chunk ``ch`` of :func:`conv1x1_rows` (pixel panels [ch ppc, (ch + 1) ppc)): its panels
+    packed, then every block of MB channels against them, with its epilogue."""
+    npp = (HW + NR - 1) // NR
+    taps = np.zeros(1, np.int64)
+    pst = C * NR
+    p1 = min(npp, (ch + 1) * ppc)
+    _pack_pixels(x, xoff, xc, code, C, HW, OW, sh, sw, W, slab, ch * ppc, p1, lut)
+    acc = np.empty((RB * PB, MR * NR), np.float32)
+    for m in range(0, tk, MB):
+        for p in range(ch * ppc, p1, PB):
+            npan = 2 if PB == 2 and p + 1 < npp else 1
+            if npan == 2:
+                mkp_p2(wblk, taps, m * C, taps, np.int64(1), slab, p * pst, pst, C, acc)
+            else:
+                mkp_p1(wblk, taps, m * C, taps, np.int64(1), slab, p * pst, pst, C, acc)
+            for i in range(RB):
+                mi0 = m + i * MR
+                for h in range(npan):
+                    p0 = (p + h) * NR
+                    _store_rows(acc[i * npan + h], min(MR, tk - mi0), k0 + mi0, p0, min(NR, HW - p0), y, yoff,
+                                yc, code, ea, eb, lo, has_res, res, roff, rc, lut)
+
+
+def _chunk_pixels(C):
+    """Pixel panels per chunk: chunks whose panels (~512 KB) are packed and stay in L2 while
+    every channel block streams past them: output and residual are then read and written as
+    MB sequential rows, not 16-pixel pieces of all K rows (scattered lines the prefetchers do
+    not follow)."""
+    ppc = max(PB, (512 * 1024) // (C * NR * 4))
+    return np.int64(ppc - ppc % PB)
+
+
 def conv1x1_rows(x, xoff, xc, code, C, HW, OW, sh, sw, W, wblk, k0, tk, y, yoff, yc, ea, eb, relu, has_res,
                  res, roff, rc, slab, lut):
     """Output channels [k0, k0 + tk) of one image: x[c * xc + p] (from xoff) -> y[k * yc + p]
     (from yoff), residual res[k * rc + p] (from roff), HW output pixels OW wide, read at
     strides (sh, sw) of a W wide input; ``code`` is the storage of x, y and the residual
     alike (0 float32, 1 float16); ``wblk`` the channels' weights packed by pack_weight_rows.
-    Per chunk of pixel panels (in parallel): its panels packed, then every block of MB
-    channels against them, with its epilogue."""
-    npp = (HW + NR - 1) // NR
+    Per chunk of pixel panels (in parallel, :func:`_rows_chunk`, called through its address:
+    :mod:`..taskcall`; linked in, the chunk's register blocks and epilogue were compiled
+    again in the parallel function's gufunc and outer library)."""
+    ppc = _chunk_pixels(C)
     lo = np.float32(0.0) if relu else np.float32(-np.inf)
-    taps = np.zeros(1, np.int64)
-    pst = C * NR
-    # pixel chunks whose panels (~512 KB) are packed and stay in L2 while every channel block
-    # streams past them: output and residual are then read and written as MB sequential rows,
-    # not 16-pixel pieces of all K rows (scattered lines the prefetchers do not follow)
-    ppc = max(PB, (512 * 1024) // (pst * 4))
-    ppc -= ppc % PB
+    task = taskcall.address(_rows_chunk, (np.int64(0), ppc, x, xoff, xc, code, C, HW, OW, sh, sw, W, wblk, k0, tk,
+                                          y, yoff, yc, ea, eb, lo, has_res, res, roff, rc, slab, lut))
+    _conv1x1_rows(task, ppc, x, xoff, xc, code, C, HW, OW, sh, sw, W, wblk, k0, tk, y, yoff, yc, ea, eb, lo,
+                  has_res, res, roff, rc, slab, lut)
+
+
+@njit(cache=True, nogil=True, parallel=True)
+def _conv1x1_rows(task, ppc, x, xoff, xc, code, C, HW, OW, sh, sw, W, wblk, k0, tk, y, yoff, yc, ea, eb, lo,
+                  has_res, res, roff, rc, slab, lut):
+    """:func:`conv1x1_rows`' chunks in parallel; ``task`` is ``_rows_chunk``'s address."""
+    npp = (HW + NR - 1) // NR
     for ch in prange((npp + ppc - 1) // ppc):
-        _pack_pixels(x, xoff, xc, code, C, HW, OW, sh, sw, W, slab, ch * ppc, min(npp, (ch + 1) * ppc), lut)
-        acc = np.empty((RB * PB, MR * NR), np.float32)
-        for m in range(0, tk, MB):
-            for p in range(ch * ppc, min(npp, (ch + 1) * ppc), PB):
-                npan = 2 if PB == 2 and p + 1 < npp else 1
-                if npan == 2:
-                    mkp_p2(wblk, taps, m * C, taps, np.int64(1), slab, p * pst, pst, C, acc)
-                else:
-                    mkp_p1(wblk, taps, m * C, taps, np.int64(1), slab, p * pst, pst, C, acc)
-                for i in range(RB):
-                    mi0 = m + i * MR
-                    for h in range(npan):
-                        p0 = (p + h) * NR
-                        _store_rows(acc[i * npan + h], min(MR, tk - mi0), k0 + mi0, p0, min(NR, HW - p0), y, yoff,
-                                    yc, code, ea, eb, lo, has_res, res, roff, rc, lut)
+        taskcall.call(task, (np.int64(ch), ppc, x, xoff, xc, code, C, HW, OW, sh, sw, W, wblk, k0, tk, y, yoff, yc,
+                             ea, eb, lo, has_res, res, roff, rc, slab, lut))
 
 
 def pack_weight_rows(w, K, C):

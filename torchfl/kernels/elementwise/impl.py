@@ -2,6 +2,7 @@
 encode (RNE), store; count every tile."""
 from __future__ import annotations
 
+import functools
 import math
 
 import numpy as np
@@ -38,142 +39,164 @@ def _gelu_grad(v, tanh_form):
     return cdf + v * pdf
 
 
-@njit(cache=True, error_model="numpy")
-def apply(op, x, y, z, c, out, s0, s1, has_y, tanh_form):
-    """out = op(x, y, z) on float32 tiles (y/z unused by unary ops; c: bool condition).
-    IEEE division (``error_model="numpy"``): x/0 is inf or nan as in torch, never Python's
+@njit(inline="always", cache=True)
+def _compare(op, u, v):
+    """Comparison ops 28-33 (eq, ne, lt, le, gt, ge), for the float and the integer paths."""
+    return (u == v if op == 28 else u != v if op == 29 else u < v if op == 30 else u <= v if op == 31
+            else u > v if op == 32 else u >= v)
+
+
+@functools.lru_cache(maxsize=None)
+def _make_apply(OP):
+    """``apply`` for the one op code ``OP``: a closure whose ``op`` is a constant, so Numba's
+    dead-branch pruning (before typing) drops every other op's loop and only this op's is
+    typed, optimised and compiled (a cached closure is keyed by its cell values too). One
+    function for all ops compiled ~3 s of CPU in a model's first call whatever ops it used
+    (BERT layer: see BENCHMARKS.md, cold first call, cold4). IEEE division
+    (``error_model="numpy"``): x/0 is inf or nan as in torch, never Python's
     ZeroDivisionError, and loops with a division vectorise (no per-element check)."""
-    n = out.shape[0]
-    if op == 0 or op == 1:
-        sg = np.float32(1.0 if op == 0 else -1.0) * s1
-        if has_y:
-            for i in range(n):
-                out[i] = x[i] + sg * y[i]
-        else:
-            for i in range(n):
-                out[i] = x[i] + sg * s0
-    elif op == 2:
-        if has_y:
-            for i in range(n):
-                out[i] = x[i] * y[i]
-        else:
-            for i in range(n):
-                out[i] = x[i] * s0
-    elif op == 3:
-        if has_y:
-            for i in range(n):
-                out[i] = x[i] / y[i]
-        else:
-            for i in range(n):
-                out[i] = x[i] / s0
-    elif op == 4:
-        for i in range(n):
-            out[i] = x[i] if x[i] > 0 else (np.float32(0.0) if x[i] <= 0 else x[i])
-    elif op == 5:
-        for i in range(n):
-            out[i] = gelu32(x[i], tanh_form)
-    elif op == 6:
-        for i in range(n):
-            out[i] = x[i] / (np.float32(1.0) + exp32(-x[i]))
-    elif op == 7:
-        for i in range(n):
-            out[i] = np.float32(1.0) / (np.float32(1.0) + exp32(-x[i]))
-    elif op == 8:
-        for i in range(n):
-            out[i] = tanh32(x[i])
-    elif op == 9:
-        for i in range(n):
-            out[i] = -x[i]
-    elif op == 10:
-        for i in range(n):
-            out[i] = np.float32(1.0) / math.sqrt(x[i]) if x[i] >= 0 else np.float32(np.nan)
-    elif op == 11:
-        if has_y:
-            for i in range(n):
-                out[i] = np.float32(np.float64(x[i]) ** np.float64(y[i]))
-        else:
-            e = np.float64(s0)
-            if e == 2.0:       # x*x, x*x*x: what pow computes, without a scalar libm pow per element
+
+    def apply_op(x, y, z, c, out, s0, s1, has_y, tanh_form):
+        op = OP
+        n = out.shape[0]
+        if op == 0 or op == 1:
+            sg = np.float32(1.0 if op == 0 else -1.0) * s1
+            if has_y:
                 for i in range(n):
-                    v = np.float64(x[i])
-                    out[i] = np.float32(v * v)
-            elif e == 3.0:     # GPT-2's gelu_new
-                for i in range(n):
-                    v = np.float64(x[i])
-                    out[i] = np.float32(v * v * v)
+                    out[i] = x[i] + sg * y[i]
             else:
                 for i in range(n):
-                    out[i] = np.float32(np.float64(x[i]) ** e)
-    elif op == 12:
-        for i in range(n):
-            out[i] = x[i] if c[i] else y[i]
-    elif op == 13:
-        for i in range(n):
-            out[i] = x[i] if y[i] > s0 else np.float32(0.0)
-    elif op == 14:
-        for i in range(n):
-            out[i] = x[i] * _gelu_grad(np.float64(y[i]), tanh_form)
-    elif op == 15:
-        for i in range(n):
-            v = np.float64(y[i])
-            sg = 1.0 / (1.0 + math.exp(-v))
-            out[i] = x[i] * sg * (1.0 + v * (1.0 - sg))
-    elif op == 16:
-        for i in range(n):
-            out[i] = x[i] * y[i] * (np.float32(1.0) - y[i])
-    elif op == 17:
-        for i in range(n):
-            out[i] = x[i] * (np.float32(1.0) - y[i] * y[i])
-    elif op == 18:
-        for i in range(n):
-            out[i] = np.float32(math.sin(np.float64(x[i])))
-    elif op == 19:
-        for i in range(n):
-            out[i] = np.float32(math.cos(np.float64(x[i])))
-    elif op == 20:
-        for i in range(n):
-            out[i] = np.float32(math.exp(np.float64(x[i])))
-    elif op == 21:
-        for i in range(n):
-            out[i] = np.float32(math.log(np.float64(x[i]))) if x[i] >= 0 else np.float32(np.nan)
-    elif op == 22:
-        for i in range(n):
-            out[i] = np.float32(math.sqrt(np.float64(x[i]))) if x[i] >= 0 else np.float32(np.nan)
-    elif op == 23:
-        for i in range(n):
-            out[i] = abs(x[i])
-    elif op == 24:
-        for i in range(n):
-            out[i] = erf32(x[i])
-    elif op == 25:      # comparisons are false for nan: nan passes through, as in torch
-        for i in range(n):
-            v = x[i]
-            out[i] = s0 if v < s0 else (s1 if v > s1 else v)
-    elif op == 26 or op == 27:
-        for i in range(n):
-            v = x[i] + np.float32(3.0)
-            r6 = np.float32(0.0) if v < 0 else (np.float32(6.0) if v > np.float32(6.0) else v)
-            out[i] = (x[i] * r6 if op == 26 else r6) / np.float32(6.0)
-    elif op >= 28 and op <= 33:
-        for i in range(n):
-            u = x[i]
-            v = y[i] if has_y else s0
-            t = (u == v if op == 28 else u != v if op == 29 else u < v if op == 30 else u <= v if op == 31
-                 else u > v if op == 32 else u >= v)
-            out[i] = np.float32(1.0) if t else np.float32(0.0)
-    elif op == 34 or op == 35:
-        for i in range(n):
-            t = (x[i] != 0 and y[i] != 0) if op == 34 else (x[i] != 0 or y[i] != 0)
-            out[i] = np.float32(1.0) if t else np.float32(0.0)
-    elif op == 36:
-        for i in range(n):
-            out[i] = np.float32(1.0) if x[i] == 0 else np.float32(0.0)
-    elif op == 38:
-        for i in range(n):
-            out[i] = s0 if c[i] == (s1 != 0) else x[i]
-    elif op == 39:
-        for i in range(n):
-            out[i] = np.float32(1.0) / x[i]
+                    out[i] = x[i] + sg * s0
+        elif op == 2:
+            if has_y:
+                for i in range(n):
+                    out[i] = x[i] * y[i]
+            else:
+                for i in range(n):
+                    out[i] = x[i] * s0
+        elif op == 3:
+            if has_y:
+                for i in range(n):
+                    out[i] = x[i] / y[i]
+            else:
+                for i in range(n):
+                    out[i] = x[i] / s0
+        elif op == 4:
+            for i in range(n):
+                out[i] = x[i] if x[i] > 0 else (np.float32(0.0) if x[i] <= 0 else x[i])
+        elif op == 5:
+            for i in range(n):
+                out[i] = gelu32(x[i], tanh_form)
+        elif op == 6:
+            for i in range(n):
+                out[i] = x[i] / (np.float32(1.0) + exp32(-x[i]))
+        elif op == 7:
+            for i in range(n):
+                out[i] = np.float32(1.0) / (np.float32(1.0) + exp32(-x[i]))
+        elif op == 8:
+            for i in range(n):
+                out[i] = tanh32(x[i])
+        elif op == 9:
+            for i in range(n):
+                out[i] = -x[i]
+        elif op == 10:
+            for i in range(n):
+                out[i] = np.float32(1.0) / math.sqrt(x[i]) if x[i] >= 0 else np.float32(np.nan)
+        elif op == 11:
+            if has_y:
+                for i in range(n):
+                    out[i] = np.float32(np.float64(x[i]) ** np.float64(y[i]))
+            else:
+                e = np.float64(s0)
+                if e == 2.0:       # x*x, x*x*x: what pow computes, without a scalar libm pow per element
+                    for i in range(n):
+                        v = np.float64(x[i])
+                        out[i] = np.float32(v * v)
+                elif e == 3.0:     # GPT-2's gelu_new
+                    for i in range(n):
+                        v = np.float64(x[i])
+                        out[i] = np.float32(v * v * v)
+                else:
+                    for i in range(n):
+                        out[i] = np.float32(np.float64(x[i]) ** e)
+        elif op == 12:
+            for i in range(n):
+                out[i] = x[i] if c[i] else y[i]
+        elif op == 13:
+            for i in range(n):
+                out[i] = x[i] if y[i] > s0 else np.float32(0.0)
+        elif op == 14:
+            for i in range(n):
+                out[i] = x[i] * _gelu_grad(np.float64(y[i]), tanh_form)
+        elif op == 15:
+            for i in range(n):
+                v = np.float64(y[i])
+                sg = 1.0 / (1.0 + math.exp(-v))
+                out[i] = x[i] * sg * (1.0 + v * (1.0 - sg))
+        elif op == 16:
+            for i in range(n):
+                out[i] = x[i] * y[i] * (np.float32(1.0) - y[i])
+        elif op == 17:
+            for i in range(n):
+                out[i] = x[i] * (np.float32(1.0) - y[i] * y[i])
+        elif op == 18:
+            for i in range(n):
+                out[i] = np.float32(math.sin(np.float64(x[i])))
+        elif op == 19:
+            for i in range(n):
+                out[i] = np.float32(math.cos(np.float64(x[i])))
+        elif op == 20:
+            for i in range(n):
+                out[i] = np.float32(math.exp(np.float64(x[i])))
+        elif op == 21:
+            for i in range(n):
+                out[i] = np.float32(math.log(np.float64(x[i]))) if x[i] >= 0 else np.float32(np.nan)
+        elif op == 22:
+            for i in range(n):
+                out[i] = np.float32(math.sqrt(np.float64(x[i]))) if x[i] >= 0 else np.float32(np.nan)
+        elif op == 23:
+            for i in range(n):
+                out[i] = abs(x[i])
+        elif op == 24:
+            for i in range(n):
+                out[i] = erf32(x[i])
+        elif op == 25:      # comparisons are false for nan: nan passes through, as in torch
+            for i in range(n):
+                v = x[i]
+                out[i] = s0 if v < s0 else (s1 if v > s1 else v)
+        elif op == 26 or op == 27:
+            for i in range(n):
+                v = x[i] + np.float32(3.0)
+                r6 = np.float32(0.0) if v < 0 else (np.float32(6.0) if v > np.float32(6.0) else v)
+                out[i] = (x[i] * r6 if op == 26 else r6) / np.float32(6.0)
+        elif op >= 28 and op <= 33:
+            for i in range(n):
+                u = x[i]
+                v = y[i] if has_y else s0
+                t = _compare(op, u, v)
+                out[i] = np.float32(1.0) if t else np.float32(0.0)
+        elif op == 34 or op == 35:
+            for i in range(n):
+                t = (x[i] != 0 and y[i] != 0) if op == 34 else (x[i] != 0 or y[i] != 0)
+                out[i] = np.float32(1.0) if t else np.float32(0.0)
+        elif op == 36:
+            for i in range(n):
+                out[i] = np.float32(1.0) if x[i] == 0 else np.float32(0.0)
+        elif op == 38:
+            for i in range(n):
+                out[i] = s0 if c[i] == (s1 != 0) else x[i]
+        elif op == 39:
+            for i in range(n):
+                out[i] = np.float32(1.0) / x[i]
+
+    apply_op.__qualname__ = "apply"     # its name in the cache and `torchfl kernels info`
+    return njit(cache=True, error_model="numpy")(apply_op)
+
+
+def apply(op, x, y, z, c, out, s0, s1, has_y, tanh_form):
+    """out = op(x, y, z) on float32 tiles (y/z unused by unary ops; c: bool condition),
+    through op's own compiled function (:func:`_make_apply`)."""
+    _make_apply(int(op))(x, y, z, c, out, s0, s1, has_y, tanh_form)
 
 
 @njit(cache=True)
@@ -204,8 +227,7 @@ def apply_int(op, x, y, c, out, s0, s1, has_y):
         for i in range(n):
             u = x[i]
             v = y[i] if has_y else s0
-            t = (u == v if op == 28 else u != v if op == 29 else u < v if op == 30 else u <= v if op == 31
-                 else u > v if op == 32 else u >= v)
+            t = _compare(op, u, v)
             out[i] = 1 if t else 0
     elif op == 34:
         for i in range(n):
