@@ -7,6 +7,8 @@ Logical letters by rank: 3 ``NCL``, 4 ``NCHW``, 5 ``NCDHW``, otherwise ``ABCDEF.
 """
 from __future__ import annotations
 
+import math
+
 import numpy as np
 
 from torchfl.hcd.dtypes import short_dtype
@@ -76,7 +78,7 @@ class DeviceTensor:
 
     @property
     def numel(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64))
+        return math.prod(self.shape)   # Python ints: exact, and ~20x cheaper than np.prod per call
 
     @property
     def nbytes(self) -> int:
@@ -102,7 +104,7 @@ class DeviceTensor:
     @classmethod
     def empty(cls, memory, shape, dtype, layout=None) -> "DeviceTensor":
         shape = tuple(int(s) for s in shape)
-        n = int(np.prod(shape, dtype=np.int64)) * _dt.itemsize(dtype)
+        n = math.prod(shape) * _dt.itemsize(dtype)
         return cls(memory.alloc(n), shape, layout, dtype)
 
     @classmethod
