@@ -1,7 +1,7 @@
 """A task called through its address (kernels/taskcall.py) computes what a direct call does,
 from a parallel loop, and is compiled once for its signature (not linked into the caller)."""
 import numpy as np
-from numba import njit, prange, types
+from numba import njit, prange
 
 from torchfl.kernels import taskcall
 
@@ -48,33 +48,3 @@ def test_task_of_other_types_gets_its_own_address():
     out = np.zeros(2, np.float64)
     _rows(a64, x64, np.float32(1.0), out)
     np.testing.assert_array_equal(out, [4.0, 4.0])
-
-
-@njit
-def _count_task(t, x, lim):
-    """How many of row t's 8 values exceed lim (an int64 the caller sums)."""
-    c = 0
-    for j in range(8):
-        if x[t * 8 + j] > lim:
-            c += 1
-    return c
-
-
-@njit(parallel=True)
-def _count_rows(task, x, lim, n):
-    total = 0
-    for t in prange(n):
-        total += taskcall.call_int(task, (np.int64(t), x, lim))
-    return total
-
-
-def test_task_returning_a_count():
-    x = np.arange(64, dtype=np.float32)
-    addr = taskcall.address(_count_task, (np.int64(0), x, np.float32(0.0)), returns=types.int64)
-    assert _count_rows(addr, x, np.float32(20.5), 8) == 43 == int((x > 20.5).sum())
-    try:
-        taskcall.address(_count_task, (np.int64(0), x, np.float32(0.0)))
-    except TypeError as e:
-        assert "returns int64" in str(e)
-    else:
-        raise AssertionError("a task returning a value needs returns=types.int64")

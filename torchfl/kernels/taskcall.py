@@ -24,45 +24,40 @@ from numba._dispatcher import compute_fingerprint
 from numba.core import cgutils, types
 from numba.extending import intrinsic
 
-__all__ = ["address", "call", "call_int"]
+__all__ = ["address", "call"]
 
 _addresses: dict = {}
 
 
-def address(task, args: tuple, returns=types.none) -> int:
-    """Native address of ``task`` (a ``@njit`` dispatcher returning nothing, or the int64
-    that :func:`call_int` reads: ``returns=types.int64``) compiled for the types of ``args``
-    (compiled or loaded from the cache on first use, then memoised under the values' type
-    fingerprints: ~3 us a call, where ``typeof`` of 28 values took ~75 us)."""
-    key = (task, returns, tuple(map(compute_fingerprint, args)))
+def address(task, args: tuple) -> int:
+    """Native address of ``task`` (a ``@njit`` dispatcher returning nothing) compiled for the
+    types of ``args`` (compiled or loaded from the cache on first use, then memoised under
+    the values' type fingerprints: ~3 us a call, where ``typeof`` of 28 values took ~75 us)."""
+    key = (task, tuple(map(compute_fingerprint, args)))
     addr = _addresses.get(key)
     if addr is None:
         sig = tuple(typeof(a) for a in args)
         task.compile(sig)
         cres = task.overloads[sig]
-        if cres.signature.return_type != returns:
-            raise TypeError(f"{task.py_func.__qualname__}: the task returns {cres.signature.return_type}, "
-                            f"not {returns}")
+        if cres.signature.return_type != types.none:
+            raise TypeError(f"{task.py_func.__qualname__}: a task returns nothing, not {cres.signature.return_type}")
         addr = cres.library.get_pointer_to_function(cres.fndesc.llvm_func_name)
         _addresses[key] = addr
     return addr
 
 
-def _checked(addr, args) -> bool:
+@intrinsic
+def call(typingctx, addr, args):
+    """``task(*args)`` where ``addr`` = :func:`address` of ``task`` for these argument types.
+    A status other than success (the task raised) is ignored: tasks do not raise."""
     if not isinstance(addr, types.Integer) or not isinstance(args, types.BaseTuple):
-        return False
+        return None
     for t in args:
         if isinstance(t, (types.Literal, types.Optional)):
             raise TypeError(f"taskcall.call: argument type {t} (pass np.int64(...) / a plain value)")
-    return True
-
-
-def _codegen(args, rettype):
-    """The indirect call of a task returning ``rettype`` (its status ignored: tasks do not
-    raise); the value is what the task stored in its return slot."""
 
     def codegen(context, builder, signature, llargs):
-        fnty = context.call_conv.get_function_type(rettype, list(args))
+        fnty = context.call_conv.get_function_type(types.none, list(args))
         fnptr = builder.inttoptr(llargs[0], fnty.as_pointer())
         values = [builder.extract_value(llargs[1], i) for i in range(len(args))]
         retty = fnty.args[0].pointee
@@ -71,25 +66,7 @@ def _codegen(args, rettype):
         excinfo = cgutils.alloca_once(builder, fnty.args[1].pointee, name="excinfo")
         packed = context.call_conv._get_arg_packer(list(args)).as_arguments(builder, values)
         builder.call(fnptr, [ret, excinfo] + list(packed))
-        if rettype == types.none:
-            return context.get_dummy_value()
-        return builder.load(ret)
+        return context.get_dummy_value()
 
-    return codegen
+    return types.none(addr, args), codegen
 
-
-@intrinsic
-def call(typingctx, addr, args):
-    """``task(*args)`` where ``addr`` = :func:`address` of ``task`` for these argument types."""
-    if not _checked(addr, args):
-        return None
-    return types.none(addr, args), _codegen(args, types.none)
-
-
-@intrinsic
-def call_int(typingctx, addr, args):
-    """``task(*args)``'s int64 result, ``addr`` = :func:`address` of ``task`` for these
-    argument types with ``returns=types.int64`` (a count the task computes, for instance)."""
-    if not _checked(addr, args):
-        return None
-    return types.int64(addr, args), _codegen(args, types.int64)

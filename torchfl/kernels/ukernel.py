@@ -29,11 +29,6 @@ from numba.extending import intrinsic
 from .hostcpu import has_feature
 
 
-def _host_has_avx512() -> bool:
-    """Whether Numba compiles for a host with AVX-512F."""
-    return has_feature("avx512f")
-
-
 def make_ukernel(mr: int, nr: int, w: int):
     """The ``mr x nr`` micro-kernel with ``<w x float>`` vectors (``nr % w == 0``):
     ``uk(kc, pa, pa_off, pb, pb_off, c, c_off, ldc)`` does
@@ -202,7 +197,7 @@ def _emit(context, builder, signature, args, mr, nr, w, nv, streaming):
 
 ukernel_6x16 = make_ukernel(6, 16, 8)
 
-if _host_has_avx512():
+if has_feature("avx512f"):
     MR, NR = 8, 48
     ukernel_gemm = make_ukernel_streaming(MR, NR, 16)
     KC, MCP = 512, 32      # CPU sub-blocks: A block MCP*MR x KC fp32 = 512 KiB (L2)

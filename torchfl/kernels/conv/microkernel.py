@@ -175,9 +175,9 @@ def _vector_width() -> int:
         if v not in ("8", "16"):
             raise ValueError(f"TORCHFL_CONV_VECTOR={v!r}: use 8 (AVX2 width) or 16 (AVX-512), or unset it")
         return int(v)
-    from ..ukernel import _host_has_avx512
+    from ..hostcpu import has_feature
 
-    return 16 if _host_has_avx512() else 8
+    return 16 if has_feature("avx512f") else 8
 
 
 MR, NR = 6, 16
