@@ -11,8 +11,9 @@ from torchfl.registry.names import HEAD, REVISIONS
 from torchfl.registry.schema import metadata
 
 TABLES = {"alembic_version", "imports", "chip_versions", "pack_versions", "conformance_runs", "conformance_results",
-          "route_runs", "route_counts"}
-EVIDENCE = {"conformance_runs", "conformance_results", "route_runs", "route_counts"}
+          "route_runs", "route_counts", "sweep_runs", "sweep_units", "sweep_finishes"}
+EVIDENCE = {"conformance_runs", "conformance_results", "route_runs", "route_counts",
+            "sweep_runs", "sweep_units", "sweep_finishes"}  # 0003 evidence, 0007 sweeps
 
 
 def _tables(engine) -> set[str]:
