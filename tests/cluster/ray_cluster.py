@@ -38,20 +38,37 @@ class RayCluster:
         self.nodes: list[subprocess.Popen] = []
 
     def _start(self, *args: str) -> subprocess.Popen:
-        log = open(self.tmp / f"node{len(self.nodes)}.log", "w")
+        log = open(self.tmp / f"node{len(self.nodes)}.log", "a")
         proc = subprocess.Popen([RAY, "start", "--block", "--disable-usage-stats", "--node-ip-address", "127.0.0.1",
                                  "--object-store-memory", str(80 * 1024 * 1024), *args],
                                 env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
         self.nodes.append(proc)
         return proc
 
-    def start(self, timeout: float = 180) -> "RayCluster":
-        self._start("--head", "--port", str(self.port), "--num-cpus", "0", "--include-dashboard=false")
-        self._wait(1, timeout)
-        for _ in range(self.workers):
-            self._start("--address", self.address, "--num-cpus", str(self.cpus))
-        self._wait(1 + self.workers, timeout)
+    def start(self, timeout: float = 180, tries: int = 3) -> "RayCluster":
+        """The head, then each worker node in turn. Ray gives a node 30 s to register with the
+        head; on a loaded machine it may miss that, so a node that gave up is ended (its
+        process group) and started again, ``tries`` times in all."""
+        self._node(1, tries, timeout, "--head", "--port", str(self.port), "--num-cpus", "0",
+                   "--include-dashboard=false")
+        for i in range(self.workers):
+            self._node(2 + i, tries, timeout, "--address", self.address, "--num-cpus", str(self.cpus))
         return self
+
+    def _node(self, expect: int, tries: int, timeout: float, *args: str) -> None:
+        for attempt in range(tries):
+            proc = self._start(*args)
+            try:
+                self._wait(expect, timeout)
+                return
+            except RuntimeError:
+                if proc.poll() is None or attempt == tries - 1:
+                    raise
+                try:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                self.nodes.remove(proc)
 
     def alive_nodes(self) -> int:
         """Nodes the head reports alive (asked through `ray` in a child process: the test process keeps no Ray)."""

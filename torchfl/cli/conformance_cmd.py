@@ -79,11 +79,14 @@ def conformance(chips, all_chips, ops, dtypes, samples, edge_from, jobs, no_reco
         reg.record(name)  # unknown chip: one line with near matches, before torch is imported
     from torchfl.conformance.harness import Settings
 
-    settings = Settings(samples=samples, edge_from=edge_from, ops=_split(ops), dtypes=wanted,
-                        jobs=jobs or min(4, os.cpu_count() or 1))
     from torchfl.cluster.options import runner as make_runner
 
-    runner = make_runner(cluster, settings.jobs, echo=lambda line: click.echo(line, err=True))
+    jobs = jobs or min(4, os.cpu_count() or 1)
+    runner = make_runner(cluster, jobs, echo=lambda line: click.echo(line, err=True))
+    if cluster is not None:
+        with reported():
+            jobs = max(1, int(runner.connected_cpus()))   # refuses here when a node is not this torchfl
+    settings = Settings(samples=samples, edge_from=edge_from, ops=_split(ops), dtypes=wanted, jobs=jobs)
     try:
         reports = [_run_one(reg, name, settings, record=not no_record, quiet=as_json, runner=runner, resume=resume)
                    for name in names]
@@ -149,6 +152,10 @@ def _resumed(reg, run_id, chips, all_chips, no_record):
     if run.kind != "conformance":
         _fail(f"sweep run {run_id} is a {run.kind} sweep ({run.label}); resume it with the command that started it", 1)
     chip = run.spec["chip"]
+    if run.status == "finished":
+        click.echo(f"sweep run {run_id} ({run.label}) was finished already: conformance run "
+                   f"{run.outcome.get('conformance_run')}; nothing to do")
+        sys.exit(0)
     if all_chips or (chips and tuple(chips) != (chip,)):
         _fail(f"sweep run {run_id} tests {chip} only; resume it with --resume {run_id} (and no other chip)", 1)
     sampling = run.spec["sampling"]
@@ -166,9 +173,10 @@ def _list_sweeps(reg, as_json: bool) -> None:
         click.echo(f"no sweep runs in {reg.display_url}")
         return
     for r in runs:
-        tail = {"finished": f"finished {r.finished_at:%Y-%m-%d %H:%M}",
-                "partial": f"partial: resume with --resume {r.id}",
-                "complete": f"every unit in, not finished: --resume {r.id}"}[r.status]
+        if r.status == "finished":
+            tail = f"finished {r.finished_at:%Y-%m-%d %H:%M}"
+        else:
+            tail = f"{r.status}: finish it with --resume {r.id}"
         extra = f", conformance run {r.outcome['conformance_run']}" if r.outcome and "conformance_run" in r.outcome \
             else ""
         click.echo(f"{r.id:>4}  {r.kind:<11} {r.label:<40} {r.done}/{len(r.units)} units  {tail}{extra}")

@@ -13,6 +13,8 @@ import sys
 
 import click
 
+from torchfl.cluster.options import cluster_option, require_ray, resume_option
+
 PRECISIONS = ("auto", "float16", "bfloat16", "none")
 
 
@@ -238,20 +240,48 @@ def max_batch(model, chip, seq_len, heads, layers, precision, training, registry
 @click.option("--chips", default=None, help="Comma-separated chip names (default: every chip in the registry).")
 @_model_options
 @_common
+@cluster_option
+@resume_option
 @_guarded
-def compare(model, chips, batch, seq_len, heads, layers, precision, training, registry, as_json):
+def compare(model, chips, batch, seq_len, heads, layers, precision, training, registry, as_json, cluster, resume):
     """MODEL planned on every chip (or --chips): predicted time, off-chip bytes, peak memory,
-    kernels, fusions, fallbacks and the bound resource, fastest first; or what stops it."""
+    kernels, fusions, fallbacks and the bound resource, fastest first; or what stops it.
+    With --cluster, each chip is a unit on the Ray cluster, recorded in the registry (--resume RUN)."""
     from torchfl.planner import whatif
 
+    require_ray(cluster)
     names = _chip_names(chips, registry)
-    module, inputs = _load(model, batch, seq_len, heads, layers)
-    targets = [whatif.chip_of(n, registry) for n in names]
-    res = whatif.compare(module, inputs, targets, _precision(precision), training)
+    if cluster is not None or resume is not None:
+        from torchfl.cluster.whatif import check_model, sweep_compare
+
+        check_model(model)
+        size = dict(batch=batch, seq_len=seq_len, heads=heads, layers=layers)
+        res = _swept(cluster, resume, registry, lambda **kw: sweep_compare(
+            model, size, names, precision=_precision(precision), training=training, **kw))
+    else:
+        module, inputs = _load(model, batch, seq_len, heads, layers)
+        targets = [whatif.chip_of(n, registry) for n in names]
+        res = whatif.compare(module, inputs, targets, _precision(precision), training)
     if as_json:
         _emit(dict(res, model=model))
         return
     click.echo(_compare_text(model, res))
+
+
+def _swept(cluster, resume, registry, call):
+    """``call(registry=, runner=, resume=, echo=, state=)`` as a recorded sweep (``--cluster`` or ``--resume``)."""
+    from torchfl.cluster.options import reported
+    from torchfl.cluster.options import runner as make_runner
+    from torchfl.registry import Registry
+
+    reg, state = Registry(registry), {}
+    echo = lambda line: click.echo(line, err=True)  # noqa: E731
+    runner = make_runner(cluster, 1, echo=echo)
+    with reported(lambda: state.get("sweep")):
+        try:
+            return call(registry=reg, runner=runner, resume=resume, echo=echo, state=state)
+        finally:
+            runner.close()
 
 
 def _chip_names(chips, registry) -> list[str]:
@@ -294,18 +324,30 @@ def _compare_text(model, res) -> str:
 @click.option("--models", default="zoo", show_default=True,
               help="zoo (every zoo model), or comma-separated zoo names / path/to/file.py:factory.")
 @_common
+@cluster_option
+@resume_option
 @_guarded
-def impact(chip, v1, v2, models, precision, training, registry, as_json):
+def impact(chip, v1, v2, models, precision, training, registry, as_json, cluster, resume):
     """Field diff of two versions of --chip, then each model re-planned on both: changed plans
     (kernels, layouts, tilings, fusions), cost and memory deltas, new fallbacks or errors.
-    Exit status 1 when a model that planned on --from no longer plans on --to."""
+    Exit status 1 when a model that planned on --from no longer plans on --to.
+    With --cluster, each model is a unit on the Ray cluster, recorded in the registry (--resume RUN)."""
     from torchfl.planner import whatif
     from torchfl.planner.zoo import ZOO
 
+    require_ray(cluster)
     specs = list(ZOO) if models.strip() == "zoo" else [m.strip() for m in models.split(",") if m.strip()]
-    loaded = [(spec, *_load(spec)) for spec in specs]
-    res = whatif.impact(chip, v1, v2, loaded, registry, _precision(precision), training,
-                        progress=None if as_json else _progress("impact"))
+    if cluster is not None or resume is not None:
+        from torchfl.cluster.whatif import check_model, sweep_impact
+
+        for spec in specs:
+            check_model(spec)
+        res = _swept(cluster, resume, registry, lambda **kw: sweep_impact(
+            chip, v1, v2, specs, precision=_precision(precision), training=training, **kw))
+    else:
+        loaded = [(spec, *_load(spec)) for spec in specs]
+        res = whatif.impact(chip, v1, v2, loaded, registry, _precision(precision), training,
+                            progress=None if as_json else _progress("impact"))
     if as_json:
         _emit(res.to_dict())
     else:

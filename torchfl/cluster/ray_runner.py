@@ -56,10 +56,32 @@ class RayRunner:
         cpus = sum(n.get("cpus", 0) for n in self.nodes)
         return f"Ray cluster {self.address}: {len(self.nodes)} node(s), {cpus:g} CPUs"
 
+    def _check_reachable(self) -> None:
+        """Fail fast on an address nothing listens on (ray.init would retry it for minutes)."""
+        import os
+        import socket
+
+        address = self.address
+        if address == "auto":
+            address = os.environ.get("RAY_ADDRESS", "")
+            if not address or address == "auto":
+                return            # Ray looks for the cluster this node runs, and says so when there is none
+        host, _, port = address.removeprefix("ray://").rpartition(":")
+        if not host or not port.isdigit():
+            raise ClusterError(f"--cluster {address!r} is not HOST:PORT (the head's address, e.g. 10.0.0.5:6379) "
+                               "nor auto")
+        try:
+            socket.create_connection((host.strip("[]"), int(port)), timeout=5).close()
+        except OSError as exc:
+            raise ClusterError(
+                f"no Ray cluster at {address}: cannot connect ({exc.strerror or exc}); start one with `ray start "
+                "--head --port PORT` on the head node and `ray start --address HEAD:PORT` on each worker") from None
+
     def connect(self) -> None:
         ray = self.ray
         if self._connected:
             return
+        self._check_reachable()
         try:
             ray.init(address=self.address, logging_level=logging.ERROR, log_to_driver=False,
                      configure_logging=True)
@@ -101,6 +123,14 @@ class RayRunner:
                     "on that node once to avoid it)")
             self.echo(f"node {f['node'].rsplit(' pid', 1)[0]} ({n.get('NodeManagerAddress')}): {cpus:g} CPUs, {warm}")
         return self.nodes
+
+    def connected_cpus(self) -> float:
+        """Connect, check every node (see :meth:`check_nodes`) and return the CPUs that run units."""
+        from torchfl.cluster.fingerprint import local
+
+        if not self.nodes:
+            self.check_nodes(local())
+        return sum(n["cpus"] for n in self.nodes)
 
     def run(self, units: list[Unit], job: Job) -> Iterator[Done]:
         """Submit every unit, yield each :class:`Done` as it finishes; the first unit that

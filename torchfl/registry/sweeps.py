@@ -137,9 +137,10 @@ class Sweeps:
             if unit not in json.loads(row[0]):
                 raise SweepRefused(f"sweep run {run_id} has no unit {unit!r}: a worker of another run or "
                                    "another torchfl wrote to it; check that every node runs the same torchfl")
-            stmt = self.registry.dialect.insert_ignore(sweep_units, keys=("run_id", "unit"))
+            # RETURNING tells whether this insert stored the row (rowcount is -1 on some drivers)
+            stmt = self.registry.dialect.insert_ignore(sweep_units, keys=("run_id", "unit")).returning(sweep_units.c.id)
             written = conn.execute(stmt, dict(run_id=run_id, unit=unit, result=text, node=node[:200],
-                                              seconds=float(seconds), finished_at=now)).rowcount == 1
+                                              seconds=float(seconds), finished_at=now)).first() is not None
             if written:
                 return UnitResult(unit, json.loads(text), node[:200], float(seconds), now, True)
             first = conn.execute(select(sweep_units.c.result, sweep_units.c.node, sweep_units.c.seconds,
@@ -168,9 +169,10 @@ class Sweeps:
         try:
             with self.registry._write() as conn:
                 full = dict(outcome, **(write(conn) if write is not None else {}))
-                stmt = self.registry.dialect.insert_ignore(sweep_finishes, keys=("run_id",))
+                stmt = self.registry.dialect.insert_ignore(sweep_finishes, keys=("run_id",)).returning(
+                    sweep_finishes.c.id)
                 if conn.execute(stmt, dict(run_id=run_id, finished_at=datetime.now(timezone.utc),
-                                           outcome=encode(full))).rowcount != 1:
+                                           outcome=encode(full))).first() is None:
                     raise _Finished   # another driver finished it meanwhile: roll back what write() did
                 return json.loads(encode(full)), True
         except _Finished:
