@@ -74,7 +74,8 @@ def show(file: str, as_json: bool) -> None:
         sys.exit(2 if not report.readable else 1)
     h = report.hcd
     if as_json:
-        click.echo(json.dumps({**h.canonical(), "content_hash": h.content_hash()}, indent=2))
+        click.echo(json.dumps({**h.canonical(), "format_version": h.format_version,
+                               "content_hash": h.content_hash()}, indent=2))
         return
     from torchfl.cli.render import hcd_table
 
