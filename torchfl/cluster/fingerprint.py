@@ -32,7 +32,7 @@ def _dist_version(name: str) -> str:
 
 @dataclass(frozen=True)
 class Fingerprint:
-    torchfl: str          # torchfl.__version__
+    torchfl: str          # torchfl.version.__version__
     source: str           # sha256 over torchfl's .py files (relative path and bytes)
     packs: tuple          # ((rule pack file, sha256 of its bytes), ...) bundled with torchfl
     torch: str
@@ -63,17 +63,17 @@ class Fingerprint:
 @functools.lru_cache(maxsize=1)
 def local() -> Fingerprint:
     """This process's fingerprint (computed once: ~170 files hashed in a few ms)."""
-    import torchfl
+    from torchfl import version
     from torchfl.resources import bundled_rule_packs
 
-    root = Path(torchfl.__file__).resolve().parent
+    root = Path(version.__file__).resolve().parent
     h = hashlib.sha256()
     for path in sorted(root.rglob("*.py")):
         if "_bundled" in path.parts:
             continue
         h.update(str(path.relative_to(root)).encode() + b"\0" + path.read_bytes() + b"\0")
     packs = tuple((p.name, hashlib.sha256(p.read_bytes()).hexdigest()) for p in bundled_rule_packs())
-    return Fingerprint(torchfl.__version__, h.hexdigest(), packs, _dist_version("torch"), _dist_version("numba"))
+    return Fingerprint(version.__version__, h.hexdigest(), packs, _dist_version("torch"), _dist_version("numba"))
 
 
 def check(driver: Fingerprint, where: str) -> None:
