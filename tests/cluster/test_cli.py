@@ -44,6 +44,16 @@ def test_cluster_without_ray_prints_the_install_hint(url):
                 pre="sys.modules['ray'] = None")   # what `import ray` meets where Ray is not installed
     assert proc.returncode == 2
     assert proc.stderr == "error: --cluster needs Ray, which is not installed: pip install 'torchfl[cluster]'\n"
+    for command in (["plan", "compare", "mlp"], ["plan", "impact", "--chip", "NPU-V3", "--from", "1.0.0", "--to",
+                                                  "1.0.0"]):
+        other = _cli(*command, "--registry", url, "--cluster", "auto", pre="sys.modules['ray'] = None")
+        assert other.returncode == 2 and other.stderr.count("\n") == 1, other.stderr
+        assert "pip install 'torchfl[cluster]'" in other.stderr
+    zoo = subprocess.run([sys.executable, "-c", "import sys, runpy; sys.modules['ray'] = None; sys.argv = "
+                          "['bench_zoo.py', '--models', 'bert', '--chips', 'NPU-V3', '--cluster', 'auto']; "
+                          "runpy.run_path('tools/bench_zoo.py', run_name='__main__')"],
+                         capture_output=True, text=True, cwd=ROOT, env=_env(), timeout=300)
+    assert zoo.returncode == 2 and "pip install 'torchfl[cluster]'" in zoo.stderr, zoo.stderr
 
 
 def test_an_address_nothing_listens_on_is_refused_at_once(url):

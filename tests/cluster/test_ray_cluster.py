@@ -185,3 +185,34 @@ def test_a_driver_with_other_sources_is_refused_by_every_node(cluster, pg, tmp_p
     assert last.startswith("error: 2 of 2 node(s) do not run the driver's torchfl") and "other sources" in last
     assert "install the driver's torchfl" in last
     _no_password_anywhere(cluster, proc.stdout, proc.stderr)
+
+
+def test_compare_and_impact_on_the_cluster_answer_as_locally(cluster, pg, tmp_path):
+    """One unit per chip (compare) and per model (impact): the rows a local run prints, as JSON."""
+    import json
+
+    chips = "NPU-V3,TFL-X1"
+    local = _cli("plan", "compare", "mlp", "--batch", "2", "--chips", chips, "--registry", pg, "--json")
+    swept = _cli("plan", "compare", "mlp", "--batch", "2", "--chips", chips, "--registry", pg, "--json",
+                 "--cluster", cluster.address)
+    assert local.returncode == 0 and swept.returncode == 0, local.stderr + swept.stderr
+
+    def rows(proc):
+        return [{k: v for k, v in r.items() if k != "planning_s"} for r in json.loads(proc.stdout)["rows"]]
+
+    assert rows(swept) == rows(local) and len(rows(local)) == 2
+    assert "compare 2/2" in swept.stderr and f"sweep run" in swept.stderr
+    newer = tmp_path / "npu_v3_next.hcd"
+    newer.write_text((ROOT / "hcd_registry" / "npu_v3.hcd").read_text()
+                     .replace("version: 1.0.0", "version: 1.0.1", 1).replace("size_kb: 8192", "size_kb: 4096", 1))
+    Registry(pg).import_files([newer])
+    args = ["plan", "impact", "--chip", "NPU-V3", "--from", "1.0.0", "--to", "1.0.1", "--models", "mlp",
+            "--registry", pg, "--json"]
+    local_i, swept_i = _cli(*args), _cli(*args, "--cluster", cluster.address)
+    assert local_i.returncode == 0 and swept_i.returncode == 0, local_i.stderr + swept_i.stderr
+    li, si = json.loads(local_i.stdout), json.loads(swept_i.stdout)
+    for m in li["models"] + si["models"]:
+        for side in ("before", "after"):
+            m[side].pop("planning_s", None)
+    assert si == li and li["changes"]
+    _no_password_anywhere(cluster, swept.stdout, swept.stderr, swept_i.stdout, swept_i.stderr)

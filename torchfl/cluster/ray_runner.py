@@ -53,7 +53,8 @@ class RayRunner:
         self._connected = False
 
     def describe(self) -> str:
-        cpus = sum(n.get("cpus", 0) for n in self.nodes)
+        """The cluster in a few words (connects and checks its nodes first)."""
+        cpus = self.connected_cpus()
         return f"Ray cluster {self.address}: {len(self.nodes)} node(s), {cpus:g} CPUs"
 
     def _check_reachable(self) -> None:

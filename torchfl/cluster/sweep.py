@@ -104,6 +104,29 @@ class Sweep:
                 f"--resume {self.info.id}")
 
 
+def run_sweep(runner, kind: str, label: str, spec: dict, units: list[Unit], *, registry, resume, echo, state: dict,
+              on_done=None) -> dict:
+    """``{unit key: result}`` of a recorded sweep, a progress line per unit through ``echo``
+    (``on_done(done)`` too, if given), finished once when every unit is in. The Sweep is put in
+    ``state["sweep"]`` first, so that a caller can say how to resume it if it stops."""
+    from datetime import datetime
+
+    sweep = Sweep(runner, kind, label, spec, units, registry=registry, resume=resume)
+    state["sweep"] = sweep
+    sweep.open()
+    if sweep.run_id is not None:
+        echo(f"sweep run {sweep.run_id}: {len(units)} units of {label} on {runner.describe()}")
+    out = {}
+    for done in sweep.run():
+        out[done.unit] = done.result
+        where = "resumed" if done.resumed else f"{done.node}, {done.seconds:.1f} s"
+        echo(f"[{datetime.now():%H:%M:%S}] {kind} {len(out)}/{len(units)} {done.unit} ({where})")
+        if on_done is not None:
+            on_done(done)
+    sweep.finish({"units": len(out)})
+    return out
+
+
 def _brief(value) -> str:
     from torchfl.registry.sweeps import encode
 

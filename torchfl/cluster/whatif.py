@@ -11,10 +11,9 @@ cluster the capture is paid per unit, in parallel.
 from __future__ import annotations
 
 import time
-from datetime import datetime
 from pathlib import Path
 
-from torchfl.cluster.sweep import Sweep
+from torchfl.cluster.sweep import run_sweep as run_units
 from torchfl.cluster.units import Unit
 
 
@@ -59,23 +58,6 @@ def _chip_hashes(reg, names, versions=None) -> dict:
         for version in versions or (None,):
             rec = reg.record(name, version)
             out[f"{name}@{rec.version}"] = rec.content_hash
-    return out
-
-
-def run_units(runner, kind: str, label: str, spec: dict, units: list[Unit], *, registry, resume, echo, state: dict):
-    """``{unit key: result}``, with a progress line per unit; the Sweep is put in ``state["sweep"]``
-    (for the partial-run note if it stops) and finished once when every unit is in."""
-    sweep = Sweep(runner, kind, label, spec, units, registry=registry, resume=resume)
-    state["sweep"] = sweep
-    sweep.open()
-    if sweep.run_id is not None:
-        echo(f"sweep run {sweep.run_id}: {len(units)} units of {label} on {runner.describe()}")
-    out = {}
-    for done in sweep.run():
-        out[done.unit] = done.result
-        where = "resumed" if done.resumed else f"{done.node}, {done.seconds:.1f} s"
-        echo(f"[{datetime.now():%H:%M:%S}] {kind} {len(out)}/{len(units)} {done.unit} ({where})")
-    sweep.finish({"units": len(out)})
     return out
 
 
