@@ -71,8 +71,8 @@ def pg(pg_server):
     pg_server.drop_database(name)
 
 
-def _cli(*args, env=None, timeout=600) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "torchfl.cli", *args], capture_output=True, text=True, cwd=ROOT,
+def _cli(*args, env=None, cwd=ROOT, timeout=600) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "torchfl.cli", *args], capture_output=True, text=True, cwd=cwd,
                           env=env or _env(), timeout=timeout)
 
 
@@ -178,8 +178,11 @@ def test_a_driver_with_other_sources_is_refused_by_every_node(cluster, pg, tmp_p
         (tree / name).symlink_to(ROOT / name)
     with open(tree / "torchfl" / "cluster" / "units.py", "a") as f:
         f.write("\n# a local edit the workers do not have\n")
+    # Ray puts the driver's working directory on its workers' path: on one machine, run the driver
+    # from elsewhere, as a driver on another machine would be (its checkout is not the nodes')
+    (tmp_path / "cwd").mkdir()
     proc = _cli("conformance", "--registry", pg, "--chip", "TFL-X1", "--ops", "neg", "--dtypes", "float32",
-                "--cluster", cluster.address, env=_env(PYTHONPATH=str(tree)), timeout=300)
+                "--cluster", cluster.address, env=_env(PYTHONPATH=str(tree)), cwd=tmp_path / "cwd", timeout=300)
     assert proc.returncode == 2, proc.stderr
     last = proc.stderr.strip().splitlines()[-1]
     assert last.startswith("error: 2 of 2 node(s) do not run the driver's torchfl") and "other sources" in last
