@@ -475,3 +475,89 @@ def run_host(*, threads: int = 1, timer: str | None = None, quick: bool = False,
     models = model_rows(threads=p.threads, timer=p.timer, quick=quick, progress=progress)
     plain = plain_rows(threads=p.threads, timer=p.timer, quick=quick, progress=progress)
     return HostRun(p, models, plain)
+
+
+# -- scoring (fidelity --host) -------------------------------------------------------------------
+
+def probe_version(hcd_text: str) -> str:
+    """A version that names the measured numbers: ``1.0.0+<8 hex of their hash>``. Two probes
+    of one machine differ in their numbers, and a published (chip, version) never changes, so
+    each probe is its own version; the same numbers re-imported are the same version."""
+    import hashlib
+    import re as _re
+
+    body = _re.sub(r"(?m)^\s*#.*\n|^  version: .*\n", "", hcd_text)
+    return "1.0.0+" + hashlib.sha256(body.encode()).hexdigest()[:8]
+
+
+@dataclass
+class HostScore:
+    """What ``fidelity --host`` produced: the files written, the scorer's result (realchips'
+    :class:`~torchfl.fidelity.run.FidelityResult`), the model rows' own summary and the runs
+    recorded in the registry."""
+
+    hcd_path: str
+    tables: dict                  # "models" / "plain" -> CSV path
+    result: object
+    models_summary: dict
+    runs: dict = field(default_factory=dict)
+
+
+def _summary(preds) -> dict:
+    done = [p for p in preds if p.predicted_s is not None]
+    errs = sorted(abs(p.error) for p in done)
+    out = {"rows": len(done), "unplanned": len(preds) - len(done),
+           "median_abs_error": statistics.median(errs) if errs else None,
+           "mean_abs_error": statistics.fmean(errs) if errs else None,
+           "within_20pct": sum(e <= 0.2 for e in errs), "families": {}}
+    fams: dict = {}
+    for p in done:
+        fams.setdefault(family_of(p.row.op), []).append(abs(p.error))
+    for fam, es in sorted(fams.items()):
+        out["families"][fam] = {"rows": len(es), "median_abs_error": statistics.median(es),
+                                "mean_abs_error": statistics.fmean(es), "max_abs_error": max(es)}
+    return out
+
+
+def score_host(run: HostRun, out_dir, *, registry=None, record: bool = False, progress=None,
+               command: str = "torchfl fidelity --host") -> HostScore:
+    """Write the probe's HCD and the two host tables into ``out_dir``, plan every row on the
+    probe's HCD (the bundled rule packs), score them; ``record``: import the HCD into the
+    registry (its version names its numbers) and store the run as fidelity evidence."""
+    from pathlib import Path
+
+    from torchfl.fidelity.run import record as record_run, score_tables
+    from torchfl.fidelity.tables import load_table
+    from torchfl.planner.target import resolve_target
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    text = run.probe.hcd_text()
+    version = probe_version(text)
+    name = run.probe.chip_name()
+    hcd_path = out / f"{name.lower()}.hcd"
+    run.probe.write(hcd_path, version=version)
+    comments = run.comments(command) + [f"chip {name} {version}: the probe's HCD, {hcd_path.name}"]
+    paths = {}
+    for kind, rows in (("models", run.models.rows), ("plain", run.plain.rows)):
+        paths[kind] = out / f"{name.lower()}-{kind}.csv"
+        paths[kind].write_text(write_csv(rows, name, comments), encoding="utf-8")
+    tables = [load_table(paths["models"]), load_table(paths["plain"])]
+    hcd = run.probe.hcd(version=version)
+    if record:
+        from torchfl.registry import Registry
+
+        with Registry(registry) as reg:
+            reg.import_files([str(hcd_path)])
+        target = resolve_target(hcd, registry)
+    else:
+        target = resolve_target(hcd)
+    result = score_tables(tables, lambda _chip: target, progress=progress)
+    models = [p for p in result.predictions if p.row.file == str(paths["models"])]
+    score = HostScore(str(hcd_path), {k: str(v) for k, v in paths.items()}, result, _summary(models))
+    if record:
+        from torchfl.registry import Registry
+
+        with Registry(registry) as reg:
+            score.runs = record_run(result, reg)
+    return score
