@@ -2,7 +2,7 @@
 
 Two kinds of rows, in the fidelity CSV format (docs/HELPERS.md: ``chip,op,shapes,dtype,args,
 seconds,source``; ``op`` the ATen overload, ``args`` its non-tensor arguments by schema name,
-an absent optional tensor written ``null``):
+an optional tensor left out when no tensor follows it, ``null`` in ``args`` when one does):
 
 - **model rows** (:func:`model_rows`): ResNet-50 b1 and a BERT-large layer at s128 (the
   ``resnet50_b1`` / ``bert_layer_s128`` cases of tools/bench_e2e.py, from planner/zoo.py) are
@@ -163,14 +163,6 @@ def call_row(op: str, shapes, dtype: str, args: dict, *, device: str = "cpu", se
     ovl = _overload(op)
     g = torch.Generator().manual_seed(seed)
     shapes = [tuple(s) for s in shapes]
-    tensor_args = [a for a in ovl._schema.arguments if _is_tensor_type(a.type)]
-    given = [a for a in tensor_args if not (a.name in args and args[a.name] is None)]
-    n_lists = sum(1 for a in given if _is_tensor_type(a.type) == "list")
-    spare = len(shapes) - (len(given) - n_lists)
-    if spare < 0 or (n_lists == 0 and spare != 0):
-        raise ValueError(f"{op}: {len(shapes)} tensor shape(s) given, its schema takes "
-                         f"{', '.join(a.name for a in given)}")
-    it = iter(shapes)
 
     def tensor(shape, name):
         if _is_index(name) or dtype not in ("float32", "float16", "bfloat16", "float64"):
@@ -179,19 +171,47 @@ def call_row(op: str, shapes, dtype: str, args: dict, *, device: str = "cpu", se
             return torch.zeros(shape, dtype=torch.int64 if _is_index(name) else getattr(torch, dtype), device=device)
         return torch.randn(shape, generator=g).to(getattr(torch, dtype)).to(device)
 
+    # the shapes fill the schema's tensor arguments in order (an explicit null skips one); a
+    # list argument (cat's tensors) takes the shapes the later tensor arguments leave over
+    tensor_args = [a for a in ovl._schema.arguments if _is_tensor_type(a.type)
+                   and not (a.name in args and args[a.name] is None)]
+    lists = [a for a in tensor_args if _is_tensor_type(a.type) == "list"]
+    fill: dict = {}
+    rest = list(shapes)
+    for i, a in enumerate(tensor_args):
+        if not rest:
+            if str(a.type).replace(" ", "") in ("Tensor", "Tensor[]", "List[Tensor]"):
+                raise ValueError(f"{op}: {len(shapes)} tensor shape(s) given, its schema takes "
+                                 f"{', '.join(t.name for t in tensor_args)}")
+            break
+        if a in lists:
+            later = len(tensor_args) - i - 1
+            take = max(0, len(rest) - later)
+            fill[a.name], rest = [tensor(s, a.name) for s in rest[:take]], rest[take:]
+        else:
+            fill[a.name], rest = tensor(rest[0], a.name), rest[1:]
+    if rest:
+        raise ValueError(f"{op}: {len(shapes)} tensor shape(s) given, its schema takes "
+                         f"{', '.join(t.name for t in tensor_args)}")
     pos, kw = [], {}
+    by_name = False                  # after an argument left at its default, the rest go by name
     for a in ovl._schema.arguments:
-        kind = _is_tensor_type(a.type)
-        if kind and not (a.name in args and args[a.name] is None):
-            value = ([tensor(next(it), a.name) for _ in range(spare)] if kind == "list"
-                     else tensor(next(it), a.name))
+        if a.name in fill:
+            value = fill[a.name]
+        elif _is_tensor_type(a.type) and (a.name in args or str(a.type).replace(" ", "") in
+                                          ("Tensor?", "Optional[Tensor]")):
+            if a.name not in args and a.has_default_value():
+                by_name = True
+                continue
+            value = None             # an optional tensor left out (or null): absent
         elif a.name in args:
             value = _unjson(args[a.name], str(a.type))
         elif a.has_default_value():
+            by_name = True
             continue
         else:
             raise ValueError(f"{op}: argument {a.name!r} has no value in args and no default")
-        if a.kwarg_only:
+        if a.kwarg_only or by_name:
             kw[a.name] = value
         else:
             pos.append(value)
@@ -224,11 +244,16 @@ def _node_row(node, env):
             return type(v)(real(x) for x in v)
         return v
 
-    for a in schema.arguments:
+    present = [a.name for a in schema.arguments if _is_tensor_type(a.type) and a.name in bound
+               and bound[a.name] is not None]
+    last_tensor = max((i for i, a in enumerate(schema.arguments) if a.name in present), default=-1)
+    for i, a in enumerate(schema.arguments):
         kind = _is_tensor_type(a.type)
-        if a.name not in bound:
-            if kind:                 # an optional tensor left at its default: say it is absent
+        if kind and (a.name not in bound or bound[a.name] is None):
+            if i < last_tensor:      # an absent optional tensor before a present one: say so (null)
                 args[a.name] = None
+            continue                 # trailing absent optional tensors: left out, as the format reads them
+        if a.name not in bound:
             continue
         v = real(bound[a.name])
         if kind == "one" and isinstance(v, torch.Tensor):
@@ -238,8 +263,6 @@ def _node_row(node, env):
             for t in v:
                 shapes.append(list(t.shape))
                 dtypes.append(t.dtype)
-        elif kind and v is None:
-            args[a.name] = None
         else:
             args[a.name] = _jsonable(v)
     floats = [d for d in dtypes if d.is_floating_point]
@@ -362,7 +385,7 @@ def plain_specs(quick: bool = False) -> list:
         specs.append(("aten.mm.default", [[m, k], [k, n]], "float32", {}))
     for nb, c, h, w, k, r, s, p in convs:
         specs.append(("aten.convolution.default", [[nb, c, h, w], [k, c, r, r]], "float32",
-                      {"bias": None, "stride": [s, s], "padding": [p, p], "dilation": [1, 1], "transposed": False,
+                      {"stride": [s, s], "padding": [p, p], "dilation": [1, 1], "transposed": False,
                        "output_padding": [0, 0], "groups": 1}))
     for r, c in rows2d:
         specs.append(("aten._softmax.default", [[r, c]], "float32", {"dim": -1, "half_to_float": False}))
