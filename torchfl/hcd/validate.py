@@ -353,6 +353,8 @@ def _consistency(doc: LocatedDocument, data: dict) -> list[Diagnostic]:
                                                 f"layout {default}; a layout is a permutation of the same "
                                                 "logical dimensions"))
 
+    out.extend(_execution(doc, _get(data, "execution")))
+
     # attention unit
     att = _get(units, "attention")
     if isinstance(att, dict):
@@ -372,6 +374,27 @@ def _consistency(doc: LocatedDocument, data: dict) -> list[Diagnostic]:
         if isinstance(heads, list):  # type and range: pass 2 (one problem, one diagnostic)
             out.extend(_duplicates(doc, ("compute_units", "attention", "supported_heads"), heads,
                                    "head count {} is listed twice", keep=_is_int))
+    return out
+
+
+def _execution(doc: LocatedDocument, ex) -> list[Diagnostic]:
+    """Format 1.1's parallel grain: waves need both the tile count at once and the tile size."""
+    if not isinstance(ex, dict):
+        return []
+    out = []
+    if not ex:
+        out.append(doc.diagnostic(("execution",), "the execution section is empty; give launch_overhead_us, "
+                                                  "concurrent_tiles and tile_elements or remove it", "warning",
+                                  key=True))
+    if "tile_elements" in ex and "concurrent_tiles" not in ex:
+        out.append(doc.diagnostic(("execution", "tile_elements"),
+                                  "tile_elements needs execution.concurrent_tiles (how many such tiles run at "
+                                  "once, e.g. the SM count); add it or remove tile_elements", key=True))
+    if "concurrent_tiles" in ex and "tile_elements" not in ex:
+        out.append(doc.diagnostic(("execution", "concurrent_tiles"),
+                                  "concurrent_tiles without execution.tile_elements: waves are not modelled; "
+                                  "add tile_elements (output elements per tile, e.g. 16384 for 128 x 128)",
+                                  "warning", key=True))
     return out
 
 
