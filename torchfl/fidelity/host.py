@@ -429,3 +429,49 @@ def read_csv(text: str) -> list:
         out.append(OpRow(rec["op"], shapes, rec["dtype"], json.loads(rec["args"]) if rec["args"] else {},
                          float(rec["seconds"])))
     return out
+
+
+# -- the whole host run -----------------------------------------------------------------------
+
+@dataclass
+class HostRun:
+    """A probe and the host tables timed right after it, same threads and timer."""
+
+    probe: object            # torchfl.fidelity.probe.Probe
+    models: HostTable
+    plain: HostTable
+
+    @property
+    def rows(self) -> list:
+        return self.models.rows + self.plain.rows
+
+    def comments(self, command: str = "torchfl fidelity --host") -> list:
+        import os
+        import platform
+
+        import torch
+
+        p = self.probe
+        load = ""
+        try:
+            load = f"; load average {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs at the end"
+        except OSError:
+            pass
+        cases = ", ".join(f"{n} ({w})" for n, (_z, _k, w) in (QUICK_CASES if p.quick else MODEL_CASES).items())
+        return [f"torch's own eager ops timed on this host ({p.device_name}), {p.when}, by `{command}`",
+                f"torch {torch.__version__}, Python {platform.python_version()}; {p.threads} thread(s), timer "
+                f"{p.timer}{' (thread CPU time)' if p.timer == 'cpu' else ''}; median of the samples per row{load}",
+                f"model rows: every op node of {cases}, captured as the planner does; repeated calls timed once",
+                "plain rows: GEMMs, convolutions, softmax, layer norm and elementwise ops on random inputs",
+                "source torch-eager-host: measured here, now; licence: as the project's"]
+
+
+def run_host(*, threads: int = 1, timer: str | None = None, quick: bool = False, progress=None) -> HostRun:
+    """Probe this host, then time its model and plain rows with the same threads and timer."""
+    from torchfl.fidelity.probe import probe
+
+    p = probe("cpu", threads=threads, timer=timer, quick=quick,
+              progress=(lambda what, i, n: progress(f"probe: {what}", i, n)) if progress else None)
+    models = model_rows(threads=p.threads, timer=p.timer, quick=quick, progress=progress)
+    plain = plain_rows(threads=p.threads, timer=p.timer, quick=quick, progress=progress)
+    return HostRun(p, models, plain)
