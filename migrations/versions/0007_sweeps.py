@@ -1,14 +1,14 @@
 """sweeps: a run fanned out over workers, each unit's result written once, the run's finish
 
 Revision ID: 0007
-Revises: 0004
+Revises: 0005
 Create Date: 2026-12-06
 
 Frozen: this file states the schema as of revision 0007 and never imports the models.
 ``(run_id, unit)`` is unique, so a unit retried after a worker died writes nothing twice
 (the writer inserts with ``ON CONFLICT DO NOTHING``); ``sweep_finishes.run_id`` is unique,
-so a run is finished once. Rows are append-only: the database refuses UPDATE, DELETE and
-(PostgreSQL) TRUNCATE, through the dialect's trigger DDL.
+so a run is finished once. Rows are append-only like the evidence (revision 0005): the database
+refuses UPDATE, DELETE and (PostgreSQL) TRUNCATE, through the dialect's ``append_only_sql``.
 """
 
 from alembic import op
@@ -17,7 +17,7 @@ import sqlalchemy as sa
 from torchfl.registry.dialects import dialect_for
 
 revision = "0007"
-down_revision = "0004"
+down_revision = "0005"
 branch_labels = None
 depends_on = None
 
@@ -66,14 +66,14 @@ def upgrade() -> None:
     )
     dialect = dialect_for(op.get_bind().dialect.name)
     for table in TABLES:
-        for statement in dialect.protect_rows_sql(table, MESSAGE):
+        for statement in dialect.append_only_sql(table, MESSAGE):   # the evidence tables' way (0005)
             op.execute(statement)
 
 
 def downgrade() -> None:
     dialect = dialect_for(op.get_bind().dialect.name)
-    for table in reversed(TABLES):
-        for statement in dialect.unprotect_rows_sql(table):
+    for table in reversed(TABLES):   # the refusal function stays: 0005's evidence tables use it
+        for statement in dialect.drop_append_only_sql(table):
             op.execute(statement)
     op.drop_table("sweep_finishes")
     op.drop_table("sweep_units")
