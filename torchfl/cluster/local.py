@@ -12,12 +12,16 @@ from typing import Iterator
 from torchfl.cluster.units import Done, Job, Unit, execute
 
 
-def _init() -> None:
-    """Spawned worker: one thread per process before torch or Numba are imported."""
+def _init(parent: int) -> None:
+    """Spawned worker: one thread per process before torch or Numba are imported, and the
+    worker ends with the driver however that ends (issue 39: the harness's own guard)."""
     import os
+
+    from torchfl.conformance.harness import _die_with_parent
 
     os.environ["NUMBA_NUM_THREADS"] = "1"
     os.environ["OMP_NUM_THREADS"] = "1"
+    _die_with_parent(parent)
 
 
 class LocalRunner:
@@ -37,10 +41,12 @@ class LocalRunner:
                 yield execute(unit, job)
             return
         import multiprocessing
+        import os
         from concurrent.futures import ProcessPoolExecutor, as_completed
 
         ctx = multiprocessing.get_context("spawn")
-        with ProcessPoolExecutor(max_workers=min(self.jobs, len(units)), mp_context=ctx, initializer=_init) as pool:
+        with ProcessPoolExecutor(max_workers=min(self.jobs, len(units)), mp_context=ctx, initializer=_init,
+                                 initargs=(os.getpid(),)) as pool:
             futures = [pool.submit(execute, unit, job) for unit in units]
             try:
                 for fut in as_completed(futures):
