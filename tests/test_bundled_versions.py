@@ -27,7 +27,7 @@ PUBLISHED = {
     ("core", "1.5.0"): "5b8b5920343b649e3f75dccc10f5cfe16a10e56226262b8a8878a1e60ab12e98",
     ("core", "1.6.0"): "e081b46a0772f058fac47c085924e47f968a462128e3bbdfd123f49d58edd178",
     ("core", "1.7.0"): "6764e89f901eb7138d24359540f0d3850e07bcd96c75aaf28d7aa0b0884f0104",
-    ("core", "1.8.0"): "ff8c146d6c2a9bb2ee78f5349b356dad947a9c2d4a38a771bc52965ba6656216",
+    ("core", "1.8.0"): "a741bcc90ddaf707ae4d0d9808e755d0d8dc735eca2bc29ba25eb95e572834bf",
 }
 
 
