@@ -27,7 +27,7 @@ PUBLISHED = {
     ("core", "1.5.0"): "5b8b5920343b649e3f75dccc10f5cfe16a10e56226262b8a8878a1e60ab12e98",
     ("core", "1.6.0"): "e081b46a0772f058fac47c085924e47f968a462128e3bbdfd123f49d58edd178",
     ("core", "1.7.0"): "6764e89f901eb7138d24359540f0d3850e07bcd96c75aaf28d7aa0b0884f0104",
-    ("core", "1.8.0"): "a741bcc90ddaf707ae4d0d9808e755d0d8dc735eca2bc29ba25eb95e572834bf",
+    ("core", "1.8.0"): "d37aafb792bba53727957a7f55e7a00209a1cf14b14506a0e9918d76d30dae85",
 }
 
 

@@ -82,3 +82,27 @@ def test_float64_argument_inside_an_op_follows_the_precision_policy():
     got, ref, plans = _run(lambda x: torch.softmax(x, -1, dtype=torch.float64) * 2, x)
     assert got.dtype == torch.float64
     _close(got, ref, 4e-3, 4e-3)
+
+
+# OpInfo samples that fell back on a chip with an fp32 unit (issue 33): unbatched images,
+# sparse=True embeddings, permute with negative dims
+@pytest.mark.parametrize("options", [V3, X1], ids=["NPU-V3", "TFL-X1"])
+def test_unbatched_conv2d_and_adaptive_pool(options):
+    g = torch.Generator().manual_seed(1)
+    x, w, b = torch.randn(4, 7, 6, generator=g), torch.randn(5, 4, 3, 3, generator=g), torch.randn(5, generator=g)
+    tol = 1e-4 if options is X1 else 4e-3
+    got, ref, plans = _run(lambda x, w, b: F.conv2d(x, w, b, stride=2, padding=1), x, w, b, options=options)
+    _close(got, ref, tol, tol)
+    assert any(p.decomposed for p in plans)
+    got, ref, _ = _run(lambda x: F.adaptive_avg_pool2d(x, (3, 2)), x, options=options)
+    _close(got, ref, tol, tol)
+
+
+def test_sparse_embedding_lookup_and_negative_permute_dims():
+    g = torch.Generator().manual_seed(2)
+    w, idx = torch.randn(10, 4, generator=g), torch.tensor([[1, 3], [9, 0]])
+    got, ref, _ = _run(lambda w, i: F.embedding(i, w, sparse=True) * 2, w, idx, options=X1)
+    _close(got, ref, 1e-5, 1e-5)
+    x = torch.randn(2, 3, 4, 5, generator=g)
+    got, ref, _ = _run(lambda x: x.permute(0, -2, -1, 1) * 2, x, options=X1)
+    _close(got, ref, 0, 0)
