@@ -138,3 +138,16 @@ def test_lazy_mode_runs_attention_views_and_host_ops(fp32_dev):
     sc = torch.softmax(hc @ hc.transpose(-2, -1), -1)
     _close(s, sc, 1e-5)
     assert picked.shape == sc[sc > 0.2].shape
+
+
+def test_factories_are_host_writes_not_fallbacks(fp16_dev):
+    """``torch.arange(n, device=...)`` (every HF position id) reads no tensor: its values are
+    made on the host and written to the device, counted as a host write (as a fill is), not
+    as a fallback. Before: "Fallback to CPU: aten::arange (no functional form to plan)"."""
+    from torchfl.runtime.eager import ops
+
+    fallbacks, writes = ops.STATS["host_fallback_ops"], ops.STATS["host_writes"]
+    r = torch.arange(3, 11, device=fp16_dev)
+    f = torch.full((2, 3), 1.5, dtype=torch.float16, device=fp16_dev)
+    assert torch.equal(r.cpu(), torch.arange(3, 11)) and torch.equal(f.cpu(), torch.full((2, 3), 1.5).half())
+    assert ops.STATS["host_fallback_ops"] == fallbacks and ops.STATS["host_writes"] >= writes + 2

@@ -9,7 +9,7 @@ backend"). This module gives that key CUDA's policy (``aten/src/ATen/autocast_mo
 * ops that gain from lower precision (convolutions, matmuls, linear, attention) cast their
   floating npu arguments to the autocast dtype;
 * ops that need float32's range (exp/log family, norms, softmax, sums, losses) cast them to
-  float32;
+  float32 -- and batch-norm, which CUDA leaves alone (see ``FP32``);
 * ops with several floating inputs that must agree (cat, stack, addcmul...) promote them
   to the widest.
 
@@ -39,6 +39,11 @@ FP32 = (
     "hinge_embedding_loss", "kl_div", "l1_loss", "smooth_l1_loss", "huber_loss", "mse_loss",
     "margin_ranking_loss", "multilabel_margin_loss", "soft_margin_loss", "triplet_margin_loss",
     "multi_margin_loss", "binary_cross_entropy_with_logits", "dist", "pdist", "cdist", "renorm", "logsumexp",
+    # not in CUDA's lists (cuDNN takes float16 activations with float32 weights and running
+    # statistics): the chip's batch-norm kernels take one dtype for all their inputs, and
+    # the running statistics stay float32, so the activation comes up to float32 (the next
+    # convolution casts it back down)
+    "batch_norm", "instance_norm",
     # CUDA's "fp32_set_opt_dtype" ops: computed and returned in float32
     "prod", "softmax", "log_softmax", "cumprod", "cumsum", "linalg_vector_norm", "linalg_matrix_norm", "sum",
     "upsample_nearest1d", "upsample_nearest2d", "upsample_nearest3d", "upsample_bilinear2d",

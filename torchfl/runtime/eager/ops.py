@@ -96,11 +96,17 @@ def _kind(op) -> str:
     """How ``op`` runs (once per op): a host write, a mutating op or a functional one."""
     schema = op._schema
     base = schema.name.split("::")[-1]
-    kind = ("write" if base in HOST_WRITES or base + "_" in HOST_WRITES
+    kind = ("write" if base in HOST_WRITES or base + "_" in HOST_WRITES or _is_factory(schema)
             else "composed" if base in _COMPOSED
             else "mutating" if schema.is_mutable else "functional")
     _KINDS[op] = kind
     return kind
+
+
+def _is_factory(schema) -> bool:
+    """An op that reads no tensor (``arange``, ``full``, ``linspace``): its values are made
+    on the host and written to the device, like a fill (the compile path folds them)."""
+    return not any("Tensor" in str(a.type) for a in schema.arguments)
 
 
 _ROUTES_READY = False
