@@ -27,7 +27,8 @@ __all__ = ["is_available", "is_initialized", "device_count", "current_device", "
            "get_device_name", "memory_allocated", "max_memory_allocated", "memory_reserved",
            "reset_peak_memory_stats", "empty_cache", "synchronize", "manual_seed", "manual_seed_all",
            "seed", "seed_all", "initial_seed", "get_rng_state", "set_rng_state", "get_rng_state_all",
-           "set_rng_state_all", "rng_scope", "get_amp_supported_dtype", "is_bf16_supported", "lazy"]
+           "set_rng_state_all", "rng_scope", "get_amp_supported_dtype", "is_bf16_supported", "chip_device",
+           "lazy"]
 
 
 def _adapter():
@@ -81,6 +82,19 @@ def device(index):
 def get_device_name(index=None) -> str:
     """The chip's name (``chip.name`` of its HCD)."""
     return _dev.chip_names()[_dev._index(index)]
+
+
+def chip_device(name: str):
+    """The ``torch.device`` (``npu:i``) of the chip named ``name`` in this process's device
+    list (``torch.npu.chip_device("TFL-X1")``), so code need not know the index order."""
+    import torch
+
+    names = _dev.chip_names()
+    if name not in names:
+        raise ValueError(f"no npu device is the chip {name!r}: this process has "
+                         f"{', '.join(f'npu:{i}={c}' for i, c in enumerate(names)) or 'none'}; "
+                         "set TORCHFL_DEVICES (comma-separated chip names) before the first use to choose them")
+    return torch.device("npu", names.index(name))
 
 
 def get_device_properties(index=None):

@@ -105,8 +105,11 @@ def _kind(op) -> str:
 
 def _is_factory(schema) -> bool:
     """An op that reads no tensor (``arange``, ``full``, ``linspace``): its values are made
-    on the host and written to the device, like a fill (the compile path folds them)."""
-    return not any("Tensor" in str(a.type) for a in schema.arguments)
+    on the host and written to the device, like a fill (the compile path folds them). Its
+    ``out=`` tensor (structured factories reach the device as ``arange.start_out``) is
+    where it writes, not what it reads."""
+    return not any("Tensor" in str(a.type) and not (a.alias_info is not None and a.alias_info.is_write)
+                   for a in schema.arguments)
 
 
 _ROUTES_READY = False
