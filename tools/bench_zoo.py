@@ -1,9 +1,19 @@
 """Model zoo breadth benchmark: Hugging Face ``transformers`` families (``--models hf``: the
-24 of them) and the project's ResNets compiled with ``backend="torchfl"``, per chip:
+24 of them) and the project's ResNets compiled with ``backend="torchfl"`` or run on the eager
+``npu`` device, per chip:
 fallback nodes, error vs eager, compile and run time.
 
     python tools/bench_zoo.py [--json] [--models bert,llama,...] [--chips NPU-V3,...]
-                              [--list] [--strict]
+                              [--list] [--strict] [--mode compile|eager] [--train]
+
+``--mode eager`` runs the same models on the npu device instead (``TORCHFL_DEVICES`` set to
+the chips, in ``--chips`` order): weights and inputs moved with ``.to("npu:i")``, floating
+weights and inputs in the chip's dtype (``model.half()`` for float16), standard calls
+under ``torch.no_grad()``. ``fallbacks`` are then host-fallback op calls of the run
+(``ops.ROUTES``), ``compile_s`` the first call (one-op plans and kernel loads). ``--train``
+(eager only) adds a forward, backward and SGD step of each model on the chip
+(``train_ok``: it ran, every gradient finite, every parameter moved to a finite value;
+``train_fallbacks``: host-fallback calls in it).
 
 Every model is built offline from a small config (random weights, nothing downloaded,
 ``torch.manual_seed(0)``), in eval mode, and run on the same inputs by eager torch
@@ -282,6 +292,103 @@ def run_one(name, chip, precision, runs, strict=False):
     return rec
 
 
+def run_one_eager(name, chip, index, precision, runs, train=False):
+    """``name`` on the eager device ``npu:index`` (the chip ``chip``) in ``precision``."""
+    import torch
+
+    from torchfl.runtime.eager import ops
+
+    what, build = MODELS[name]
+    rec = {"model": name, "what": what, "chip": chip, "precision": precision, "mode": "eager"}
+    torch.manual_seed(0)
+    try:
+        model, inputs, kwargs = build()
+    except Exception as exc:  # a family this transformers version builds differently
+        rec["error_message"] = f"building the model: {type(exc).__name__}: {str(exc).splitlines()[0][:300]}"
+        return rec
+    model = model.eval()
+    dtype = {"float16": torch.float16, "bfloat16": torch.bfloat16, None: torch.float32}[precision]
+    dev = f"npu:{index}"
+
+    def move(t):
+        if isinstance(t, torch.Tensor):
+            return t.to(dev, dtype=dtype) if t.is_floating_point() else t.to(dev)
+        return t
+
+    with torch.no_grad():
+        ref = _first_tensor(model(*inputs, **kwargs)).float()
+        eager = []
+        for _ in range(runs):
+            t0 = time.perf_counter()
+            model(*inputs, **kwargs)
+            eager.append(time.perf_counter() - t0)
+    try:
+        npu = model.to(dev, dtype=dtype)
+        n_in = tuple(move(t) for t in inputs)
+        n_kw = {k: move(v) for k, v in kwargs.items()}
+        with torch.no_grad():
+            before = ops.ROUTES.copy()
+            t0 = time.perf_counter()
+            out = _first_tensor(npu(*n_in, **n_kw)).cpu().float()
+            rec["compile_s"] = round(time.perf_counter() - t0, 3)
+            falls = {op: n - before.get((op, route), 0) for (op, route), n in ops.ROUTES.items()
+                     if route == "host fallback" and n > before.get((op, route), 0)}
+            times = []
+            for _ in range(runs):
+                t0 = time.perf_counter()
+                _first_tensor(npu(*n_in, **n_kw)).cpu()
+                times.append(time.perf_counter() - t0)
+    except Exception as exc:  # a benchmark reports what failed and goes on
+        rec["error_message"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"
+        rec["traceback_tail"] = traceback.format_exc().splitlines()[-4:-1]
+        return rec
+    scale = max(1.0, float(ref.abs().nan_to_num(0, 0, 0).max())) if ref.numel() else 1.0
+    err = float((out - ref).abs().max()) / scale if ref.numel() else 0.0
+    rec.update(fallbacks=sum(falls.values()), fallback_ops=dict(sorted(falls.items(), key=lambda kv: -kv[1])),
+               error=err, tolerance=TOLERANCE[precision], within_tolerance=bool(err <= TOLERANCE[precision]),
+               run_s=round(statistics.median(times), 4), eager_s=round(statistics.median(eager), 4))
+    if train:
+        rec.update(train_step(npu, n_in, n_kw))
+    return rec
+
+
+def train_step(model, inputs, kwargs):
+    """One forward, backward and SGD step of ``model`` (on the device, in its dtype) with
+    the loss ``mean(out^2)``: whether it ran with finite gradients and moved every
+    parameter that has a gradient to a finite value; host-fallback calls in it."""
+    import torch
+
+    from torchfl.runtime.eager import ops
+
+    model.train()
+    before = ops.ROUTES.copy()
+    try:
+        params = [p for p in model.parameters() if p.requires_grad]
+        old = [p.detach().cpu().clone() for p in params]
+        opt = torch.optim.SGD(params, lr=1e-2)
+        opt.zero_grad()
+        t0 = time.perf_counter()
+        out = _first_tensor(model(*inputs, **kwargs))
+        loss = out.square().mean()
+        loss.backward()
+        opt.step()
+        took = time.perf_counter() - t0
+        grads = [p.grad for p in params if p.grad is not None]
+        finite = all(bool(torch.isfinite(g.cpu()).all()) for g in grads)
+        moved = [not torch.equal(o, p.detach().cpu()) for o, p in zip(old, params) if p.grad is not None]
+        new_ok = all(bool(torch.isfinite(p.detach().cpu()).all()) for p in params)
+    except Exception as exc:  # reported, as a forward failure is
+        return {"train_ok": False, "train_error": f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0][:300]}",
+                "traceback_tail": traceback.format_exc().splitlines()[-4:-1]}
+    finally:
+        model.eval()
+    falls = {op: n - before.get((op, route), 0) for (op, route), n in ops.ROUTES.items()
+             if route == "host fallback" and n > before.get((op, route), 0)}
+    return {"train_ok": bool(finite and new_ok and grads and sum(moved) >= len(moved) // 2),
+            "train_grads": len(grads), "train_params_moved": int(sum(moved)), "train_loss": float(loss),
+            "train_fallbacks": sum(falls.values()), "train_fallback_ops": falls, "train_s": round(took, 3)}
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--models", help=f"comma-separated subset, or 'hf' for the {len(HF)} Hugging Face families "
@@ -289,6 +396,9 @@ def main(argv=None):
     ap.add_argument("--chips", help=f"comma-separated subset of {', '.join(CHIPS)}")
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--strict", action="store_true", help="compile with strict=True (fallbacks are errors)")
+    ap.add_argument("--mode", choices=("compile", "eager"), default="compile",
+                    help="torch.compile(backend='torchfl') (default), or the eager npu device")
+    ap.add_argument("--train", action="store_true", help="eager mode: also a forward, backward and SGD step")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--list", action="store_true", help="list the models and exit")
     a = ap.parse_args(argv)
@@ -301,38 +411,60 @@ def main(argv=None):
     bad = [m for m in models if m not in MODELS] + [c for c in chips if c not in CHIPS]
     if bad:
         ap.error(f"unknown model/chip {', '.join(bad)}; models: {', '.join(MODELS)}; chips: {', '.join(CHIPS)}")
+    if a.train and a.mode != "eager":
+        ap.error("--train needs --mode eager")
+    if a.mode == "eager":
+        os.environ["TORCHFL_DEVICES"] = ",".join(chips)
+        if a.strict:
+            os.environ["TORCHFL_STRICT"] = "1"
     import logging
     import warnings
 
     warnings.filterwarnings("ignore")
     logging.getLogger("torchfl").setLevel(logging.ERROR)
+    if a.mode == "eager":
+        from torchfl.runtime import eager
+
+        eager.register()
+        eager.ensure_adapter()
     results = []
     for m in models:
         for c in chips:
-            r = run_one(m, c, CHIPS[c], a.runs, a.strict)
+            if a.mode == "eager":
+                r = run_one_eager(m, c, chips.index(c), CHIPS[c], a.runs, a.train)
+            else:
+                r = run_one(m, c, CHIPS[c], a.runs, a.strict)
             results.append(r)
             if not a.json:
                 if "error_message" in r:
                     print(f"{m:13s} {c:7s} ERROR {r['error_message']}", flush=True)
                 else:
                     ops = ", ".join(f"{k.replace('aten.', '')} x{v}" for k, v in r["fallback_ops"].items())
+                    train = ""
+                    if "train_ok" in r:
+                        train = (f" train {'ok' if r['train_ok'] else 'FAILED ' + r.get('train_error', '')}"
+                                 f"{' fallbacks ' + str(r['train_fallbacks']) if r.get('train_fallbacks') else ''}")
                     print(f"{m:13s} {c:7s} fallbacks {r['fallbacks']:3d} err {r['error']:.1e}"
                           f"{'' if r['within_tolerance'] else ' (!)'} compile {r['compile_s']:6.2f}s "
                           f"run {r['run_s'] * 1e3:7.1f}ms eager {r['eager_s'] * 1e3:6.1f}ms"
-                          f"{' decomposed ' + str(r['decomposed']) if r['decomposed'] else ''}  {ops}", flush=True)
+                          f"{' decomposed ' + str(r['decomposed']) if r.get('decomposed') else ''}{train}  {ops}",
+                          flush=True)
     summary = {}
     for c in chips:
         rs = [r for r in results if r["chip"] == c]
         summary[c] = {"models": len(rs), "errors": sum("error_message" in r for r in rs),
                       "zero_fallbacks": sum(r.get("fallbacks") == 0 for r in rs),
                       "within_tolerance": sum(bool(r.get("within_tolerance")) for r in rs)}
+        if a.train:
+            summary[c]["train_ok"] = sum(bool(r.get("train_ok")) for r in rs)
     load = os.getloadavg()
     if a.json:
         print(json.dumps({"results": results, "summary": summary, "loadavg": load}, indent=1))
     else:
         for c, s in summary.items():
-            print(f"{c}: {s['zero_fallbacks']}/{s['models']} with zero fallbacks, {s['within_tolerance']} within "
-                  f"tolerance, {s['errors']} errors")
+            print(f"{c} ({a.mode}): {s['zero_fallbacks']}/{s['models']} with zero fallbacks, {s['within_tolerance']} "
+                  f"within tolerance, {s['errors']} errors"
+                  f"{', ' + str(s['train_ok']) + ' trained a step' if 'train_ok' in s else ''}")
         print(f"load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
     return 0
 
