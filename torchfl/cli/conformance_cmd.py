@@ -16,6 +16,23 @@ from torchfl.cli.registry_cmd import _emit_json, _fail, handles_errors, open_reg
 from torchfl.cluster.options import cluster_option, reported, require_ray, resume_option
 
 
+class _Samples(click.ParamType):
+    """A positive count or ``all`` (None: every OpInfo sample)."""
+
+    name = "N|all"
+
+    def convert(self, value, param, ctx):
+        if value is None or (isinstance(value, str) and value.strip().lower() == "all"):
+            return None
+        try:
+            n = int(value)
+        except (TypeError, ValueError):
+            self.fail(f"{value!r} is neither a positive count nor 'all'", param, ctx)
+        if n < 1:
+            self.fail(f"{n} is not a positive count (use 'all' for every sample)", param, ctx)
+        return n
+
+
 def _split(values) -> tuple:
     return tuple(v.strip() for item in values for v in item.split(",") if v.strip())
 
@@ -26,8 +43,11 @@ def _split(values) -> tuple:
 @click.option("--ops", "ops", multiple=True, metavar="PATTERN",
               help="Only these overloads: aten.add.Tensor, add, '*softmax*' (comma-separated or repeated).")
 @click.option("--dtypes", "dtypes", multiple=True, metavar="D", help="Only these dtypes (float16, bfloat16, ...).")
-@click.option("--samples", type=click.IntRange(min=1), default=4, show_default=True,
-              help="OpInfo samples per (OpInfo, dtype).")
+@click.option("--samples", type=_Samples(), default="4", show_default=True,
+              help="OpInfo samples per (OpInfo, dtype): a count, or 'all' for every sample op_db has.")
+@click.option("--mode", "mode", type=click.Choice(["compile", "eager", "both"]), default="compile", show_default=True,
+              help="Run the cases through torch.compile(backend='torchfl'), on the npu eager device "
+                   "(TORCHFL_STRICT: no host fallback), or both; eager evidence is stored under layouts 'eager ...'.")
 @click.option("--edge", "edge_from", type=click.IntRange(min=0), default=1, show_default=True,
               help="Edge-case variants (strided, channels_last, NaN/inf, empty, broadcast) of the first N samples.")
 @click.option("--jobs", type=click.IntRange(min=1), default=None,
@@ -43,7 +63,7 @@ def _split(values) -> tuple:
               help="List the recorded sweep runs (finished, or partial: finish one with --resume RUN).")
 @registry_option
 @handles_errors
-def conformance(chips, all_chips, ops, dtypes, samples, edge_from, jobs, no_record, report, fmt, as_json,
+def conformance(chips, all_chips, ops, dtypes, samples, mode, edge_from, jobs, no_record, report, fmt, as_json,
                 cluster, resume, list_sweeps, registry_url):
     """Check that a chip does what its rules claim: every ATen overload the rule packs map on
     the chip runs PyTorch's OpInfo samples (and edge cases) strictly on the emulated chip,
@@ -56,7 +76,7 @@ def conformance(chips, all_chips, ops, dtypes, samples, edge_from, jobs, no_reco
     if list_sweeps:
         return _list_sweeps(reg, as_json)
     if resume is not None:   # the run says what it tests; flags that disagree are refused when it opens
-        chips, all_chips, ops, dtypes, samples, edge_from = _resumed(reg, resume, chips, all_chips, no_record)
+        chips, all_chips, ops, dtypes, samples, edge_from, mode = _resumed(reg, resume, chips, all_chips, no_record)
     if report:
         from torchfl.conformance import matrix
 
@@ -81,12 +101,16 @@ def conformance(chips, all_chips, ops, dtypes, samples, edge_from, jobs, no_reco
 
     from torchfl.cluster.options import runner as make_runner
 
+    modes = ("compile", "eager") if mode == "both" else (mode,)
     jobs = jobs or min(4, os.cpu_count() or 1)
     runner = make_runner(cluster, jobs, echo=lambda line: click.echo(line, err=True))
     if cluster is not None:
         with reported():
             jobs = max(1, int(runner.connected_cpus()))   # refuses here when a node is not this torchfl
-    settings = Settings(samples=samples, edge_from=edge_from, ops=_split(ops), dtypes=wanted, jobs=jobs)
+    settings = Settings(samples=samples, edge_from=edge_from, ops=_split(ops), dtypes=wanted, jobs=jobs, modes=modes)
+    if "eager" in modes:   # in-process (--jobs 1) runs: the chips under test are npu devices
+        os.environ.setdefault("TORCHFL_DEVICES", ",".join(names))
+        os.environ.setdefault("TORCHFL_REGISTRY_URL", reg.url)
     try:
         reports = [_run_one(reg, name, settings, record=not no_record, quiet=as_json, runner=runner, resume=resume)
                    for name in names]
@@ -143,7 +167,7 @@ def _run_harness(reg, name, settings, sweep):
 
 
 def _resumed(reg, run_id, chips, all_chips, no_record):
-    """(chips, all_chips, ops, dtypes, samples, edge_from) of the conformance sweep ``run_id``."""
+    """(chips, all_chips, ops, dtypes, samples, edge_from, mode) of the conformance sweep ``run_id``."""
     from torchfl.registry.sweeps import Sweeps
 
     if no_record:
@@ -159,8 +183,9 @@ def _resumed(reg, run_id, chips, all_chips, no_record):
     if all_chips or (chips and tuple(chips) != (chip,)):
         _fail(f"sweep run {run_id} tests {chip} only; resume it with --resume {run_id} (and no other chip)", 1)
     sampling = run.spec["sampling"]
+    modes = tuple(sampling.get("modes", ("compile",)))
     return ((chip,), False, tuple(run.spec["ops"]), tuple(run.spec["dtypes"]), sampling["samples"],
-            sampling["edge_from"])
+            sampling["edge_from"], "both" if len(modes) > 1 else modes[0])
 
 
 def _list_sweeps(reg, as_json: bool) -> None:
@@ -192,12 +217,15 @@ def _print_report(r) -> None:
                f"{c['refused']} refused, {c['unverified']} unverified; {c['cases']} cases "
                f"(+{r.skipped} skipped) in {r.wall_s:.0f} s with {r.settings.jobs} worker(s)"
                + (f"; recorded as run {r.run_id}" if r.run_id is not None else "; not recorded"))
+    for f in r.findings:
+        click.echo(f"  FLAG native bfloat16: {f.message}")
     bad = [x for x in r.results if x["verdict"] != "pass"]
     if bad:
         width = max(len(x["op"]) for x in bad)
+        lw = max(13, max(len(x["layout"]) for x in bad))
         for x in bad:
             why = _gist(x["reason"] or "")
-            click.echo(f"  {x['op']:<{width}}  {x['dtype']:<8} {x['layout']:<13} {x['verdict']:<7} "
+            click.echo(f"  {x['op']:<{width}}  {x['dtype']:<8} {x['layout']:<{lw}} {x['verdict']:<7} "
                        f"{x['passed']}/{x['samples']} pass, {x['failed']} fail, {x['refused']} refused: "
                        f"{_clip(why, 160)}")
     if r.unverified:
