@@ -40,8 +40,12 @@ class ConformanceSweep:
     def __call__(self, units, chip, url, settings, bf16_emulated, chip_hash):
         by_key = {u.label: u for u in units}
         work = [Unit(u.label, RUN_UNIT, (u, chip, url, settings, bf16_emulated, chip_hash)) for u in units]
+        eager = "eager" in getattr(settings, "modes", ())
+        # the npu device: npu:0 is the chip under test in every worker (as the harness's own pool does)
         self.sweep = Sweep(self.runner, "conformance", f"conformance {chip}", self.spec(chip, settings, chip_hash),
-                           work, registry=self.registry, resume=self.resume)
+                           work, registry=self.registry, resume=self.resume,
+                           process_env={"TORCHFL_DEVICES": chip} if eager else None,
+                           unit_env={"TORCHFL_REGISTRY_URL": url} if eager else None)
         for done in self.sweep.run():
             self.where[done.unit] = "resumed" if done.resumed else done.node
             yield by_key[done.unit], done.result
@@ -54,7 +58,7 @@ class ConformanceSweep:
         from torchfl.registry.sweeps import Sweeps
 
         settings = dict(asdict(report.settings), unverified=len(report.unverified), skipped_cases=report.skipped,
-                        sweep_run=self.sweep.run_id)
+                        findings=[f.as_dict() for f in getattr(report, "findings", ())], sweep_run=self.sweep.run_id)
         settings.pop("jobs", None)    # how many workers ran it is no part of what was tested
         return Sweeps(self.registry).finish_conformance(
             self.sweep.run_id, report.identity, harness_hash=report.harness_hash, started_at=report.started_at,

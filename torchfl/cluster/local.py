@@ -12,15 +12,17 @@ from typing import Iterator
 from torchfl.cluster.units import Done, Job, Unit, execute
 
 
-def _init(parent: int) -> None:
-    """Spawned worker: one thread per process before torch or Numba are imported, and the
-    worker ends with the driver however that ends (issue 39: the harness's own guard)."""
+def _init(parent: int, env: tuple = ()) -> None:
+    """Spawned worker: one thread per process and the job's process environment before torch or
+    Numba are imported, and the worker ends with the driver however that ends (issue 39: the
+    harness's own guard)."""
     import os
 
     from torchfl.conformance.harness import _die_with_parent
 
     os.environ["NUMBA_NUM_THREADS"] = "1"
     os.environ["OMP_NUM_THREADS"] = "1"
+    os.environ.update(dict(env))
     _die_with_parent(parent)
 
 
@@ -46,7 +48,7 @@ class LocalRunner:
 
         ctx = multiprocessing.get_context("spawn")
         with ProcessPoolExecutor(max_workers=min(self.jobs, len(units)), mp_context=ctx, initializer=_init,
-                                 initargs=(os.getpid(),)) as pool:
+                                 initargs=(os.getpid(), job.process_env)) as pool:
             futures = [pool.submit(execute, unit, job) for unit in units]
             try:
                 for fut in as_completed(futures):

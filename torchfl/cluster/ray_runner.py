@@ -140,8 +140,10 @@ class RayRunner:
         self.connect()
         if not self.nodes:
             self.check_nodes(job.expect)
-        remote = ray.remote(execute).options(num_cpus=1, max_retries=MAX_RETRIES, retry_exceptions=False,
-                                             name=TASK_NAME)
+        options = dict(num_cpus=1, max_retries=MAX_RETRIES, retry_exceptions=False, name=TASK_NAME)
+        if job.process_env:     # workers of their own, started with it (Ray keys its worker pools by it)
+            options["runtime_env"] = {"env_vars": dict(job.process_env)}
+        remote = ray.remote(execute).options(**options)
         pending = {remote.remote(unit, job): unit for unit in units}
         try:
             while pending:

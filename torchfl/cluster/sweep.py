@@ -29,11 +29,13 @@ class ResumeRefused(ClusterError):
 
 class Sweep:
     def __init__(self, runner, kind: str, label: str, spec: dict, units: list[Unit], *, registry=None,
-                 resume: int | None = None):
+                 resume: int | None = None, process_env: dict | None = None, unit_env: dict | None = None):
         self.runner, self.kind, self.label, self.spec = runner, kind, label, spec
         self.units = list(units)
         self.resume = resume
         self.registry = registry
+        self.process_env = tuple(sorted((process_env or {}).items()))
+        self.unit_env = tuple(sorted((unit_env or {}).items()))
         self.sweeps = None
         self.info = None          # the registry's SweepRun once opened
         if registry is not None:
@@ -86,7 +88,8 @@ class Sweep:
         todo = [u for u in self.units if u.key not in stored]
         if not todo:
             return
-        job = Job(local(), self.registry.url if self.registry is not None else None, self.run_id)
+        job = Job(local(), self.registry.url if self.registry is not None else None, self.run_id,
+                  process_env=self.process_env, unit_env=self.unit_env)
         yield from self.runner.run(todo, job)
 
     def finish(self, outcome: dict, write=None) -> tuple[dict, bool]:

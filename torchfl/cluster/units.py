@@ -44,6 +44,11 @@ class Job:
     registry_url: str | None = None   # None: results are not recorded (``--no-record``)
     run_id: int | None = None
     threads: int | None = 1           # threads per unit in a worker process; None: leave as is (in-process)
+    #: environment a worker process needs from its start, before torch is imported (the eager
+    #: device's ``TORCHFL_DEVICES``): the runner starts workers with it; never a secret (Ray records it)
+    process_env: tuple = ()
+    #: environment set in the worker just before each unit (``TORCHFL_REGISTRY_URL``): may hold a password
+    unit_env: tuple = ()
 
 
 @dataclass(frozen=True)
@@ -117,6 +122,8 @@ def execute(unit: Unit, job: Job) -> Done:
         if stored is not None:
             return Done(unit.key, stored.result, stored.node, stored.seconds)
     _setup(job.threads)
+    if job.threads is not None:       # a worker process of its own (in-process runs keep the caller's)
+        os.environ.update(dict(job.unit_env))
     t0 = time.perf_counter()
     result = unit.call()
     seconds = time.perf_counter() - t0
