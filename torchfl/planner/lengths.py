@@ -92,32 +92,37 @@ class Symbolic:
         return True
 
 
-def capture_symbolic(gm, inputs) -> Symbolic | None:
-    """Capture a (weights-lifted) Dynamo graph once, its symbolic dimensions kept symbolic.
+def capture_symbolic(gm, inputs, dynamic_shapes=None) -> Symbolic | None:
+    """Capture a (weights-lifted) Dynamo graph, or any module, once, with symbolic sizes.
 
-    ``inputs`` are the concrete user inputs of one call. Returns None when the graph has no
-    symbolic tensor dimension (nothing to share between lengths)."""
+    ``inputs`` are the concrete user inputs of one call. ``dynamic_shapes`` (torch.export's,
+    one entry per input) says which dimensions are symbolic; by default those that Dynamo
+    traced symbolically in ``gm``'s placeholders. Returns None when no dimension is symbolic
+    (nothing to share between sizes)."""
     import warnings
 
     import torch
     from torch.export import Dim
 
-    from torchfl.planner.capture import CaptureError, _from_exported, _without_effect_tokens, decomposition_table
+    from torchfl.planner.capture import (CaptureError, _from_exported, _without_effect_tokens, decomposition_table,
+                                         drop_same_device, meta_as_fake)
 
-    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
-    if len(placeholders) != len(inputs):
+    if dynamic_shapes is None:
+        placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+        if len(placeholders) != len(inputs):
+            return None
+        dynamic_shapes = []
+        for p, a in zip(placeholders, inputs):
+            v = p.meta.get("example_value", p.meta.get("val"))
+            if isinstance(a, torch.Tensor) and isinstance(v, torch.Tensor):
+                dims = {d: Dim.AUTO for d, s in enumerate(v.shape) if not isinstance(s, int)}
+                dynamic_shapes.append(dims or None)
+            else:
+                dynamic_shapes.append(None)
+    if not any(torch.utils._pytree.tree_leaves(dynamic_shapes, is_leaf=lambda x: isinstance(x, dict))):
         return None
-    shapes, any_dynamic = [], False
-    for p, a in zip(placeholders, inputs):
-        v = p.meta.get("example_value", p.meta.get("val"))
-        if isinstance(a, torch.Tensor) and isinstance(v, torch.Tensor):
-            dims = {d: Dim.AUTO for d, s in enumerate(v.shape) if not isinstance(s, int)}
-            any_dynamic |= bool(dims)
-            shapes.append(dims or None)
-        else:
-            shapes.append(None)
-    if not any_dynamic:
-        return None
+    shapes = dynamic_shapes
+    gm, inputs = meta_as_fake(gm, tuple(inputs))
     try:
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)", category=FutureWarning)
@@ -127,6 +132,7 @@ def capture_symbolic(gm, inputs) -> Symbolic | None:
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise CaptureError(f"torch.export could not capture the graph with symbolic sizes: {first}") from exc
     captured = _from_exported(ep)
+    drop_same_device(captured.graph_module)
     binders = []
     user = 0
     for n in captured.graph_module.graph.nodes:
@@ -273,7 +279,7 @@ class LengthPlanner:
         lo = {str(s): bucket_of(v)[0] + 1 for s, v in bind.items()}
         hi = {str(s): bucket_of(v)[1] for s, v in bind.items()}
         sel = kept["selection"]
-        bucket = self.buckets[key] = _Bucket(lo, hi, tuple(o.key for o in sel.chosen), sel,
+        bucket = self.buckets[key] = _Bucket(lo, hi, tuple(choice(o) for o in sel.chosen), sel,
                                              {str(s): v for s, v in bind.items()})
         bucket.lengths.add(tuple(sorted(bind.values())))
         return self._noted(plan, bucket, bind), self.user
@@ -287,14 +293,20 @@ class LengthPlanner:
         return dataclasses.replace(plan, notes=(note,) + tuple(plan.notes))
 
 
+def choice(option) -> tuple:
+    """What identifies an option across lengths: its key (kernel, nodes, output layout) and the
+    layouts it reads its inputs in (one key has an option per input layout)."""
+    return (option.key, tuple(option.layouts_in))
+
+
 def forced(choices, selection):
-    """``decide`` for the planner: the Selection that takes exactly ``choices`` (option keys of
-    a bucket's decision) among this length's candidates; NotInBucket if one is missing (its
-    rule's guards or its kernel's tiling refuse this length)."""
+    """``decide`` for the planner: the Selection that takes exactly ``choices`` (:func:`choice`
+    of each option of a bucket's decision) among this length's candidates; NotInBucket if one
+    is missing (its rule's guards or its kernel's tiling refuse this length)."""
     from torchfl.planner.select import Selection
 
     def decide(problem):
-        by_key = {o.key: o for o in problem.options}
+        by_key = {choice(o): o for o in problem.options}
         missing = [k for k in choices if k not in by_key]
         if missing:
             raise NotInBucket(f"{len(missing)} choice(s) of the bucket are not candidates at this length "
