@@ -1,5 +1,6 @@
 """The layers hold: each package under torchfl/ imports only the layers before it
-(hcd -> kernels -> rules -> registry -> planner -> runtime -> conformance -> cli), so
+(hcd -> kernels -> rules -> registry -> planner -> runtime -> conformance -> fidelity ->
+cluster -> cli), so
 ``runtime/`` in particular imports nothing from ``registry/`` (a plan runs on the Target it
 was made for). Read from the source with ``ast``: lazy imports inside functions count."""
 from __future__ import annotations
@@ -7,23 +8,32 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-ORDER = ["hcd", "kernels", "rules", "registry", "planner", "runtime", "conformance", "cli"]
+ORDER = ["hcd", "kernels", "rules", "registry", "planner", "runtime", "conformance", "fidelity",
+         "cluster", "cli"]
+#: leaf modules of the package every layer may import (they import nothing of torchfl)
+LEAVES = {"version", "resources"}
 ROOT = Path(__file__).resolve().parent.parent / "torchfl"
 #: earlier layers a layer still must not import: the runtime executes a Target, never the registry
 FORBIDDEN = {("runtime", "registry")}
 
 
 def _imports(path: Path):
+    """Every module ``path`` imports, in every form: ``import a.b``, ``from a.b import c``
+    (``a.b.c`` when ``c`` is a subpackage or module, else ``a.b``), relative imports, and
+    ``from torchfl import x`` (the face itself when ``x`` is no module: the face reaches every
+    layer, so a layer importing it is reported)."""
     package = ["torchfl", *path.relative_to(ROOT).parts[:-1]]
     for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
         if isinstance(node, ast.Import):
             yield from ((a.name, node.lineno) for a in node.names)
         elif isinstance(node, ast.ImportFrom):
             if node.level:
-                base = package[:len(package) - node.level + 1]
-                yield ".".join(base + ([node.module] if node.module else [])), node.lineno
+                base = ".".join(package[:len(package) - node.level + 1] + ([node.module] if node.module else []))
             else:
-                yield node.module or "", node.lineno
+                base = node.module or ""
+            for alias in node.names:
+                sub = ROOT.parent.joinpath(*base.split("."), alias.name)
+                yield (f"{base}.{alias.name}" if sub.is_dir() or sub.with_suffix(".py").is_file() else base), node.lineno
 
 
 def test_every_layer_imports_only_earlier_layers():
@@ -35,7 +45,15 @@ def test_every_layer_imports_only_earlier_layers():
         mine = ORDER.index(parts[0])
         for module, line in _imports(path):
             names = module.split(".")
-            if names[0] != "torchfl" or len(names) < 2 or names[1] not in ORDER:
+            if names[0] != "torchfl" or (len(names) > 1 and names[1] in LEAVES):
+                continue
+            if len(names) == 1:
+                if parts[0] == "cli":   # the face is the user's entry, like the CLI itself
+                    continue
+                wrong.append(f"{path.relative_to(ROOT.parent)}:{line} imports the package face torchfl "
+                             "(import the module that defines the name, e.g. torchfl.version)")
+                continue
+            if names[1] not in ORDER:
                 continue
             if ORDER.index(names[1]) > mine or (parts[0], names[1]) in FORBIDDEN:
                 wrong.append(f"{path.relative_to(ROOT.parent)}:{line} imports {module}")
@@ -49,11 +67,14 @@ def test_the_check_sees_a_violation(tmp_path, monkeypatch):
     bad.write_text("def f():\n    from torchfl.registry import Registry\n")
     (tmp_path / "torchfl" / "kernels").mkdir()
     (tmp_path / "torchfl" / "kernels" / "y.py").write_text("from ..planner import plan_module\n")
+    (tmp_path / "torchfl" / "registry").mkdir()
+    (tmp_path / "torchfl" / "registry" / "z.py").write_text("def v():\n    from torchfl import __version__\n")
     monkeypatch.setattr(__import__(__name__, fromlist=["ROOT"]), "ROOT", tmp_path / "torchfl")
     try:
         test_every_layer_imports_only_earlier_layers()
     except AssertionError as exc:
         assert "runtime/x.py:2 imports torchfl.registry" in str(exc)
         assert "kernels/y.py:1 imports torchfl.planner" in str(exc)
+        assert "registry/z.py:2 imports the package face torchfl" in str(exc)
     else:
         raise AssertionError("runtime -> registry was not reported")

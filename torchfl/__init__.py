@@ -4,7 +4,9 @@ Importing the package is cheap: torch and numba are loaded only by the layers th
 execute or capture graphs (planner, runtime, kernels' compiled modules).
 """
 
-__version__ = "0.1.0"
+from torchfl.version import __version__
+
+__all__ = ["__version__", "explain"]
 
 
 def explain(model, *inputs, **options):

@@ -74,8 +74,49 @@ def show(file: str, as_json: bool) -> None:
         sys.exit(2 if not report.readable else 1)
     h = report.hcd
     if as_json:
-        click.echo(json.dumps({**h.canonical(), "content_hash": h.content_hash()}, indent=2))
+        click.echo(json.dumps({**h.canonical(), "format_version": h.format_version,
+                               "content_hash": h.content_hash()}, indent=2))
         return
     from torchfl.cli.render import hcd_table
 
     hcd_table(h)
+
+
+@hcd.command()
+@click.option("-o", "--output", "output", type=click.Path(dir_okay=False), default=None,
+              help="Write the HCD here (default: print it).")
+@click.option("--device", default="cpu", show_default=True, help="What to measure: cpu (this host) or cuda.")
+@click.option("--threads", type=int, default=None, help="torch threads while measuring (default: torch's).")
+@click.option("--timer", type=click.Choice(["wall", "cpu"]), default=None,
+              help="wall clock, or one thread's CPU time (steady on a busy machine; needs --threads 1). "
+                   "Default: cpu for one CPU thread, else wall.")
+@click.option("--name", default=None, help="Chip name (default: HOST-<cpu model>).")
+@click.option("--quick", is_flag=True, help="Smaller sizes, fewer runs (a few seconds).")
+def probe(output, device, threads, timer, name, quick) -> None:
+    """Measure this machine through torch and write an HCD of it (each figure's spread in a comment)."""
+    from torchfl.cli.progress import Progress
+    from torchfl.fidelity.probe import ProbeError, probe as run_probe
+    from torchfl.hcd import HCDError
+
+    try:
+        with Progress(sys.stderr, f"hcd probe --device {device}", total=7, compiles=False) as bar:
+            def step(what, i, n):
+                bar.update(detail=what, completed=i, total=n)
+            result = run_probe(device, threads=threads, timer=timer, quick=quick, progress=step)
+            bar.update(detail="done", completed=7)
+        text = result.write(output, name) if output else result.hcd_text(name)
+        if not output:
+            result.hcd(name)          # validated before it is printed, as before it is written
+    except ProbeError as exc:
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(2)
+    except HCDError as exc:
+        click.echo(f"error: the probe's HCD is invalid (a bug: please report it):\n{exc}", err=True)
+        sys.exit(1)
+    if output:
+        click.echo(f"wrote {output}: {result.chip_name() if name is None else name} "
+                   f"(fp32 {result.figures['gemm_float32'].value / 1e9:.1f} GFLOP/s, off-chip "
+                   f"{result.figures['copy_bw'].value / 1e9:.1f} GB/s copy, launch "
+                   f"{result.figures['launch'].value * 1e6:.2f} us)")
+    else:
+        click.echo(text, nl=False)

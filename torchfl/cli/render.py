@@ -13,7 +13,8 @@ def hcd_table(h) -> None:
     """One chip's canonical HCD as a two-column table, units spelled out."""
     from rich.table import Table
 
-    t = Table(title=f"{h.chip.name} {h.chip.version} ({h.chip.vendor}, device_type {h.chip.device_type})")
+    t = Table(title=f"{h.chip.name} {h.chip.version} ({h.chip.vendor}, device_type {h.chip.device_type}, "
+                    f"format {h.format_version})")
     t.add_column("field")
     t.add_column("value")
     for unit in ("fp16", "bf16", "fp32", "int8"):
@@ -22,7 +23,8 @@ def hcd_table(h) -> None:
             continue
         rate = f"{u.peak_tops} TOPS" if unit == "int8" else f"{u.peak_tflops} TFLOPS"
         layouts = ", ".join(h.unit_layouts(unit))
-        t.add_row(f"compute_units.{unit}", f"{u.count} units, {rate} aggregate, layouts {layouts}")
+        sustained = f", {u.sustained_fraction:.0%} of peak sustained" if u.sustained_fraction is not None else ""
+        t.add_row(f"compute_units.{unit}", f"{u.count} units, {rate} aggregate{sustained}, layouts {layouts}")
     a = h.compute_units.attention
     if a is not None:
         t.add_row("compute_units.attention",
@@ -30,7 +32,19 @@ def hcd_table(h) -> None:
     m = h.memory
     t.add_row("memory.on_chip_cache", f"{m.on_chip_cache.size_kb} KiB at {m.on_chip_cache.bandwidth_gb_per_s} GB/s")
     size = f"{m.off_chip_memory.size_gb} GiB" if m.off_chip_memory.size_gb else "unbounded"
-    t.add_row("memory.off_chip_memory", f"{size} at {m.off_chip_memory.bandwidth_gb_per_s} GB/s")
+    off = m.off_chip_memory
+    sustained = f", {off.sustained_fraction:.0%} sustained" if off.sustained_fraction is not None else ""
+    t.add_row("memory.off_chip_memory", f"{size} at {off.bandwidth_gb_per_s} GB/s{sustained}")
+    ex = h.execution
+    if ex is not None:
+        parts = []
+        if ex.launch_overhead_us is not None:
+            parts.append(f"{ex.launch_overhead_us:g} us per kernel launch")
+        if ex.concurrent_tiles is not None:
+            parts.append(f"{ex.concurrent_tiles} tiles at once")
+        if ex.tile_elements is not None:
+            parts.append(f"{ex.tile_elements} output elements per tile")
+        t.add_row("execution", ", ".join(parts) or "(empty)")
     t.add_row("tensor", f"max_rank {h.tensor.max_rank}, dtypes {', '.join(h.dtypes)}, "
                         f"default layout {h.tensor.default_layout}")
     c = h.constraints

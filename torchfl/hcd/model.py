@@ -1,4 +1,11 @@
-"""The HCD v1 data model (pydantic v2): one field, one meaning, one unit.
+"""The HCD data model, format 1.0 and 1.1 (pydantic v2): one field, one meaning, one unit.
+
+Format 1.1 adds optional numbers a roofline lacks and real accelerators need (each absent
+field leaves the 1.0 prediction exactly as it was, and an absent field is not part of the
+canonical form, so a 1.0 file keeps its content hash): the sustained share of each compute
+peak and of the off-chip bandwidth, and an ``execution`` section with the fixed cost of a
+kernel launch and the grain of parallel work (tiles run at once, output elements per tile,
+so that a kernel whose tiles fill 1.1 waves costs two).
 
 The model holds the *canonical* form: legacy unit keys (``peak_gflops``/``peak_gops``,
 which the source article uses with TFLOPS/TOPS values) are renamed before validation by
@@ -30,13 +37,13 @@ LAYOUT = re.compile(r"^[A-Z]{1,8}$")
 
 
 def _semver(value: str) -> str:
-    if not SEMVER.match(value):
+    if not SEMVER.fullmatch(value):
         raise ValueError(f"{value!r} is not a semantic version; write MAJOR.MINOR.PATCH such as \"1.0.0\"")
     return value
 
 
 def _chip_name(value: str) -> str:
-    if not CHIP_NAME.match(value):
+    if not CHIP_NAME.fullmatch(value):
         raise ValueError(
             f"{value!r} is not a valid chip name; use letters, digits, '.', '_' or '-' "
             "(at most 64, starting with a letter or digit), e.g. \"NPU-V3\""
@@ -45,7 +52,7 @@ def _chip_name(value: str) -> str:
 
 
 def _device_type(value: str) -> str:
-    if not DEVICE_TYPE.match(value):
+    if not DEVICE_TYPE.fullmatch(value):
         raise ValueError(
             f"{value!r} is not a valid device type; use lower-case letters, digits and '_', "
             "starting with a letter, e.g. \"npu_v3\""
@@ -54,7 +61,7 @@ def _device_type(value: str) -> str:
 
 
 def _layout(value: str) -> str:
-    if not LAYOUT.match(value) or len(set(value)) != len(value):
+    if not LAYOUT.fullmatch(value) or len(set(value)) != len(value):
         raise ValueError(
             f"{value!r} is not a layout: a layout is a permutation of distinct upper-case dimension "
             "letters, e.g. NCHW, NHWC, NHCW or NCWH"
@@ -108,6 +115,9 @@ class Chip(_Model):
         description="The device string users write for this chip, e.g. npu_v3.")
 
 
+SUSTAINED_UNIT = "Dimensionless, 0 < f <= 1; format 1.1, absent means 1."
+
+
 class _Unit(_Model):
     """What every compute unit states: how many, and the layouts it computes in."""
 
@@ -115,6 +125,9 @@ class _Unit(_Model):
     supported_layouts: Optional[list[Layout]] = Field(
         default=None, min_length=1, max_length=MAX_LIST,
         description="Tensor layouts this unit computes in (permutations of dimension letters).")
+    sustained_fraction: Optional[float] = Field(
+        default=None, gt=0, le=1,
+        description="Share of this unit's peak a large GEMM sustains, as measured. " + SUSTAINED_UNIT)
 
 
 class FloatUnit(_Unit):
@@ -161,6 +174,9 @@ class OffChipMemory(_Model):
     bandwidth_gb_per_s: float = Field(ge=1e-6, le=1_000_000, description="Off-chip memory bandwidth in GB/s (10^9 B/s).")
     size_gb: Optional[float] = Field(default=None, ge=1e-6, le=1_000_000,
                                      description="Off-chip memory capacity in GiB (2^30 bytes); unbounded if absent.")
+    sustained_fraction: Optional[float] = Field(
+        default=None, gt=0, le=1,
+        description="Share of bandwidth_gb_per_s a streaming kernel sustains, as measured. " + SUSTAINED_UNIT)
 
 
 class Memory(_Model):
@@ -185,14 +201,46 @@ class Constraints(_Model):
                                                                 "(then list torch.float16, not torch.bfloat16).")
 
 
+class Execution(_Model):
+    """Format 1.1: how the chip runs kernels. Every field optional; absent, the 1.0 model
+    applies (no launch cost, no wave quantisation)."""
+
+    launch_overhead_us: Optional[float] = Field(
+        default=None, ge=0, le=1_000_000,
+        description="Fixed cost of every kernel launch in microseconds (10^-6 s), as the host sees one "
+                    "call of a tiny kernel; added once per kernel step.")
+    concurrent_tiles: Optional[int] = Field(
+        default=None, ge=1, le=1 << 24,
+        description="Tiles the chip runs at once (integer: streaming multiprocessors, compute units, "
+                    "cores). With tile_elements it sets the waves a kernel's compute takes.")
+    tile_elements: Optional[int] = Field(
+        default=None, ge=1, le=1 << 30,
+        description="Output elements one of the concurrent tiles computes (integer, elements; e.g. "
+                    "16384 for a 128 x 128 GEMM thread block). A kernel's output over tile_elements is "
+                    "its tile count; tiles / concurrent_tiles rounded up is its waves.")
+
+
+#: Format 1.1's optional fields, as canonical dotted paths (``hcd show``, ``format_version``).
+FORMAT_11_FIELDS = (
+    "compute_units.{unit}.sustained_fraction",
+    "memory.off_chip_memory.sustained_fraction",
+    "execution.launch_overhead_us",
+    "execution.concurrent_tiles",
+    "execution.tile_elements",
+)
+
+
 class HCD(_Model):
-    """Hardware Capability Descriptor, format version 1."""
+    """Hardware Capability Descriptor, format version 1.0 or 1.1 (1.1: the optional
+    sustained fractions and the ``execution`` section)."""
 
     chip: Chip
     compute_units: ComputeUnits
     memory: Memory
     tensor: TensorRules
     constraints: Constraints
+    execution: Optional[Execution] = Field(
+        default=None, description="Format 1.1: launch cost and the grain of parallel work (optional).")
 
     _warnings: tuple = PrivateAttr(default=())
 
@@ -249,6 +297,23 @@ class HCD(_Model):
         if u is None:
             return ()
         return tuple(u.supported_layouts) if u.supported_layouts else self.layouts
+
+    def sustained_fraction(self, dtype: str) -> float:
+        """Share of the peak of the unit that runs ``dtype`` a large GEMM sustains (1.1;
+        1.0 when the file does not say)."""
+        unit = self.unit_for(dtype)
+        u = getattr(self.compute_units, unit) if unit else None
+        return 1.0 if u is None or u.sustained_fraction is None else float(u.sustained_fraction)
+
+    @property
+    def format_version(self) -> str:
+        """``"1.1"`` when any format-1.1 field is set, else ``"1.0"``."""
+        units = [getattr(self.compute_units, u) for u in MATRIX_UNITS]
+        if any(u is not None and u.sustained_fraction is not None for u in units):
+            return "1.1"
+        if self.memory.off_chip_memory.sustained_fraction is not None:
+            return "1.1"
+        return "1.1" if self.execution is not None else "1.0"
 
     @property
     def name(self) -> str:

@@ -33,6 +33,16 @@ class ChipModel:
     memory_bytes: int | None = None
     bf16_emulation: bool = False
     hcd_hash: str = ""
+    # -- HCD format 1.1 (defaults: the 1.0 roofline, bit for bit) --
+    #: fixed seconds every kernel launch costs (``execution.launch_overhead_us`` / 1e6)
+    launch_s: float = 0.0
+    #: dtype -> share of ``peak[dtype]`` a large GEMM sustains (absent: 1)
+    sustained: dict = field(default_factory=dict)
+    #: share of ``offchip_bw`` a streaming kernel sustains
+    offchip_sustained: float = 1.0
+    #: tiles run at once and output elements per tile (0: no wave quantisation)
+    concurrent_tiles: int = 0
+    tile_elements: int = 0
 
     def __post_init__(self):
         if self.cache_bytes <= 0:
@@ -41,11 +51,25 @@ class ChipModel:
             raise ValueError(f"ChipModel {self.name!r}: alignment must be a power of two, got {self.alignment}")
         if self.cache_bw <= 0 or self.offchip_bw <= 0:
             raise ValueError(f"ChipModel {self.name!r}: bandwidths must be positive")
+        if self.launch_s < 0:
+            raise ValueError(f"ChipModel {self.name!r}: launch_s must be >= 0, got {self.launch_s}")
+        for what, f in [("offchip_sustained", self.offchip_sustained), *self.sustained.items()]:
+            if not 0.0 < f <= 1.0:
+                raise ValueError(f"ChipModel {self.name!r}: sustained fraction {what} must lie in (0, 1], got {f}")
+        if (self.concurrent_tiles > 0) != (self.tile_elements > 0) or min(self.concurrent_tiles,
+                                                                          self.tile_elements) < 0:
+            raise ValueError(f"ChipModel {self.name!r}: concurrent_tiles and tile_elements are set together "
+                             f"(both > 0) or not at all, got {self.concurrent_tiles} and {self.tile_elements}")
 
     def __hash__(self):  # dict fields: hash the immutable identity
         return hash((self.name, self.cache_bytes, self.cache_bw, self.offchip_bw,
                      tuple(sorted(self.peak.items())), self.alignment, self.memory_bytes,
-                     self.bf16_emulation, self.hcd_hash))
+                     self.bf16_emulation, self.hcd_hash, self.launch_s, tuple(sorted(self.sustained.items())),
+                     self.offchip_sustained, self.concurrent_tiles, self.tile_elements))
+
+    @property
+    def waves_modelled(self) -> bool:
+        return self.concurrent_tiles > 0
 
     @classmethod
     def from_hcd(cls, hcd) -> "ChipModel":
@@ -63,6 +87,11 @@ class ChipModel:
             unit = getattr(hcd.compute_units, hcd.unit_for(dt))
             units[dt] = int(unit.count)
         size_gb = mem.off_chip_memory.size_gb
+        # format 1.1: only the fields the file states (absent ones keep the 1.0 defaults)
+        sustained = {dt: hcd.sustained_fraction(dt) for dt in peak
+                     if getattr(getattr(hcd.compute_units, hcd.unit_for(dt)), "sustained_fraction", None)}
+        ex = hcd.execution
+        grain = ex is not None and ex.concurrent_tiles and ex.tile_elements
         return cls(
             name=hcd.chip.name,
             cache_bytes=int(mem.on_chip_cache.size_kb) * 1024,
@@ -74,6 +103,11 @@ class ChipModel:
             memory_bytes=None if size_gb is None else int(size_gb * (1 << 30)),
             bf16_emulation=bool(hcd.constraints.bfloat16_emulation),
             hcd_hash=hcd.content_hash(),
+            launch_s=float(ex.launch_overhead_us) * 1e-6 if ex is not None and ex.launch_overhead_us else 0.0,
+            sustained=sustained,
+            offchip_sustained=float(mem.off_chip_memory.sustained_fraction or 1.0),
+            concurrent_tiles=int(ex.concurrent_tiles) if grain else 0,
+            tile_elements=int(ex.tile_elements) if grain else 0,
         )
 
     def peak_for(self, dtype: str) -> float:
@@ -89,6 +123,17 @@ class ChipModel:
         if not self.peak:
             raise ValueError(f"chip {self.name!r} has no compute unit (peak is empty)")
         return min(self.peak.values())
+
+    def sustained_for(self, dtype: str) -> float:
+        """Share of ``peak_for(dtype)`` sustained: the fraction of the unit that runs ``dtype``
+        (bfloat16 on the fp16 unit and integers on the int8 unit take that unit's), else 1."""
+        if dtype in self.sustained:
+            return self.sustained[dtype]
+        if dtype == "bfloat16" and "bfloat16" not in self.peak and "float16" in self.sustained:
+            return self.sustained["float16"]
+        if dtype in ("int32", "int64", "bool") and "int8" in self.sustained and dtype not in self.peak:
+            return self.sustained["int8"]
+        return 1.0
 
     def with_cache(self, cache_bytes: int) -> "ChipModel":
         """The same chip with another cache size (tests: bigger cache, fewer bytes); no longer

@@ -39,7 +39,7 @@ def _numba_version() -> str:
 
 
 def version_key() -> str:
-    from torchfl import __version__
+    from torchfl.version import __version__
 
     return f"torchfl-{__version__}_numba-{_numba_version()}_py{sys.version_info[0]}{sys.version_info[1]}"
 

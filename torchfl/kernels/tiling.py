@@ -43,7 +43,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-__all__ = ["TileConfig", "Traffic", "TilePlan", "simulated_time", "stream_plan", "vector_utilisation", "ZERO"]
+from torchfl.hcd.dtypes import ITEMSIZE
+
+__all__ = ["TileConfig", "Traffic", "TilePlan", "TimeTerms", "simulated_time", "time_terms", "waves",
+           "stream_plan", "vector_utilisation", "ZERO"]
 
 
 @dataclass(frozen=True)
@@ -155,6 +158,51 @@ def vector_utilisation(n: int, itemsize: int, chip) -> float:
     return nbytes / (-(-nbytes // vec) * vec)
 
 
+@dataclass(frozen=True)
+class TimeTerms:
+    """What :func:`simulated_time` added up, for explain: ``total_s`` is the price;
+    ``launch_s`` the fixed launch cost (format 1.1), ``compute_s`` / ``memory_s`` the summed
+    terms, ``bound`` which one binds (``"compute"`` or ``"off-chip"``), ``sustained`` /
+    ``offchip_sustained`` the fractions applied, ``waves`` / ``wave_efficiency`` the wave
+    quantisation (0 / 1 where the chip states no grain)."""
+
+    total_s: float
+    launch_s: float = 0.0
+    compute_s: float = 0.0
+    memory_s: float = 0.0
+    bound: str = ""
+    sustained: float = 1.0
+    offchip_sustained: float = 1.0
+    waves: int = 0
+    wave_efficiency: float = 1.0
+
+    def notes(self) -> list[str]:
+        """Where a format-1.1 number moved this time, in explain's words ("+4.5 us launch",
+        "off-chip bound at 82% sustained", "3 waves of 108 tiles, 79% full")."""
+        out = []
+        if self.launch_s:
+            out.append(f"+{self.launch_s * 1e6:.3g} us launch")
+        if self.bound == "off-chip" and self.offchip_sustained != 1.0:
+            out.append(f"off-chip bound at {self.offchip_sustained:.0%} sustained")
+        elif self.bound == "compute" and self.sustained != 1.0:
+            out.append(f"compute bound at {self.sustained:.0%} sustained")
+        if self.waves and self.wave_efficiency < 1.0 and self.bound == "compute":
+            out.append(f"{self.waves} wave{'s' if self.waves != 1 else ''}, {self.wave_efficiency:.0%} full")
+        return out
+
+
+def waves(outputs: int, chip) -> tuple[int, float]:
+    """Wave quantisation of a kernel with ``outputs`` output elements (format 1.1): its tiles
+    are ceil(outputs / chip.tile_elements), run ``chip.concurrent_tiles`` at once, so it takes
+    ceil(tiles / concurrent_tiles) waves and the units are busy tiles / (waves x
+    concurrent_tiles) of that time. ``(0, 1.0)`` where the chip states no grain."""
+    if not getattr(chip, "concurrent_tiles", 0) or outputs <= 0:
+        return 0, 1.0
+    tiles = -(-int(outputs) // chip.tile_elements)
+    n = -(-tiles // chip.concurrent_tiles)
+    return n, tiles / (n * chip.concurrent_tiles)
+
+
 def simulated_time(plan_or_traffic, chip, dtype: str, *, flops_scale: float = 1.0,
                    bytes_scale: float = 1.0) -> float:
     """Seconds on ``chip``: sum over tiles of max(ops / (peak[dtype] * compute_util),
@@ -163,16 +211,38 @@ def simulated_time(plan_or_traffic, chip, dtype: str, *, flops_scale: float = 1.
     tiles, or without double buffering every tile's smaller term. The one roofline formula
     (the planner prices with it, explain analyze replays it).
 
+    HCD format 1.1 (each term is exactly absent for a 1.0 chip): the peak is the sustained
+    one (``chip.sustained_for(dtype)``) and the compute rate is further scaled by the wave
+    efficiency of the kernel's output (:func:`waves`; output elements = bytes written over
+    the dtype's size), the bandwidth is ``offchip_bw * offchip_sustained``, and a kernel
+    that moves or computes anything pays ``chip.launch_s`` once.
+
     A bare :class:`Traffic` is priced as one tile (compute + memory: nothing overlaps).
     ``flops_scale`` / ``bytes_scale`` scale every tile's counts (analyze: the counted
     totals over the planned ones)."""
+    return time_terms(plan_or_traffic, chip, dtype, flops_scale=flops_scale, bytes_scale=bytes_scale).total_s
+
+
+def time_terms(plan_or_traffic, chip, dtype: str, *, flops_scale: float = 1.0,
+               bytes_scale: float = 1.0) -> TimeTerms:
+    """:func:`simulated_time` with its terms (see :class:`TimeTerms`)."""
     if isinstance(plan_or_traffic, Traffic):
         groups, util, cfg = ((1, plan_or_traffic),), 1.0, None
+        written = plan_or_traffic.bytes_written
     else:
         groups, cfg = plan_or_traffic.groups, plan_or_traffic.config
         util = cfg.compute_util
-    peak = chip.peak_for(dtype) * util / flops_scale if flops_scale else float("inf")
-    bw = chip.offchip_bw / bytes_scale if bytes_scale else float("inf")
+        written = plan_or_traffic.traffic.bytes_written
+    sustained = chip.sustained_for(dtype) if hasattr(chip, "sustained_for") else 1.0
+    n_waves, wave_eff = waves(written // ITEMSIZE.get(dtype, 1), chip)
+    rate = chip.peak_for(dtype)
+    if sustained != 1.0:
+        rate = rate * sustained
+    if wave_eff != 1.0:
+        rate = rate * wave_eff
+    peak = rate * util / flops_scale if flops_scale else float("inf")
+    off = getattr(chip, "offchip_sustained", 1.0)
+    bw = (chip.offchip_bw if off == 1.0 else chip.offchip_bw * off) / bytes_scale if bytes_scale else float("inf")
     steady = comp = mem = serial = 0.0
     n = 0
     for c, t in groups:
@@ -183,10 +253,14 @@ def simulated_time(plan_or_traffic, chip, dtype: str, *, flops_scale: float = 1.
         mem += c * tm
         n += c
     if not n:
-        return 0.0
+        return TimeTerms(0.0)
     if cfg is None or not cfg.double_buffered:
-        return float(steady + serial)
-    return float(steady + (min(comp, mem) / n if cfg.pipelined_tiles else 0.0))
+        body = float(steady + serial)
+    else:
+        body = float(steady + (min(comp, mem) / n if cfg.pipelined_tiles else 0.0))
+    launch = float(getattr(chip, "launch_s", 0.0))
+    return TimeTerms(body + launch if launch else body, launch, comp, mem,
+                     "compute" if comp >= mem else "off-chip", sustained, off, n_waves, wave_eff)
 
 
 def round_trip_time(nbytes: int, chip) -> float:

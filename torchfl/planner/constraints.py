@@ -108,7 +108,8 @@ def check_graph(hcd, ir, precision, unbatched=frozenset()):
     for name, kind, _target, info in ir.placeholders:
         if name in unbatched:
             continue
-        if kind == "input" and info.rank >= 1 and info.shape[0] > cons.max_batch_size:
+        # a 1-D tensor has no batch dimension: its only axis is its data (a GELU over 1M values)
+        if kind == "input" and info.rank >= 2 and info.shape[0] > cons.max_batch_size:
             raise HardConstraintError(
                 f"Batch size {info.shape[0]} of input {name} exceeds max_batch_size {cons.max_batch_size} of "
                 f"{chip} (HCD field constraints.max_batch_size); split the batch",

@@ -2,7 +2,7 @@
 
 A kernel option costs ``simulated_time(TilePlan, chip, dtype)``: per tile the larger of
 compute (ops / the unit's peak for the dtype) and memory (off-chip bytes / off-chip
-bandwidth). A layout conversion is priced with the ``layout_transform`` kernel's tiling,
+bandwidth); on a format-1.1 chip, plus its launch cost, at its sustained rates and waves. A layout conversion is priced with the ``layout_transform`` kernel's tiling,
 a cast with the ``cast`` kernel's, each on that value's shape. No second formula for what
 a tiling already counts. A CPU fallback is priced as the round trip of its tensors over
 the off-chip link (device -> host -> device); the CPU's own compute is not modelled.
@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from torchfl.hcd.dtypes import ITEMSIZE as ELEM
-from torchfl.kernels.tiling import TilePlan, round_trip_time, simulated_time, stream_plan
+from torchfl.kernels.tiling import TilePlan, round_trip_time, stream_plan, time_terms
 
 
 def numel(shape) -> int:
@@ -36,8 +36,14 @@ class Priced:
 
 
 def price_plan(plan: TilePlan, chip, dtype: str) -> Priced:
-    return Priced(plan, simulated_time(plan, chip, dtype), plan.traffic.bytes, plan.traffic.flops,
-                  plan.config.as_dict())
+    """The plan's price by the one formula; where a format-1.1 number moved it (launch,
+    sustained rate, waves), the tiling's notes say so, which explain prints under the step."""
+    terms = time_terms(plan, chip, dtype)
+    tile = plan.config.as_dict()
+    extra = terms.notes()
+    if extra:
+        tile["notes"] = "; ".join([n for n in (tile.get("notes", ""),) if n] + extra)
+    return Priced(plan, terms.total_s, plan.traffic.bytes, plan.traffic.flops, tile)
 
 
 def _catalog():

@@ -28,7 +28,7 @@ from torchfl.registry.url import display_url, resolve_url
 
 
 def _tool_version() -> str:
-    from torchfl import __version__
+    from torchfl.version import __version__
 
     return __version__
 

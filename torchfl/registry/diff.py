@@ -21,11 +21,12 @@ class Change:
     new: Any = None
 
     def __str__(self) -> str:
+        unit = _unit(self.path)
         if self.kind == "added":
-            return f"+ {self.path}: {_show(self.new)}"
+            return f"+ {self.path}: {_show(self.new)}{unit}"
         if self.kind == "removed":
-            return f"- {self.path}: {_show(self.old)}"
-        return f"{self.path}: {_show(self.old)} -> {_show(self.new)}"
+            return f"- {self.path}: {_show(self.old)}{unit}"
+        return f"{self.path}: {_show(self.old)} -> {_show(self.new)}{unit}"
 
     def as_dict(self) -> dict:
         out: dict = {"path": self.path, "kind": self.kind}
@@ -34,6 +35,23 @@ class Change:
         if self.kind != "removed":
             out["new"] = self.new
         return out
+
+
+# HCD format 1.1's numbers move predicted times without a unit in their values: say it
+_UNITS_11 = (
+    ("memory.off_chip_memory.sustained_fraction", "fraction of bandwidth"),
+    (".sustained_fraction", "fraction of peak"),
+    ("execution.launch_overhead_us", "us"),
+    ("execution.concurrent_tiles", "tiles"),
+    ("execution.tile_elements", "elements"),
+)
+
+
+def _unit(path: str) -> str:
+    for suffix, unit in _UNITS_11:
+        if path.endswith(suffix):
+            return f" ({unit})"
+    return ""
 
 
 def _show(value: Any) -> str:

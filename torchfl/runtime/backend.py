@@ -161,7 +161,7 @@ class CompiledGraph:
     def _plan(self, args):
         """(plan, positions of the user inputs among ``args``): the planner's one entry for
         the graphs a backend receives (weights lifted, symbolic AOT graphs made concrete)."""
-        from torchfl import planner
+        import torchfl.planner as planner
 
         o = self.options
         target = planner.resolve_target(o.chip, o.registry)
