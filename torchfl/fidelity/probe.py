@@ -189,15 +189,15 @@ class Probe:
     def _sms(self) -> int:
         return int(self.figures["sms"].runs[0]) if "sms" in self.figures else 1
 
-    def hcd(self, name: str | None = None):
+    def hcd(self, name: str | None = None, version: str = "1.0.0"):
         """The validated HCD object (``torchfl.hcd.HCDError`` if the probe produced nonsense)."""
         from torchfl.hcd import load_hcd_text
 
-        return load_hcd_text(self.hcd_text(name), filename="<probe>")
+        return load_hcd_text(self.hcd_text(name, version), filename="<probe>")
 
-    def write(self, path, name: str | None = None) -> str:
+    def write(self, path, name: str | None = None, version: str = "1.0.0") -> str:
         """Validate, then write the HCD text to ``path``; returns the text."""
-        text = self.hcd_text(name)
+        text = self.hcd_text(name, version)
         from torchfl.hcd import load_hcd_text
 
         load_hcd_text(text, filename=str(path))     # raises HCDError: nothing invalid is written

@@ -40,6 +40,9 @@ class ChipModel:
     sustained: dict = field(default_factory=dict)
     #: share of ``offchip_bw`` a streaming kernel sustains
     offchip_sustained: float = 1.0
+    #: the cache keeps a kernel's data for the next (``on_chip_cache.retains_between_kernels``): a
+    #: kernel whose traffic fits ``cache_bytes`` moves it at ``cache_bw``
+    cache_retains: bool = False
     #: tiles run at once and output elements per tile (0: no wave quantisation)
     concurrent_tiles: int = 0
     tile_elements: int = 0
@@ -106,6 +109,7 @@ class ChipModel:
             launch_s=float(ex.launch_overhead_us) * 1e-6 if ex is not None and ex.launch_overhead_us else 0.0,
             sustained=sustained,
             offchip_sustained=float(mem.off_chip_memory.sustained_fraction or 1.0),
+            cache_retains=bool(mem.on_chip_cache.retains_between_kernels),
             concurrent_tiles=int(ex.concurrent_tiles) if grain else 0,
             tile_elements=int(ex.tile_elements) if grain else 0,
         )
