@@ -10,7 +10,7 @@ from torchfl.hcd import load_hcd
 from torchfl.planner import resolve_target, whatif
 from torchfl.planner.memory import MemoryLimitError, kv_cache_table
 
-TINY = Path(__file__).parent / "data" / "tiny_kv.hcd"     # TFL-X1 with 2 MB of off-chip memory
+TINY = Path(__file__).parents[2] / "examples" / "tiny_kv.hcd"     # TFL-X1 with 2 MB of off-chip memory
 
 
 @pytest.fixture(scope="module")
