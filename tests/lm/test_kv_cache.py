@@ -79,3 +79,23 @@ def test_max_batch_at_a_context(llama):
     assert whatif.plan_decode(chip, dec, res.batch, 100, None).ok
     refused = whatif.plan_decode(chip, dec, res.batch + 1, 100, None)
     assert isinstance(refused.error, MemoryLimitError) and "KV cache" in str(refused.error)
+
+
+def test_grouped_query_attention_reads_the_cache_in_place(llama):
+    """LLaMA repeats each key/value head for its group (`x[:, :, None, :, :].expand(...)`: a full
+    slice between the unsqueeze and the expand); folded into the attention's GQA, the decode
+    step reads the cache itself and no repeated copy (2x the cache) is planned."""
+    from torchfl.planner.memory import kv_cache_values
+
+    _m, dec = llama
+    p = whatif.plan_decode(resolve_target("TFL-X1"), dec, 8, 100, None)
+    cache = kv_cache_values(p.plan)
+    def source(value):      # through the whole-tensor slice transformers takes of the cache
+        step = p.plan.step_of(value)
+        return step.inputs[0] if step is not None and step.kernel == "slice" else value
+    attention = [s for s in p.plan.steps if s.kernel == "attention"]
+    assert len(attention) == 2
+    assert all(source(s.inputs[1]) in cache and source(s.inputs[2]) in cache for s in attention)
+    repeated = [s for s in p.plan.steps if s.kernel in ("expand", "copy") and s.inputs and
+                source(s.inputs[0]) in cache]
+    assert not repeated, repeated

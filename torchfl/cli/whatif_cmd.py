@@ -425,7 +425,7 @@ def max_context(model, chip, batch, precision, registry, as_json):
     click.echo(f"max context of {model} (batch {batch}, precision {res.precision or 'as captured'}) on {res.chip} "
                f"{res.version}: {res.context} tokens{peak}, KV cache {_b(res.kv_cache_bytes)}")
     click.echo(f"limited by: {res.limit}")
-    click.echo(f"  {res.reason.splitlines()[0][:600]}")
+    click.echo(f"  {res.reason.splitlines()[0]}")
     rows = [(p.batch, "fits" if p.ok else f"refused: {p.limit}", _b(p.peak_bytes), f"{p.seconds:.1f} s")
             for p in sorted(res.probes, key=lambda p: p.batch)]
     click.echo("\n".join(_table(rows, ("context", "plan", "peak", "planning"), right=(0, 2, 3))))
