@@ -29,6 +29,16 @@ def test_launch_is_paid_once_per_kernel_not_per_tile():
     assert simulated_time(make_plan("k", (), TileConfig("metadata"), (), 0), chip, "float16") == 0.0
 
 
+def test_matrix_kernels_pay_the_matrix_launch():
+    chip = replace(BASE, launch_s=12e-6, matrix_launch_s=21e-6)
+    gemm = make_plan("matmul", (), TileConfig("resident"), ((1, Traffic(10**6, 0, 0)),), 0)
+    soft = make_plan("softmax", (), TileConfig("resident"), ((1, Traffic(10**6, 0, 0)),), 0)
+    assert simulated_time(gemm, chip, "float16") == pytest.approx(1e-6 + 21e-6)
+    assert simulated_time(soft, chip, "float16") == pytest.approx(1e-6 + 12e-6)
+    assert chip.launch_for("conv2d") == 21e-6 and chip.launch_for("gelu") == 12e-6
+    assert replace(chip, matrix_launch_s=None).launch_for("matmul") == 12e-6
+
+
 def test_sustained_fractions_scale_the_binding_term():
     chip = replace(BASE, sustained={"float16": 0.5}, offchip_sustained=0.8)
     compute = plan(10**12, 1000)            # 10 ms of compute at peak, 1 ns of memory

@@ -215,7 +215,8 @@ def simulated_time(plan_or_traffic, chip, dtype: str, *, flops_scale: float = 1.
     one (``chip.sustained_for(dtype)``) and the compute rate is further scaled by the wave
     efficiency of the kernel's output (:func:`waves`; output elements = bytes written over
     the dtype's size), the bandwidth is ``offchip_bw * offchip_sustained``, and a kernel
-    that moves or computes anything pays ``chip.launch_s`` once.
+    that moves or computes anything pays its launch once (``chip.launch_for(kernel)``: the
+    matrix families' launch where the chip states one, else ``chip.launch_s``).
 
     A bare :class:`Traffic` is priced as one tile (compute + memory: nothing overlaps).
     ``flops_scale`` / ``bytes_scale`` scale every tile's counts (analyze: the counted
@@ -258,7 +259,8 @@ def time_terms(plan_or_traffic, chip, dtype: str, *, flops_scale: float = 1.0,
         body = float(steady + serial)
     else:
         body = float(steady + (min(comp, mem) / n if cfg.pipelined_tiles else 0.0))
-    launch = float(getattr(chip, "launch_s", 0.0))
+    kernel = "" if isinstance(plan_or_traffic, Traffic) else plan_or_traffic.kernel
+    launch = float(chip.launch_for(kernel)) if hasattr(chip, "launch_for") else 0.0
     return TimeTerms(body + launch if launch else body, launch, comp, mem,
                      "compute" if comp >= mem else "off-chip", sustained, off, n_waves, wave_eff)
 
