@@ -35,7 +35,7 @@ def cpu(fn, *args):
 @pytest.mark.parametrize("digits", ["1" * 4301, "0x" + "f" * 4301, "1" * 200])
 def test_huge_integer_is_a_located_error_not_a_traceback(digits):
     report = check_hcd_text(f"x: {digits}\n")
-    (d,) = errors(report)
+    (d,) = [e for e in errors(report) if e.path == "x"]  # the missing sections are reported too
     assert (d.line, d.column) == (1, 4) and "digits" in d.message and "plausible" in d.message
 
 

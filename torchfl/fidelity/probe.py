@@ -133,7 +133,7 @@ class Probe:
                 "    # torch's scaled_dot_product_attention runs any head count and length; the format lists at",
                 "    # most 64 head counts: 1 to 64",
                 "    enabled: true",
-                "    max_sequence_length: 1048576",
+                "    max_sequence_length: 16777216",
                 "    supported_heads: [" + ", ".join(str(h) for h in range(1, 65)) + "]",
                 "memory:",
                 "  on_chip_cache:"]
@@ -159,8 +159,9 @@ class Probe:
                 "  supported_dtypes: [" + ", ".join(f"torch.{d}" for d in dtypes) + "]",
                 "  default_layout: NCHW",
                 "constraints:",
-                "  max_batch_size: 1048576",
-                "  max_sequence_length: 1048576",
+                "  # torch states no batch or sequence limit: the format's largest values",
+                "  max_batch_size: 2147483648",
+                "  max_sequence_length: 2147483648",
                 f"  # the widest vector register ({self.vector_bytes} B) and torch's allocator alignment"
                 if self.device == "cpu" else "  # the GPU's global-memory transaction granule",
                 f"  memory_alignment_bytes: {self.vector_bytes}"]

@@ -37,13 +37,13 @@ LAYOUT = re.compile(r"^[A-Z]{1,8}$")
 
 
 def _semver(value: str) -> str:
-    if not SEMVER.match(value):
+    if not SEMVER.fullmatch(value):
         raise ValueError(f"{value!r} is not a semantic version; write MAJOR.MINOR.PATCH such as \"1.0.0\"")
     return value
 
 
 def _chip_name(value: str) -> str:
-    if not CHIP_NAME.match(value):
+    if not CHIP_NAME.fullmatch(value):
         raise ValueError(
             f"{value!r} is not a valid chip name; use letters, digits, '.', '_' or '-' "
             "(at most 64, starting with a letter or digit), e.g. \"NPU-V3\""
@@ -52,7 +52,7 @@ def _chip_name(value: str) -> str:
 
 
 def _device_type(value: str) -> str:
-    if not DEVICE_TYPE.match(value):
+    if not DEVICE_TYPE.fullmatch(value):
         raise ValueError(
             f"{value!r} is not a valid device type; use lower-case letters, digits and '_', "
             "starting with a letter, e.g. \"npu_v3\""
@@ -61,7 +61,7 @@ def _device_type(value: str) -> str:
 
 
 def _layout(value: str) -> str:
-    if not LAYOUT.match(value) or len(set(value)) != len(value):
+    if not LAYOUT.fullmatch(value) or len(set(value)) != len(value):
         raise ValueError(
             f"{value!r} is not a layout: a layout is a permutation of distinct upper-case dimension "
             "letters, e.g. NCHW, NHWC, NHCW or NCWH"

@@ -60,7 +60,7 @@ def check_hcd_text(text: str, filename: str = "<string>") -> HCDReport:
     """Validate HCD source text. Never raises for bad input."""
     report = HCDReport(filename, source=text)
     try:
-        doc = located_yaml(text, filename)
+        doc = located_yaml(text, filename, keep_going=True)
     except YAMLLoadError as exc:
         report.diagnostics = exc.diagnostics
         return report
@@ -100,6 +100,9 @@ def _validate_document(doc: LocatedDocument) -> tuple[HCD | None, list[Diagnosti
     except ValidationError as exc:
         out.extend(_structure_diagnostics(doc, exc))
     out.extend(_consistency(doc, data))
+    # the loader's problems (duplicate keys, refused tags) beside these: one problem, one
+    # diagnostic, so nothing is said again about a value the loader refused
+    out = [d for d in out if not doc.is_refused(d.path)] + doc.problems
     out.sort()
     if errors(out):
         return None, out
@@ -363,9 +366,10 @@ def _consistency(doc: LocatedDocument, data: dict) -> list[Diagnostic]:
         chip_seq = _get(data, "constraints", "max_sequence_length")
         if enabled:
             for name in ("max_sequence_length", "supported_heads"):
-                if name not in att:
+                if att.get(name) is None:  # absent, or null: the unit's limits are unknown either way
+                    written = " (null is not a value here)" if name in att else ""
                     out.append(doc.diagnostic(("compute_units", "attention", name),
-                                              f"an enabled attention unit must state {name}; add it"))
+                                              f"an enabled attention unit must state {name}{written}; add it"))
         if _is_int(seq) and _is_int(chip_seq) and seq > chip_seq:
             out.append(doc.diagnostic(("compute_units", "attention", "max_sequence_length"),
                                       f"the attention unit's max_sequence_length {seq} exceeds the chip's "
@@ -416,7 +420,7 @@ def _duplicates(doc: LocatedDocument, path: tuple, items, what: str, keep=lambda
 
 
 def _valid_layout(value) -> bool:
-    return isinstance(value, str) and bool(LAYOUT.match(value)) and len(set(value)) == len(value)
+    return isinstance(value, str) and bool(LAYOUT.fullmatch(value)) and len(set(value)) == len(value)
 
 
 def _is_int(value) -> bool:

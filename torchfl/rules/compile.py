@@ -10,6 +10,7 @@ kernel, fusion steps link to rules and to each other. Nothing from the file is e
 
 from __future__ import annotations
 
+import dataclasses
 import difflib
 import json
 from dataclasses import dataclass, field
@@ -20,7 +21,11 @@ from torchfl.hcd import Diagnostic, YAMLLoadError, format_path, located_yaml
 from torchfl.hcd.source import LocatedDocument, read_source
 from torchfl.rules import kernels as K
 from torchfl.rules.format import FusionModel, GuardItem, PackModel, RuleModel
-from torchfl.rules.guards import GuardSyntaxError, compile_guard
+from torchfl.rules.guards import GuardEvalError, GuardSyntaxError, compile_guard
+from torchfl.rules.guards.evaluate import evaluate
+from torchfl.rules.guards.syntax import BoolOp as SyntaxBoolOp
+from torchfl.rules.guards.syntax import Name as SyntaxName
+from torchfl.rules.guards.syntax import Node as SyntaxNode
 from torchfl.rules.guards.chip import CHIP
 from torchfl.rules.guards.types import ARG_TYPES, TENSOR, arg_type, record, strip
 from torchfl.rules.groups import pattern_ends
@@ -51,23 +56,30 @@ class PackError(Exception):
 
 
 def check_pack(path) -> PackReport:
-    """Read and check one rule pack file. Never raises for bad input."""
+    """Read and check one rule pack file (what ``registry import`` and ``validate`` read).
+    Never raises for bad input. Decomposition parts are checked against torch's operator
+    schemas here (a cold ``import torch`` where the pack has decompositions); the text of a
+    pack already in a registry was checked so when it was imported."""
     text, diagnostics, _readable = read_source(path, "a rule pack")
     if text is None:
         return PackReport(str(path), diagnostics=diagnostics)
-    return check_pack_text(text, str(path))
+    return check_pack_text(text, str(path), schemas=True)
 
 
-def check_pack_text(text: str, filename: str = "<string>") -> PackReport:
-    """Check rule-pack source text. Never raises for bad input."""
+def check_pack_text(text: str, filename: str = "<string>", *, schemas: bool = False) -> PackReport:
+    """Check rule-pack source text. Never raises for bad input. ``schemas``: also check
+    decomposition parts against torch's operator schemas (imports torch)."""
     report = PackReport(filename, source=text)
     try:
-        doc = located_yaml(text, filename)
+        doc = located_yaml(text, filename, keep_going=True)
     except YAMLLoadError as exc:
         report.diagnostics = list(exc.diagnostics)
         return report
     try:
-        report.pack, report.diagnostics = _Compiler(doc, text).run()
+        report.pack, found = _Compiler(doc, text, schemas).run()
+        # the loader's problems (duplicate keys, refused tags) beside the pack's own: one
+        # problem, one diagnostic, so nothing more is said about a value the loader refused
+        report.diagnostics = [d for d in found if not doc.is_refused(d.path)] + doc.problems
     except RecursionError:  # belt and braces: every bound is checked before this could happen
         report.diagnostics = [Diagnostic(filename, 1, 1, "", "error", "rule pack nested too deeply")]
     if any(d.severity == "error" for d in report.diagnostics):
@@ -97,10 +109,25 @@ def _near(word: str, choices, n: int = 3) -> str:
 
 
 class _Compiler:
-    def __init__(self, doc: LocatedDocument, text: str):
+    def __init__(self, doc: LocatedDocument, text: str, schemas: bool = False):
         self.doc = doc
+        self.schemas = schemas  # check decomposition parts against torch's operator schemas
         self.lines = text.splitlines()
         self.diags: list[Diagnostic] = []
+        self._near_cache: dict = {}
+
+    #: suggestions ("nearest: ...") computed per pack; difflib costs ~10 ms a call over the
+    #: catalog, and a pack of thousands of bad names took 85 s to refuse
+    NEAR_BUDGET = 50
+
+    def near(self, word: str, choices) -> str:
+        """``_near`` with a cache and a budget: each distinct word once, at most NEAR_BUDGET."""
+        key = (word, id(choices))
+        if key not in self._near_cache:
+            if len(self._near_cache) >= self.NEAR_BUDGET:
+                return ""
+            self._near_cache[key] = _near(word, choices)
+        return self._near_cache[key]
 
     # -- diagnostics --
     def error(self, path, message, *, key=False, severity="error"):
@@ -190,7 +217,7 @@ class _Compiler:
         if kind == "missing":
             self.error(path, f"required field {path[-1]!r} is missing; add it")
         elif kind == "extra_forbidden":
-            self.error(path, f"unknown field {path[-1]!r}{_near(str(path[-1]), _fields_at(path))}", key=True)
+            self.error(path, f"unknown field {path[-1]!r}{self.near(str(path[-1]), _fields_at(path))}", key=True)
         elif kind == "string_pattern_mismatch":
             what = path[-1] if path else "value"
             hint = {"op": " (an ATen overload name such as aten.convolution.default)",
@@ -230,7 +257,7 @@ class _Compiler:
     def kernel(self, path, name: str) -> bool:
         names = K.kernel_names()
         if name not in names:
-            self.error(path, f"kernel {name!r} is not in the kernel catalog{_near(name, names)}")
+            self.error(path, f"kernel {name!r} is not in the kernel catalog{self.near(name, names)}")
             return False
         return True
 
@@ -288,6 +315,11 @@ class _Compiler:
             except GuardSyntaxError as exc:
                 self.guard_error(gpath, text, exc, "guard")
                 continue
+            if _always_false(g):
+                self.guard_error(gpath, text, GuardSyntaxError("always false, so what it guards can never apply; "
+                                                               "fix the condition or remove it", 0),
+                                 "guard")
+                continue
             line, col = self.doc.where(gpath)
             out.append(CheckedGuard(text, g, reason, line, col))
         return tuple(out)
@@ -298,7 +330,7 @@ class _Compiler:
         for name, value in bind.items():
             if params is not None and name not in params[0] | params[1]:
                 self.error(path + (name,), f"kernel {kernel} has no input or attribute {name!r}"
-                           f"{_near(name, params[0] | params[1])} (inputs: {', '.join(sorted(params[0]))}; "
+                           f"{self.near(name, params[0] | params[1])} (inputs: {', '.join(sorted(params[0]))}; "
                            f"attrs: {', '.join(sorted(params[1])) or 'none'})", key=True)
                 continue
             if isinstance(value, str):
@@ -338,7 +370,7 @@ class _Compiler:
                 if r is None:
                     self.error(spath + (("op", j) if isinstance(s.op, list) else ("op",)),
                                f"{op} has no rule in this pack; a fusion step takes its args from the op's rule"
-                               f"{_near(op, by_op)}")
+                               f"{self.near(op, by_op)}")
                 elif rule is None:
                     rule = r
                 elif r.arg_names() != rule.arg_names():
@@ -467,6 +499,7 @@ class _Compiler:
                     when = compile_guard(part.when, scope)
                 except GuardSyntaxError as exc:
                     self.guard_error(ppath + ("when",), part.when, exc, "when")
+            self.part_call(ppath, part)
             pargs = self.expressions(ppath + ("args",), enumerate(part.args), scope)
             kwargs = self.expressions(ppath + ("kwargs",), part.kwargs.items(), scope)
             parts.append(DecompositionPart(part.id, part.op, pargs, kwargs, when, self.doc.where(ppath)[0]))
@@ -475,6 +508,39 @@ class _Compiler:
             return None
         return Decomposition(pname, index, m.name, m.op, args, primary, m.requires, guards, tuple(parts),
                              tuple(defaults.items()), m.note, self.doc.where(base)[0])
+
+    def part_call(self, ppath, part) -> None:
+        """A part's op must be an ATen overload called with arguments its schema accepts:
+        checked here against torch's own schema (imported only for a file being checked,
+        see :func:`check_pack`), or the pack imports and the planner fails on the first model
+        that meets it."""
+        if not self.schemas:
+            return
+        schema = _schema(part.op)
+        if schema is None:
+            self.error(ppath + ("op",), f"part {part.id}: {part.op} is not an operator of this torch "
+                       f"({_torch_version()}); write an overload name such as aten.transpose.int")
+            return
+        names = [a.name for a in schema.arguments]
+        positional = [a.name for a in schema.arguments if not a.kwarg_only]
+        if len(part.args) > len(positional):
+            self.error(ppath + ("args",), f"part {part.id}: {part.op} takes at most {len(positional)} positional "
+                       f"argument(s) ({', '.join(positional)}), got {len(part.args)}")
+            return
+        given = set(positional[: len(part.args)])
+        for key in part.kwargs:
+            if key not in names:
+                self.error(ppath + ("kwargs", key), f"part {part.id}: {part.op} has no argument {key!r} "
+                           f"(arguments: {', '.join(names)})", key=True)
+            elif key in given:
+                self.error(ppath + ("kwargs", key), f"part {part.id}: {key!r} is given twice (positionally and "
+                           "by name)", key=True)
+        given |= set(part.kwargs)
+        missing = [a.name for a in schema.arguments if a.name not in given and not a.has_default_value()
+                   and not str(a.type).endswith("?")]
+        if missing:
+            self.error(ppath + ("args",), f"part {part.id}: {part.op} needs {', '.join(missing)} "
+                       f"({schema}); pass them under args: or kwargs:")
 
     def expressions(self, path, items, scope) -> tuple[Binding, ...]:
         """(key, value) pairs -> Bindings: strings are expressions, other values constants."""
@@ -488,6 +554,51 @@ class _Compiler:
             else:
                 out.append(Binding(str(key), None, value))
         return tuple(out)
+
+
+def _constant(node) -> bool:
+    """Whether a guard's tree reads no name (no argument, no chip field): its value is fixed."""
+    if isinstance(node, SyntaxName):
+        return False
+    for f in dataclasses.fields(node):
+        value = getattr(node, f.name)
+        for item in value if isinstance(value, (list, tuple)) else (value,):
+            if isinstance(item, SyntaxNode) and not _constant(item):
+                return False
+    return True
+
+
+def _always_false(guard) -> bool:
+    """A guard that is false whatever the call and chip: a constant (``false``, ``1 == 2``),
+    or an ``and`` with such a part."""
+    parts = guard.tree.values if isinstance(guard.tree, SyntaxBoolOp) and guard.tree.op == "and" else (guard.tree,)
+    for part in parts:
+        if _constant(part):
+            try:
+                if not evaluate(part, guard.text, {}):
+                    return True
+            except GuardEvalError:
+                return True  # e.g. 1 / 0: fails on every call
+    return False
+
+
+def _schema(op: str):
+    """torch's schema of an overload name (``aten.transpose.int``), or None if there is none."""
+    import torch  # lazily: only checking a pack file with decompositions needs it
+
+    parts = op.split(".")
+    if len(parts) != 3:
+        return None
+    try:
+        return getattr(getattr(getattr(torch.ops, parts[0]), parts[1]), parts[2])._schema
+    except (AttributeError, RuntimeError):
+        return None
+
+
+def _torch_version() -> str:
+    import torch
+
+    return f"torch {torch.__version__}"
 
 
 def _fields_at(path) -> list[str]:
