@@ -57,7 +57,9 @@ def test_a_kernel_whose_tiles_fill_one_wave_and_a_bit_costs_two_waves():
     assert waves(108 * 16384, chip) == (1, 1.0)
     n, eff = waves(109 * 16384, chip)
     assert n == 2 and eff == pytest.approx(109 / 216)
-    assert waves(1, chip) == (1, pytest.approx(1 / 108))
+    assert waves(1, chip) == (1, 1.0)              # less than a wave: the library splits K to fill the chip
+    assert waves(107 * 16384, chip) == (1, 1.0)
+    assert waves(217 * 16384, chip) == (3, pytest.approx(217 / 324))
     full = plan(10**12, 108 * 16384 * 2, written=108 * 16384 * 2, double=True)   # fp16 out: 2 B each
     over = plan(10**12, 109 * 16384 * 2, written=109 * 16384 * 2, double=True)
     t_full, t_over = simulated_time(full, chip, "float16"), simulated_time(over, chip, "float16")

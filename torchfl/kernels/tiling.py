@@ -195,10 +195,17 @@ def waves(outputs: int, chip) -> tuple[int, float]:
     """Wave quantisation of a kernel with ``outputs`` output elements (format 1.1): its tiles
     are ceil(outputs / chip.tile_elements), run ``chip.concurrent_tiles`` at once, so it takes
     ceil(tiles / concurrent_tiles) waves and the units are busy tiles / (waves x
-    concurrent_tiles) of that time. ``(0, 1.0)`` where the chip states no grain."""
+    concurrent_tiles) of that time: 109 tiles on 108 units take two waves at 50%.
+
+    A kernel with fewer tiles than one wave is not charged for the idle units: GEMM and
+    convolution libraries split such a kernel's reduction (split-K, stream-K) or shrink its
+    tiles until the chip is full, and a kernel too small for that is bound by its launch.
+    ``(0, 1.0)`` where the chip states no grain."""
     if not getattr(chip, "concurrent_tiles", 0) or outputs <= 0:
         return 0, 1.0
     tiles = -(-int(outputs) // chip.tile_elements)
+    if tiles <= chip.concurrent_tiles:
+        return 1, 1.0
     n = -(-tiles // chip.concurrent_tiles)
     return n, tiles / (n * chip.concurrent_tiles)
 
