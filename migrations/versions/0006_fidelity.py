@@ -1,7 +1,7 @@
 """fidelity evidence: runs of `torchfl fidelity --record` and their per-row predictions
 
 Revision ID: 0006
-Revises: 0004
+Revises: 0005
 Create Date: 2026-12-06
 
 Frozen: this file states the schema as of revision 0006 and never imports the models.
@@ -15,7 +15,7 @@ import sqlalchemy as sa
 from torchfl.registry.dialects import dialect_for
 
 revision = "0006"
-down_revision = "0004"
+down_revision = "0005"
 branch_labels = None
 depends_on = None
 
@@ -58,15 +58,15 @@ def upgrade() -> None:
         sa.UniqueConstraint("run_id", "table_name", "line", name="uq_fidelity_rows_run_id_table_name_line"),
     )
     dialect = dialect_for(op.get_bind().dialect.name)
-    for table in TABLES:
-        for statement in dialect.protect_rows_sql(table, MESSAGE):
+    for table in TABLES:   # UPDATE, DELETE and TRUNCATE refused, as revision 0005 does for evidence
+        for statement in dialect.append_only_sql(table, MESSAGE):
             op.execute(statement)
 
 
 def downgrade() -> None:
     dialect = dialect_for(op.get_bind().dialect.name)
     for table in reversed(TABLES):
-        for statement in dialect.unprotect_rows_sql(table):
+        for statement in dialect.drop_append_only_sql(table):
             op.execute(statement)
     op.drop_table("fidelity_rows")
     op.drop_index("ix_fidelity_runs_chip_name", table_name="fidelity_runs")

@@ -22,6 +22,9 @@ def twice(x):
 
 CASE = """
 import os, subprocess, sys, threading, time
+HOLD = ("import fcntl, os, sys, time; fd = os.open(sys.argv[1], os.O_CREAT | os.O_RDWR); "
+        "fcntl.flock(fd, fcntl.LOCK_EX); os.write(fd, str(os.getpid()).encode()); print('held', flush=True); "
+        "time.sleep(60)")
 sys.path.insert(0, {kdir!r})
 import numpy as np
 from torchfl.kernels import compilelock, compiling
@@ -30,9 +33,10 @@ import kmod
 compilelock.install({mode!r})
 events = []
 compiling.subscribe(lambda ev: events.append((ev.kind, ev.function)))
-holder = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
 path = compilelock._state["dir"] / compilelock._name(kmod.twice, (kmod.numba_typeof(np.int64(1)),))
-path.write_text(str(holder.pid))
+# another process holds the claim: an exclusive flock on the claim file, as compilelock takes it
+holder = subprocess.Popen([sys.executable, "-c", HOLD, str(path)], stdout=subprocess.PIPE, text=True)
+assert holder.stdout.readline().strip() == "held"
 {body}
 holder.kill()
 """
@@ -59,9 +63,31 @@ except Exception as e:      # Numba may wrap it; the message names the claim
 else:
     print("RESULT compiled")
 holder.kill()
-time.sleep(0.3)             # its claim is now a dead process's: taken over
+holder.wait()               # its claim is now a dead process's: the kernel released the lock
 assert kmod.twice(np.int64(3)) == 6
 print("AFTER", sum(kmod.twice.stats.cache_misses.values()))
+"""
+
+
+# issue 39: a claim file left by a crashed process whose pid now names a live, unrelated
+# process (pid reuse) hung every later run forever: _holder_dead looked at the pid only
+REUSED = """
+holder.kill()
+holder.wait()
+reused = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)"])
+path.write_text(str(reused.pid))    # the crashed holder's file, naming a live process now
+t0 = time.perf_counter()
+assert kmod.twice(np.int64(3)) == 6
+print("RESULT", round(time.perf_counter() - t0, 2), sum(kmod.twice.stats.cache_misses.values()), path.exists())
+reused.kill()
+"""
+
+# a live holder that never lets go (hung, stopped): waited for at most MAX_HOLD_S
+HUNG = """
+os.utime(path, (time.time() - compilelock.MAX_HOLD_S - 5,) * 2)
+t0 = time.perf_counter()
+assert kmod.twice(np.int64(3)) == 6
+print("RESULT", round(time.perf_counter() - t0, 2), sum(kmod.twice.stats.cache_misses.values()))
 """
 
 
@@ -89,6 +115,19 @@ def test_skip_mode_gives_up_a_claimed_kernel_and_takes_over_a_dead_claim(tmp_pat
     result, after = _run(tmp_path, "skip", SKIP)
     assert result.endswith("True"), result
     assert after == "1", after      # compiled here once the holder was gone
+
+
+def test_a_reused_pid_in_a_dead_claim_never_hangs_the_run(tmp_path):
+    (result,) = _run(tmp_path, "wait", REUSED)
+    waited, misses, left = result.split()
+    assert float(waited) < 30, result   # compiled at once (hung forever before)
+    assert misses == "1" and left == "False", result    # compiled here, the claim released
+
+
+def test_a_claim_held_past_the_age_bound_is_compiled_beside(tmp_path):
+    (result,) = _run(tmp_path, "wait", HUNG)
+    waited, misses = result.split()
+    assert float(waited) < 30 and misses == "1", result
 
 
 def test_helper_order_meets_the_executor_in_the_middle_then_compiles_frozen_paths():

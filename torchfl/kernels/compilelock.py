@@ -11,13 +11,16 @@ it held either waits for it to go and loads the result from the cache (``"wait"`
 executor, which needs the kernel now) or gives up the kernel call (``"skip"``: the helper,
 which goes on to its next call; a claim met inside another compile is waited for up to
 ``NESTED_WAIT_S``, so that a small shared callee does not cost a whole large kernel). A
-claim whose process has died is taken over. Functions without a cache (Numba's own
+claim is an exclusive ``flock`` on that file, which the kernel releases when its process
+ends, so a dead holder's claim is free at once and a reused pid never looks like the
+holder; a claim held past ``MAX_HOLD_S`` (a hung holder) is compiled beside. Functions without a cache (Numba's own
 overloads) are compiled as usual, unclaimed.
 
     compilelock.install("wait")    # idempotent; the mode can be changed by a later call
 """
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import os
 import threading
@@ -27,8 +30,8 @@ from pathlib import Path
 __all__ = ["Claimed", "install", "mode", "NESTED_WAIT_S"]
 
 NESTED_WAIT_S = 5.0
+MAX_HOLD_S = 900.0  # the longest kernel compile is ~1 min at full load; a claim older than this is not waited for
 _POLL_S = 0.05
-_EMPTY_S = 5.0
 
 _state = {"mode": None, "original": None, "dir": None}
 _local = threading.local()       # held claim names (re-entrant) and nesting depth, per thread
@@ -69,67 +72,79 @@ def _name(disp, args) -> str:
     return hashlib.sha1(key.encode()).hexdigest()[:24]
 
 
-def _take(path: Path) -> bool:
-    try:
-        fd = os.open(path, os.O_CREAT | os.O_EXCL | os.O_WRONLY, 0o644)
-    except FileExistsError:
-        return False
-    try:
-        os.write(fd, str(os.getpid()).encode())
-    finally:
-        os.close(fd)
-    return True
+def _take(path: Path) -> int | None:
+    """The claim, as an open descriptor holding an exclusive ``flock`` on its file; None if
+    another process holds it.
+
+    The kernel drops the lock when its holder ends however it ends (kill -9, a crash), so
+    a claim is never mistaken for live because its pid now names another process (pid
+    reuse: the file's pid is only written for people reading the directory). Releasing
+    unlinks the file while still locked; a process that opened the old file meanwhile
+    finds it unlinked after locking it and tries again on the new one.
+    """
+    while True:
+        try:
+            fd = os.open(path, os.O_CREAT | os.O_RDWR | getattr(os, "O_CLOEXEC", 0), 0o644)
+        except FileNotFoundError:       # the claims directory was removed (a cache cleared)
+            path.parent.mkdir(parents=True, exist_ok=True)
+            continue
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            os.close(fd)
+            return None
+        try:
+            current = os.stat(path).st_ino == os.fstat(fd).st_ino
+        except FileNotFoundError:
+            current = False
+        if not current:                 # released (unlinked) between our open and lock
+            os.close(fd)
+            continue
+        os.ftruncate(fd, 0)
+        os.write(fd, f"{os.getpid()}\n".encode())
+        return fd
 
 
-def _holder_dead(path: Path) -> bool:
-    """Whether the claim's process is gone (an empty file is being written: alive unless
-    it stayed empty for ``_EMPTY_S``)."""
+def _stale(path: Path) -> bool:
+    """A claim held longer than ``MAX_HOLD_S``: its holder is alive (the lock is held) but
+    hung or stopped; compiling beside it costs a duplicate compile, waiting could cost
+    forever."""
     try:
-        text = path.read_text()
-        pid = int(text or 0)
-        if not text:
-            return time.time() - path.stat().st_mtime > _EMPTY_S
+        return time.time() - path.stat().st_mtime > MAX_HOLD_S
     except FileNotFoundError:
         return False
-    except (OSError, ValueError):
-        return True
-    if pid <= 0:
-        return True
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return True
-    except PermissionError:
-        return False
-    return _zombie(pid)
 
 
-def _zombie(pid: int) -> bool:
-    """A process that exited but was not reaped yet (the executor's own dead helper)."""
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return False
-    return stat[stat.rfind(")") + 2:][:1] in ("Z", "X")
-
-
-def _acquire(path: Path, disp, args, nested: bool) -> None:
-    """Take the claim, waiting as the mode says; Claimed when giving up. A wait is reported
-    as a compile of the function (``numba:compile``: progress displays and compile totals
-    count it, the kernel is being compiled, on the other core)."""
-    if _take(path):
-        return
+def _acquire(path: Path, disp, args, nested: bool) -> int | None:
+    """Take the claim, waiting as the mode says; Claimed when giving up, None when the
+    holder has held it past ``MAX_HOLD_S`` (compile unclaimed). A wait is reported as a
+    compile of the function (``numba:compile``: progress displays and compile totals count
+    it, the kernel is being compiled, on the other core)."""
+    fd = _take(path)
+    if fd is not None:
+        return fd
     from numba.core import event
 
     with event.trigger_event("numba:compile", data=dict(dispatcher=disp, args=args, return_type=None)):
         t0 = time.monotonic()
-        while not _take(path):
-            if _holder_dead(path):
-                path.unlink(missing_ok=True)
-                continue
+        while True:
+            fd = _take(path)
+            if fd is not None:
+                return fd
+            if _stale(path):
+                return None
             if _state["mode"] == "skip" and (not nested or time.monotonic() - t0 > NESTED_WAIT_S):
                 raise Claimed(f"{disp.py_func.__qualname__}{args} is being compiled by another process")
             time.sleep(_POLL_S)
+
+
+def _release(path: Path, fd: int | None) -> None:
+    if fd is None:
+        return
+    try:
+        path.unlink(missing_ok=True)    # still locked: a waiter that opened it retries on a new file
+    finally:
+        os.close(fd)
 
 
 def _compile(self, sig):
@@ -148,10 +163,10 @@ def _compile(self, sig):
     if name in held:                  # a recursive compile of the same specialisation
         return original(self, sig)
     path = _state["dir"] / name
-    _acquire(path, self, tuple(args), nested=bool(held))
+    fd = _acquire(path, self, tuple(args), nested=bool(held))
     held.add(name)
     try:
         return original(self, sig)
     finally:
         held.discard(name)
-        path.unlink(missing_ok=True)
+        _release(path, fd)

@@ -5,7 +5,7 @@ with the Alembic scripts' head.
 """
 
 #: Alembic revisions this code knows, oldest first; the last is the one it writes.
-REVISIONS = ("0001", "0002", "0003", "0004", "0006")
+REVISIONS = ("0001", "0002", "0003", "0004", "0005", "0006")
 HEAD = REVISIONS[-1]
 #: what a registry migrated down to base stores: an empty version table
 BASE = ""

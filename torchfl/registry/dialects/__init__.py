@@ -10,7 +10,7 @@ package asks which backend it runs on. A dialect covers:
 - reads straight on the driver (no SQLAlchemy import, for the CLI's start-up): the
   read transaction, the placeholder style and the catalogue query;
 - the triggers that make published rows immutable against raw SQL ``UPDATE``/``DELETE``
-  (used by the migrations).
+  (and ``TRUNCATE``), and evidence tables append-only (used by the migrations).
 
 Importing this package imports neither SQLAlchemy nor a driver.
 """
@@ -62,6 +62,20 @@ class Dialect:
         raise NotImplementedError
 
     def drop_trigger_sql(self, table: str, name: str) -> str:
+        raise NotImplementedError
+
+    def append_only_sql(self, table: str, message: str) -> list[str]:
+        """Statements that make ``table`` append-only in the database itself: UPDATE, DELETE
+        and TRUNCATE refused with "<table> rows are immutable: <message>" (the message says
+        what the table holds). Idempotent: drops what it replaces."""
+        raise NotImplementedError
+
+    def drop_append_only_sql(self, table: str) -> list[str]:
+        """Statements that drop what :meth:`append_only_sql` created on ``table``."""
+        raise NotImplementedError
+
+    def drop_refusal_function_sql(self) -> list[str]:
+        """Statements that drop the refusal function :meth:`append_only_sql` creates, if any."""
         raise NotImplementedError
 
 

@@ -114,5 +114,26 @@ class PostgresDialect(Dialect):
     def drop_trigger_sql(self, table: str, name: str) -> str:
         return f"DROP TRIGGER IF EXISTS {name} ON {table}"
 
+    # torchfl_refuse_update() states one message for every table; evidence tables (revision
+    # 0005 on) name what they hold through a trigger argument instead
+    REFUSE_FUNCTION = "torchfl_refuse_change"
+
+    def append_only_sql(self, table: str, message: str) -> list[str]:
+        quoted = message.replace("'", "''")
+        call = f"EXECUTE FUNCTION {self.REFUSE_FUNCTION}('{quoted}')"
+        return [
+            f"CREATE OR REPLACE FUNCTION {self.REFUSE_FUNCTION}() RETURNS trigger LANGUAGE plpgsql AS $$\n"
+            "BEGIN\n    RAISE EXCEPTION '% rows are immutable: %', TG_TABLE_NAME, TG_ARGV[0];\nEND $$",
+            *self.drop_append_only_sql(table),
+            f"CREATE TRIGGER trg_{table}_immutable BEFORE UPDATE OR DELETE ON {table} FOR EACH ROW {call}",
+            f"CREATE TRIGGER trg_{table}_truncate BEFORE TRUNCATE ON {table} FOR EACH STATEMENT {call}",
+        ]
+
+    def drop_append_only_sql(self, table: str) -> list[str]:
+        return [self.drop_trigger_sql(table, f"trg_{table}_{name}") for name in ("immutable", "truncate")]
+
+    def drop_refusal_function_sql(self) -> list[str]:
+        return [f"DROP FUNCTION IF EXISTS {self.REFUSE_FUNCTION}()"]
+
 
 POSTGRESQL = PostgresDialect()

@@ -134,5 +134,16 @@ class SQLiteDialect(Dialect):
     def drop_trigger_sql(self, table: str, name: str) -> str:
         return f"DROP TRIGGER IF EXISTS {name}"
 
+    def append_only_sql(self, table: str, message: str) -> list[str]:
+        # SQLite has no TRUNCATE: its DELETE without WHERE fires the DELETE trigger (the
+        # truncate optimisation is off for a table with DELETE triggers)
+        return self.drop_append_only_sql(table) + self.protect_rows_sql(table, message.replace("'", "''"))
+
+    def drop_append_only_sql(self, table: str) -> list[str]:
+        return self.unprotect_rows_sql(table)
+
+    def drop_refusal_function_sql(self) -> list[str]:
+        return []
+
 
 SQLITE = SQLiteDialect()
