@@ -43,7 +43,8 @@ def test_fidelity_scores_records_and_explain_reports(tmp_path, url):
     assert set(out["recorded_runs"]) == {"A100-SXM4-80GB"}
     text = CliRunner().invoke(cli, ["plan", "explain", "mlp", "--chip", "A100-SXM4-80GB", "--registry", url])
     assert text.exit_code == 0, text.output
-    assert "Fidelity: A100-SXM4-80GB: predictions checked on 2 published measurements, mean error" in text.output
+    assert "Fidelity: A100-SXM4-80GB: predictions checked on 2 published measurements, mean error" in \
+        " ".join(text.output.split())
 
 
 def test_text_report_names_the_worst_rows(tmp_path, url):

@@ -90,14 +90,17 @@ def explain(model, chip, batch, seq_len, heads, layers, precision, strict, fmt, 
 def _checked(plan, registry) -> str:
     """How well this chip's predicted times are checked against published measurements
     (the latest ``torchfl fidelity --record`` run in the registry), as one line."""
+    import textwrap
+
     from torchfl.registry import Registry, RegistryError
     from torchfl.registry.fidelity import checked_line, fidelity_summary
 
     try:
         with Registry(registry) as reg:
-            return "Fidelity: " + checked_line(fidelity_summary(reg, plan.chip))
+            line = "Fidelity: " + checked_line(fidelity_summary(reg, plan.chip))
     except RegistryError as exc:
-        return f"Fidelity: {plan.chip}: unknown ({str(exc).splitlines()[0]})"
+        line = f"Fidelity: {plan.chip}: unknown ({str(exc).splitlines()[0]})"
+    return textwrap.fill(line, width=120, subsequent_indent="  ")
 
 
 def _target_and_precision(chip, precision, registry):
