@@ -3,7 +3,12 @@
 measured time does?
 
     python tools/calibrate.py [--json] [--cases resnet50_b8,bert_base_s512,bert_layer_s512] [--top 8]
-                              [--runs 3]
+                              [--runs 3] [--hcd FILE]
+    python tools/calibrate.py --cases host_resnet50_b1,host_bert_layer_s128 [--hcd HOST.hcd] --top 0
+
+The ``host_*`` cases plan float32 models (no precision policy) on this host's own HCD: the
+file ``--hcd`` names, else a probe run first (``torchfl hcd probe --threads 1``, one thread's
+CPU time like the points). ``--hcd`` also replaces the chip of every other case.
 
 For each case the model is planned (fp16 policy) and its ``--top`` most expensive distinct
 chip steps are taken (by predicted time; repeated layers counted once). Each step's points
@@ -28,6 +33,13 @@ offset, not an error of the model alone); ``median_measured_over_predicted``.
 predicted equal); ``excluded`` the points not measured and why (an alternative the kernel
 refuses on these inputs, a call already measured in the step); ``host_balanced_spearman``
 the ranking of the same plans priced with this host's balance (:func:`host_balanced`).
+
+``choice`` (:func:`choice`): does the planner pick what runs fastest? Per step, among the
+chosen call and the alternatives that cover exactly the step's nodes (the same work: another
+layout, another kernel for the same ops; partial covers are left out, their rest would run in
+other steps), the step is *right* when the chosen call's measured time is within 10 % of the
+fastest measured one; the alternatives also include the step's nodes split into measured partial
+covers, summed (:func:`choice`). ``share`` is right steps / steps that had an alternative.
 """
 from __future__ import annotations
 
@@ -43,13 +55,17 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 CASES = {
-    # name: (zoo model, options, chip)
-    "resnet50_b8": ("resnet50", dict(batch=8, image=224), "NPU-V3"),
-    "bert_base_s512": ("bert-base", dict(batch=1, seq_len=512), "TFL-X1"),
+    # name: (zoo model, options, chip, precision policy); chip None: this host's probe HCD
+    "resnet50_b8": ("resnet50", dict(batch=8, image=224), "NPU-V3", "float16"),
+    "bert_base_s512": ("bert-base", dict(batch=1, seq_len=512), "TFL-X1", "float16"),
     # NPU-V3's 8 MiB cache: a BERT-large layer's 1024x4096 fp16 weights (8 MiB) do not fit, so
     # its GEMMs stream and their alternatives (linear vs fused epilogues) price differently
-    "bert_layer_s512": ("bert-large", dict(batch=1, seq_len=512, layers=1), "NPU-V3"),
+    "bert_layer_s512": ("bert-large", dict(batch=1, seq_len=512, layers=1), "NPU-V3", "float16"),
+    # the host as the chip (issue 32): float32 as the models are written, on the probe's HCD
+    "host_resnet50_b1": ("resnet50", dict(batch=1, image=224), None, None),
+    "host_bert_layer_s128": ("bert-large", dict(batch=1, seq_len=128, layers=1), None, None),
 }
+CHOICE_TOLERANCE = 0.10
 
 
 def ranks(xs):
@@ -82,7 +98,8 @@ def spearman(a, b):
 
 
 def _calls(plan, top):
-    """(step, [(label, call dict, predicted_s)]) for the ``top`` most expensive distinct steps."""
+    """(step, [(label, call dict, predicted_s, nodes)]) for the ``top`` most expensive distinct
+    steps (all of them when ``top`` is 0)."""
     from torchfl.kernels.catalog import get
 
     steps = sorted((s for s in plan.steps if s.kind in ("kernel", "fused") and not s.static),
@@ -97,13 +114,13 @@ def _calls(plan, top):
         names = get(s.kernel).input_names
         chosen = {"kernel": s.kernel, "inputs": list(s.inputs), "kernel_inputs": list(names[:len(s.inputs)]),
                   "layouts_in": list(s.layouts_in), "attrs": dict(s.attrs), "dtype": s.dtype}
-        points = [("chosen", chosen, s.predicted_time_s)]
+        points = [("chosen", chosen, s.predicted_time_s, tuple(s.nodes))]
         nodes = set(s.nodes)
         for r in plan.rejected:
             if r.call and r.predicted_time_s is not None and set(r.nodes) <= nodes:
-                points.append((r.kernel, r.call, r.predicted_time_s))
+                points.append((r.kernel, r.call, r.predicted_time_s, tuple(r.nodes)))
         out.append((s, points))
-        if len(out) >= top:
+        if top and len(out) >= top:
             break
     return out
 
@@ -182,7 +199,23 @@ def measure(plan, call, chip, mem, static_vals, runs):
     return min(times), tp
 
 
-def calibrate_case(name, top, runs, registry=None):
+def _op_nodes(step) -> set:
+    """The step's nodes that are ops (a tuple element read, ``getitem``, is part of no cover)."""
+    return {n for n, op in zip(step.nodes, step.ops) if "getitem" not in str(op)}
+
+
+def host_hcd(path=None, threads=1):
+    """The host's HCD: the file at ``path``, else a probe of this host (one thread's CPU time)."""
+    from torchfl.hcd import load_hcd
+
+    if path:
+        return load_hcd(path)
+    from torchfl.fidelity.probe import probe
+
+    return probe("cpu", threads=threads, timer="cpu" if threads == 1 else "wall").hcd()
+
+
+def calibrate_case(name, top, runs, registry=None, hcd=None):
     import torch
 
     from torchfl.kernels.catalog import get
@@ -192,17 +225,20 @@ def calibrate_case(name, top, runs, registry=None):
     from torchfl.planner.memory import static_steps
     from torchfl.planner.zoo import load_model
 
-    zoo, kw, chip_name = CASES[name]
+    zoo, kw, chip_name, precision = CASES[name]
+    chip = hcd if hcd is not None else chip_name
+    if chip is None:
+        raise ValueError(f"case {name} plans on this host's HCD: pass --hcd FILE or let the tool probe")
     model, inputs = load_model(zoo, **kw)
     with torch.no_grad():
-        plan = plan_module(model, inputs, chip_name, precision="float16", registry=registry)
+        plan = plan_module(model, inputs, chip, precision=precision, registry=None if hcd is not None else registry)
     chip = plan.target.model
     mem = DeviceMemory(chip)
     _steps, static_vals = static_steps(plan)
     points, skipped = [], []
     for step, alts in _calls(plan, top):
         done = set()
-        for label, call, pred in alts:
+        for label, call, pred, cover in alts:
             key = json.dumps([call["kernel"], call["layouts_in"], call["inputs"], repr(call["attrs"])])
             if key in done:
                 skipped.append({"case": name, "step": step.index, "kernel": call["kernel"], "label": label,
@@ -217,6 +253,8 @@ def calibrate_case(name, top, runs, registry=None):
                 continue
             points.append({"case": name, "step": step.index, "family": get(call["kernel"]).family,
                            "kernel": call["kernel"], "label": label, "layouts_in": call["layouts_in"],
+                           "cover": sorted(cover), "step_nodes": sorted(_op_nodes(step)),
+                           "whole_step": set(cover) >= _op_nodes(step),
                            "predicted_s": pred, "measured_s": meas, "flops": tp.traffic.flops,
                            "bytes": tp.traffic.bytes, "compute_util": tp.compute_util,
                            "repriced_s": simulated_time(tp, chip, call["dtype"]),
@@ -299,6 +337,70 @@ def summarise(points):
     return out
 
 
+def _best_cover(nodes: frozenset, best: dict, memo: dict):
+    """(least summed measured time, covers) of an exact partition of ``nodes`` into measured
+    covers (``best``: cover -> (measured, label)); None where no partition exists."""
+    if not nodes:
+        return 0.0, ()
+    if nodes in memo:
+        return memo[nodes]
+    first = min(nodes)
+    out = None
+    for cover, (t, label) in best.items():
+        if first in cover and cover <= nodes:
+            rest = _best_cover(nodes - cover, best, memo)
+            if rest is not None and (out is None or t + rest[0] < out[0]):
+                out = (t + rest[0], (label,) + rest[1])
+    memo[nodes] = out
+    return out
+
+
+def choice(points, tolerance=CHOICE_TOLERANCE):
+    """Does the plan pick the fastest measured way to run each step (within ``tolerance``)?
+
+    Per step, the alternatives are every measured point covering the whole step (another
+    layout, another kernel for the same ops) and every partition of the step's nodes into
+    measured partial covers, summed (conv2d + batch_norm_infer + relu against the fused
+    conv2d_bn_relu; each part at its fastest layout, conversions between them free: optimistic
+    for the alternative, so the score is conservative). A step is *right* when the chosen
+    call's measured time is within ``tolerance`` of the fastest alternative's."""
+    by_step = {}
+    for p in points:
+        by_step.setdefault((p["case"], p["step"]), []).append(p)
+    steps, right, single = [], 0, 0
+    for (case, step), group in sorted(by_step.items()):
+        chosen = next((p for p in group if p["label"] == "chosen"), None)
+        if chosen is None:
+            continue
+        nodes = frozenset(chosen.get("step_nodes") or chosen.get("cover") or ())
+        best = {}
+        for p in group:
+            if p is chosen:
+                continue
+            cover = frozenset(p.get("cover") or ()) & nodes if p.get("cover") else (nodes if p.get("whole_step") else None)
+            if not cover:
+                continue
+            label = f"{p['kernel']} {','.join(l or '-' for l in p['layouts_in'])}"
+            if cover not in best or p["measured_s"] < best[cover][0]:
+                best[cover] = (p["measured_s"], label)
+        alt = _best_cover(nodes, best, {}) if nodes else None
+        if alt is None:
+            single += 1
+            continue
+        fastest_s, parts = alt
+        fastest_s = min(fastest_s, chosen["measured_s"])
+        ok = chosen["measured_s"] <= fastest_s * (1 + tolerance)
+        right += ok
+        steps.append({"case": case, "step": step, "points": len(group), "right": ok,
+                      "chosen": f"{chosen['kernel']} {','.join(l or '-' for l in chosen['layouts_in'])}",
+                      "chosen_s": chosen["measured_s"],
+                      "fastest": " + ".join(parts) if alt[0] <= chosen["measured_s"] else "the chosen call",
+                      "fastest_s": fastest_s,
+                      "chosen_over_fastest": chosen["measured_s"] / fastest_s if fastest_s else None})
+    return {"tolerance": tolerance, "steps": len(steps), "right": right,
+            "share": right / len(steps) if steps else None, "steps_with_one_point": single, "per_step": steps}
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", action="store_true")
@@ -307,6 +409,7 @@ def main(argv=None):
     ap.add_argument("--runs", type=int, default=3, help="timed calls per point (the minimum is kept)")
     ap.add_argument("--registry", default=None)
     ap.add_argument("--threads", type=int, default=1, help="kernel threads (CPU time is summed over them)")
+    ap.add_argument("--hcd", default=None, help="plan every case on this HCD file (host_* cases: default a probe)")
     a = ap.parse_args(argv)
     import os
 
@@ -315,19 +418,32 @@ def main(argv=None):
 
     warnings.filterwarnings("ignore")
     points, skipped = [], []
-    for name in a.cases.split(","):
+    names = a.cases.split(",")
+    for name in names:
         if name not in CASES:
             ap.error(f"unknown case {name!r}; choose from {', '.join(CASES)}")
-        ps, sk = calibrate_case(name, a.top, a.runs, a.registry)
+    hcd = probe_hcd = None
+    if a.hcd or any(CASES[n][2] is None for n in names):
+        probe_hcd = host_hcd(a.hcd, a.threads)
+        hcd_for = {n: probe_hcd if (a.hcd or CASES[n][2] is None) else None for n in names}
+    else:
+        hcd_for = {n: None for n in names}
+    for name in names:
+        ps, sk = calibrate_case(name, a.top, a.runs, a.registry, hcd_for[name])
         points += ps
         skipped += sk
     host = host_balanced(points)
     fams = summarise(points)
+    picks = choice(points)
+    chip_line = (f"{probe_hcd.chip.name} ({a.hcd or 'probed now'})" if probe_hcd is not None else None)
     if a.json:
         json.dump({"threads": a.threads, "timer": "process_time (min of runs)", "top": a.top, "families": fams,
-                   "host_balance": host, "points": points, "excluded": skipped}, sys.stdout, indent=2)
+                   "host_balance": host, "choice": picks, "host_hcd": chip_line, "points": points,
+                   "excluded": skipped}, sys.stdout, indent=2)
         print()
         return 0
+    if chip_line:
+        print(f"host HCD: {chip_line}")
     if host:
         print(f"host balance: {host['peak_ops_per_s'] / 1e9:.1f} GFLOP/s ({host['peak_set_by']}), "
               f"{host['offchip_bytes_per_s'] / 1e9:.2f} GB/s ({host['bw_set_by']})")
@@ -345,6 +461,14 @@ def main(argv=None):
                   f"predicted, {r['tied_points']} tied, spearman {rr}")
     for s in skipped:
         print(f"excluded: {s['case']} step {s['step']} {s['kernel']} ({s['label']}): {s['why']}")
+    if picks["steps"]:
+        print(f"choice: {picks['right']} of {picks['steps']} steps pick the fastest measured alternative or one "
+              f"within {picks['tolerance']:.0%} ({picks['share']:.0%}); {picks['steps_with_one_point']} steps "
+              "had no measured alternative")
+        for r in picks["per_step"]:
+            if not r["right"]:
+                print(f"    {r['case']} step {r['step']}: chose {r['chosen']} {r['chosen_s'] * 1e3:.3f} ms, fastest "
+                      f"{r['fastest']} {r['fastest_s'] * 1e3:.3f} ms ({r['chosen_over_fastest']:.2f}x)")
     return 0
 
 

@@ -1,10 +1,11 @@
 """Eager-device tests: real npu tensors in the emulated chips' device memory, real
 one-op plans and Numba kernels. tests/conftest.py builds and loads the adapter once per
-session and fixes the device list (TORCHFL_DEVICES=TFL-X1,NPU-V3,EDGE-C2 unless set)."""
-import os
+session and fixes the device list (TORCHFL_DEVICES=TFL-X1,NPU-V3,EDGE-C2 unless set).
 
-os.environ.setdefault("NUMBA_CACHE_DIR", os.path.join(os.path.dirname(__file__), "..", "..", ".cache", "numba"))
-
+Kernels compile into the one cache every entry point uses (README: `$NUMBA_CACHE_DIR`, else
+the user cache directory), never a cache of the tests' own: in one `make test` run each
+kernel then compiles once for every layer's tests (CI keeps no cache between runs, so a
+second directory would only compile the same kernels twice)."""
 import pytest
 
 

@@ -172,23 +172,9 @@ def demo(registry, quick, full_tables, parallel_compile, compile_only) -> None:
         out.print(f"vs eager torch (float32): max |diff| {err:.3g}, relative to max |ref| {rel:.3g}; "
                   f"first call (plan + kernel compile + run) {first_s:.1f} s")
 
-    # 3. a hard constraint, as a user meets it
+    # 3. a hard constraint, as a user meets it: the transcript printed is the code run
     out.rule("[bold]A hard constraint, as a user meets it")
-    out.print(">>> mha = torch.nn.MultiheadAttention(768, 12, batch_first=True)\n"
-              ">>> model = torch.compile(mha, backend=\"torchfl\", options={\"chip\": \"NPU-V2\", "
-              "\"precision\": \"float16\"})\n>>> model(x, x, x)", markup=False)
-    mha = torch.nn.MultiheadAttention(768, 12, batch_first=True).eval()
-    x = torch.randn(1, 16, 768)
-    model = torch.compile(mha, backend="torchfl", options={"chip": "NPU-V2", "precision": "float16",
-                                                           "registry": registry})
-    try:
-        with torch.no_grad():
-            model(x, x, x, need_weights=False)
-        out.print("[red]unexpected: NPU-V2 accepted 12 heads[/red]")
-        ok_error = False
-    except NotImplementedError as exc:
-        out.print(f"[red]NotImplementedError: {exc}[/red]")
-        ok_error = True
+    ok_error = hard_constraint(out, registry)
 
     # summary
     out.rule("[bold]Summary")
@@ -212,6 +198,55 @@ def demo(registry, quick, full_tables, parallel_compile, compile_only) -> None:
     out.print(f"demo finished in {time.perf_counter() - t_start:.1f} s")
     if bad or not ok_error:
         sys.exit(1)
+
+
+# The demo's hard-constraint transcript, in doctest form: printed as it is and run as it is
+# (tests/cli/test_demo_transcript.py runs the printed text through doctest in a new
+# interpreter). need_weights=False and no_grad: PyTorch then takes its fused attention path
+# (scaled_dot_product_attention), which the chip's attention unit serves; with the attention
+# weights asked for, or with autograd recording, the same module computes with bmm and
+# softmax and plans without the unit (no error to show).
+TRANSCRIPT = """\
+>>> import torch
+>>> mha = torch.nn.MultiheadAttention(768, 12, batch_first=True).eval()
+>>> options = {"chip": "NPU-V2", "precision": "float16"}
+>>> model = torch.compile(mha, backend="torchfl", options=options)
+>>> x = torch.randn(1, 16, 768)
+>>> with torch.no_grad():
+...     y, _ = model(x, x, x, need_weights=False)
+"""
+
+
+def hard_constraint(out, registry, width: int = 100) -> bool:
+    """Print TRANSCRIPT, run it (on ``registry``), print the exception as a Python session
+    shows it (the message wrapped at spaces to ``width``). True if it raised NotImplementedError."""
+    import doctest
+    import os
+    import textwrap
+    import traceback
+
+    out.print(TRANSCRIPT.rstrip("\n"), markup=False, highlight=False)
+    saved = os.environ.get("TORCHFL_REGISTRY_URL")
+    if registry:
+        os.environ["TORCHFL_REGISTRY_URL"] = registry     # the transcript names no registry
+    scope: dict = {}
+    try:
+        for example in doctest.DocTestParser().get_examples(TRANSCRIPT):
+            exec(compile(example.source, "<demo>", "single"), scope)
+    except NotImplementedError as exc:
+        out.print("Traceback (most recent call last):\n  ...", markup=False, highlight=False)
+        line = traceback.format_exception_only(exc)[-1].strip()   # as Python prints it
+        out.print("\n".join(textwrap.wrap(line, width, break_long_words=False, break_on_hyphens=False)),
+                  style="red", markup=False, highlight=False)
+        return True
+    finally:
+        if registry:
+            if saved is None:
+                os.environ.pop("TORCHFL_REGISTRY_URL", None)
+            else:
+                os.environ["TORCHFL_REGISTRY_URL"] = saved
+    out.print("unexpected: NPU-V2 accepted 12 heads", style="red", markup=False)
+    return False
 
 
 def _short(an, full: bool) -> str:

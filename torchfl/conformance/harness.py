@@ -142,8 +142,10 @@ def plan_units(claimed: dict[str, tuple]) -> tuple[list[Unit], list[tuple]]:
 
 # ---------------------------------------------------------------- workers
 
-def _worker_init() -> None:
-    """One thread per worker process: the shards are the parallelism."""
+def _worker_init(parent: int | None = None) -> None:
+    """One thread per worker process: the shards are the parallelism. The worker ends with
+    ``parent`` (the conformance process), however that ends."""
+    _die_with_parent(parent)
     import logging
     import warnings
 
@@ -152,6 +154,38 @@ def _worker_init() -> None:
     torch.set_num_threads(1)
     warnings.filterwarnings("ignore")
     logging.disable(logging.WARNING)
+
+
+_PR_SET_PDEATHSIG = 1
+_WATCH_S = 1.0
+
+
+def _die_with_parent(parent: int | None) -> None:
+    """Issue 39: kill -9 or SIGTERM of ``torchfl conformance --jobs N`` left its spawn workers
+    (~500 MB each) and multiprocessing's resource tracker (which lives while any worker holds
+    its pipe) running indefinitely. The kernel now kills a worker when the thread that
+    spawned it ends (``PR_SET_PDEATHSIG``, Linux), and a watch thread ends it when it is
+    orphaned elsewhere (it sees a new parent pid); the tracker then sees its pipe close."""
+    import ctypes
+    import signal
+    import threading
+    import time
+
+    try:
+        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
+    except (OSError, AttributeError):   # no prctl (not Linux): the watch thread alone
+        pass
+    if parent is None:
+        return
+    if os.getppid() != parent:          # the parent died before prctl took effect
+        os._exit(1)
+
+    def watch():
+        while os.getppid() == parent:
+            time.sleep(_WATCH_S)
+        os._exit(1)
+
+    threading.Thread(target=watch, name="torchfl-parent-watch", daemon=True).start()
 
 
 def run_unit(unit: Unit, chip: str, registry, settings: Settings, bf16_emulated: bool,
@@ -282,7 +316,8 @@ def _execute(units, chip, url, settings, bf16_emulated, chip_hash):
     os.environ.update(env)   # inherited by the spawned workers only for their start
     try:
         ctx = multiprocessing.get_context("spawn")
-        with ProcessPoolExecutor(max_workers=settings.jobs, mp_context=ctx, initializer=_worker_init) as pool:
+        with ProcessPoolExecutor(max_workers=settings.jobs, mp_context=ctx, initializer=_worker_init,
+                                 initargs=(os.getpid(),)) as pool:
             futures = {pool.submit(run_unit, u, chip, url, settings, bf16_emulated, chip_hash): u for u in units}
             for fut in as_completed(futures):
                 yield futures[fut], fut.result()

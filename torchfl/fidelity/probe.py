@@ -3,8 +3,8 @@
 Short microbenchmarks through torch itself, so the descriptor states what torch achieves
 here, not a datasheet: the GEMM rate per dtype (``torch.mm``; ``torch._int_mm`` for int8
 where torch has it), a STREAM-like copy of arrays four times the last-level cache
-(off-chip bandwidth, and the copy's share of the best streaming rate), a copy inside the
-last-level cache (on-chip bandwidth), the fixed cost of a tiny op (a one-element
+(off-chip bandwidth, and the copy's share of the best streaming rate), a copy whose working set is
+four times the next lower cache level and inside the last (on-chip bandwidth), the fixed cost of a tiny op (a one-element
 ``torch.add``: dispatch plus allocation, ``execution.launch_overhead_us``), cache sizes
 from the OS (``/sys/devices/system/cpu/cpu0/cache``; the last level is ``on_chip_cache``)
 and the thread count (``execution.concurrent_tiles``). Every figure keeps its runs and
@@ -58,7 +58,8 @@ class Figure:
     def comment(self) -> str:
         k, unit = self.shown
         lo, mid, hi = min(self.runs) * k, self.value * k, max(self.runs) * k
-        return f"{self.how}: {len(self.runs)} runs min/median/max {_g(lo)}/{_g(mid)}/{_g(hi)} {unit} (median used)"
+        runs = "values" if self.name == "matrix_launch" else "runs"
+        return f"{self.how}: {len(self.runs)} {runs} min/median/max {_g(lo)}/{_g(mid)}/{_g(hi)} {unit} (median used)"
 
 
 @dataclass(frozen=True)
@@ -97,6 +98,7 @@ class Probe:
         from torchfl.hcd.model import HCD
 
         has_11 = "execution" in HCD.model_fields
+        ex_fields = _fields(HCD, "execution")
         f = self.figures
         name = name or self.chip_name()
         units = [(u, dt) for dt, u in GEMM_DTYPES if f"gemm_{dt}" in f]
@@ -142,7 +144,11 @@ class Probe:
                        if self.device == "cpu" else f"    # L2: {c.size_bytes // 1024} KiB (device properties)")
         out += [f"    size_kb: {max(1, self.llc_bytes // 1024)}",
                 f"    # {f['cache_bw'].comment()}",
-                f"    bandwidth_gb_per_s: {_g(f['cache_bw'].value / 1e9)}",
+                f"    bandwidth_gb_per_s: {_g(f['cache_bw'].value / 1e9)}"]
+        if "retains_between_kernels" in _fields(HCD, "memory", "on_chip_cache"):
+            out += ["    # a hardware-managed cache: what one op writes is there for the next (and for the next call)",
+                    "    retains_between_kernels: true"]
+        out += [
                 "  off_chip_memory:"]
         for key in ("copy_bw", "read_bw", "write_bw"):
             if key in f:
@@ -169,7 +175,11 @@ class Probe:
             lo = f["launch"]
             out += ["execution:",
                     f"  # {lo.comment()}",
-                    f"  launch_overhead_us: {_g(lo.value * 1e6)}",
+                    f"  launch_overhead_us: {_g(lo.value * 1e6)}"]
+            if "matrix_launch_overhead_us" in ex_fields and "matrix_launch" in f:
+                out += [f"  # {f['matrix_launch'].comment()}",
+                        f"  matrix_launch_overhead_us: {_g(f['matrix_launch'].value * 1e6)}"]
+            out += [
                     "  # " + ("threads the probe ran torch with (the work is split between them by torch's "
                               "own scheduler: no fixed tile grain is stated)" if self.device == "cpu"
                               else "streaming multiprocessors"),
@@ -179,20 +189,34 @@ class Probe:
     def _sms(self) -> int:
         return int(self.figures["sms"].runs[0]) if "sms" in self.figures else 1
 
-    def hcd(self, name: str | None = None):
+    def hcd(self, name: str | None = None, version: str = "1.0.0"):
         """The validated HCD object (``torchfl.hcd.HCDError`` if the probe produced nonsense)."""
         from torchfl.hcd import load_hcd_text
 
-        return load_hcd_text(self.hcd_text(name), filename="<probe>")
+        return load_hcd_text(self.hcd_text(name, version), filename="<probe>")
 
-    def write(self, path, name: str | None = None) -> str:
+    def write(self, path, name: str | None = None, version: str = "1.0.0") -> str:
         """Validate, then write the HCD text to ``path``; returns the text."""
-        text = self.hcd_text(name)
+        text = self.hcd_text(name, version)
         from torchfl.hcd import load_hcd_text
 
         load_hcd_text(text, filename=str(path))     # raises HCDError: nothing invalid is written
         Path(path).write_text(text, encoding="utf-8")
         return text
+
+
+def _fields(model, *path) -> dict:
+    """The pydantic fields of the section at ``path`` of ``model`` ({} where this torchfl's
+    schema has no such section): the probe writes the format-1.1 fields the schema knows."""
+    for name in path:
+        field = model.model_fields.get(name)
+        if field is None:
+            return {}
+        ann = field.annotation
+        model = next((a for a in getattr(ann, "__args__", (ann,)) if hasattr(a, "model_fields")), None)
+        if model is None:
+            return {}
+    return model.model_fields
 
 
 def _g(x: float) -> str:
@@ -421,7 +445,7 @@ def probe(device: str = "cpu", threads: int | None = None, timer: str | None = N
     clock = Timer(timer, device)
     repeat = 3 if quick else 7
     steps = ["gemm float32", "gemm bfloat16", "gemm float16", "gemm int8", "off-chip stream",
-             "on-chip copy", "tiny op"]
+             "on-chip copy", "tiny ops"]
 
     def step(i, what):
         if progress is not None:
@@ -472,14 +496,35 @@ def probe(device: str = "cpu", threads: int | None = None, timer: str | None = N
             big = min(max(2 * res.llc_bytes, 16 << 20), 128 << 20)
         res.figures.update(_stream(torch, device, clock, big, repeat))
         step(5, "on-chip copy")
-        small = _stream(torch, device, clock, max(res.llc_bytes // 4, 64 << 10), repeat)["copy_bw"]
-        res.figures["cache_bw"] = Figure("cache_bw", small.runs, small.how + ", inside the last-level cache", small.shown)
-        step(6, "tiny op")
+        # the last level's bandwidth where data comes from it and not from the level below: a
+        # working set of 4x the next lower level (STREAM's rule one level up), at most half the last
+        lower = [c.size_bytes for c in res.caches if c.kind != "Instruction" and c.size_bytes < res.llc_bytes]
+        working = min(4 * max(lower), res.llc_bytes // 2) if lower else res.llc_bytes // 4
+        small = _stream(torch, device, clock, max(working // 2, 64 << 10), repeat)["copy_bw"]
+        res.figures["cache_bw"] = Figure(
+            "cache_bw", small.runs, small.how + f" (working set {working / (1 << 20):.4g} MiB: 4x the next lower "
+            "level, inside the last)", small.shown)
+        step(6, "tiny ops")
         a = torch.ones(1, device=device)
         fn = lambda: torch.add(a, a)  # noqa: E731
         number = clock.calls_for(fn, 0.002 if quick else 0.01, cap=20_000)
         res.figures["launch"] = Figure("launch", tuple(clock.runs(fn, number=number, repeat=repeat, warmup=100)),
                                        "one-element torch.add (dispatch + allocation)", (1e6, "us"))
+        # a matrix family's call (a library that picks and launches its kernels) costs more than an
+        # elementwise one: the tiniest linear, conv2d and attention, each timed like the add
+        x2, w2 = torch.ones(1, 1, device=device), torch.ones(1, 1, device=device)
+        x4, w4 = torch.ones(1, 3, 8, 8, device=device), torch.ones(4, 3, 3, 3, device=device)
+        q = torch.ones(1, 1, 1, 1, device=device)
+        tiny = {"linear 1x1x1": lambda: torch.nn.functional.linear(x2, w2),
+                "conv2d 1x3x8x8 * 4x3x3x3": lambda: torch.conv2d(x4, w4),
+                "sdpa 1x1x1x1": lambda: torch.nn.functional.scaled_dot_product_attention(q, q, q)}
+        each = {}
+        for what, f in tiny.items():
+            n_calls = clock.calls_for(f, 0.002 if quick else 0.01, cap=20_000)
+            each[what] = statistics.median(clock.runs(f, number=n_calls, repeat=repeat, warmup=20))
+        res.figures["matrix_launch"] = Figure(
+            "matrix_launch", tuple(each.values()),
+            "the tiniest " + ", ".join(each) + " (one median each; their median used)", (1e6, "us"))
     finally:
         torch.set_num_threads(old)
     return res
