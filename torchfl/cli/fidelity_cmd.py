@@ -49,7 +49,7 @@ def fidelity(tables, chip, as_json, record, worst, registry) -> None:
         click.echo(f"error: no row of the tables is for chip {chip!r}; their chips: {', '.join(names)}", err=True)
         sys.exit(1)
     try:
-        result = _score(loaded, chip, registry)
+        result = _score(loaded, chip, registry, worst)
         runs = _record(result, registry) if record else {}
     except RegistryError as exc:
         click.echo(f"error: {exc}", err=True)
@@ -64,7 +64,7 @@ def fidelity(tables, chip, as_json, record, worst, registry) -> None:
         sys.exit(1)
 
 
-def _score(loaded, chip, registry):
+def _score(loaded, chip, registry, worst):
     from torchfl.cli.progress import Progress
     from torchfl.fidelity.run import score_tables
     from torchfl.planner.errors import ChoiceError
@@ -82,7 +82,7 @@ def _score(loaded, chip, registry):
         def step(row):
             p.update(f"{row.chip}: {row.label()}")
             p.advance()
-        return score_tables(loaded, resolve, chip=chip, progress=step)
+        return score_tables(loaded, resolve, chip=chip, progress=step, worst=worst)
 
 
 def _record(result, registry) -> dict:
@@ -116,10 +116,10 @@ def _print(result, worst, runs) -> None:
             out.print(f"worst {s.chip} {s.family}:")
             for p in s.worst:
                 out.print(f"  {p.row.where}: {p.row.label()}: measured {p.row.seconds * 1e6:.1f} us, predicted "
-                          f"{p.predicted_s * 1e6:.1f} us ({p.error:+.0%})")
+                          f"{p.predicted_s * 1e6:.1f} us ({p.error:+.0%})", soft_wrap=True)
     unplanned = [p for p in result.predictions if p.predicted_s is None]
     for p in unplanned[:10]:
-        out.print(f"not planned: {p.row.where}: {p.row.label()}: {p.reason}")
+        out.print(f"not planned: {p.row.where}: {p.row.label()}: {p.reason}", soft_wrap=True)
     if len(unplanned) > 10:
         out.print(f"... and {len(unplanned) - 10} more rows not planned (--json lists them)")
     for table in result.tables:
