@@ -200,8 +200,9 @@ def measure(plan, call, chip, mem, static_vals, runs):
 
 
 def _op_nodes(step) -> set:
-    """The step's nodes that are ops (a tuple element read, ``getitem``, is part of no cover)."""
-    return {n for n, op in zip(step.nodes, step.ops) if "getitem" not in str(op)}
+    """The step's nodes that are ops: a tuple element read (FX names it ``getitem``,
+    ``getitem_N``) is part of no alternative's cover."""
+    return {n for n in step.nodes if n != "getitem" and not n.startswith("getitem_")}
 
 
 def host_hcd(path=None, threads=1):

@@ -168,6 +168,12 @@ class ComputeUnits(_Model):
 class OnChipCache(_Model):
     size_kb: int = Field(gt=0, le=1 << 26, description="On-chip cache (scratchpad) size in KiB (1024 bytes).")
     bandwidth_gb_per_s: float = Field(ge=1e-6, le=1_000_000, description="On-chip cache bandwidth in GB/s (10^9 B/s).")
+    retains_between_kernels: Optional[bool] = Field(
+        default=None,
+        description="Format 1.1: the cache is hardware-managed and keeps what one kernel wrote for the next "
+                    "(a CPU's last-level cache, a GPU's L2), so a kernel whose whole traffic fits the cache "
+                    "moves it at bandwidth_gb_per_s, not off-chip. Absent or false: a scratchpad, filled "
+                    "from off-chip memory by every kernel.")
 
 
 class OffChipMemory(_Model):
@@ -229,6 +235,7 @@ class Execution(_Model):
 FORMAT_11_FIELDS = (
     "compute_units.{unit}.sustained_fraction",
     "memory.off_chip_memory.sustained_fraction",
+    "memory.on_chip_cache.retains_between_kernels",
     "execution.launch_overhead_us",
     "execution.matrix_launch_overhead_us",
     "execution.concurrent_tiles",
@@ -318,6 +325,8 @@ class HCD(_Model):
         if any(u is not None and u.sustained_fraction is not None for u in units):
             return "1.1"
         if self.memory.off_chip_memory.sustained_fraction is not None:
+            return "1.1"
+        if self.memory.on_chip_cache.retains_between_kernels is not None:
             return "1.1"
         return "1.1" if self.execution is not None else "1.0"
 

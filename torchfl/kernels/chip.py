@@ -45,6 +45,9 @@ class ChipModel:
     sustained: dict = field(default_factory=dict)
     #: share of ``offchip_bw`` a streaming kernel sustains
     offchip_sustained: float = 1.0
+    #: the cache keeps a kernel's data for the next (``on_chip_cache.retains_between_kernels``): a
+    #: kernel whose traffic fits ``cache_bytes`` moves it at ``cache_bw``
+    cache_retains: bool = False
     #: tiles run at once and output elements per tile (0: no wave quantisation)
     concurrent_tiles: int = 0
     tile_elements: int = 0
@@ -69,8 +72,9 @@ class ChipModel:
     def __hash__(self):  # dict fields: hash the immutable identity
         return hash((self.name, self.cache_bytes, self.cache_bw, self.offchip_bw,
                      tuple(sorted(self.peak.items())), self.alignment, self.memory_bytes,
-                     self.bf16_emulation, self.hcd_hash, self.launch_s, self.matrix_launch_s, tuple(sorted(self.sustained.items())),
-                     self.offchip_sustained, self.concurrent_tiles, self.tile_elements))
+                     self.bf16_emulation, self.hcd_hash, self.launch_s, self.matrix_launch_s,
+                     tuple(sorted(self.sustained.items())), self.offchip_sustained, self.cache_retains,
+                     self.concurrent_tiles, self.tile_elements))
 
     @property
     def waves_modelled(self) -> bool:
@@ -113,6 +117,7 @@ class ChipModel:
                              if ex is not None and ex.matrix_launch_overhead_us is not None else None),
             sustained=sustained,
             offchip_sustained=float(mem.off_chip_memory.sustained_fraction or 1.0),
+            cache_retains=bool(mem.on_chip_cache.retains_between_kernels),
             concurrent_tiles=int(ex.concurrent_tiles) if grain else 0,
             tile_elements=int(ex.tile_elements) if grain else 0,
         )

@@ -51,12 +51,19 @@ def install(how: str = "wait") -> None:
         raise ValueError(f"compilelock mode {how!r}: expected 'wait' or 'skip'")
     from numba.core.dispatcher import Dispatcher
 
-    from .jitcache import configure
+    from .jitcache import writable_dir
 
-    claims = configure() / ".claims"
+    # beside the kernels being written: a read-only cache saves none (claims would only make
+    # processes wait for kernels that never arrive), so there claims are off
+    cache = writable_dir()
+    claims = None if cache is None else cache / ".claims"
     if _state["mode"] == how and _state["dir"] == claims:
         return
-    claims.mkdir(parents=True, exist_ok=True)
+    if claims is not None:
+        try:
+            claims.mkdir(parents=True, exist_ok=True)
+        except OSError:
+            claims = None
     _state["dir"], _state["mode"] = claims, how
     if _state["original"] is None:
         _state["original"] = Dispatcher.compile
@@ -154,7 +161,8 @@ def _compile(self, sig):
 
     original = _state["original"]
     args, _ret = sigutils.normalize_signature(sig)
-    if _state["mode"] is None or tuple(args) in self.overloads or isinstance(self._cache, NullCache):
+    if (_state["mode"] is None or _state["dir"] is None or tuple(args) in self.overloads
+            or isinstance(self._cache, NullCache)):
         return original(self, sig)
     held = getattr(_local, "held", None)
     if held is None:

@@ -184,6 +184,8 @@ class TimeTerms:
             out.append(f"+{self.launch_s * 1e6:.3g} us launch")
         if self.bound == "off-chip" and self.offchip_sustained != 1.0:
             out.append(f"off-chip bound at {self.offchip_sustained:.0%} sustained")
+        elif self.bound == "on-chip cache":
+            out.append("cache bound: its data stay in the on-chip cache between kernels")
         elif self.bound == "compute" and self.sustained != 1.0:
             out.append(f"compute bound at {self.sustained:.0%} sustained")
         if self.waves and self.wave_efficiency < 1.0 and self.bound == "compute":
@@ -233,7 +235,12 @@ def simulated_time(plan_or_traffic, chip, dtype: str, *, flops_scale: float = 1.
 
 def time_terms(plan_or_traffic, chip, dtype: str, *, flops_scale: float = 1.0,
                bytes_scale: float = 1.0) -> TimeTerms:
-    """:func:`simulated_time` with its terms (see :class:`TimeTerms`)."""
+    """:func:`simulated_time` with its terms (see :class:`TimeTerms`).
+
+    On a chip whose cache keeps data between kernels (format 1.1
+    ``on_chip_cache.retains_between_kernels``: ``chip.cache_retains``), a kernel whose whole
+    traffic fits the cache moves it at ``chip.cache_bw``, not off-chip: its operands are where
+    the previous kernel (or the previous call) left them."""
     if isinstance(plan_or_traffic, Traffic):
         groups, util, cfg = ((1, plan_or_traffic),), 1.0, None
         written = plan_or_traffic.bytes_written
@@ -251,6 +258,10 @@ def time_terms(plan_or_traffic, chip, dtype: str, *, flops_scale: float = 1.0,
     peak = rate * util / flops_scale if flops_scale else float("inf")
     off = getattr(chip, "offchip_sustained", 1.0)
     bw = (chip.offchip_bw if off == 1.0 else chip.offchip_bw * off) / bytes_scale if bytes_scale else float("inf")
+    warm = (getattr(chip, "cache_retains", False) and cfg is not None
+            and plan_or_traffic.traffic.bytes <= chip.cache_bytes)
+    if warm:        # format 1.1: the data stay in a cache that keeps them between kernels
+        bw = chip.cache_bw / bytes_scale if bytes_scale else float("inf")
     steady = comp = mem = serial = 0.0
     n = 0
     for c, t in groups:
@@ -269,7 +280,8 @@ def time_terms(plan_or_traffic, chip, dtype: str, *, flops_scale: float = 1.0,
     kernel = "" if isinstance(plan_or_traffic, Traffic) else plan_or_traffic.kernel
     launch = float(chip.launch_for(kernel)) if hasattr(chip, "launch_for") else 0.0
     return TimeTerms(body + launch if launch else body, launch, comp, mem,
-                     "compute" if comp >= mem else "off-chip", sustained, off, n_waves, wave_eff)
+                     "compute" if comp >= mem else "on-chip cache" if warm else "off-chip", sustained, off,
+                     n_waves, wave_eff)
 
 
 def round_trip_time(nbytes: int, chip) -> float:

@@ -155,8 +155,21 @@ class _Compiler:
             indent = len(first) - len(first.lstrip(" "))
             return body, indent + rel_col + 1
         if lead in ("'", '"'):
-            return line, col + 1 + offset
-        return line, col + offset
+            col += 1
+        return self._folded(line, col, offset)
+
+    def _folded(self, line: int, col: int, offset: int) -> tuple[int, int]:
+        """The position ``offset`` characters into a flow scalar that starts at (line, col)
+        and may continue on the next lines (folded: each line break read as one space)."""
+        while 0 < line <= len(self.lines):
+            rest = len(self.lines[line - 1]) - (col - 1)
+            if offset <= rest or line == len(self.lines):
+                return line, col + min(offset, max(rest, 0))
+            offset -= rest + 1
+            line += 1
+            text = self.lines[line - 1]
+            col = len(text) - len(text.lstrip(" ")) + 1
+        return line, col
 
     # -- passes --
     def run(self):
