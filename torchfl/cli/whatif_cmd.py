@@ -124,18 +124,21 @@ def _user_frame(exc: BaseException, model: str) -> str:
     return f" (at {frames[-1].filename}:{frames[-1].lineno})" if frames else ""
 
 
-def _check_batch(batch, targets) -> None:
-    """Refuse ``--batch`` above every chip's ``max_batch_size`` before the inputs are built
-    (``--batch 100000000`` tried to allocate 409 GB of example inputs before the planner's
-    check); a batch some of the chips take is left to each chip's plan."""
-    if batch is None or not targets:
-        return
-    limits = {t.name: int(t.hcd.constraints.max_batch_size) for t in targets}
-    if all(batch > n for n in limits.values()):
-        name, n = max(limits.items(), key=lambda kv: kv[1])
-        chips = name if len(limits) == 1 else f"every chip given (the largest: {name}, {n})"
-        _fail("RuntimeError", f"Batch size {batch:,} exceeds max_batch_size {n:,} of {chips} (HCD field "
-                              f"constraints.max_batch_size); use --batch {n} or less")
+def _check_batch(batch, targets, seq_len=None) -> None:
+    """Refuse ``--batch`` (and ``--seq-len``) above every chip's ``max_batch_size``
+    (``max_sequence_length``) before the inputs are built (``--batch 100000000`` tried to
+    allocate 409 GB of example inputs before the planner's check); a size some of the chips
+    take is left to each chip's plan."""
+    for value, field, label, option in ((batch, "max_batch_size", "Batch size", "--batch"),
+                                        (seq_len, "max_sequence_length", "Sequence length", "--seq-len")):
+        if value is None or not targets:
+            continue
+        limits = {t.name: int(getattr(t.hcd.constraints, field)) for t in targets}
+        if all(value > n for n in limits.values()):
+            name, n = max(limits.items(), key=lambda kv: kv[1])
+            chips = name if len(limits) == 1 else f"every chip given (the largest: {name}, {n:,})"
+            _fail("RuntimeError", f"{label} {value:,} exceeds {field} {n:,} of {chips} (HCD field "
+                                  f"constraints.{field}); use {option} {n} or less")
 
 
 def _writable_output(output: str):
@@ -248,7 +251,7 @@ def memory(model, chip, batch, seq_len, heads, layers, precision, training, regi
     from torchfl.planner import whatif
 
     target = whatif.chip_of(chip, registry)
-    _check_batch(batch, [target])
+    _check_batch(batch, [target], seq_len)
     module, inputs = _load(model, batch, seq_len, heads, layers)
     (p,) = whatif.plan_everywhere(module, inputs, [target], _precision(precision), training)
     mp = p.plan.memory if p.ok else getattr(p.error, "memory", None)
@@ -323,8 +326,9 @@ def max_batch(model, chip, seq_len, heads, layers, precision, training, registry
     sequence length), found by planning at a few batches (nothing runs); names the limit."""
     from torchfl.planner import whatif
 
-    module, inputs = _load(model, 1, seq_len, heads, layers)
     target = whatif.chip_of(chip, registry)
+    _check_batch(None, [target], seq_len)
+    module, inputs = _load(model, 1, seq_len, heads, layers)
     res = whatif.max_batch(module, inputs, target, _precision(precision), training,
                            progress=None if as_json else _progress("max-batch"))
     if as_json:
@@ -360,7 +364,7 @@ def compare(model, chips, batch, seq_len, heads, layers, precision, training, re
 
     names = _chip_names(chips, registry)
     targets = [whatif.chip_of(n, registry) for n in names]
-    _check_batch(batch, targets)
+    _check_batch(batch, targets, seq_len)
     module, inputs = _load(model, batch, seq_len, heads, layers)
     res = whatif.compare(module, inputs, targets, _precision(precision), training)
     if as_json:
@@ -500,7 +504,7 @@ def report(model, chip, chips, output, batch, seq_len, heads, layers, precision,
     if chip and chip not in names:
         names = [chip] + names
     targets = [whatif.chip_of(n, registry) for n in names]
-    _check_batch(batch, targets)
+    _check_batch(batch, targets, seq_len)
     module, inputs = _load(model, batch, seq_len, heads, layers)
     results = whatif.plan_everywhere(module, inputs, targets, _precision(precision))
     by_name = {t.name: t for t in targets}
