@@ -1,7 +1,7 @@
 """sweeps: a run fanned out over workers, each unit's result written once, the run's finish
 
 Revision ID: 0007
-Revises: 0005
+Revises: 0006
 Create Date: 2026-12-06
 
 Frozen: this file states the schema as of revision 0007 and never imports the models.
@@ -17,7 +17,7 @@ import sqlalchemy as sa
 from torchfl.registry.dialects import dialect_for
 
 revision = "0007"
-down_revision = "0005"
+down_revision = "0006"
 branch_labels = None
 depends_on = None
 
