@@ -14,7 +14,8 @@ fallback fails the test:
 
 - ``aten.sum`` of a bool mask (decoders' padding check): ``sum`` computes in float types only;
 - ``aten.pow.Tensor_Tensor`` (BLOOM's ALiBi slopes);
-- ``aten.linalg_vector_norm`` (wav2vec2's weight norm of a parameter).
+- ``aten.linalg_vector_norm`` (wav2vec2's weight norm of a parameter);
+- ``aten.clamp.Tensor`` and ``aten.minimum`` (T5's relative-position buckets: 10 and 3).
 
 Time: ~25 families x (build, CPU reference, npu forward, a training step): 6-9 min on 2
 shared cores at load ~12 (kernels cached); the first forward of each family plans its ops.
@@ -31,7 +32,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
 import bench_zoo  # noqa: E402
 
 DECODER_MASK_SUMS = {name: 2 for name in ("gpt2", "opt", "gpt_neox", "phi", "llama", "mistral", "qwen2", "gemma")}
-ALLOWED_FALLBACKS = {**DECODER_MASK_SUMS, "bloom": 1, "wav2vec2": 1}
+ALLOWED_FALLBACKS = {**DECODER_MASK_SUMS, "bloom": 1, "wav2vec2": 1, "t5": 13}
 
 
 def _index(name):
