@@ -5,6 +5,7 @@ fallback nodes, error vs eager, compile and run time.
 
     python tools/bench_zoo.py [--json] [--models bert,llama,...] [--chips NPU-V3,...]
                               [--list] [--strict] [--mode compile|eager] [--train]
+                              [--cluster ADDRESS [--registry URL]] [--resume RUN]
 
 ``--mode eager`` runs the same models on the npu device instead (``TORCHFL_DEVICES`` set to
 the chips, in ``--chips`` order): weights and inputs moved with ``.to("npu:i")``, floating
@@ -39,6 +40,11 @@ Every model is built offline from a small config (random weights, nothing downlo
 Chips: NPU-V3 with float16 (the article's chip), TFL-X1 with bfloat16 (a native bf16
 unit), DSP-M4 with float16 (no attention unit: attention must be decomposed on chip).
 The machine is shared: compare only figures from one run.
+
+``--cluster ADDRESS`` runs each (model, chip) as a Ray task (``pip install 'torchfl[cluster]'``;
+``--mode compile`` only), one thread per unit, each result written once to the registry
+(``--registry``, else the default) as a sweep that ``--resume RUN`` finishes if this driver
+stops: times are then each node's, one thread each, not comparable with a local run's.
 """
 from __future__ import annotations
 
@@ -409,6 +415,45 @@ def train_step(model, inputs, kwargs):
             "train_fallbacks": sum(falls.values()), "train_fallback_ops": falls, "train_s": round(took, 3)}
 
 
+def _print_line(r):
+    m, c = r["model"], r["chip"]
+    if "error_message" in r:
+        print(f"{m:13s} {c:7s} ERROR {r['error_message']}", flush=True)
+        return
+    ops = ", ".join(f"{k.replace('aten.', '')} x{v}" for k, v in r["fallback_ops"].items())
+    train = ""
+    if "train_ok" in r:
+        train = (f" train {'ok' if r['train_ok'] else 'FAILED ' + r.get('train_error', '')}"
+                 f"{' fallbacks ' + str(r['train_fallbacks']) if r.get('train_fallbacks') else ''}")
+    print(f"{m:13s} {c:7s} fallbacks {r['fallbacks']:3d} err {r['error']:.1e}"
+          f"{'' if r['within_tolerance'] else ' (!)'} compile {r['compile_s']:6.2f}s "
+          f"run {r['run_s'] * 1e3:7.1f}ms eager {r['eager_s'] * 1e3:6.1f}ms"
+          f"{' decomposed ' + str(r['decomposed']) if r.get('decomposed') else ''}{train}  {ops}",
+          flush=True)
+
+
+def _swept(models, chips, a):
+    """Every (model, chip) as a unit of a recorded sweep (torchfl.cluster), in the order asked."""
+    from torchfl.cluster.options import reported, require_ray, runner as make_runner
+    from torchfl.cluster.sweep import run_sweep
+    from torchfl.cluster.units import Unit
+    from torchfl.registry import Registry
+
+    require_ray(a.cluster)
+    echo = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
+    units = [Unit(f"{m} {c}", run_one, (m, c, CHIPS[c], a.runs, a.strict)) for m in models for c in chips]
+    spec = dict(tool="bench_zoo", models=models, chips=chips, runs=a.runs, strict=a.strict)
+    runner, state = make_runner(a.cluster, 1, echo=echo), {}
+    with reported(lambda: state.get("sweep")):
+        try:
+            got = run_sweep(runner, "bench_zoo", f"bench_zoo {len(models)} models x {len(chips)} chips", spec, units,
+                            registry=Registry(a.registry), resume=a.resume, echo=echo, state=state,
+                            on_done=None if a.json else (lambda done: _print_line(done.result)))
+        finally:
+            runner.close()
+    return [got[u.key] for u in units]
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--models", help=f"comma-separated subset, or 'hf' for the {len(HF)} Hugging Face families "
@@ -423,6 +468,10 @@ def main(argv=None):
                                                          "autocast float16): default TFL-X1")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--list", action="store_true", help="list the models and exit")
+    ap.add_argument("--cluster", metavar="ADDRESS",
+                    help="run each (model, chip) as a Ray task on the cluster at ADDRESS (HOST:PORT or auto)")
+    ap.add_argument("--resume", type=int, metavar="RUN", help="finish the recorded sweep run RUN")
+    ap.add_argument("--registry", metavar="URL", help="where --cluster/--resume record the sweep")
     a = ap.parse_args(argv)
     if a.list:
         for k, (what, _b) in MODELS.items():
@@ -435,6 +484,9 @@ def main(argv=None):
         ap.error(f"unknown model/chip {', '.join(bad)}; models: {', '.join(MODELS)}; chips: {', '.join(CHIPS)}")
     if a.train and a.mode != "eager":
         ap.error("--train needs --mode eager")
+    swept = a.cluster is not None or a.resume is not None
+    if swept and a.mode != "compile":
+        ap.error("--cluster/--resume run --mode compile only (the eager device is set up per process)")
     if a.mode == "eager":
         os.environ["TORCHFL_DEVICES"] = ",".join(chips + ([a.train_chip] if a.train else []))
         if len({CHIPS[c] for c in chips}) > 1:
@@ -454,28 +506,19 @@ def main(argv=None):
 
         eager.register()
         eager.ensure_adapter()
-    results = []
-    for m in models:
-        for c in chips:
-            if a.mode == "eager":
-                r = run_one_eager(m, c, chips.index(c), CHIPS[c], a.runs, len(chips) if a.train else None)
-            else:
-                r = run_one(m, c, CHIPS[c], a.runs, a.strict)
-            results.append(r)
-            if not a.json:
-                if "error_message" in r:
-                    print(f"{m:13s} {c:7s} ERROR {r['error_message']}", flush=True)
+    if swept:
+        results = _swept(models, chips, a)
+    else:
+        results = []
+        for m in models:
+            for c in chips:
+                if a.mode == "eager":
+                    r = run_one_eager(m, c, chips.index(c), CHIPS[c], a.runs, len(chips) if a.train else None)
                 else:
-                    ops = ", ".join(f"{k.replace('aten.', '')} x{v}" for k, v in r["fallback_ops"].items())
-                    train = ""
-                    if "train_ok" in r:
-                        train = (f" train {'ok' if r['train_ok'] else 'FAILED ' + r.get('train_error', '')}"
-                                 f"{' fallbacks ' + str(r['train_fallbacks']) if r.get('train_fallbacks') else ''}")
-                    print(f"{m:13s} {c:7s} fallbacks {r['fallbacks']:3d} err {r['error']:.1e}"
-                          f"{'' if r['within_tolerance'] else ' (!)'} compile {r['compile_s']:6.2f}s "
-                          f"run {r['run_s'] * 1e3:7.1f}ms eager {r['eager_s'] * 1e3:6.1f}ms"
-                          f"{' decomposed ' + str(r['decomposed']) if r.get('decomposed') else ''}{train}  {ops}",
-                          flush=True)
+                    r = run_one(m, c, CHIPS[c], a.runs, a.strict)
+                results.append(r)
+                if not a.json:
+                    _print_line(r)
     summary = {}
     for c in chips:
         rs = [r for r in results if r["chip"] == c]
