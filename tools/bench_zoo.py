@@ -10,11 +10,17 @@ fallback nodes, error vs eager, compile and run time.
 ``--mode eager`` runs the same models on the npu device instead (``TORCHFL_DEVICES`` set to
 the chips, in ``--chips`` order): weights and inputs moved with ``.to("npu:i")``, floating
 weights and inputs in the chip's dtype (``model.half()`` for float16), standard calls
-under ``torch.no_grad()``. ``fallbacks`` are then host-fallback op calls of the run
+under ``torch.no_grad()``, and ``TORCHFL_PRECISION`` set to that dtype, the eager form of
+compile mode's ``precision`` option (rotary embeddings compute in float32 on purpose, which
+a float16-only chip computes in float16). ``fallbacks`` are then host-fallback op calls of the run
 (``ops.ROUTES``), ``compile_s`` the first call (one-op plans and kernel loads). ``--train``
-(eager only) adds a forward, backward and SGD step of each model on the chip
-(``train_ok``: it ran, every gradient finite, every parameter moved to a finite value;
-``train_fallbacks``: host-fallback calls in it).
+(eager only) adds a forward, backward and SGD step of each model as the article trains:
+float32 weights on ``--train-chip`` (TFL-X1, which has float32 and float16 units; the
+last npu index), ``torch.autocast("npu", dtype=torch.float16)``, no precision policy
+(``train_ok``: it ran, every gradient finite, every parameter finite after the step;
+``train_params_moved``: how many changed; ``train_fallbacks``: host-fallback calls in it).
+A float16-only chip cannot hold float32 master weights: under the precision policy its
+float32 ops compute in float16, and an RMS norm's backward (``rsqrt`` cubed) overflows.
 
 Every model is built offline from a small config (random weights, nothing downloaded,
 ``torch.manual_seed(0)``), in eval mode, and run on the same inputs by eager torch
@@ -298,8 +304,9 @@ def run_one(name, chip, precision, runs, strict=False):
     return rec
 
 
-def run_one_eager(name, chip, index, precision, runs, train=False):
-    """``name`` on the eager device ``npu:index`` (the chip ``chip``) in ``precision``."""
+def run_one_eager(name, chip, index, precision, runs, train_index=None):
+    """``name`` on the eager device ``npu:index`` (the chip ``chip``) in ``precision``; with
+    ``train_index``, a training step on ``npu:train_index`` too (:func:`train_step`)."""
     import torch
 
     from torchfl.runtime.eager import ops
@@ -352,16 +359,28 @@ def run_one_eager(name, chip, index, precision, runs, train=False):
     err = float((out - ref).abs().max()) / scale if ref.numel() else 0.0
     rec.update(fallbacks=sum(falls.values()), fallback_ops=dict(sorted(falls.items(), key=lambda kv: -kv[1])),
                error=err, tolerance=TOLERANCE[precision], within_tolerance=bool(err <= TOLERANCE[precision]),
-               run_s=round(statistics.median(times), 4), eager_s=round(statistics.median(eager), 4))
-    if train:
-        rec.update(train_step(npu, n_in, n_kw))
+               run_s=round(statistics.median(times), 4) if times else None,
+               eager_s=round(statistics.median(eager), 4) if eager else None)
+    if train_index is not None:
+        torch.manual_seed(0)
+        model, inputs, kwargs = build()
+        dev = f"npu:{train_index}"
+        rec["train_device"] = f"{dev} ({torch.npu.get_device_name(train_index)})"
+        move = lambda t: t.to(dev) if isinstance(t, torch.Tensor) else t   # noqa: E731
+        saved = os.environ.pop("TORCHFL_PRECISION", None)
+        try:
+            rec.update(train_step(model.to(dev), tuple(move(t) for t in inputs),
+                                  {k: move(v) for k, v in kwargs.items()}))
+        finally:
+            if saved is not None:
+                os.environ["TORCHFL_PRECISION"] = saved
     return rec
 
 
 def train_step(model, inputs, kwargs):
-    """One forward, backward and SGD step of ``model`` (on the device, in its dtype) with
-    the loss ``mean(out^2)``: whether it ran with finite gradients and moved every
-    parameter that has a gradient to a finite value; host-fallback calls in it."""
+    """One forward (autocast float16), backward and SGD step of float32 ``model`` on its npu
+    device with the loss ``mean(out^2)`` (float32): whether it ran with finite gradients
+    and finite parameters after the step; host-fallback calls in it."""
     import torch
 
     from torchfl.runtime.eager import ops
@@ -374,8 +393,9 @@ def train_step(model, inputs, kwargs):
         opt = torch.optim.SGD(params, lr=1e-2)
         opt.zero_grad()
         t0 = time.perf_counter()
-        out = _first_tensor(model(*inputs, **kwargs))
-        loss = out.square().mean()
+        with torch.autocast("npu", dtype=torch.float16):
+            out = _first_tensor(model(*inputs, **kwargs))
+        loss = out.float().square().mean()
         loss.backward()
         opt.step()
         took = time.perf_counter() - t0
@@ -390,7 +410,7 @@ def train_step(model, inputs, kwargs):
         model.eval()
     falls = {op: n - before.get((op, route), 0) for (op, route), n in ops.ROUTES.items()
              if route == "host fallback" and n > before.get((op, route), 0)}
-    return {"train_ok": bool(finite and new_ok and grads and sum(moved) >= len(moved) // 2),
+    return {"train_ok": bool(finite and new_ok and grads),
             "train_grads": len(grads), "train_params_moved": int(sum(moved)), "train_loss": float(loss),
             "train_fallbacks": sum(falls.values()), "train_fallback_ops": falls, "train_s": round(took, 3)}
 
@@ -444,6 +464,8 @@ def main(argv=None):
     ap.add_argument("--mode", choices=("compile", "eager"), default="compile",
                     help="torch.compile(backend='torchfl') (default), or the eager npu device")
     ap.add_argument("--train", action="store_true", help="eager mode: also a forward, backward and SGD step")
+    ap.add_argument("--train-chip", default="TFL-X1", help="the chip of --train's step (float32 weights, "
+                                                         "autocast float16): default TFL-X1")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--list", action="store_true", help="list the models and exit")
     ap.add_argument("--cluster", metavar="ADDRESS",
@@ -466,7 +488,12 @@ def main(argv=None):
     if swept and a.mode != "compile":
         ap.error("--cluster/--resume run --mode compile only (the eager device is set up per process)")
     if a.mode == "eager":
-        os.environ["TORCHFL_DEVICES"] = ",".join(chips)
+        os.environ["TORCHFL_DEVICES"] = ",".join(chips + ([a.train_chip] if a.train else []))
+        if len({CHIPS[c] for c in chips}) > 1:
+            ap.error("--mode eager runs chips of one precision per process (TORCHFL_PRECISION); "
+                     f"these need {', '.join(sorted({str(CHIPS[c]) for c in chips}))}: run them separately")
+        if CHIPS[chips[0]]:
+            os.environ["TORCHFL_PRECISION"] = CHIPS[chips[0]]
         if a.strict:
             os.environ["TORCHFL_STRICT"] = "1"
     import logging
@@ -486,7 +513,7 @@ def main(argv=None):
         for m in models:
             for c in chips:
                 if a.mode == "eager":
-                    r = run_one_eager(m, c, chips.index(c), CHIPS[c], a.runs, a.train)
+                    r = run_one_eager(m, c, chips.index(c), CHIPS[c], a.runs, len(chips) if a.train else None)
                 else:
                     r = run_one(m, c, CHIPS[c], a.runs, a.strict)
                 results.append(r)
