@@ -467,5 +467,6 @@ def _run(rec):
         for i, r in zip(writes, results[len(results) - len(writes):] if writes else ()):
             rec.inputs[i].copy_(r)      # running statistics a training-mode batch-norm updates
     _ops.STATS["lazy_graph_ops"] += len(rec.nodes)
+    _ops.STATS["lazy_fallback_nodes"] += len(plan.fallbacks)     # host steps inside the graphs
     del results
 
