@@ -405,6 +405,19 @@ _TRACE_AS = {torch.ops.aten.native_batch_norm.default: _native_batch_norm}
 _KEPT_WHOLE = frozenset({torch.ops.aten.scaled_dot_product_attention.default})
 
 
+def python_dispatch_enabled():
+    """Tracing (make_fx's fake tensors) needs the Python dispatch keys, which torch turns
+    off inside some of its own constructions: ``torch.tensor([], device="npu")`` copies to
+    the device under ``no_dispatch()``, and that copy is a lazy-mode sync point."""
+    import contextlib
+
+    keys = torch._C.DispatchKey
+    stack = contextlib.ExitStack()
+    for key in (keys.Python, keys.PythonTLSSnapshot):
+        stack.enter_context(torch._C._SetExcludeDispatchKeyGuard(key, False))
+    return stack
+
+
 def _trace(op, flat, spec, tensors, table, alias=None):
     """The op alone as a core-ATen FX graph over its (distinct) tensor arguments."""
     from torch.fx.experimental.proxy_tensor import make_fx
@@ -425,7 +438,7 @@ def _trace(op, flat, spec, tensors, table, alias=None):
         return call(*a, **k)
 
     examples = [torch.empty_strided(tuple(t.shape), tuple(t.stride()), dtype=t.dtype) for t in tensors]
-    with torch.no_grad():
+    with torch.no_grad(), python_dispatch_enabled():
         if op in _KEPT_WHOLE:     # a composite the rules map whole: pre-dispatch keeps it one node
             gm = make_fx(one_op, tracing_mode="fake", pre_dispatch=True)(*examples)
         else:
