@@ -45,7 +45,7 @@ def test_cluster_without_ray_prints_the_install_hint(url):
     assert proc.returncode == 2
     assert proc.stderr == "error: --cluster needs Ray, which is not installed: pip install 'torchfl[cluster]'\n"
     for command in (["plan", "compare", "mlp"], ["plan", "impact", "--chip", "NPU-V3", "--from", "1.0.0", "--to",
-                                                  "1.0.0"]):
+                                                  "1.0.0"], ["fidelity"]):
         other = _cli(*command, "--registry", url, "--cluster", "auto", pre="sys.modules['ray'] = None")
         assert other.returncode == 2 and other.stderr.count("\n") == 1, other.stderr
         assert "pip install 'torchfl[cluster]'" in other.stderr

@@ -94,3 +94,24 @@ def test_spawned_workers_write_each_unit_once(reg):
     assert sorted(d.unit for d in done) == [f"x={i}" for i in range(4)] and all(d.written for d in done)
     nodes = {d.node for d in Sweeps(reg).results(sweep.run_id).values()}
     assert 1 <= len(nodes) <= 2 and all(" pid " in n for n in nodes)
+
+
+def test_fidelity_as_a_sweep_scores_what_a_local_run_scores(tmp_path):
+    """One unit per chip of the tables (two tables, two chips), put back in table order: the
+    same predictions and scores as ``score_tables`` in this process."""
+    from tests.cluster import ROOT
+    from torchfl.cluster.fidelity import _resolver, sweep_fidelity
+    from torchfl.fidelity.run import score_tables
+    from torchfl.fidelity.tables import load_tables
+
+    reg = Registry(f"sqlite:///{tmp_path / 'r.db'}")
+    reg.init(seed=True)
+    tables = load_tables([ROOT / "measurements" / "llmcompass_gelu_a100.csv",
+                          ROOT / "measurements" / "llmcompass_softmax_mi210.csv"])
+    local = score_tables(tables, _resolver(reg.url))
+    state = {}
+    swept = sweep_fidelity(tables, None, 3, registry=reg, runner=LocalRunner(1), resume=None, echo=lambda s: None,
+                           state=state)
+    assert len(swept.chips()) == 2 and swept.as_dict() == local.as_dict()
+    run = Sweeps(reg).get(state["sweep"].run_id)
+    assert run.kind == "fidelity" and run.status == "finished" and set(run.units) == set(swept.chips())

@@ -6,7 +6,8 @@ against the real PostgreSQL the tests start: the same evidence as a local run, w
 - the driver SIGKILLed mid-run: the run stays partial in the registry and ``--resume RUN``
   finishes it, again with the local run's evidence;
 - a driver whose torchfl differs from the nodes': refused before any unit runs, naming what
-  differs on which node; the registry password never reaches the output or Ray's log files.
+  differs on which node; the registry password never reaches the output or Ray's log files;
+- ``plan compare``, ``plan impact`` and ``fidelity`` on the cluster print what they print locally.
 
 Wall time: ~4.5-5.5 minutes on 2 cores shared with other work (load 12-16; the cluster starts
 once, ~30 s; each sweep is 4 small conformance units, ~30 s, mostly workers importing torch).
@@ -229,3 +230,17 @@ def test_sweeps_on_a_real_cluster(cluster, pg, local_rows, tmp_path):
     _a_run_whose_driver_died_is_partial_and_resume_finishes_it(cluster, pg, local_rows)
     _a_driver_with_other_sources_is_refused_by_every_node(cluster, pg, tmp_path)
     _compare_and_impact_on_the_cluster_answer_as_locally(cluster, pg, tmp_path)
+    _fidelity_on_the_cluster_scores_as_locally(cluster, pg)
+
+
+def _fidelity_on_the_cluster_scores_as_locally(cluster, pg):
+    """One unit per chip of the tables: the scores and predictions of a local run."""
+    import json
+
+    args = ["fidelity", "--table", str(ROOT / "measurements" / "llmcompass_gelu_a100.csv"), "--table",
+            str(ROOT / "measurements" / "llmcompass_softmax_mi210.csv"), "--registry", pg, "--json"]
+    local, swept = _cli(*args), _cli(*args, "--cluster", cluster.address)
+    assert local.returncode == 0 and swept.returncode == 0, local.stderr + swept.stderr
+    assert json.loads(swept.stdout) == json.loads(local.stdout)
+    assert "fidelity 2/2" in swept.stderr
+    _no_password_anywhere(cluster, swept.stdout, swept.stderr)

@@ -13,6 +13,8 @@ import sys
 
 import click
 
+from torchfl.cluster.options import cluster_option, require_ray, resume_option
+
 
 def _pct(x) -> str:
     return "-" if x is None else f"{x:.1%}"
@@ -35,13 +37,20 @@ def _pct(x) -> str:
 @click.option("--quick", is_flag=True, help="With --host: small stand-ins of the models, fewer runs (seconds).")
 @click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
               help="With --host: keep the probe's HCD and the host tables in this directory.")
-def fidelity(tables, chip, as_json, record, worst, registry, host, threads, quick, out_dir) -> None:
-    """Score predicted against measured op times, per chip and op family."""
+@cluster_option
+@resume_option
+def fidelity(tables, chip, as_json, record, worst, registry, host, threads, quick, out_dir, cluster, resume) -> None:
+    """Score predicted against measured op times, per chip and op family. With --cluster, each
+    chip's rows are a unit on the Ray cluster, recorded in the registry (--resume RUN)."""
     import os
     import warnings
 
     os.environ.setdefault("TORCHDYNAMO_VERBOSE", "0")
     warnings.filterwarnings("ignore")
+    require_ray(cluster)
+    if host and (cluster is not None or resume is not None):
+        click.echo("error: --host times this machine; --cluster/--resume go without it", err=True)
+        sys.exit(2)
     if host:
         return _host(tables, chip, as_json, record, worst, registry, threads, quick, out_dir)
     if threads != 1 or quick or out_dir:
@@ -61,7 +70,8 @@ def fidelity(tables, chip, as_json, record, worst, registry, host, threads, quic
         click.echo(f"error: no row of the tables is for chip {chip!r}; their chips: {', '.join(names)}", err=True)
         sys.exit(1)
     try:
-        result = _score(loaded, chip, registry, worst)
+        result = _score(loaded, chip, registry, worst) if cluster is None and resume is None else \
+            _swept(loaded, chip, registry, worst, cluster, resume)
         runs = _record(result, registry) if record else {}
     except RegistryError as exc:
         click.echo(f"error: {exc}", err=True)
@@ -95,6 +105,23 @@ def _score(loaded, chip, registry, worst):
             p.update(f"{row.chip}: {row.label()}")
             p.advance()
         return score_tables(loaded, resolve, chip=chip, progress=step, worst=worst)
+
+
+def _swept(loaded, chip, registry, worst, cluster, resume):
+    """``_score``'s result with each chip's rows as a unit of a recorded sweep (torchfl.cluster)."""
+    from torchfl.cluster.fidelity import sweep_fidelity
+    from torchfl.cluster.options import reported
+    from torchfl.cluster.options import runner as make_runner
+    from torchfl.registry import Registry
+
+    state = {}
+    runner = make_runner(cluster, 1, echo=lambda line: click.echo(line, err=True))
+    with reported(lambda: state.get("sweep")):
+        try:
+            return sweep_fidelity(loaded, chip, worst, registry=Registry(registry), runner=runner, resume=resume,
+                                  echo=lambda line: click.echo(line, err=True), state=state)
+        finally:
+            runner.close()
 
 
 def _record(result, registry) -> dict:
