@@ -222,10 +222,18 @@ def m_duplicate_key(rng: random.Random, text: str, other: str) -> str:
     return "\n".join(lines)
 
 
-def m_structure(rng: random.Random, text: str, other: str) -> str:
+def _pyyaml_load(text: str):
+    """PyYAML's reading of a mutated text, or None: its constructors raise ValueError,
+    KeyError, IndexError... on tagged text (the faults this tool looks for in torchfl's loader)."""
     try:
-        data = yaml.safe_load(text)
-    except (yaml.YAMLError, ValueError, RecursionError):  # PyYAML's own limits: mutate the text as it is
+        return yaml.safe_load(text)
+    except Exception:  # noqa: BLE001 - the mutation then works on the text as it is
+        return None
+
+
+def m_structure(rng: random.Random, text: str, other: str) -> str:
+    data = _pyyaml_load(text)
+    if data is None:
         return text
     paths, stack = [], [(data, ())]
     while stack and len(paths) < 5000:  # bounded: aliases share nodes, and nesting may be deep
@@ -367,9 +375,10 @@ def m_style(rng: random.Random, text: str, other: str) -> str:
     candidates = _value_lines(lines)
     kind = rng.choice(["flow", "quoted_key", "double_quoted", "single_quoted", "block", "explicit_key", "escapes"])
     if kind == "flow":
+        data = _pyyaml_load(text)
         try:
-            data = yaml.safe_load(text)
-            return yaml.safe_dump(data, default_flow_style=True, width=rng.choice([60, 10_000]))
+            return text if data is None else yaml.safe_dump(data, default_flow_style=True,
+                                                             width=rng.choice([60, 10_000]))
         except (yaml.YAMLError, ValueError, RecursionError):
             return text
     if not candidates:

@@ -166,3 +166,12 @@ def test_a_read_only_cache_without_a_writable_one_compiles_in_memory(tmp_path):
     assert (hits, misses) == (0, 1) and where == str(cache)
     assert len(warnings) == 1 and "compiled in memory" in warnings[0], warnings
     assert _run(env, "twice", ro)[:2] == (1, 0)
+
+
+def test_a_cache_path_that_is_a_file_compiles_into_the_user_cache(tmp_path):
+    env = _setup(tmp_path)
+    (tmp_path / "cache").write_text("not a directory\n")
+    hits, misses, where, warnings = _run(env, "twice")
+    assert (hits, misses) == (0, 1) and Path(where).is_relative_to(tmp_path / "xdg")
+    assert len(warnings) == 1 and "is not a directory" in warnings[0], warnings
+    assert _run(env, "twice")[:2] == (1, 0)

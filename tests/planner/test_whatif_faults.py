@@ -96,6 +96,15 @@ def test_a_huge_batch_is_refused_before_the_inputs_are_built(env):
     assert code == 1 and "exceeds max_batch_size" in err and "every chip given" in err, err
 
 
+def test_a_huge_sequence_is_refused_before_the_inputs_are_built(env):
+    url, _ = env
+    code, err, _ = plan(url, "memory", "bert-base", "--chip", "NPU-V3", "--seq-len", "100000000")
+    assert code == 1 and err.count("\n") == 1, err
+    assert "Sequence length 100,000,000 exceeds max_sequence_length 8,192 of NPU-V3" in err, err
+    code, err, _ = plan(url, "max-batch", "bert-base", "--chip", "NPU-V3", "--seq-len", "100000000")
+    assert code == 1 and "exceeds max_sequence_length" in err, err
+
+
 def test_impact_with_no_model_is_a_usage_error(env):
     url, _ = env
     for models in (",", " , ,"):

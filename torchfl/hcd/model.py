@@ -215,6 +215,11 @@ class Execution(_Model):
         default=None, ge=0, le=1_000_000,
         description="Fixed cost of every kernel launch in microseconds (10^-6 s), as the host sees one "
                     "call of a tiny kernel; added once per kernel step.")
+    matrix_launch_overhead_us: Optional[float] = Field(
+        default=None, ge=0, le=1_000_000,
+        description="Fixed cost of a kernel launch on the matrix units (GEMM, convolution, attention: a "
+                    "library call that picks and launches its kernels) in microseconds; absent: "
+                    "launch_overhead_us.")
     concurrent_tiles: Optional[int] = Field(
         default=None, ge=1, le=1 << 24,
         description="Tiles the chip runs at once (integer: streaming multiprocessors, compute units, "
@@ -232,6 +237,7 @@ FORMAT_11_FIELDS = (
     "memory.off_chip_memory.sustained_fraction",
     "memory.on_chip_cache.retains_between_kernels",
     "execution.launch_overhead_us",
+    "execution.matrix_launch_overhead_us",
     "execution.concurrent_tiles",
     "execution.tile_elements",
 )

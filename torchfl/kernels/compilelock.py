@@ -93,8 +93,13 @@ def _take(path: Path) -> int | None:
         try:
             fd = os.open(path, os.O_CREAT | os.O_RDWR | getattr(os, "O_CLOEXEC", 0), 0o644)
         except FileNotFoundError:       # the claims directory was removed (a cache cleared)
-            path.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                path.parent.mkdir(parents=True, exist_ok=True)
+            except OSError:
+                return UNCLAIMABLE
             continue
+        except OSError:                 # not a file (a directory in its place), no permission
+            return UNCLAIMABLE
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -110,6 +115,11 @@ def _take(path: Path) -> int | None:
         os.ftruncate(fd, 0)
         os.write(fd, f"{os.getpid()}\n".encode())
         return fd
+
+
+#: what :func:`_take` returns when no claim can be taken at all: compile unclaimed (a duplicate
+#: compile at worst), never fail or wait for a claim that cannot exist
+UNCLAIMABLE = -1
 
 
 def _stale(path: Path) -> bool:
@@ -129,7 +139,7 @@ def _acquire(path: Path, disp, args, nested: bool) -> int | None:
     it, the kernel is being compiled, on the other core)."""
     fd = _take(path)
     if fd is not None:
-        return fd
+        return None if fd == UNCLAIMABLE else fd
     from numba.core import event
 
     with event.trigger_event("numba:compile", data=dict(dispatcher=disp, args=args, return_type=None)):
@@ -137,7 +147,7 @@ def _acquire(path: Path, disp, args, nested: bool) -> int | None:
         while True:
             fd = _take(path)
             if fd is not None:
-                return fd
+                return None if fd == UNCLAIMABLE else fd
             if _stale(path):
                 return None
             if _state["mode"] == "skip" and (not nested or time.monotonic() - t0 > NESTED_WAIT_S):

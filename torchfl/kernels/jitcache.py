@@ -228,9 +228,11 @@ def _guard(caching) -> None:
                     self.in_memory, self._cache_path = True, self.read_only_path
             where = "compiled in memory for each process" if self.in_memory else \
                 f"compiled into {_read_only['fallback']}"
-            _warn_once("read-only", f"torchfl: the kernel cache {_read_only['dir']} is read-only: the kernels it "
-                                    f"holds are loaded from it, the others are {where} (set {ENV} to a writable "
-                                    "directory to keep them)")
+            ro = _read_only["dir"]
+            what = "is not a directory: new kernels are" if ro.exists() and not ro.is_dir() else \
+                "is read-only: the kernels it holds are loaded from it, the others are"
+            _warn_once("read-only", f"torchfl: the kernel cache {ro} {what} {where} (set {ENV} to a "
+                                    "writable directory to keep them)")
             return self
 
     caching.CacheImpl._locator_classes.insert(0, ReadOnlyCacheLocator)
@@ -241,7 +243,8 @@ def _guard(caching) -> None:
             data = load(self, sig, target_context)
         except Exception as exc:  # noqa: BLE001 - a cache file is untrusted bytes: any failure to read it
             data = None            # means "no usable entry"; the kernel is compiled again
-            _discard(caching, self, self._cache_file, sig, target_context, exc)
+            if os.path.isfile(self._cache_file._index_path):   # else no entry at all (a path not a folder)
+                _discard(caching, self, self._cache_file, sig, target_context, exc)
         locator = self._impl.locator
         if data is None and isinstance(locator, ReadOnlyCacheLocator) and not locator.in_memory:
             shared = caching.IndexDataCacheFile(locator.read_only_path, self._impl.filename_base,
@@ -251,7 +254,8 @@ def _guard(caching) -> None:
                 data = None if payload is None else self._impl.rebuild(target_context, payload)
             except Exception as exc:  # noqa: BLE001 - as above; a read-only file stays as it is
                 data = None
-                _discard(caching, self, shared, sig, target_context, exc)
+                if os.path.isfile(shared._index_path):
+                    _discard(caching, self, shared, sig, target_context, exc)
         return data
 
     def save_overload(self, sig, data):

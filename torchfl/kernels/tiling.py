@@ -197,10 +197,17 @@ def waves(outputs: int, chip) -> tuple[int, float]:
     """Wave quantisation of a kernel with ``outputs`` output elements (format 1.1): its tiles
     are ceil(outputs / chip.tile_elements), run ``chip.concurrent_tiles`` at once, so it takes
     ceil(tiles / concurrent_tiles) waves and the units are busy tiles / (waves x
-    concurrent_tiles) of that time. ``(0, 1.0)`` where the chip states no grain."""
+    concurrent_tiles) of that time: 109 tiles on 108 units take two waves at 50%.
+
+    A kernel with fewer tiles than one wave is not charged for the idle units: GEMM and
+    convolution libraries split such a kernel's reduction (split-K, stream-K) or shrink its
+    tiles until the chip is full, and a kernel too small for that is bound by its launch.
+    ``(0, 1.0)`` where the chip states no grain."""
     if not getattr(chip, "concurrent_tiles", 0) or outputs <= 0:
         return 0, 1.0
     tiles = -(-int(outputs) // chip.tile_elements)
+    if tiles <= chip.concurrent_tiles:
+        return 1, 1.0
     n = -(-tiles // chip.concurrent_tiles)
     return n, tiles / (n * chip.concurrent_tiles)
 
@@ -217,7 +224,8 @@ def simulated_time(plan_or_traffic, chip, dtype: str, *, flops_scale: float = 1.
     one (``chip.sustained_for(dtype)``) and the compute rate is further scaled by the wave
     efficiency of the kernel's output (:func:`waves`; output elements = bytes written over
     the dtype's size), the bandwidth is ``offchip_bw * offchip_sustained``, and a kernel
-    that moves or computes anything pays ``chip.launch_s`` once.
+    that moves or computes anything pays its launch once (``chip.launch_for(kernel)``: the
+    matrix families' launch where the chip states one, else ``chip.launch_s``).
 
     A bare :class:`Traffic` is priced as one tile (compute + memory: nothing overlaps).
     ``flops_scale`` / ``bytes_scale`` scale every tile's counts (analyze: the counted
@@ -269,7 +277,8 @@ def time_terms(plan_or_traffic, chip, dtype: str, *, flops_scale: float = 1.0,
         body = float(steady + serial)
     else:
         body = float(steady + (min(comp, mem) / n if cfg.pipelined_tiles else 0.0))
-    launch = float(getattr(chip, "launch_s", 0.0))
+    kernel = "" if isinstance(plan_or_traffic, Traffic) else plan_or_traffic.kernel
+    launch = float(chip.launch_for(kernel)) if hasattr(chip, "launch_for") else 0.0
     return TimeTerms(body + launch if launch else body, launch, comp, mem,
                      "compute" if comp >= mem else "on-chip cache" if warm else "off-chip", sustained, off,
                      n_waves, wave_eff)

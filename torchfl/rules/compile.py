@@ -57,13 +57,27 @@ class PackError(Exception):
 
 def check_pack(path) -> PackReport:
     """Read and check one rule pack file (what ``registry import`` and ``validate`` read).
-    Never raises for bad input. Decomposition parts are checked against torch's operator
-    schemas here (a cold ``import torch`` where the pack has decompositions); the text of a
-    pack already in a registry was checked so when it was imported."""
+    Never raises for bad input. A user's pack has its decomposition parts checked against
+    torch's operator schemas here (a cold ``import torch`` where it has decompositions); the
+    text of a pack already in a registry was checked so when it was imported."""
     text, diagnostics, _readable = read_source(path, "a rule pack")
     if text is None:
         return PackReport(str(path), diagnostics=diagnostics)
-    return check_pack_text(text, str(path), schemas=True)
+    return check_pack_text(text, str(path), schemas=not _bundled(path))
+
+
+def _bundled(path) -> bool:
+    """A pack shipped with torchfl: its decompositions are checked against torch's schemas by
+    the test suite (tests/rules/test_pack_faults.py), not at every first use of a registry
+    (seeding imports the bundled packs; ``import torch`` would cost it ~1.3 s of CPU)."""
+    from pathlib import Path
+
+    from torchfl.resources import bundled_path
+
+    try:
+        return Path(path).resolve().parent == bundled_path("rules").resolve()
+    except OSError:
+        return False
 
 
 def check_pack_text(text: str, filename: str = "<string>", *, schemas: bool = False) -> PackReport:
@@ -233,9 +247,13 @@ class _Compiler:
             self.error(path, f"unknown field {path[-1]!r}{self.near(str(path[-1]), _fields_at(path))}", key=True)
         elif kind == "string_pattern_mismatch":
             what = path[-1] if path else "value"
-            hint = {"op": " (an ATen overload name such as aten.convolution.default)",
+            field = what
+            if isinstance(what, int) and len(path) > 1:   # an item of a list: name the list
+                field, what = path[-2], f"{path[-2]}[{what}]"
+            hint = {"device_types": " (a chip.device_type: lower-case letters, digits and _, e.g. npu_v3)",
+                    "op": " (an ATen overload name such as aten.convolution.default)",
                     "version": " (semantic version MAJOR.MINOR.PATCH, e.g. 1.0.0)",
-                    "name": " (lower-case letters, digits, - and _)"}.get(str(what), "")
+                    "name": " (lower-case letters, digits, - and _)"}.get(str(field), "")
             self.error(path, f"{what} {err['input']!r} is not valid{hint}")
         elif kind == "literal_error":
             self.error(path, f"{err['msg'].lower()}, got {err['input']!r}")

@@ -14,8 +14,10 @@ chip. This module is the torch.compile face only: options, the plans per input
 signature, the ``aot_autograd`` wiring and the outputs as the caller expects them.
 
 Planning happens at the first call of each input signature (shapes, dtypes,
-channels-last), from the real inputs: a new shape replans, also after Dynamo has made the
-graph shape-polymorphic (a dynamic graph is specialised per concrete shape). Errors of
+channels-last), from the real inputs. Once Dynamo has made an inference graph
+shape-polymorphic (a decoder's growing KV cache), it is captured once with its symbolic
+sizes and planned once per bucket of sizes (``planner.lengths``); each concrete size runs an
+instance of its bucket's plan, and only the latest few sizes keep an executor. Errors of
 planning (hard constraints, strict mode, bad options) are raised unchanged to the caller
 at that call, before anything runs, instead of being wrapped by Dynamo in
 ``BackendCompilerFailed``.
@@ -142,12 +144,16 @@ class CompiledGraph:
         self.kind = kind            # inference | forward | backward
         self.static_positions = tuple(static_positions)  # forward: Dynamo inputs that are weights
         self.entries: dict = {}
+        self.lengths = None         # planner.lengths.LengthPlanner of a symbolic inference graph
         if kind == "inference":    # inputs read with item(): plans are specialised on their values
             from torchfl.planner.capture import scalar_reads
+            from torchfl.planner.lengths import is_symbolic
 
             self.scalar_positions = frozenset(scalar_reads(gm))
             self.channels_last_outputs = _channels_last_outputs(gm)
+            self.symbolic = is_symbolic(gm) and not self.scalar_positions
         else:
+            self.symbolic = False
             self.scalar_positions = frozenset()
             self.channels_last_outputs = ()
 
@@ -159,6 +165,15 @@ class CompiledGraph:
 
         o = self.options
         target = planner.resolve_target(o.chip, o.registry)
+        if self.symbolic:
+            from torchfl.planner.lengths import LengthPlanner
+
+            if self.lengths is None:
+                self.lengths = LengthPlanner(self.gm, target, o.precision, o.strict)
+            planned = self.lengths.plan(args)
+            if planned is not None:
+                return planned
+            self.symbolic = False     # nothing symbolic to share (or out of the export's range)
         return planner.plan_dynamo(self.gm, args, target, self.kind, self.static_positions,
                                    precision=o.precision, strict=o.strict)
 
@@ -174,7 +189,7 @@ class CompiledGraph:
             try:
                 plan, user = self._plan(args)
                 static = _static_positions([args[i] for i in user])
-                ex = _executor(plan, args, self.options, static)
+                ex = _executor(plan, args, self.options, static, self._shared_weights())
                 entry = _Entry(plan, ex, user=None if len(user) == len(args) else user)
             except MutatesInputs:
                 # as a training graph: AOTAutograd functionalises the writes, its forward graph
@@ -185,8 +200,33 @@ class CompiledGraph:
                     entry = _Entry(error=exc)
             except Exception as exc:   # raised to the caller now and at every call of this signature
                 entry = _Entry(error=exc)
+            if self.lengths is not None:
+                self._evict()
             self.entries[sig] = entry
         return entry
+
+    KEEP_LENGTHS = 2    # executors kept for a symbolic graph (their weights are shared: _SharedWeights)
+
+    def _shared_weights(self):
+        """A symbolic graph's executors (one per length) upload its weights once, together."""
+        if self.lengths is None:
+            return None
+        if getattr(self, "_weights", None) is None:
+            self._weights = _SharedWeights()
+        return self._weights
+
+    def _evict(self):
+        """A decode makes a new size per token: keep the executors of the latest sizes only."""
+        while len(self.entries) >= self.KEEP_LENGTHS:
+            self.entries.pop(next(iter(self.entries)))
+
+    @property
+    def decisions(self) -> int:
+        """Full plans made (a symbolic graph's buckets count once; otherwise one per signature)."""
+        if self.lengths is not None:
+            return self.lengths.decisions + sum(1 for e in self.entries.values() if e.plan is not None
+                                                and not _from_lengths(e.plan))
+        return len(self.plans)
 
     @property
     def plans(self) -> list:
@@ -229,16 +269,85 @@ class CompiledGraph:
         return out
 
 
-def _executor(plan, args, options, static):
+def _from_lengths(plan) -> bool:
+    return bool(plan.notes) and plan.notes[0].startswith("lengths: ")
+
+
+class _SharedWeights:
+    """The lifted weights of one symbolic graph on the chip, uploaded once for the executors of
+    all its lengths (a decode makes one executor per token): keyed by the tensor, its version,
+    layout and dtype; a buffer an executor freed (a float32 weight after its static cast) is
+    uploaded again. Kernels' host copies of frozen buffers (packed GEMM panels) are shared too."""
+
+    def __init__(self):
+        self.by_key: dict = {}      # (id, layout, dtype) -> (tensor, version, DeviceTensor)
+        self.ids: set = set()       # id() of the DeviceTensors held here
+
+    def get(self, t, layout, dtype, upload):
+        key = (id(t), layout, dtype)
+        hit = self.by_key.get(key)
+        version = getattr(t, "_version", 0)
+        if hit is not None and hit[0] is t and hit[1] == version and not hit[2].buffer.freed:
+            return hit[2]
+        if hit is not None and not hit[2].buffer.freed:
+            hit[2].buffer.free()
+        if hit is not None:
+            self.ids.discard(id(hit[2]))
+        value = upload()
+        self.by_key[key] = (t, version, value)
+        self.ids.add(id(value))
+        return value
+
+    def owns(self, value) -> bool:
+        return id(value) in self.ids
+
+    def __del__(self):
+        for _t, _v, value in self.by_key.values():
+            try:
+                if not value.buffer.freed:
+                    value.buffer.free()
+            except Exception:   # interpreter shutdown: the device memory may be gone already
+                pass
+
+
+def _shared_executor(plan, options, static, weights):
+    """An Executor whose lifted uploads come from ``weights`` and are left to it on release."""
+    from torchfl.kernels.tensor import DeviceTensor
+
+    from .executor import Executor
+
+    class Shared(Executor):
+        def _upload(self, x, layout, dtype):
+            if id(x) not in self._lifted_ids:
+                return super()._upload(x, layout, dtype)
+            return weights.get(x, layout, dtype, lambda: super(Shared, self)._upload(x, layout, dtype))
+
+        def release(self):
+            def mine(v):
+                return not (v.__class__ is DeviceTensor and weights.owns(v))
+            if self._base is not None:
+                self._base = [v if mine(v) else None for v in self._base]
+            if self._lifted_vals is not None:
+                self._lifted_vals = {s: v for s, v in self._lifted_vals.items() if mine(v)}
+            super().release()
+
+    ex = Shared(plan, strict=options.strict, static_inputs=static)
+    ex._lifted_ids = frozenset(id(t) for t in ex._lifted_tensors)
+    return ex
+
+
+def _executor(plan, args, options, static, weights=None):
     """The plan's executor: npu tensors (the eager device) are read and returned in place,
     on their chip, which must be the chip the model was compiled for; anything else is
-    copied in and out of the chip's memory."""
+    copied in and out of the chip's memory (``weights``: a symbolic graph's shared uploads)."""
     import torch
 
     from .executor import Executor
 
     npu = [a for a in args if isinstance(a, torch.Tensor) and a.device.type == "npu"]
     if not npu:
+        if weights is not None:
+            return _shared_executor(plan, options, static, weights)
         return Executor(plan, strict=options.strict, static_inputs=static)
     from .eager import device as eager_device
     from .eager.executor import EagerExecutor

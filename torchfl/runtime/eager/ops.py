@@ -170,6 +170,30 @@ def _ensure_functional_routes():
 
     names = sorted({r.op for pack in bundled_packs() for r in pack.rules})
     register_functional(names)
+    _install_optimizer_hooks()
+
+
+_OPTIMIZER = threading.local()
+
+
+def in_optimizer_step() -> bool:
+    """Inside ``optimizer.step()`` (which runs with gradients off): the tensors there are
+    parameters, gradients and optimizer state, none with a batch dimension, so none is held
+    to ``max_batch_size`` (a 1000-class layer's gradient and momentum are 1000 rows)."""
+    return getattr(_OPTIMIZER, "depth", 0) > 0 and not torch.is_grad_enabled()
+
+
+def _install_optimizer_hooks() -> None:
+    from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+
+    def pre(_opt, _args, _kwargs):
+        _OPTIMIZER.depth = getattr(_OPTIMIZER, "depth", 0) + 1
+
+    def post(_opt, _args, _kwargs):
+        _OPTIMIZER.depth = max(getattr(_OPTIMIZER, "depth", 1) - 1, 0)
+
+    register_optimizer_step_pre_hook(pre)
+    register_optimizer_step_post_hook(post)
 
 
 # ---------------------------------------------------------------- signatures
@@ -325,6 +349,13 @@ def distinct_positions(pattern):
     return tuple(i for i, first in enumerate(pattern) if first == i)
 
 
+def tensor_layout_of(t):
+    """Layout letters of a dense permuted 4-D tensor, else None (planner's rule)."""
+    from torchfl.planner.constraints import tensor_layout
+
+    return tensor_layout(t)
+
+
 def planning_examples(tensors, hcd) -> list:
     """The tensors as the planner should see them. A view is storage strides, not a chip
     layout: a tensor stored in a permutation the chip does not compute in (attention's
@@ -374,6 +405,19 @@ _TRACE_AS = {torch.ops.aten.native_batch_norm.default: _native_batch_norm}
 _KEPT_WHOLE = frozenset({torch.ops.aten.scaled_dot_product_attention.default})
 
 
+def python_dispatch_enabled():
+    """Tracing (make_fx's fake tensors) needs the Python dispatch keys, which torch turns
+    off inside some of its own constructions: ``torch.tensor([], device="npu")`` copies to
+    the device under ``no_dispatch()``, and that copy is a lazy-mode sync point."""
+    import contextlib
+
+    keys = torch._C.DispatchKey
+    stack = contextlib.ExitStack()
+    for key in (keys.Python, keys.PythonTLSSnapshot):
+        stack.enter_context(torch._C._SetExcludeDispatchKeyGuard(key, False))
+    return stack
+
+
 def _trace(op, flat, spec, tensors, table, alias=None):
     """The op alone as a core-ATen FX graph over its (distinct) tensor arguments."""
     from torch.fx.experimental.proxy_tensor import make_fx
@@ -394,7 +438,7 @@ def _trace(op, flat, spec, tensors, table, alias=None):
         return call(*a, **k)
 
     examples = [torch.empty_strided(tuple(t.shape), tuple(t.stride()), dtype=t.dtype) for t in tensors]
-    with torch.no_grad():
+    with torch.no_grad(), python_dispatch_enabled():
         if op in _KEPT_WHOLE:     # a composite the rules map whole: pre-dispatch keeps it one node
             gm = make_fx(one_op, tracing_mode="fake", pre_dispatch=True)(*examples)
         else:
@@ -505,7 +549,7 @@ def unbatched_inputs(placeholders, tensors) -> list:
     of a linear layer), vectors (biases, a batch-norm's running statistics: an eager op
     cannot tell a module's buffer from an activation, and a batch is never 1-D here) and,
     inside the autograd engine, every input of a backward op."""
-    if torch._C._current_autograd_node() is not None:
+    if torch._C._current_autograd_node() is not None or in_optimizer_step():
         return [name for name, _k, _i in placeholders]
     return [name for (name, _k, _i), t in zip(placeholders, tensors)
             if t.dim() <= 1 or isinstance(t, torch.nn.Parameter)
@@ -550,7 +594,7 @@ def _fast_key(op, args):
     device of each tensor -- so each fast key names one route. None for tensors or nested
     containers inside lists (``cat``) and calls with no npu tensor."""
     key = [op, _strict(), eager_precision(), torch._C._current_autograd_node() is not None,
-           torch.is_grad_enabled()]
+           torch.is_grad_enabled(), in_optimizer_step()]
     npu = False
     tensor = torch.Tensor
     ids = []
@@ -590,8 +634,8 @@ def _route(op, args, kwargs):
     index = _device_of(flat, kwargs, op)
     tensors = [a for a in flat if isinstance(a, torch.Tensor)]
     alias = alias_pattern(tensors)
-    key = (op, index, _strict(), eager_precision(), torch._C._current_autograd_node() is not None, str(spec),
-           tuple(_arg_key(a) for a in flat), alias)
+    key = (op, index, _strict(), eager_precision(), torch._C._current_autograd_node() is not None,
+           in_optimizer_step(), str(spec), tuple(_arg_key(a) for a in flat), alias)
     route = _CACHE.get(key)
     if route is None:
         with _LOCK:
@@ -684,8 +728,8 @@ def _functional_of(op):
     schema = op._schema
     name = schema.name.split("::")[-1]
     base = name[:-1] if name.endswith("_") else name
-    ins = [a.name for a in schema.arguments if not (a.alias_info is not None and a.alias_info.is_write
-                                                   and a.kwarg_only)]
+    ins = [(a.name, str(a.type)) for a in schema.arguments
+           if not (a.alias_info is not None and a.alias_info.is_write and a.kwarg_only)]
     found = None
     packet = getattr(torch.ops.aten, base, None)
     if packet is not None:
@@ -694,7 +738,7 @@ def _functional_of(op):
             cs = cand._schema
             if cs.is_mutable:
                 continue
-            if [a.name for a in cs.arguments] == ins:
+            if [(a.name, str(a.type)) for a in cs.arguments] == ins:     # clamp.Tensor, not clamp
                 found = cand
                 break
     _FUNCTIONAL[op] = found
@@ -722,10 +766,19 @@ def _mutating(op, args, kwargs):
         if targets:
             return targets[0] if len(targets) == 1 else tuple(targets)
         return _on_host_result(out, index)
-    schema = op._schema
+    f_args, f_kwargs = functional_arguments(op, functional, args, kwargs)
+    result = _functional(functional, f_args, f_kwargs)
+    results = list(result) if isinstance(result, (tuple, list)) else [result]
+    with torch.no_grad():
+        _write_back(targets, results[:len(targets)])
+    return targets[0] if len(targets) == 1 else tuple(targets)
+
+
+def functional_arguments(op, functional, args, kwargs):
+    """The arguments of mutating ``op``'s call bound to its functional form's schema."""
     f_args, f_kwargs = [], {}
     bound = {}
-    for i, arg in enumerate(schema.arguments):
+    for i, arg in enumerate(op._schema.arguments):
         if arg.name in kwargs:
             bound[arg.name] = kwargs[arg.name]
         elif i < len(args) and not arg.kwarg_only:
@@ -737,11 +790,7 @@ def _mutating(op, args, kwargs):
             f_kwargs[arg.name] = bound[arg.name]
         else:
             f_args.append(bound[arg.name])
-    result = _functional(functional, tuple(f_args), f_kwargs)
-    results = list(result) if isinstance(result, (tuple, list)) else [result]
-    with torch.no_grad():
-        _write_back(targets, results[:len(targets)])
-    return targets[0] if len(targets) == 1 else tuple(targets)
+    return tuple(f_args), f_kwargs
 
 
 def _host_args(args, kwargs):
