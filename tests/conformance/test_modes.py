@@ -102,3 +102,24 @@ def test_native_bf16_check_flags_kernels_that_emulate_it():
     assert "claims native bfloat16" in msg and "constraints.bfloat16_emulation" in msg and "inf" in msg
     declared = Target.of(load_hcd(bundled_path("hcd_registry") / "npu_e1.hcd"))
     assert check_native_bf16(declared) == []
+
+
+#: the CI's all-samples run: one chip, every OpInfo sample (and edge variants of the first) of
+#: the overloads the compiled-path fixes of issue 33 touched. Budget: ~2 min of one core on a
+#: quiet machine (8 units); the whole chip with every sample is `torchfl conformance --chip
+#: NPU-V3 --samples all` (BENCHMARKS.md, issue 33 section: max_pool2d alone has 1,440 samples).
+CI_ALL_SAMPLES = ("addmm", "cat", "permute", "avg_pool2d", "_adaptive_avg_pool2d", "embedding", "div", "_softmax")
+
+
+def test_one_chip_every_sample_passes_or_is_refused_by_name(seeded_url):
+    from torchfl.conformance.harness import run
+    from tests.conformance.test_opinfo import NAMES_FIELD_OR_RULE
+
+    report = run("NPU-V3", registry=seeded_url, settings=Settings(samples=None, edge_from=1, ops=CI_ALL_SAMPLES,
+                                                                  dtypes=("float16",), jobs=1), record=False)
+    assert report.counts()["cases"] >= 50
+    bad = [r for r in report.results if r["verdict"] in ("fail", "partial") and r["failed"]]
+    assert not bad, [(r["op"], r["layout"], r["reason"]) for r in bad]
+    for r in report.results:
+        if r["refused"]:
+            assert NAMES_FIELD_OR_RULE.search(r["reason"]), (r["op"], r["reason"])

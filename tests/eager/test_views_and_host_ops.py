@@ -205,3 +205,35 @@ def test_lazy_views_of_a_channels_last_result(fp16_dev, monkeypatch):
         ref = block(block(xf, wf, bf) + xf, wf, bf)
     _close(out, ref, 5e-3)
     _close(eager, ref, 5e-3)
+
+
+def test_attention_backward_with_a_fully_masked_row(fp32_dev):
+    """With gradients wanted, attention runs as a composition in the inputs' dtype
+    (routing.sdpa_composite: torch's math path upcasts float16 to float32, which a
+    float16-only chip cannot compute). Like torch's math path, a query row whose keys are
+    all masked attends to nothing (zeros, not NaN), and the gradients stay finite."""
+    torch.manual_seed(7)
+    q, k, v = (torch.randn(1, 2, 4, 8, requires_grad=True) for _ in range(3))
+    mask = torch.ones(4, 4, dtype=torch.bool).tril()
+    mask[2] = False                                    # row 2 sees no key
+    outs, grads = [], []
+    for dev in ("cpu", fp32_dev):
+        leaves = [t.detach().to(dev).requires_grad_() for t in (q, k, v)]
+        with torch.nn.attention.sdpa_kernel(torch.nn.attention.SDPBackend.MATH) if dev == "cpu" else _nothing():
+            out = F.scaled_dot_product_attention(*leaves, attn_mask=mask.to(dev))
+        out.square().sum().backward()
+        outs.append(out.detach().cpu())
+        grads.append([t.grad.cpu() for t in leaves])
+    assert torch.equal(outs[1][:, :, 2], torch.zeros(1, 2, 8))
+    _close(outs[1], outs[0], 1e-5)
+    for g_npu, g_cpu in zip(grads[1], grads[0]):
+        assert bool(torch.isfinite(g_npu).all())
+        _close(g_npu, g_cpu, 1e-5)
+
+
+class _nothing:
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return False

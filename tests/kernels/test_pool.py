@@ -74,6 +74,8 @@ AVG_CASES = [
     ((1, 4, 11, 10), 3, 2, 1, True, False, None),
     ((2, 2, 9, 8), (3, 2), (2, 1), (1, 1), False, True, None),
     ((1, 3, 6, 6), 3, 2, 1, True, True, 5),
+    ((1, 1, 4, 4), 2, 2, 0, False, True, -2),     # a negative divisor_override divides (OpInfo sample)
+    ((2, 3, 5, 6), 7, 7, 0, True, True, None),   # a window wider than the map (ceil_mode)
 ]
 
 

@@ -40,7 +40,7 @@ def _avg_window(kind, oh, ow, H, W, OH, OW, kh, kw, sh, sw, ph, pw, include_pad,
     wa, wb, wlen = _win(kind, ow, W, OW, kw, sw, pw)
     hc0, hc1 = max(ha, 0), min(hb, H)
     wc0, wc1 = max(wa, 0), min(wb, W)
-    if divisor > 0:
+    if divisor != 0:         # divisor_override (torch divides by a negative one too)
         div = np.float32(divisor)
     elif kind == ADAPTIVE or include_pad:
         div = np.float32(hlen * wlen)

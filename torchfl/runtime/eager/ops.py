@@ -9,12 +9,22 @@ one-op plan of the SME, cached per signature, run by the plan executor on the ch
 * Inputs are read in place: the executor sees each npu tensor's own device buffer, in the
   layout its strides describe. Outputs are the kernels' buffers, handed to torch as npu
   tensors (no copy). A strided view, a misaligned offset or a dtype/layout the plan does
-  not take is copied first (counted in ``STATS["converted_inputs"]``).
+  not take is copied first (counted in ``STATS["converted_inputs"]``). A view is storage
+  strides, not a chip layout: a permutation the chip does not compute in is planned as a
+  row-major input (:func:`planning_examples`) and converted on upload, never refused.
+* One tensor passed twice (``t + t``, ``cat([t, t])``) is one plan input: device memory
+  counts storages, not arguments (:func:`alias_pattern`, part of the route's key).
+* Mixed devices follow torch's rule: only 0-dim CPU tensors (and indexing ops' CPU
+  indices) mix with npu tensors (:func:`_device_of`).
 * In-place and ``out=`` overloads run their functional overload and copy the result in.
 * Ops with no rule run as the plan's explicit host fallbacks (logged once per signature,
-  counted per call); ops that cannot even be traced run on the host whole. Both are refused
-  by ``TORCHFL_STRICT=1``. Random fills and constant fills write host-made data into the
-  tensor (like a copy from the host): they are counted apart, and strict mode allows them.
+  counted per call); ops that cannot even be traced, whose output shape depends on the
+  data (``a[a > 0]``, nonzero, unique) or that compute a float64 scalar run on the host
+  whole. All are refused by ``TORCHFL_STRICT=1``. Random draws, constant fills and factories
+  (``arange``, ``full``) write host-made data into the tensor (like a copy from the host):
+  counted apart, allowed by strict mode; random ones draw from the device's generator
+  (``module.rng_scope``), as do plans whose graph draws (dropout).
+* GradScaler's bookkeeping ops are compositions of planned ops (``_COMPOSED``).
 """
 from __future__ import annotations
 

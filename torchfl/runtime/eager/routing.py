@@ -88,7 +88,12 @@ def sdpa_composite(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=F
             attn = attn.masked_fill(attn_mask.logical_not(), float("-inf"))
         else:
             attn = attn + attn_mask
+    masked = is_causal or attn_mask is not None
+    if masked:     # torch's math path (_safe_softmax): a row with every key masked attends to nothing
+        dead = (attn == float("-inf")).all(-1, keepdim=True)
     attn = torch.softmax(attn, -1)
+    if masked:
+        attn = torch.where(dead, 0.0, attn)
     if dropout_p > 0.0:
         attn = torch.nn.functional.dropout(attn, dropout_p)
     return attn @ value
