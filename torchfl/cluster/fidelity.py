@@ -70,5 +70,4 @@ def sweep_fidelity(tables, chip: str | None, worst: int, *, registry, runner, re
         except LookupError:
             pass
     result.scores = score(result.predictions, worst=worst)
-    result.in_sample = {t.path for t in tables if t.in_sample}
     return result
