@@ -92,6 +92,10 @@ def test_a_run_records_evidence_that_ops_show_and_a_new_chip_version_makes_stale
     assert "chip NPU-V3 was 1.0.0, now 1.0.1" in ops["aten.neg.default"]["stale"]
     md = _cli(seeded_url, "conformance", "--report", "--format", "markdown", "--chip", "NPU-V3")
     assert "| `aten.neg.default` | stale |" in md
+    # conformance again in this process (whose target cache holds 1.0.0): it runs on 1.0.1
+    again = run("NPU-V3", registry=reg, settings=Settings(samples=1, edge_from=1, ops=("neg",),
+                                                          dtypes=("float16",), jobs=1), record=False)
+    assert again.identity.chip_version == "1.0.1" and again.counts()["pass"] == 1, again.as_dict()
 
 
 def test_cli_runs_sharded_with_timestamped_progress_and_reports(tmp_path):

@@ -49,7 +49,7 @@ def test_rejected_alternatives_keep_their_call_and_are_measured(tmp_path):
     from torchfl.kernels.tiling import simulated_time
 
     for _step, pts in calls:
-        for _label, call, pred in pts:
+        for _label, call, pred, _nodes in pts:
             assert pred > 0
             seconds, tp = calibrate.measure(plan, call, chip, mem, static_vals, runs=1)
             assert seconds >= 0

@@ -224,7 +224,7 @@ def run_unit(unit: Unit, chip: str, registry, settings: Settings, bf16_emulated:
     if chip_hash is not None:
         from torchfl.planner.target import resolve_target
 
-        if resolve_target(chip, registry).chip_hash != chip_hash:
+        if resolve_target(chip, registry, expect_hash=chip_hash).chip_hash != chip_hash:
             raise RuntimeError(f"chip {chip} changed in the registry during the run; run conformance again")
     try:
         cases = opinfo_cases(unit.opinfo, getattr(torch, unit.dtype), samples=settings.samples,

@@ -342,7 +342,14 @@ class Generator:
             dtypes[kname] = info.dtype
             lay = layout if (layout and info.rank == 4 and not info.static) else None
             layouts[kname] = lay
-            inputs.append((kname, path, lay or identity_layout(info.rank)))
+            need = lay or identity_layout(info.rank)
+            ir_value = self.ir.values.get(ir_name)
+            if ir_value is not None and ir_value.rank != info.rank:
+                # a side output of a multi-output node (batch norm's running mean): the selection
+                # tracks that node's layout by its first output, as it does for a fallback reading
+                # it; the side output itself is stored in its own identity layout
+                need = identity_layout(ir_value.rank)
+            inputs.append((kname, path, need))
         attrs = {k: v for k, v in match_attrs.items() if k in spec.attrs}
         dtype = match_dtype or (dtypes.get(spec.input_names[0]) if spec.input_names else None)
         try:

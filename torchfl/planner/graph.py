@@ -91,7 +91,8 @@ STAT_DTYPES = ("float32", "float16", "bfloat16")
 ACCUMULATOR_OUTPUTS = {   # op -> positions of its outputs that are saved statistics
     "aten.native_layer_norm.default": (1, 2),
     "aten.native_group_norm.default": (1, 2),
-    "aten._native_batch_norm_legit_functional.default": (1, 2),
+    # 3, 4: the new running statistics, float32 as ATen's decomposition computes them
+    "aten._native_batch_norm_legit_functional.default": (1, 2, 3, 4),
     "aten._native_batch_norm_legit.default": (1, 2),
     "aten._native_batch_norm_legit_no_training.default": (1, 2),
     "aten.native_batch_norm.default": (1, 2),

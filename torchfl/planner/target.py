@@ -96,8 +96,13 @@ _TARGETS: dict[tuple, Target] = {}
 _PACKS: dict[str, tuple] = {}
 
 
-def resolve_target(chip, registry=None) -> Target:
-    """The :class:`Target` of ``chip`` (see the module docstring), cached."""
+def resolve_target(chip, registry=None, *, expect_hash: str | None = None) -> Target:
+    """The :class:`Target` of ``chip`` (see the module docstring), cached.
+
+    ``expect_hash``: the content hash the caller read from the registry just now. A cached
+    target of that name with another hash is from before the registry changed under this
+    process: it is dropped and the chip resolved again (the result may still differ, if the
+    registry changed once more)."""
     from torchfl.hcd import HCD
 
     if isinstance(chip, Target):
@@ -110,6 +115,12 @@ def resolve_target(chip, registry=None) -> Target:
     if not isinstance(chip, str) or not chip:
         raise ChoiceError(f"chip must be a chip name, an HCD or a Target, got {chip!r}")
     key = registry_key(registry)
+    if expect_hash is not None:
+        with _LOCK:
+            hit = _TARGETS.get((key, "name", chip))
+            if hit is not None and hit.chip_hash != expect_hash:
+                del _TARGETS[(key, "name", chip)]
+                _PACKS.pop(key, None)
     return _cached((key, "name", chip), lambda: _from_registry(chip, registry, key))
 
 

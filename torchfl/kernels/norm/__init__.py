@@ -93,7 +93,11 @@ def _check(p):
             if p.shapes["grad_out"] != p.shapes["x"]:
                 raise KernelError(f"kernel {k}: grad_out {p.shapes['grad_out']} and x differ")
     for n in ("save_mean", "save_invstd", "mean", "rstd"):
-        if n in p.shapes and p.dtype_of(n) != "float32":
+        # batch norm's saved statistics may also arrive in the input's dtype: ATen's
+        # decomposition returns them so for a bfloat16 / float16 graph, and the backward decodes
+        # every statistic to float32 as it loads it
+        ok = ("float32", p.dtype) if n.startswith("save_") else ("float32",)
+        if n in p.shapes and p.dtype_of(n) not in ok:
             raise KernelError(f"kernel {k}: {n} must be float32 (saved statistics), got {p.dtype_of(n)}")
     odd = {n: p.dtype_of(n) for n in p.shapes
            if n not in ("save_mean", "save_invstd", "mean", "rstd") and p.dtype_of(n) != p.dtype}
@@ -109,11 +113,15 @@ def _meta(p):
         # as ATen's _native_batch_norm_legit_no_training: (out, empty save_mean, empty save_invstd)
         return [TensorMeta(x, p.dtype, lay), TensorMeta((0,), "float32"), TensorMeta((0,), "float32")]
     if k == "batch_norm_train":
+        # the new running statistics are computed from the float32 batch statistics, so they are
+        # float32 whatever the input's dtype: ATen's decomposition (what the graph's metadata
+        # says) promotes float32 with the running buffer's dtype; a bfloat16 model's graph then
+        # copies them into its bfloat16 buffers
         out = [TensorMeta(x, p.dtype, lay), TensorMeta((C,), "float32"), TensorMeta((C,), "float32")]
         if p.has("running_mean"):
-            out.append(TensorMeta((C,), p.dtype))
+            out.append(TensorMeta((C,), "float32"))
         if p.has("running_var"):
-            out.append(TensorMeta((C,), p.dtype))
+            out.append(TensorMeta((C,), "float32"))
         return out
     if k == "batch_norm_backward":
         out = [TensorMeta(x, p.dtype, lay)]
@@ -142,11 +150,11 @@ def _streams(p):
                     os_=0, glob=0, fin=0, passes=(1,), chunk_in=(es,))
     if k == "batch_norm_train":
         return dict(ie=es, oe=es, is_=sz("weight") + sz("bias") + sz("running_mean") + sz("running_var"),
-                    os_=2 * STAT + sz("running_mean") + sz("running_var"), glob=0, fin=0,
+                    os_=2 * STAT + STAT * (p.has("running_mean") + p.has("running_var")), glob=0, fin=0,
                     passes=(1, 1), chunk_in=(es, es))
     if k == "batch_norm_backward":
         wg = 2 * es if p.attrs["weight_grad"] else 0
-        return dict(ie=2 * es, oe=es, is_=sz("weight") + 2 * STAT, os_=wg, glob=0, fin=0,
+        return dict(ie=2 * es, oe=es, is_=sz("weight") + sz("save_mean") + sz("save_invstd"), os_=wg, glob=0, fin=0,
                     passes=(1, 1), chunk_in=(2 * es, 2 * es))
     if k == "layer_norm":
         return dict(ie=es, oe=es, is_=0, os_=2 * STAT, glob=sz("weight") + sz("bias"), fin=0,

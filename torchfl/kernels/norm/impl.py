@@ -493,7 +493,7 @@ def run_batch_norm_train(ctx):
             rv[lo:hi] = _vec(ctx, "running_var", S, 1.0, lo, hi)[lo:hi]
         ctx.ops((hi - lo) * ops_seg)
 
-    stat_bytes = 2 * 4 + sum(_dt.itemsize(p.dtype_of(n)) for n in ("running_mean", "running_var") if p.has(n))
+    stat_bytes = 4 * (2 + p.has("running_mean") + p.has("running_var"))   # all four statistics in float32
     if cfg.strategy == "resident":
         tiles = _seg_tiles(ctx, S)
         for s0, s1 in tiles:
