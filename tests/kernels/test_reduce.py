@@ -90,3 +90,20 @@ def test_any_all_match_torch(case, name, dtype, cache):
     (y,), _ = run_checked(name, chip, {"x": dev(x, mem, layout)}, attrs)
     assert y.dtype == "bool" and y.shape == tuple(ref.shape)
     np.testing.assert_array_equal(y.to_numpy(), ref.numpy())
+
+
+@pytest.mark.parametrize("dtype", ["bool", "int32", "int64"])
+@pytest.mark.parametrize("case", [((2, 3, 4, 5), (0, 2), False, "NHWC"), ((7, 9), None, False, None),
+                                  ((2, 6), 1, True, None)])
+def test_sum_of_bools_and_integers_is_exact_int64(dtype, case):
+    """A padding mask's count (HF decoders: ``mask.sum()``) and id sums: int64, exact, as torch."""
+    shape, dim, keep, layout = case
+    chip = ChipModel(cache_bytes=64)
+    mem = DeviceMemory(chip)
+    g = torch.Generator().manual_seed(4)
+    x = torch.randint(-(2 ** 40), 2 ** 40, shape, generator=g)
+    x = x > 0 if dtype == "bool" else x.to(getattr(torch, dtype))
+    attrs = {"dim": dim, "keepdim": keep}
+    ref = x.sum() if dim is None else x.sum(dim=dim, keepdim=keep)
+    (y,), _ = run_checked("sum", chip, {"x": dev(x, mem, layout)}, attrs)
+    assert y.dtype == "int64" and torch.equal(torch.from_numpy(y.to_numpy()).reshape(ref.shape), ref)

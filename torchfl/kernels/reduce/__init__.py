@@ -21,6 +21,16 @@ __all__ = ["KERNELS", "reduce_dims", "reduce_tiling"]
 
 ACC = 8   # float64 accumulator per output
 BOOL_REDUCE = ("any", "all")   # kernels with a bool result
+EXACT = ("bool", "int8", "int32", "int64")   # sum of these is exact, in int64, as torch's
+
+
+def out_dtype(p) -> str:
+    """bool for any/all; int64 for a sum of bools or integers (torch promotes); else the input's."""
+    if p.kernel in BOOL_REDUCE:
+        return "bool"
+    if p.kernel == "sum" and p.dtype in EXACT:
+        return "int64"
+    return p.dtype
 
 
 def reduce_dims(p) -> tuple:
@@ -72,14 +82,14 @@ def _meta(p):
         out = tuple(1 if i in dims else s for i, s in enumerate(shape))
     else:
         out = tuple(s for i, s in enumerate(shape) if i not in dims)
-    return [TensorMeta(out, "bool" if p.kernel in BOOL_REDUCE else p.dtype, None)]
+    return [TensorMeta(out, out_dtype(p), None)]
 
 
 def reduce_tiling(p, chip):
     """The reduce family's one tiling function."""
     M, R, _ = _sizes(p)
     es = _dt.itemsize(p.dtype)
-    oes = _dt.itemsize("bool") if p.kernel in BOOL_REDUCE else es
+    oes = _dt.itemsize(out_dtype(p))
     if M == 0:
         return make_plan(p.kernel, p.key, TileConfig("streamed", (("outputs", 0), ("chunk", 0))), (), 0)
     cache = chip.cache_bytes
@@ -105,7 +115,8 @@ def _spec(name, fuses, doc, dtypes=FLOATS):
 
 KERNELS = [
     _spec("sum", ("aten.sum.dim_IntList", "aten.sum.default"),
-          "Sum over dims (float64 accumulation, stored in the input dtype), any input layout."),
+          "Sum over dims (float64 accumulation, stored in the input dtype; bools and integers summed "
+          "exactly into int64, as torch), any input layout.", FLOATS + EXACT),
     _spec("mean", ("aten.mean.dim", "aten.mean.default"), "Mean over dims, any input layout."),
     _spec("amax", ("aten.amax.default",), "Maximum over dims (NaN propagates), any input layout."),
     _spec("any", ("aten.any.dim", "aten.any.dims", "aten.any.default"),

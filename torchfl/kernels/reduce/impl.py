@@ -66,8 +66,18 @@ def truth_tile(x, seg, el, est, code, m0, m1, R, tr, op, out):
         out[m] = hit
 
 
+@njit(cache=True, nogil=True)
+def exact_sum_tile(x, seg, el, est, m0, m1, R, out):
+    """Integer / bool sum of outputs [m0, m1) into int64, exactly (masks, ids)."""
+    for m in prange(m0, m1):
+        acc = np.int64(0)
+        for r in range(R):
+            acc += np.int64(x[seg[m] + (r * est if est >= 0 else el[r])])
+        out[m] = acc
+
+
 def run_reduce(ctx):
-    from . import _sizes
+    from . import EXACT, _sizes
     from ..conv.geometry import tile_starts
     from .. import dtypes as _dt
 
@@ -87,6 +97,8 @@ def run_reduce(ctx):
     for m0, m1 in tile_starts(M, tm):
         if op >= ANY:
             truth_tile(x, seg, el, est, code, m0, m1, R, tr, np.int64(op), out)
+        elif p.dtype in EXACT:
+            exact_sum_tile(x, seg, el, est, m0, m1, R, out)
         else:
             reduce_tile(x, seg, el, est, code, m0, m1, R, tr, op, out, code)
         n = m1 - m0
