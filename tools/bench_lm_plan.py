@@ -30,8 +30,15 @@ def main(argv=None) -> int:
     target = resolve_target(load_hcd(args.hcd)) if args.hcd else resolve_target(args.chip)
     precision = whatif.auto_precision(target.hcd, "auto")
     model, inputs = llama(args.size)
+    from torchfl.planner.errors import PlanError
+
     t1 = time.perf_counter()
-    prefill = plan_module(model, inputs, chip=target, precision=precision)
+    try:
+        prefill = plan_module(model, inputs, chip=target, precision=precision)
+    except PlanError as exc:    # refused (a 70B model's float16 weights do not fit an 80 GB chip)
+        print(f"LLaMA-2 {args.size} on {target.name}: refused after {time.perf_counter() - t1:.1f} s: "
+              f"{type(exc).__name__}: {str(exc)[:300]}")
+        return 1
     t2 = time.perf_counter()
     dec = whatif.Decoder(model)
     step = whatif.plan_decode(target, dec, 1, args.context, precision)

@@ -310,11 +310,19 @@ class LengthPlanner:
         return self._noted(plan, bucket, bind), self.user
 
     def _noted(self, plan, bucket, bind):
-        sizes = ", ".join(f"{s} in {bucket.lo[s]}..{bucket.hi[s]}" for s in sorted(bucket.lo))
-        here = ", ".join(f"{s}={v}" for s, v in sorted((str(s), v) for s, v in bind.items()))
-        first = ", ".join(f"{s}={v}" for s, v in sorted(bucket.first.items()))
-        note = (f"lengths: one plan for {sizes} (decided at {first}; this instance {here}; "
-                f"buckets up to powers of {BUCKET_BASE} from {BUCKET_MIN})")
+        here = {str(k): v for k, v in bind.items()}
+        names = sorted(bucket.lo)
+        same = len({(bucket.lo[n], bucket.hi[n], bucket.first[n], here[n]) for n in names}) == 1
+        if same:      # Dynamo gives each cache tensor its own symbol; they are one length here
+            n = names[0]
+            sizes = f"{'size' if len(names) == 1 else 'sizes'} {', '.join(names)} in {bucket.lo[n]}..{bucket.hi[n]}"
+            at, this = str(bucket.first[n]), str(here[n])
+        else:
+            sizes = ", ".join(f"{s} in {bucket.lo[s]}..{bucket.hi[s]}" for s in names)
+            at = ", ".join(f"{s}={bucket.first[s]}" for s in names)
+            this = ", ".join(f"{s}={here[s]}" for s in names)
+        note = (f"lengths: one plan for {sizes} (decided at {at}; this instance {this}; buckets up to powers of "
+                f"{BUCKET_BASE} from {BUCKET_MIN})")
         return dataclasses.replace(plan, notes=(note,) + tuple(plan.notes))
 
 
