@@ -98,7 +98,9 @@ def demo(registry, quick, full_tables, parallel_compile, compile_only) -> None:
     from torchfl.cli.progress import Progress
     from torchfl.registry import Registry, RegistryError
 
-    out = Console(highlight=False, soft_wrap=True)
+    from torchfl.planner.texttable import terminal_width
+
+    out = Console(highlight=False, soft_wrap=True, width=terminal_width())
     t_start = time.perf_counter()
 
     # 1. the registry: created and migrated if needed; bundled chips and packs imported

@@ -98,14 +98,29 @@ def _t(s) -> str:
     return "-" if s is None else _time(s)
 
 
-def _table(rows, header, right=()) -> list[str]:
-    widths = [max(len(str(h)), *(len(str(r[i])) for r in rows)) if rows else len(str(h)) for i, h in enumerate(header)]
+def _table(rows, header, right=(), optional=(), indent: int = 0) -> list[str]:
+    """Rows fitted to the terminal (100 columns in a pipe) after ``indent`` columns, wrapping
+    at spaces, never cutting."""
+    from torchfl.planner.texttable import table, terminal_width
 
-    def fmt(r):
-        return "  ".join(str(c).rjust(w) if i in right else str(c).ljust(w)
-                         for i, (c, w) in enumerate(zip(r, widths))).rstrip()
+    return table(header, [tuple(str(c) for c in r) for r in rows], right=right, optional=optional,
+                 width=terminal_width() - indent)
 
-    return [fmt(header), "  ".join("-" * w for w in widths)] + [fmt(r) for r in rows]
+
+def _para(text: str, indent: str = "", subsequent: str | None = None) -> list[str]:
+    from torchfl.planner.texttable import paragraph
+
+    return paragraph(text, indent=indent, subsequent=subsequent)
+
+
+def impact_status(m) -> str:
+    """One model's outcome, in the words the result and the progress lines both use."""
+    b, a = m.before["ok"], m.after["ok"]
+    if b and a:
+        return "plans on both"
+    if b:
+        return "BROKEN"
+    return "newly plannable" if a else "plans on neither"
 
 
 def _progress(label):
@@ -117,7 +132,7 @@ def _progress(label):
             click.echo(f"{label}: batch {item.batch}: {state}, peak {_b(item.peak_bytes)} ({item.seconds:.1f} s)",
                        err=True)
         else:
-            click.echo(f"{label}: {item.model}: {'BROKE' if item.broke else 'planned'}", err=True)
+            click.echo(f"{label}: {item.model}: {impact_status(item)}", err=True)
     return note
 
 
@@ -154,8 +169,8 @@ def memory(model, chip, batch, seq_len, heads, layers, precision, training, regi
             for name, x in zip(("forward", "backward") if training else ("inference",), plans):
                 click.echo(_memory_text(x.memory, x, name))
             if training:
-                click.echo(f"Training step high-water: {_b(p.peak_bytes)} (the forward's cached weights stay "
-                           "resident while the backward runs)")
+                click.echo("\n".join(_para(f"Training step high-water: {_b(p.peak_bytes)} (the forward's cached "
+                                           "weights stay resident while the backward runs)")))
         else:
             click.echo(_memory_text(mp, None, "plan"))
     if not p.ok:
@@ -181,16 +196,16 @@ def _memory_text(mp, plan, name) -> str:
         where += f" ({s.kernel or s.kind}{' ' + s.nodes[-1] if s.nodes else ''})"
     cap = "capacity unbounded (no off_chip_memory.size_gb)" if mp.capacity is None else \
         f"capacity {_b(mp.capacity)}: {100 * mp.peak_bytes / mp.capacity:.1f}% used"
-    lines = [f"{name}: peak {_b(mp.peak_bytes)} ({mp.peak_bytes:,} B) {where}; {cap}; "
-             f"{_b(mp.resident_bytes)} resident between calls; buffers aligned to {mp.alignment} B"]
+    lines = _para(f"{name}: peak {_b(mp.peak_bytes)} ({mp.peak_bytes:,} B) {where}; {cap}; "
+                  f"{_b(mp.resident_bytes)} resident between calls; buffers aligned to {mp.alignment} B")
     rows = [(k, _b(n), f"{n:,}", WHY[k]) for k, n in mp.breakdown().items() if n]
-    lines += ["  " + x for x in _table(rows, ("live at peak", "size", "bytes", "what"), right=(1, 2))]
+    lines += ["  " + x for x in _table(rows, ("live at peak", "size", "bytes", "what"), right=(1, 2), indent=2)]
     top = mp.live_at_peak()[:8]
     rows = [(b.name, b.kind, _b(b.nbytes), "before step 0" if b.alloc < 0 else f"step {b.alloc}",
              "kept" if b.free is None else ("after return" if plan is not None and b.free >= len(plan.steps)
                                             else f"after step {b.free}")) for b in top]
     lines += ["  " + x for x in _table(rows, ("largest buffers at peak", "kind", "size", "allocated", "freed"),
-                                       right=(2,))]
+                                       right=(2,), indent=2)]
     return "\n".join(lines)
 
 
@@ -218,14 +233,15 @@ def max_batch(model, chip, seq_len, heads, layers, precision, training, registry
         return
     what = "training step" if training else "inference"
     if res.batch == 0:
-        click.echo(f"{model} ({what}) does not fit {res.chip} {res.version} even at batch 1: {res.limit}")
-        click.echo(f"  {res.reason}")
+        click.echo("\n".join(_para(f"{model} ({what}) does not fit {res.chip} {res.version} even at batch 1: "
+                                   f"{res.limit}")))
+        click.echo("\n".join(_para(res.reason, indent="  ")))
         sys.exit(1)
     peak = f", peak {_b(res.peak_bytes)}" + (f" of {_b(res.capacity_bytes)}" if res.capacity_bytes else "")
-    click.echo(f"max batch of {model} ({what}, precision {res.precision or 'as captured'}) on {res.chip} "
-               f"{res.version}: {res.batch}{peak}")
+    click.echo("\n".join(_para(f"max batch of {model} ({what}, precision {res.precision or 'as captured'}) on "
+                               f"{res.chip} {res.version}: {res.batch}{peak}")))
     click.echo(f"limited by: {res.limit}")
-    click.echo(f"  {res.reason.splitlines()[0][:400]}")
+    click.echo("\n".join(_para(res.reason.splitlines()[0], indent="  ")))
     rows = [(p.batch, "fits" if p.ok else f"refused: {p.limit}", _b(p.peak_bytes), f"{p.seconds:.1f} s")
             for p in sorted(res.probes, key=lambda p: p.batch)]
     click.echo("\n".join(_table(rows, ("batch", "plan", "peak", "planning"), right=(0, 2, 3))))
@@ -269,16 +285,20 @@ def _compare_text(model, res) -> str:
     rows, errors = [], []
     for r in res["rows"]:
         if r["ok"]:
-            mem = _b(r["peak_bytes"]) + (f" / {_b(r['capacity_bytes'])}" if r["capacity_bytes"] else "")
-            rows.append((r["chip"], r["version"], r["precision"] or "-", _t(r["predicted_time_s"]),
-                         _b(r["offchip_bytes"]), mem, r["kernels"], r["fused_groups"], r["conversions"],
-                         r["fallbacks"], f"{r['bound']} ({100 * r['bound_share']:.0f}%)"))
+            cap = _b(r["capacity_bytes"]) if r["capacity_bytes"] else "-"
+            rows.append((r["chip"], r["version"], r["precision"] or "-", _t(r["per_call_time_s"]),
+                         _t(r["run_once_time_s"]), _b(r["per_call_bytes"]), _b(r["peak_bytes"]), cap, r["kernels"],
+                         r["fused_groups"], r["conversions"], r["fallbacks"],
+                         f"{r['bound']} ({100 * r['bound_share']:.0f}%)"))
         else:
-            errors.append(f"  {r['chip']} {r['version']}: {r['error_kind']}: {r['error'].splitlines()[0][:300]}")
+            errors += _para(f"{r['chip']} {r['version']}: {r['error_kind']}: {r['error'].splitlines()[0]}",
+                            indent="  ", subsequent="    ")
     what = "training step" if res["training"] else "inference"
     out = [f"{model} ({what}) on {len(res['rows'])} chips, planned in {res['planning_s']:.1f} s (fastest first)"]
-    out += _table(rows, ("chip", "version", "precision", "pred time", "off-chip", "peak memory", "kernels", "fused",
-                         "conv", "fallbacks", "bound by"), right=(3, 4, 6, 7, 8, 9))
+    # "per call": what every call pays; "run once": parameter casts and layout copies kept on the chip
+    out += _table(rows, ("chip", "version", "precision", "per call", "run once", "off-chip per call",
+                         "peak memory", "capacity", "kernels", "fused", "layout conversions", "fallbacks", "bound by"),
+                  right=(3, 4, 5, 6, 7, 8, 9, 10, 11), optional=(9, 8, 7, 1))
     if errors:
         out.append(f"Not plannable ({len(errors)}):")
         out += errors
@@ -303,6 +323,8 @@ def impact(chip, v1, v2, models, precision, training, registry, as_json):
     from torchfl.planner.zoo import ZOO
 
     specs = list(ZOO) if models.strip() == "zoo" else [m.strip() for m in models.split(",") if m.strip()]
+    for version in (v1, v2):            # a version that does not exist is said before any model loads
+        whatif.chip_of(chip, registry, version)
     loaded = [(spec, *_load(spec)) for spec in specs]
     res = whatif.impact(chip, v1, v2, loaded, registry, _precision(precision), training,
                         progress=None if as_json else _progress("impact"))
@@ -319,39 +341,42 @@ def _impact_text(res) -> str:
     for c in res.changes:
         old = json.dumps(c.get("old")) if "old" in c else ""
         new = json.dumps(c.get("new")) if "new" in c else ""
-        out.append(f"  {c['kind']:7}  {c['path']}: {old}{' -> ' if old and new else ''}{new}")
+        out += _para(f"{c['kind']:7}  {c['path']}: {old}{' -> ' if old and new else ''}{new}", indent="  ",
+                     subsequent="           ")
     for m in res.models:
         b, a = m.before, m.after
         out.append("")
-        if not b["ok"] and not a["ok"]:
-            out.append(f"{m.model}: plans on neither ({a['error_kind']}: {a['error'].splitlines()[0][:200]})")
+        status = impact_status(m)
+        if status == "plans on neither":
+            out += _para(f"{m.model}: {status} ({a['error_kind']}: {a['error'].splitlines()[0]})")
             continue
-        if not a["ok"]:
-            out.append(f"{m.model}: BROKEN: planned on {res.v1}, refused on {res.v2}: {a['error_kind']}: "
-                       f"{a['error'].splitlines()[0][:300]}")
+        if status == "BROKEN":
+            out += _para(f"{m.model}: {status}: planned on {res.v1}, refused on {res.v2}: {a['error_kind']}: "
+                         f"{a['error'].splitlines()[0]}")
             continue
-        if not b["ok"]:
-            out.append(f"{m.model}: newly plannable on {res.v2} (on {res.v1}: {b['error_kind']}: "
-                       f"{b['error'].splitlines()[0][:200]})")
+        if status == "newly plannable":
+            out += _para(f"{m.model}: {status} on {res.v2} (on {res.v1}: {b['error_kind']}: "
+                         f"{b['error'].splitlines()[0]})")
             continue
-        dt = a["predicted_time_s"] - b["predicted_time_s"]
-        pct = 100 * dt / b["predicted_time_s"] if b["predicted_time_s"] else 0.0
-        out.append(f"{m.model}: time {_t(b['predicted_time_s'])} -> {_t(a['predicted_time_s'])} ({pct:+.1f}%), "
-                   f"off-chip {_b(b['offchip_bytes'])} -> {_b(a['offchip_bytes'])}, peak memory "
-                   f"{_b(b['peak_bytes'])} -> {_b(a['peak_bytes'])}, fallbacks {b['fallbacks']} -> {a['fallbacks']}, "
-                   f"{len(m.changed_steps)} op group(s) planned differently")
+        dt = a["per_call_time_s"] - b["per_call_time_s"]
+        pct = 100 * dt / b["per_call_time_s"] if b["per_call_time_s"] else 0.0
+        out += _para(f"{m.model}: {status}: per call {_t(b['per_call_time_s'])} -> {_t(a['per_call_time_s'])} "
+                     f"({pct:+.1f}%), run once {_t(b['run_once_time_s'])} -> {_t(a['run_once_time_s'])}, "
+                     f"off-chip per call {_b(b['per_call_bytes'])} -> {_b(a['per_call_bytes'])}, peak memory "
+                     f"{_b(b['peak_bytes'])} -> {_b(a['peak_bytes'])}, fallbacks {b['fallbacks']} -> "
+                     f"{a['fallbacks']}, {len(m.changed_steps)} op group(s) planned differently")
         for c in m.changed_steps[:12]:
             what = "; ".join(f"{k} {x} -> {y}" for k, (x, y) in c["changed"].items())
-            out.append(f"    {c['nodes'][:60]}: {what}")
+            out += _para(f"{c['nodes']}: {what}", indent="    ", subsequent="      ")
         if len(m.changed_steps) > 12:
             out.append(f"    ... and {len(m.changed_steps) - 12} more (--json lists all)")
         for f in m.new_fallbacks:
-            out.append(f"    new fallback: {f['node']} ({f['op']}): {f['reason']}")
+            out += _para(f"new fallback: {f['node']} ({f['op']}): {f['reason']}", indent="    ", subsequent="      ")
         for g in m.fusions_lost:
-            out.append(f"    fusion lost: {g}")
+            out += _para(f"fusion lost: {g}", indent="    ", subsequent="      ")
     if res.broken:
         out.append("")
-        out.append(f"BROKEN on {res.v2}: {', '.join(res.broken)} (exit status 1)")
+        out += _para(f"BROKEN on {res.v2}: {', '.join(res.broken)} (exit status 1)")
     return "\n".join(out)
 
 
@@ -389,7 +414,7 @@ def report(model, chip, chips, output, batch, seq_len, heads, layers, precision,
     comparison = None
     if chips:
         rows = [whatif.row(p, by_name[p.chip]) for p in results]
-        rows.sort(key=lambda r: (not r["ok"], r.get("predicted_time_s") or 0.0, r["chip"]))
+        rows.sort(key=lambda r: (not r["ok"], r.get("per_call_time_s") or 0.0, r["chip"]))
         comparison = {"rows": rows}
     shown = next((p for p in results if p.chip == chip), None) if chip else \
         next((p for p in results if p.chip == comparison["rows"][0]["chip"]), None)
