@@ -20,6 +20,15 @@ PUBLISHED = {
     ("NPU-V2", "2.1.0"): "57bfa8264a5ca897ccf720c9a1d3986528a038c646d6a493b5bcc6a0105280e9",
     ("NPU-V3", "1.0.0"): "ab6bd6b896bf28af70188c7884e3459fc0fdf467bda1d05e4d138cd6033bfa4e",
     ("TFL-X1", "1.0.0"): "58ed6ce9e2f24330ee0a818a27c3990df003cba35b4c57aaa5cdcf67b57e7da0",
+    # real accelerators (HCD format 1.1, issue 32)
+    ("A100-SXM4-80GB", "1.0.0"): "42b0b06780354bead2fb498d48923ed1b96b37571878cb4989d169852337deac",
+    ("ASCEND-910B", "1.0.0"): "a53e96da095c2b9a9a778fa76f3e61a5189ad4d204b41ccd0d548510e6c48c01",
+    ("GAUDI2", "1.0.0"): "5725c02d9a53ae99b066b17312b5b5616a42640a6dc2793d3bab30f2df9ff0b4",
+    ("H100-SXM5-80GB", "1.0.0"): "bbdcd633e7902e4f32bc8d2410458a6dc6f1f0efb1a255d1dead18f0a733679c",
+    ("JETSON-AGX-ORIN-64GB", "1.0.0"): "329daf07a1d9560c71e62fcfbab10971c10d0bda50d219f61b0fd860e6049855",
+    ("MI210", "1.0.0"): "a3e39eb20e398b875220770fb0373f2937a62bf27d552535da87beab70c11361",
+    ("MI300X", "1.0.0"): "4a5b1977008571999b4bdf41f53ebfb908d427bc71474319a1fd4bbd2a754448",
+    ("TPU-V5E", "1.0.0"): "fb565da15c91c88fbdce9633789688e67aff91bfaf9e9e38c5735d103960c9c0",
     ("core", "1.1.0"): "c15736687fbf9c6d338ee2193ad39a6d79876ac13502aaa81e6c1f3270708664",
     ("core", "1.2.0"): "56e9e7a1e3cf288b344fd8e8cadd3edb0f9063048cf58e6fa7be7a289681456d",
     ("core", "1.3.0"): "4bf2811c4fe2574b9bdfe6539edf3013d49e5153d1d829f48acf3cfe8e0bfce0",
@@ -27,6 +36,7 @@ PUBLISHED = {
     ("core", "1.5.0"): "5b8b5920343b649e3f75dccc10f5cfe16a10e56226262b8a8878a1e60ab12e98",
     ("core", "1.6.0"): "e081b46a0772f058fac47c085924e47f968a462128e3bbdfd123f49d58edd178",
     ("core", "1.7.0"): "6764e89f901eb7138d24359540f0d3850e07bcd96c75aaf28d7aa0b0884f0104",
+    ("core", "1.8.0"): "d37aafb792bba53727957a7f55e7a00209a1cf14b14506a0e9918d76d30dae85",
 }
 
 

@@ -1,9 +1,19 @@
-"""Model zoo breadth benchmark: Hugging Face ``transformers`` families and the project's
-ResNets compiled with ``backend="torchfl"``, per chip: fallback nodes, error vs eager,
-compile and run time.
+"""Model zoo breadth benchmark: Hugging Face ``transformers`` families (``--models hf``: the
+24 of them) and the project's ResNets compiled with ``backend="torchfl"`` or run on the eager
+``npu`` device, per chip:
+fallback nodes, error vs eager, compile and run time.
 
     python tools/bench_zoo.py [--json] [--models bert,llama,...] [--chips NPU-V3,...]
-                              [--list] [--strict]
+                              [--list] [--strict] [--mode compile|eager] [--train]
+
+``--mode eager`` runs the same models on the npu device instead (``TORCHFL_DEVICES`` set to
+the chips, in ``--chips`` order): weights and inputs moved with ``.to("npu:i")``, floating
+weights and inputs in the chip's dtype (``model.half()`` for float16), standard calls
+under ``torch.no_grad()``. ``fallbacks`` are then host-fallback op calls of the run
+(``ops.ROUTES``), ``compile_s`` the first call (one-op plans and kernel loads). ``--train``
+(eager only) adds a forward, backward and SGD step of each model on the chip
+(``train_ok``: it ran, every gradient finite, every parameter moved to a finite value;
+``train_fallbacks``: host-fallback calls in it).
 
 Every model is built offline from a small config (random weights, nothing downloaded,
 ``torch.manual_seed(0)``), in eval mode, and run on the same inputs by eager torch
@@ -12,9 +22,10 @@ Every model is built offline from a small config (random weights, nothing downlo
 - ``fallbacks``: FX nodes run on the CPU at every call (``plan.fallbacks``, all graphs of
   the model), and ``fallback_ops`` (op -> count); ``folded`` nodes (input-independent,
   computed once) are counted apart: they are not fallbacks;
-- ``error``: max |ours - eager| / max(1, max |eager|) over the first output tensor
-  (within ``tolerance`` for the precision: float16 2e-2, bfloat16 8e-2 -- a few ulps of
-  the storage dtype accumulated over a couple of layers, fp32 accumulation);
+- ``error``: max |ours - eager| / max(1, max |eager|) per floating output tensor (each
+  layer's hidden state: ``output_hidden_states=True``), the worst one (within ``tolerance``
+  for the precision: float16 2e-2, bfloat16 8e-2 -- a few ulps of the storage dtype
+  accumulated over a couple of layers, fp32 accumulation);
 - ``compile_s``: the first call (capture, plan, Numba kernel compile or cache load, run);
   ``run_s``: median of ``--runs`` further calls; ``eager_s``: the same for eager fp32;
 - ``error_message``: what the compile or the run raised, if anything (then no figures).
@@ -43,7 +54,14 @@ BATCH = 2
 # small sizes: 64 hidden, 4 query heads (every bundled attention unit runs 4), 2 layers
 TXT = dict(vocab_size=512, hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
            max_position_embeddings=128)
-DEC = dict(TXT, num_key_value_heads=2, use_cache=False)   # grouped-query: 4 query heads, 2 KV heads
+# decoders as a user builds them: the default use_cache=True (a DynamicCache that starts from empty
+# 1-D tensors and is concatenated with each layer's keys), grouped-query: 4 query heads, 2 KV heads
+DEC = dict(TXT, num_key_value_heads=2)
+
+
+# every layer's hidden state is compared, not only the last: a tiny random conv net's top can be
+# all zeros (EfficientNet's is, MobileNetV2's ~1e-25), which would compare nothing
+HIDDEN = {"output_hidden_states": True}
 
 
 def _tokens(vocab=512, batch=BATCH, seq=SEQ):
@@ -73,7 +91,22 @@ def _text(cfg_name, model_name, **kw):
         ids = _tokens(kw.get("vocab_size", 512))
         mask = torch.ones_like(ids)
         mask[1, -SEQ // 4:] = 0
-        return _config(tr, cfg_name, model_name, kw), (ids,), {"attention_mask": mask}
+        return _config(tr, cfg_name, model_name, kw), (ids,), {"attention_mask": mask, **HIDDEN}
+    return build
+
+
+def _seq2seq(cfg_name, model_name, **kw):
+    """Encoder-decoder: token ids, the padded batch's attention mask, decoder ids (the shifted
+    targets a training step or the first generate step gives)."""
+    def build():
+        import torch
+        import transformers as tr
+
+        ids = _tokens(kw.get("vocab_size", 512))
+        mask = torch.ones_like(ids)
+        mask[1, -SEQ // 4:] = 0
+        dec = _tokens(kw.get("vocab_size", 512), seq=SEQ // 2)
+        return _config(tr, cfg_name, model_name, kw), (ids,), {"attention_mask": mask, "decoder_input_ids": dec, **HIDDEN}
     return build
 
 
@@ -83,7 +116,7 @@ def _image(cfg_name, model_name, size=32, channels=3, **kw):
         import transformers as tr
 
         g = torch.Generator().manual_seed(1)
-        return _config(tr, cfg_name, model_name, kw), (torch.randn(BATCH, channels, size, size, generator=g),), {}
+        return _config(tr, cfg_name, model_name, kw), (torch.randn(BATCH, channels, size, size, generator=g),), dict(HIDDEN)
     return build
 
 
@@ -93,7 +126,7 @@ def _audio(cfg_name, model_name, samples=1600, **kw):
         import transformers as tr
 
         g = torch.Generator().manual_seed(1)
-        return _config(tr, cfg_name, model_name, kw), (torch.randn(BATCH, samples, generator=g),), {}
+        return _config(tr, cfg_name, model_name, kw), (torch.randn(BATCH, samples, generator=g),), dict(HIDDEN)
     return build
 
 
@@ -121,19 +154,21 @@ MODELS = {
     "albert": ("encoder, shared layers", _text("AlbertConfig", "AlbertModel", **TXT, embedding_size=32)),
     "electra": ("encoder", _text("ElectraConfig", "ElectraModel", **TXT, embedding_size=64)),
     "gpt2": ("decoder, causal mask", _text("GPT2Config", "GPT2Model", vocab_size=512, n_embd=64, n_layer=2,
-                                           n_head=4, n_positions=128, use_cache=False, bos_token_id=0,
+                                           n_head=4, n_positions=128, bos_token_id=0,
                                            eos_token_id=0)),
     "opt": ("decoder", _text("OPTConfig", "OPTModel", vocab_size=512, hidden_size=64, num_hidden_layers=2,
                              num_attention_heads=4, ffn_dim=128, max_position_embeddings=128,
-                             word_embed_proj_dim=64, use_cache=False)),
-    "gpt_neox": ("decoder, partial rotary", _text("GPTNeoXConfig", "GPTNeoXModel", **TXT, use_cache=False)),
+                             word_embed_proj_dim=64)),
+    "gpt_neox": ("decoder, partial rotary", _text("GPTNeoXConfig", "GPTNeoXModel", **TXT)),
     "phi": ("decoder, partial rotary", _text("PhiConfig", "PhiModel", **DEC)),
     "llama": ("decoder, rotary, GQA, RMS norm", _text("LlamaConfig", "LlamaModel", **DEC)),
     "mistral": ("decoder, rotary, GQA", _text("MistralConfig", "MistralModel", **DEC)),
     "qwen2": ("decoder, rotary, GQA", _text("Qwen2Config", "Qwen2Model", **DEC)),
     "gemma": ("decoder, rotary, GQA", _text("GemmaConfig", "GemmaModel", **DEC, head_dim=16)),
     "bloom": ("decoder, ALiBi", _text("BloomConfig", "BloomModel", vocab_size=512, hidden_size=64, n_layer=2,
-                                      n_head=4, use_cache=False)),
+                                      n_head=4)),
+    "t5": ("encoder-decoder, relative position buckets, RMS norm",
+           _seq2seq("T5Config", "T5Model", vocab_size=512, d_model=64, d_kv=16, d_ff=128, num_layers=2, num_heads=4)),
     "vit": ("vision encoder", _image("ViTConfig", "ViTModel", **_V)),
     "deit": ("vision encoder", _image("DeiTConfig", "DeiTModel", **_V)),
     "swin": ("vision, windows (pad, roll, as_strided)",
@@ -146,11 +181,45 @@ MODELS = {
                      _image("MobileNetV2Config", "MobileNetV2Model", image_size=32, depth_multiplier=0.35)),
     "resnet_hf": ("conv net", _image("ResNetConfig", "ResNetModel", hidden_sizes=[16, 32], depths=[1, 1],
                                      embedding_size=16)),
+    "regnet": ("conv net, grouped convolutions, squeeze-excite",
+               _image("RegNetConfig", "RegNetModel", hidden_sizes=[16, 32], depths=[1, 1], embedding_size=16,
+                      groups_width=8)),
+    "efficientnet": ("conv net, depthwise, swish, squeeze-excite, ceil-mode average pooler",
+                     _image("EfficientNetConfig", "EfficientNetModel", image_size=32, hidden_dim=320,
+                            width_coefficient=0.25, depth_coefficient=0.25)),
     "wav2vec2": ("audio, 1-D conv, group norm", _audio("Wav2Vec2Config", "Wav2Vec2Model", **_W2V)),
     "resnet18": ("the project's ResNet-18, 64x64", _resnet("resnet18")),
     "resnet50": ("the project's ResNet-50, 64x64", _resnet("resnet50")),
 }
 DEFAULT = [m for m in MODELS if m != "resnet50"]
+HF = [m for m in MODELS if not m.startswith("resnet") or m == "resnet_hf"]   # the Hugging Face families
+
+
+def _float_tensors(out) -> list:
+    """Every floating tensor of a model's output (ModelOutput, tuple, cache objects skipped)."""
+    import torch
+
+    if isinstance(out, torch.Tensor):
+        return [out] if out.is_floating_point() else []
+    if hasattr(out, "to_tuple"):
+        out = out.to_tuple()
+    if isinstance(out, dict):
+        out = list(out.values())
+    if isinstance(out, (tuple, list)):
+        return [t for o in out for t in _float_tensors(o)]
+    return []
+
+
+def _rel_error(got, ref) -> float:
+    """Max over the output tensors of max |ours - eager| / max(1, max |eager|), per tensor."""
+    worst = 0.0
+    for a, b in zip(_float_tensors(got), _float_tensors(ref)):
+        if b.numel() == 0:
+            continue
+        a, b = a.detach().float(), b.detach().float()
+        scale = max(1.0, float(b.abs().nan_to_num(0, 0, 0).max()))
+        worst = max(worst, float((a - b).abs().max()) / scale)
+    return worst
 
 
 def _first_tensor(out):
@@ -182,7 +251,7 @@ def run_one(name, chip, precision, runs, strict=False):
         return rec
     model = model.eval()
     with torch.no_grad():
-        ref = _first_tensor(model(*inputs, **kwargs)).float()
+        ref = model(*inputs, **kwargs)
         eager = []
         for _ in range(runs):
             t0 = time.perf_counter()
@@ -194,7 +263,7 @@ def run_one(name, chip, precision, runs, strict=False):
         try:
             with recording() as r:
                 t0 = time.perf_counter()
-                out = _first_tensor(compiled(*inputs, **kwargs)).float()
+                out = compiled(*inputs, **kwargs)
                 rec["compile_s"] = round(time.perf_counter() - t0, 3)
             times = []
             for _ in range(runs):
@@ -213,8 +282,7 @@ def run_one(name, chip, precision, runs, strict=False):
     reasons = {}
     for f in falls:
         reasons.setdefault(f.op, f.reason)
-    scale = max(1.0, float(ref.abs().nan_to_num(0, 0, 0).max())) if ref.numel() else 1.0
-    err = float((out - ref).abs().max()) / scale if ref.numel() else 0.0
+    err = _rel_error(out, ref)
     rec.update(graphs=len(plans), nodes=sum(p.summary.nodes_total for p in plans),
                fallbacks=len(falls), fallback_ops=dict(sorted(ops.items(), key=lambda kv: -kv[1])),
                fallback_reasons=reasons, folded=sum(len(p.folded) for p in plans),
@@ -224,12 +292,113 @@ def run_one(name, chip, precision, runs, strict=False):
     return rec
 
 
+def run_one_eager(name, chip, index, precision, runs, train=False):
+    """``name`` on the eager device ``npu:index`` (the chip ``chip``) in ``precision``."""
+    import torch
+
+    from torchfl.runtime.eager import ops
+
+    what, build = MODELS[name]
+    rec = {"model": name, "what": what, "chip": chip, "precision": precision, "mode": "eager"}
+    torch.manual_seed(0)
+    try:
+        model, inputs, kwargs = build()
+    except Exception as exc:  # a family this transformers version builds differently
+        rec["error_message"] = f"building the model: {type(exc).__name__}: {str(exc).splitlines()[0][:300]}"
+        return rec
+    model = model.eval()
+    dtype = {"float16": torch.float16, "bfloat16": torch.bfloat16, None: torch.float32}[precision]
+    dev = f"npu:{index}"
+
+    def move(t):
+        if isinstance(t, torch.Tensor):
+            return t.to(dev, dtype=dtype) if t.is_floating_point() else t.to(dev)
+        return t
+
+    with torch.no_grad():
+        ref = _first_tensor(model(*inputs, **kwargs)).float()
+        eager = []
+        for _ in range(runs):
+            t0 = time.perf_counter()
+            model(*inputs, **kwargs)
+            eager.append(time.perf_counter() - t0)
+    try:
+        npu = model.to(dev, dtype=dtype)
+        n_in = tuple(move(t) for t in inputs)
+        n_kw = {k: move(v) for k, v in kwargs.items()}
+        with torch.no_grad():
+            before = ops.ROUTES.copy()
+            t0 = time.perf_counter()
+            out = _first_tensor(npu(*n_in, **n_kw)).cpu().float()
+            rec["compile_s"] = round(time.perf_counter() - t0, 3)
+            falls = {op: n - before.get((op, route), 0) for (op, route), n in ops.ROUTES.items()
+                     if route == "host fallback" and n > before.get((op, route), 0)}
+            times = []
+            for _ in range(runs):
+                t0 = time.perf_counter()
+                _first_tensor(npu(*n_in, **n_kw)).cpu()
+                times.append(time.perf_counter() - t0)
+    except Exception as exc:  # a benchmark reports what failed and goes on
+        rec["error_message"] = f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"
+        rec["traceback_tail"] = traceback.format_exc().splitlines()[-4:-1]
+        return rec
+    scale = max(1.0, float(ref.abs().nan_to_num(0, 0, 0).max())) if ref.numel() else 1.0
+    err = float((out - ref).abs().max()) / scale if ref.numel() else 0.0
+    rec.update(fallbacks=sum(falls.values()), fallback_ops=dict(sorted(falls.items(), key=lambda kv: -kv[1])),
+               error=err, tolerance=TOLERANCE[precision], within_tolerance=bool(err <= TOLERANCE[precision]),
+               run_s=round(statistics.median(times), 4), eager_s=round(statistics.median(eager), 4))
+    if train:
+        rec.update(train_step(npu, n_in, n_kw))
+    return rec
+
+
+def train_step(model, inputs, kwargs):
+    """One forward, backward and SGD step of ``model`` (on the device, in its dtype) with
+    the loss ``mean(out^2)``: whether it ran with finite gradients and moved every
+    parameter that has a gradient to a finite value; host-fallback calls in it."""
+    import torch
+
+    from torchfl.runtime.eager import ops
+
+    model.train()
+    before = ops.ROUTES.copy()
+    try:
+        params = [p for p in model.parameters() if p.requires_grad]
+        old = [p.detach().cpu().clone() for p in params]
+        opt = torch.optim.SGD(params, lr=1e-2)
+        opt.zero_grad()
+        t0 = time.perf_counter()
+        out = _first_tensor(model(*inputs, **kwargs))
+        loss = out.square().mean()
+        loss.backward()
+        opt.step()
+        took = time.perf_counter() - t0
+        grads = [p.grad for p in params if p.grad is not None]
+        finite = all(bool(torch.isfinite(g.cpu()).all()) for g in grads)
+        moved = [not torch.equal(o, p.detach().cpu()) for o, p in zip(old, params) if p.grad is not None]
+        new_ok = all(bool(torch.isfinite(p.detach().cpu()).all()) for p in params)
+    except Exception as exc:  # reported, as a forward failure is
+        return {"train_ok": False, "train_error": f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0][:300]}",
+                "traceback_tail": traceback.format_exc().splitlines()[-4:-1]}
+    finally:
+        model.eval()
+    falls = {op: n - before.get((op, route), 0) for (op, route), n in ops.ROUTES.items()
+             if route == "host fallback" and n > before.get((op, route), 0)}
+    return {"train_ok": bool(finite and new_ok and grads and sum(moved) >= len(moved) // 2),
+            "train_grads": len(grads), "train_params_moved": int(sum(moved)), "train_loss": float(loss),
+            "train_fallbacks": sum(falls.values()), "train_fallback_ops": falls, "train_s": round(took, 3)}
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--models", help=f"comma-separated subset (default: all but resnet50): {', '.join(MODELS)}")
+    ap.add_argument("--models", help=f"comma-separated subset, or 'hf' for the {len(HF)} Hugging Face families "
+                                     f"(default: all but resnet50): {', '.join(MODELS)}")
     ap.add_argument("--chips", help=f"comma-separated subset of {', '.join(CHIPS)}")
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--strict", action="store_true", help="compile with strict=True (fallbacks are errors)")
+    ap.add_argument("--mode", choices=("compile", "eager"), default="compile",
+                    help="torch.compile(backend='torchfl') (default), or the eager npu device")
+    ap.add_argument("--train", action="store_true", help="eager mode: also a forward, backward and SGD step")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--list", action="store_true", help="list the models and exit")
     a = ap.parse_args(argv)
@@ -237,43 +406,65 @@ def main(argv=None):
         for k, (what, _b) in MODELS.items():
             print(f"{k:14s} {what}")
         return 0
-    models = a.models.split(",") if a.models else DEFAULT
+    models = HF if a.models == "hf" else (a.models.split(",") if a.models else DEFAULT)
     chips = a.chips.split(",") if a.chips else list(CHIPS)
     bad = [m for m in models if m not in MODELS] + [c for c in chips if c not in CHIPS]
     if bad:
         ap.error(f"unknown model/chip {', '.join(bad)}; models: {', '.join(MODELS)}; chips: {', '.join(CHIPS)}")
+    if a.train and a.mode != "eager":
+        ap.error("--train needs --mode eager")
+    if a.mode == "eager":
+        os.environ["TORCHFL_DEVICES"] = ",".join(chips)
+        if a.strict:
+            os.environ["TORCHFL_STRICT"] = "1"
     import logging
     import warnings
 
     warnings.filterwarnings("ignore")
     logging.getLogger("torchfl").setLevel(logging.ERROR)
+    if a.mode == "eager":
+        from torchfl.runtime import eager
+
+        eager.register()
+        eager.ensure_adapter()
     results = []
     for m in models:
         for c in chips:
-            r = run_one(m, c, CHIPS[c], a.runs, a.strict)
+            if a.mode == "eager":
+                r = run_one_eager(m, c, chips.index(c), CHIPS[c], a.runs, a.train)
+            else:
+                r = run_one(m, c, CHIPS[c], a.runs, a.strict)
             results.append(r)
             if not a.json:
                 if "error_message" in r:
                     print(f"{m:13s} {c:7s} ERROR {r['error_message']}", flush=True)
                 else:
                     ops = ", ".join(f"{k.replace('aten.', '')} x{v}" for k, v in r["fallback_ops"].items())
+                    train = ""
+                    if "train_ok" in r:
+                        train = (f" train {'ok' if r['train_ok'] else 'FAILED ' + r.get('train_error', '')}"
+                                 f"{' fallbacks ' + str(r['train_fallbacks']) if r.get('train_fallbacks') else ''}")
                     print(f"{m:13s} {c:7s} fallbacks {r['fallbacks']:3d} err {r['error']:.1e}"
                           f"{'' if r['within_tolerance'] else ' (!)'} compile {r['compile_s']:6.2f}s "
                           f"run {r['run_s'] * 1e3:7.1f}ms eager {r['eager_s'] * 1e3:6.1f}ms"
-                          f"{' decomposed ' + str(r['decomposed']) if r['decomposed'] else ''}  {ops}", flush=True)
+                          f"{' decomposed ' + str(r['decomposed']) if r.get('decomposed') else ''}{train}  {ops}",
+                          flush=True)
     summary = {}
     for c in chips:
         rs = [r for r in results if r["chip"] == c]
         summary[c] = {"models": len(rs), "errors": sum("error_message" in r for r in rs),
                       "zero_fallbacks": sum(r.get("fallbacks") == 0 for r in rs),
                       "within_tolerance": sum(bool(r.get("within_tolerance")) for r in rs)}
+        if a.train:
+            summary[c]["train_ok"] = sum(bool(r.get("train_ok")) for r in rs)
     load = os.getloadavg()
     if a.json:
         print(json.dumps({"results": results, "summary": summary, "loadavg": load}, indent=1))
     else:
         for c, s in summary.items():
-            print(f"{c}: {s['zero_fallbacks']}/{s['models']} with zero fallbacks, {s['within_tolerance']} within "
-                  f"tolerance, {s['errors']} errors")
+            print(f"{c} ({a.mode}): {s['zero_fallbacks']}/{s['models']} with zero fallbacks, {s['within_tolerance']} "
+                  f"within tolerance, {s['errors']} errors"
+                  f"{', ' + str(s['train_ok']) + ' trained a step' if 'train_ok' in s else ''}")
         print(f"load average {load[0]:.2f} {load[1]:.2f} {load[2]:.2f}")
     return 0
 

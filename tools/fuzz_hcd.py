@@ -2,13 +2,19 @@
 
 Mutations of the bundled chips and of excerpts of the bundled rule pack: byte flips,
 line edits, type swaps, huge and non-finite numbers, unicode, BOMs, tabs,
-anchors/aliases, deep nesting, long lines, duplicate keys, tags. Each case goes through
+anchors/aliases, deep nesting, long lines, duplicate keys; and what YAML allows beyond
+what the formats use (issue 39): explicit tags on values, keys and collections with text
+they may not fit, plain scalars that resolve as numbers without digits (``0b_``),
+anchors on collections, aliases in other places and before their anchor, merge keys,
+directives and several documents, flow/quoted/block/explicit-key styles and escapes, and
+CR, CRLF, NEL, LS and PS line breaks. Each case goes through
 what a user's file meets (``check_hcd`` / ``check_pack`` on a file for byte-level cases,
 on text otherwise, then the canonical form and hash of whatever is accepted) and is
 classified:
 
 - crash: any exception (the checkers never raise: bad input is a diagnostic);
-- unlocated: an error diagnostic without a line and column >= 1, or without a message;
+- unlocated: an error diagnostic without a line and column >= 1, or without a message, or
+  placed past the end of the file or of its line;
 - slow: a case over 1 s of CPU time.
 
 Then each hostile file (alias bomb, 100 MB, sparse 50 GB, FIFO, /dev/zero, binary,
@@ -28,6 +34,7 @@ import argparse
 import json
 import os
 import random
+import re
 import resource
 import sys
 import tempfile
@@ -215,10 +222,18 @@ def m_duplicate_key(rng: random.Random, text: str, other: str) -> str:
     return "\n".join(lines)
 
 
-def m_structure(rng: random.Random, text: str, other: str) -> str:
+def _pyyaml_load(text: str):
+    """PyYAML's reading of a mutated text, or None: its constructors raise ValueError,
+    KeyError, IndexError... on tagged text (the faults this tool looks for in torchfl's loader)."""
     try:
-        data = yaml.safe_load(text)
-    except (yaml.YAMLError, ValueError, RecursionError):  # PyYAML's own limits: mutate the text as it is
+        return yaml.safe_load(text)
+    except Exception:  # noqa: BLE001 - the mutation then works on the text as it is
+        return None
+
+
+def m_structure(rng: random.Random, text: str, other: str) -> str:
+    data = _pyyaml_load(text)
+    if data is None:
         return text
     paths, stack = [], [(data, ())]
     while stack and len(paths) < 5000:  # bounded: aliases share nodes, and nesting may be deep
@@ -256,8 +271,152 @@ def m_structure(rng: random.Random, text: str, other: str) -> str:
         return text
 
 
+# ---- what YAML allows beyond what the formats use (issue 39: an independent fuzzer found 9
+# crash signatures in explicit tags alone; this one never wrote a tag)
+
+TAGS = ["!!int", "!!float", "!!bool", "!!null", "!!str", "!!timestamp", "!!binary", "!!set", "!!omap", "!!pairs",
+        "!!map", "!!seq", "!!merge", "!!value", "!!yaml", "!!python/tuple", "!!python/name:os.system",
+        "!!python/object/apply:os.system", "!!python/object/new:int", "!<tag:yaml.org,2002:int>",
+        "!<tag:yaml.org,2002:float>", "!<tag:yaml.org,2002:str>", "!<tag:example.com,2000:x>", "!local", "!",
+        "!e!x", "!!int!"]
+TAG_TEXT = ["'0.9.1'", ".", "+", "-1", "0b", "0b_", "0b2", "0x", "0x_", "0xg", "0o", "0o9", "0_7", "''", '""', "_",
+            "1_", "1:_", "0:1", "1:60", "190:20:30", "1.5", "1e5", "1E+5", "x", "yes", "Off", "~", "null", ".inf",
+            "-.INF", ".NaN", "2026-13-45", "2026-12-06", "2026-12-06T10:00:00Z", "[1]", "{a: 1}", "[]", "{}",
+            "aGVsbG8=", "-0", "+12", "0.", ".5", "1__0", "0x_1F", "!!int 1", "&t 1", "*t", "|\n  1", "'1'\n"]
+PLAIN = ["0b_", "0x_", "0o_", "0b", "1:_", "1_", "_1", "0_", "0x1_", "1:2:3", "-0b1", "+0x_", "1e", "1.e5", "._",
+         ".inf_", "1__", "0b_1_", "10:70", "0:00"]
+
+
+def m_tag(rng: random.Random, text: str, other: str) -> str:
+    """An explicit tag on a value (or a key, or a collection), with text it may not fit."""
+    lines = _lines(text)
+    candidates = _value_lines(lines)
+    if not candidates:
+        return text
+    i = rng.choice(candidates)
+    head, value = lines[i].split(":", 1)
+    value = value.split(" #", 1)[0].strip()
+    tag = rng.choice(TAGS)
+    where = rng.random()
+    if where < 0.15:        # a tagged key
+        indent = head[: len(head) - len(head.lstrip())]
+        lines[i] = f"{indent}{tag} {head.strip()}: {value}"
+    elif where < 0.25 or not value:   # a tagged block collection (or an empty value)
+        lines[i] = f"{head}: {tag}" + (f" {value}" if value else "")
+    else:
+        body = value if rng.random() < 0.4 else rng.choice(TAG_TEXT)
+        lines[i] = f"{head}: {tag} {body}"
+    return "\n".join(lines)
+
+
+def m_plain_number(rng: random.Random, text: str, other: str) -> str:
+    """A plain scalar that YAML 1.1 resolves as a number but whose digits do not read."""
+    lines = _lines(text)
+    i = rng.choice(_value_lines(lines) or [0])
+    lines[i] = _set_value(lines[i], rng.choice(PLAIN))
+    return "\n".join(lines)
+
+
+def m_anchor(rng: random.Random, text: str, other: str) -> str:
+    """Anchors on values and block collections, aliases of them elsewhere (a collection into
+    a scalar's place, a scalar into a collection's), merge keys, anchors defined twice."""
+    lines = _lines(text)
+    candidates = _value_lines(lines)
+    if len(candidates) < 2:
+        return text
+    i, j = sorted(rng.sample(candidates, 2))
+    head, value = lines[i].split(":", 1)
+    name = rng.choice(["a", "u", "x1", "anchor-name"])
+    lines[i] = f"{head}: &{name}{value}"
+    kind = rng.choice(["use", "use", "merge", "merge_list", "twice", "key", "before"])
+    indent = lines[j][: len(lines[j]) - len(lines[j].lstrip())]
+    if kind == "use":
+        lines[j] = _set_value(lines[j], f"*{name}")
+    elif kind == "merge":
+        lines.insert(j + 1, f"{indent}<<: *{name}")
+    elif kind == "merge_list":
+        lines[j] = _set_value(lines[j], f"&m{name} {lines[j].split(':', 1)[1].strip() or '{}'}")
+        lines.insert(j + 1, f"{indent}<<: [*{name}, *m{name}]")
+    elif kind == "twice":
+        lines[j] = _set_value(lines[j], f"&{name} {lines[j].split(':', 1)[1].strip() or '1'}")
+    elif kind == "key":
+        lines.insert(j + 1, f"{indent}*{name} : 1")
+    else:                    # used before it is defined
+        lines[i], lines[j] = lines[j], lines[i]
+        lines[i] = _set_value(lines[i], f"*{name}")
+    return "\n".join(lines)
+
+
+def m_document(rng: random.Random, text: str, other: str) -> str:
+    """Directives, document markers, more than one document."""
+    kind = rng.choice(["yaml11", "yaml12", "yaml99", "tag", "start", "end", "second", "empty_second", "start_value"])
+    if kind == "yaml11":
+        return "%YAML 1.1\n---\n" + text
+    if kind == "yaml12":
+        return "%YAML 1.2\n---\n" + text
+    if kind == "yaml99":
+        return "%YAML 9.9\n---\n" + text
+    if kind == "tag":
+        return "%TAG !e! tag:example.com,2000:\n---\n" + text.replace(": ", ": !e!x ", 1)
+    if kind == "start":
+        return "---\n" + text
+    if kind == "end":
+        return text + "\n...\n"
+    if kind == "second":
+        return text + "\n---\n" + other
+    if kind == "empty_second":
+        return text + "\n---\n"
+    return "--- " + text
+
+
+def m_style(rng: random.Random, text: str, other: str) -> str:
+    """The same data in other styles: flow, quoted keys and values, block scalars, explicit keys."""
+    lines = _lines(text)
+    candidates = _value_lines(lines)
+    kind = rng.choice(["flow", "quoted_key", "double_quoted", "single_quoted", "block", "explicit_key", "escapes"])
+    if kind == "flow":
+        data = _pyyaml_load(text)
+        try:
+            return text if data is None else yaml.safe_dump(data, default_flow_style=True,
+                                                             width=rng.choice([60, 10_000]))
+        except (yaml.YAMLError, ValueError, RecursionError):
+            return text
+    if not candidates:
+        return text
+    i = rng.choice(candidates)
+    head, value = lines[i].split(":", 1)
+    value = value.split(" #", 1)[0].strip()
+    indent = head[: len(head) - len(head.lstrip())]
+    if kind == "quoted_key":
+        lines[i] = f'{indent}"{head.strip()}": {value}'
+    elif kind == "double_quoted":
+        lines[i] = f'{head}: "{value}"'
+    elif kind == "single_quoted":
+        lines[i] = f"{head}: '{value}'"
+    elif kind == "block":
+        style = rng.choice(["|", ">", "|-", ">-", "|+", "|2", ">1-"])
+        lines[i] = f"{head}: {style}\n{indent}  {value or 'x'}"
+    elif kind == "explicit_key":
+        lines[i] = f"{indent}? {head.strip()}\n{indent}: {value}"
+    else:
+        esc = rng.choice(["\\x00", "\\x85", "\\u2028", "\\t", "\\e", "\\N", "\\_", "\\L", "\\P", "\\\n"])
+        lines[i] = f'{head}: "{value}{esc}"'
+    return "\n".join(lines)
+
+
+def m_line_endings(rng: random.Random, text: str, other: str) -> str:
+    """CR-only, CRLF, NEL, LS/PS line breaks, everywhere or in places; sometimes past 8 KB."""
+    brk = rng.choice(["\r", "\r\n", "\x85", "\u2028", "\u2029"])
+    if rng.random() < 0.3:
+        text = text + "\n" + "# padding to pass the line-length bound if lines were not split\n" * 150
+    if rng.random() < 0.7:
+        return text.replace("\n", brk)
+    lines = _lines(text)
+    return "".join(line + (brk if rng.random() < 0.5 else "\n") for line in lines)
+
+
 TEXT_MUTATIONS = [m_line_edit, m_type_swap, m_number, m_unicode, m_bom, m_tabs, m_alias, m_nesting, m_long_line,
-                  m_duplicate_key, m_structure]
+                  m_duplicate_key, m_structure, m_tag, m_plain_number, m_anchor, m_document, m_style, m_line_endings]
 
 
 def byte_mutations(rng: random.Random, raw: bytearray) -> bytes:
@@ -300,11 +459,20 @@ def _accepted(kind: str, report) -> None:
         report.pack.content_hash()
 
 
-def _unlocated(report) -> list[str]:
+_BREAKS = re.compile("\r\n|[\r\n\x85\u2028\u2029]")
+
+
+def _unlocated(report, text: str | None = None) -> list[str]:
+    """Diagnostics with no position, or (given the text) one past the end of the file or of
+    its line (a byte offset taken for a column, a line counted with other line breaks)."""
     bad = []
+    lines = _BREAKS.split(text) if text is not None else None
     for d in report.diagnostics:
         if not (isinstance(d.line, int) and isinstance(d.column, int) and d.line >= 1 and d.column >= 1 and d.message):
             bad.append(str(d)[:300])
+        elif lines is not None and d.file in ("fuzz.hcd", "fuzz.yaml") and (
+                d.line > len(lines) or d.column > len(lines[d.line - 1]) + 1):
+            bad.append(f"past the end of its line ({len(lines)} lines): {str(d)[:260]}")
     return bad
 
 
@@ -357,7 +525,7 @@ def fuzz(cases: int, seed: int, progress=None) -> dict:
                 continue
             if spent > SLOW_CPU_S:
                 slow.append({**where, "cpu_s": round(spent, 3)})
-            bad = _unlocated(report)
+            bad = _unlocated(report, text if raw is None else None)
             if bad:
                 unlocated.append({**where, "diagnostics": bad[:3]})
             if report.ok:

@@ -39,7 +39,7 @@ def test_skipped_nodes_say_why(models):
 
 def test_rows_keep_absent_optional_tensors_and_schema_names(models):
     conv = next(r for r in models.rows if r.op == "aten.conv2d.default")
-    assert conv.args["bias"] is None and len(conv.shapes) == 2
+    assert "bias" not in conv.args and len(conv.shapes) == 2     # trailing absent tensors are left out
     sdpa = next(r for r in models.rows if r.family == "attention")
     assert len(sdpa.shapes[0]) == 4        # (batch, heads, length, head_dim)
 
@@ -56,6 +56,15 @@ def test_csv_round_trip_and_every_row_callable(models):
         with torch.no_grad():
             out = fn()
         assert out is not None
+
+
+def test_call_row_reads_an_absent_tensor_before_a_present_one():
+    """batch norm without affine parameters: weight and bias are null, the running stats follow."""
+    fn, (pos, _kw) = call_row("aten._native_batch_norm_legit_no_training.default", [[1, 4, 2, 2], [4], [4]],
+                              "float32", {"weight": None, "bias": None, "momentum": 0.1, "eps": 1e-5})
+    assert pos[1] is None and pos[2] is None and tuple(pos[3].shape) == (4,)
+    out = fn()[0]
+    assert out.shape == (1, 4, 2, 2)
 
 
 def test_call_row_errors_name_the_op():

@@ -76,6 +76,7 @@ def test_format_11_fields_when_the_schema_has_them(quick):
     assert h.execution.launch_overhead_us == pytest.approx(quick.figures["launch"].value * 1e6, rel=1e-3)
     frac = h.memory.off_chip_memory.sustained_fraction
     assert 0 < frac <= 1
+    assert h.memory.on_chip_cache.retains_between_kernels is True      # a CPU's last level is a cache
 
 
 def test_os_caches_reads_sysfs(tmp_path):

@@ -29,6 +29,16 @@ def test_launch_is_paid_once_per_kernel_not_per_tile():
     assert simulated_time(make_plan("k", (), TileConfig("metadata"), (), 0), chip, "float16") == 0.0
 
 
+def test_matrix_kernels_pay_the_matrix_launch():
+    chip = replace(BASE, launch_s=12e-6, matrix_launch_s=21e-6)
+    gemm = make_plan("matmul", (), TileConfig("resident"), ((1, Traffic(10**6, 0, 0)),), 0)
+    soft = make_plan("softmax", (), TileConfig("resident"), ((1, Traffic(10**6, 0, 0)),), 0)
+    assert simulated_time(gemm, chip, "float16") == pytest.approx(1e-6 + 21e-6)
+    assert simulated_time(soft, chip, "float16") == pytest.approx(1e-6 + 12e-6)
+    assert chip.launch_for("conv2d") == 21e-6 and chip.launch_for("gelu") == 12e-6
+    assert replace(chip, matrix_launch_s=None).launch_for("matmul") == 12e-6
+
+
 def test_sustained_fractions_scale_the_binding_term():
     chip = replace(BASE, sustained={"float16": 0.5}, offchip_sustained=0.8)
     compute = plan(10**12, 1000)            # 10 ms of compute at peak, 1 ns of memory
@@ -47,7 +57,9 @@ def test_a_kernel_whose_tiles_fill_one_wave_and_a_bit_costs_two_waves():
     assert waves(108 * 16384, chip) == (1, 1.0)
     n, eff = waves(109 * 16384, chip)
     assert n == 2 and eff == pytest.approx(109 / 216)
-    assert waves(1, chip) == (1, pytest.approx(1 / 108))
+    assert waves(1, chip) == (1, 1.0)              # less than a wave: the library splits K to fill the chip
+    assert waves(107 * 16384, chip) == (1, 1.0)
+    assert waves(217 * 16384, chip) == (3, pytest.approx(217 / 324))
     full = plan(10**12, 108 * 16384 * 2, written=108 * 16384 * 2, double=True)   # fp16 out: 2 B each
     over = plan(10**12, 109 * 16384 * 2, written=109 * 16384 * 2, double=True)
     t_full, t_over = simulated_time(full, chip, "float16"), simulated_time(over, chip, "float16")

@@ -93,7 +93,7 @@ print("RESULT", round(time.perf_counter() - t0, 2), sum(kmod.twice.stats.cache_m
 
 def _run(tmp_path, mode, body):
     kdir = tmp_path / "k"
-    kdir.mkdir()
+    kdir.mkdir(parents=True)
     (kdir / "kmod.py").write_text(KERNEL + "\nfrom numba import typeof as numba_typeof\n")
     script = CASE.format(kdir=str(kdir), mode=mode, body=textwrap.dedent(body).format(kdir=str(kdir)))
     env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path / "cache"), PYTHONPATH=str(ROOT))
@@ -128,6 +128,23 @@ def test_a_claim_held_past_the_age_bound_is_compiled_beside(tmp_path):
     (result,) = _run(tmp_path, "wait", HUNG)
     waited, misses = result.split()
     assert float(waited) < 30 and misses == "1", result
+
+
+# a claim that cannot be taken at all (a directory where the claim file goes): compiled unclaimed
+UNCLAIMABLE = """
+holder.kill()
+holder.wait()
+path.unlink()
+path.mkdir()
+assert kmod.twice(np.int64(3)) == 6
+print("RESULT", sum(kmod.twice.stats.cache_misses.values()))
+"""
+
+
+def test_a_claim_that_cannot_be_taken_is_compiled_unclaimed(tmp_path):
+    for mode in ("wait", "skip"):
+        (result,) = _run(tmp_path / mode, mode, UNCLAIMABLE)
+        assert result == "1", result
 
 
 def test_helper_order_meets_the_executor_in_the_middle_then_compiles_frozen_paths():

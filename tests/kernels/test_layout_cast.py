@@ -156,3 +156,22 @@ def test_cast_specials_and_quantize():
                                                ("cast", {"x": (1000, 100)}, {"to": "float16"})])
 def test_bigger_cache_never_more_bytes(name, shapes, attrs):
     bytes_monotone(name, shapes, attrs, "float32")
+
+
+@pytest.mark.parametrize("where", [0, 1, 2])
+def test_concat_skips_legacy_empty_1d_inputs_as_torch_does(where):
+    """torch.cat ignores 1-D empty tensors beside tensors of any rank (Hugging Face's
+    DynamicCache starts from ``torch.tensor([])``): shape [0] is not checked against the others."""
+    chip = chip_for("float16", 4 << 10)
+    mem = DeviceMemory(chip)
+    xs = [torch.randn(2, 4, 3, 8).half(), torch.randn(2, 4, 5, 8).half()]
+    xs.insert(where, torch.empty(0).half())
+    ins = {f"x{i}": dev(x, mem) for i, x in enumerate(xs)}
+    (y,), _ = run_checked("concat", chip, ins, {"dim": -2})
+    assert torch.equal(y.to_torch(), torch.cat(xs, -2))
+    # every input empty and 1-D: an empty 1-D result, as torch
+    ins = {"x0": dev(torch.empty(0).half(), mem), "x1": dev(torch.empty(0).half(), mem)}
+    (y,), _ = run_checked("concat", chip, ins, {"dim": 0})
+    assert tuple(y.shape) == (0,)
+    with pytest.raises(KernelError, match="does not match"):
+        CATALOG["concat"].problem({"x0": (2, 3), "x1": (0, 4)}, {"dim": 0}, "float16")

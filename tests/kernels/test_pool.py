@@ -170,3 +170,22 @@ def test_pool_bad_attrs():
         spec.problem({"x": (1, 1, 5, 5)}, {"kernel_size": 2, "padding": 2}, "float32")
     with pytest.raises(KernelError, match="4-D"):
         spec.problem({"x": (1, 5, 5)}, {"kernel_size": 2}, "float32")
+
+
+def test_pool_output_size_is_torchs_rule_including_windows_wider_than_the_input():
+    """ceil_mode with a window wider than the map gives one output (EfficientNet's pooler
+    ``AvgPool2d(1280, ceil_mode=True)``); it gave 0 and the op fell back."""
+    import itertools
+
+    from torchfl.kernels.conv.geometry import pool_out_size
+
+    for n, k, s, p, d, ceil in itertools.product(range(1, 10), range(1, 8), range(1, 4), range(3), (1, 2),
+                                                 (False, True)):
+        if p > k // 2:
+            continue
+        try:
+            ref = torch.nn.functional.max_pool2d(torch.zeros(1, 1, n, 1), (k, 1), (s, 1), (p, 0), (d, 1),
+                                                 ceil_mode=ceil).shape[2]
+        except RuntimeError:   # torch: output size is too small
+            ref = 0
+        assert pool_out_size(n, k, s, p, d, ceil) == ref, (n, k, s, p, d, ceil)

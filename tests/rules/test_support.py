@@ -89,7 +89,8 @@ def test_why_not_text_explains_each_gap(registry):
     assert code == 0
     assert "not float16 NHCW: layout NHCW not in compute_units.fp16.supported_layouts [NCHW, NHWC] of NPU-V2 2.1.0" in out
     assert "not float32: dtype float32 not in tensor.supported_dtypes" in out
-    assert "served: float16, int8, bfloat16 in NHWC, NCHW" in out and "by conv2d" in out
+    assert "served: float16, bfloat16 in NHWC, NCHW" in out and "by conv2d" in out
+    assert "not int8" not in out and "int8 in" not in out   # int8 convolution is qconv2d's (quantised fusion)
     code, out, _ = run(registry, "why-not", "aten.native_dropout.default", "--chip", "NPU-V3")
     assert code == 0 and "no dropout kernel" in out
     data = run_json(registry, "why-not", "aten.convolution.default", "--chip", "NPU-V3", "--dtype", "torch.float16",
@@ -97,21 +98,40 @@ def test_why_not_text_explains_each_gap(registry):
     assert data["supported"] and data["served"][0]["kernel"] == "conv2d" and data["gaps"] == []
 
 
-def test_layouts_are_per_dtype_not_the_union_across_units(registry):
-    # DSP-M4: its fp16 unit stores NHWC and NCHW, its int8 unit NHWC only
-    data = run_json(registry, "ops", "--chip", "DSP-M4")
+@pytest.fixture(scope="module")
+def registry_m5(tmp_path_factory):
+    """The bundled chips plus DSP-M5: DSP-M4 with a bf16 unit that stores NHWC only."""
+    tmp = tmp_path_factory.mktemp("reg5")
+    url = f"sqlite:///{tmp / 'registry.db'}"
+    src = (bundled_path("hcd_registry") / "dsp_m4.hcd").read_text()
+    m5 = src.replace("name: DSP-M4", "name: DSP-M5", 1).replace("device_type: dsp_m4", "device_type: dsp_m5", 1).replace(
+        "  int8:", "  bf16:\n    count: 1\n    peak_tflops: 1.0\n    supported_layouts: [NHWC]\n  int8:", 1).replace(
+        "supported_dtypes: [torch.float16, torch.int8]", "supported_dtypes: [torch.float16, torch.bfloat16, torch.int8]", 1)
+    (tmp / "dsp_m5.hcd").write_text(m5)
+    runner = CliRunner()
+    assert runner.invoke(cli, ["registry", "--registry", url, "init", "--no-seed"]).exit_code == 0
+    files = [str(p) for p in bundled_hcds()] + [str(tmp / "dsp_m5.hcd"), str(bundled_path("rules") / "core.yaml")]
+    res = runner.invoke(cli, ["registry", "--registry", url, "import", *files])
+    assert res.exit_code == 0, res.output
+    return url
+
+
+def test_layouts_are_per_dtype_not_the_union_across_units(registry_m5):
+    # DSP-M5: its fp16 unit stores NHWC and NCHW, its bf16 unit NHWC only
+    registry = registry_m5
+    data = run_json(registry, "ops", "--chip", "DSP-M5")
     conv = next(o for o in data["ops"] if o["op"] == "aten.convolution.default")
     assert set(conv["layouts_by_dtype"]["float16"]) == {"NHWC", "NCHW"}
-    assert conv["layouts_by_dtype"]["int8"] == ["NHWC"]
-    code, out, _ = run(registry, "ops", "--chip", "DSP-M4")
+    assert conv["layouts_by_dtype"]["bfloat16"] == ["NHWC"]
+    code, out, _ = run(registry, "ops", "--chip", "DSP-M5")
     line = next(ln for ln in out.splitlines() if ln.strip().startswith("aten.convolution.default "))
-    assert line.rstrip().endswith("float16 in NHWC, NCHW; int8 in NHWC"), line
+    assert line.rstrip().endswith("float16 in NHWC, NCHW; bfloat16 in NHWC"), line
     # columns stay aligned: each column starts at the same place on every op row
     rows = [ln for ln in out.splitlines() if ln.startswith("  aten.")]
     assert len(rows) > 20
     assert len({len(ln) - len(ln[2:].split("  ", 1)[1].lstrip()) for ln in rows}) == 1
     code, out, _ = run(registry, "support", "aten.convolution.default")
-    assert "DSP-M4 0.9.1" in out and "float16 in NHWC, NCHW; int8 in NHWC" in out
+    assert "DSP-M5 0.9.1" in out and "float16 in NHWC, NCHW; bfloat16 in NHWC" in out
     kernel_cols = {ln.index("conv2d") for ln in out.splitlines() if "conv2d" in ln}
     assert len(kernel_cols) == 1, out
 

@@ -15,6 +15,23 @@ import click
 from torchfl.cli.registry_cmd import _emit_json, _fail, handles_errors, open_registry, registry_option
 
 
+class _Samples(click.ParamType):
+    """A positive count or ``all`` (None: every OpInfo sample)."""
+
+    name = "N|all"
+
+    def convert(self, value, param, ctx):
+        if value is None or (isinstance(value, str) and value.strip().lower() == "all"):
+            return None
+        try:
+            n = int(value)
+        except (TypeError, ValueError):
+            self.fail(f"{value!r} is neither a positive count nor 'all'", param, ctx)
+        if n < 1:
+            self.fail(f"{n} is not a positive count (use 'all' for every sample)", param, ctx)
+        return n
+
+
 def _split(values) -> tuple:
     return tuple(v.strip() for item in values for v in item.split(",") if v.strip())
 
@@ -25,8 +42,11 @@ def _split(values) -> tuple:
 @click.option("--ops", "ops", multiple=True, metavar="PATTERN",
               help="Only these overloads: aten.add.Tensor, add, '*softmax*' (comma-separated or repeated).")
 @click.option("--dtypes", "dtypes", multiple=True, metavar="D", help="Only these dtypes (float16, bfloat16, ...).")
-@click.option("--samples", type=click.IntRange(min=1), default=4, show_default=True,
-              help="OpInfo samples per (OpInfo, dtype).")
+@click.option("--samples", type=_Samples(), default="4", show_default=True,
+              help="OpInfo samples per (OpInfo, dtype): a count, or 'all' for every sample op_db has.")
+@click.option("--mode", "mode", type=click.Choice(["compile", "eager", "both"]), default="compile", show_default=True,
+              help="Run the cases through torch.compile(backend='torchfl'), on the npu eager device "
+                   "(TORCHFL_STRICT: no host fallback), or both; eager evidence is stored under layouts 'eager ...'.")
 @click.option("--edge", "edge_from", type=click.IntRange(min=0), default=1, show_default=True,
               help="Edge-case variants (strided, channels_last, NaN/inf, empty, broadcast) of the first N samples.")
 @click.option("--jobs", type=click.IntRange(min=1), default=None,
@@ -38,7 +58,7 @@ def _split(values) -> tuple:
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
 @registry_option
 @handles_errors
-def conformance(chips, all_chips, ops, dtypes, samples, edge_from, jobs, no_record, report, fmt, as_json,
+def conformance(chips, all_chips, ops, dtypes, samples, mode, edge_from, jobs, no_record, report, fmt, as_json,
                 registry_url):
     """Check that a chip does what its rules claim: every ATen overload the rule packs map on
     the chip runs PyTorch's OpInfo samples (and edge cases) strictly on the emulated chip,
@@ -69,8 +89,12 @@ def conformance(chips, all_chips, ops, dtypes, samples, edge_from, jobs, no_reco
         reg.record(name)  # unknown chip: one line with near matches, before torch is imported
     from torchfl.conformance.harness import Settings
 
+    modes = ("compile", "eager") if mode == "both" else (mode,)
     settings = Settings(samples=samples, edge_from=edge_from, ops=_split(ops), dtypes=wanted,
-                        jobs=jobs or min(4, os.cpu_count() or 1))
+                        jobs=jobs or min(4, os.cpu_count() or 1), modes=modes)
+    if "eager" in modes:   # in-process (--jobs 1) runs: the chips under test are npu devices
+        os.environ.setdefault("TORCHFL_DEVICES", ",".join(names))
+        os.environ.setdefault("TORCHFL_REGISTRY_URL", reg.url)
     reports = [_run_one(reg, name, settings, record=not no_record, quiet=as_json) for name in names]
     if as_json:
         return _emit_json([r.as_dict() for r in reports] if len(reports) > 1 else reports[0].as_dict())
@@ -121,6 +145,8 @@ def _print_report(r) -> None:
         f"{c['refused']} refused, {c['unverified']} unverified; {c['cases']} cases "
         f"(+{r.skipped} skipped) in {r.wall_s:.0f} s with {r.settings.jobs} worker(s)"
         + (f"; recorded as run {r.run_id}" if r.run_id is not None else "; not recorded"), indent="  ")))
+    for f in r.findings:
+        click.echo("\n".join(paragraph(f"FLAG native bfloat16: {f.message}", indent="  ", subsequent="    ")))
     bad = [x for x in r.results if x["verdict"] != "pass"]
     if bad:
         # every word of the reason, wrapped at spaces (--json has the whole reason text)

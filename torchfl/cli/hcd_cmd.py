@@ -104,6 +104,8 @@ def probe(output, device, threads, timer, name, quick) -> None:
                 bar.update(detail=what, completed=i, total=n)
             result = run_probe(device, threads=threads, timer=timer, quick=quick, progress=step)
             bar.update(detail="done", completed=7)
+        for w in result.warnings:
+            click.echo(f"warning: {w}", err=True)
         text = result.write(output, name) if output else result.hcd_text(name)
         if not output:
             result.hcd(name)          # validated before it is printed, as before it is written

@@ -54,6 +54,9 @@ def info(as_json, functions) -> None:
         return
     click.echo(f"kernel cache: {ci.path}")
     click.echo(f"  chosen by:  {ci.source}")
+    if ci.read_only:
+        click.echo(f"  read-only:  its kernels are loaded; new ones "
+                   + (f"go to {ci.writes_to}" if ci.writes_to else "are compiled in memory, for each process"))
     if not ci.exists:
         click.echo("  empty: nothing compiled yet (`torchfl kernels warmup` compiles the demo's kernels)")
         return
@@ -65,11 +68,17 @@ def info(as_json, functions) -> None:
     click.echo(f"  compiled:   {sum(f.specialisations for f in fns if not f.stale)} specialisations of "
                f"{len([f for f in fns if not f.stale])} jitted functions"
                + (f"; {len(stale)} stale (source changed since: recompiled on next use)" if stale else ""))
+    broken = [(f, name) for f in fns for name in f.broken]
+    if broken:
+        click.echo(f"  broken:     {len(broken)} unreadable file(s) (truncated or corrupted; discarded and "
+                   "compiled again on next use):")
+        for f, name in broken:
+            click.echo(f"              {ci.path / _subdir_of(ci.path, name) / name}")
     if done:
         click.echo(f"  warmed up:  {', '.join(sorted(done))}")
     if functions:
         rows = [(f"{'' if f.family == 'shared' else f.family + '/'}{f.module}.py:{f.line}", f.function, str(f.specialisations), _size(f.bytes),
-                 "stale" if f.stale else "") for f in fns]
+                 "broken" if f.broken else "stale" if f.stale else "") for f in fns]
         head = ("source", "function", "specs", "size", "")
     else:
         fam: dict = {}
@@ -87,6 +96,12 @@ def info(as_json, functions) -> None:
     for r in [head] + rows:
         click.echo("  " + "  ".join(c.ljust(w) if i < 2 else c.rjust(w) for i, (c, w) in
                                     enumerate(zip(r, widths))).rstrip())
+
+
+def _subdir_of(cache: Path, name: str) -> str:
+    """The cache sub-directory holding file ``name`` (one per kernel source folder)."""
+    found = next(cache.glob(f"*/{name}"), None)
+    return found.parent.name if found is not None else ""
 
 
 # ---------------------------------------------------------------------------- warmup

@@ -26,6 +26,7 @@ _COMMANDS = (
     ("torchfl.cli.demo_cmd", "demo", None),
     ("torchfl.cli.kernels_cmd", "kernels", None),
     ("torchfl.cli.conformance_cmd", "conformance", None),
+    ("torchfl.cli.fidelity_cmd", "fidelity", None),
 )
 
 

@@ -79,9 +79,28 @@ def explain(model, chip, batch, seq_len, heads, layers, precision, strict, fmt, 
             click.echo(json.dumps(analysed.to_dict(), indent=2, sort_keys=True))
         else:
             click.echo(result.explain("text"), nl=False)
+            click.echo(_checked(result, registry))
             click.echo(analysed.render())
         return
     click.echo(result.explain(fmt), nl=False)
+    if fmt == "text":
+        click.echo(_checked(result, registry))
+
+
+def _checked(plan, registry) -> str:
+    """How well this chip's predicted times are checked against published measurements
+    (the latest ``torchfl fidelity --record`` run in the registry), as one line."""
+    import textwrap
+
+    from torchfl.registry import Registry, RegistryError
+    from torchfl.registry.fidelity import checked_line, fidelity_summary
+
+    try:
+        with Registry(registry) as reg:
+            line = "Fidelity: " + checked_line(fidelity_summary(reg, plan.chip))
+    except RegistryError as exc:
+        line = f"Fidelity: {plan.chip}: unknown ({str(exc).splitlines()[0]})"
+    return textwrap.fill(line, width=120, subsequent_indent="  ")
 
 
 def _target_and_precision(chip, precision, registry):

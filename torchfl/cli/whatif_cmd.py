@@ -41,9 +41,11 @@ def _common(f):
     return f
 
 
-def _fail(kind: str, message: str) -> None:
-    click.echo(f"{kind}: {message}", err=True)
-    sys.exit(1)
+def _fail(kind: str, message: str, code: int = 1) -> None:
+    """One line on stderr (a multi-line message keeps its first line), then exit ``code``."""
+    first = message.strip().splitlines()[0] if message.strip() else kind
+    click.echo(f"{kind}: {first}", err=True)
+    sys.exit(code)
 
 
 def _guarded(f):
@@ -56,6 +58,7 @@ def _guarded(f):
 
         os.environ.setdefault("TORCHDYNAMO_VERBOSE", "0")
         warnings.filterwarnings("ignore")
+        from torchfl.planner.capture import CaptureError
         from torchfl.planner.errors import PlanError
         from torchfl.planner.zoo import ModelError
         from torchfl.registry import RegistryError
@@ -68,6 +71,8 @@ def _guarded(f):
             _fail(exc.kind, str(exc))
         except RegistryError as exc:
             _fail("Error", str(exc))
+        except CaptureError as exc:   # the model does not run on its example inputs (a wrong shape, ...)
+            _fail("Error", f"the model could not be captured on its example inputs: {exc}")
 
     return wrapper
 
@@ -77,9 +82,120 @@ def _precision(value: str):
 
 
 def _load(model, batch=None, seq_len=None, heads=None, layers=None):
-    from torchfl.planner.zoo import load_model
+    """(module, example inputs) of a zoo name or a user's ``file.py:factory``; what a user's
+    factory gets wrong (it raises, returns no module, no tensors) is one line, not its traceback."""
+    import torch
 
-    return load_model(model, batch=batch, seq_len=seq_len, num_heads=heads, layers=layers)
+    from torchfl.planner.zoo import ZOO, load_model
+
+    if model in ZOO:   # the zoo's own factories: an error there is torchfl's, with its traceback
+        return load_model(model, batch=batch, seq_len=seq_len, num_heads=heads, layers=layers)
+    try:
+        module, inputs = load_model(model, batch=batch, seq_len=seq_len, num_heads=heads, layers=layers)
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except Exception as exc:  # noqa: BLE001 - user code: anything it raises is the user's to fix
+        from torchfl.planner.zoo import ModelError
+
+        if isinstance(exc, ModelError):
+            raise
+        where = _user_frame(exc, model)
+        _fail("Error", f"the model factory {model} raised {type(exc).__name__}: {exc}{where}")
+    if not isinstance(module, torch.nn.Module):
+        _fail("Error", f"{model} returned {type(module).__name__} as the module; return (module, example_inputs) "
+                       "with a torch.nn.Module first")
+    if not isinstance(inputs, (tuple, list)) or not any(isinstance(x, torch.Tensor) for x in inputs):
+        _fail("Error", f"{model} returned {type(inputs).__name__} as example_inputs; return a tuple of the "
+                       "tensors the module's forward takes, e.g. (torch.randn(1, 3, 224, 224),)")
+    from torchfl.planner.whatif import example_error
+
+    problem = example_error(module, tuple(inputs))
+    if problem:
+        _fail("Error", f"{model}: {problem}")
+    return module, tuple(inputs)
+
+
+def _user_frame(exc: BaseException, model: str) -> str:
+    """`` (at file.py:LINE)``: the innermost frame of the traceback in the user's model file."""
+    import traceback
+
+    path = model.rsplit(":", 1)[0]
+    frames = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename.endswith(path.split("/")[-1])]
+    return f" (at {frames[-1].filename}:{frames[-1].lineno})" if frames else ""
+
+
+def _check_batch(batch, targets, seq_len=None) -> None:
+    """Refuse ``--batch`` (and ``--seq-len``) above every chip's ``max_batch_size``
+    (``max_sequence_length``) before the inputs are built (``--batch 100000000`` tried to
+    allocate 409 GB of example inputs before the planner's check); a size some of the chips
+    take is left to each chip's plan."""
+    for value, field, label, option in ((batch, "max_batch_size", "Batch size", "--batch"),
+                                        (seq_len, "max_sequence_length", "Sequence length", "--seq-len")):
+        if value is None or not targets:
+            continue
+        limits = {t.name: int(getattr(t.hcd.constraints, field)) for t in targets}
+        if all(value > n for n in limits.values()):
+            name, n = max(limits.items(), key=lambda kv: kv[1])
+            chips = name if len(limits) == 1 else f"every chip given (the largest: {name}, {n:,})"
+            _fail("RuntimeError", f"{label} {value:,} exceeds {field} {n:,} of {chips} (HCD field "
+                                  f"constraints.{field}); use {option} {n} or less")
+
+
+def _writable_output(output: str):
+    """The resolved path of ``-o``, after checking it can be written (before any planning)."""
+    import os
+    import tempfile
+    from pathlib import Path
+
+    path = Path(output).expanduser()
+    parent = path.parent if str(path.parent) else Path(".")
+    if path.is_dir():
+        _fail("Error", f"-o {output} is a directory; give a file name such as {output.rstrip('/')}/report.html")
+    if not parent.is_dir():
+        _fail("Error", f"-o {output}: the folder {parent} does not exist; create it or choose another path")
+    try:
+        with tempfile.NamedTemporaryFile(dir=parent, prefix=f".{path.name}.", suffix=".tmp"):
+            pass
+    except OSError as exc:
+        _fail("Error", f"-o {output}: cannot write in {parent} ({exc.strerror or exc}); choose a writable path")
+    if path.exists() and not os.access(path, os.W_OK):
+        _fail("Error", f"-o {output}: the file is not writable; choose another path or make it writable")
+    return path
+
+
+def _write_atomically(path, text: str) -> None:
+    """Write ``text`` to ``path`` through a temporary file in its folder and a rename: a full
+    disk or a kill leaves the old file as it was (it was written in place and truncated)."""
+    import os
+    import tempfile
+
+    data = text.encode("utf-8")
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "wb") as fh:
+            fh.write(data)
+            fh.flush()
+            os.fsync(fh.fileno())
+        if path.exists():
+            os.chmod(tmp, path.stat().st_mode & 0o7777)
+        else:
+            os.chmod(tmp, 0o666 & ~_umask())
+        os.replace(tmp, path)
+    except OSError as exc:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        kept = " (the old file is unchanged)" if path.exists() else ""
+        _fail("Error", f"could not write {path}: {exc.strerror or exc}{kept}")
+
+
+def _umask() -> int:
+    import os
+
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
 
 
 def _emit(data) -> None:
@@ -149,8 +265,9 @@ def memory(model, chip, batch, seq_len, heads, layers, precision, training, regi
     then (inputs, parameters, weights in the plan's dtype, activations, outputs)."""
     from torchfl.planner import whatif
 
-    module, inputs = _load(model, batch, seq_len, heads, layers)
     target = whatif.chip_of(chip, registry)
+    _check_batch(batch, [target], seq_len)
+    module, inputs = _load(model, batch, seq_len, heads, layers)
     (p,) = whatif.plan_everywhere(module, inputs, [target], _precision(precision), training)
     mp = p.plan.memory if p.ok else getattr(p.error, "memory", None)
     if mp is None:
@@ -224,8 +341,9 @@ def max_batch(model, chip, seq_len, heads, layers, precision, training, registry
     sequence length), found by planning at a few batches (nothing runs); names the limit."""
     from torchfl.planner import whatif
 
-    module, inputs = _load(model, 1, seq_len, heads, layers)
     target = whatif.chip_of(chip, registry)
+    _check_batch(None, [target], seq_len)
+    module, inputs = _load(model, 1, seq_len, heads, layers)
     res = whatif.max_batch(module, inputs, target, _precision(precision), training,
                            progress=None if as_json else _progress("max-batch"))
     if as_json:
@@ -261,8 +379,9 @@ def compare(model, chips, batch, seq_len, heads, layers, precision, training, re
     from torchfl.planner import whatif
 
     names = _chip_names(chips, registry)
-    module, inputs = _load(model, batch, seq_len, heads, layers)
     targets = [whatif.chip_of(n, registry) for n in names]
+    _check_batch(batch, targets, seq_len)
+    module, inputs = _load(model, batch, seq_len, heads, layers)
     res = whatif.compare(module, inputs, targets, _precision(precision), training)
     if as_json:
         _emit(dict(res, model=model))
@@ -298,7 +417,7 @@ def _compare_text(model, res) -> str:
     # "per call": what every call pays; "run once": parameter casts and layout copies kept on the chip
     out += _table(rows, ("chip", "version", "precision", "per call", "run once", "off-chip per call",
                          "peak memory", "capacity", "kernels", "fused", "layout conversions", "fallbacks", "bound by"),
-                  right=(3, 4, 5, 6, 7, 8, 9, 10, 11), optional=(9, 8, 7, 1))
+                  right=(3, 4, 5, 6, 7, 8, 9, 10, 11), optional=(9, 8, 7, 1, 10, 5))
     if errors:
         out.append(f"Not plannable ({len(errors)}):")
         out += errors
@@ -323,6 +442,9 @@ def impact(chip, v1, v2, models, precision, training, registry, as_json):
     from torchfl.planner.zoo import ZOO
 
     specs = list(ZOO) if models.strip() == "zoo" else [m.strip() for m in models.split(",") if m.strip()]
+    if not specs:
+        _fail("Error", f"--models {models!r} names no model; give zoo, or comma-separated zoo names / "
+                       "path/to/file.py:factory", code=2)
     for version in (v1, v2):            # a version that does not exist is said before any model loads
         whatif.chip_of(chip, registry, version)
     loaded = [(spec, *_load(spec)) for spec in specs]
@@ -397,18 +519,18 @@ def report(model, chip, chips, output, batch, seq_len, heads, layers, precision,
     """One self-contained HTML page: the plan as a graph coloured by kernel family and
     fallback, a roofline of its steps, the memory timeline with the peak, the explain table;
     with --chips, the chips side by side too."""
-    from pathlib import Path
-
     from torchfl.planner import whatif
     from torchfl.planner.report import ReportError, render_report
 
     if not chip and not chips:
-        _fail("Error", "give --chip NAME (one plan) or --chips A,B,... (a comparison; 'all' for every chip)")
+        _fail("Error", "give --chip NAME (one plan) or --chips A,B,... (a comparison; 'all' for every chip)", code=2)
+    out_path = _writable_output(output)   # before minutes of planning, not after
     names = _chip_names(None if chips == "all" else chips, registry) if chips else []
     if chip and chip not in names:
         names = [chip] + names
-    module, inputs = _load(model, batch, seq_len, heads, layers)
     targets = [whatif.chip_of(n, registry) for n in names]
+    _check_batch(batch, targets, seq_len)
+    module, inputs = _load(model, batch, seq_len, heads, layers)
     results = whatif.plan_everywhere(module, inputs, targets, _precision(precision))
     by_name = {t.name: t for t in targets}
     comparison = None
@@ -425,7 +547,7 @@ def report(model, chip, chips, output, batch, seq_len, heads, layers, precision,
         page = render_report(shown.plan, by_name[shown.chip].model, f"{model} on {shown.chip}", comparison)
     except ReportError as exc:
         _fail("Error", str(exc))
-    Path(output).write_text(page, encoding="utf-8")
+    _write_atomically(out_path, page)
     click.echo(f"wrote {output} ({len(page) / 1024:.0f} KiB): {model} on {shown.chip}"
                + (f", {len(comparison['rows'])} chips compared" if comparison else ""))
 

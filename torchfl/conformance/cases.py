@@ -1,7 +1,7 @@
 """Test cases: PyTorch's OpInfo sample inputs plus the project's edge cases.
 
 A :class:`Case` is one call of an OpInfo's function on concrete inputs. From each OpInfo
-and dtype come its first ``samples`` sample inputs (in op_db's order, generated under a
+and dtype come its first ``samples`` sample inputs (all of them with ``samples=None``) (in op_db's order, generated under a
 fixed seed), and, from the first ``edge_from`` of them, variants that OpInfo does not
 always cover: the same call on non-contiguous inputs (``strided``), on channels-last
 4-D inputs (``channels_last``), with NaN, +inf and -inf in the first floating input
@@ -106,8 +106,9 @@ def _copied(tree):
     return pytree.tree_map(copy, tree)
 
 
-def opinfo_cases(name: str, dtype, *, samples: int, edge_from: int, seed: int = 0) -> list[Case]:
-    """The cases of OpInfo ``name`` in torch dtype ``dtype`` (see the module docstring)."""
+def opinfo_cases(name: str, dtype, *, samples: int | None, edge_from: int, seed: int = 0) -> list[Case]:
+    """The cases of OpInfo ``name`` in torch dtype ``dtype`` (see the module docstring);
+    ``samples=None``: every sample op_db generates."""
     import torch
 
     from torchfl.conformance.opinfos import lookup
@@ -118,7 +119,7 @@ def opinfo_cases(name: str, dtype, *, samples: int, edge_from: int, seed: int = 
         drawn = []
         for s in info.sample_inputs("cpu", dtype, requires_grad=False):
             drawn.append(s)
-            if len(drawn) >= samples:
+            if samples is not None and len(drawn) >= samples:
                 break
     cases = []
     for i, s in enumerate(drawn):

@@ -6,9 +6,12 @@
    (``opinfos.py``); a unit's cases (``cases.py``) run strictly on the chip
    (``execute.py``). Units are sharded over worker processes, each single-threaded.
 3. The verdicts: each case counts for the claimed overloads its graph contained, under the
-   layout of its inputs; per (overload, dtype, layout) ``pass`` (every case matched),
-   ``refused`` (every case refused before running), ``fail`` (none matched, some wrong) or
-   ``partial`` (some matched, some did not).
+   layout of its inputs (``eager <layout>`` for the npu device's runs, ``--mode eager``);
+   per (overload, dtype, layout) ``pass`` (every case matched), ``refused`` (every case
+   refused before running), ``fail`` (none matched, some wrong) or ``partial`` (some
+   matched, some did not). The run's summary per overload is the claim state the registry
+   will show (``registry.evidence.claim_state``). A chip whose HCD claims native bfloat16
+   is probed beyond float16's range (``bf16.py``); a failure is a finding of the run.
 4. The record: one conformance run in the registry, tied to the chip's content hash, the
    packs, torchfl's version and :func:`harness_hash`.
 """
@@ -29,18 +32,22 @@ from torchfl.hcd.dtypes import STORAGE
 TESTABLE = tuple(STORAGE)   # every storage dtype of the emulated chip
 
 
+MODES = ("compile", "eager")
+
+
 @dataclass(frozen=True)
 class Settings:
-    samples: int = 4          # OpInfo samples per (OpInfo, dtype)
+    samples: int | None = 4   # OpInfo samples per (OpInfo, dtype); None: every sample op_db has
     edge_from: int = 1        # edge-case variants of the first N of them
     ops: tuple = ()           # fnmatch patterns on overload names ("aten.add.*", "*softmax*"); () = all
     dtypes: tuple = ()        # () = every dtype the chip claims
     jobs: int = 2
     seed: int = 0
+    modes: tuple = ("compile",)   # compile: torch.compile(backend="torchfl"); eager: the npu device
 
     def sampling(self) -> dict:
         """What decides which cases run (hashed with the harness; ``jobs`` is not)."""
-        return dict(samples=self.samples, edge_from=self.edge_from, seed=self.seed)
+        return dict(samples=self.samples, edge_from=self.edge_from, seed=self.seed, modes=list(self.modes))
 
 
 @dataclass
@@ -48,10 +55,11 @@ class Unit:
     opinfo: str
     dtype: str
     targets: tuple            # claimed overloads it may exercise in this dtype
+    mode: str = "compile"     # compile | eager
 
     @property
     def label(self) -> str:
-        return f"{self.opinfo} {self.dtype}"
+        return f"{self.opinfo} {self.dtype}" + ("" if self.mode == "compile" else f" ({self.mode})")
 
 
 @dataclass
@@ -65,20 +73,19 @@ class Report:
     started_at: datetime
     results: list = field(default_factory=list)      # rows for the registry (evidence.check_result)
     unverified: list = field(default_factory=list)   # claimed (op, dtype) no case exercised
+    findings: list = field(default_factory=list)     # chip-level checks that failed (bf16.Finding)
     skipped: int = 0
     unattributed: int = 0
     wall_s: float = 0.0
     run_id: int | None = None
 
     def counts(self) -> dict:
-        """Overloads (any dtype or layout) by their worst verdict, and the unverified ones."""
-        worst: dict[str, str] = {}
-        order = {"pass": 0, "partial": 1, "refused": 2, "fail": 3}
-        for r in self.results:
-            if order[r["verdict"]] >= order.get(worst.get(r["op"], "pass"), 0):
-                worst[r["op"]] = r["verdict"]
-        out = {v: sum(1 for w in worst.values() if w == v) for v in ("pass", "partial", "fail", "refused")}
-        out["unverified"] = len({op for op, _d in self.unverified} - set(worst))
+        """Overloads by the state their evidence gives them, exactly as ``conformance --report``
+        and ``registry ops`` will show this run (``registry.evidence.claim_state`` over the
+        overload's rows in every dtype and layout), and the unverified ones."""
+        state = op_states(self.results)
+        out = {v: sum(1 for s in state.values() if s == STATE_OF[v]) for v in ("pass", "partial", "fail", "refused")}
+        out["unverified"] = len({op for op, _d in self.unverified} - set(state))
         out["cases"] = sum(r["samples"] for r in self.results)
         return out
 
@@ -86,7 +93,25 @@ class Report:
         return dict(chip=self.identity.as_dict(), harness_hash=self.harness_hash, settings=asdict(self.settings),
                     started_at=self.started_at.isoformat(), wall_s=round(self.wall_s, 1), run=self.run_id,
                     overloads=self.counts(), skipped_cases=self.skipped, unattributed_cases=self.unattributed,
-                    results=self.results, unverified=[{"op": o, "dtype": d} for o, d in self.unverified])
+                    results=self.results, unverified=[{"op": o, "dtype": d} for o, d in self.unverified],
+                    findings=[f.as_dict() for f in self.findings])
+
+
+#: a verdict word of the run's summary -> the claim state the stored evidence shows
+STATE_OF = {"pass": "verified", "partial": "partial", "fail": "failing", "refused": "refused"}
+
+
+def op_states(rows) -> dict[str, str]:
+    """Overload -> its claim state over ``rows`` (one per dtype and layout), by the registry's
+    own rule, so the run's summary and the stored report cannot disagree."""
+    from types import SimpleNamespace
+
+    from torchfl.registry.evidence import claim_state
+
+    by_op: dict[str, list] = {}
+    for r in rows:
+        by_op.setdefault(r["op"], []).append(SimpleNamespace(verdict=r["verdict"], stale=()))
+    return {op: claim_state(ev) for op, ev in by_op.items()}
 
 
 def harness_hash(settings: Settings) -> str:
@@ -123,8 +148,8 @@ def claims(hcd, packs, settings: Settings) -> dict[str, tuple]:
     return out
 
 
-def plan_units(claimed: dict[str, tuple]) -> tuple[list[Unit], list[tuple]]:
-    """(units, claims no OpInfo covers) for the claimed overloads and dtypes."""
+def plan_units(claimed: dict[str, tuple], modes=("compile",)) -> tuple[list[Unit], list[tuple]]:
+    """(units, claims no OpInfo covers) for the claimed overloads and dtypes, in each mode."""
     from torchfl.conformance.opinfos import OPINFOS, opinfos_for
 
     units = []
@@ -132,7 +157,7 @@ def plan_units(claimed: dict[str, tuple]) -> tuple[list[Unit], list[tuple]]:
         for dtype in TESTABLE:
             targets = tuple(op for op in overloads if dtype in claimed[op])
             if targets:
-                units.append(Unit(name, dtype, targets))
+                units.extend(Unit(name, dtype, targets, mode) for mode in modes)
     uncovered = [(op, d) for op, dts in sorted(claimed.items()) if op not in OPINFOS for d in dts]
     # heavy OpInfos first, so the last shard does not start with a convolution
     heavy = ("conv", "attention", "pool", "batch_norm", "layer_norm", "embedding")
@@ -208,6 +233,11 @@ def run_unit(unit: Unit, chip: str, registry, settings: Settings, bf16_emulated:
         return [dict(case=f"{unit.opinfo}", variant="opinfo", layout="contiguous", status="skipped", ops=[],
                      reason=f"no OpInfo samples in {unit.dtype}: {type(exc).__name__}: {exc}"[:300],
                      max_abs_error=None, max_rel_error=None, inputs={})]
+    if unit.mode == "eager":
+        from torchfl.conformance.execute import run_case_eager
+
+        outcomes = [run_case_eager(c, chip=chip, bf16_emulated=bf16_emulated, targets=unit.targets) for c in cases]
+        return [dict(o.as_dict(), layout=f"eager {o.layout}") for o in outcomes]
     outcomes = run_cases(cases, chip=chip, registry=registry, bf16_emulated=bf16_emulated, targets=unit.targets)
     return [o.as_dict() for o in outcomes]
 
@@ -279,7 +309,7 @@ def run(chip: str, *, registry=None, settings: Settings = Settings(), progress=N
     hcd = reg.chip(chip, identity.chip_version)
     packs = [reg.pack(name) for name, _v, _h in identity.packs]
     claimed = claims(hcd, packs, settings)
-    units, uncovered = plan_units(claimed)
+    units, uncovered = plan_units(claimed, settings.modes)
     report = Report(chip, identity, harness_hash(settings), settings, datetime.now(timezone.utc))
     bf16_emulated = bool(hcd.constraints.bfloat16_emulation)
     t0 = time.perf_counter()
@@ -292,11 +322,17 @@ def run(chip: str, *, registry=None, settings: Settings = Settings(), progress=N
     covered = {(r["op"], r["dtype"]) for r in report.results}
     report.unverified = sorted(set(uncovered) | {(op, d) for op, dts in claimed.items() for d in dts
                                                  if (op, d) not in covered})
+    if any("bfloat16" in dts for dts in claimed.values()):
+        from torchfl.conformance.bf16 import check_native_bf16
+
+        _worker_init_light()
+        report.findings = check_native_bf16(chip, url)
     report.wall_s = time.perf_counter() - t0
     if record:
         report.run_id = reg.record_conformance(
             identity, harness_hash=report.harness_hash, started_at=report.started_at,
-            settings=dict(asdict(settings), unverified=len(report.unverified), skipped_cases=report.skipped),
+            settings=dict(asdict(settings), unverified=len(report.unverified), skipped_cases=report.skipped,
+                          findings=[f.as_dict() for f in report.findings]),
             results=report.results)
     return report
 
@@ -312,6 +348,8 @@ def _execute(units, chip, url, settings, bf16_emulated, chip_hash):
     from concurrent.futures import ProcessPoolExecutor, as_completed
 
     env = {"NUMBA_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "TORCHFL_REGISTRY_URL": url}
+    if "eager" in settings.modes:
+        env["TORCHFL_DEVICES"] = chip   # npu:0 is the chip under test in every worker
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)   # inherited by the spawned workers only for their start
     try:

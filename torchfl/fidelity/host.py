@@ -2,7 +2,7 @@
 
 Two kinds of rows, in the fidelity CSV format (docs/HELPERS.md: ``chip,op,shapes,dtype,args,
 seconds,source``; ``op`` the ATen overload, ``args`` its non-tensor arguments by schema name,
-an absent optional tensor written ``null``):
+an optional tensor left out when no tensor follows it, ``null`` in ``args`` when one does):
 
 - **model rows** (:func:`model_rows`): ResNet-50 b1 and a BERT-large layer at s128 (the
   ``resnet50_b1`` / ``bert_layer_s128`` cases of tools/bench_e2e.py, from planner/zoo.py) are
@@ -163,14 +163,6 @@ def call_row(op: str, shapes, dtype: str, args: dict, *, device: str = "cpu", se
     ovl = _overload(op)
     g = torch.Generator().manual_seed(seed)
     shapes = [tuple(s) for s in shapes]
-    tensor_args = [a for a in ovl._schema.arguments if _is_tensor_type(a.type)]
-    given = [a for a in tensor_args if not (a.name in args and args[a.name] is None)]
-    n_lists = sum(1 for a in given if _is_tensor_type(a.type) == "list")
-    spare = len(shapes) - (len(given) - n_lists)
-    if spare < 0 or (n_lists == 0 and spare != 0):
-        raise ValueError(f"{op}: {len(shapes)} tensor shape(s) given, its schema takes "
-                         f"{', '.join(a.name for a in given)}")
-    it = iter(shapes)
 
     def tensor(shape, name):
         if _is_index(name) or dtype not in ("float32", "float16", "bfloat16", "float64"):
@@ -179,19 +171,47 @@ def call_row(op: str, shapes, dtype: str, args: dict, *, device: str = "cpu", se
             return torch.zeros(shape, dtype=torch.int64 if _is_index(name) else getattr(torch, dtype), device=device)
         return torch.randn(shape, generator=g).to(getattr(torch, dtype)).to(device)
 
+    # the shapes fill the schema's tensor arguments in order (an explicit null skips one); a
+    # list argument (cat's tensors) takes the shapes the later tensor arguments leave over
+    tensor_args = [a for a in ovl._schema.arguments if _is_tensor_type(a.type)
+                   and not (a.name in args and args[a.name] is None)]
+    lists = [a for a in tensor_args if _is_tensor_type(a.type) == "list"]
+    fill: dict = {}
+    rest = list(shapes)
+    for i, a in enumerate(tensor_args):
+        if not rest:
+            if str(a.type).replace(" ", "") in ("Tensor", "Tensor[]", "List[Tensor]"):
+                raise ValueError(f"{op}: {len(shapes)} tensor shape(s) given, its schema takes "
+                                 f"{', '.join(t.name for t in tensor_args)}")
+            break
+        if a in lists:
+            later = len(tensor_args) - i - 1
+            take = max(0, len(rest) - later)
+            fill[a.name], rest = [tensor(s, a.name) for s in rest[:take]], rest[take:]
+        else:
+            fill[a.name], rest = tensor(rest[0], a.name), rest[1:]
+    if rest:
+        raise ValueError(f"{op}: {len(shapes)} tensor shape(s) given, its schema takes "
+                         f"{', '.join(t.name for t in tensor_args)}")
     pos, kw = [], {}
+    by_name = False                  # after an argument left at its default, the rest go by name
     for a in ovl._schema.arguments:
-        kind = _is_tensor_type(a.type)
-        if kind and not (a.name in args and args[a.name] is None):
-            value = ([tensor(next(it), a.name) for _ in range(spare)] if kind == "list"
-                     else tensor(next(it), a.name))
+        if a.name in fill:
+            value = fill[a.name]
+        elif _is_tensor_type(a.type) and (a.name in args or str(a.type).replace(" ", "") in
+                                          ("Tensor?", "Optional[Tensor]")):
+            if a.name not in args and a.has_default_value():
+                by_name = True
+                continue
+            value = None             # an optional tensor left out (or null): absent
         elif a.name in args:
             value = _unjson(args[a.name], str(a.type))
         elif a.has_default_value():
+            by_name = True
             continue
         else:
             raise ValueError(f"{op}: argument {a.name!r} has no value in args and no default")
-        if a.kwarg_only:
+        if a.kwarg_only or by_name:
             kw[a.name] = value
         else:
             pos.append(value)
@@ -224,11 +244,16 @@ def _node_row(node, env):
             return type(v)(real(x) for x in v)
         return v
 
-    for a in schema.arguments:
+    present = [a.name for a in schema.arguments if _is_tensor_type(a.type) and a.name in bound
+               and bound[a.name] is not None]
+    last_tensor = max((i for i, a in enumerate(schema.arguments) if a.name in present), default=-1)
+    for i, a in enumerate(schema.arguments):
         kind = _is_tensor_type(a.type)
-        if a.name not in bound:
-            if kind:                 # an optional tensor left at its default: say it is absent
+        if kind and (a.name not in bound or bound[a.name] is None):
+            if i < last_tensor:      # an absent optional tensor before a present one: say so (null)
                 args[a.name] = None
+            continue                 # trailing absent optional tensors: left out, as the format reads them
+        if a.name not in bound:
             continue
         v = real(bound[a.name])
         if kind == "one" and isinstance(v, torch.Tensor):
@@ -238,8 +263,6 @@ def _node_row(node, env):
             for t in v:
                 shapes.append(list(t.shape))
                 dtypes.append(t.dtype)
-        elif kind and v is None:
-            args[a.name] = None
         else:
             args[a.name] = _jsonable(v)
     floats = [d for d in dtypes if d.is_floating_point]
@@ -362,7 +385,7 @@ def plain_specs(quick: bool = False) -> list:
         specs.append(("aten.mm.default", [[m, k], [k, n]], "float32", {}))
     for nb, c, h, w, k, r, s, p in convs:
         specs.append(("aten.convolution.default", [[nb, c, h, w], [k, c, r, r]], "float32",
-                      {"bias": None, "stride": [s, s], "padding": [p, p], "dilation": [1, 1], "transposed": False,
+                      {"stride": [s, s], "padding": [p, p], "dilation": [1, 1], "transposed": False,
                        "output_padding": [0, 0], "groups": 1}))
     for r, c in rows2d:
         specs.append(("aten._softmax.default", [[r, c]], "float32", {"dim": -1, "half_to_float": False}))
@@ -475,3 +498,89 @@ def run_host(*, threads: int = 1, timer: str | None = None, quick: bool = False,
     models = model_rows(threads=p.threads, timer=p.timer, quick=quick, progress=progress)
     plain = plain_rows(threads=p.threads, timer=p.timer, quick=quick, progress=progress)
     return HostRun(p, models, plain)
+
+
+# -- scoring (fidelity --host) -------------------------------------------------------------------
+
+def probe_version(hcd_text: str) -> str:
+    """A version that names the measured numbers: ``1.0.0+<8 hex of their hash>``. Two probes
+    of one machine differ in their numbers, and a published (chip, version) never changes, so
+    each probe is its own version; the same numbers re-imported are the same version."""
+    import hashlib
+    import re as _re
+
+    body = _re.sub(r"(?m)^\s*#.*\n|^  version: .*\n", "", hcd_text)
+    return "1.0.0+" + hashlib.sha256(body.encode()).hexdigest()[:8]
+
+
+@dataclass
+class HostScore:
+    """What ``fidelity --host`` produced: the files written, the scorer's result (realchips'
+    :class:`~torchfl.fidelity.run.FidelityResult`), the model rows' own summary and the runs
+    recorded in the registry."""
+
+    hcd_path: str
+    tables: dict                  # "models" / "plain" -> CSV path
+    result: object
+    models_summary: dict
+    runs: dict = field(default_factory=dict)
+
+
+def _summary(preds) -> dict:
+    done = [p for p in preds if p.predicted_s is not None]
+    errs = sorted(abs(p.error) for p in done)
+    out = {"rows": len(done), "unplanned": len(preds) - len(done),
+           "median_abs_error": statistics.median(errs) if errs else None,
+           "mean_abs_error": statistics.fmean(errs) if errs else None,
+           "within_20pct": sum(e <= 0.2 for e in errs), "families": {}}
+    fams: dict = {}
+    for p in done:
+        fams.setdefault(family_of(p.row.op), []).append(abs(p.error))
+    for fam, es in sorted(fams.items()):
+        out["families"][fam] = {"rows": len(es), "median_abs_error": statistics.median(es),
+                                "mean_abs_error": statistics.fmean(es), "max_abs_error": max(es)}
+    return out
+
+
+def score_host(run: HostRun, out_dir, *, registry=None, record: bool = False, progress=None,
+               command: str = "torchfl fidelity --host") -> HostScore:
+    """Write the probe's HCD and the two host tables into ``out_dir``, plan every row on the
+    probe's HCD (the bundled rule packs), score them; ``record``: import the HCD into the
+    registry (its version names its numbers) and store the run as fidelity evidence."""
+    from pathlib import Path
+
+    from torchfl.fidelity.run import record as record_run, score_tables
+    from torchfl.fidelity.tables import load_table
+    from torchfl.planner.target import resolve_target
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    text = run.probe.hcd_text()
+    version = probe_version(text)
+    name = run.probe.chip_name()
+    hcd_path = out / f"{name.lower()}.hcd"
+    run.probe.write(hcd_path, version=version)
+    comments = run.comments(command) + [f"chip {name} {version}: the probe's HCD, {hcd_path.name}"]
+    paths = {}
+    for kind, rows in (("models", run.models.rows), ("plain", run.plain.rows)):
+        paths[kind] = out / f"{name.lower()}-{kind}.csv"
+        paths[kind].write_text(write_csv(rows, name, comments), encoding="utf-8")
+    tables = [load_table(paths["models"]), load_table(paths["plain"])]
+    hcd = run.probe.hcd(version=version)
+    if record:
+        from torchfl.registry import Registry
+
+        with Registry(registry) as reg:
+            reg.import_files([str(hcd_path)])
+        target = resolve_target(hcd, registry)
+    else:
+        target = resolve_target(hcd)
+    result = score_tables(tables, lambda _chip: target, progress=progress)
+    models = [p for p in result.predictions if p.row.file == str(paths["models"])]
+    score = HostScore(str(hcd_path), {k: str(v) for k, v in paths.items()}, result, _summary(models))
+    if record:
+        from torchfl.registry import Registry
+
+        with Registry(registry) as reg:
+            score.runs = record_run(result, reg)
+    return score

@@ -87,6 +87,7 @@ class Probe:
     when: str = ""
     torch_version: str = ""
     notes: list = field(default_factory=list)
+    warnings: list = field(default_factory=list)     # for the user's terminal (a busy machine)
 
     # -- the descriptor --
     def chip_name(self) -> str:
@@ -189,15 +190,15 @@ class Probe:
     def _sms(self) -> int:
         return int(self.figures["sms"].runs[0]) if "sms" in self.figures else 1
 
-    def hcd(self, name: str | None = None):
+    def hcd(self, name: str | None = None, version: str = "1.0.0"):
         """The validated HCD object (``torchfl.hcd.HCDError`` if the probe produced nonsense)."""
         from torchfl.hcd import load_hcd_text
 
-        return load_hcd_text(self.hcd_text(name), filename="<probe>")
+        return load_hcd_text(self.hcd_text(name, version), filename="<probe>")
 
-    def write(self, path, name: str | None = None) -> str:
+    def write(self, path, name: str | None = None, version: str = "1.0.0") -> str:
         """Validate, then write the HCD text to ``path``; returns the text."""
-        text = self.hcd_text(name)
+        text = self.hcd_text(name, version)
         from torchfl.hcd import load_hcd_text
 
         load_hcd_text(text, filename=str(path))     # raises HCDError: nothing invalid is written
@@ -466,11 +467,16 @@ def probe(device: str = "cpu", threads: int | None = None, timer: str | None = N
             res.vector_bytes = _vector_bytes()
             try:
                 load = os.getloadavg()[0]
-                res.notes.append(f"load average {load:.2f} on {os.cpu_count()} CPUs when probed"
-                                 + ("; busy: figures are lower than alone" if load > 0.5 * (os.cpu_count() or 1)
-                                    and timer == "wall" else ""))
             except OSError:
-                pass
+                load = None
+            if load is not None:
+                busy = timer == "wall" and load > 0.5 * (os.cpu_count() or 1)
+                res.notes.append(f"load average {load:.2f} on {os.cpu_count()} CPUs when probed"
+                                 + ("; busy: wall-clock figures are lower than alone" if busy else ""))
+                if busy:
+                    res.warnings.append(
+                        f"this machine is busy (load average {load:.1f} on {os.cpu_count()} CPUs): wall-clock "
+                        "figures measure the contention; --threads 1 (one thread's CPU time) is steady under load")
         else:
             props = torch.cuda.get_device_properties(0)
             l2 = int(getattr(props, "L2_cache_size", 0) or 0) or (40 << 20)

@@ -168,6 +168,12 @@ class ComputeUnits(_Model):
 class OnChipCache(_Model):
     size_kb: int = Field(gt=0, le=1 << 26, description="On-chip cache (scratchpad) size in KiB (1024 bytes).")
     bandwidth_gb_per_s: float = Field(ge=1e-6, le=1_000_000, description="On-chip cache bandwidth in GB/s (10^9 B/s).")
+    retains_between_kernels: Optional[bool] = Field(
+        default=None,
+        description="Format 1.1: the cache is hardware-managed and keeps what one kernel wrote for the next "
+                    "(a CPU's last-level cache, a GPU's L2), so a kernel whose whole traffic fits the cache "
+                    "moves it at bandwidth_gb_per_s, not off-chip. Absent or false: a scratchpad, filled "
+                    "from off-chip memory by every kernel.")
 
 
 class OffChipMemory(_Model):
@@ -209,6 +215,11 @@ class Execution(_Model):
         default=None, ge=0, le=1_000_000,
         description="Fixed cost of every kernel launch in microseconds (10^-6 s), as the host sees one "
                     "call of a tiny kernel; added once per kernel step.")
+    matrix_launch_overhead_us: Optional[float] = Field(
+        default=None, ge=0, le=1_000_000,
+        description="Fixed cost of a kernel launch on the matrix units (GEMM, convolution, attention: a "
+                    "library call that picks and launches its kernels) in microseconds; absent: "
+                    "launch_overhead_us.")
     concurrent_tiles: Optional[int] = Field(
         default=None, ge=1, le=1 << 24,
         description="Tiles the chip runs at once (integer: streaming multiprocessors, compute units, "
@@ -224,7 +235,9 @@ class Execution(_Model):
 FORMAT_11_FIELDS = (
     "compute_units.{unit}.sustained_fraction",
     "memory.off_chip_memory.sustained_fraction",
+    "memory.on_chip_cache.retains_between_kernels",
     "execution.launch_overhead_us",
+    "execution.matrix_launch_overhead_us",
     "execution.concurrent_tiles",
     "execution.tile_elements",
 )
@@ -312,6 +325,8 @@ class HCD(_Model):
         if any(u is not None and u.sustained_fraction is not None for u in units):
             return "1.1"
         if self.memory.off_chip_memory.sustained_fraction is not None:
+            return "1.1"
+        if self.memory.on_chip_cache.retains_between_kernels is not None:
             return "1.1"
         return "1.1" if self.execution is not None else "1.0"
 

@@ -7,7 +7,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-__all__ = ["ChipModel", "reference_chip"]
+__all__ = ["ChipModel", "MATRIX_FAMILIES", "reference_chip"]
+
+#: kernel families that run on the matrix units and are launched as a library call
+MATRIX_FAMILIES = frozenset({"matmul", "conv", "conv1d", "attention"})
 
 @dataclass(frozen=True)
 class ChipModel:
@@ -36,10 +39,15 @@ class ChipModel:
     # -- HCD format 1.1 (defaults: the 1.0 roofline, bit for bit) --
     #: fixed seconds every kernel launch costs (``execution.launch_overhead_us`` / 1e6)
     launch_s: float = 0.0
+    #: the same for a kernel of the matrix families (``execution.matrix_launch_overhead_us``; None: launch_s)
+    matrix_launch_s: float | None = None
     #: dtype -> share of ``peak[dtype]`` a large GEMM sustains (absent: 1)
     sustained: dict = field(default_factory=dict)
     #: share of ``offchip_bw`` a streaming kernel sustains
     offchip_sustained: float = 1.0
+    #: the cache keeps a kernel's data for the next (``on_chip_cache.retains_between_kernels``): a
+    #: kernel whose traffic fits ``cache_bytes`` moves it at ``cache_bw``
+    cache_retains: bool = False
     #: tiles run at once and output elements per tile (0: no wave quantisation)
     concurrent_tiles: int = 0
     tile_elements: int = 0
@@ -51,7 +59,7 @@ class ChipModel:
             raise ValueError(f"ChipModel {self.name!r}: alignment must be a power of two, got {self.alignment}")
         if self.cache_bw <= 0 or self.offchip_bw <= 0:
             raise ValueError(f"ChipModel {self.name!r}: bandwidths must be positive")
-        if self.launch_s < 0:
+        if self.launch_s < 0 or (self.matrix_launch_s or 0.0) < 0:
             raise ValueError(f"ChipModel {self.name!r}: launch_s must be >= 0, got {self.launch_s}")
         for what, f in [("offchip_sustained", self.offchip_sustained), *self.sustained.items()]:
             if not 0.0 < f <= 1.0:
@@ -64,8 +72,9 @@ class ChipModel:
     def __hash__(self):  # dict fields: hash the immutable identity
         return hash((self.name, self.cache_bytes, self.cache_bw, self.offchip_bw,
                      tuple(sorted(self.peak.items())), self.alignment, self.memory_bytes,
-                     self.bf16_emulation, self.hcd_hash, self.launch_s, tuple(sorted(self.sustained.items())),
-                     self.offchip_sustained, self.concurrent_tiles, self.tile_elements))
+                     self.bf16_emulation, self.hcd_hash, self.launch_s, self.matrix_launch_s,
+                     tuple(sorted(self.sustained.items())), self.offchip_sustained, self.cache_retains,
+                     self.concurrent_tiles, self.tile_elements))
 
     @property
     def waves_modelled(self) -> bool:
@@ -104,8 +113,11 @@ class ChipModel:
             bf16_emulation=bool(hcd.constraints.bfloat16_emulation),
             hcd_hash=hcd.content_hash(),
             launch_s=float(ex.launch_overhead_us) * 1e-6 if ex is not None and ex.launch_overhead_us else 0.0,
+            matrix_launch_s=(float(ex.matrix_launch_overhead_us) * 1e-6
+                             if ex is not None and ex.matrix_launch_overhead_us is not None else None),
             sustained=sustained,
             offchip_sustained=float(mem.off_chip_memory.sustained_fraction or 1.0),
+            cache_retains=bool(mem.on_chip_cache.retains_between_kernels),
             concurrent_tiles=int(ex.concurrent_tiles) if grain else 0,
             tile_elements=int(ex.tile_elements) if grain else 0,
         )
@@ -123,6 +135,16 @@ class ChipModel:
         if not self.peak:
             raise ValueError(f"chip {self.name!r} has no compute unit (peak is empty)")
         return min(self.peak.values())
+
+    def launch_for(self, kernel: str = "") -> float:
+        """Seconds one launch of ``kernel`` costs: ``matrix_launch_s`` for the matrix
+        families (:data:`MATRIX_FAMILIES`) where the HCD states it, else ``launch_s``."""
+        if self.matrix_launch_s is None or not kernel:
+            return self.launch_s
+        from torchfl.kernels.catalog import CATALOG
+
+        spec = CATALOG.get(kernel)
+        return self.matrix_launch_s if spec is not None and spec.family in MATRIX_FAMILIES else self.launch_s
 
     def sustained_for(self, dtype: str) -> float:
         """Share of ``peak_for(dtype)`` sustained: the fraction of the unit that runs ``dtype``

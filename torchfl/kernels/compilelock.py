@@ -51,12 +51,19 @@ def install(how: str = "wait") -> None:
         raise ValueError(f"compilelock mode {how!r}: expected 'wait' or 'skip'")
     from numba.core.dispatcher import Dispatcher
 
-    from .jitcache import configure
+    from .jitcache import writable_dir
 
-    claims = configure() / ".claims"
+    # beside the kernels being written: a read-only cache saves none (claims would only make
+    # processes wait for kernels that never arrive), so there claims are off
+    cache = writable_dir()
+    claims = None if cache is None else cache / ".claims"
     if _state["mode"] == how and _state["dir"] == claims:
         return
-    claims.mkdir(parents=True, exist_ok=True)
+    if claims is not None:
+        try:
+            claims.mkdir(parents=True, exist_ok=True)
+        except OSError:
+            claims = None
     _state["dir"], _state["mode"] = claims, how
     if _state["original"] is None:
         _state["original"] = Dispatcher.compile
@@ -86,8 +93,13 @@ def _take(path: Path) -> int | None:
         try:
             fd = os.open(path, os.O_CREAT | os.O_RDWR | getattr(os, "O_CLOEXEC", 0), 0o644)
         except FileNotFoundError:       # the claims directory was removed (a cache cleared)
-            path.parent.mkdir(parents=True, exist_ok=True)
+            try:
+                path.parent.mkdir(parents=True, exist_ok=True)
+            except OSError:
+                return UNCLAIMABLE
             continue
+        except OSError:                 # not a file (a directory in its place), no permission
+            return UNCLAIMABLE
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
@@ -103,6 +115,11 @@ def _take(path: Path) -> int | None:
         os.ftruncate(fd, 0)
         os.write(fd, f"{os.getpid()}\n".encode())
         return fd
+
+
+#: what :func:`_take` returns when no claim can be taken at all: compile unclaimed (a duplicate
+#: compile at worst), never fail or wait for a claim that cannot exist
+UNCLAIMABLE = -1
 
 
 def _stale(path: Path) -> bool:
@@ -122,7 +139,7 @@ def _acquire(path: Path, disp, args, nested: bool) -> int | None:
     it, the kernel is being compiled, on the other core)."""
     fd = _take(path)
     if fd is not None:
-        return fd
+        return None if fd == UNCLAIMABLE else fd
     from numba.core import event
 
     with event.trigger_event("numba:compile", data=dict(dispatcher=disp, args=args, return_type=None)):
@@ -130,7 +147,7 @@ def _acquire(path: Path, disp, args, nested: bool) -> int | None:
         while True:
             fd = _take(path)
             if fd is not None:
-                return fd
+                return None if fd == UNCLAIMABLE else fd
             if _stale(path):
                 return None
             if _state["mode"] == "skip" and (not nested or time.monotonic() - t0 > NESTED_WAIT_S):
@@ -154,7 +171,8 @@ def _compile(self, sig):
 
     original = _state["original"]
     args, _ret = sigutils.normalize_signature(sig)
-    if _state["mode"] is None or tuple(args) in self.overloads or isinstance(self._cache, NullCache):
+    if (_state["mode"] is None or _state["dir"] is None or tuple(args) in self.overloads
+            or isinstance(self._cache, NullCache)):
         return original(self, sig)
     held = getattr(_local, "held", None)
     if held is None:

@@ -24,6 +24,10 @@ from pathlib import Path
 ENV = "NUMBA_CACHE_DIR"
 _configured: Path | None = None
 _from_env = False          # the user (or a parent process) chose the directory
+#: a read-only kernel cache (a shared install): what it holds is loaded, what it lacks is
+#: compiled into ``fallback`` (the user cache), or in memory when that is read-only too
+_read_only: dict = {"dir": None, "fallback": None}
+LOG_NAME = "torchfl"
 
 
 def _numba_version() -> str:
@@ -64,15 +68,231 @@ def configure() -> Path:
         config = sys.modules.get("numba.core.config")
         if config is not None and config.CACHE_DIR != path:
             config.reload_config()
+        _check_writable(_configured)
+    _hook_numba()
     return Path(path)
 
 
-def location() -> tuple[Path, str]:
-    """(cache directory, where it comes from: ``NUMBA_CACHE_DIR`` or the default)."""
+def _writable(path: Path) -> bool:
+    """Whether kernels can be written under ``path`` (created if missing): the nearest
+    existing folder is writable, on a file system mounted read-write."""
+    probe = path
+    while not probe.exists():
+        if probe.parent == probe:
+            return False
+        probe = probe.parent
+    return probe.is_dir() and os.access(probe, os.W_OK | os.X_OK)
+
+
+def _check_writable(path: Path) -> None:
+    if _writable(path):
+        _read_only.update(dir=None, fallback=None)
+        return
+    fallback = default_dir()
+    _read_only.update(dir=path, fallback=fallback if fallback != path and _can_write_in(fallback) else None)
+
+
+def _can_write_in(path: Path) -> bool:
+    """Create ``path`` and write a file in it (only for the fallback of a read-only cache:
+    ``os.access`` trusts permissions, not mounts, for root)."""
+    import tempfile
+
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        tempfile.TemporaryFile(dir=path).close()
+    except OSError:
+        return False
+    return True
+
+
+def read_only() -> Path | None:
+    """The configured cache directory when it cannot be written (a shared, read-only install)."""
+    configure()
+    return _read_only["dir"]
+
+
+def writable_dir() -> Path | None:
+    """Where newly compiled kernels are saved: the cache directory, or when that is read-only
+    the user cache directory, or None (compiled in memory, for this process only)."""
     path = configure()
+    return path if _read_only["dir"] is None else _read_only["fallback"]
+
+
+def location() -> tuple[Path, str]:
+    """(the directory compiled kernels are cached in, where it comes from: ``NUMBA_CACHE_DIR``
+    or the default; a read-only one says so, with where new kernels go)."""
+    path = configure()
+    ro = _read_only["dir"]
+    if ro is not None:
+        fallback = _read_only["fallback"]
+        if fallback is None:
+            return ro, f"${ENV} (read-only: its kernels are loaded, new ones compiled in memory for each process)"
+        return fallback, f"the user cache directory: ${ENV} {ro} is read-only (its kernels are loaded from it)"
     if _from_env:
         return path, f"${ENV}"
     return path, f"default: the user cache directory (set ${ENV} to move it)"
+
+
+# ---------------------------------------------------------------------------- Numba's cache, guarded
+
+def _hook_numba() -> None:
+    """Guard Numba's cache once ``numba.core.caching`` is imported (now, if it was): see
+    :func:`_guard`. An import hook, so that this module still imports no numba."""
+    module = sys.modules.get("numba.core.caching")
+    if module is not None:
+        _guard(module)
+    elif not any(isinstance(f, _AfterImport) for f in sys.meta_path):
+        sys.meta_path.insert(0, _AfterImport())
+
+
+class _AfterImport:
+    """A meta-path finder that runs :func:`_guard` right after ``numba.core.caching`` loads."""
+
+    def find_spec(self, name, path=None, target=None):
+        if name != "numba.core.caching":
+            return None
+        import importlib.util
+
+        sys.meta_path.remove(self)
+        spec = importlib.util.find_spec(name)
+        if spec is not None and spec.loader is not None:
+            spec.loader = _GuardingLoader(spec.loader)
+        return spec
+
+
+class _GuardingLoader:
+    def __init__(self, loader):
+        self.loader = loader
+
+    def create_module(self, spec):
+        return self.loader.create_module(spec)
+
+    def exec_module(self, module):
+        self.loader.exec_module(module)
+        _guard(module)
+
+
+_said: set = set()
+
+
+def _warn_once(key, message: str) -> None:
+    if key not in _said:
+        _said.add(key)
+        import logging
+
+        logging.getLogger(LOG_NAME).warning("%s", message)
+
+
+def _guard(caching) -> None:
+    """Make Numba's cache survive what a shared or damaged cache directory does to it.
+
+    - An entry that cannot be read (an ``.nbi``/``.nbc`` truncated, overwritten, with
+      flipped bytes: ``EOFError``, ``UnpicklingError``, an LLVM bitcode error) is discarded
+      and compiled again, with one warning naming the file; it made every later run crash
+      with Numba's traceback.
+    - A read-only cache directory is read: what it holds is loaded, what it lacks is compiled
+      into the user cache directory (or in memory), said once; Numba silently compiled into
+      another directory (the source tree's ``__pycache__``) instead.
+    - A save that fails (a full disk) keeps the kernel in memory, said once.
+    """
+    if getattr(caching, "_torchfl_guarded", False):
+        return
+    caching._torchfl_guarded = True
+    base = caching.UserProvidedCacheLocator
+
+    class ReadOnlyCacheLocator(base):
+        """Saves into the writable fallback (None: nowhere), loads the read-only directory too."""
+
+        def __init__(self, py_func, py_file):
+            super().__init__(py_func, py_file)
+            sub = self.get_suitable_cache_subpath(py_file)
+            self.read_only_path = os.path.join(str(_read_only["dir"]), sub)
+            fallback = _read_only["fallback"]
+            self.in_memory = fallback is None
+            self._cache_path = self.read_only_path if self.in_memory else os.path.join(str(fallback), sub)
+
+        def ensure_cache_path(self):
+            if self.in_memory:
+                raise OSError(30, "read-only kernel cache", self.read_only_path)
+            super().ensure_cache_path()
+
+        @classmethod
+        def from_function(cls, py_func, py_file):
+            if _read_only["dir"] is None or not os.path.exists(py_file):
+                return None
+            self = cls(py_func, py_file)
+            if not self.in_memory:
+                try:
+                    base.ensure_cache_path(self)
+                except OSError:
+                    self.in_memory, self._cache_path = True, self.read_only_path
+            where = "compiled in memory for each process" if self.in_memory else \
+                f"compiled into {_read_only['fallback']}"
+            ro = _read_only["dir"]
+            what = "is not a directory: new kernels are" if ro.exists() and not ro.is_dir() else \
+                "is read-only: the kernels it holds are loaded from it, the others are"
+            _warn_once("read-only", f"torchfl: the kernel cache {ro} {what} {where} (set {ENV} to a "
+                                    "writable directory to keep them)")
+            return self
+
+    caching.CacheImpl._locator_classes.insert(0, ReadOnlyCacheLocator)
+    load, save = caching.Cache.load_overload, caching.Cache.save_overload
+
+    def load_overload(self, sig, target_context):
+        try:
+            data = load(self, sig, target_context)
+        except Exception as exc:  # noqa: BLE001 - a cache file is untrusted bytes: any failure to read it
+            data = None            # means "no usable entry"; the kernel is compiled again
+            if os.path.isfile(self._cache_file._index_path):   # else no entry at all (a path not a folder)
+                _discard(caching, self, self._cache_file, sig, target_context, exc)
+        locator = self._impl.locator
+        if data is None and isinstance(locator, ReadOnlyCacheLocator) and not locator.in_memory:
+            shared = caching.IndexDataCacheFile(locator.read_only_path, self._impl.filename_base,
+                                                locator.get_source_stamp())
+            try:
+                payload = shared.load(self._index_key(sig, target_context.codegen()))
+                data = None if payload is None else self._impl.rebuild(target_context, payload)
+            except Exception as exc:  # noqa: BLE001 - as above; a read-only file stays as it is
+                data = None
+                if os.path.isfile(shared._index_path):
+                    _discard(caching, self, shared, sig, target_context, exc)
+        return data
+
+    def save_overload(self, sig, data):
+        locator = self._impl.locator
+        if isinstance(locator, ReadOnlyCacheLocator) and locator.in_memory:
+            return
+        try:
+            save(self, sig, data)
+        except OSError as exc:
+            _warn_once(("save", self._cache_path), f"torchfl: could not save a compiled kernel in {self._cache_path} "
+                       f"({exc.strerror or exc}); it is kept in memory for this process")
+
+    caching.Cache.load_overload, caching.Cache.save_overload = load_overload, save_overload
+
+
+def _discard(caching, cache, cache_file, sig, target_context, exc) -> None:
+    """Name and remove the unreadable file of ``cache``'s entry for ``sig`` (the index, or the
+    entry's data file), warning once per file; a file that cannot be removed is left."""
+    bad = Path(cache_file._index_path)
+    try:
+        overloads = cache_file._load_index()
+    except Exception:  # noqa: BLE001 - the index itself is what cannot be read
+        overloads = None
+    if overloads is not None:
+        name = overloads.get(cache._index_key(sig, target_context.codegen()))
+        if name is not None:
+            bad = Path(cache_file._data_path(name))
+    try:
+        bad.unlink()
+        done = "discarded; the kernel is compiled again"
+    except FileNotFoundError:
+        done = "discarded; the kernel is compiled again"
+    except OSError:
+        done = "left in place (cannot be removed); the kernel is compiled again in memory"
+    first = (str(exc).strip().splitlines() or [""])[0][:200]
+    _warn_once(("broken", str(bad)), f"torchfl: kernel cache file {bad} is unreadable ({type(exc).__name__}: "
+                                     f"{first}); {done}")
 
 
 def _source_dirs() -> dict[str, Path]:
@@ -93,6 +313,7 @@ class CachedFunction:
     specialisations: int      # signatures compiled (Numba's index), or .nbc files if unreadable
     bytes: int
     stale: bool = False       # written for another version of the source file
+    broken: list = field(default_factory=list)  # files that cannot be read (recompiled on next use)
 
 
 @dataclass
@@ -104,24 +325,51 @@ class CacheInfo:
     functions: list = field(default_factory=list)        # CachedFunction of this installation
     other_bytes: int = 0                                 # other checkouts' kernels, stray files
     other_dirs: int = 0
+    read_only: bool = False                              # the directory cannot be written
+    writes_to: str | None = None                         # where new kernels go (None: in memory)
 
     def to_dict(self) -> dict:
         return {"path": str(self.path), "source": self.source, "exists": self.exists, "bytes": self.bytes,
                 "other_checkouts_bytes": self.other_bytes, "other_checkouts_dirs": self.other_dirs,
+                "read_only": self.read_only, "new_kernels_go_to": self.writes_to,
+                "broken_files": [f"{x.family}/{name}" for x in self.functions for name in x.broken],
                 "functions": [vars(f) for f in self.functions]}
 
 
+class _Broken(Exception):
+    """A cache file that cannot be read (truncated, overwritten, corrupted)."""
+
+
 def _index(nbi: Path):
-    """(source stamp, number of overloads) from a Numba index file, None if unreadable."""
+    """(source stamp, overloads: key -> data file name) from a Numba index file; None if
+    another Numba wrote it (counted by files instead); :class:`_Broken` if it cannot be read."""
     import pickle
 
     try:
         with open(nbi, "rb") as f:
-            pickle.load(f)                      # the numba version that wrote it
-            stamp, overloads = pickle.loads(f.read())
-        return stamp, len(overloads)
-    except Exception:  # noqa: BLE001 - a cache file of another numba: counted by files instead
+            version = pickle.load(f)            # the numba version that wrote it
+            rest = f.read()
+    except Exception as exc:  # noqa: BLE001 - untrusted bytes: any failure means unreadable
+        raise _Broken(f"{type(exc).__name__}: {exc}") from None
+    if version != _numba_version():
         return None
+    try:
+        stamp, overloads = pickle.loads(rest)
+        return stamp, dict(overloads)
+    except Exception as exc:  # noqa: BLE001 - as above
+        raise _Broken(f"{type(exc).__name__}: {exc}") from None
+
+
+def _readable(nbc: Path) -> bool:
+    """Whether a data file unpickles (what Numba does before it rebuilds the kernel; corruption
+    inside the compiled code itself shows only then, and is discarded at that load)."""
+    import pickle
+
+    try:
+        pickle.loads(nbc.read_bytes())
+    except Exception:  # noqa: BLE001 - untrusted bytes
+        return False
+    return True
 
 
 def _stamp_of(source: Path):
@@ -138,8 +386,14 @@ def _stamp_of(source: Path):
 def info(path: Path | None = None, read_index: bool = True) -> CacheInfo:
     """What the kernel cache holds: per jitted function of this installation, the number of
     compiled specialisations and their size; the rest (other checkouts) in one sum."""
-    where, source = (path, "argument") if path is not None else location()
-    out = CacheInfo(where, source, where.is_dir())
+    if path is not None:
+        where, source = path, "argument"
+    else:
+        configure()
+        where, source = _read_only["dir"] or location()[0], location()[1]
+    out = CacheInfo(where, source, where.is_dir(), read_only=not _writable(where))
+    target = writable_dir() if path is None else (where if not out.read_only else None)
+    out.writes_to = None if target is None else str(target)
     if not out.exists:
         return out
     ours = _source_dirs()
@@ -165,10 +419,18 @@ def info(path: Path | None = None, read_index: bool = True) -> CacheInfo:
                                 line=int(line) if line.isdigit() else 0, specialisations=len(data),
                                 bytes=nbi.stat().st_size + sum(f.stat().st_size for f in data))
             src = src_dir / f"{module}.py"
-            idx = _index(nbi) if read_index else None
+            try:
+                idx = _index(nbi) if read_index else None
+            except _Broken:
+                idx = None
+                fn.broken.append(nbi.name)
             if idx is not None:
-                stamp, fn.specialisations = idx
+                stamp, overloads = idx
+                fn.specialisations = len(overloads)
                 if src.exists():
                     fn.stale = stamp not in _stamp_of(src)
+                if not fn.stale:
+                    fn.broken += [name for name in sorted(overloads.values())
+                                  if not (sub / name).is_file() or not _readable(sub / name)]
             out.functions.append(fn)
     return out

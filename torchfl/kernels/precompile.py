@@ -72,6 +72,10 @@ def count() -> int:
         return 0
     if (os.cpu_count() or 1) < 2:
         return 0
+    from .jitcache import writable_dir
+
+    if writable_dir() is None:   # a read-only cache and no writable one: a helper's compiles reach no one
+        return 0
     return int(value) if value.isdigit() else 2
 
 

@@ -184,6 +184,8 @@ class TimeTerms:
             out.append(f"+{self.launch_s * 1e6:.3g} us launch")
         if self.bound == "off-chip" and self.offchip_sustained != 1.0:
             out.append(f"off-chip bound at {self.offchip_sustained:.0%} sustained")
+        elif self.bound == "on-chip cache":
+            out.append("cache bound: its data stay in the on-chip cache between kernels")
         elif self.bound == "compute" and self.sustained != 1.0:
             out.append(f"compute bound at {self.sustained:.0%} sustained")
         if self.waves and self.wave_efficiency < 1.0 and self.bound == "compute":
@@ -195,10 +197,17 @@ def waves(outputs: int, chip) -> tuple[int, float]:
     """Wave quantisation of a kernel with ``outputs`` output elements (format 1.1): its tiles
     are ceil(outputs / chip.tile_elements), run ``chip.concurrent_tiles`` at once, so it takes
     ceil(tiles / concurrent_tiles) waves and the units are busy tiles / (waves x
-    concurrent_tiles) of that time. ``(0, 1.0)`` where the chip states no grain."""
+    concurrent_tiles) of that time: 109 tiles on 108 units take two waves at 50%.
+
+    A kernel with fewer tiles than one wave is not charged for the idle units: GEMM and
+    convolution libraries split such a kernel's reduction (split-K, stream-K) or shrink its
+    tiles until the chip is full, and a kernel too small for that is bound by its launch.
+    ``(0, 1.0)`` where the chip states no grain."""
     if not getattr(chip, "concurrent_tiles", 0) or outputs <= 0:
         return 0, 1.0
     tiles = -(-int(outputs) // chip.tile_elements)
+    if tiles <= chip.concurrent_tiles:
+        return 1, 1.0
     n = -(-tiles // chip.concurrent_tiles)
     return n, tiles / (n * chip.concurrent_tiles)
 
@@ -215,7 +224,8 @@ def simulated_time(plan_or_traffic, chip, dtype: str, *, flops_scale: float = 1.
     one (``chip.sustained_for(dtype)``) and the compute rate is further scaled by the wave
     efficiency of the kernel's output (:func:`waves`; output elements = bytes written over
     the dtype's size), the bandwidth is ``offchip_bw * offchip_sustained``, and a kernel
-    that moves or computes anything pays ``chip.launch_s`` once.
+    that moves or computes anything pays its launch once (``chip.launch_for(kernel)``: the
+    matrix families' launch where the chip states one, else ``chip.launch_s``).
 
     A bare :class:`Traffic` is priced as one tile (compute + memory: nothing overlaps).
     ``flops_scale`` / ``bytes_scale`` scale every tile's counts (analyze: the counted
@@ -225,7 +235,12 @@ def simulated_time(plan_or_traffic, chip, dtype: str, *, flops_scale: float = 1.
 
 def time_terms(plan_or_traffic, chip, dtype: str, *, flops_scale: float = 1.0,
                bytes_scale: float = 1.0) -> TimeTerms:
-    """:func:`simulated_time` with its terms (see :class:`TimeTerms`)."""
+    """:func:`simulated_time` with its terms (see :class:`TimeTerms`).
+
+    On a chip whose cache keeps data between kernels (format 1.1
+    ``on_chip_cache.retains_between_kernels``: ``chip.cache_retains``), a kernel whose whole
+    traffic fits the cache moves it at ``chip.cache_bw``, not off-chip: its operands are where
+    the previous kernel (or the previous call) left them."""
     if isinstance(plan_or_traffic, Traffic):
         groups, util, cfg = ((1, plan_or_traffic),), 1.0, None
         written = plan_or_traffic.bytes_written
@@ -243,6 +258,10 @@ def time_terms(plan_or_traffic, chip, dtype: str, *, flops_scale: float = 1.0,
     peak = rate * util / flops_scale if flops_scale else float("inf")
     off = getattr(chip, "offchip_sustained", 1.0)
     bw = (chip.offchip_bw if off == 1.0 else chip.offchip_bw * off) / bytes_scale if bytes_scale else float("inf")
+    warm = (getattr(chip, "cache_retains", False) and cfg is not None
+            and plan_or_traffic.traffic.bytes <= chip.cache_bytes)
+    if warm:        # format 1.1: the data stay in a cache that keeps them between kernels
+        bw = chip.cache_bw / bytes_scale if bytes_scale else float("inf")
     steady = comp = mem = serial = 0.0
     n = 0
     for c, t in groups:
@@ -258,9 +277,11 @@ def time_terms(plan_or_traffic, chip, dtype: str, *, flops_scale: float = 1.0,
         body = float(steady + serial)
     else:
         body = float(steady + (min(comp, mem) / n if cfg.pipelined_tiles else 0.0))
-    launch = float(getattr(chip, "launch_s", 0.0))
+    kernel = "" if isinstance(plan_or_traffic, Traffic) else plan_or_traffic.kernel
+    launch = float(chip.launch_for(kernel)) if hasattr(chip, "launch_for") else 0.0
     return TimeTerms(body + launch if launch else body, launch, comp, mem,
-                     "compute" if comp >= mem else "off-chip", sustained, off, n_waves, wave_eff)
+                     "compute" if comp >= mem else "on-chip cache" if warm else "off-chip", sustained, off,
+                     n_waves, wave_eff)
 
 
 def round_trip_time(nbytes: int, chip) -> float:

@@ -88,6 +88,7 @@ class _CallBuilder:
         self.keep: list = []
 
     build = True  # False: signature and paths only (no TensorMeta objects), for cache hits
+    _policy: dict = {}   # the call's dtype arguments as the precision policy plans them (call())
 
     def meta(self, fx_name: str, layout: str | None, path):
         ir_name = self.ir.fx_to_ir.get(fx_name)
@@ -134,6 +135,7 @@ class _CallBuilder:
             return [p[0] for p in pairs], tuple(p[1] for p in pairs)
         if isinstance(value, torch.dtype):
             d = short_dtype(value)
+            d = self._policy.get(d, d)
             return d, d
         if isinstance(value, (torch.device, torch.layout, torch.memory_format)):
             d = str(value).removeprefix("torch.")
@@ -149,8 +151,14 @@ class _CallBuilder:
             self.build = True
 
     def call(self, node, layout, step=None):
-        """(Call, signature) of one FX node (Call is None in signature-only mode)."""
+        """(Call, signature) of one FX node (Call is None in signature-only mode).
 
+        A dtype argument naming the dtype the node's output has in the graph reads as the dtype
+        that value has on the chip: under a precision policy ``softmax(x, dtype=torch.float64)``
+        and ``x.float()`` produce the policy's dtype, like float64 and float32 inputs do."""
+        info = self.ir.values.get(node.name)
+        self._policy = {info.graph_dtype: info.dtype} if info is not None and info.graph_dtype != info.dtype \
+            else {}
         args, sig_args = [], []
         for i, a in enumerate(node.args):
             v, sig = self.convert(a, layout, (step, i))

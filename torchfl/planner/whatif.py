@@ -21,7 +21,7 @@ from torchfl.planner.errors import PlanError
 if TYPE_CHECKING:
     from torchfl.planner.target import Target
 
-__all__ = ["chip_of", "registry_chips", "auto_precision", "plan_on", "Planned", "plan_everywhere",
+__all__ = ["chip_of", "registry_chips", "auto_precision", "example_error", "plan_on", "Planned", "plan_everywhere",
            "max_batch", "MaxBatch", "Probe", "compare", "impact", "Impact", "batched", "bound_resource",
            "training_peak"]
 
@@ -135,6 +135,35 @@ def _check_training(out: Planned, chip) -> None:
             f"(the forward's cached weights plus the backward's peak), more than the chip's {fmt_bytes(cap)} "
             f"({cap} B, HCD field memory.off_chip_memory.size_gb); use a smaller batch", out.backward.memory,
             field="memory.off_chip_memory.size_gb", limit=cap, value=out.peak_bytes)
+
+
+def example_error(module, inputs) -> str | None:
+    """Why ``module(*inputs)`` fails, or None: the forward run once on fake tensors (shapes
+    and dtypes only: no compute, no memory), so that a user's model given inputs of the wrong
+    shape is one sentence before any capture (torch.export and Dynamo answered with 168-283
+    lines of their own). The error is the user's code's, whatever its type."""
+    import logging
+
+    import torch
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    quiet = logging.getLogger("torch")   # fake-tensor dispatch logs the failure at ERROR first
+    level = quiet.level
+    quiet.setLevel(logging.CRITICAL)
+    try:
+        with FakeTensorMode(allow_non_fake_inputs=True) as mode, torch.no_grad():
+            fake = tuple(mode.from_tensor(x) if isinstance(x, torch.Tensor) else x for x in inputs)
+            module(*fake)
+    except (KeyboardInterrupt, SystemExit):
+        raise
+    except Exception as exc:  # noqa: BLE001 - user code: anything it raises is the user's to fix
+        shapes = ", ".join(f"{tuple(x.shape)} {str(x.dtype).removeprefix('torch.')}" if isinstance(x, torch.Tensor)
+                           else type(x).__name__ for x in inputs)
+        first = (str(exc).strip().splitlines() or [""])[0]
+        return f"the model's forward fails on its example inputs ({shapes}): {type(exc).__name__}: {first}"
+    finally:
+        quiet.setLevel(level)
+    return None
 
 
 def capture(module, inputs, training=False, packs=()):

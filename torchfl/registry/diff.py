@@ -42,6 +42,7 @@ _UNITS_11 = (
     ("memory.off_chip_memory.sustained_fraction", "fraction of bandwidth"),
     (".sustained_fraction", "fraction of peak"),
     ("execution.launch_overhead_us", "us"),
+    ("execution.matrix_launch_overhead_us", "us"),
     ("execution.concurrent_tiles", "tiles"),
     ("execution.tile_elements", "elements"),
 )

@@ -10,7 +10,7 @@ inserted, and each row carries the SHA-256 of its canonical JSON.
 
 from __future__ import annotations
 
-from sqlalchemy import (Column, DateTime, Float, ForeignKey, Integer, MetaData, String, Table, Text,
+from sqlalchemy import (Boolean, Column, DateTime, Float, ForeignKey, Integer, MetaData, String, Table, Text,
                         UniqueConstraint)
 
 from torchfl.registry.names import TABLE_NAMES
@@ -129,4 +129,34 @@ route_counts = Table(
     Column("route", String(64), nullable=False),
     Column("count", Integer, nullable=False),
     UniqueConstraint("run_id", "op", "route"),
+)
+
+#: One ``torchfl fidelity --record`` run (revision 0006): a chip version's predictions scored
+#: against published measurements; ``tables`` is JSON ``[[file name, sha256 of its text], ...]``.
+fidelity_runs = Table(
+    "fidelity_runs", metadata,
+    *_run_identity(),
+    Column("recorded_at", DateTime(timezone=True), nullable=False),
+    Column("tables", Text, nullable=False),
+)
+
+#: Each scored row: what was measured, what the plan predicted (NULL: not planned, ``reason``
+#: says why); ``in_sample``: a number of the chip was calibrated on this row's table.
+fidelity_rows = Table(
+    "fidelity_rows", metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("run_id", Integer, ForeignKey("fidelity_runs.id"), nullable=False),
+    Column("table_name", String(200), nullable=False),
+    Column("line", Integer, nullable=False),
+    Column("op", String(200), nullable=False),
+    Column("family", String(64), nullable=False),
+    Column("shapes", Text, nullable=False),
+    Column("dtype", String(16), nullable=False),
+    Column("args", Text, nullable=False),
+    Column("source", String(200), nullable=False),
+    Column("measured_s", Float, nullable=False),
+    Column("predicted_s", Float, nullable=True),
+    Column("reason", Text, nullable=True),
+    Column("in_sample", Boolean, nullable=False),
+    UniqueConstraint("run_id", "table_name", "line"),
 )

@@ -57,13 +57,27 @@ class PackError(Exception):
 
 def check_pack(path) -> PackReport:
     """Read and check one rule pack file (what ``registry import`` and ``validate`` read).
-    Never raises for bad input. Decomposition parts are checked against torch's operator
-    schemas here (a cold ``import torch`` where the pack has decompositions); the text of a
-    pack already in a registry was checked so when it was imported."""
+    Never raises for bad input. A user's pack has its decomposition parts checked against
+    torch's operator schemas here (a cold ``import torch`` where it has decompositions); the
+    text of a pack already in a registry was checked so when it was imported."""
     text, diagnostics, _readable = read_source(path, "a rule pack")
     if text is None:
         return PackReport(str(path), diagnostics=diagnostics)
-    return check_pack_text(text, str(path), schemas=True)
+    return check_pack_text(text, str(path), schemas=not _bundled(path))
+
+
+def _bundled(path) -> bool:
+    """A pack shipped with torchfl: its decompositions are checked against torch's schemas by
+    the test suite (tests/rules/test_pack_faults.py), not at every first use of a registry
+    (seeding imports the bundled packs; ``import torch`` would cost it ~1.3 s of CPU)."""
+    from pathlib import Path
+
+    from torchfl.resources import bundled_path
+
+    try:
+        return Path(path).resolve().parent == bundled_path("rules").resolve()
+    except OSError:
+        return False
 
 
 def check_pack_text(text: str, filename: str = "<string>", *, schemas: bool = False) -> PackReport:
@@ -155,8 +169,21 @@ class _Compiler:
             indent = len(first) - len(first.lstrip(" "))
             return body, indent + rel_col + 1
         if lead in ("'", '"'):
-            return line, col + 1 + offset
-        return line, col + offset
+            col += 1
+        return self._folded(line, col, offset)
+
+    def _folded(self, line: int, col: int, offset: int) -> tuple[int, int]:
+        """The position ``offset`` characters into a flow scalar that starts at (line, col)
+        and may continue on the next lines (folded: each line break read as one space)."""
+        while 0 < line <= len(self.lines):
+            rest = len(self.lines[line - 1]) - (col - 1)
+            if offset <= rest or line == len(self.lines):
+                return line, col + min(offset, max(rest, 0))
+            offset -= rest + 1
+            line += 1
+            text = self.lines[line - 1]
+            col = len(text) - len(text.lstrip(" ")) + 1
+        return line, col
 
     # -- passes --
     def run(self):

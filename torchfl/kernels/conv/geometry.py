@@ -38,13 +38,11 @@ def pool_out_size(n: int, k: int, stride: int, pad: int, dil: int, ceil_mode: bo
     """Output length of a pooling axis, torch's rule: with ``ceil_mode`` the last window
     must start inside the input or the left padding."""
     span = dil * (k - 1) + 1
-    num = n + 2 * pad - span
-    if num < 0:
-        return 0
-    out = (-(-num // stride) if ceil_mode else num // stride) + 1
-    if ceil_mode and (out - 1) * stride >= n + pad:
-        out -= 1
-    return out
+    num = n + 2 * pad - span + (stride - 1 if ceil_mode else 0)
+    out = num // stride + 1          # floor division, as torch's div_rtn: a window wider than
+    if ceil_mode and (out - 1) * stride >= n + pad:   # the input still gives one output with
+        out -= 1                     # ceil_mode (EfficientNet's pooler), none without
+    return max(out, 0)
 
 
 def window_span(o0: int, o1: int, stride: int, pad: int, dil: int, k: int) -> tuple[int, int]:

@@ -52,6 +52,14 @@ def reshape_target(src, shape, kernel="reshape"):
     return tuple(shape)
 
 
+def concat_parts(shapes):
+    """The inputs torch.cat really joins: a 1-D empty tensor (shape ``[0]``) beside tensors of
+    another shape is skipped, as torch does (Hugging Face's caches start from one). Returns the
+    shapes of the inputs that count (all of them when every one is ``[0]``)."""
+    kept = [t for t in shapes if tuple(t) != (0,)]
+    return kept or list(shapes)
+
+
 def _dim(d, rank, kernel):
     if not -rank <= d < max(rank, 1):
         raise KernelError(f"{kernel}: dim {d} out of range for rank {rank}")
@@ -98,7 +106,7 @@ def out_meta(p):
             out.append(t)
         return [TensorMeta(tuple(out), p.dtype, lay if pad == 0 else None)]
     if k == "concat":
-        xs = [s[f"x{i}"] for i in range(MAXCAT) if f"x{i}" in s]
+        xs = concat_parts([s[f"x{i}"] for i in range(MAXCAT) if f"x{i}" in s])
         r = len(xs[0])
         d = _dim(a["dim"], r, k)
         for i, t in enumerate(xs):

@@ -86,7 +86,9 @@ def run_layout(ctx):
         return [out]
     if k == "concat":
         xs = [ctx.inputs[f"x{i}"] for i in range(MAXCAT) if f"x{i}" in ctx.inputs]
-        d = a["dim"] % out.ndim
+        if any(tuple(t.shape) != (0,) for t in xs):
+            xs = [t for t in xs if tuple(t.shape) != (0,)]   # torch skips 1-D empty inputs
+        d = a["dim"] % max(out.ndim, 1)
         n = out.numel
         oflat = out.physical().reshape(-1)
         # walk the output: each element comes from exactly one input; gather per input region

@@ -1,16 +1,18 @@
-"""Reductions: sum, mean, amax over dims (keepdim), any input layout (pure Python part).
+"""Reductions: sum, mean, amax over dims (keepdim), and the boolean reductions any / all
+(truth of each element: nonzero or NaN; a bool result), any input layout (pure Python part).
 
 The one tiling function is :func:`reduce_tiling`: outputs are tiled ``TM`` at a time with
 their float accumulators resident; each output's inputs stream through double-buffered
 chunks of ``TR`` elements. Every input element is read exactly once whatever the tiling
 (outputs own disjoint inputs), so the bytes are the input plus the output; the tiling
 only bounds the footprint. Ops: one add/compare per input element, one divide per
-output for ``mean``.
+output for ``mean``. ``any``/``all`` read every dtype the chip stores (masks are bool, the
+index path's ints) and write one bool byte per output.
 """
 from __future__ import annotations
 
 from .. import dtypes as _dt
-from ..dtypes import FLOATS
+from ..dtypes import DTYPES, FLOATS
 from ..errors import KernelError
 from ..spec import KernelSpec, TensorMeta
 from ..tiling import TileConfig, Traffic, make_plan
@@ -18,6 +20,7 @@ from ..tiling import TileConfig, Traffic, make_plan
 __all__ = ["KERNELS", "reduce_dims", "reduce_tiling"]
 
 ACC = 8   # float64 accumulator per output
+BOOL_REDUCE = ("any", "all")   # kernels with a bool result
 
 
 def reduce_dims(p) -> tuple:
@@ -69,13 +72,14 @@ def _meta(p):
         out = tuple(1 if i in dims else s for i, s in enumerate(shape))
     else:
         out = tuple(s for i, s in enumerate(shape) if i not in dims)
-    return [TensorMeta(out, p.dtype, None)]
+    return [TensorMeta(out, "bool" if p.kernel in BOOL_REDUCE else p.dtype, None)]
 
 
 def reduce_tiling(p, chip):
     """The reduce family's one tiling function."""
     M, R, _ = _sizes(p)
     es = _dt.itemsize(p.dtype)
+    oes = _dt.itemsize("bool") if p.kernel in BOOL_REDUCE else es
     if M == 0:
         return make_plan(p.kernel, p.key, TileConfig("streamed", (("outputs", 0), ("chunk", 0))), (), 0)
     cache = chip.cache_bytes
@@ -87,15 +91,15 @@ def reduce_tiling(p, chip):
     groups = []
     for n, cnt in ((tm, full), (rest, 1 if rest else 0)):
         if cnt:
-            groups.append((cnt, Traffic(n * R * es, n * es, n * (R + extra))))
+            groups.append((cnt, Traffic(n * R * es, n * oes, n * (R + extra))))
     strategy = "resident" if tm == M and tr >= R else "streamed"
     cfg = TileConfig(strategy, (("outputs", tm), ("chunk", tr)), strategy == "streamed",
                      f"{tm} accumulators resident, input streamed in chunks of {tr}; footprint {need} B")
     return make_plan(p.kernel, p.key, cfg, groups, need)
 
 
-def _spec(name, fuses, doc):
-    return KernelSpec(name, "reduce", ("x",), {"dim": None, "keepdim": False}, FLOATS, "any", fuses, doc,
+def _spec(name, fuses, doc, dtypes=FLOATS):
+    return KernelSpec(name, "reduce", ("x",), {"dim": None, "keepdim": False}, dtypes, "any", fuses, doc,
                       _check, _meta, reduce_tiling, "run_reduce")
 
 
@@ -104,4 +108,10 @@ KERNELS = [
           "Sum over dims (float64 accumulation, stored in the input dtype), any input layout."),
     _spec("mean", ("aten.mean.dim", "aten.mean.default"), "Mean over dims, any input layout."),
     _spec("amax", ("aten.amax.default",), "Maximum over dims (NaN propagates), any input layout."),
+    _spec("any", ("aten.any.dim", "aten.any.dims", "aten.any.default"),
+          "True where some element over dims is nonzero (NaN counts), any input dtype and layout; bool result.",
+          tuple(DTYPES)),
+    _spec("all", ("aten.all.dim", "aten.all.dims", "aten.all.default"),
+          "True where every element over dims is nonzero (NaN counts; empty: true), any input dtype and "
+          "layout; bool result.", tuple(DTYPES)),
 ]

@@ -15,7 +15,7 @@ from ..codecs import encode16
 from ..staging import _code
 from ..norm.impl import _load, _tables
 
-SUM, MEAN, AMAX = 0, 1, 2
+SUM, MEAN, AMAX, ANY, ALL = 0, 1, 2, 3, 4
 
 
 @njit(cache=True, nogil=True, fastmath={"reassoc", "contract"})
@@ -47,6 +47,25 @@ def reduce_tile(x, seg, el, est, code, m0, m1, R, tr, op, out, ocode):
             out[m] = encode16(ocode, np.float32(acc))
 
 
+@njit(cache=True, nogil=True)
+def truth_tile(x, seg, el, est, code, m0, m1, R, tr, op, out):
+    """any (op ANY) / all (op ALL) of outputs [m0, m1): a bool per output; an element is true
+    when nonzero (NaN is nonzero). Stops reading nothing early: every element is counted."""
+    for m in prange(m0, m1):
+        buf = np.empty(max(tr, 1), np.float32)
+        hit = op == ALL
+        for r0 in range(0, R, tr):
+            r1 = min(R, r0 + tr)
+            _load(x, seg[m], el, est, code, r0, r1, buf)
+            for i in range(r1 - r0):
+                if op == ANY:
+                    if buf[i] != 0:
+                        hit = True
+                elif buf[i] == 0:
+                    hit = False
+        out[m] = hit
+
+
 def run_reduce(ctx):
     from . import _sizes
     from ..conv.geometry import tile_starts
@@ -61,13 +80,17 @@ def run_reduce(ctx):
     x, seg, el, est = _tables(ctx.inputs["x"], kept)
     out = yt.physical().reshape(-1)
     code = _code(p.dtype, chip)
-    op = {"sum": SUM, "mean": MEAN, "amax": AMAX}[p.kernel]
+    op = {"sum": SUM, "mean": MEAN, "amax": AMAX, "any": ANY, "all": ALL}[p.kernel]
     es = _dt.itemsize(p.dtype)
+    oes = _dt.itemsize(yt.dtype)
     tm, tr = cfg.tile("outputs"), cfg.tile("chunk")
     for m0, m1 in tile_starts(M, tm):
-        reduce_tile(x, seg, el, est, code, m0, m1, R, tr, op, out, code)
+        if op >= ANY:
+            truth_tile(x, seg, el, est, code, m0, m1, R, tr, np.int64(op), out)
+        else:
+            reduce_tile(x, seg, el, est, code, m0, m1, R, tr, op, out, code)
         n = m1 - m0
         ctx.read(n * R * es)
-        ctx.write(n * es)
+        ctx.write(n * oes)
         ctx.ops(n * (R + (1 if op == MEAN else 0)))
     return [yt]

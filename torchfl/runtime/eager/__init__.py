@@ -16,6 +16,16 @@ runs: it renames PrivateUse1 to ``npu``, installs ``torch.npu`` and the op fallb
 loads the adapter if a build exists. It imports neither numba nor the registry, and never
 raises (an exception there would break ``import torch`` everywhere). The first use of the
 device builds the adapter if needed (:func:`ensure_adapter`).
+
+The accelerator (issue 36): once ``npu`` is registered, ``torch.accelerator.
+current_accelerator()`` answers ``npu`` in that process, and libraries that pick "the
+accelerator" pick the emulated chip. That is the device's purpose (``model.to(device)``
+unchanged, as with any out-of-tree backend) and it must exist before the process's first
+backward (the autograd engine sizes its device queues once), so registration stays at
+``import torch``. The way out, per process: ``TORCHFL_NPU=0`` skips torchfl's registration
+(``torch.compile(backend="torchfl")`` and the CLI need no device and work as before);
+``TORCH_DEVICE_BACKEND_AUTOLOAD=0`` is torch's switch for every autoloaded backend. A
+program may still call :func:`register` itself after either.
 """
 from __future__ import annotations
 
@@ -31,12 +41,23 @@ _LOCK = threading.RLock()
 
 
 def autoload() -> None:
-    """The ``torch.backends`` entry point: register the device, never raise."""
+    """The ``torch.backends`` entry point: register the device (unless ``TORCHFL_NPU=0``),
+    never raise."""
+    if not npu_enabled():
+        return
     try:
         register()
     except Exception as exc:   # noqa: BLE001 -- must not break `import torch`; kept for diagnosis
         _STATE["autoload_error"] = exc
         LOG.debug("torchfl: the npu device was not registered at import: %s", exc)
+
+
+def npu_enabled() -> bool:
+    """False when ``TORCHFL_NPU`` is 0/false/no/off: ``import torch`` then leaves
+    PrivateUse1 (and ``torch.accelerator``) alone in this process."""
+    import os
+
+    return os.environ.get("TORCHFL_NPU", "").strip().lower() not in ("0", "false", "no", "off")
 
 
 def register() -> None:

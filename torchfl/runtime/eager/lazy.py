@@ -140,9 +140,10 @@ def _outputs_meta(op, flat, spec):
     return out_spec, metas, form
 
 
-def _index_of(flat, kwargs, _ops) -> int:
-    """The device index of the call (``ops._device_of``, which also names mixed devices,
-    when the first npu tensor does not settle it)."""
+def _index_of(flat, kwargs, _ops, op) -> int:
+    """The device index of the call (``ops._device_of``, which also names mixed devices
+    and applies torch's rule for host operands, when the first npu tensor does not settle
+    it)."""
     index = None
     for a in flat:
         if isinstance(a, torch.Tensor):
@@ -153,7 +154,10 @@ def _index_of(flat, kwargs, _ops) -> int:
                 elif (dev.index or 0) != index:
                     index = None
                     break
-    return _ops._device_of(flat, kwargs) if index is None else index
+            elif a.dim() != 0:       # a host operand: the rule decides (usually an error)
+                index = None
+                break
+    return _ops._device_of(flat, kwargs, op) if index is None else index
 
 
 def record(op, args, kwargs):
@@ -166,7 +170,7 @@ def record(op, args, kwargs):
     if not _ops._ROUTES_READY:
         _ops._ensure_functional_routes()
     flat, spec, structure = _flatten(args, kwargs)
-    index = _index_of(flat, kwargs, _ops)
+    index = _index_of(flat, kwargs, _ops, op)
     sig = tuple([(a.shape, a.dtype, a.stride(), a.storage_offset()) if isinstance(a, torch.Tensor)
                  else ("v", repr(a)) for a in flat])
     mkey = (op, structure, sig, torch.get_default_dtype())
@@ -311,17 +315,29 @@ def _run(rec):
         captured = Captured(gm, placeholders, {}, outputs, training=False,
                             extra={"unbatched": _ops.unbatched_inputs(placeholders, rec.inputs)})
         strict = _ops._strict()
-        plan = plan_captured(captured, rec.inputs, target, precision=_ops.eager_precision(), strict=strict)
+        plan = plan_captured(captured, _ops.planning_examples(rec.inputs, target.hcd), target,
+                             precision=_ops.eager_precision(), strict=strict)
         executor = EagerExecutor(plan, target, rec.index, graph_module=gm, strict=strict,
                                  static_inputs=static)
-        entry = _GRAPHS[key] = (plan, executor, writes)
+        entry = _GRAPHS[key] = (plan, executor, writes, _ops._is_random(gm))
         STATS["graphs_planned"] += 1
-    plan, executor, writes = entry
+    plan, executor, writes, random = entry
     _LAST["plan"] = plan
-    results = executor.run(tuple(rec.inputs))
+    if random:
+        from .module import rng_scope
+
+        with rng_scope(rec.index):
+            results = executor.run(tuple(rec.inputs))
+    else:
+        results = executor.run(tuple(rec.inputs))
     with torch.no_grad():
         for t, r in zip(targets, results):
             if isinstance(r, torch.Tensor):
+                if t.shape != r.shape:
+                    # an op whose meta kernel and host kernel disagree on a shape (an eval-mode
+                    # native_batch_norm's saved statistics: (C,) in meta, (0,) computed): the
+                    # tensor takes the computed one, as the op run eagerly returns
+                    t.resize_(r.shape)
                 t.copy_(r)
         for i, r in zip(writes, results[len(results) - len(writes):] if writes else ()):
             rec.inputs[i].copy_(r)      # running statistics a training-mode batch-norm updates

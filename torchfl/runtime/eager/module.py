@@ -3,6 +3,19 @@
     torch.npu.device_count(); torch.npu.get_device_name(1)        # 'NPU-V3'
     torch.npu.memory_allocated(0); torch.npu.max_memory_allocated(0)
     torch.npu.reset_peak_memory_stats(0); torch.npu.empty_cache()
+    torch.npu.manual_seed(0); s = torch.npu.get_rng_state(); torch.npu.set_rng_state(s)
+    with torch.autocast("npu", dtype=torch.float16): ...; torch.amp.GradScaler("npu")
+
+What device-generic torch code asks a device module for: the RNG functions
+(``torch.manual_seed``, ``torch.random.fork_rng``, ``torch.utils.checkpoint``), AMP's
+``get_amp_supported_dtype`` (``torch.autocast``), ``_is_in_bad_fork``.
+
+Random numbers. The emulated chips draw on the host (a random op is a host write or a
+plan's host step), but each device has its own generator, as a CUDA device has:
+``rng_scope(index)`` runs a host draw with the CPU default generator swapped for the
+device's, so ``torch.npu.manual_seed`` / ``get_rng_state`` / ``set_rng_state`` govern npu
+draws and leave the CPU stream alone (and ``torch.manual_seed`` seeds both, as it does
+CUDA). Generators are made on first use: seeding touches no registry.
 """
 from __future__ import annotations
 
@@ -13,6 +26,8 @@ from . import device as _dev
 __all__ = ["is_available", "is_initialized", "device_count", "current_device", "set_device", "device",
            "get_device_name", "memory_allocated", "max_memory_allocated", "memory_reserved",
            "reset_peak_memory_stats", "empty_cache", "synchronize", "manual_seed", "manual_seed_all",
+           "seed", "seed_all", "initial_seed", "get_rng_state", "set_rng_state", "get_rng_state_all",
+           "set_rng_state_all", "rng_scope", "get_amp_supported_dtype", "is_bf16_supported", "chip_device",
            "lazy"]
 
 
@@ -69,6 +84,19 @@ def get_device_name(index=None) -> str:
     return _dev.chip_names()[_dev._index(index)]
 
 
+def chip_device(name: str):
+    """The ``torch.device`` (``npu:i``) of the chip named ``name`` in this process's device
+    list (``torch.npu.chip_device("TFL-X1")``), so code need not know the index order."""
+    import torch
+
+    names = _dev.chip_names()
+    if name not in names:
+        raise ValueError(f"no npu device is the chip {name!r}: this process has "
+                         f"{', '.join(f'npu:{i}={c}' for i, c in enumerate(names)) or 'none'}; "
+                         "set TORCHFL_DEVICES (comma-separated chip names) before the first use to choose them")
+    return torch.device("npu", names.index(name))
+
+
 def get_device_properties(index=None):
     """The chip's :class:`~torchfl.kernels.ChipModel` (cache, bandwidths, peaks, memory)."""
     return _dev.chip_of(index)
@@ -106,13 +134,115 @@ def synchronize(index=None) -> None:
     _lazy.flush_all()
 
 
+# ---------------------------------------------------------------- random numbers
+
+_DEFAULT_SEED = 67280421310721          # torch's default seed of a device generator
+_SEED: list = [_DEFAULT_SEED]            # what a generator made from now on starts from
+_GENERATORS: dict = {}                   # device index -> torch.Generator (CPU: draws run on the host)
+
+
+def _generator(index=None):
+    i = _dev._index(index)
+    gen = _GENERATORS.get(i)
+    if gen is None:
+        import torch
+
+        gen = _GENERATORS[i] = torch.Generator()
+        gen.manual_seed(_SEED[0])
+    return gen
+
+
+@contextlib.contextmanager
+def rng_scope(index):
+    """Run host random draws of device ``index`` from its generator: the CPU default
+    generator holds the device's state inside the block, and its own again after."""
+    import torch
+
+    gen = _generator(index)
+    cpu = torch.default_generator
+    saved = cpu.get_state()
+    cpu.set_state(gen.get_state())
+    try:
+        yield
+    finally:
+        gen.set_state(cpu.get_state())
+        cpu.set_state(saved)
+
+
 def manual_seed(seed: int) -> None:
-    """Nothing to do: random ops on npu tensors draw from the CPU generator (they run on
-    the host), so ``torch.manual_seed`` (which calls this) already makes them reproducible."""
+    """Seed the current device's generator (like ``torch.cuda.manual_seed``)."""
+    _generator(None).manual_seed(int(seed))
 
 
 def manual_seed_all(seed: int) -> None:
-    """See :func:`manual_seed`."""
+    """Seed every device's generator (``torch.manual_seed`` calls this): lazily, so that
+    seeding opens no registry in programs that never use the device."""
+    _SEED[0] = int(seed)
+    for gen in _GENERATORS.values():
+        gen.manual_seed(int(seed))
+
+
+def seed() -> None:
+    """A random seed for the current device's generator."""
+    _generator(None).seed()
+
+
+def seed_all() -> None:
+    import random
+
+    manual_seed_all(random.getrandbits(63))
+
+
+def initial_seed() -> int:
+    return _generator(None).initial_seed()
+
+
+def get_rng_state(device="npu"):
+    """The generator state of ``device`` (index, ``"npu:1"`` or a torch.device; the
+    current device for ``"npu"``) as a CPU ByteTensor, as ``torch.cuda`` returns it."""
+    return _generator(_rng_index(device)).get_state()
+
+
+def set_rng_state(new_state, device="npu") -> None:
+    _generator(_rng_index(device)).set_state(new_state.to("cpu", copy=True) if new_state.device.type != "cpu"
+                                             else new_state.clone())
+
+
+def get_rng_state_all() -> list:
+    return [get_rng_state(i) for i in range(device_count())]
+
+
+def set_rng_state_all(new_states) -> None:
+    for i, state in enumerate(new_states):
+        set_rng_state(state, i)
+
+
+def _rng_index(device):
+    if isinstance(device, str) and device == "npu":
+        return None
+    return device
+
+
+# ---------------------------------------------------------------- AMP
+
+def get_amp_supported_dtype() -> list:
+    """The dtypes ``torch.autocast("npu", dtype=...)`` accepts. Whether a chip computes in
+    them is the planner's question (an op in a dtype the chip lacks is refused by name)."""
+    import torch
+
+    from . import amp
+
+    amp.install()        # torch.autocast("npu") asks this first: the kernels go in now
+    return [torch.float16, torch.bfloat16]
+
+
+def is_bf16_supported(including_emulation: bool = True) -> bool:
+    """Whether the current device's chip stores bfloat16 (natively, or emulated when
+    ``including_emulation``)."""
+    hcd = _dev.hcd_of(None)
+    if "bfloat16" in hcd.dtypes:
+        return True
+    return bool(including_emulation and hcd.constraints.bfloat16_emulation)
 
 
 def lazy(enabled: bool = True):
@@ -120,3 +250,11 @@ def lazy(enabled: bool = True):
     from . import lazy as _lazy
 
     return _lazy.lazy_mode(enabled)
+
+
+def __getattr__(name):
+    # ``torch.utils.checkpoint`` saves a device's RNG state only when its module says
+    # ``_initialized`` (as torch.cuda does once it has a context): true once the adapter runs
+    if name == "_initialized":
+        return is_initialized()
+    raise AttributeError(f"module 'torch.npu' has no attribute {name!r}")

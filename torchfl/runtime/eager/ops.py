@@ -84,6 +84,8 @@ def run_eager(op, args, kwargs):
         return _functional(op, args, kwargs)
     if kind == "write":
         return _host_write(op, args, kwargs)
+    if kind == "composed":
+        return _COMPOSED[op._schema.name.split("::")[-1]](*args, **kwargs)
     return _mutating(op, args, kwargs)
 
 
@@ -94,13 +96,66 @@ def _kind(op) -> str:
     """How ``op`` runs (once per op): a host write, a mutating op or a functional one."""
     schema = op._schema
     base = schema.name.split("::")[-1]
-    kind = ("write" if base in HOST_WRITES or base + "_" in HOST_WRITES
+    kind = ("write" if base in HOST_WRITES or base + "_" in HOST_WRITES or _is_factory(schema)
+            else "composed" if base in _COMPOSED
             else "mutating" if schema.is_mutable else "functional")
     _KINDS[op] = kind
     return kind
 
 
+def _is_factory(schema) -> bool:
+    """An op that reads no tensor (``arange``, ``full``, ``linspace``): its values are made
+    on the host and written to the device, like a fill (the compile path folds them). Its
+    ``out=`` tensor (structured factories reach the device as ``arange.start_out``) is
+    where it writes, not what it reads."""
+    return not any("Tensor" in str(a.type) and not (a.alias_info is not None and a.alias_info.is_write)
+                   for a in schema.arguments)
+
+
 _ROUTES_READY = False
+
+
+# ---------------------------------------------------------------- AMP's bookkeeping ops
+
+def _amp_unscale_(grads, found_inf, inv_scale):
+    """``torch._amp_foreach_non_finite_check_and_unscale_`` (GradScaler.unscale_): each
+    gradient times ``inv_scale`` on the chip (a planned ``mul``), ``found_inf`` set to 1
+    when one holds an inf or NaN (its float32 sum is then not finite: read back as a scalar)."""
+    import math
+
+    bad = False
+    with torch.no_grad():
+        for g in grads:
+            if not bad and not math.isfinite(float(g.float().sum())):
+                bad = True
+            g.mul_(inv_scale)
+        if bad:
+            found_inf.fill_(1.0)
+
+
+def _amp_update_scale_(scale, growth_tracker, found_inf, growth_factor, backoff_factor, growth_interval):
+    """``torch._amp_update_scale_`` (GradScaler.update) on three scalars, as CUDA's kernel:
+    back off after an inf, grow after ``growth_interval`` clean steps."""
+    import math
+
+    with torch.no_grad():
+        if float(found_inf) != 0.0:
+            scale.fill_(float(scale) * backoff_factor)
+            growth_tracker.fill_(0)
+        else:
+            successful = int(growth_tracker) + 1
+            if successful == growth_interval:
+                grown = float(scale) * growth_factor
+                if math.isfinite(grown):
+                    scale.fill_(grown)
+                growth_tracker.fill_(0)
+            else:
+                growth_tracker.fill_(successful)
+    return scale
+
+
+_COMPOSED = {"_amp_foreach_non_finite_check_and_unscale_": _amp_unscale_,
+             "_amp_update_scale_": _amp_update_scale_}
 
 
 def _ensure_functional_routes():
@@ -119,7 +174,10 @@ def _ensure_functional_routes():
 
 # ---------------------------------------------------------------- signatures
 
-def _device_of(flat, kwargs) -> int:
+def _device_of(flat, kwargs, op=None) -> int:
+    """The npu index of a call. torch's rule for mixed devices, as on CUDA: every tensor
+    argument is on that one device, except CPU tensors of zero dimensions (scalars,
+    ``x * torch.tensor(2.)``) and, for indexing ops, CPU index tensors."""
     index = None
     for a in flat:
         if isinstance(a, torch.Tensor) and a.device.type == "npu":
@@ -135,7 +193,25 @@ def _device_of(flat, kwargs) -> int:
             index = torch.device(dev).index or 0
         else:
             index = _dev.adapter_current()
+    else:
+        _check_host_operands(flat, index, op)
     return index
+
+
+# ops that take host index tensors beside device tensors (as CUDA's do)
+_HOST_INDICES = frozenset({"index", "index_put", "index_put_", "_index_put_impl", "_index_put_impl_",
+                           "_unsafe_index", "_unsafe_index_put"})
+
+
+def _check_host_operands(flat, index, op) -> None:
+    for a in flat:
+        if isinstance(a, torch.Tensor) and a.device.type != "npu" and a.dim() != 0:
+            if op is not None and op._schema.name.split("::")[-1] in _HOST_INDICES and a.device.type == "cpu":
+                continue
+            raise RuntimeError(
+                f"Expected all tensors to be on the same device, but found at least two devices, npu:{index} and "
+                f"{a.device}! ({_label(op) if op is not None else 'this op'} got a {a.device} tensor of shape "
+                f"{tuple(a.shape)}: move it with .to('npu:{index}'); only 0-dim CPU tensors mix with npu ones)")
 
 
 def _arg_key(a):
@@ -160,13 +236,22 @@ class _ChipRoute:
     direct = None                      # a DirectRun once prepared (False: the plan needs the executor)
     last_kernel_s = 0.0                # the last call's time in the kernel (tools/bench_eager.py)
 
-    def __init__(self, plan, executor, out_spec, label, fallback: bool, writes=()):
+    def __init__(self, plan, executor, out_spec, label, fallback: bool, writes=(), keep=None, random=False):
         self.plan, self.executor, self.out_spec, self.label = plan, executor, out_spec, label
         self.fallback = fallback
         self.writes = tuple(writes)    # input positions the op updates in place (extra outputs)
         self.single = out_spec.is_leaf()
+        self.keep = keep               # positions of the distinct tensors when one is passed twice
+        self.random = random           # draws random numbers (on the host): from the device's generator
 
     def call(self, args, kwargs, tensors):
+        if self.keep is not None:
+            tensors = [tensors[i] for i in self.keep]
+        if self.random:
+            from .module import rng_scope
+
+            with rng_scope(self.executor.index):
+                return self.run(tensors)
         return self.run(tensors)
 
     def run(self, tensors):
@@ -207,7 +292,55 @@ class _HostRoute:
     def run_args(self, args, kwargs):
         STATS["host_fallback_ops"] += 1
         ROUTES[(self.label, "host fallback")] += 1
+        if _is_random_op(self.op):
+            from .module import rng_scope
+
+            with rng_scope(self.index):
+                return _on_host(self.op, args, kwargs, self.index)
         return _on_host(self.op, args, kwargs, self.index)
+
+
+def _is_random_op(op) -> bool:
+    return isinstance(op, torch._ops.OpOverload) and torch.Tag.nondeterministic_seeded in op.tags
+
+
+def _is_random(gm) -> bool:
+    """Whether a traced graph draws random numbers (dropout's ``rand``/``bernoulli``, sdpa
+    with dropout...): such graphs run with the device's generator in place."""
+    return any(n.op == "call_function" and _is_random_op(n.target) for n in gm.graph.nodes)
+
+
+def alias_pattern(tensors):
+    """None when every tensor argument is a distinct object, else for each the position of
+    its first occurrence (``t + t``: (0, 0)). One storage passed twice is one plan input:
+    device memory counts storages, not arguments (issue 39)."""
+    ids = [id(t) for t in tensors]
+    if len(set(ids)) == len(ids):
+        return None
+    return tuple(ids.index(i) for i in ids)
+
+
+def distinct_positions(pattern):
+    """The positions of the distinct tensors of an :func:`alias_pattern`."""
+    return tuple(i for i, first in enumerate(pattern) if first == i)
+
+
+def planning_examples(tensors, hcd) -> list:
+    """The tensors as the planner should see them. A view is storage strides, not a chip
+    layout: a tensor stored in a permutation the chip does not compute in (attention's
+    heads moved, ``NWCH``) is planned as a row-major input, and the executor converts it on
+    upload (a counted conversion, ``STATS["converted_inputs"]``) instead of the planner
+    refusing the layout."""
+    from torchfl.planner.constraints import tensor_layout
+
+    layouts = hcd.layouts
+    out = []
+    for t in tensors:
+        lay = tensor_layout(t) if t.dim() == 4 else None
+        if lay is not None and lay not in layouts:
+            t = torch.empty(tuple(t.shape), dtype=t.dtype, device="meta")
+        out.append(t)
+    return out
 
 
 def _label(op) -> str:
@@ -237,16 +370,24 @@ def _native_batch_norm(input, weight, bias, running_mean, running_var, training,
 
 
 _TRACE_AS = {torch.ops.aten.native_batch_norm.default: _native_batch_norm}
+# composite ops the adapter routes whole (routing.install) and the rules map as they are
+_KEPT_WHOLE = frozenset({torch.ops.aten.scaled_dot_product_attention.default})
 
 
-def _trace(op, flat, spec, tensors, table):
-    """The op alone as a core-ATen FX graph over its tensor arguments."""
+def _trace(op, flat, spec, tensors, table, alias=None):
+    """The op alone as a core-ATen FX graph over its (distinct) tensor arguments."""
     from torch.fx.experimental.proxy_tensor import make_fx
 
     is_tensor = [isinstance(a, torch.Tensor) for a in flat]
     call = _TRACE_AS.get(op, op)
+    if alias is not None:
+        keep = distinct_positions(alias)
+        slot = {p: i for i, p in enumerate(keep)}
+        tensors = [tensors[p] for p in keep]
 
     def one_op(*ts):
+        if alias is not None:
+            ts = [ts[slot[first]] for first in alias]
         it = iter(ts)
         vals = [next(it) if t else a for a, t in zip(flat, is_tensor)]
         a, k = tree_unflatten(vals, spec)
@@ -254,7 +395,10 @@ def _trace(op, flat, spec, tensors, table):
 
     examples = [torch.empty_strided(tuple(t.shape), tuple(t.stride()), dtype=t.dtype) for t in tensors]
     with torch.no_grad():
-        gm = make_fx(one_op, decomposition_table=table, tracing_mode="fake")(*examples)
+        if op in _KEPT_WHOLE:     # a composite the rules map whole: pre-dispatch keeps it one node
+            gm = make_fx(one_op, tracing_mode="fake", pre_dispatch=True)(*examples)
+        else:
+            gm = make_fx(one_op, decomposition_table=table, tracing_mode="fake")(*examples)
     _drop_dead(gm)
     return gm
 
@@ -305,10 +449,11 @@ def _decompositions(packs) -> dict:
     return {op: fn for op, fn in training_decompositions(packs).items() if str(op) not in keep}
 
 
-def _build(op, index, flat, spec, tensors):
+def _build(op, index, flat, spec, tensors, alias=None):
     from torchfl.planner.api import plan_captured
     from torchfl.planner.capture import Captured, CaptureError
     from torchfl.planner.errors import PlanError
+    from torchfl.planner.graph import check_static_shapes
 
     from .executor import EagerExecutor
 
@@ -316,10 +461,24 @@ def _build(op, index, flat, spec, tensors):
     target = _dev.target_of(index)
     table = decompositions(target.packs)
     try:
-        gm = _trace(op, flat, spec, tensors, table)
+        gm = _trace(op, flat, spec, tensors, table, alias)
     except Exception as exc:   # an op with no meta/fake kernel, data-dependent output shapes
         return _host(op, index, label, f"cannot be traced alone ({type(exc).__name__}: "
                                        f"{str(exc).strip().splitlines()[0] if str(exc).strip() else ''})")
+    try:
+        check_static_shapes(gm)
+    except CaptureError:       # boolean masks, nonzero, unique: sizes known only from the data
+        return _host(op, index, label, "its output shape depends on the data (boolean mask, nonzero, unique)")
+    keep = None
+    if alias is not None:
+        keep = distinct_positions(alias)
+        tensors = [tensors[p] for p in keep]
+    if eager_precision() is None and tensors and all(t.dim() == 0 for t in tensors) \
+            and any(t.dtype == torch.float64 for t in tensors):
+        # no chip stores float64; a float64 scalar is bookkeeping (GradScaler's
+        # ``scale.double().reciprocal()``): computed on the host, logged, refused by strict
+        return _host(op, index, label, "a float64 scalar (no chip stores float64; TORCHFL_PRECISION plans "
+                                       "it on the chip)")
     placeholders = [(n.name, "input", i) for i, n in enumerate(n for n in gm.graph.nodes if n.op == "placeholder")]
     out_node = next(n for n in gm.graph.nodes if n.op == "output")
     out_spec = tree_flatten(out_node.args[0])[1]
@@ -330,12 +489,14 @@ def _build(op, index, flat, spec, tensors):
                         extra={"unbatched": unbatched_inputs(placeholders, tensors)})
     strict = _strict()
     try:
-        plan = plan_captured(captured, tensors, target, precision=eager_precision(), strict=strict)
+        plan = plan_captured(captured, planning_examples(tensors, target.hcd), target, precision=eager_precision(),
+                             strict=strict)
     except (PlanError, CaptureError):
         raise          # hard constraints, precision, strict: the compile path's own errors
     executor = EagerExecutor(plan, target, index, graph_module=gm, strict=strict)
     STATS["plans"] += 1
-    return _ChipRoute(plan, executor, out_spec, label, fallback=bool(plan.fallbacks), writes=writes)
+    return _ChipRoute(plan, executor, out_spec, label, fallback=bool(plan.fallbacks), writes=writes, keep=keep,
+                      random=_is_random(gm))
 
 
 def unbatched_inputs(placeholders, tensors) -> list:
@@ -392,8 +553,10 @@ def _fast_key(op, args):
            torch.is_grad_enabled()]
     npu = False
     tensor = torch.Tensor
+    ids = []
     for a in args:
         if isinstance(a, tensor):
+            ids.append(id(a))
             dev = a.device
             npu = npu or dev.type == "npu"
             base = a._base
@@ -412,6 +575,8 @@ def _fast_key(op, args):
             key.append((a.__class__, a))
     if not npu:
         return None
+    if len(ids) > 1 and len(set(ids)) != len(ids):
+        key.append(("alias", tuple(ids.index(i) for i in ids)))
     try:
         hash(key := tuple(key))
     except TypeError:
@@ -422,16 +587,17 @@ def _fast_key(op, args):
 def _route(op, args, kwargs):
     """The route for this call (built on first use) and its flat tensor arguments."""
     flat, spec = tree_flatten((args, kwargs))
-    index = _device_of(flat, kwargs)
-    key = (op, index, _strict(), eager_precision(), torch._C._current_autograd_node() is not None, str(spec),
-           tuple(_arg_key(a) for a in flat))
-    route = _CACHE.get(key)
+    index = _device_of(flat, kwargs, op)
     tensors = [a for a in flat if isinstance(a, torch.Tensor)]
+    alias = alias_pattern(tensors)
+    key = (op, index, _strict(), eager_precision(), torch._C._current_autograd_node() is not None, str(spec),
+           tuple(_arg_key(a) for a in flat), alias)
+    route = _CACHE.get(key)
     if route is None:
         with _LOCK:
             route = _CACHE.get(key)
             if route is None:
-                route = _CACHE[key] = _build(op, index, flat, spec, tensors)
+                route = _CACHE[key] = _build(op, index, flat, spec, tensors, alias)
     return route, tensors
 
 
@@ -484,9 +650,18 @@ def _written(op, args, kwargs):
 
 def _host_write(op, args, kwargs):
     """A random or constant fill: made on the host, copied into the device tensor."""
-    index = _device_of(tree_flatten((args, kwargs))[0], kwargs)
+    index = _device_of(tree_flatten((args, kwargs))[0], kwargs, op)
     STATS["host_writes"] += 1
     ROUTES[(_label(op), "host write")] += 1
+    if _is_random_op(op):
+        from .module import rng_scope
+
+        with rng_scope(index):
+            return _host_write_at(op, args, kwargs, index)
+    return _host_write_at(op, args, kwargs, index)
+
+
+def _host_write_at(op, args, kwargs, index):
     targets = _written(op, args, kwargs)
     if not targets:      # a functional random op (normal, bernoulli): its result, on the device
         return _on_host(op, args, kwargs, index)
@@ -531,7 +706,7 @@ def _mutating(op, args, kwargs):
     targets = _written(op, args, kwargs)
     if functional is None or not targets:
         flat = tree_flatten((args, kwargs))[0]
-        index = _device_of(flat, kwargs)
+        index = _device_of(flat, kwargs, op)
         label = _label(op)
         key = (op, index, _strict(), "host")
         route = _CACHE.get(key)

@@ -33,8 +33,65 @@ def install() -> None:
     aten = torch.library.Library("aten", "IMPL")   # noqa: TOR901
     aten.impl("convolution_overrideable", _convolution, "PrivateUse1")
     aten.impl("convolution_backward_overrideable", _convolution_backward, "PrivateUse1")
+    # attention: whole (the chip's attention kernel) when no gradient is wanted; else the
+    # composition below, in the inputs' dtype (torch's own "math" path upcasts float16 to
+    # float32, which a float16-only chip cannot compute)
+    aten.impl("scaled_dot_product_attention", _sdpa_device, "PrivateUse1")
+    aten.impl("scaled_dot_product_attention", _sdpa_autograd, "AutogradPrivateUse1")
     _LIBS.append(aten)
     _patch_printing()
+
+
+def _sdpa_device(*args, **kwargs):
+    import torch
+
+    from .ops import dispatch
+
+    return dispatch(torch.ops.aten.scaled_dot_product_attention.default, args, kwargs)
+
+
+def _sdpa_autograd(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+                   enable_gqa=False):
+    import torch
+
+    wants_grad = torch.is_grad_enabled() and any(
+        t is not None and t.requires_grad for t in (query, key, value, attn_mask))
+    if not wants_grad:
+        with torch._C._AutoDispatchBelowAutograd():
+            return torch.ops.aten.scaled_dot_product_attention.default(
+                query, key, value, attn_mask, dropout_p, is_causal, scale=scale, enable_gqa=enable_gqa)
+    return sdpa_composite(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+
+
+def sdpa_composite(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
+                   enable_gqa=False):
+    """Scaled dot-product attention from differentiable ops, in the inputs' dtype (the
+    chip's kernels accumulate in float32): torch's math path with its sqrt(scale) on each
+    side, without its float32 upcast."""
+    import math
+
+    import torch
+
+    L, S = query.size(-2), key.size(-2)
+    scale = 1.0 / math.sqrt(query.size(-1)) if scale is None else scale
+    if enable_gqa and key.size(-3) != query.size(-3):
+        rep = query.size(-3) // key.size(-3)
+        key = key.repeat_interleave(rep, -3)
+        value = value.repeat_interleave(rep, -3)
+    root = math.sqrt(scale)
+    attn = (query * root) @ (key * root).transpose(-2, -1)
+    if is_causal:
+        keep = torch.ones(L, S, dtype=torch.bool).tril().to(query.device)    # made on the host
+        attn = attn.masked_fill(keep.logical_not(), float("-inf"))
+    if attn_mask is not None:
+        if attn_mask.dtype == torch.bool:
+            attn = attn.masked_fill(attn_mask.logical_not(), float("-inf"))
+        else:
+            attn = attn + attn_mask
+    attn = torch.softmax(attn, -1)
+    if dropout_p > 0.0:
+        attn = torch.nn.functional.dropout(attn, dropout_p)
+    return attn @ value
 
 
 def _convolution(*args, **kwargs):

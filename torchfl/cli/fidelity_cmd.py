@@ -1,0 +1,132 @@
+"""``torchfl fidelity``: score the planner's predicted times against tables of measured ones.
+
+Default tables: the published ones bundled with torchfl (``measurements/*.csv``). Each row is
+planned as a one-op graph on the chip it names (resolved in the registry) and its per-call
+predicted time compared with the measured one; scores per chip and op family. ``--record``
+keeps each chip's run as evidence in the registry (``plan explain`` then says how well the
+chip's predictions are checked). torch and the planner are imported inside the command.
+"""
+from __future__ import annotations
+
+import json
+import sys
+
+import click
+
+
+def _pct(x) -> str:
+    return "-" if x is None else f"{x:.1%}"
+
+
+@click.command()
+@click.option("--table", "tables", multiple=True, type=click.Path(dir_okay=False),
+              help="A fidelity CSV (chip,op,shapes,dtype,args,seconds,source); repeat for several. "
+                   "Default: the published tables bundled with torchfl.")
+@click.option("--chip", default=None, help="Score only this chip's rows.")
+@click.option("--json", "as_json", is_flag=True, help="Print scores and every row's prediction as JSON.")
+@click.option("--record", is_flag=True, help="Store each chip's run as fidelity evidence in the registry.")
+@click.option("--worst", type=click.IntRange(min=0), default=3, show_default=True,
+              help="Worst rows listed per chip and family.")
+@click.option("--registry", default=None, help="Registry URL (default: TORCHFL_REGISTRY_URL or the user's).")
+def fidelity(tables, chip, as_json, record, worst, registry) -> None:
+    """Score predicted against measured op times, per chip and op family."""
+    import os
+    import warnings
+
+    os.environ.setdefault("TORCHDYNAMO_VERBOSE", "0")
+    warnings.filterwarnings("ignore")
+    from torchfl.fidelity.tables import TableError, bundled_tables, load_tables
+    from torchfl.registry import RegistryError
+
+    try:
+        loaded = load_tables(tables or bundled_tables())
+    except TableError as exc:
+        for problem in exc.problems:
+            click.echo(f"error: {problem}", err=True)
+        sys.exit(2)
+    if chip is not None and not any(r.chip == chip for t in loaded for r in t.rows):
+        names = sorted({r.chip for t in loaded for r in t.rows})
+        click.echo(f"error: no row of the tables is for chip {chip!r}; their chips: {', '.join(names)}", err=True)
+        sys.exit(1)
+    try:
+        result = _score(loaded, chip, registry, worst)
+        runs = _record(result, registry) if record else {}
+    except RegistryError as exc:
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(1)
+    if as_json:
+        out = result.as_dict()
+        out["recorded_runs"] = runs
+        click.echo(json.dumps(out, indent=2, sort_keys=True))
+    else:
+        _print(result, worst, runs)
+    if not any(s.rows for s in result.scores):
+        sys.exit(1)
+
+
+def _score(loaded, chip, registry, worst):
+    from torchfl.cli.progress import Progress
+    from torchfl.fidelity.run import score_tables
+    from torchfl.planner.errors import ChoiceError
+    from torchfl.planner.target import resolve_target
+    from torchfl.registry import NotFound
+
+    def resolve(name):
+        try:
+            return resolve_target(name, registry)
+        except (NotFound, ChoiceError) as exc:      # the row's chip is not in the registry
+            raise LookupError(str(exc)) from None
+
+    total = sum(1 for t in loaded for r in t.rows if chip is None or r.chip == chip)
+    with Progress(sys.stderr, "fidelity: planning rows", total=total, compiles=False) as p:
+        def step(row):
+            p.update(f"{row.chip}: {row.label()}")
+            p.advance()
+        return score_tables(loaded, resolve, chip=chip, progress=step, worst=worst)
+
+
+def _record(result, registry) -> dict:
+    from torchfl.fidelity.run import record
+    from torchfl.registry import Registry
+
+    with Registry(registry) as reg:
+        return record(result, reg)
+
+
+def _print(result, worst, runs) -> None:
+    from rich.table import Table
+
+    from torchfl.cli.render import console
+
+    out = console()
+    out.width = max(out.width, 120)      # a pipe or CI log: keep the table's columns whole
+    in_sample = {t.name for t in result.tables if t.in_sample}
+    t = Table(title="Predicted vs measured time per call (absolute relative error)")
+    for col in ("chip", "family", "rows", "mean", "median", "max", "bias", "rank corr.", "not planned"):
+        t.add_column(col, justify="left" if col in ("chip", "family") else "right")
+    for s in result.scores:
+        t.add_row(s.chip, s.family, str(s.rows), _pct(s.mean_abs_error), _pct(s.median_abs_error),
+                  _pct(s.max_abs_error), "-" if s.mean_error is None else f"{s.mean_error:+.1%}",
+                  "-" if s.spearman is None else f"{s.spearman:.3f}", str(s.unplanned) if s.unplanned else "")
+    out.print(t)
+    if worst:
+        for s in result.scores:
+            if s.family == "all" or not s.worst:
+                continue
+            out.print(f"worst {s.chip} {s.family}:")
+            for p in s.worst:
+                out.print(f"  {p.row.where}: {p.row.label()}: measured {p.row.seconds * 1e6:.1f} us, predicted "
+                          f"{p.predicted_s * 1e6:.1f} us ({p.error:+.0%})", soft_wrap=True)
+    unplanned = [p for p in result.predictions if p.predicted_s is None]
+    for p in unplanned[:10]:
+        out.print(f"not planned: {p.row.where}: {p.row.label()}: {p.reason}", soft_wrap=True)
+    if len(unplanned) > 10:
+        out.print(f"... and {len(unplanned) - 10} more rows not planned (--json lists them)")
+    for table in result.tables:
+        if table.harness_s:
+            out.print(f"{table.name}: every prediction includes the table's harness overhead "
+                      f"{table.harness_s * 1e6:g} us")
+    if in_sample:
+        out.print(f"in-sample (a chip number was calibrated on a row of): {', '.join(sorted(in_sample))}")
+    for name, run in sorted(runs.items()):
+        out.print(f"recorded fidelity run {run} for {name}")

@@ -1,0 +1,90 @@
+"""One fidelity run: tables -> rows per chip -> one-op plans -> scores (-> registry evidence).
+
+``score_tables(tables, resolve)`` plans every row on the chip it names (``resolve(name)``
+returns a planner Target, or raises to say the chip is unknown: those rows are unplanned
+with the reason), then scores them per chip and family. ``record(result, registry)`` stores
+each chip's rows as one append-only fidelity run.
+"""
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from torchfl.fidelity.oneop import Prediction, predict
+from torchfl.fidelity.score import Score, score
+
+__all__ = ["FidelityResult", "score_tables", "record"]
+
+
+@dataclass
+class FidelityResult:
+    """Predictions (table order), their scores and the tables they came from."""
+
+    predictions: list = field(default_factory=list)
+    scores: list = field(default_factory=list)
+    tables: list = field(default_factory=list)
+    targets: dict = field(default_factory=dict)      # chip name -> Target (the chips that resolved)
+
+    def chips(self) -> list[str]:
+        return sorted({p.chip for p in self.predictions})
+
+    def as_dict(self) -> dict:
+        return dict(tables=[dict(path=t.path, rows=len(t.rows), harness_overhead_us=t.harness_s * 1e6,
+                                 calibrates=list(t.calibrates)) for t in self.tables],
+                    chips={name: dict(version=t.version, chip_hash=t.chip_hash) for name, t in
+                           sorted(self.targets.items())},
+                    scores=[s.as_dict() for s in self.scores], predictions=[p.as_dict() for p in self.predictions])
+
+
+def score_tables(tables, resolve, *, chip: str | None = None, progress=None, worst: int = 3) -> FidelityResult:
+    """Plan and score every row of ``tables`` (only ``chip``'s rows when given)."""
+    result = FidelityResult(tables=list(tables))
+    failed: dict = {}
+    rows = [r for t in tables for r in t.rows if chip is None or r.chip == chip]
+    in_sample = {t.path for t in tables if t.in_sample}
+    for row in rows:
+        target = result.targets.get(row.chip)
+        if target is None and row.chip not in failed:
+            try:
+                target = result.targets[row.chip] = resolve(row.chip)
+            except LookupError as exc:
+                failed[row.chip] = str(exc).splitlines()[0]
+        if target is None:
+            result.predictions.append(Prediction(row, row.chip, None, failed[row.chip]))
+        else:
+            result.predictions.append(predict(row, target))
+        if progress is not None:
+            progress(row)
+    result.scores = score(result.predictions, worst=worst)
+    result.in_sample = in_sample
+    return result
+
+
+def _table_hash(path: str) -> str:
+    try:
+        return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+    except OSError:
+        return ""
+
+
+def record(result: FidelityResult, registry) -> dict:
+    """Store one fidelity run per chip that resolved (its rows, planned or not); returns
+    ``{chip: run id}``. The chip's published version in ``registry`` must be the one scored."""
+    from torchfl.registry.fidelity import record_fidelity
+
+    in_sample = {t.path for t in result.tables if t.in_sample}
+    runs = {}
+    for name, target in sorted(result.targets.items()):
+        identity = registry.identity(name, target.version)
+        if identity.chip_hash != target.chip_hash:
+            raise LookupError(f"{name} {target.version} in {registry.display_url} has other numbers than the chip "
+                              "scored; record against the registry the chip was resolved from")
+        mine = [p for p in result.predictions if p.chip == name]
+        tables = sorted({(Path(p.row.file).name, _table_hash(p.row.file)) for p in mine})
+        rows = [dict(table_name=Path(p.row.file).name, line=p.row.line, op=p.row.op, family=p.row.family,
+                     shapes=[list(s) for s in p.row.shapes], dtype=p.row.dtype, args=p.row.args,
+                     source=p.row.source, measured_s=p.row.seconds, predicted_s=p.predicted_s,
+                     reason=p.reason or None, in_sample=p.row.file in in_sample) for p in mine]
+        runs[name] = record_fidelity(registry, identity, tables=[list(t) for t in tables], rows=rows)
+    return runs
