@@ -106,15 +106,14 @@ def table_blocks(header, rows, *, right=(), shrink_first=(), width: int | None =
 def fit_blocks(header, rows, *, right=(), shrink_first=(), optional=(), width: int | None = None, gap: int = 2):
     """(header lines, lines per row, names of the columns left out)."""
     width = terminal_width() if width is None else width
-    keep = list(range(len(header)))
-    dropped = []
-    # headers wrap first, then cells at spaces; optional columns go before identifiers wrap
+    # headers wrap first, then optional columns go, then cells wrap at spaces, then identifiers
     fits = False
-    for drop in (None, *optional):
-        if drop is not None:
-            keep.remove(drop)
-            dropped.append(str(header[drop]))
-        for level in (0, 1):
+    for level in (0, 1):
+        keep, dropped = list(range(len(header))), []
+        for drop in (None, *optional):
+            if drop is not None:
+                keep.remove(drop)
+                dropped.append(str(header[drop]))
             widths = _fit([header[i] for i in keep], [[r[i] for i in keep] for r in rows],
                           {keep.index(i) for i in right if i in keep},
                           [keep.index(i) for i in shrink_first if i in keep], width, gap, level)
