@@ -151,3 +151,30 @@ def test_factories_are_host_writes_not_fallbacks(fp16_dev):
     f = torch.full((2, 3), 1.5, dtype=torch.float16, device=fp16_dev)
     assert torch.equal(r.cpu(), torch.arange(3, 11)) and torch.equal(f.cpu(), torch.full((2, 3), 1.5).half())
     assert ops.STATS["host_fallback_ops"] == fallbacks and ops.STATS["host_writes"] >= writes + 2
+
+
+def test_lazy_keeps_scalar_ops_and_attention_in_one_graph(fp16_dev):
+    """``x * 2`` reaches the device as ``mul.out`` into a fresh tensor stored in the chip's
+    default layout (NHCW): lazy mode records its functional form with that tensor as output
+    (before: every such op flushed the graph and ran alone), and attention stays one op (before:
+    make_fx decomposed it into torch's CPU math path, float32, refused on NPU-V3). Views of
+    the permuted output read its storage order."""
+    from torchfl.runtime.eager import lazy
+
+    torch.manual_seed(4)
+    q = torch.randn(2, 4, 16, 8).half()
+    qn = q.to(fp16_dev)
+    before = dict(lazy.STATS)
+    with torch.npu.lazy():
+        a = qn * 2
+        o = F.scaled_dot_product_attention(a, qn, qn, is_causal=True) + 1
+        t = a.transpose(1, 2) * 3
+        s = a[:, 1] - 1
+    assert lazy.STATS["flushes"] == before["flushes"] + 1
+    assert lazy.STATS["ops_recorded"] == before["ops_recorded"] + 5
+    plan = lazy.last_plan()
+    assert any(st.kernel == "attention" for st in plan.steps) and not plan.fallbacks
+    qf = q.float()
+    _close(o, F.scaled_dot_product_attention(qf * 2, qf, qf, is_causal=True) + 1, 2e-3)
+    _close(t, (qf * 2).transpose(1, 2) * 3, 2e-3)
+    _close(s, (qf * 2)[:, 1] - 1, 2e-3)

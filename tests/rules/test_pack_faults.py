@@ -104,3 +104,19 @@ def test_duplicate_key_in_a_pack_does_not_hide_other_errors():
     text = "pack: {name: t, version: 1.0.0, name: u}\nrules:\n  - {op: aten.relu.default, kernel: nope, args: {self: tensor}}\n"
     paths = {d.path for d in errors(check_pack_text(text, "t.yaml"))}
     assert paths == {"pack.name", "rules[0].kernel"}, paths
+
+
+@pytest.mark.parametrize("field,value", [("name", '"t\\n"'), ("version", '"1.0.0\\n"')])
+def test_pack_names_and_versions_ending_in_a_newline_are_refused(field, value):
+    head = {"name": "t", "version": "1.0.0"}
+    head[field] = value
+    errs = errors(check_pack_text(f"pack: {{name: {head['name']}, version: {head['version']}}}\nrules: []\n"))
+    assert [d.path for d in errs] == [f"pack.{field}"], errs
+
+
+def test_a_device_type_ending_in_a_newline_is_refused():
+    # accepted before: the rule then never matched the chip it was written for
+    text = ('pack: {name: t, version: 1.0.0}\nrules:\n  - {op: aten.relu.default, kernel: relu, args: {self: tensor},'
+            ' bind: {a: self}, requires: {device_types: ["npu_v3\\n"]}}\n')
+    errs = errors(check_pack_text(text))
+    assert [d.path for d in errs] == ["rules[0].requires.device_types[0]"] and "npu_v3" in errs[0].message, errs

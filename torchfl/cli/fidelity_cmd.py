@@ -28,13 +28,25 @@ def _pct(x) -> str:
 @click.option("--worst", type=click.IntRange(min=0), default=3, show_default=True,
               help="Worst rows listed per chip and family.")
 @click.option("--registry", default=None, help="Registry URL (default: TORCHFL_REGISTRY_URL or the user's).")
-def fidelity(tables, chip, as_json, record, worst, registry) -> None:
+@click.option("--host", is_flag=True, help="Probe this machine (hcd probe), time torch's own eager ops on it "
+              "(the ops of ResNet-50 b1 and a BERT layer, plain tables) and score the probe's HCD against them.")
+@click.option("--threads", type=click.IntRange(min=1), default=1, show_default=True,
+              help="With --host: torch threads (1: one core's CPU time, steady on a busy machine).")
+@click.option("--quick", is_flag=True, help="With --host: small stand-ins of the models, fewer runs (seconds).")
+@click.option("--out", "out_dir", type=click.Path(file_okay=False), default=None,
+              help="With --host: keep the probe's HCD and the host tables in this directory.")
+def fidelity(tables, chip, as_json, record, worst, registry, host, threads, quick, out_dir) -> None:
     """Score predicted against measured op times, per chip and op family."""
     import os
     import warnings
 
     os.environ.setdefault("TORCHDYNAMO_VERBOSE", "0")
     warnings.filterwarnings("ignore")
+    if host:
+        return _host(tables, chip, as_json, record, worst, registry, threads, quick, out_dir)
+    if threads != 1 or quick or out_dir:
+        click.echo("error: --threads, --quick and --out go with --host", err=True)
+        sys.exit(2)
     from torchfl.fidelity.tables import TableError, bundled_tables, load_tables
     from torchfl.registry import RegistryError
 
@@ -130,3 +142,48 @@ def _print(result, worst, runs) -> None:
         out.print(f"in-sample (a chip number was calibrated on a row of): {', '.join(sorted(in_sample))}")
     for name, run in sorted(runs.items()):
         out.print(f"recorded fidelity run {run} for {name}")
+
+
+def _host(tables, chip, as_json, record, worst, registry, threads, quick, out_dir) -> None:
+    """``--host``: probe, time the host's rows, score them on the probe's HCD (fidelity/host.py)."""
+    import tempfile
+
+    from torchfl.cli.progress import Progress
+    from torchfl.fidelity.host import run_host, score_host
+    from torchfl.fidelity.probe import ProbeError
+    from torchfl.registry import RegistryError
+
+    if tables or chip:
+        click.echo("error: --host times its own rows on this machine; leave --table and --chip out", err=True)
+        sys.exit(2)
+    with tempfile.TemporaryDirectory(prefix="torchfl-host-") as tmp:
+        try:
+            with Progress(sys.stderr, "fidelity --host", compiles=False) as p:
+                def step(what, i, n):
+                    p.update(what.split(":")[0], completed=i, total=n, detail=what)
+
+                run = run_host(threads=threads, quick=quick, progress=step)
+                p.update("scoring on the probe's HCD", completed=0, total=len(run.rows), detail="")
+                res = score_host(run, out_dir or tmp, registry=registry, record=record,
+                                 progress=lambda row: p.advance(),
+                                 command="torchfl fidelity --host" + (" --quick" if quick else ""))
+        except ProbeError as exc:
+            click.echo(f"error: {exc}", err=True)
+            sys.exit(2)
+        except (RegistryError, LookupError) as exc:
+            click.echo(f"error: {exc}", err=True)
+            sys.exit(1)
+    s = res.models_summary
+    if as_json:
+        out = res.result.as_dict()
+        out.update(recorded_runs=res.runs, host=dict(models=s, hcd=res.hcd_path if out_dir else None,
+                                                     tables=res.tables if out_dir else None))
+        click.echo(json.dumps(out, indent=2, sort_keys=True))
+        return
+    _print(res.result, worst, res.runs)
+    med = "-" if s["median_abs_error"] is None else f"{s['median_abs_error']:.1%}"
+    what = "quick stand-ins of ResNet-50 b1 and a BERT layer" if quick else "ResNet-50 b1 and a BERT-large layer s128"
+    click.echo(f"host: the ops of {what} ({s['rows']} distinct calls planned, {s['unplanned']} not): median abs. "
+               f"error {med}, {s['within_20pct']} within 20%")
+    if out_dir:
+        click.echo(f"kept: {res.hcd_path}, {res.tables['models']}, {res.tables['plain']}")

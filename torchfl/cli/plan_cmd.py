@@ -38,7 +38,13 @@ def plan() -> None:
 @click.option("--record", is_flag=True,
               help="With --analyze: store the run's route counts (kernel, fold, fallback per ATen op) in the "
                    "registry; `torchfl registry routes --chip NAME` shows them over time.")
-def explain(model, chip, batch, seq_len, heads, layers, precision, strict, fmt, registry, analyze, record) -> None:
+@click.option("--context", type=click.IntRange(min=2), default=None,
+              help="A causal LM: predicted prefill latency, per-token decode latency and tokens/s at this context, "
+                   "then the plan of the decode step (KV cache as its inputs and outputs).")
+@click.option("--prompt", type=click.IntRange(min=1), default=128, show_default=True,
+              help="With --context: the prompt length whose prefill is timed.")
+def explain(model, chip, batch, seq_len, heads, layers, precision, strict, fmt, registry, analyze, record, context,
+            prompt) -> None:
     """Show the plan of MODEL (a zoo name: mlp, resnet18, resnet50, bert-base, bert-large,
     gpt2; or path/to/file.py:factory returning (module, example_inputs)) on --chip."""
     import os
@@ -56,7 +62,10 @@ def explain(model, chip, batch, seq_len, heads, layers, precision, strict, fmt, 
         module, inputs = load_model(model, batch=batch, seq_len=seq_len, num_heads=heads, layers=layers,
                                     labels=OPTION_FLAGS)
         target, precision = _target_and_precision(chip, precision, registry)
-        result = plan_module(module, inputs, chip=target, precision=precision, strict=strict, registry=registry)
+        if context:
+            result, inputs = _decode_step(model, module, target, batch or 1, prompt, context, precision, fmt)
+        else:
+            result = plan_module(module, inputs, chip=target, precision=precision, strict=strict, registry=registry)
     except ModelError as exc:
         _fail("Error", str(exc))
     except PlanError as exc:
@@ -101,6 +110,28 @@ def _checked(plan, registry) -> str:
     except RegistryError as exc:
         line = f"Fidelity: {plan.chip}: unknown ({str(exc).splitlines()[0]})"
     return textwrap.fill(line, width=120, subsequent_indent="  ")
+
+
+def _decode_step(model, module, target, batch, prompt, context, precision, fmt):
+    """A causal LM's decode step at ``context`` planned on ``target`` (and its prefill, for the
+    predicted serving speed printed first with ``--format text``): (plan, its inputs)."""
+    from torchfl.planner import whatif
+    from torchfl.planner.lm import is_causal_lm
+
+    if not is_causal_lm(module):
+        _fail("Error", f"--context needs a causal language model (a Hugging Face *ForCausalLM); {model} is a "
+                       f"{type(module).__name__}")
+    dec = whatif.Decoder(module)
+    plans: dict = {}
+    row = whatif.decode_row(target, dec, batch, prompt, context, precision, keep=plans)
+    if not row["ok"]:
+        _fail(row["error_kind"], row["error"])
+    if fmt == "text":
+        click.echo(f"Decoder {model}, batch {batch} (predicted): prefill of {prompt} tokens "
+                   f"{row['prefill_s'] * 1e3:.3g} ms (time to first token); decode at context {context}: {row['decode_s'] * 1e3:.3g} ms per token, "
+                   f"{row['tokens_per_s']:,.1f} tokens/s; KV cache {row['kv_cache_bytes'] / 2**20:.2f} MiB. "
+                   "The decode step's plan:")
+    return plans["decode"], dec.step_inputs(batch, context, meta=False)
 
 
 def _target_and_precision(chip, precision, registry):

@@ -86,9 +86,9 @@ def _load(model, batch=None, seq_len=None, heads=None, layers=None):
     factory gets wrong (it raises, returns no module, no tensors) is one line, not its traceback."""
     import torch
 
-    from torchfl.planner.zoo import ZOO, load_model
+    from torchfl.planner.zoo import LM_ZOO, ZOO, load_model
 
-    if model in ZOO:   # the zoo's own factories: an error there is torchfl's, with its traceback
+    if model in ZOO or model in LM_ZOO:   # the zoo's own factories: an error there is torchfl's, with its traceback
         return load_model(model, batch=batch, seq_len=seq_len, num_heads=heads, layers=layers)
     try:
         module, inputs = load_model(model, batch=batch, seq_len=seq_len, num_heads=heads, layers=layers)
@@ -254,21 +254,45 @@ def _progress(label):
 
 # ---------------------------------------------------------------- plan memory
 
+_CONTEXT = click.option("--context", type=click.IntRange(min=2), default=None,
+                        help="A causal LM's decode step at this context (cached positions, KV cache included).")
+
+
+def _decoder(model, module, training):
+    """The what-if Decoder of MODEL for --context (a causal LM; inference only)."""
+    from torchfl.planner import whatif
+    from torchfl.planner.lm import is_causal_lm
+
+    if training:
+        _fail("Error", "--context plans a decoder's inference step; leave out --training")
+    if not is_causal_lm(module):
+        _fail("Error", f"--context needs a causal language model (a Hugging Face *ForCausalLM); {model} is a "
+                       f"{type(module).__name__}")
+    return whatif.Decoder(module)
+
+
 @click.command("memory")
 @click.argument("model")
 @click.option("--chip", required=True, help="Chip name in the registry, e.g. NPU-V3.")
 @_model_options
+@_CONTEXT
 @_common
 @_guarded
-def memory(model, chip, batch, seq_len, heads, layers, precision, training, registry, as_json):
+def memory(model, chip, batch, seq_len, heads, layers, context, precision, training, registry, as_json):
     """Peak device memory of MODEL's plan on --chip, the step where it occurs and what is live
-    then (inputs, parameters, weights in the plan's dtype, activations, outputs)."""
+    then (inputs, parameters, weights in the plan's dtype, activations, outputs; with
+    --context, a decoder's decode step and its KV cache per layer)."""
     from torchfl.planner import whatif
 
     target = whatif.chip_of(chip, registry)
     _check_batch(batch, [target], seq_len)
-    module, inputs = _load(model, batch, seq_len, heads, layers)
-    (p,) = whatif.plan_everywhere(module, inputs, [target], _precision(precision), training)
+    module, inputs = _load(model, 1 if context else batch, seq_len, heads, layers)
+    if context:
+        dec = _decoder(model, module, training)
+        p = whatif.plan_decode(target, dec, batch or 1, context, _precision(precision))
+        model = f"{model} (decode step, batch {batch or 1}, context {context})"
+    else:
+        (p,) = whatif.plan_everywhere(module, inputs, [target], _precision(precision), training)
     mp = p.plan.memory if p.ok else getattr(p.error, "memory", None)
     if mp is None:
         raise p.error
@@ -295,7 +319,11 @@ def memory(model, chip, batch, seq_len, heads, layers, precision, training, regi
 
 
 def _memory_json(mp, plan) -> dict:
+    from torchfl.planner.memory import kv_cache_table
+
     d = mp.to_dict()
+    if plan is not None:
+        d["kv_cache"] = kv_cache_table(plan)
     d["breakdown_at_peak"] = mp.breakdown()
     d["largest_at_peak"] = [b.to_dict() for b in mp.live_at_peak()[:10]]
     if plan is not None and mp.peak_step >= 0:
@@ -323,6 +351,17 @@ def _memory_text(mp, plan, name) -> str:
                                             else f"after step {b.free}")) for b in top]
     lines += ["  " + x for x in _table(rows, ("largest buffers at peak", "kind", "size", "allocated", "freed"),
                                        right=(2,), indent=2)]
+    if plan is not None:
+        from torchfl.planner.memory import kv_cache_table
+
+        cache = kv_cache_table(plan)
+        if cache:
+            total = sum(c["bytes"] for c in cache)
+            lines += _para(f"KV cache: {_b(total)} in {len({c['layer'] for c in cache})} layers (the grown cache "
+                           "the step returns; the past it reads is freed layer by layer)", indent="  ")
+            rows = [(c["layer"], c["kind"], "x".join(map(str, c["shape"])), c["dtype"], _b(c["bytes"])) for c in cache]
+            lines += ["  " + x for x in _table(rows, ("layer", "cache", "shape [B, heads, positions, dim]", "dtype",
+                                                     "size"), right=(0, 4), indent=2)]
     return "\n".join(lines)
 
 
@@ -334,18 +373,25 @@ def _memory_text(mp, plan, name) -> str:
 @click.option("--seq-len", type=click.IntRange(min=1), default=None, help="Sequence length (BERT, GPT-2).")
 @click.option("--heads", type=click.IntRange(min=1), default=None, help="Attention heads (BERT, GPT-2).")
 @click.option("--layers", type=click.IntRange(min=1), default=None, help="Encoder/decoder layers (BERT, GPT-2).")
+@_CONTEXT
 @_common
 @_guarded
-def max_batch(model, chip, seq_len, heads, layers, precision, training, registry, as_json):
+def max_batch(model, chip, seq_len, heads, layers, context, precision, training, registry, as_json):
     """The largest batch of MODEL whose plan fits --chip (off-chip memory, max_batch_size,
-    sequence length), found by planning at a few batches (nothing runs); names the limit."""
+    sequence length), found by planning at a few batches (nothing runs); names the limit.
+    With --context, a causal LM's decode step at that context (its KV cache grows with the batch)."""
     from torchfl.planner import whatif
 
     target = whatif.chip_of(chip, registry)
     _check_batch(None, [target], seq_len)
     module, inputs = _load(model, 1, seq_len, heads, layers)
-    res = whatif.max_batch(module, inputs, target, _precision(precision), training,
-                           progress=None if as_json else _progress("max-batch"))
+    progress = None if as_json else _progress("max-batch")
+    if context:
+        dec = _decoder(model, module, training)
+        res = whatif.max_batch_at_context(module, target, context, _precision(precision), progress, dec)
+        model = f"{model} (decode step at context {context})"
+    else:
+        res = whatif.max_batch(module, inputs, target, _precision(precision), training, progress=progress)
     if as_json:
         _emit(dict(res.to_dict(), model=model))
         return
@@ -365,23 +411,85 @@ def max_batch(model, chip, seq_len, heads, layers, precision, training, registry
     click.echo("\n".join(_table(rows, ("batch", "plan", "peak", "planning"), right=(0, 2, 3))))
 
 
+# ---------------------------------------------------------------- plan max-context
+
+@click.command("max-context")
+@click.argument("model")
+@click.option("--chip", required=True, help="Chip name in the registry, e.g. EDGE-C2.")
+@click.option("--batch", type=click.IntRange(min=1), default=1, show_default=True, help="Sequences decoded at once.")
+@click.option("--precision", type=click.Choice(PRECISIONS), default="auto", show_default=True,
+              help="Precision policy; auto: none on chips with an fp32 unit, else float16 (or bfloat16).")
+@click.option("--registry", default=None, help="Registry URL (default: TORCHFL_REGISTRY_URL or the user's).")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
+@_guarded
+def max_context(model, chip, batch, precision, registry, as_json):
+    """The longest context of the causal LM MODEL whose decode step fits --chip at --batch
+    (the KV cache grows with every token), found by planning (nothing runs); names the limit:
+    the off-chip memory, the chip's sequence limits or the model's positions."""
+    from torchfl.planner import whatif
+
+    module, _inputs = _load(model)
+    dec = _decoder(model, module, False)
+    target = whatif.chip_of(chip, registry)
+    res = whatif.max_context(module, target, batch, _precision(precision),
+                             None if as_json else _context_progress, dec)
+    if as_json:
+        _emit(dict(res.to_dict(), model=model))
+        return
+    if res.context == 0:
+        click.echo(f"{model} does not fit {res.chip} {res.version} at batch {batch} even with a short context: "
+                   f"{res.limit}")
+        click.echo(f"  {res.reason.splitlines()[0][:400]}")
+        sys.exit(1)
+    peak = f", peak {_b(res.peak_bytes)}" + (f" of {_b(res.capacity_bytes)}" if res.capacity_bytes else "")
+    click.echo(f"max context of {model} (batch {batch}, precision {res.precision or 'as captured'}) on {res.chip} "
+               f"{res.version}: {res.context} tokens{peak}, KV cache {_b(res.kv_cache_bytes)}")
+    click.echo(f"limited by: {res.limit}")
+    click.echo(f"  {res.reason.splitlines()[0]}")
+    rows = [(p.batch, "fits" if p.ok else f"refused: {p.limit}", _b(p.peak_bytes), f"{p.seconds:.1f} s")
+            for p in sorted(res.probes, key=lambda p: p.batch)]
+    click.echo("\n".join(_table(rows, ("context", "plan", "peak", "planning"), right=(0, 2, 3))))
+
+
+def _context_progress(item):
+    state = "fits" if item.ok else f"refused ({item.limit})"
+    click.echo(f"max-context: context {item.batch}: {state}, peak {_b(item.peak_bytes)} ({item.seconds:.1f} s)",
+               err=True)
+
+
 # ---------------------------------------------------------------- plan compare
+
+_PROMPT = click.option("--prompt", type=click.IntRange(min=1), default=128, show_default=True,
+                       help="With --context: the prompt length whose prefill is timed.")
+
 
 @click.command("compare")
 @click.argument("model")
 @click.option("--chips", default=None, help="Comma-separated chip names (default: every chip in the registry).")
 @_model_options
+@_CONTEXT
+@_PROMPT
 @_common
 @_guarded
-def compare(model, chips, batch, seq_len, heads, layers, precision, training, registry, as_json):
+def compare(model, chips, batch, seq_len, heads, layers, context, prompt, precision, training, registry, as_json):
     """MODEL planned on every chip (or --chips): predicted time, off-chip bytes, peak memory,
-    kernels, fusions, fallbacks and the bound resource, fastest first; or what stops it."""
+    kernels, fusions, fallbacks and the bound resource, fastest first; or what stops it.
+    With --context, a causal LM's serving speed: prefill of --prompt tokens, per-token decode
+    latency and tokens/s at that context, most tokens/s first."""
     from torchfl.planner import whatif
 
     names = _chip_names(chips, registry)
     targets = [whatif.chip_of(n, registry) for n in names]
     _check_batch(batch, targets, seq_len)
-    module, inputs = _load(model, batch, seq_len, heads, layers)
+    module, inputs = _load(model, 1 if context else batch, seq_len, heads, layers)
+    if context:
+        _decoder(model, module, training)
+        res = whatif.compare_decode(module, targets, batch or 1, prompt, context, _precision(precision))
+        if as_json:
+            _emit(dict(res, model=model))
+        else:
+            click.echo(_decode_text(model, res))
+        return
     res = whatif.compare(module, inputs, targets, _precision(precision), training)
     if as_json:
         _emit(dict(res, model=model))
@@ -422,6 +530,67 @@ def _compare_text(model, res) -> str:
         out.append(f"Not plannable ({len(errors)}):")
         out += errors
     return "\n".join(out)
+
+
+def _decode_text(model, res) -> str:
+    rows, errors = [], []
+    for r in res["rows"]:
+        if r["ok"]:
+            mem = _b(r["peak_bytes"]) + (f" / {_b(r['capacity_bytes'])}" if r["capacity_bytes"] else "")
+            rows.append((r["chip"], r["version"], r["precision"] or "-", _t(r["prefill_s"]), _t(r["decode_s"]),
+                         f"{r['tokens_per_s']:,.1f}", _b(r["kv_cache_bytes"]), mem, r["fallbacks"],
+                         f"{r['bound']} ({100 * r['bound_share']:.0f}%)"))
+        else:
+            errors.append(f"  {r['chip']} {r['version']}: {r['error_kind']}: {r['error'].splitlines()[0][:300]}")
+    out = [f"{model}: batch {res['batch']}, prefill of {res['prompt']} tokens, decode at context {res['context']} "
+           f"on {len(res['rows'])} chips, planned in {res['planning_s']:.1f} s (most tokens/s first; predicted)"]
+    out += _table(rows, ("chip", "version", "precision", "prefill", "per token", "tokens/s", "KV cache",
+                         "peak memory", "fallbacks", "decode bound by"), right=(3, 4, 5, 6, 8))
+    if errors:
+        out.append(f"Not plannable ({len(errors)}):")
+        out += errors
+    return "\n".join(out)
+
+
+# ---------------------------------------------------------------- plan decode
+
+@click.command("decode")
+@click.argument("model")
+@click.option("--chip", required=True, help="Chip name in the registry, e.g. TFL-X1.")
+@click.option("--context", type=click.IntRange(min=2), required=True,
+              help="Cached positions after the decode step (the KV cache's length).")
+@_PROMPT
+@click.option("--batch", type=click.IntRange(min=1), default=1, show_default=True, help="Sequences decoded at once.")
+@click.option("--precision", type=click.Choice(PRECISIONS), default="auto", show_default=True,
+              help="Precision policy; auto: none on chips with an fp32 unit, else float16 (or bfloat16).")
+@click.option("--registry", default=None, help="Registry URL (default: TORCHFL_REGISTRY_URL or the user's).")
+@click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
+@_guarded
+def decode(model, chip, context, prompt, batch, precision, registry, as_json):
+    """Predicted serving speed of the causal LM MODEL on --chip: the prefill latency of --prompt
+    tokens (time to first token), the per-token decode latency at --context and tokens/s, the
+    decode step's memory with its KV cache; then the decode step's plan."""
+    from torchfl.planner import whatif
+
+    module, _inputs = _load(model)
+    dec = _decoder(model, module, False)
+    target = whatif.chip_of(chip, registry)
+    r = whatif.decode_row(target, dec, batch, prompt, context, _precision(precision))
+    if as_json:
+        _emit(dict(r, model=model))
+        if not r["ok"]:
+            sys.exit(1)
+        return
+    if not r["ok"]:
+        _fail(r["error_kind"], r["error"])
+    cap = f" of {_b(r['capacity_bytes'])}" if r["capacity_bytes"] else ""
+    click.echo(f"{model} on {r['chip']} {r['version']} (precision {r['precision'] or 'as captured'}, batch {batch}; "
+               "predicted by the plans' cost model)")
+    click.echo(f"  prefill of {prompt} tokens (time to first token): {_t(r['prefill_s'])}")
+    click.echo(f"  decode at context {context}: {_t(r['decode_s'])} per token, {r['tokens_per_s']:,.1f} tokens/s "
+               f"({r['bound']}-bound, {100 * r['bound_share']:.0f}% of the step's time)")
+    click.echo(f"  decode step memory: peak {_b(r['peak_bytes'])}{cap}, KV cache {_b(r['kv_cache_bytes'])}; "
+               f"{r['fallbacks']} fallbacks to CPU")
 
 
 # ---------------------------------------------------------------- plan impact
@@ -552,4 +721,4 @@ def report(model, chip, chips, output, batch, seq_len, heads, layers, precision,
                + (f", {len(comparison['rows'])} chips compared" if comparison else ""))
 
 
-COMMANDS = [memory, max_batch, compare, impact, report]
+COMMANDS = [memory, max_batch, max_context, decode, compare, impact, report]

@@ -113,11 +113,34 @@ def plan_captured(captured, example_inputs, target, precision=None, strict=False
     return _plan(captured, example_inputs, target, precision, strict)
 
 
-def _plan(captured, example_inputs, target, precision, strict):
+def _plan(captured, example_inputs, target, precision, strict, decide=None):
     """Plan ``captured`` on ``target`` (its preconditions checked by the caller), with the
-    cyclic garbage collector paused (:func:`_gc_paused`)."""
+    cyclic garbage collector paused (:func:`_gc_paused`). ``decide(problem) -> Selection``
+    replaces the exact selection (``planner.lengths``: a bucket's choices at another length)."""
     with _gc_paused():
-        return _plan_uncollected(captured, example_inputs, target, precision, strict)
+        return _plan_uncollected(captured, example_inputs, target, precision, strict, decide)
+
+
+def plan_specialised(captured, inputs, target, precision=None, strict=False, keep=None, choices=None,
+                     selection=None):
+    """Plan one length of a symbolic capture (``planner.lengths``): in full, keeping the
+    Selection in ``keep["selection"]``, or with the choices of an earlier length (``choices``:
+    its option keys, ``selection``: its Selection), raising ``lengths.NotInBucket`` when one
+    of them is not a candidate at this length."""
+    from torchfl.planner.lengths import forced
+
+    target = _prepared(target, None, precision, inputs)
+    if choices is not None:
+        return _plan(captured, inputs, target, precision, strict, forced(choices, selection))
+
+    def decide(problem):
+        from torchfl.planner.select import select
+
+        sel = select(problem)
+        if keep is not None:
+            keep["selection"] = sel
+        return sel
+    return _plan(captured, inputs, target, precision, strict, decide)
 
 
 @contextlib.contextmanager
@@ -135,7 +158,7 @@ def _gc_paused():
             gc.enable()
 
 
-def _plan_uncollected(captured, example_inputs, target, precision, strict):
+def _plan_uncollected(captured, example_inputs, target, precision, strict, decide=None):
     from torchfl.planner import decompose   # repeat_kv -> GQA; ops a pack serves by a composition of others
     from torchfl.planner.build import assemble
     from torchfl.planner.candidates import Generator
@@ -177,7 +200,7 @@ def _plan_uncollected(captured, example_inputs, target, precision, strict):
                     for o in ir.outputs if ir.fx_to_ir.get(o, o) in values)
     problem = CoverProblem({n.name: n.inputs for n in ir.nodes.values()}, fixed, outputs, tuple(cands.options),
                       conv_cost)
-    selection = select(problem)
+    selection = (decide or select)(problem)
     notes = [f"selection: {'exact' if selection.exact else 'beam-pruned (not proven optimal)'} dynamic "
              f"programming over {len(selection.order)} nodes, at most {selection.max_states} layout states"]
     notes += sorted(set(w for w in hcd.warnings for w in [str(w)]))

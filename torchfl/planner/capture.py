@@ -101,6 +101,7 @@ def capture_module(module, example_inputs) -> Captured:
     """Inference capture of ``module(*example_inputs)`` through torch.export."""
     import torch
 
+    module, example_inputs = _with_cache_outputs(*meta_as_fake(module, example_inputs))
     try:
         with warnings.catch_warnings():
             # torch 2.13's run_decompositions deep-copies its own LeafSpec and warns about it
@@ -117,7 +118,69 @@ def capture_module(module, example_inputs) -> Captured:
     captured = _from_exported(ep)
     renamed = drop_unread_pool_indices(captured.graph_module)
     captured.outputs = [renamed.get(name, name) for name in captured.outputs]
+    drop_same_device(captured.graph_module)
     return captured
+
+
+def meta_as_fake(module, example_inputs):
+    """A model built on the meta device, traced as the host would trace it, still without
+    weights: a copy whose parameters and inputs are fake CPU tensors (shapes, no storage).
+
+    Meta kernels are not the CPU's: ``scaled_dot_product_attention`` on meta returns row-major
+    strides where the CPU kernel returns the head-transposed ones, so ``.transpose().contiguous()``
+    became an extra copy, and the plan differed from the same model's with real weights."""
+    import copy
+
+    import torch
+
+    on_meta = any(p.is_meta for p in module.parameters()) or any(
+        isinstance(x, torch.Tensor) and x.is_meta for x in example_inputs)
+    if not on_meta or not isinstance(module, torch.nn.Module):
+        return module, example_inputs
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    module = copy.deepcopy(module)     # the caller's model stays on meta (no storage: cheap)
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        module = module.to_empty(device="cpu")
+        example_inputs = tuple(torch.empty(x.shape, dtype=x.dtype) if isinstance(x, torch.Tensor) else x
+                               for x in example_inputs)
+    return module, example_inputs
+
+
+def _with_cache_outputs(module, example_inputs):
+    """A Hugging Face causal LM with its default config (``use_cache=True``) returns a
+    ``DynamicCache``, which torch.export refuses as an output: such a model is captured as its
+    prefill (``planner.lm.Prefill``: the logits, then each layer's keys and values)."""
+    if not type(module).__module__.startswith("transformers.") or len(example_inputs) != 1:
+        return module, example_inputs
+    from torchfl.planner.lm import Prefill, is_causal_lm
+
+    if not (is_causal_lm(module) and getattr(module.config, "use_cache", False)):
+        return module, example_inputs
+    return Prefill(module), example_inputs
+
+
+def drop_same_device(gm) -> int:
+    """Remove the ``device`` of each ``_to_copy`` to the device its input is already on.
+
+    ``x.to(y.device)`` (Hugging Face's rotary embedding, its masks) records the device it was
+    traced on: ``cpu``, or ``meta`` for a model built on the meta device. Such a copy moves no
+    data between devices; with the device named, no cast rule takes it (a device transfer is
+    the runtime's) and it became a CPU fallback. Returns how many were rewritten."""
+    import torch
+
+    to_copy = torch.ops.aten._to_copy.default
+    rewritten = 0
+    for node in gm.graph.nodes:
+        if node.op != "call_function" or node.target is not to_copy or "device" not in node.kwargs:
+            continue
+        src = node.args[0].meta.get("val") if isinstance(node.args[0], torch.fx.Node) else None
+        if isinstance(src, torch.Tensor) and torch.device(node.kwargs["device"]) == src.device:
+            node.kwargs = {k: v for k, v in node.kwargs.items() if k != "device"}
+            rewritten += 1
+    if rewritten:
+        gm.recompile()
+    return rewritten
 
 
 def drop_unread_pool_indices(gm) -> dict[str, str]:

@@ -140,9 +140,13 @@ def _repeated_kv(node):
     x = node.args[0]
     if op(x, "aten.clone.default"):
         x = x.args[0]
-    if not op(x, "aten.expand.default") or not op(x.args[0], "aten.unsqueeze.default"):
+    if not op(x, "aten.expand.default"):
         return None
     expanded, unsq = x, x.args[0]
+    if op(unsq, "aten.slice.Tensor") and _whole_slice(unsq):    # `x[:, :, None, :, :]` keeps a full slice
+        unsq = unsq.args[0]
+    if not op(unsq, "aten.unsqueeze.default"):
+        return None
     src = unsq.args[0]
     try:
         shape = tuple(src.meta["val"].shape)
@@ -157,6 +161,17 @@ def _repeated_kv(node):
     if wide != (B, Hkv, G, L, D) or out != (B, Hkv * G, L, D):
         return None
     return src, G
+
+
+def _whole_slice(node) -> bool:
+    """A ``slice`` that keeps every element of its dim (start 0, end past the size, step 1)."""
+    args = list(node.args) + [None] * (5 - len(node.args))
+    _x, dim, start, end, step = args[:5]
+    try:
+        size = node.args[0].meta["val"].shape[dim if dim is not None else 0]
+    except (AttributeError, KeyError, IndexError, TypeError):
+        return False
+    return (start in (None, 0)) and (end is None or end >= size) and step in (None, 1)
 
 
 def _copy_graph(graph):

@@ -40,11 +40,13 @@ from torchfl.kernels.dtypes import itemsize, stored  # cheap (no numba, no torch
 from torchfl.planner.errors import HardConstraintError
 from torchfl.planner.plan import HOST_STEPS, _Data, _tuple, identity_layout
 
-__all__ = ["Buffer", "MemoryPlan", "plan_memory", "check_memory", "fmt_bytes", "MemoryLimitError"]
+__all__ = ["Buffer", "MemoryPlan", "plan_memory", "check_memory", "fmt_bytes", "MemoryLimitError", "kv_cache_values",
+           "kv_cache_table"]
 
-KINDS = ("input", "parameter", "weight", "folded", "activation", "output", "scratch")
+KINDS = ("input", "kv_cache", "parameter", "weight", "folded", "activation", "output", "scratch")
 WHY = {
     "input": "user inputs, uploaded at every call",
+    "kv_cache": "a decoder's KV cache: past keys and values in, the grown cache out (kv_cache_table)",
     "parameter": "parameters, buffers and constants, uploaded once in the graph's dtype",
     "weight": "parameters in the plan's dtype and layout (static casts and layout copies, kept)",
     "folded": "folded constants (input-independent values computed once on the host, kept)",
@@ -232,6 +234,60 @@ def static_steps(plan, static_inputs=()) -> tuple[frozenset, frozenset]:
     return frozenset(steps), frozenset(static_vals)
 
 
+# the cache tensors' names: the what-if decode step's (planner.lm.KV_NAME) and Dynamo's for a
+# transformers DynamicCache passed to a compiled forward (``l_kwargs_cache_layers_0_keys``)
+_KV_PATTERNS = (r"past_key_values_(\d+)_(key|value)$", r"cache_layers_(\d+)_(key|value)s_?$")
+
+
+def kv_cache_values(plan) -> dict:
+    """Values of ``plan`` that are a decoder's KV cache: ``{value: (layer, "key" | "value")}``.
+
+    The cache enters as user inputs named as :data:`_KV_PATTERNS` say; the values made from
+    them by a cast, a layout copy or a concatenation (the new token's keys appended) are
+    cache too, so the grown cache a decode step returns is counted as cache, not as output."""
+    import re
+
+    found = {}
+    for pin in plan.inputs:
+        if pin.kind != "input":
+            continue
+        for pattern in _KV_PATTERNS:
+            m = re.search(pattern, pin.name)
+            if m:
+                found[pin.name] = (int(m.group(1)), m.group(2))
+                break
+    if not found:
+        return found
+    for step in plan.steps:
+        grows = step.kind in ("cast", "layout") or (step.ops and all(o.startswith("aten.cat.") for o in step.ops))
+        if not grows:
+            continue
+        src = next((found[v] for v in step.inputs if v in found), None)
+        if src is not None:
+            for o in step.outputs:
+                if o:
+                    found[o] = src
+    return found
+
+
+def kv_cache_table(plan) -> list[dict]:
+    """Per layer and kind (key, value): the cache as the chip holds it (the grown cache a step
+    concatenates, else the past it reads), its shape, dtype and bytes."""
+    best: dict = {}
+    for name, (layer, kind) in kv_cache_values(plan).items():
+        v = plan.values.get(name)
+        if v is None:
+            continue
+        step = plan.steps[v.producer] if v.producer is not None else None
+        grown = step is not None and bool(step.ops) and all(o.startswith("aten.cat.") for o in step.ops)
+        rank = (grown, v.producer is None)     # the concatenation, else the past as it came in
+        row = {"layer": layer, "kind": kind, "value": name, "shape": list(v.shape), "dtype": v.dtype,
+               "bytes": _nbytes(v.shape, v.dtype)}
+        if (layer, kind) not in best or rank > best[(layer, kind)][0]:
+            best[(layer, kind)] = (rank, row)
+    return [best[k][1] for k in sorted(best)]
+
+
 def plan_memory(plan, alignment: int, capacity: int | None = None, static_inputs=()) -> MemoryPlan:
     """The :class:`MemoryPlan` of ``plan`` on a chip with ``alignment`` and ``capacity``."""
     from torchfl.kernels.memory import accounted_bytes
@@ -261,12 +317,13 @@ def plan_memory(plan, alignment: int, capacity: int | None = None, static_inputs
     # allocations: (value, bytes, step, kind); -1 = before step 0
     allocs: list = []
     user_positions = {int(i) for i in static_inputs}
+    kv = kv_cache_values(plan)
     for pin in plan.inputs:
         if pin.kind != "input" and not on_host(pin.dtype):
             allocs.append((pin.name, _nbytes(pin.shape, pin.dtype), -1, "parameter"))
     for pin in plan.inputs:
         if pin.kind == "input" and pin.name in read and not on_host(pin.dtype):
-            kind = "parameter" if int(pin.target) in user_positions else "input"
+            kind = "parameter" if int(pin.target) in user_positions else ("kv_cache" if pin.name in kv else "input")
             allocs.append((pin.name, _nbytes(pin.shape, pin.dtype), -1, kind))
     scratch: list = []   # (step, bytes)
     for step, alias in zip(steps, aliasing):
@@ -321,6 +378,8 @@ def plan_memory(plan, alignment: int, capacity: int | None = None, static_inputs
             producer = steps[at]
             if r in static_groups:
                 kind = "folded" if producer.kind == "fold" or _from_fold(r, values, steps) else "weight"
+            elif name in kv:
+                kind = "kv_cache"
             elif r in out_groups:
                 kind = "output"
             else:
@@ -389,12 +448,20 @@ def check_memory(plan, hcd) -> None:
     top = mp.live_at_peak()[:5]
     largest = "; ".join(f"{b.name} ({b.kind}, {fmt_bytes(b.nbytes)})" for b in top)
     parts = ", ".join(f"{k} {fmt_bytes(n)}" for k, n in mp.breakdown().items() if n)
+    cache = kv_cache_table(plan)
+    advice = ("Use a smaller batch (`torchfl plan max-batch` finds the largest that fits), a smaller precision, "
+              "or a chip with more off-chip memory")
+    if cache:
+        layers = len({c["layer"] for c in cache})
+        parts += (f"; the KV cache ({layers} layers of keys and values, {cache[0]['dtype']}, [batch, heads, "
+                  f"positions, head_dim] = {cache[0]['shape']} each) holds {fmt_bytes(mp.breakdown()['kv_cache'])}")
+        advice = ("Use a shorter context or a smaller batch (`torchfl plan max-context` and `torchfl plan max-batch "
+                  "--context N` find the largest that fit), a smaller precision, or a chip with more off-chip memory")
     raise MemoryLimitError(
         f"Plan for {plan.chip} needs {fmt_bytes(mp.peak_bytes)} ({mp.peak_bytes} B) of device memory {where}, "
         f"more than the chip's {fmt_bytes(mp.capacity)} ({mp.capacity} B, HCD field "
-        f"memory.off_chip_memory.size_gb); live then: {parts}; largest buffers: {largest}. Use a smaller batch "
-        f"(`torchfl plan max-batch` finds the largest that fits), a smaller precision, or a chip with more "
-        f"off-chip memory", mp, field="memory.off_chip_memory.size_gb", limit=mp.capacity, value=mp.peak_bytes,
+        f"memory.off_chip_memory.size_gb); live then: {parts}; largest buffers: {largest}. {advice}",
+        mp, field="memory.off_chip_memory.size_gb", limit=mp.capacity, value=mp.peak_bytes,
         node=None if mp.peak_step < 0 else plan.steps[mp.peak_step].outputs[:1])
 
 

@@ -21,7 +21,7 @@ __all__ = ["render_report", "ReportError"]
 _FAMILY_COLOURS = ("#4e79a7", "#f28e2b", "#59a14f", "#b07aa1", "#edc948", "#76b7b2", "#ff9da7", "#9c755f",
                    "#bab0ac", "#86bcb6", "#d37295", "#a0cbe8", "#8cd17d")
 _KIND_COLOURS = {"input": "#a0cbe8", "parameter": "#4e79a7", "weight": "#f28e2b", "folded": "#bab0ac",
-                 "activation": "#59a14f", "output": "#b07aa1", "scratch": "#e15759"}
+                 "activation": "#59a14f", "output": "#b07aa1", "scratch": "#e15759", "kv_cache": "#d37295"}
 FALLBACK = "#e15759"
 FOLD = "#c7c7c7"
 

@@ -167,6 +167,20 @@ def _gpt2(batch=1, seq_len=128, layers=None, num_heads=None, hidden=None):
     return model, (torch.randint(0, config.vocab_size, (batch, seq_len)),)
 
 
+def _llama(size, batch=1, seq_len=8, layers=None):
+    """LLaMA-2 7B / 70B, default config (use_cache=True), on the meta device (planner.lm)."""
+    from torchfl.planner.lm import llama
+
+    return llama(size, batch=batch, seq_len=seq_len, layers=layers)
+
+
+def _tiny_llama(batch=1, seq_len=8, layers=None):
+    """A 2-layer LLaMA with random weights, default config otherwise (planner.lm)."""
+    from torchfl.planner.lm import tiny_llama
+
+    return tiny_llama(batch=batch, seq_len=seq_len, layers=layers)
+
+
 ZOO = {
     "mlp": _mlp,
     "resnet18": functools.partial(_resnet, 18),
@@ -174,6 +188,14 @@ ZOO = {
     "bert-base": functools.partial(_bert, "base"),
     "bert-large": functools.partial(_bert, "large"),
     "gpt2": _gpt2,
+}
+
+# causal language models: accepted by name, not in ZOO (``plan impact --models zoo`` and the
+# zoo benchmarks iterate ZOO; a 70B plan is not one of their quick checks)
+LM_ZOO = {
+    "llama-7b": functools.partial(_llama, "7b"),
+    "llama-70b": functools.partial(_llama, "70b"),
+    "tiny-llama": _tiny_llama,
 }
 
 
@@ -203,8 +225,9 @@ def load_model(spec: str, *, labels: dict | None = None, **options):
     ``labels`` maps option names to how the caller spelled them (``num_heads`` -> ``--heads``).
     """
     options = {k: v for k, v in options.items() if v is not None}
-    if spec in ZOO:
-        return ZOO[spec](**_check_options(spec, ZOO[spec], options, labels))
+    if spec in ZOO or spec in LM_ZOO:
+        factory = ZOO.get(spec) or LM_ZOO[spec]
+        return factory(**_check_options(spec, factory, options, labels))
     if ":" in spec and spec.rsplit(":", 1)[0].endswith(".py"):
         path_text, name = spec.rsplit(":", 1)
         path = Path(path_text)
@@ -224,4 +247,4 @@ def load_model(spec: str, *, labels: dict | None = None, **options):
             raise ModelError(f"{spec} must return (module, example_inputs), got {type(result).__name__}")
         module_obj, inputs = result
         return module_obj, tuple(inputs) if isinstance(inputs, (list, tuple)) else (inputs,)
-    raise ModelError(f"unknown model {spec!r}; choose one of {', '.join(ZOO)} or path/to/file.py:factory")
+    raise ModelError(f"unknown model {spec!r}; choose one of {', '.join([*ZOO, *LM_ZOO])} or path/to/file.py:factory")

@@ -247,9 +247,13 @@ class _Compiler:
             self.error(path, f"unknown field {path[-1]!r}{self.near(str(path[-1]), _fields_at(path))}", key=True)
         elif kind == "string_pattern_mismatch":
             what = path[-1] if path else "value"
-            hint = {"op": " (an ATen overload name such as aten.convolution.default)",
+            field = what
+            if isinstance(what, int) and len(path) > 1:   # an item of a list: name the list
+                field, what = path[-2], f"{path[-2]}[{what}]"
+            hint = {"device_types": " (a chip.device_type: lower-case letters, digits and _, e.g. npu_v3)",
+                    "op": " (an ATen overload name such as aten.convolution.default)",
                     "version": " (semantic version MAJOR.MINOR.PATCH, e.g. 1.0.0)",
-                    "name": " (lower-case letters, digits, - and _)"}.get(str(what), "")
+                    "name": " (lower-case letters, digits, - and _)"}.get(str(field), "")
             self.error(path, f"{what} {err['input']!r} is not valid{hint}")
         elif kind == "literal_error":
             self.error(path, f"{err['msg'].lower()}, got {err['input']!r}")

@@ -64,6 +64,8 @@ Int = Annotated[int, Field(ge=-MAX_INT, le=MAX_INT)]
 Float = Annotated[float, Field(ge=-1e300, le=1e300, allow_inf_nan=False)]
 Text = Annotated[str, Field(max_length=MAX_CHARS)]
 Name = Annotated[str, Field(max_length=MAX_NAME)]
+#: as an HCD's chip.device_type (a trailing newline is not one: issue 39)
+DeviceType = Annotated[str, Field(pattern=r"^[a-z][a-z0-9_]{0,31}$", max_length=MAX_NAME)]
 
 
 class _Model(BaseModel):
@@ -89,7 +91,7 @@ class Requires(_Model):
         description="unit: the layouts of the unit running the dtype; chip: any layout the chip computes in "
         "(layout-preserving ops); none: layout does not apply; or a list, intersected with the unit's.",
     )
-    device_types: Optional[list[Name]] = Field(default=None, max_length=MAX_LIST, description="restrict to these chip.device_type values.")
+    device_types: Optional[list[DeviceType]] = Field(default=None, max_length=MAX_LIST, description="restrict to these chip.device_type values.")
     compute: bool = Field(default=True, description="false for data movement: the dtype must be stored, "
                           "no compute unit needed.")
     storage: bool = Field(default=True, description="false for a view that moves no data (reshape, "

@@ -14,8 +14,10 @@ chip. This module is the torch.compile face only: options, the plans per input
 signature, the ``aot_autograd`` wiring and the outputs as the caller expects them.
 
 Planning happens at the first call of each input signature (shapes, dtypes,
-channels-last), from the real inputs: a new shape replans, also after Dynamo has made the
-graph shape-polymorphic (a dynamic graph is specialised per concrete shape). Errors of
+channels-last), from the real inputs. Once Dynamo has made an inference graph
+shape-polymorphic (a decoder's growing KV cache), it is captured once with its symbolic
+sizes and planned once per bucket of sizes (``planner.lengths``); each concrete size runs an
+instance of its bucket's plan, and only the latest few sizes keep an executor. Errors of
 planning (hard constraints, strict mode, bad options) are raised unchanged to the caller
 at that call, before anything runs, instead of being wrapped by Dynamo in
 ``BackendCompilerFailed``.
@@ -142,12 +144,16 @@ class CompiledGraph:
         self.kind = kind            # inference | forward | backward
         self.static_positions = tuple(static_positions)  # forward: Dynamo inputs that are weights
         self.entries: dict = {}
+        self.lengths = None         # planner.lengths.LengthPlanner of a symbolic inference graph
         if kind == "inference":    # inputs read with item(): plans are specialised on their values
             from torchfl.planner.capture import scalar_reads
+            from torchfl.planner.lengths import is_symbolic
 
             self.scalar_positions = frozenset(scalar_reads(gm))
             self.channels_last_outputs = _channels_last_outputs(gm)
+            self.symbolic = is_symbolic(gm) and not self.scalar_positions
         else:
+            self.symbolic = False
             self.scalar_positions = frozenset()
             self.channels_last_outputs = ()
 
@@ -159,6 +165,15 @@ class CompiledGraph:
 
         o = self.options
         target = planner.resolve_target(o.chip, o.registry)
+        if self.symbolic:
+            from torchfl.planner.lengths import LengthPlanner
+
+            if self.lengths is None:
+                self.lengths = LengthPlanner(self.gm, target, o.precision, o.strict)
+            planned = self.lengths.plan(args)
+            if planned is not None:
+                return planned
+            self.symbolic = False     # nothing symbolic to share (or out of the export's range)
         return planner.plan_dynamo(self.gm, args, target, self.kind, self.static_positions,
                                    precision=o.precision, strict=o.strict)
 
@@ -185,8 +200,25 @@ class CompiledGraph:
                     entry = _Entry(error=exc)
             except Exception as exc:   # raised to the caller now and at every call of this signature
                 entry = _Entry(error=exc)
+            if self.lengths is not None:
+                self._evict()
             self.entries[sig] = entry
         return entry
+
+    KEEP_LENGTHS = 2    # executors kept for a symbolic graph (each holds its weights on the chip)
+
+    def _evict(self):
+        """A decode makes a new size per token: keep the executors of the latest sizes only."""
+        while len(self.entries) >= self.KEEP_LENGTHS:
+            self.entries.pop(next(iter(self.entries)))
+
+    @property
+    def decisions(self) -> int:
+        """Full plans made (a symbolic graph's buckets count once; otherwise one per signature)."""
+        if self.lengths is not None:
+            return self.lengths.decisions + sum(1 for e in self.entries.values() if e.plan is not None
+                                                and not _from_lengths(e.plan))
+        return len(self.plans)
 
     @property
     def plans(self) -> list:
@@ -227,6 +259,10 @@ class CompiledGraph:
                     out[i] = out[i].contiguous(memory_format=torch.channels_last)
             out = tuple(out)
         return out
+
+
+def _from_lengths(plan) -> bool:
+    return bool(plan.notes) and plan.notes[0].startswith("lengths: ")
 
 
 def _executor(plan, args, options, static):

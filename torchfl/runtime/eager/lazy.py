@@ -164,9 +164,43 @@ def record(op, args, kwargs):
     """Record ``op`` (returns its outputs, allocated, to be computed at the next flush).
     The outputs' shapes come from the op's meta kernel, run once per signature."""
     _ops = _OPS[0] or _load_ops()
-    if (_ops._KINDS.get(op) or _ops._kind(op)) != "functional":     # writes: run now, in order
+    kind = _ops._KINDS.get(op) or _ops._kind(op)
+    if kind != "functional":     # writes: run now, in order
+        fresh = _out_form(op, args, kwargs, _ops) if kind == "mutating" else None
+        if fresh is not None:    # ``mul.out`` into a tensor a composite just made: its functional form
+            functional, f_args, f_kwargs, out = fresh
+            return _record(functional, f_args, f_kwargs, _ops, out)
         flush_all()
         return _ops.run_eager(op, args, kwargs)
+    return _record(op, args, kwargs, _ops)
+
+
+def _out_form(op, args, kwargs, _ops):
+    """(functional op, its arguments, the ``out`` tensor) when ``op`` is an ``out=`` overload
+    writing one whole, fresh npu tensor that none of its inputs shares (structured ops reach
+    the device this way: ``x * 2`` arrives as ``mul.out``), else None. Recording the
+    functional op with ``out`` as its output keeps the op in the graph."""
+    written = [a for a in op._schema.arguments if a.alias_info is not None and a.alias_info.is_write]
+    if len(written) != 1 or not written[0].kwarg_only or len(op._schema.returns) != 1:
+        return None
+    out = kwargs.get(written[0].name)
+    if not isinstance(out, torch.Tensor) or out.device.type != "npu" or out.storage_offset() != 0 \
+            or out.untyped_storage().nbytes() != out.numel() * out.element_size() \
+            or not (out.is_contiguous() or _ops.tensor_layout_of(out) is not None):
+        return None
+    functional = _ops._functional_of(op)
+    if functional is None or len(functional._schema.returns) != 1:
+        return None
+    f_args, f_kwargs = _ops.functional_arguments(op, functional, args, kwargs)
+    ptr = out.untyped_storage().data_ptr()
+    for a in tree_flatten((f_args, f_kwargs))[0]:
+        if isinstance(a, torch.Tensor) and a.device.type == "npu" and a.untyped_storage().data_ptr() == ptr:
+            return None
+    return functional, f_args, f_kwargs, out
+
+
+def _record(op, args, kwargs, _ops, out=None):
+    """Record functional ``op``; its output is a new tensor, or ``out`` (resized to it)."""
     if not _ops._ROUTES_READY:
         _ops._ensure_functional_routes()
     flat, spec, structure = _flatten(args, kwargs)
@@ -181,8 +215,15 @@ def record(op, args, kwargs):
         except Exception:   # no meta kernel: run it now, eagerly, after what was recorded
             meta = None
         _METAS[mkey] = meta
-    if meta is None:
+    if meta is None or (out is not None and (meta[2] != "single" or meta[1][0][2] != out.dtype)):
         flush_all()
+        if out is not None:
+            with torch.no_grad():
+                r = _ops.run_eager(op, args, kwargs)
+                if tuple(out.shape) != tuple(r.shape):
+                    out.resize_(r.shape)
+                out.copy_(r)
+            return out
         return _ops.run_eager(op, args, kwargs)
     rec = _recorder(index)
     refs = [_ref(rec, a) if isinstance(a, torch.Tensor) else a for a in flat]
@@ -195,8 +236,13 @@ def record(op, args, kwargs):
     results = []
     for pos, m in enumerate(metas):
         if len(m) == 3:
-            t = torch.empty_strided(m[0], m[1], dtype=m[2], device=device)
-            rec.produced[t.untyped_storage().data_ptr()] = (node, pos)
+            if out is not None:
+                if tuple(out.shape) != tuple(m[0]):
+                    out.resize_(m[0])
+                t = out
+            else:
+                t = torch.empty_strided(m[0], m[1], dtype=m[2], device=device)
+            rec.produced[t.untyped_storage().data_ptr()] = (node, pos, tuple(t.stride()))
             rec.outputs.append((node, pos, weakref.ref(t)))
             results.append(t)
         else:
@@ -211,7 +257,8 @@ def _ref(rec, t):
     if t.device.type == "npu":
         hit = rec.produced.get(t.untyped_storage().data_ptr())
         if hit is not None:
-            return ("node",) + hit + ((tuple(t.shape), tuple(t.stride()), t.storage_offset()),)
+            n, pos, base = hit
+            return ("node", n, pos, (tuple(t.shape), tuple(t.stride()), t.storage_offset()), base)
     pos = rec.input_ids.get(id(t))
     if pos is None:
         pos = rec.input_ids[id(t)] = len(rec.inputs)
@@ -250,9 +297,18 @@ def _replay(rec, alive):
                 if isinstance(r, tuple) and r and r[0] == "in":
                     vals.append(inputs[r[1]])
                 elif isinstance(r, tuple) and r and r[0] == "node":
-                    _tag, n, pos, (shape, stride, offset) = r
+                    _tag, n, pos, (shape, stride, offset), base = r
                     src = env[(n, pos)]
-                    if (tuple(src.shape), tuple(src.stride()), src.storage_offset()) != (shape, stride, offset):
+                    if base != tuple(src.stride()):
+                        # the recorded tensor is stored in another order than the op's value
+                        # (an ``out=`` tensor in the chip's default layout): the tensor itself,
+                        # or a view of its storage in that order
+                        if (shape, stride, offset) != (tuple(src.shape), base, 0):
+                            perm = sorted(range(src.dim()), key=lambda d: (-base[d], d))
+                            storage = aten.view.default(aten.clone.default(
+                                aten.permute.default(src, perm), memory_format=torch.contiguous_format), [-1])
+                            src = aten.as_strided.default(storage, list(shape), list(stride), offset)
+                    elif (tuple(src.shape), tuple(src.stride()), src.storage_offset()) != (shape, stride, offset):
                         if offset == 0 and src.is_contiguous() and src.numel() == _numel(shape) and \
                                 torch.empty(shape, device="meta").stride() == stride:
                             src = aten.view.default(src, list(shape))
@@ -262,12 +318,67 @@ def _replay(rec, alive):
                 else:
                     vals.append(r)
             a, k = tree_unflatten(vals, spec)
-            out = trace_as.get(op, op)(*a, **k)
+            out = (_leaf(op) or trace_as.get(op, op))(*a, **k)
             for pos, o in enumerate(tree_flatten(out)[0]):
                 env[(i, pos)] = o
         return tuple(env[(n, pos)] for n, pos in alive)
 
     return program
+
+
+_LEAVES: dict = {}
+
+
+def _leaf(op):
+    """For a composite op the rules map whole (``ops._KEPT_WHOLE``: attention), a custom op
+    standing in for it while the recorded ops are traced: make_fx would otherwise decompose
+    it (into torch's CPU "math" attention, which upcasts float16 to float32). The stand-in
+    is put back by :func:`_restore_leaves`. None for every other op."""
+    from .ops import _KEPT_WHOLE
+
+    if op not in _KEPT_WHOLE:
+        return None
+    leaf = _LEAVES.get(op)
+    if leaf is None:
+        leaf = _LEAVES[op] = _sdpa_leaf()
+    return leaf
+
+
+def _sdpa_leaf():
+    """``torchfl_eager::sdpa``: attention's signature, outputs shaped by a fake kernel."""
+    @torch.library.custom_op("torchfl_eager::sdpa", mutates_args=())
+    def sdpa(query: torch.Tensor, key: torch.Tensor, value: torch.Tensor, attn_mask: torch.Tensor | None = None,
+             dropout_p: float = 0.0, is_causal: bool = False, scale: float | None = None,
+             enable_gqa: bool = False) -> torch.Tensor:
+        raise RuntimeError("torchfl_eager::sdpa only stands in for attention while lazy mode traces")
+
+    @sdpa.register_fake
+    def _(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None, enable_gqa=False):
+        return query.new_empty(tuple(query.shape[:-1]) + (value.shape[-1],))
+
+    def call(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, *, scale=None, enable_gqa=False):
+        return sdpa(query, key, value, attn_mask, dropout_p, is_causal, scale, enable_gqa)
+
+    call.stand_in = torch.ops.torchfl_eager.sdpa.default
+    return call
+
+
+def _restore_leaves(gm) -> None:
+    """The stand-ins of :func:`_leaf` become the aten op again (its kwarg-only arguments
+    by name)."""
+    stand_ins = {leaf.stand_in: op for op, leaf in _LEAVES.items()}
+    if not stand_ins:
+        return
+    changed = False
+    for node in gm.graph.nodes:
+        if node.op == "call_function" and node.target in stand_ins:
+            args = list(node.args) + [None, 0.0, False, None, False][len(node.args) - 3:]
+            node.target = stand_ins[node.target]
+            node.args = tuple(args[:6])
+            node.kwargs = {"scale": args[6], "enable_gqa": args[7]}
+            changed = True
+    if changed:
+        gm.recompile()
 
 
 def _numel(shape):
@@ -307,6 +418,7 @@ def _run(rec):
         examples = [torch.empty_strided(tuple(t.shape), tuple(t.stride()), dtype=t.dtype) for t in rec.inputs]
         with torch.no_grad():
             gm = make_fx(_replay(rec, alive), decomposition_table=table, tracing_mode="fake")(*examples)
+        _restore_leaves(gm)
         _ops._drop_dead(gm)
         writes = _ops.functionalize_input_writes(gm)
         placeholders = [(p.name, "input", i) for i, p in enumerate(n for n in gm.graph.nodes if n.op == "placeholder")]

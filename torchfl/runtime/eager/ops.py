@@ -325,6 +325,13 @@ def distinct_positions(pattern):
     return tuple(i for i, first in enumerate(pattern) if first == i)
 
 
+def tensor_layout_of(t):
+    """Layout letters of a dense permuted 4-D tensor, else None (planner's rule)."""
+    from torchfl.planner.constraints import tensor_layout
+
+    return tensor_layout(t)
+
+
 def planning_examples(tensors, hcd) -> list:
     """The tensors as the planner should see them. A view is storage strides, not a chip
     layout: a tensor stored in a permutation the chip does not compute in (attention's
@@ -722,10 +729,19 @@ def _mutating(op, args, kwargs):
         if targets:
             return targets[0] if len(targets) == 1 else tuple(targets)
         return _on_host_result(out, index)
-    schema = op._schema
+    f_args, f_kwargs = functional_arguments(op, functional, args, kwargs)
+    result = _functional(functional, f_args, f_kwargs)
+    results = list(result) if isinstance(result, (tuple, list)) else [result]
+    with torch.no_grad():
+        _write_back(targets, results[:len(targets)])
+    return targets[0] if len(targets) == 1 else tuple(targets)
+
+
+def functional_arguments(op, functional, args, kwargs):
+    """The arguments of mutating ``op``'s call bound to its functional form's schema."""
     f_args, f_kwargs = [], {}
     bound = {}
-    for i, arg in enumerate(schema.arguments):
+    for i, arg in enumerate(op._schema.arguments):
         if arg.name in kwargs:
             bound[arg.name] = kwargs[arg.name]
         elif i < len(args) and not arg.kwarg_only:
@@ -737,11 +753,7 @@ def _mutating(op, args, kwargs):
             f_kwargs[arg.name] = bound[arg.name]
         else:
             f_args.append(bound[arg.name])
-    result = _functional(functional, tuple(f_args), f_kwargs)
-    results = list(result) if isinstance(result, (tuple, list)) else [result]
-    with torch.no_grad():
-        _write_back(targets, results[:len(targets)])
-    return targets[0] if len(targets) == 1 else tuple(targets)
+    return tuple(f_args), f_kwargs
 
 
 def _host_args(args, kwargs):

@@ -1,0 +1,137 @@
+"""Decode speed: tokens/s of a 2-layer LLaMA at context 1024 on the emulated chip
+(``torch.compile(backend="torchfl")``) against torch eager on the host, and where a token's time
+goes (plan instance, executor, kernels).
+
+    NUMBA_CACHE_DIR=.cache/numba python tools/bench_decode.py [--chip TFL-X1] [--context 1024]
+        [--tokens 16] [--hidden 512] [--dtype float32] [--json]
+
+The model: LlamaForCausalLM, 2 layers, hidden 512, 8 heads, 4 key/value heads, MLP 1408,
+vocabulary 32000 (random weights, seed 0). A prompt of ``context - tokens - warm`` tokens is
+prefilled (eager, once, shared); each side then decodes ``warm`` tokens untimed (Dynamo's
+recompiles, the kernels' first calls, the symbolic capture) and ``tokens`` timed, one forward
+per token with the DynamicCache, as generate() runs them. Greedy tokens are checked equal.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import time
+
+
+def build(hidden: int, dtype):
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(vocab_size=32000, hidden_size=hidden, intermediate_size=int(hidden * 2.75), num_hidden_layers=2,
+                      num_attention_heads=8, num_key_value_heads=4, max_position_embeddings=4096)
+    torch.manual_seed(0)
+    return LlamaForCausalLM(cfg).eval().to(dtype)
+
+
+def decode(forward, cache, first, n, timed_from):
+    """Greedy decode of ``n`` tokens from ``first``; per-token seconds of tokens >= timed_from."""
+    import copy
+
+    import torch
+
+    cache = copy.deepcopy(cache)
+    ids, tokens, times = first, [], []
+    with torch.no_grad():
+        for i in range(n):
+            t0 = time.perf_counter()
+            out = forward(input_ids=ids, cache=cache, use_cache=True)
+            dt = time.perf_counter() - t0
+            cache = out.cache
+            ids = out.logits[:, -1:].argmax(-1)
+            tokens.append(int(ids))
+            if i >= timed_from:
+                times.append(dt)
+    return tokens, times
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--chip", default="TFL-X1")
+    ap.add_argument("--context", type=int, default=1024)
+    ap.add_argument("--tokens", type=int, default=16, help="timed decode steps")
+    ap.add_argument("--warm", type=int, default=4, help="untimed decode steps first")
+    ap.add_argument("--hidden", type=int, default=512)
+    ap.add_argument("--dtype", default="float32", choices=["float32", "float16"])
+    ap.add_argument("--json", action="store_true")
+    args = ap.parse_args(argv)
+
+    import torch
+
+    from torchfl.planner import lengths as lengths_mod
+    from torchfl.runtime import backend
+
+    dtype = getattr(torch, args.dtype)
+    m = build(args.hidden, dtype)
+    n = args.warm + args.tokens
+    prompt = torch.randint(0, 32000, (1, args.context - n), generator=torch.Generator().manual_seed(1))
+    with torch.no_grad():
+        pre = m(input_ids=prompt, use_cache=True)
+    first = pre.logits[:, -1:].argmax(-1)
+
+    eager_tokens, eager_s = decode(m.forward, pre.cache, first, n, args.warm)
+
+    # the emulated chip: time split into the plan instance (specialise + re-price), the executor
+    # call (kernels + its own work) and everything else (Dynamo's guards, transformers' Python)
+    split = {"instance": [], "run": [], "kernel": []}
+    plan_of = lengths_mod.LengthPlanner.plan
+
+    def timed_plan(self, call_args):
+        t0 = time.perf_counter()
+        try:
+            return plan_of(self, call_args)
+        finally:
+            split["instance"].append(time.perf_counter() - t0)
+    lengths_mod.LengthPlanner.plan = timed_plan
+    call = backend.CompiledGraph.__call__
+
+    def timed_call(self, *call_args):
+        t0 = time.perf_counter()
+        try:
+            return call(self, *call_args)
+        finally:
+            split["run"].append(time.perf_counter() - t0)
+            entry = next(reversed(self.entries.values()), None)
+            ex = getattr(entry, "executor", None)
+            split["kernel"].append(getattr(ex, "last_kernel_s", 0.0) or 0.0)
+    backend.CompiledGraph.__call__ = timed_call
+    compiled = torch.compile(m.forward, backend="torchfl", options={"chip": args.chip})
+    chip_tokens, chip_s = decode(compiled, pre.cache, first, n, args.warm)
+    backend.CompiledGraph.__call__ = call
+    lengths_mod.LengthPlanner.plan = plan_of
+
+    t_eager, t_chip = statistics.median(eager_s), statistics.median(chip_s)
+    timed = slice(-args.tokens, None)
+    inst = statistics.median(split["instance"][timed]) if split["instance"] else 0.0
+    run = statistics.median(split["run"][timed])
+    kern = statistics.median(split["kernel"][timed])
+    result = {
+        "chip": args.chip, "context": args.context, "tokens": args.tokens, "hidden": args.hidden,
+        "dtype": args.dtype, "same_tokens": eager_tokens == chip_tokens,
+        "eager_tokens_per_s": 1 / t_eager, "chip_tokens_per_s": 1 / t_chip, "ratio": t_eager / t_chip,
+        "chip_ms_per_token": 1e3 * t_chip, "eager_ms_per_token": 1e3 * t_eager,
+        "instance_ms": 1e3 * inst, "graph_call_ms": 1e3 * run, "kernel_ms": 1e3 * kern,
+        "load_avg": os.getloadavg()[0],
+    }
+    if args.json:
+        print(json.dumps(result, indent=2))
+    else:
+        print(f"2-layer LLaMA (hidden {args.hidden}, {args.dtype}) decode at context {args.context}, "
+              f"{args.tokens} timed tokens, load average {result['load_avg']:.1f}")
+        print(f"  torch eager:        {result['eager_ms_per_token']:8.2f} ms/token  "
+              f"{result['eager_tokens_per_s']:8.1f} tokens/s")
+        print(f"  emulated {args.chip:8}: {result['chip_ms_per_token']:8.2f} ms/token  "
+              f"{result['chip_tokens_per_s']:8.1f} tokens/s  ({result['ratio']:.2f}x eager)")
+        print(f"    of which plan instance {result['instance_ms']:.2f} ms, graph call {result['graph_call_ms']:.2f} ms "
+              f"(kernels {result['kernel_ms']:.2f} ms); same greedy tokens: {result['same_tokens']}")
+    return 0 if result["same_tokens"] else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

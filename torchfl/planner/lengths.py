@@ -1,0 +1,317 @@
+"""One plan across sequence lengths: a Dynamo graph with symbolic sizes is captured once and
+planned once per *bucket* of its sizes; each concrete length is an instance of that plan.
+
+Why: after the second length Dynamo hands over one shape-polymorphic graph (a decoder's KV
+cache grows by one token a call). Capturing (``torch.export``) and planning every length anew
+cost seconds per token; a 64-token decode made 64 plans.
+
+How:
+
+* **one capture per graph**: ``torch.export`` with the graph's symbolic dimensions marked
+  dynamic (:func:`capture_symbolic`); a concrete length is that graph with its symbols bound
+  (:func:`specialise`: every value's shape and every size argument evaluated, no re-trace);
+* **one decision per bucket**: the first length of a bucket is planned in full (candidates,
+  prices, exact selection); the bucket keeps the selection's choices (which kernel, fusion,
+  layout and host route covers each node). The bucket rule (:func:`bucket_of`): each
+  symbolic size ``n`` falls in ``(lo, hi]`` with ``hi`` the smallest power of 8 >= max(n, 64)
+  (lengths 1..64, 65..512, 513..4096, ...): a 256-token decode after a short prompt makes two
+  decisions;
+* **an instance per length**: the same choices on the specialised graph, re-checked against
+  the rules' guards and the chip's hard constraints at that length (the candidates are
+  generated and priced again: tiles, bytes and times are those of this length) and with its
+  own memory plan; no selection is run. Where a choice no longer matches at a length (a guard
+  fails, a tile no longer fits), that length is planned in full and starts a bucket of its
+  own: nothing runs with a choice the rules refuse.
+
+``plan.notes`` of every plan made here names the bucket it covers.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+from dataclasses import dataclass, field
+
+__all__ = ["bucket_of", "capture_symbolic", "specialise", "LengthPlanner", "BUCKET_BASE", "BUCKET_MIN"]
+
+BUCKET_BASE = 8      # bucket upper bounds are powers of this ...
+BUCKET_MIN = 64      # ... from this one up
+
+
+def bucket_of(n: int) -> tuple[int, int]:
+    """``(lo, hi)``: the bucket ``lo < n <= hi`` of a symbolic size (module docstring)."""
+    n = int(n)
+    hi, lo = BUCKET_MIN, 0
+    while n > hi:
+        lo, hi = hi, hi * BUCKET_BASE
+    return lo, hi
+
+
+def is_symbolic(gm) -> bool:
+    """Does this Dynamo graph take symbolic sizes (SymInt inputs or symbolic tensor dims)?"""
+    import torch
+
+    for n in gm.graph.nodes:
+        if n.op != "placeholder":
+            continue
+        v = n.meta.get("example_value", n.meta.get("val"))
+        if isinstance(v, torch.SymInt):
+            return True
+        if isinstance(v, torch.Tensor) and any(not isinstance(s, int) for s in v.shape):
+            return True
+    return False
+
+
+# ---------------------------------------------------------------- capture once
+
+@dataclass
+class Symbolic:
+    """A graph captured with symbolic sizes, and how to bind its symbols from the inputs."""
+
+    captured: object                  # planner.capture.Captured (meta vals carry SymInts)
+    binders: list                     # (symbol, user input position, dim or None for an int input)
+    ranges: dict                      # symbol -> (lower, upper) the export's guards allow
+    symbols: tuple = field(default=())
+
+    def bindings(self, inputs) -> dict:
+        """symbol -> value for the concrete ``inputs`` (user inputs, graph order)."""
+        out = {}
+        for sym, pos, dim in self.binders:
+            a = inputs[pos]
+            value = int(a) if dim is None else int(a.shape[dim])
+            if out.setdefault(sym, value) != value:
+                raise ValueError(f"size {sym} is {out[sym]} and {value} in the same call")
+        return out
+
+    def admits(self, bind: dict) -> bool:
+        """Do these sizes satisfy the guards torch.export recorded for the symbols?"""
+        for sym, value in bind.items():
+            lo, hi = self.ranges.get(sym, (None, None))
+            if (lo is not None and value < lo) or (hi is not None and value > hi):
+                return False
+        return True
+
+
+def capture_symbolic(gm, inputs, dynamic_shapes=None) -> Symbolic | None:
+    """Capture a (weights-lifted) Dynamo graph, or any module, once, with symbolic sizes.
+
+    ``inputs`` are the concrete user inputs of one call. ``dynamic_shapes`` (torch.export's,
+    one entry per input) says which dimensions are symbolic; by default those that Dynamo
+    traced symbolically in ``gm``'s placeholders. Returns None when no dimension is symbolic
+    (nothing to share between sizes)."""
+    import warnings
+
+    import torch
+    from torch.export import Dim
+
+    from torchfl.planner.capture import (CaptureError, _from_exported, _without_effect_tokens, decomposition_table,
+                                         drop_same_device, meta_as_fake)
+
+    if dynamic_shapes is None:
+        placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+        if len(placeholders) != len(inputs):
+            return None
+        dynamic_shapes = []
+        for p, a in zip(placeholders, inputs):
+            v = p.meta.get("example_value", p.meta.get("val"))
+            if isinstance(a, torch.Tensor) and isinstance(v, torch.Tensor):
+                dims = {d: Dim.AUTO for d, s in enumerate(v.shape) if not isinstance(s, int)}
+                dynamic_shapes.append(dims or None)
+            else:
+                dynamic_shapes.append(None)
+    if not any(torch.utils._pytree.tree_leaves(dynamic_shapes, is_leaf=lambda x: isinstance(x, dict))):
+        return None
+    shapes = dynamic_shapes
+    gm, inputs = meta_as_fake(gm, tuple(inputs))
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)", category=FutureWarning)
+            ep = torch.export.export(gm, tuple(inputs), dynamic_shapes=tuple(shapes), strict=False)
+            ep = _without_effect_tokens(ep.run_decompositions(decomposition_table()))
+    except Exception as exc:
+        first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
+        raise CaptureError(f"torch.export could not capture the graph with symbolic sizes: {first}") from exc
+    captured = _from_exported(ep)
+    drop_same_device(captured.graph_module)
+    binders = []
+    user = 0
+    for n in captured.graph_module.graph.nodes:
+        if n.op != "placeholder":
+            continue
+        if not any(name == n.name and kind == "input" for name, kind, _t in captured.placeholders):
+            continue
+        v = n.meta.get("val")
+        if isinstance(v, torch.SymInt):
+            if _symbol(v) is not None:
+                binders.append((_symbol(v), user, None))
+        elif isinstance(v, torch.Tensor):
+            for d, s in enumerate(v.shape):
+                if isinstance(s, torch.SymInt) and _symbol(s) is not None:
+                    binders.append((_symbol(s), user, d))
+        user += 1
+    ranges = {}
+    for sym, vr in ep.range_constraints.items():
+        ranges[sym] = (_bound(vr.lower), _bound(vr.upper))
+    return Symbolic(captured, binders, ranges, tuple(dict.fromkeys(b[0] for b in binders)))
+
+
+def _bound(b):
+    """A range bound as an int, None for an infinite one (sympy's oo or torch's int_oo)."""
+    return int(b) if getattr(b, "is_Integer", False) else None
+
+
+def _symbol(s):
+    """The sympy symbol a SymInt is, or None when it is an expression of symbols."""
+    expr = s.node.expr
+    return expr if getattr(expr, "is_Symbol", False) else None
+
+
+def _evaluate(s, bind: dict) -> int:
+    import torch
+
+    if isinstance(s, torch.SymInt):
+        return int(s.node.expr.xreplace(bind))
+    return int(s)
+
+
+def specialise(sym: Symbolic, inputs):
+    """The symbolic capture with its sizes bound to those of ``inputs``: a concrete Captured
+    (every node's ``val`` a meta tensor of this length's shape, every size argument an int),
+    without tracing the model again."""
+    import torch
+    from torch.fx.node import map_arg
+
+    from torchfl.planner.capture import Captured
+
+    bind = sym.bindings(inputs)
+    src = sym.captured
+    graph = copy.deepcopy(src.graph_module.graph)
+
+    def concrete(v):
+        if isinstance(v, torch.SymInt):
+            return _evaluate(v, bind)
+        if isinstance(v, torch.Tensor):
+            shape = [_evaluate(s, bind) for s in v.shape]
+            stride = [_evaluate(s, bind) for s in v.stride()]
+            return torch.empty_strided(shape, stride, dtype=v.dtype, device="meta")
+        if isinstance(v, (list, tuple)):
+            return type(v)(concrete(x) for x in v)
+        return v
+
+    ints = {}
+    for n in graph.nodes:
+        v = n.meta.get("val")
+        if v is not None:
+            n.meta["val"] = concrete(v)
+            if isinstance(v, torch.SymInt):
+                ints[n] = n.meta["val"]
+    if ints:
+        for n in graph.nodes:
+            n.args = map_arg(n.args, lambda a: ints.get(a, a))
+            n.kwargs = map_arg(n.kwargs, lambda a: ints.get(a, a))
+        for n in reversed(list(graph.nodes)):
+            if n in ints and n.op == "call_function" and not n.users:
+                graph.erase_node(n)
+    gm = torch.fx.GraphModule(src.graph_module, graph)
+    return Captured(gm, list(src.placeholders), dict(src.tensors), list(src.outputs), src.training,
+                    dict(src.extra))
+
+
+# ---------------------------------------------------------------- plan once per bucket
+
+class NotInBucket(Exception):
+    """A bucket's choices do not all match at this length (a guard fails, a tile does not fit)."""
+
+
+@dataclass
+class _Bucket:
+    lo: dict
+    hi: dict
+    chosen: tuple          # option keys, in the selection's order
+    selection: object      # the decision's Selection (order, layouts)
+    first: dict            # the sizes the decision was made at
+    lengths: set = field(default_factory=set)
+
+
+class LengthPlanner:
+    """Plans of one symbolic Dynamo graph: captured once, decided once per bucket, instanced
+    per length (module docstring). ``decisions`` counts the full plans made."""
+
+    def __init__(self, gm, target, precision=None, strict=False):
+        self.gm, self.target, self.precision, self.strict = gm, target, precision, strict
+        self.lifted = None
+        self.user = None
+        self.symbolic = None
+        self.buckets: dict = {}
+        self.decisions = 0
+        self.instances = 0
+
+    def plan(self, args):
+        """(plan, positions of the user inputs among ``args``) for this call's sizes."""
+        from torchfl.planner.api import plan_specialised
+        from torchfl.planner.capture import lift_static
+
+        if self.lifted is None:
+            self.lifted, self.user = lift_static(self.gm, args)
+        inputs = tuple(args[i] for i in self.user)
+        if self.symbolic is None:
+            self.symbolic = capture_symbolic(self.lifted, inputs)
+            if self.symbolic is None:
+                return None
+        bind = self.symbolic.bindings(inputs)
+        if not self.symbolic.admits(bind):
+            return None
+        key = tuple(sorted((str(s), bucket_of(v)) for s, v in bind.items()))
+        captured = specialise(self.symbolic, inputs)
+        bucket = self.buckets.get(key)
+        if bucket is not None:
+            try:
+                plan = plan_specialised(captured, inputs, self.target, self.precision, self.strict,
+                                        choices=bucket.chosen, selection=bucket.selection)
+                bucket.lengths.add(tuple(sorted(bind.values())))
+                self.instances += 1
+                return self._noted(plan, bucket, bind), self.user
+            except NotInBucket:
+                key = key + (("from", tuple(sorted((str(s), v) for s, v in bind.items()))),)
+        kept = {}
+        plan = plan_specialised(captured, inputs, self.target, self.precision, self.strict, keep=kept)
+        self.decisions += 1
+        lo = {str(s): bucket_of(v)[0] + 1 for s, v in bind.items()}
+        hi = {str(s): bucket_of(v)[1] for s, v in bind.items()}
+        sel = kept["selection"]
+        bucket = self.buckets[key] = _Bucket(lo, hi, tuple(choice(o) for o in sel.chosen), sel,
+                                             {str(s): v for s, v in bind.items()})
+        bucket.lengths.add(tuple(sorted(bind.values())))
+        return self._noted(plan, bucket, bind), self.user
+
+    def _noted(self, plan, bucket, bind):
+        sizes = ", ".join(f"{s} in {bucket.lo[s]}..{bucket.hi[s]}" for s in sorted(bucket.lo))
+        here = ", ".join(f"{s}={v}" for s, v in sorted((str(s), v) for s, v in bind.items()))
+        first = ", ".join(f"{s}={v}" for s, v in sorted(bucket.first.items()))
+        note = (f"lengths: one plan for {sizes} (decided at {first}; this instance {here}; "
+                f"buckets up to powers of {BUCKET_BASE} from {BUCKET_MIN})")
+        return dataclasses.replace(plan, notes=(note,) + tuple(plan.notes))
+
+
+def choice(option) -> tuple:
+    """What identifies an option across lengths: its key (kernel, nodes, output layout) and the
+    layouts it reads its inputs in (one key has an option per input layout)."""
+    return (option.key, tuple(option.layouts_in))
+
+
+def forced(choices, selection):
+    """``decide`` for the planner: the Selection that takes exactly ``choices`` (:func:`choice`
+    of each option of a bucket's decision) among this length's candidates; NotInBucket if one
+    is missing (its rule's guards or its kernel's tiling refuse this length)."""
+    from torchfl.planner.select import Selection
+
+    def decide(problem):
+        by_key = {choice(o): o for o in problem.options}
+        missing = [k for k in choices if k not in by_key]
+        if missing:
+            raise NotInBucket(f"{len(missing)} choice(s) of the bucket are not candidates at this length "
+                              f"(e.g. {missing[0]})")
+        chosen = tuple(by_key[k] for k in choices)
+        return Selection(chosen, dict(selection.layouts), float(sum(o.cost for o in chosen)), selection.order,
+                         selection.exact, selection.max_states)
+    return decide

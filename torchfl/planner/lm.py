@@ -1,0 +1,283 @@
+"""Causal language models as the what-if commands plan them: the decode step at a context,
+with its KV cache as graph inputs and outputs, and the prefill of a prompt.
+
+A Hugging Face causal LM with its default config (``use_cache=True``) keeps its past keys and
+values in a ``DynamicCache`` object, which torch.export refuses as an input or output. Here the
+cache is plain tensors at the graph's edges:
+
+* :class:`DecodeStep` ``(input_ids[B, 1], k_0, v_0, k_1, v_1, ...)`` with each past tensor
+  ``[B, kv_heads, context - 1, head_dim]``, returns ``(logits, k_0', v_0', ...)`` with the new
+  token's keys and values appended (``context`` positions): the step a server runs per token;
+* :class:`Prefill` ``(input_ids[B, P])`` returns ``(logits, k_0, v_0, ...)``: the prompt's pass.
+
+The cache's tensors are named ``past_key_values_<layer>_<key|value>`` in the graph, which is
+how the memory plan counts them per layer (``planner.memory.kv_cache_values``). The shapes come
+from running the model once on one token (on the meta device for a model built there: no
+weights needed), so every family's own cache layout (heads, head size, dtype) is used as is.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+__all__ = ["is_causal_lm", "CacheSpec", "cache_spec", "DecodeStep", "Prefill", "decode_inputs", "prefill_inputs",
+           "KV_NAME"]
+
+KV_NAME = "past_key_values_{layer}_{kind}"
+
+
+def is_causal_lm(module) -> bool:
+    """A Hugging Face model that generates (a ``*ForCausalLM`` with a cache-aware forward)."""
+    try:
+        from transformers import GenerationMixin, PreTrainedModel
+    except ImportError:    # transformers is optional for torchfl itself
+        return False
+    return isinstance(module, PreTrainedModel) and isinstance(module, GenerationMixin) and \
+        getattr(module.config, "is_encoder_decoder", False) is False
+
+
+@dataclass(frozen=True)
+class CacheSpec:
+    """One layer's cached keys (values alike) per position: ``[batch, heads, *, head_dim]``."""
+
+    layers: int
+    heads: int
+    head_dim: int
+    dtype: object          # torch.dtype
+    device: object         # torch.device of the model (meta for a model built there)
+
+    def shape(self, batch: int, positions: int) -> tuple:
+        return (int(batch), self.heads, int(positions), self.head_dim)
+
+    def nbytes(self, batch: int, positions: int) -> int:
+        """Bytes of the whole cache (keys and values of every layer)."""
+        import torch
+
+        item = torch.empty((), dtype=self.dtype).element_size()
+        return 2 * self.layers * batch * self.heads * positions * self.head_dim * item
+
+
+def _device(module):
+    import torch
+
+    p = next(iter(module.parameters()), None)
+    return p.device if p is not None else torch.device("cpu")
+
+
+def cache_spec(lm) -> CacheSpec:
+    """The cache layout of ``lm``, read from one forward pass on a one-token prompt."""
+    import torch
+
+    device = _device(lm)
+    ids = torch.zeros((1, 1), dtype=torch.long, device=device)
+    with torch.no_grad():
+        out = lm(input_ids=ids, use_cache=True)
+    layers = _layers(_returned_cache(out))
+    if not layers:
+        raise ValueError(f"{type(lm).__name__} returned no key/value cache: it cannot be planned as a decoder")
+    k = layers[0][0]
+    return CacheSpec(len(layers), int(k.shape[1]), int(k.shape[3]), k.dtype, device)
+
+
+def _returned_cache(out):
+    """The cache a forward returned (``cache`` in transformers >= 5.24, else ``past_key_values``)."""
+    cache = getattr(out, "cache", None)
+    return cache if cache is not None else getattr(out, "past_key_values", None)
+
+
+def _layers(cache) -> list:
+    """[(keys, values)] per layer of a transformers cache (DynamicCache in transformers 5)."""
+    if cache is None:
+        return []
+    if hasattr(cache, "layers"):
+        return [(layer.keys, layer.values) for layer in cache.layers]
+    return [(k, v) for k, v in cache]     # legacy tuple of tuples
+
+
+def _new_cache(lm, past):
+    """A DynamicCache holding ``past`` (keys, values per layer) as they are: filled in place of
+    ``update``, which would concatenate them to an empty rank-1 tensor first."""
+    from transformers import DynamicCache
+
+    cache = DynamicCache(config=lm.config)
+    for i in range(0, len(past), 2):
+        layer = cache.layers[i // 2]
+        layer.lazy_initialization(past[i], past[i + 1])
+        layer.keys, layer.values = past[i], past[i + 1]
+    return cache
+
+
+def _empty_cache(lm):
+    """A DynamicCache whose layers take the prompt's keys and values as they are: a fresh
+    layer concatenates them to ``torch.tensor([])``, a constant torch.export cannot lift."""
+    import types
+
+    from transformers import DynamicCache
+
+    cache = DynamicCache(config=lm.config)
+    for layer in cache.layers:
+        layer.update = types.MethodType(_first_update, layer)
+    return cache
+
+
+def _first_update(self, key_states, value_states, *args, **kwargs):
+    """A cache layer's ``update`` for the prompt: it holds the prompt's keys and values."""
+    if self.is_initialized:
+        return type(self).update(self, key_states, value_states, *args, **kwargs)
+    self.lazy_initialization(key_states, value_states)
+    self.keys, self.values = key_states, value_states
+    return self.keys, self.values
+
+
+def _cache_kwarg(lm) -> str:
+    """The forward's name for the cache: ``cache`` (transformers >= 5.24), else ``past_key_values``."""
+    import inspect
+
+    params = inspect.signature(lm.forward).parameters
+    return "cache" if "cache" in params else "past_key_values"
+
+
+def _flat(logits, cache) -> tuple:
+    out = [logits]
+    for k, v in _layers(cache):
+        out += [k, v]
+    return tuple(out)
+
+
+def _torch_module():
+    import torch
+
+    return torch.nn.Module
+
+
+def _make_classes():
+    Module = _torch_module()
+
+    class DecodeStep(Module):
+        """One decode step of a causal LM with its cache as tensors (module docstring)."""
+
+        def __init__(self, lm):
+            super().__init__()
+            self.lm = lm
+
+        def forward(self, input_ids, *past):
+            kw = {_cache_kwarg(self.lm): _new_cache(self.lm, past)}
+            out = self.lm(input_ids=input_ids, use_cache=True, **kw)
+            return _flat(out.logits, _returned_cache(out))
+
+    class Prefill(Module):
+        """The prompt's forward pass of a causal LM, its new cache as tensors."""
+
+        def __init__(self, lm):
+            super().__init__()
+            self.lm = lm
+
+        def forward(self, input_ids):
+            kw = {_cache_kwarg(self.lm): _empty_cache(self.lm)}
+            out = self.lm(input_ids=input_ids, use_cache=True, **kw)
+            return _flat(out.logits, _returned_cache(out))
+
+    return DecodeStep, Prefill
+
+
+_CLASSES = None
+
+
+def _classes():
+    global _CLASSES
+    if _CLASSES is None:
+        _CLASSES = _make_classes()
+    return _CLASSES
+
+
+def DecodeStep(lm):  # noqa: N802 - a class, built on first use
+    return _classes()[0](lm)
+
+
+def Prefill(lm):  # noqa: N802
+    return _classes()[1](lm)
+
+
+def decode_inputs(lm, batch: int, context: int, spec: CacheSpec | None = None):
+    """(DecodeStep(lm), its inputs) for the step that brings the cache to ``context`` positions."""
+    import torch
+
+    if context < 2:
+        raise ValueError(f"context must be at least 2 (one cached position and the new token), got {context}")
+    spec = spec or cache_spec(lm)
+    ids = torch.zeros((batch, 1), dtype=torch.long, device=spec.device)
+    past = []
+    for _layer in range(spec.layers):
+        for _kind in ("key", "value"):
+            past.append(torch.zeros(spec.shape(batch, context - 1), dtype=spec.dtype, device=spec.device))
+    return DecodeStep(lm), (ids, *past)
+
+
+def prefill_inputs(lm, batch: int, prompt: int, spec: CacheSpec | None = None):
+    """(Prefill(lm), its inputs): the forward pass over a ``prompt``-token prompt."""
+    import torch
+
+    spec = spec or cache_spec(lm)
+    return Prefill(lm), (torch.zeros((batch, prompt), dtype=torch.long, device=spec.device),)
+
+
+def kv_input_names(n_layers: int) -> list[str]:
+    """Placeholder names the decode step's cache inputs get (graph order)."""
+    return [KV_NAME.format(layer=i, kind=k) for i in range(n_layers) for k in ("key", "value")]
+
+
+def rename_cache_inputs(captured, n_layers: int):
+    """The decode step's captured graph with its cache placeholders named :data:`KV_NAME`."""
+    names = kv_input_names(n_layers)
+    inputs = [n for n in captured.graph_module.graph.nodes if n.op == "placeholder"
+              and any(name == n.name and kind == "input" for name, kind, _t in captured.placeholders)]
+    cache_nodes = inputs[1:1 + len(names)]
+    renamed = {}
+    for node, name in zip(cache_nodes, names):
+        renamed[node.name] = name
+        node.name = name
+        node.target = name
+    captured.graph_module.recompile()
+    captured.placeholders = [(renamed.get(n, n), kind, t) for n, kind, t in captured.placeholders]
+    captured.tensors = {renamed.get(k, k): v for k, v in captured.tensors.items()}
+    captured.outputs = [renamed.get(o, o) if o else o for o in captured.outputs]
+    return captured
+
+
+# ---------------------------------------------------------------- models for the CLI (zoo names)
+
+# LLaMA-2 7B and 70B as their published configs give them (hidden, layers, heads, key/value
+# heads, MLP width); transformers' LlamaConfig() defaults are the 7B ones.
+_LLAMA = {
+    "7b": dict(),
+    "70b": dict(hidden_size=8192, intermediate_size=28672, num_hidden_layers=80, num_attention_heads=64,
+                num_key_value_heads=8),
+}
+
+
+def llama(size: str = "7b", batch: int = 1, seq_len: int = 8, layers: int | None = None):
+    """LLaMA-2 ``size`` with its default config (``use_cache=True``) built on the meta device in
+    float16: no weights in RAM, so a 70B model plans on a laptop. (module, (input_ids,))."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    kw = dict(_LLAMA[size])
+    if layers:
+        kw["num_hidden_layers"] = layers
+    config = LlamaConfig(**kw)
+    with torch.device("meta"):
+        model = LlamaForCausalLM(config).to(torch.float16).eval()
+    return model, (torch.zeros((batch, seq_len), dtype=torch.long, device="meta"),)
+
+
+def tiny_llama(batch: int = 1, seq_len: int = 8, layers: int | None = None):
+    """A 2-layer LLaMA (hidden 64, 4 heads, 2 key/value heads, 128-token vocabulary), random
+    weights (seed 0), float32, default config otherwise: small enough to run on the emulator."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=layers or 2,
+                         num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048)
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(config).eval()
+    return model, (torch.randint(0, 128, (batch, seq_len)),)
