@@ -186,7 +186,7 @@ def demo(registry, quick, full_tables, parallel_compile, compile_only) -> None:
     bad = []
     for chip, name, err, rel, failure, extra in results:
         if failure:
-            t.add_row(name, chip, "-", "-", "-", failure[:60])
+            t.add_row(name, chip, "-", "-", "-", failure)
             bad.append(f"{name} on {chip}")
         else:
             outcome = "ok" if rel < 5e-2 else "TOO FAR from eager"

@@ -270,7 +270,7 @@ def _problems(desc: dict) -> list[str]:
                 f"{p['samples']} pass, {p['failed']} fail, {p['refused']} refused)")
         lines = [ln.strip() for ln in (p["reason"] or "").splitlines() if ln.strip()]
         why = lines[1] if len(lines) > 1 and lines[0].startswith("strict") else (lines[0] if lines else "")
-        out.append(f"{head}{': ' + why[:200] if why else ''}")
+        out.append(f"{head}{': ' + why if why else ''}")
     return out
 
 

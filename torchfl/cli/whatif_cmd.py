@@ -229,6 +229,11 @@ def _para(text: str, indent: str = "", subsequent: str | None = None) -> list[st
     return paragraph(text, indent=indent, subsequent=subsequent)
 
 
+def _echo(text: str, indent: str = "") -> None:
+    """One sentence, wrapped at spaces to the terminal (100 columns in a pipe)."""
+    click.echo("\n".join(_para(text, indent=indent, subsequent=indent + "  ")))
+
+
 def impact_status(m) -> str:
     """One model's outcome, in the words the result and the progress lines both use."""
     b, a = m.before["ok"], m.after["ok"]
@@ -437,15 +442,15 @@ def max_context(model, chip, batch, precision, registry, as_json):
         _emit(dict(res.to_dict(), model=model))
         return
     if res.context == 0:
-        click.echo(f"{model} does not fit {res.chip} {res.version} at batch {batch} even with a short context: "
-                   f"{res.limit}")
-        click.echo(f"  {res.reason.splitlines()[0][:400]}")
+        _echo(f"{model} does not fit {res.chip} {res.version} at batch {batch} even with a short context: "
+              f"{res.limit}")
+        _echo(res.reason.splitlines()[0], indent="  ")
         sys.exit(1)
     peak = f", peak {_b(res.peak_bytes)}" + (f" of {_b(res.capacity_bytes)}" if res.capacity_bytes else "")
-    click.echo(f"max context of {model} (batch {batch}, precision {res.precision or 'as captured'}) on {res.chip} "
-               f"{res.version}: {res.context} tokens{peak}, KV cache {_b(res.kv_cache_bytes)}")
+    _echo(f"max context of {model} (batch {batch}, precision {res.precision or 'as captured'}) on {res.chip} "
+          f"{res.version}: {res.context} tokens{peak}, KV cache {_b(res.kv_cache_bytes)}")
     click.echo(f"limited by: {res.limit}")
-    click.echo(f"  {res.reason.splitlines()[0]}")
+    _echo(res.reason.splitlines()[0], indent="  ")
     rows = [(p.batch, "fits" if p.ok else f"refused: {p.limit}", _b(p.peak_bytes), f"{p.seconds:.1f} s")
             for p in sorted(res.probes, key=lambda p: p.batch)]
     click.echo("\n".join(_table(rows, ("context", "plan", "peak", "planning"), right=(0, 2, 3))))
@@ -541,11 +546,13 @@ def _decode_text(model, res) -> str:
                          f"{r['tokens_per_s']:,.1f}", _b(r["kv_cache_bytes"]), mem, r["fallbacks"],
                          f"{r['bound']} ({100 * r['bound_share']:.0f}%)"))
         else:
-            errors.append(f"  {r['chip']} {r['version']}: {r['error_kind']}: {r['error'].splitlines()[0][:300]}")
-    out = [f"{model}: batch {res['batch']}, prefill of {res['prompt']} tokens, decode at context {res['context']} "
-           f"on {len(res['rows'])} chips, planned in {res['planning_s']:.1f} s (most tokens/s first; predicted)"]
+            errors += _para(f"{r['chip']} {r['version']}: {r['error_kind']}: {r['error'].splitlines()[0]}",
+                            indent="  ", subsequent="    ")
+    out = _para(f"{model}: batch {res['batch']}, prefill of {res['prompt']} tokens, decode at context "
+                f"{res['context']} on {len(res['rows'])} chips, planned in {res['planning_s']:.1f} s (most tokens/s "
+                "first; predicted)")
     out += _table(rows, ("chip", "version", "precision", "prefill", "per token", "tokens/s", "KV cache",
-                         "peak memory", "fallbacks", "decode bound by"), right=(3, 4, 5, 6, 8))
+                         "peak memory", "fallbacks", "decode bound by"), right=(3, 4, 5, 6, 8), optional=(1, 8))
     if errors:
         out.append(f"Not plannable ({len(errors)}):")
         out += errors
@@ -584,13 +591,13 @@ def decode(model, chip, context, prompt, batch, precision, registry, as_json):
     if not r["ok"]:
         _fail(r["error_kind"], r["error"])
     cap = f" of {_b(r['capacity_bytes'])}" if r["capacity_bytes"] else ""
-    click.echo(f"{model} on {r['chip']} {r['version']} (precision {r['precision'] or 'as captured'}, batch {batch}; "
-               "predicted by the plans' cost model)")
-    click.echo(f"  prefill of {prompt} tokens (time to first token): {_t(r['prefill_s'])}")
-    click.echo(f"  decode at context {context}: {_t(r['decode_s'])} per token, {r['tokens_per_s']:,.1f} tokens/s "
-               f"({r['bound']}-bound, {100 * r['bound_share']:.0f}% of the step's time)")
-    click.echo(f"  decode step memory: peak {_b(r['peak_bytes'])}{cap}, KV cache {_b(r['kv_cache_bytes'])}; "
-               f"{r['fallbacks']} fallbacks to CPU")
+    _echo(f"{model} on {r['chip']} {r['version']} (precision {r['precision'] or 'as captured'}, batch {batch}; "
+          "predicted by the plans' cost model)")
+    _echo(f"prefill of {prompt} tokens (time to first token): {_t(r['prefill_s'])}", indent="  ")
+    _echo(f"decode at context {context}: {_t(r['decode_s'])} per token, {r['tokens_per_s']:,.1f} tokens/s "
+          f"({r['bound']}-bound, {100 * r['bound_share']:.0f}% of the step's time)", indent="  ")
+    _echo(f"decode step memory: peak {_b(r['peak_bytes'])}{cap}, KV cache {_b(r['kv_cache_bytes'])}; "
+          f"{r['fallbacks']} fallbacks to CPU", indent="  ")
 
 
 # ---------------------------------------------------------------- plan impact
