@@ -171,13 +171,30 @@ def _gist(reason: str) -> str:
 
 
 def _matrix_text(m: dict, matrix) -> str:
-    """The evidence matrix fitted to the terminal (100 columns in a pipe): op names wrap after
-    their underscores where the chips' columns need the room, nothing is cut."""
-    from torchfl.planner.texttable import table
+    """The evidence matrix fitted to the terminal (100 columns in a pipe): as many chips side
+    by side as fit, the rest in further tables below (op names repeated); nothing is cut."""
+    from torchfl.planner.texttable import table, terminal_width
 
+    width = terminal_width()
     names = [c["name"] for c in m["chips"]]
-    rows = [(r["op"], *(matrix._cell(r["cells"][n]) for n in names)) for r in m["ops"]]
-    lines = table(("op", *names), rows)
+    ops = [r["op"] for r in m["ops"]]
+    op_w = min(max([len(o) for o in ops] + [2]), max(24, width // 2))
+    groups, group, used = [], [], op_w
+    for n in names:
+        need = 2 + max(len(n), 8)
+        if group and used + need > width:
+            groups.append(group)
+            group, used = [], op_w
+        group.append(n)
+        used += need
+    if group:
+        groups.append(group)
+    lines = []
+    for k, chips in enumerate(groups):
+        if k:
+            lines.append("")
+        rows = [(r["op"], *(matrix._cell(r["cells"][n]) for n in chips)) for r in m["ops"]]
+        lines += table(("op", *chips), rows, width=width)
     lines.append("")
     for n in names:
         t = m["totals"][n]
