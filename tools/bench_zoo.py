@@ -5,15 +5,22 @@ fallback nodes, error vs eager, compile and run time.
 
     python tools/bench_zoo.py [--json] [--models bert,llama,...] [--chips NPU-V3,...]
                               [--list] [--strict] [--mode compile|eager] [--train]
+                              [--cluster ADDRESS [--registry URL]] [--resume RUN]
 
 ``--mode eager`` runs the same models on the npu device instead (``TORCHFL_DEVICES`` set to
 the chips, in ``--chips`` order): weights and inputs moved with ``.to("npu:i")``, floating
 weights and inputs in the chip's dtype (``model.half()`` for float16), standard calls
-under ``torch.no_grad()``. ``fallbacks`` are then host-fallback op calls of the run
+under ``torch.no_grad()``, and ``TORCHFL_PRECISION`` set to that dtype, the eager form of
+compile mode's ``precision`` option (rotary embeddings compute in float32 on purpose, which
+a float16-only chip computes in float16). ``fallbacks`` are then host-fallback op calls of the run
 (``ops.ROUTES``), ``compile_s`` the first call (one-op plans and kernel loads). ``--train``
-(eager only) adds a forward, backward and SGD step of each model on the chip
-(``train_ok``: it ran, every gradient finite, every parameter moved to a finite value;
-``train_fallbacks``: host-fallback calls in it).
+(eager only) adds a forward, backward and SGD step of each model as the article trains:
+float32 weights on ``--train-chip`` (TFL-X1, which has float32 and float16 units; the
+last npu index), ``torch.autocast("npu", dtype=torch.float16)``, no precision policy
+(``train_ok``: it ran, every gradient finite, every parameter finite after the step;
+``train_params_moved``: how many changed; ``train_fallbacks``: host-fallback calls in it).
+A float16-only chip cannot hold float32 master weights: under the precision policy its
+float32 ops compute in float16, and an RMS norm's backward (``rsqrt`` cubed) overflows.
 
 Every model is built offline from a small config (random weights, nothing downloaded,
 ``torch.manual_seed(0)``), in eval mode, and run on the same inputs by eager torch
@@ -33,6 +40,11 @@ Every model is built offline from a small config (random weights, nothing downlo
 Chips: NPU-V3 with float16 (the article's chip), TFL-X1 with bfloat16 (a native bf16
 unit), DSP-M4 with float16 (no attention unit: attention must be decomposed on chip).
 The machine is shared: compare only figures from one run.
+
+``--cluster ADDRESS`` runs each (model, chip) as a Ray task (``pip install 'torchfl[cluster]'``;
+``--mode compile`` only), one thread per unit, each result written once to the registry
+(``--registry``, else the default) as a sweep that ``--resume RUN`` finishes if this driver
+stops: times are then each node's, one thread each, not comparable with a local run's.
 """
 from __future__ import annotations
 
@@ -292,8 +304,9 @@ def run_one(name, chip, precision, runs, strict=False):
     return rec
 
 
-def run_one_eager(name, chip, index, precision, runs, train=False):
-    """``name`` on the eager device ``npu:index`` (the chip ``chip``) in ``precision``."""
+def run_one_eager(name, chip, index, precision, runs, train_index=None):
+    """``name`` on the eager device ``npu:index`` (the chip ``chip``) in ``precision``; with
+    ``train_index``, a training step on ``npu:train_index`` too (:func:`train_step`)."""
     import torch
 
     from torchfl.runtime.eager import ops
@@ -346,16 +359,28 @@ def run_one_eager(name, chip, index, precision, runs, train=False):
     err = float((out - ref).abs().max()) / scale if ref.numel() else 0.0
     rec.update(fallbacks=sum(falls.values()), fallback_ops=dict(sorted(falls.items(), key=lambda kv: -kv[1])),
                error=err, tolerance=TOLERANCE[precision], within_tolerance=bool(err <= TOLERANCE[precision]),
-               run_s=round(statistics.median(times), 4), eager_s=round(statistics.median(eager), 4))
-    if train:
-        rec.update(train_step(npu, n_in, n_kw))
+               run_s=round(statistics.median(times), 4) if times else None,
+               eager_s=round(statistics.median(eager), 4) if eager else None)
+    if train_index is not None:
+        torch.manual_seed(0)
+        model, inputs, kwargs = build()
+        dev = f"npu:{train_index}"
+        rec["train_device"] = f"{dev} ({torch.npu.get_device_name(train_index)})"
+        move = lambda t: t.to(dev) if isinstance(t, torch.Tensor) else t   # noqa: E731
+        saved = os.environ.pop("TORCHFL_PRECISION", None)
+        try:
+            rec.update(train_step(model.to(dev), tuple(move(t) for t in inputs),
+                                  {k: move(v) for k, v in kwargs.items()}))
+        finally:
+            if saved is not None:
+                os.environ["TORCHFL_PRECISION"] = saved
     return rec
 
 
 def train_step(model, inputs, kwargs):
-    """One forward, backward and SGD step of ``model`` (on the device, in its dtype) with
-    the loss ``mean(out^2)``: whether it ran with finite gradients and moved every
-    parameter that has a gradient to a finite value; host-fallback calls in it."""
+    """One forward (autocast float16), backward and SGD step of float32 ``model`` on its npu
+    device with the loss ``mean(out^2)`` (float32): whether it ran with finite gradients
+    and finite parameters after the step; host-fallback calls in it."""
     import torch
 
     from torchfl.runtime.eager import ops
@@ -368,8 +393,9 @@ def train_step(model, inputs, kwargs):
         opt = torch.optim.SGD(params, lr=1e-2)
         opt.zero_grad()
         t0 = time.perf_counter()
-        out = _first_tensor(model(*inputs, **kwargs))
-        loss = out.square().mean()
+        with torch.autocast("npu", dtype=torch.float16):
+            out = _first_tensor(model(*inputs, **kwargs))
+        loss = out.float().square().mean()
         loss.backward()
         opt.step()
         took = time.perf_counter() - t0
@@ -384,9 +410,48 @@ def train_step(model, inputs, kwargs):
         model.eval()
     falls = {op: n - before.get((op, route), 0) for (op, route), n in ops.ROUTES.items()
              if route == "host fallback" and n > before.get((op, route), 0)}
-    return {"train_ok": bool(finite and new_ok and grads and sum(moved) >= len(moved) // 2),
+    return {"train_ok": bool(finite and new_ok and grads),
             "train_grads": len(grads), "train_params_moved": int(sum(moved)), "train_loss": float(loss),
             "train_fallbacks": sum(falls.values()), "train_fallback_ops": falls, "train_s": round(took, 3)}
+
+
+def _print_line(r):
+    m, c = r["model"], r["chip"]
+    if "error_message" in r:
+        print(f"{m:13s} {c:7s} ERROR {r['error_message']}", flush=True)
+        return
+    ops = ", ".join(f"{k.replace('aten.', '')} x{v}" for k, v in r["fallback_ops"].items())
+    train = ""
+    if "train_ok" in r:
+        train = (f" train {'ok' if r['train_ok'] else 'FAILED ' + r.get('train_error', '')}"
+                 f"{' fallbacks ' + str(r['train_fallbacks']) if r.get('train_fallbacks') else ''}")
+    print(f"{m:13s} {c:7s} fallbacks {r['fallbacks']:3d} err {r['error']:.1e}"
+          f"{'' if r['within_tolerance'] else ' (!)'} compile {r['compile_s']:6.2f}s "
+          f"run {r['run_s'] * 1e3:7.1f}ms eager {r['eager_s'] * 1e3:6.1f}ms"
+          f"{' decomposed ' + str(r['decomposed']) if r.get('decomposed') else ''}{train}  {ops}",
+          flush=True)
+
+
+def _swept(models, chips, a):
+    """Every (model, chip) as a unit of a recorded sweep (torchfl.cluster), in the order asked."""
+    from torchfl.cluster.options import reported, require_ray, runner as make_runner
+    from torchfl.cluster.sweep import run_sweep
+    from torchfl.cluster.units import Unit
+    from torchfl.registry import Registry
+
+    require_ray(a.cluster)
+    echo = lambda line: print(line, file=sys.stderr, flush=True)  # noqa: E731
+    units = [Unit(f"{m} {c}", run_one, (m, c, CHIPS[c], a.runs, a.strict)) for m in models for c in chips]
+    spec = dict(tool="bench_zoo", models=models, chips=chips, runs=a.runs, strict=a.strict)
+    runner, state = make_runner(a.cluster, 1, echo=echo), {}
+    with reported(lambda: state.get("sweep")):
+        try:
+            got = run_sweep(runner, "bench_zoo", f"bench_zoo {len(models)} models x {len(chips)} chips", spec, units,
+                            registry=Registry(a.registry), resume=a.resume, echo=echo, state=state,
+                            on_done=None if a.json else (lambda done: _print_line(done.result)))
+        finally:
+            runner.close()
+    return [got[u.key] for u in units]
 
 
 def main(argv=None):
@@ -399,8 +464,14 @@ def main(argv=None):
     ap.add_argument("--mode", choices=("compile", "eager"), default="compile",
                     help="torch.compile(backend='torchfl') (default), or the eager npu device")
     ap.add_argument("--train", action="store_true", help="eager mode: also a forward, backward and SGD step")
+    ap.add_argument("--train-chip", default="TFL-X1", help="the chip of --train's step (float32 weights, "
+                                                         "autocast float16): default TFL-X1")
     ap.add_argument("--json", action="store_true")
     ap.add_argument("--list", action="store_true", help="list the models and exit")
+    ap.add_argument("--cluster", metavar="ADDRESS",
+                    help="run each (model, chip) as a Ray task on the cluster at ADDRESS (HOST:PORT or auto)")
+    ap.add_argument("--resume", type=int, metavar="RUN", help="finish the recorded sweep run RUN")
+    ap.add_argument("--registry", metavar="URL", help="where --cluster/--resume record the sweep")
     a = ap.parse_args(argv)
     if a.list:
         for k, (what, _b) in MODELS.items():
@@ -413,8 +484,16 @@ def main(argv=None):
         ap.error(f"unknown model/chip {', '.join(bad)}; models: {', '.join(MODELS)}; chips: {', '.join(CHIPS)}")
     if a.train and a.mode != "eager":
         ap.error("--train needs --mode eager")
+    swept = a.cluster is not None or a.resume is not None
+    if swept and a.mode != "compile":
+        ap.error("--cluster/--resume run --mode compile only (the eager device is set up per process)")
     if a.mode == "eager":
-        os.environ["TORCHFL_DEVICES"] = ",".join(chips)
+        os.environ["TORCHFL_DEVICES"] = ",".join(chips + ([a.train_chip] if a.train else []))
+        if len({CHIPS[c] for c in chips}) > 1:
+            ap.error("--mode eager runs chips of one precision per process (TORCHFL_PRECISION); "
+                     f"these need {', '.join(sorted({str(CHIPS[c]) for c in chips}))}: run them separately")
+        if CHIPS[chips[0]]:
+            os.environ["TORCHFL_PRECISION"] = CHIPS[chips[0]]
         if a.strict:
             os.environ["TORCHFL_STRICT"] = "1"
     import logging
@@ -427,28 +506,19 @@ def main(argv=None):
 
         eager.register()
         eager.ensure_adapter()
-    results = []
-    for m in models:
-        for c in chips:
-            if a.mode == "eager":
-                r = run_one_eager(m, c, chips.index(c), CHIPS[c], a.runs, a.train)
-            else:
-                r = run_one(m, c, CHIPS[c], a.runs, a.strict)
-            results.append(r)
-            if not a.json:
-                if "error_message" in r:
-                    print(f"{m:13s} {c:7s} ERROR {r['error_message']}", flush=True)
+    if swept:
+        results = _swept(models, chips, a)
+    else:
+        results = []
+        for m in models:
+            for c in chips:
+                if a.mode == "eager":
+                    r = run_one_eager(m, c, chips.index(c), CHIPS[c], a.runs, len(chips) if a.train else None)
                 else:
-                    ops = ", ".join(f"{k.replace('aten.', '')} x{v}" for k, v in r["fallback_ops"].items())
-                    train = ""
-                    if "train_ok" in r:
-                        train = (f" train {'ok' if r['train_ok'] else 'FAILED ' + r.get('train_error', '')}"
-                                 f"{' fallbacks ' + str(r['train_fallbacks']) if r.get('train_fallbacks') else ''}")
-                    print(f"{m:13s} {c:7s} fallbacks {r['fallbacks']:3d} err {r['error']:.1e}"
-                          f"{'' if r['within_tolerance'] else ' (!)'} compile {r['compile_s']:6.2f}s "
-                          f"run {r['run_s'] * 1e3:7.1f}ms eager {r['eager_s'] * 1e3:6.1f}ms"
-                          f"{' decomposed ' + str(r['decomposed']) if r.get('decomposed') else ''}{train}  {ops}",
-                          flush=True)
+                    r = run_one(m, c, CHIPS[c], a.runs, a.strict)
+                results.append(r)
+                if not a.json:
+                    _print_line(r)
     summary = {}
     for c in chips:
         rs = [r for r in results if r["chip"] == c]

@@ -47,3 +47,22 @@ def test_float16_products_accumulate_in_float32(fp32_dev):
                     and any(s.kernel == "matmul" and s.dtype == "float16" for s in r.plan.steps)]
     assert fp16_matmuls
     assert all("fp32 accumulator" in p.explain("text") for p in fp16_matmuls)
+
+
+def test_optimizer_state_has_no_batch_dimension(fp16_dev):
+    """NPU-V3's max_batch_size is 512: a 600-class layer's gradient and momentum (600 rows)
+    are no batch. Before: SGD's step was refused (``Batch size 600 of input arg1_1 exceeds
+    max_batch_size 512``); a 600-row activation is still refused."""
+    from torchfl.planner.errors import HardConstraintError
+
+    torch.manual_seed(5)
+    lin = torch.nn.Linear(16, 600).half().to(fp16_dev)
+    opt = torch.optim.SGD(lin.parameters(), lr=0.1, momentum=0.9)
+    x = torch.randn(8, 16).half().to(fp16_dev)
+    for _ in range(2):
+        opt.zero_grad()
+        lin(x).square().mean().backward()
+        opt.step()
+    assert lin.weight.grad.shape == (600, 16) and bool(torch.isfinite(lin.weight.detach().cpu()).all())
+    with pytest.raises(HardConstraintError, match="max_batch_size 512"):
+        torch.relu(torch.randn(600, 4).half().to(fp16_dev))

@@ -127,7 +127,7 @@ def test_hcd_show_prints_the_11_fields(tmp_path):
     assert out.exit_code == 0, out.output
     assert "format 1.1" in out.output
     assert "4.5 us per kernel launch" in out.output
-    assert "90% of peak sustained" in out.output
+    assert "90.0% of peak sustained" in out.output
     assert "108 tiles at once" in out.output
     js = json.loads(CliRunner().invoke(cli, ["hcd", "show", str(path), "--json"]).output)
     assert js["execution"]["tile_elements"] == 16384 and js["format_version"] == "1.1"

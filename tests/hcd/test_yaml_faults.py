@@ -174,3 +174,12 @@ def test_merge_key_and_undefined_alias_and_duplicate_anchor_are_located():
                        ("a: &x 1\nb: &x 2\n", "defined twice"), ("a: 1\n---\nb: 2\n", "another document")]:
         report = check_hcd_text(text)
         assert errors(report) and any(word in d.message for d in errors(report)), (text, report.diagnostics)
+
+
+@pytest.mark.parametrize("text", ["a: 1\rb: 2\rc", "a: 1\nb", "--- \r", "x: [1,\n", "chip:\n  name: [x"])
+def test_no_position_past_the_end_of_the_file(text):
+    # libyaml puts the end of a stream without a final line break on the line after the last
+    # (found by the fuzzer: "4 lines", error at 5:1)
+    lines = text.replace("\r", "\n").split("\n")
+    for d in check_hcd_text(text).diagnostics:
+        assert d.line <= len(lines) and d.column <= len(lines[d.line - 1]) + 1, (d, lines)

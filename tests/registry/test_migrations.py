@@ -11,9 +11,11 @@ from torchfl.registry.names import HEAD, REVISIONS
 from torchfl.registry.schema import metadata
 
 TABLES = {"alembic_version", "imports", "chip_versions", "pack_versions", "conformance_runs", "conformance_results",
-          "route_runs", "route_counts", "fidelity_runs", "fidelity_rows"}
+          "route_runs", "route_counts", "fidelity_runs", "fidelity_rows", "sweep_runs", "sweep_units",
+          "sweep_finishes"}
 FIDELITY = {"fidelity_runs", "fidelity_rows"}     # revision 0006
-EVIDENCE = {"conformance_runs", "conformance_results", "route_runs", "route_counts"} | FIDELITY
+SWEEPS = {"sweep_runs", "sweep_units", "sweep_finishes"}     # revision 0007
+EVIDENCE = {"conformance_runs", "conformance_results", "route_runs", "route_counts"} | FIDELITY | SWEEPS
 
 
 def _tables(engine) -> set[str]:
@@ -42,8 +44,10 @@ def test_upgrade_downgrade_upgrade(registry_url, engine):
     with Registry(registry_url) as r:
         r.import_texts([("a.hcd", hcd_text("A-1"))])
         assert r.schema_revision() == HEAD
+    _migrate(engine, migrate.downgrade, "0006")
+    assert _tables(engine) == TABLES - SWEEPS
     _migrate(engine, migrate.downgrade, "0005")
-    assert _tables(engine) == TABLES - FIDELITY
+    assert _tables(engine) == TABLES - FIDELITY - SWEEPS
     _migrate(engine, migrate.downgrade, "0002")
     assert _tables(engine) == TABLES - EVIDENCE
     _migrate(engine, migrate.downgrade, "0001")

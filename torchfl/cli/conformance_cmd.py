@@ -13,6 +13,7 @@ import sys
 import click
 
 from torchfl.cli.registry_cmd import _emit_json, _fail, handles_errors, open_registry, registry_option
+from torchfl.cluster.options import cluster_option, reported, require_ray, resume_option
 
 
 class _Samples(click.ParamType):
@@ -56,17 +57,26 @@ def _split(values) -> tuple:
 @click.option("--format", "fmt", type=click.Choice(["text", "json", "markdown"]), default=None,
               help="Output of --report (default text).")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON.")
+@cluster_option
+@resume_option
+@click.option("--sweeps", "list_sweeps", is_flag=True,
+              help="List the recorded sweep runs (finished, or partial: finish one with --resume RUN).")
 @registry_option
 @handles_errors
 def conformance(chips, all_chips, ops, dtypes, samples, mode, edge_from, jobs, no_record, report, fmt, as_json,
-                registry_url):
+                cluster, resume, list_sweeps, registry_url):
     """Check that a chip does what its rules claim: every ATen overload the rule packs map on
     the chip runs PyTorch's OpInfo samples (and edge cases) strictly on the emulated chip,
     compared with eager torch; verdicts (pass / partial / fail / refused) are stored as
     evidence that `registry ops|support|why-not` show beside each claim."""
     from torchfl.rules.support import SupportError, normalise_dtype
 
+    require_ray(cluster)
     reg = open_registry(registry_url)
+    if list_sweeps:
+        return _list_sweeps(reg, as_json)
+    if resume is not None:   # the run says what it tests; flags that disagree are refused when it opens
+        chips, all_chips, ops, dtypes, samples, edge_from, mode = _resumed(reg, resume, chips, all_chips, no_record)
     if report:
         from torchfl.conformance import matrix
 
@@ -89,22 +99,45 @@ def conformance(chips, all_chips, ops, dtypes, samples, mode, edge_from, jobs, n
         reg.record(name)  # unknown chip: one line with near matches, before torch is imported
     from torchfl.conformance.harness import Settings
 
+    from torchfl.cluster.options import runner as make_runner
+
     modes = ("compile", "eager") if mode == "both" else (mode,)
-    settings = Settings(samples=samples, edge_from=edge_from, ops=_split(ops), dtypes=wanted,
-                        jobs=jobs or min(4, os.cpu_count() or 1), modes=modes)
+    jobs = jobs or min(4, os.cpu_count() or 1)
+    runner = make_runner(cluster, jobs, echo=lambda line: click.echo(line, err=True))
+    if cluster is not None:
+        with reported():
+            jobs = max(1, int(runner.connected_cpus()))   # refuses here when a node is not this torchfl
+    settings = Settings(samples=samples, edge_from=edge_from, ops=_split(ops), dtypes=wanted, jobs=jobs, modes=modes)
     if "eager" in modes:   # in-process (--jobs 1) runs: the chips under test are npu devices
         os.environ.setdefault("TORCHFL_DEVICES", ",".join(names))
         os.environ.setdefault("TORCHFL_REGISTRY_URL", reg.url)
-    reports = [_run_one(reg, name, settings, record=not no_record, quiet=as_json) for name in names]
+    try:
+        reports = [_run_one(reg, name, settings, record=not no_record, quiet=as_json, runner=runner, resume=resume)
+                   for name in names]
+    finally:
+        runner.close()
     if as_json:
         return _emit_json([r.as_dict() for r in reports] if len(reports) > 1 else reports[0].as_dict())
     for r in reports:
         _print_report(r)
 
 
-def _run_one(reg, name, settings, *, record: bool, quiet: bool):
-    from torchfl.conformance.harness import run
+def _run_one(reg, name, settings, *, record: bool, quiet: bool, runner, resume=None):
+    from torchfl.cluster.conformance import ConformanceSweep
 
+    sweep = ConformanceSweep(runner, registry=reg if record else None, resume=resume)
+    with reported(lambda: sweep.sweep):
+        report = _run_harness(reg, name, settings, sweep)
+        report.run_id, _written = sweep.finish(report) if record else (None, False)
+    return report
+
+
+def _run_harness(reg, name, settings, sweep):
+    from functools import partial
+
+    from torchfl.conformance.harness import run as run_harness
+
+    run = partial(run_harness, record=False, execute=sweep)
     tty = sys.stderr.isatty()
     if tty:
         from rich.console import Console
@@ -117,7 +150,7 @@ def _run_one(reg, name, settings, *, record: bool, quiet: bool):
             def progress(done, total, unit, outcomes):
                 bar.update(task, completed=done, total=total, description=f"{name}: {unit.label}")
 
-            return run(name, registry=reg, settings=settings, progress=progress, record=record)
+            return run(name, registry=reg, settings=settings, progress=progress)
 
     def lines(done, total, unit, outcomes):
         from datetime import datetime
@@ -126,9 +159,52 @@ def _run_one(reg, name, settings, *, record: bool, quiet: bool):
         for o in outcomes:
             counts[o["status"]] = counts.get(o["status"], 0) + 1
         summary = ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
-        click.echo(f"[{datetime.now():%H:%M:%S}] {name} {done}/{total} {unit.label}: {summary}", err=True)
+        where = sweep.where.get(unit.label)
+        click.echo(f"[{datetime.now():%H:%M:%S}] {name} {done}/{total} {unit.label}: {summary}"
+                   + (f" ({where})" if where else ""), err=True)
 
-    return run(name, registry=reg, settings=settings, progress=lines, record=record)
+    return run(name, registry=reg, settings=settings, progress=lines)
+
+
+def _resumed(reg, run_id, chips, all_chips, no_record):
+    """(chips, all_chips, ops, dtypes, samples, edge_from, mode) of the conformance sweep ``run_id``."""
+    from torchfl.registry.sweeps import Sweeps
+
+    if no_record:
+        _fail("--resume writes the missing units into the run's registry; drop --no-record", 1)
+    run = Sweeps(reg).get(run_id)
+    if run.kind != "conformance":
+        _fail(f"sweep run {run_id} is a {run.kind} sweep ({run.label}); resume it with the command that started it", 1)
+    chip = run.spec["chip"]
+    if run.status == "finished":
+        click.echo(f"sweep run {run_id} ({run.label}) was finished already: conformance run "
+                   f"{run.outcome.get('conformance_run')}; nothing to do")
+        sys.exit(0)
+    if all_chips or (chips and tuple(chips) != (chip,)):
+        _fail(f"sweep run {run_id} tests {chip} only; resume it with --resume {run_id} (and no other chip)", 1)
+    sampling = run.spec["sampling"]
+    modes = tuple(sampling.get("modes", ("compile",)))
+    return ((chip,), False, tuple(run.spec["ops"]), tuple(run.spec["dtypes"]), sampling["samples"],
+            sampling["edge_from"], "both" if len(modes) > 1 else modes[0])
+
+
+def _list_sweeps(reg, as_json: bool) -> None:
+    from torchfl.registry.sweeps import Sweeps
+
+    runs = Sweeps(reg).runs()
+    if as_json:
+        return _emit_json([r.as_dict() for r in runs])
+    if not runs:
+        click.echo(f"no sweep runs in {reg.display_url}")
+        return
+    for r in runs:
+        if r.status == "finished":
+            tail = f"finished {r.finished_at:%Y-%m-%d %H:%M}"
+        else:
+            tail = f"{r.status}: finish it with --resume {r.id}"
+        extra = f", conformance run {r.outcome['conformance_run']}" if r.outcome and "conformance_run" in r.outcome \
+            else ""
+        click.echo(f"{r.id:>4}  {r.kind:<11} {r.label:<40} {r.done}/{len(r.units)} units  {tail}{extra}")
 
 
 def _print_report(r) -> None:

@@ -26,7 +26,7 @@ def hcd_table(h) -> None:
             continue
         rate = f"{u.peak_tops} TOPS" if unit == "int8" else f"{u.peak_tflops} TFLOPS"
         layouts = ", ".join(h.unit_layouts(unit))
-        sustained = f", {u.sustained_fraction:.0%} of peak sustained" if u.sustained_fraction is not None else ""
+        sustained = f", {u.sustained_fraction:.1%} of peak sustained" if u.sustained_fraction is not None else ""
         t.add_row(f"compute_units.{unit}", f"{u.count} units, {rate} aggregate{sustained}, layouts {layouts}")
     a = h.compute_units.attention
     if a is not None:
@@ -36,7 +36,7 @@ def hcd_table(h) -> None:
     t.add_row("memory.on_chip_cache", f"{m.on_chip_cache.size_kb} KiB at {m.on_chip_cache.bandwidth_gb_per_s} GB/s")
     size = f"{m.off_chip_memory.size_gb} GiB" if m.off_chip_memory.size_gb else "unbounded"
     off = m.off_chip_memory
-    sustained = f", {off.sustained_fraction:.0%} sustained" if off.sustained_fraction is not None else ""
+    sustained = f", {off.sustained_fraction:.1%} sustained" if off.sustained_fraction is not None else ""
     t.add_row("memory.off_chip_memory", f"{size} at {off.bandwidth_gb_per_s} GB/s{sustained}")
     ex = h.execution
     if ex is not None:

@@ -13,6 +13,8 @@ import sys
 
 import click
 
+from torchfl.cluster.options import cluster_option, require_ray, resume_option
+
 PRECISIONS = ("auto", "float16", "bfloat16", "none")
 
 
@@ -475,17 +477,36 @@ _PROMPT = click.option("--prompt", type=click.IntRange(min=1), default=128, show
 @_CONTEXT
 @_PROMPT
 @_common
+@cluster_option
+@resume_option
 @_guarded
-def compare(model, chips, batch, seq_len, heads, layers, context, prompt, precision, training, registry, as_json):
+def compare(model, chips, batch, seq_len, heads, layers, context, prompt, precision, training, registry, as_json,
+            cluster, resume):
     """MODEL planned on every chip (or --chips): predicted time, off-chip bytes, peak memory,
     kernels, fusions, fallbacks and the bound resource, fastest first; or what stops it.
     With --context, a causal LM's serving speed: prefill of --prompt tokens, per-token decode
-    latency and tokens/s at that context, most tokens/s first."""
+    latency and tokens/s at that context, most tokens/s first. With --cluster, each chip is a
+    unit on the Ray cluster, recorded in the registry (--resume RUN)."""
     from torchfl.planner import whatif
 
+    require_ray(cluster)
     names = _chip_names(chips, registry)
     targets = [whatif.chip_of(n, registry) for n in names]
     _check_batch(batch, targets, seq_len)
+    if (cluster is not None or resume is not None) and context:
+        _fail("Error", "--cluster/--resume plan compare without --context (a decode comparison runs here)", code=2)
+    if cluster is not None or resume is not None:
+        from torchfl.cluster.whatif import check_model, sweep_compare
+
+        check_model(model)
+        size = dict(batch=batch, seq_len=seq_len, heads=heads, layers=layers)
+        res = _swept(cluster, resume, registry, lambda **kw: sweep_compare(
+            model, size, names, precision=_precision(precision), training=training, **kw))
+        if as_json:
+            _emit(dict(res, model=model))
+            return
+        click.echo(_compare_text(model, res))
+        return
     module, inputs = _load(model, 1 if context else batch, seq_len, heads, layers)
     if context:
         _decoder(model, module, training)
@@ -500,6 +521,22 @@ def compare(model, chips, batch, seq_len, heads, layers, context, prompt, precis
         _emit(dict(res, model=model))
         return
     click.echo(_compare_text(model, res))
+
+
+def _swept(cluster, resume, registry, call):
+    """``call(registry=, runner=, resume=, echo=, state=)`` as a recorded sweep (``--cluster`` or ``--resume``)."""
+    from torchfl.cluster.options import reported
+    from torchfl.cluster.options import runner as make_runner
+    from torchfl.registry import Registry
+
+    reg, state = Registry(registry), {}
+    echo = lambda line: click.echo(line, err=True)  # noqa: E731
+    runner = make_runner(cluster, 1, echo=echo)
+    with reported(lambda: state.get("sweep")):
+        try:
+            return call(registry=reg, runner=runner, resume=resume, echo=echo, state=state)
+        finally:
+            runner.close()
 
 
 def _chip_names(chips, registry) -> list[str]:
@@ -609,23 +646,35 @@ def decode(model, chip, context, prompt, batch, precision, registry, as_json):
 @click.option("--models", default="zoo", show_default=True,
               help="zoo (every zoo model), or comma-separated zoo names / path/to/file.py:factory.")
 @_common
+@cluster_option
+@resume_option
 @_guarded
-def impact(chip, v1, v2, models, precision, training, registry, as_json):
+def impact(chip, v1, v2, models, precision, training, registry, as_json, cluster, resume):
     """Field diff of two versions of --chip, then each model re-planned on both: changed plans
     (kernels, layouts, tilings, fusions), cost and memory deltas, new fallbacks or errors.
-    Exit status 1 when a model that planned on --from no longer plans on --to."""
+    Exit status 1 when a model that planned on --from no longer plans on --to.
+    With --cluster, each model is a unit on the Ray cluster, recorded in the registry (--resume RUN)."""
     from torchfl.planner import whatif
     from torchfl.planner.zoo import ZOO
 
+    require_ray(cluster)
     specs = list(ZOO) if models.strip() == "zoo" else [m.strip() for m in models.split(",") if m.strip()]
     if not specs:
         _fail("Error", f"--models {models!r} names no model; give zoo, or comma-separated zoo names / "
                        "path/to/file.py:factory", code=2)
     for version in (v1, v2):            # a version that does not exist is said before any model loads
         whatif.chip_of(chip, registry, version)
-    loaded = [(spec, *_load(spec)) for spec in specs]
-    res = whatif.impact(chip, v1, v2, loaded, registry, _precision(precision), training,
-                        progress=None if as_json else _progress("impact"))
+    if cluster is not None or resume is not None:
+        from torchfl.cluster.whatif import check_model, sweep_impact
+
+        for spec in specs:
+            check_model(spec)
+        res = _swept(cluster, resume, registry, lambda **kw: sweep_impact(
+            chip, v1, v2, specs, precision=_precision(precision), training=training, **kw))
+    else:
+        loaded = [(spec, *_load(spec)) for spec in specs]
+        res = whatif.impact(chip, v1, v2, loaded, registry, _precision(precision), training,
+                            progress=None if as_json else _progress("impact"))
     if as_json:
         _emit(res.to_dict())
     else:

@@ -294,11 +294,14 @@ def aggregate(units_outcomes, claimed: dict[str, tuple]) -> tuple[list[dict], in
 
 # ---------------------------------------------------------------- the run
 
-def run(chip: str, *, registry=None, settings: Settings = Settings(), progress=None, record: bool = True) -> Report:
+def run(chip: str, *, registry=None, settings: Settings = Settings(), progress=None, record: bool = True,
+        execute=None) -> Report:
     """Run the conformance matrix of ``chip`` (a name in ``registry``); see the module docstring.
 
     ``progress(done, total, unit, outcomes)`` is called after each unit. With ``record``
-    the run is stored in the registry as evidence (``Report.run_id``)."""
+    the run is stored in the registry as evidence (``Report.run_id``). ``execute`` replaces
+    how units are run (same signature and yield as ``_execute``): ``torchfl.cluster`` runs
+    them on Ray or records each unit once for ``--resume``."""
     import time
 
     from torchfl.registry import Registry
@@ -314,10 +317,12 @@ def run(chip: str, *, registry=None, settings: Settings = Settings(), progress=N
     bf16_emulated = bool(hcd.constraints.bfloat16_emulation)
     t0 = time.perf_counter()
     done: list = []
-    for unit, outcomes in _execute(units, chip, url, settings, bf16_emulated, identity.chip_hash):
+    for unit, outcomes in (execute or _execute)(units, chip, url, settings, bf16_emulated, identity.chip_hash):
         done.append((unit, outcomes))
         if progress:
             progress(len(done), len(units), unit, outcomes)
+    rank = {u.label: i for i, u in enumerate(units)}   # units finish in any order; verdicts must not depend on it
+    done.sort(key=lambda d: rank[d[0].label])
     report.results, report.skipped, report.unattributed = aggregate(done, claimed)
     covered = {(r["op"], r["dtype"]) for r in report.results}
     report.unverified = sorted(set(uncovered) | {(op, d) for op, dts in claimed.items() for d in dts

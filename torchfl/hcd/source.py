@@ -305,7 +305,7 @@ def located_yaml(text: str, filename: str = "<string>", *, keep_going: bool = Fa
         _prescan(yaml.parse(text, Loader=_Loader))
         _Builder(doc).run(yaml.parse(text, Loader=_Loader))
     except _Refused as exc:
-        line, col = _pos(exc.mark) if exc.mark else (1, 1)
+        line, col = _end_of_text(text, *_pos(exc.mark)) if exc.mark else (1, 1)
         raise YAMLLoadError([Diagnostic(filename, line, col, exc.path, "error", str(exc))]) from None
     except yaml.MarkedYAMLError as exc:
         raise YAMLLoadError([_yaml_error(exc, text, filename)]) from None
@@ -313,9 +313,32 @@ def located_yaml(text: str, filename: str = "<string>", *, keep_going: bool = Fa
         raise YAMLLoadError([_reader_error(exc, text, filename)]) from None
     except RecursionError:
         raise YAMLLoadError([Diagnostic(filename, 1, 1, "", "error", "document nested too deeply")]) from None
+    _clamp(doc, text)
     if doc.problems and not keep_going:
         raise YAMLLoadError(doc.problems)
     return doc
+
+
+def _end_of_text(text: str, line: int, col: int) -> tuple[int, int]:
+    """(line, col), or the end of the text's last line for a mark past it: libyaml puts the
+    end of a stream that lacks a final line break on the line after the last (a file of 4
+    lines got an error at 5:1)."""
+    lines = _BREAK.split(text)
+    if line > len(lines):
+        return len(lines), len(lines[-1]) + 1
+    return line, col
+
+
+def _clamp(doc: LocatedDocument, text: str) -> None:
+    last = _BREAK.split(text)
+    n = len(last)
+    if not any(line > n for line, _ in doc.value_pos.values()) and not any(d.line > n for d in doc.problems):
+        return
+    for table in (doc.value_pos, doc.key_pos):
+        for path, (line, col) in table.items():
+            table[path] = _end_of_text(text, line, col)
+    doc.problems[:] = [Diagnostic(d.file, *_end_of_text(text, d.line, d.column), d.path, d.severity, d.message)
+                       for d in doc.problems]
 
 
 def _reader_error(exc: yaml.YAMLError, text: str, filename: str) -> Diagnostic:
@@ -330,7 +353,7 @@ def _reader_error(exc: yaml.YAMLError, text: str, filename: str) -> Diagnostic:
 
 def _yaml_error(exc: yaml.MarkedYAMLError, text: str, filename: str) -> Diagnostic:
     mark = exc.problem_mark or exc.context_mark
-    line, col = _pos(mark) if mark else (1, 1)
+    line, col = _end_of_text(text, *_pos(mark)) if mark else (1, 1)
     problem = exc.problem or exc.context or "invalid YAML"
     lines = _BREAK.split(text)
     source_line = lines[line - 1] if mark and line - 1 < len(lines) else ""

@@ -5,7 +5,7 @@ with the Alembic scripts' head.
 """
 
 #: Alembic revisions this code knows, oldest first; the last is the one it writes.
-REVISIONS = ("0001", "0002", "0003", "0004", "0005", "0006")
+REVISIONS = ("0001", "0002", "0003", "0004", "0005", "0006", "0007")
 HEAD = REVISIONS[-1]
 #: what a registry migrated down to base stores: an empty version table
 BASE = ""
@@ -18,3 +18,6 @@ EVIDENCE_TABLES = ("conformance_runs", "conformance_results", "route_runs", "rou
 
 #: fidelity evidence tables (revision 0006): scored runs and their rows
 FIDELITY_TABLES = ("fidelity_runs", "fidelity_rows")
+
+#: sweeps fanned out over workers (revision 0007): the run, each unit's result, the finish
+SWEEP_TABLES = ("sweep_runs", "sweep_units", "sweep_finishes")

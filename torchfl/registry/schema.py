@@ -160,3 +160,42 @@ fidelity_rows = Table(
     Column("in_sample", Boolean, nullable=False),
     UniqueConstraint("run_id", "table_name", "line"),
 )
+
+#: One sweep fanned out over workers (revision 0007): what it runs (``spec``, JSON), the keys
+#: of its units (JSON list) and who started it. Append-only, like the evidence.
+sweep_runs = Table(
+    "sweep_runs", metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("kind", String(32), nullable=False, index=True),
+    Column("label", String(200), nullable=False),
+    Column("spec", Text, nullable=False),
+    Column("spec_hash", String(64), nullable=False),
+    Column("units", Text, nullable=False),
+    Column("unit_count", Integer, nullable=False),
+    Column("tool_version", String(32), nullable=False),
+    Column("driver", String(200), nullable=False),
+    Column("created_at", DateTime(timezone=True), nullable=False),
+)
+
+#: Each unit's result (JSON), written once by whichever worker ran it: (run, unit) is unique.
+sweep_units = Table(
+    "sweep_units", metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("run_id", Integer, ForeignKey("sweep_runs.id"), nullable=False),
+    Column("unit", String(400), nullable=False),
+    Column("result", Text, nullable=False),
+    Column("node", String(200), nullable=False),
+    Column("seconds", Float, nullable=False),
+    Column("finished_at", DateTime(timezone=True), nullable=False),
+    UniqueConstraint("run_id", "unit"),
+)
+
+#: A sweep's completion, once: what it produced from its units (JSON, e.g. the conformance run id).
+sweep_finishes = Table(
+    "sweep_finishes", metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("run_id", Integer, ForeignKey("sweep_runs.id"), nullable=False),
+    Column("finished_at", DateTime(timezone=True), nullable=False),
+    Column("outcome", Text, nullable=False),
+    UniqueConstraint("run_id"),
+)

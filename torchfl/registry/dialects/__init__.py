@@ -40,8 +40,8 @@ class Dialect:
     def create_engine(self, u):
         raise NotImplementedError
 
-    def insert_ignore(self, table):
-        """``INSERT ... ON CONFLICT (name, version) DO NOTHING`` for ``table``."""
+    def insert_ignore(self, table, keys=("name", "version")):
+        """``INSERT ... ON CONFLICT (<keys>) DO NOTHING`` for ``table`` (``keys``: a unique constraint's columns)."""
         raise NotImplementedError
 
     def serialize_migrations(self, conn) -> None:

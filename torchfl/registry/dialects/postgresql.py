@@ -84,10 +84,10 @@ class PostgresDialect(Dialect):
 
         return create_engine(u, connect_args={"connect_timeout": CONNECT_TIMEOUT_S}, pool_pre_ping=False)
 
-    def insert_ignore(self, table):
+    def insert_ignore(self, table, keys=("name", "version")):
         from sqlalchemy.dialects.postgresql import insert
 
-        return insert(table).on_conflict_do_nothing(index_elements=["name", "version"])
+        return insert(table).on_conflict_do_nothing(index_elements=list(keys))
 
     def serialize_migrations(self, conn) -> None:
         from sqlalchemy import text

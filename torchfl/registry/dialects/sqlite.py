@@ -116,10 +116,10 @@ class SQLiteDialect(Dialect):
 
         return engine
 
-    def insert_ignore(self, table):
+    def insert_ignore(self, table, keys=("name", "version")):
         from sqlalchemy.dialects.sqlite import insert
 
-        return insert(table).on_conflict_do_nothing(index_elements=["name", "version"])
+        return insert(table).on_conflict_do_nothing(index_elements=list(keys))
 
     def read_session(self, url: str) -> ReadSession:
         return SQLiteReads(url)

@@ -170,6 +170,30 @@ def _ensure_functional_routes():
 
     names = sorted({r.op for pack in bundled_packs() for r in pack.rules})
     register_functional(names)
+    _install_optimizer_hooks()
+
+
+_OPTIMIZER = threading.local()
+
+
+def in_optimizer_step() -> bool:
+    """Inside ``optimizer.step()`` (which runs with gradients off): the tensors there are
+    parameters, gradients and optimizer state, none with a batch dimension, so none is held
+    to ``max_batch_size`` (a 1000-class layer's gradient and momentum are 1000 rows)."""
+    return getattr(_OPTIMIZER, "depth", 0) > 0 and not torch.is_grad_enabled()
+
+
+def _install_optimizer_hooks() -> None:
+    from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
+
+    def pre(_opt, _args, _kwargs):
+        _OPTIMIZER.depth = getattr(_OPTIMIZER, "depth", 0) + 1
+
+    def post(_opt, _args, _kwargs):
+        _OPTIMIZER.depth = max(getattr(_OPTIMIZER, "depth", 1) - 1, 0)
+
+    register_optimizer_step_pre_hook(pre)
+    register_optimizer_step_post_hook(post)
 
 
 # ---------------------------------------------------------------- signatures
@@ -512,7 +536,7 @@ def unbatched_inputs(placeholders, tensors) -> list:
     of a linear layer), vectors (biases, a batch-norm's running statistics: an eager op
     cannot tell a module's buffer from an activation, and a batch is never 1-D here) and,
     inside the autograd engine, every input of a backward op."""
-    if torch._C._current_autograd_node() is not None:
+    if torch._C._current_autograd_node() is not None or in_optimizer_step():
         return [name for name, _k, _i in placeholders]
     return [name for (name, _k, _i), t in zip(placeholders, tensors)
             if t.dim() <= 1 or isinstance(t, torch.nn.Parameter)
@@ -557,7 +581,7 @@ def _fast_key(op, args):
     device of each tensor -- so each fast key names one route. None for tensors or nested
     containers inside lists (``cat``) and calls with no npu tensor."""
     key = [op, _strict(), eager_precision(), torch._C._current_autograd_node() is not None,
-           torch.is_grad_enabled()]
+           torch.is_grad_enabled(), in_optimizer_step()]
     npu = False
     tensor = torch.Tensor
     ids = []
@@ -597,8 +621,8 @@ def _route(op, args, kwargs):
     index = _device_of(flat, kwargs, op)
     tensors = [a for a in flat if isinstance(a, torch.Tensor)]
     alias = alias_pattern(tensors)
-    key = (op, index, _strict(), eager_precision(), torch._C._current_autograd_node() is not None, str(spec),
-           tuple(_arg_key(a) for a in flat), alias)
+    key = (op, index, _strict(), eager_precision(), torch._C._current_autograd_node() is not None,
+           in_optimizer_step(), str(spec), tuple(_arg_key(a) for a in flat), alias)
     route = _CACHE.get(key)
     if route is None:
         with _LOCK:
@@ -691,8 +715,8 @@ def _functional_of(op):
     schema = op._schema
     name = schema.name.split("::")[-1]
     base = name[:-1] if name.endswith("_") else name
-    ins = [a.name for a in schema.arguments if not (a.alias_info is not None and a.alias_info.is_write
-                                                   and a.kwarg_only)]
+    ins = [(a.name, str(a.type)) for a in schema.arguments
+           if not (a.alias_info is not None and a.alias_info.is_write and a.kwarg_only)]
     found = None
     packet = getattr(torch.ops.aten, base, None)
     if packet is not None:
@@ -701,7 +725,7 @@ def _functional_of(op):
             cs = cand._schema
             if cs.is_mutable:
                 continue
-            if [a.name for a in cs.arguments] == ins:
+            if [(a.name, str(a.type)) for a in cs.arguments] == ins:     # clamp.Tensor, not clamp
                 found = cand
                 break
     _FUNCTIONAL[op] = found
