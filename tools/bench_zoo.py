@@ -341,11 +341,14 @@ def run_one_eager(name, chip, index, precision, runs, train_index=None):
         n_kw = {k: move(v) for k, v in kwargs.items()}
         with torch.no_grad():
             before = ops.ROUTES.copy()
+            in_graphs = ops.STATS["lazy_fallback_nodes"]
             t0 = time.perf_counter()
             out = _first_tensor(npu(*n_in, **n_kw)).cpu().float()
             rec["compile_s"] = round(time.perf_counter() - t0, 3)
             falls = {op: n - before.get((op, route), 0) for (op, route), n in ops.ROUTES.items()
                      if route == "host fallback" and n > before.get((op, route), 0)}
+            if ops.STATS["lazy_fallback_nodes"] > in_graphs:     # --lazy: host steps inside the graphs
+                falls["(nodes of lazy graphs)"] = ops.STATS["lazy_fallback_nodes"] - in_graphs
             times = []
             for _ in range(runs):
                 t0 = time.perf_counter()
@@ -464,6 +467,8 @@ def main(argv=None):
     ap.add_argument("--mode", choices=("compile", "eager"), default="compile",
                     help="torch.compile(backend='torchfl') (default), or the eager npu device")
     ap.add_argument("--train", action="store_true", help="eager mode: also a forward, backward and SGD step")
+    ap.add_argument("--lazy", action="store_true", help="eager mode in lazy mode (TORCHFL_LAZY=1: each forward one "
+                                                        "recorded graph, planned with fusion)")
     ap.add_argument("--train-chip", default="TFL-X1", help="the chip of --train's step (float32 weights, "
                                                          "autocast float16): default TFL-X1")
     ap.add_argument("--json", action="store_true")
@@ -482,8 +487,10 @@ def main(argv=None):
     bad = [m for m in models if m not in MODELS] + [c for c in chips if c not in CHIPS]
     if bad:
         ap.error(f"unknown model/chip {', '.join(bad)}; models: {', '.join(MODELS)}; chips: {', '.join(CHIPS)}")
-    if a.train and a.mode != "eager":
-        ap.error("--train needs --mode eager")
+    if (a.train or a.lazy) and a.mode != "eager":
+        ap.error("--train and --lazy need --mode eager")
+    if a.lazy:
+        os.environ["TORCHFL_LAZY"] = "1"
     swept = a.cluster is not None or a.resume is not None
     if swept and a.mode != "compile":
         ap.error("--cluster/--resume run --mode compile only (the eager device is set up per process)")

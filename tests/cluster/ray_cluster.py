@@ -1,8 +1,10 @@
 """A throw-away Ray cluster on this machine: `ray start --head` plus worker nodes, loopback only.
 
-Each node is a `ray start --block` process in its own session, so that stopping the cluster
-ends exactly the processes these tests started (their process groups), never another Ray
-on the machine (`ray stop` would end every Ray of the user). Files go to a private
+Each node is a `ray start --block` process in a process group of its own, so that stopping the
+cluster ends exactly the processes these tests started (their process groups), never another
+Ray on the machine (`ray stop` would end every Ray of the user). The groups stay in the
+caller's session: with the kernel's autogroup scheduling a new session would be a new share
+of a busy machine's CPU, which would flatter the cluster against a local run. Files go to a private
 RAY_TMPDIR. Workers inherit ``env`` (PYTHONPATH: the checkout under test, NUMBA_CACHE_DIR).
 """
 
@@ -41,7 +43,7 @@ class RayCluster:
         log = open(self.tmp / f"node{len(self.nodes)}.log", "a")
         proc = subprocess.Popen([RAY, "start", "--block", "--disable-usage-stats", "--node-ip-address", "127.0.0.1",
                                  "--object-store-memory", str(80 * 1024 * 1024), *args],
-                                env=self.env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+                                env=self.env, stdout=log, stderr=subprocess.STDOUT, process_group=0)
         self.nodes.append(proc)
         return proc
 

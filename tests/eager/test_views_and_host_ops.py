@@ -178,3 +178,30 @@ def test_lazy_keeps_scalar_ops_and_attention_in_one_graph(fp16_dev):
     _close(o, F.scaled_dot_product_attention(qf * 2, qf, qf, is_causal=True) + 1, 2e-3)
     _close(t, (qf * 2).transpose(1, 2) * 3, 2e-3)
     _close(s, (qf * 2)[:, 1] - 1, 2e-3)
+
+
+def test_lazy_views_of_a_channels_last_result(fp16_dev, monkeypatch):
+    """ConvNeXt's channels-first layer norm (permute, layer_norm, permute back) after a
+    residual add: the recorded add's output is stored channels-last, and the next permute
+    views that storage. Before: lazy mode read it as row-major (ConvNeXt's output off by 0.7
+    where eager mode matched CPU to 3e-4). The layer norm's float32 statistics (torch's
+    decomposition upcasts) need the precision policy on this float16-only chip."""
+    monkeypatch.setenv("TORCHFL_PRECISION", "float16")
+    torch.manual_seed(6)
+    w, b = torch.randn(16).half(), torch.randn(16).half()
+    x = torch.randn(2, 16, 8, 8).half().to(memory_format=torch.channels_last)
+
+    def block(t, w, b):
+        h = F.layer_norm(t.permute(0, 2, 3, 1), (16,), w, b)
+        return h.permute(0, 3, 1, 2)
+
+    xn, wn, bn = x.to(fp16_dev), w.to(fp16_dev), b.to(fp16_dev)
+    with torch.no_grad():
+        eager = block(block(xn, wn, bn) + xn, wn, bn).cpu()
+        with torch.npu.lazy():
+            a = block(xn, wn, bn) + xn
+            out = block(a, wn, bn)
+        xf, wf, bf = x.float(), w.float(), b.float()
+        ref = block(block(xf, wf, bf) + xf, wf, bf)
+    _close(out, ref, 5e-3)
+    _close(eager, ref, 5e-3)

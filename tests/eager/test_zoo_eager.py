@@ -49,3 +49,17 @@ def test_family_on_the_eager_device(fp16_dev, fp32_dev, name, monkeypatch):
     assert r["within_tolerance"], (r["error"], r["tolerance"])
     assert r["fallbacks"] <= ALLOWED_FALLBACKS.get(name, 0), r["fallback_ops"]
     assert r["train_ok"], {k: v for k, v in r.items() if k.startswith("train")}
+
+
+@pytest.mark.parametrize("name", bench_zoo.DEFAULT)
+def test_family_in_lazy_mode(fp16_dev, name, monkeypatch):
+    """The same forward in lazy mode (``torch.npu.lazy()``): one recorded graph per call, planned with
+    fusion. Before: decoders raised an AssertionError from inside ``torch.tensor(...,
+    device=npu)`` (a sync point under ``no_dispatch``) and ConvNeXt was off by 0.7."""
+    import torch
+
+    monkeypatch.setenv("TORCHFL_PRECISION", "float16")
+    with torch.npu.lazy():
+        r = bench_zoo.run_one_eager(name, "NPU-V3", _index("NPU-V3"), "float16", runs=0)
+    assert "error_message" not in r, r
+    assert r["within_tolerance"], (r["error"], r["tolerance"])

@@ -117,3 +117,26 @@ def test_a_choice_refused_at_a_length_is_not_run():
     a2 = Option("attention@n:ABCD", ("n",), ("x",), ("ACBD",), "ABCD", 0.5)
     problem = CoverProblem({"n": ("x",)}, {"x": "ABCD"}, (("n", "ABCD"),), (b, a, a2), lambda *_: 0.0)
     assert lengths.forced((lengths.choice(a),), sel)(problem).chosen == (a,)
+
+
+def test_a_size_passed_as_a_number_stays_symbolic():
+    """Without position_ids a decoder adds the cache's length to its positions; Dynamo passes
+    that length as a number (a SymInt input). Captured as a constant, every later length reused
+    the first one's positions (RoPE at the wrong position: the new keys were wrong)."""
+    import copy
+
+    m, _cfg = model("llama")
+    ids = torch.randint(0, 128, (1, 6), generator=torch.Generator().manual_seed(4))
+    compiled = torch.compile(m.forward, backend="torchfl", options=X1)
+    with torch.no_grad():
+        pre = m(input_ids=ids, use_cache=True)
+        eager_cache, chip_cache = copy.deepcopy(pre.cache), copy.deepcopy(pre.cache)
+        token = pre.logits[:, -1:].argmax(-1)
+        for _step in range(5):      # the third call on is Dynamo's symbolic graph, planned by lengths
+            e = m(input_ids=token, cache=eager_cache, use_cache=True)
+            c = compiled(input_ids=token, cache=chip_cache, use_cache=True)
+            eager_cache, chip_cache = e.cache, c.cache
+            torch.testing.assert_close(c.logits, e.logits, rtol=1e-4, atol=1e-4)
+            for a, b in zip(chip_cache.layers, eager_cache.layers):
+                torch.testing.assert_close(a.keys, b.keys, rtol=1e-4, atol=1e-4)
+            token = e.logits[:, -1:].argmax(-1)

@@ -7,7 +7,7 @@ where torch has it), a STREAM-like copy of arrays four times the last-level cach
 four times the next lower cache level and inside the last (on-chip bandwidth), the fixed cost of a tiny op (a one-element
 ``torch.add``: dispatch plus allocation, ``execution.launch_overhead_us``), cache sizes
 from the OS (``/sys/devices/system/cpu/cpu0/cache``; the last level is ``on_chip_cache``)
-and the thread count (``execution.concurrent_tiles``). Every figure keeps its runs and
+and the thread count (a comment: without a measured tile grain waves are not modelled). Every figure keeps its runs and
 goes into the file as a comment with min/median/max; the median is the number used.
 
 Timers: ``wall`` (``time.perf_counter``; CUDA: events after a synchronise) or ``cpu``
@@ -180,11 +180,14 @@ class Probe:
             if "matrix_launch_overhead_us" in ex_fields and "matrix_launch" in f:
                 out += [f"  # {f['matrix_launch'].comment()}",
                         f"  matrix_launch_overhead_us: {_g(f['matrix_launch'].value * 1e6)}"]
-            out += [
-                    "  # " + ("threads the probe ran torch with (the work is split between them by torch's "
-                              "own scheduler: no fixed tile grain is stated)" if self.device == "cpu"
-                              else "streaming multiprocessors"),
-                    f"  concurrent_tiles: {self.threads if self.device == 'cpu' else self._sms()}"]
+            # concurrent_tiles goes with a tile grain (execution.tile_elements) or not at all: the
+            # probe measures no grain (torch splits the work its own way), so it states the
+            # parallelism as a comment and leaves waves unmodelled, as validation asks
+            out.append("  # " + (f"torch ran on {self.threads} thread(s); no fixed tile grain is measured, so "
+                                 "waves are not modelled (no concurrent_tiles / tile_elements)"
+                                 if self.device == "cpu" else
+                                 f"{self._sms()} streaming multiprocessors; no tile grain is measured, so "
+                                 "waves are not modelled (no concurrent_tiles / tile_elements)"))
         return "\n".join(out) + "\n"
 
     def _sms(self) -> int:

@@ -42,7 +42,6 @@ def score_tables(tables, resolve, *, chip: str | None = None, progress=None, wor
     result = FidelityResult(tables=list(tables))
     failed: dict = {}
     rows = [r for t in tables for r in t.rows if chip is None or r.chip == chip]
-    in_sample = {t.path for t in tables if t.in_sample}
     for row in rows:
         target = result.targets.get(row.chip)
         if target is None and row.chip not in failed:
@@ -57,7 +56,6 @@ def score_tables(tables, resolve, *, chip: str | None = None, progress=None, wor
         if progress is not None:
             progress(row)
     result.scores = score(result.predictions, worst=worst)
-    result.in_sample = in_sample
     return result
 
 

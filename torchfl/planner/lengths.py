@@ -28,7 +28,6 @@ How:
 
 from __future__ import annotations
 
-import copy
 import dataclasses
 from dataclasses import dataclass, field
 
@@ -117,6 +116,10 @@ def capture_symbolic(gm, inputs, dynamic_shapes=None) -> Symbolic | None:
             if isinstance(a, torch.Tensor) and isinstance(v, torch.Tensor):
                 dims = {d: Dim.AUTO for d, s in enumerate(v.shape) if not isinstance(s, int)}
                 dynamic_shapes.append(dims or None)
+            elif isinstance(v, torch.SymInt) and isinstance(a, int):
+                # a size Dynamo passes as a number (a cache's length that the model adds to
+                # positions): symbolic too, else export burns the first call's value in
+                dynamic_shapes.append(Dim.AUTO)
             else:
                 dynamic_shapes.append(None)
     if not any(torch.utils._pytree.tree_leaves(dynamic_shapes, is_leaf=lambda x: isinstance(x, dict))):
@@ -135,12 +138,14 @@ def capture_symbolic(gm, inputs, dynamic_shapes=None) -> Symbolic | None:
     drop_same_device(captured.graph_module)
     binders = []
     user = 0
+    flat_shapes = torch.utils._pytree.tree_leaves(shapes, is_leaf=lambda x: isinstance(x, dict) or x is None)
     for n in captured.graph_module.graph.nodes:
         if n.op != "placeholder":
             continue
         if not any(name == n.name and kind == "input" for name, kind, _t in captured.placeholders):
             continue
         v = n.meta.get("val")
+        asked = flat_shapes[user] if user < len(flat_shapes) else None
         if isinstance(v, torch.SymInt):
             if _symbol(v) is not None:
                 binders.append((_symbol(v), user, None))
@@ -148,11 +153,29 @@ def capture_symbolic(gm, inputs, dynamic_shapes=None) -> Symbolic | None:
             for d, s in enumerate(v.shape):
                 if isinstance(s, torch.SymInt) and _symbol(s) is not None:
                     binders.append((_symbol(s), user, d))
+        if _specialised(asked, v):
+            return None     # export fixed a size asked to be symbolic: this graph holds one length
         user += 1
     ranges = {}
     for sym, vr in ep.range_constraints.items():
         ranges[sym] = (_bound(vr.lower), _bound(vr.upper))
     return Symbolic(captured, binders, ranges, tuple(dict.fromkeys(b[0] for b in binders)))
+
+
+def _specialised(asked, val) -> bool:
+    """Did torch.export make a size constant that was asked to be symbolic (``asked``: the
+    input's dynamic_shapes entry), or an expression the inputs cannot bind? Either way the
+    graph is valid for the captured sizes only."""
+    import torch
+
+    if asked is None:
+        return False
+    if isinstance(val, torch.SymInt):
+        return _symbol(val) is None
+    if isinstance(asked, dict) and isinstance(val, torch.Tensor):
+        return any(not isinstance(val.shape[d], torch.SymInt) or _symbol(val.shape[d]) is None
+                   for d in asked if d < val.dim())
+    return not isinstance(val, torch.SymInt)
 
 
 def _bound(b):
@@ -185,7 +208,9 @@ def specialise(sym: Symbolic, inputs):
 
     bind = sym.bindings(inputs)
     src = sym.captured
-    graph = copy.deepcopy(src.graph_module.graph)
+    graph = torch.fx.Graph()     # node by node, each node's meta dict copied (not its values)
+    out = graph.graph_copy(src.graph_module.graph, {})
+    graph.output(out)
 
     def concrete(v):
         if isinstance(v, torch.SymInt):

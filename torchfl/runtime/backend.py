@@ -189,7 +189,7 @@ class CompiledGraph:
             try:
                 plan, user = self._plan(args)
                 static = _static_positions([args[i] for i in user])
-                ex = _executor(plan, args, self.options, static)
+                ex = _executor(plan, args, self.options, static, self._shared_weights())
                 entry = _Entry(plan, ex, user=None if len(user) == len(args) else user)
             except MutatesInputs:
                 # as a training graph: AOTAutograd functionalises the writes, its forward graph
@@ -205,7 +205,15 @@ class CompiledGraph:
             self.entries[sig] = entry
         return entry
 
-    KEEP_LENGTHS = 2    # executors kept for a symbolic graph (each holds its weights on the chip)
+    KEEP_LENGTHS = 2    # executors kept for a symbolic graph (their weights are shared: _SharedWeights)
+
+    def _shared_weights(self):
+        """A symbolic graph's executors (one per length) upload its weights once, together."""
+        if self.lengths is None:
+            return None
+        if getattr(self, "_weights", None) is None:
+            self._weights = _SharedWeights()
+        return self._weights
 
     def _evict(self):
         """A decode makes a new size per token: keep the executors of the latest sizes only."""
@@ -265,16 +273,81 @@ def _from_lengths(plan) -> bool:
     return bool(plan.notes) and plan.notes[0].startswith("lengths: ")
 
 
-def _executor(plan, args, options, static):
+class _SharedWeights:
+    """The lifted weights of one symbolic graph on the chip, uploaded once for the executors of
+    all its lengths (a decode makes one executor per token): keyed by the tensor, its version,
+    layout and dtype; a buffer an executor freed (a float32 weight after its static cast) is
+    uploaded again. Kernels' host copies of frozen buffers (packed GEMM panels) are shared too."""
+
+    def __init__(self):
+        self.by_key: dict = {}      # (id, layout, dtype) -> (tensor, version, DeviceTensor)
+        self.ids: set = set()       # id() of the DeviceTensors held here
+
+    def get(self, t, layout, dtype, upload):
+        key = (id(t), layout, dtype)
+        hit = self.by_key.get(key)
+        version = getattr(t, "_version", 0)
+        if hit is not None and hit[0] is t and hit[1] == version and not hit[2].buffer.freed:
+            return hit[2]
+        if hit is not None and not hit[2].buffer.freed:
+            hit[2].buffer.free()
+        if hit is not None:
+            self.ids.discard(id(hit[2]))
+        value = upload()
+        self.by_key[key] = (t, version, value)
+        self.ids.add(id(value))
+        return value
+
+    def owns(self, value) -> bool:
+        return id(value) in self.ids
+
+    def __del__(self):
+        for _t, _v, value in self.by_key.values():
+            try:
+                if not value.buffer.freed:
+                    value.buffer.free()
+            except Exception:   # interpreter shutdown: the device memory may be gone already
+                pass
+
+
+def _shared_executor(plan, options, static, weights):
+    """An Executor whose lifted uploads come from ``weights`` and are left to it on release."""
+    from torchfl.kernels.tensor import DeviceTensor
+
+    from .executor import Executor
+
+    class Shared(Executor):
+        def _upload(self, x, layout, dtype):
+            if id(x) not in self._lifted_ids:
+                return super()._upload(x, layout, dtype)
+            return weights.get(x, layout, dtype, lambda: super(Shared, self)._upload(x, layout, dtype))
+
+        def release(self):
+            def mine(v):
+                return not (v.__class__ is DeviceTensor and weights.owns(v))
+            if self._base is not None:
+                self._base = [v if mine(v) else None for v in self._base]
+            if self._lifted_vals is not None:
+                self._lifted_vals = {s: v for s, v in self._lifted_vals.items() if mine(v)}
+            super().release()
+
+    ex = Shared(plan, strict=options.strict, static_inputs=static)
+    ex._lifted_ids = frozenset(id(t) for t in ex._lifted_tensors)
+    return ex
+
+
+def _executor(plan, args, options, static, weights=None):
     """The plan's executor: npu tensors (the eager device) are read and returned in place,
     on their chip, which must be the chip the model was compiled for; anything else is
-    copied in and out of the chip's memory."""
+    copied in and out of the chip's memory (``weights``: a symbolic graph's shared uploads)."""
     import torch
 
     from .executor import Executor
 
     npu = [a for a in args if isinstance(a, torch.Tensor) and a.device.type == "npu"]
     if not npu:
+        if weights is not None:
+            return _shared_executor(plan, options, static, weights)
         return Executor(plan, strict=options.strict, static_inputs=static)
     from .eager import device as eager_device
     from .eager.executor import EagerExecutor

@@ -278,7 +278,8 @@ def flush_all() -> None:
         return
     _TLS.flushing = True
     try:
-        _run(rec)
+        with _OPS[0].python_dispatch_enabled() if _OPS[0] is not None else _load_ops().python_dispatch_enabled():
+            _run(rec)
     finally:
         _TLS.flushing = False
 
@@ -299,21 +300,8 @@ def _replay(rec, alive):
                 elif isinstance(r, tuple) and r and r[0] == "node":
                     _tag, n, pos, (shape, stride, offset), base = r
                     src = env[(n, pos)]
-                    if base != tuple(src.stride()):
-                        # the recorded tensor is stored in another order than the op's value
-                        # (an ``out=`` tensor in the chip's default layout): the tensor itself,
-                        # or a view of its storage in that order
-                        if (shape, stride, offset) != (tuple(src.shape), base, 0):
-                            perm = sorted(range(src.dim()), key=lambda d: (-base[d], d))
-                            storage = aten.view.default(aten.clone.default(
-                                aten.permute.default(src, perm), memory_format=torch.contiguous_format), [-1])
-                            src = aten.as_strided.default(storage, list(shape), list(stride), offset)
-                    elif (tuple(src.shape), tuple(src.stride()), src.storage_offset()) != (shape, stride, offset):
-                        if offset == 0 and src.is_contiguous() and src.numel() == _numel(shape) and \
-                                torch.empty(shape, device="meta").stride() == stride:
-                            src = aten.view.default(src, list(shape))
-                        else:
-                            src = aten.as_strided.default(src, list(shape), list(stride), offset)
+                    if (shape, stride, offset) != (tuple(src.shape), base, 0):
+                        src = _storage_view(aten, src, base, shape, stride, offset)
                     vals.append(src)
                 else:
                     vals.append(r)
@@ -379,6 +367,31 @@ def _restore_leaves(gm) -> None:
             changed = True
     if changed:
         gm.recompile()
+
+
+def _row_major(shape) -> tuple:
+    strides, step = [], 1
+    for d in reversed(shape):
+        strides.append(step)
+        step *= d
+    return tuple(reversed(strides))
+
+
+def _storage_view(aten, src, base, shape, stride, offset):
+    """A view (``shape``, ``stride``, ``offset``) of the storage of a recorded tensor whose
+    value is ``src`` and whose storage strides are ``base`` (a dense permutation), as graph
+    ops: the storage as a 1-D row-major value (``src`` permuted into ``base``'s order), then
+    a reshape or a strided window of it. The planner's ``as_strided`` reads the row-major
+    elements of its input whatever the strides the trace gave it, so the window is always
+    taken over that 1-D value."""
+    if base == _row_major(tuple(src.shape)):
+        storage = aten.reshape.default(src, [-1])
+    else:
+        perm = sorted(range(src.dim()), key=lambda d: (-base[d], d))
+        storage = aten.reshape.default(aten.permute.default(src, perm), [-1])
+    if offset == 0 and stride == _row_major(shape) and _numel(shape) == src.numel():
+        return aten.view.default(storage, list(shape))
+    return aten.as_strided.default(storage, list(shape), list(stride), offset)
 
 
 def _numel(shape):
@@ -454,5 +467,6 @@ def _run(rec):
         for i, r in zip(writes, results[len(results) - len(writes):] if writes else ()):
             rec.inputs[i].copy_(r)      # running statistics a training-mode batch-norm updates
     _ops.STATS["lazy_graph_ops"] += len(rec.nodes)
+    _ops.STATS["lazy_fallback_nodes"] += len(plan.fallbacks)     # host steps inside the graphs
     del results
 

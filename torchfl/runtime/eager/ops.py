@@ -9,12 +9,22 @@ one-op plan of the SME, cached per signature, run by the plan executor on the ch
 * Inputs are read in place: the executor sees each npu tensor's own device buffer, in the
   layout its strides describe. Outputs are the kernels' buffers, handed to torch as npu
   tensors (no copy). A strided view, a misaligned offset or a dtype/layout the plan does
-  not take is copied first (counted in ``STATS["converted_inputs"]``).
+  not take is copied first (counted in ``STATS["converted_inputs"]``). A view is storage
+  strides, not a chip layout: a permutation the chip does not compute in is planned as a
+  row-major input (:func:`planning_examples`) and converted on upload, never refused.
+* One tensor passed twice (``t + t``, ``cat([t, t])``) is one plan input: device memory
+  counts storages, not arguments (:func:`alias_pattern`, part of the route's key).
+* Mixed devices follow torch's rule: only 0-dim CPU tensors (and indexing ops' CPU
+  indices) mix with npu tensors (:func:`_device_of`).
 * In-place and ``out=`` overloads run their functional overload and copy the result in.
 * Ops with no rule run as the plan's explicit host fallbacks (logged once per signature,
-  counted per call); ops that cannot even be traced run on the host whole. Both are refused
-  by ``TORCHFL_STRICT=1``. Random fills and constant fills write host-made data into the
-  tensor (like a copy from the host): they are counted apart, and strict mode allows them.
+  counted per call); ops that cannot even be traced, whose output shape depends on the
+  data (``a[a > 0]``, nonzero, unique) or that compute a float64 scalar run on the host
+  whole. All are refused by ``TORCHFL_STRICT=1``. Random draws, constant fills and factories
+  (``arange``, ``full``) write host-made data into the tensor (like a copy from the host):
+  counted apart, allowed by strict mode; random ones draw from the device's generator
+  (``module.rng_scope``), as do plans whose graph draws (dropout).
+* GradScaler's bookkeeping ops are compositions of planned ops (``_COMPOSED``).
 """
 from __future__ import annotations
 
@@ -405,6 +415,19 @@ _TRACE_AS = {torch.ops.aten.native_batch_norm.default: _native_batch_norm}
 _KEPT_WHOLE = frozenset({torch.ops.aten.scaled_dot_product_attention.default})
 
 
+def python_dispatch_enabled():
+    """Tracing (make_fx's fake tensors) needs the Python dispatch keys, which torch turns
+    off inside some of its own constructions: ``torch.tensor([], device="npu")`` copies to
+    the device under ``no_dispatch()``, and that copy is a lazy-mode sync point."""
+    import contextlib
+
+    keys = torch._C.DispatchKey
+    stack = contextlib.ExitStack()
+    for key in (keys.Python, keys.PythonTLSSnapshot):
+        stack.enter_context(torch._C._SetExcludeDispatchKeyGuard(key, False))
+    return stack
+
+
 def _trace(op, flat, spec, tensors, table, alias=None):
     """The op alone as a core-ATen FX graph over its (distinct) tensor arguments."""
     from torch.fx.experimental.proxy_tensor import make_fx
@@ -425,7 +448,7 @@ def _trace(op, flat, spec, tensors, table, alias=None):
         return call(*a, **k)
 
     examples = [torch.empty_strided(tuple(t.shape), tuple(t.stride()), dtype=t.dtype) for t in tensors]
-    with torch.no_grad():
+    with torch.no_grad(), python_dispatch_enabled():
         if op in _KEPT_WHOLE:     # a composite the rules map whole: pre-dispatch keeps it one node
             gm = make_fx(one_op, tracing_mode="fake", pre_dispatch=True)(*examples)
         else:

@@ -1,0 +1,58 @@
+"""Planning a large language model without its weights: LLaMA-2 7B / 70B with their default
+configs, built on the meta device, planned on a chip: the prefill of a short prompt and the
+decode step at a context (KV cache included); wall time, peak RSS, fallbacks, fused groups.
+
+    python tools/bench_lm_plan.py --size 7b --chip TFL-X1 [--context 4096] [--hcd FILE]
+
+``--hcd`` plans on an HCD file instead of a registry chip (the real chips' descriptors).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import resource
+import time
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--size", default="7b", choices=["7b", "70b"])
+    ap.add_argument("--chip", default="TFL-X1")
+    ap.add_argument("--hcd", default=None, help="an HCD file to plan on (instead of --chip)")
+    ap.add_argument("--context", type=int, default=4096)
+    args = ap.parse_args(argv)
+
+    t0 = time.perf_counter()
+    from torchfl.hcd import load_hcd
+    from torchfl.planner import plan_module, resolve_target, whatif
+    from torchfl.planner.lm import llama
+
+    target = resolve_target(load_hcd(args.hcd)) if args.hcd else resolve_target(args.chip)
+    precision = whatif.auto_precision(target.hcd, "auto")
+    model, inputs = llama(args.size)
+    t1 = time.perf_counter()
+    prefill = plan_module(model, inputs, chip=target, precision=precision)
+    t2 = time.perf_counter()
+    dec = whatif.Decoder(model)
+    step = whatif.plan_decode(target, dec, 1, args.context, precision)
+    t3 = time.perf_counter()
+    again = whatif.plan_decode(target, dec, 1, args.context + 1, precision)
+    t4 = time.perf_counter()
+    rss = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1e6   # kB -> GB
+    print(f"LLaMA-2 {args.size} (meta device, default config) on {target.name} {target.version}, precision "
+          f"{precision or 'as captured'}; load average {os.getloadavg()[0]:.1f}")
+    print(f"  prefill of 8 tokens: planned in {t2 - t1:.1f} s: {prefill.summary.headline(target.name)}; "
+          f"predicted {prefill.summary.predicted_time_s * 1e3:.3g} ms, peak {prefill.memory.peak_bytes / 2**30:.2f} GiB")
+    if step.ok:
+        s = step.plan.summary
+        print(f"  decode step at context {args.context}: captured and planned in {t3 - t2:.1f} s, the next context "
+              f"in {t4 - t3:.1f} s: {s.headline(target.name)}; predicted {s.predicted_time_s * 1e3:.3g} ms/token, "
+              f"peak {step.peak_bytes / 2**30:.2f} GiB (KV cache {dec.cache_bytes(1, args.context) / 2**30:.2f} GiB)")
+    else:
+        print(f"  decode step at context {args.context}: refused in {t3 - t2:.1f} s: {step.error}")
+    print(f"  total {time.perf_counter() - t0:.1f} s (imports included), peak RSS {rss:.2f} GB")
+    return 0 if step.ok and again.ok else 1
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
