@@ -11,7 +11,8 @@ How README.md's blocks are run (whoever edits the README follows these rules):
   command, are its output (stdout and stderr together, as a terminal shows them). Output is
   compared after collapsing runs of spaces, dropping blank lines and writing every wall-clock
   duration (``4.1 s``) as ``N s``; a line ``...`` stands for any number of lines, and
-  ``...`` inside a line for any text. A command must exit 0 unless the block is marked
+  ``...`` inside a line for any text; no printed line may be wider than 100 columns (the
+  width in a pipe), except a located diagnostic (``file:line: ...``, one per line for editors). A command must exit 0 unless the block is marked
   ``exit N`` (then its last command must exit N). A command with no output lines below it
   is only checked for its exit status.
 - A fenced ``sh``/``bash`` block runs as one bash script and must exit 0.
@@ -48,6 +49,10 @@ RUN = {"python", "console", "sh", "bash"}
 NOT_RUN = {"text", "yaml", "json", "toml", "ini", "html", "dot", ""}
 MARK = re.compile(r"^<!--\s*readme-test:\s*(.*?)\s*-->\s*$")
 TIMEOUT_S = 900
+PIPE_WIDTH = 100        # what every command prints in a pipe fits it (tests/cli/test_widths.py)
+# a located diagnostic (`file:line[:col]: ...`) stays one line, as compilers print it, for
+# editors and grep: the one kind of line allowed past the width
+LOCATED = re.compile(r"^\s*[\w./-]+:\d+(:\d+)?: ")
 
 
 @dataclass
@@ -228,6 +233,8 @@ def test_block_runs_as_printed(block: Block, sandbox, tmp_path):
         want = block.marks.get("exit", 0) if n == len(cmds) - 1 else 0
         assert res.returncode == want, (f"{where}: `{cmd}` exited {res.returncode}, the README implies {want}:\n"
                                         f"{res.stdout[-4000:]}")
+        wide = [line for line in res.stdout.splitlines() if len(line) > PIPE_WIDTH and not LOCATED.match(line)]
+        assert not wide, f"{where}: `{cmd}` printed {len(wide)} line(s) over {PIPE_WIDTH} columns in a pipe:\n{wide[0]}"
         if any(x.strip() for x in expected):
             assert matches(expected, res.stdout.splitlines()), (
                 f"{where}: `{cmd}` printed something else than the README shows.\n--- README:\n"

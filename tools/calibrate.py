@@ -418,6 +418,9 @@ def main(argv=None):
     import warnings
 
     warnings.filterwarnings("ignore")
+    from torchfl.cli.quiet import silence_import_noise
+
+    silence_import_noise()          # torchao's and torch's import-time warnings (issue 36)
     points, skipped = [], []
     names = a.cases.split(",")
     for name in names:

@@ -8,14 +8,17 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def test_eager_tests_compile_into_the_cli_cache(tmp_path):
+@pytest.mark.parametrize("conftest", ["tests.eager.conftest", "tests.conformance.conftest"])
+def test_tests_compile_into_the_cli_cache(conftest, tmp_path):
     env = {k: v for k, v in os.environ.items() if k != "NUMBA_CACHE_DIR"}
     env["XDG_CACHE_HOME"] = str(tmp_path / "cache")          # a user cache nobody else touches
     env["PYTHONPATH"] = str(ROOT)
-    probe = ("import tests.eager.conftest\n"
+    probe = (f"import {conftest}\n"
              "from torchfl.kernels import jitcache\n"
              "print(jitcache.configure())\n")
     seen = subprocess.run([sys.executable, "-c", probe], cwd=ROOT, env=env, capture_output=True, text=True,

@@ -1,9 +1,6 @@
 """Conformance tests: a real SQLite registry seeded with the bundled chips and rule packs in
-a temporary directory, real torch graphs through the torchfl backend, real Numba kernels."""
-import os
-
-os.environ.setdefault("NUMBA_CACHE_DIR", os.path.join(os.path.dirname(__file__), "..", "..", ".cache", "numba"))
-
+a temporary directory, real torch graphs through the torchfl backend, real Numba kernels
+(compiled into the one kernel cache every entry point uses: README, tests/cli/test_one_kernel_cache.py)."""
 import pytest
 
 

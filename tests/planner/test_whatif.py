@@ -186,7 +186,7 @@ def test_memory_max_batch_compare_text_and_json(registry):
     assert out.exit_code == 0, out.output
     rows = json.loads(out.stdout)["rows"]
     ok = [r for r in rows if r["ok"]]
-    assert [r["predicted_time_s"] for r in ok] == sorted(r["predicted_time_s"] for r in ok)
+    assert [r["per_call_time_s"] for r in ok] == sorted(r["per_call_time_s"] for r in ok)
     assert {r["chip"] for r in rows} >= {"NPU-V2", "NPU-V3", "TFL-X1"}
     bad = {r["chip"]: r for r in rows if not r["ok"]}
     assert "NPU-V2" in bad and "num_heads=16" in bad["NPU-V2"]["error"]        # NPU-V2: no 16 heads

@@ -84,7 +84,7 @@ def conformance(chips, all_chips, ops, dtypes, samples, mode, edge_from, jobs, n
         fmt = "json" if as_json else (fmt or "text")
         if fmt == "json":
             return _emit_json(m)
-        click.echo(matrix.render_markdown(m) if fmt == "markdown" else matrix.render_text(m))
+        click.echo(matrix.render_markdown(m) if fmt == "markdown" else _matrix_text(m, matrix))
         return
     if fmt:
         _fail("--format goes with --report; a run prints text, or JSON with --json", 1)
@@ -208,29 +208,34 @@ def _list_sweeps(reg, as_json: bool) -> None:
 
 
 def _print_report(r) -> None:
+    from torchfl.planner.texttable import paragraph, table, terminal_width
+
     c = r.counts()
     ident = r.identity
-    click.echo(f"{ident.chip_name} {ident.chip_version} (sha256:{ident.chip_hash[:12]}), packs "
-               + ", ".join(f"{n} {v}" for n, v, _h in ident.packs) + f", torchfl {ident.tool_version}, "
-               f"harness {r.harness_hash[:12]}")
-    click.echo(f"  overloads: {c['pass']} verified, {c['partial']} partial, {c['fail']} failing, "
-               f"{c['refused']} refused, {c['unverified']} unverified; {c['cases']} cases "
-               f"(+{r.skipped} skipped) in {r.wall_s:.0f} s with {r.settings.jobs} worker(s)"
-               + (f"; recorded as run {r.run_id}" if r.run_id is not None else "; not recorded"))
+    click.echo("\n".join(paragraph(
+        f"{ident.chip_name} {ident.chip_version} (sha256:{ident.chip_hash[:12]}), packs "
+        + ", ".join(f"{n} {v}" for n, v, _h in ident.packs) + f", torchfl {ident.tool_version}, "
+        f"harness {r.harness_hash[:12]}")))
+    click.echo("\n".join(paragraph(
+        f"overloads: {c['pass']} verified, {c['partial']} partial, {c['fail']} failing, "
+        f"{c['refused']} refused, {c['unverified']} unverified; {c['cases']} cases "
+        f"(+{r.skipped} skipped) in {r.wall_s:.0f} s with {r.settings.jobs} worker(s)"
+        + (f"; recorded as run {r.run_id}" if r.run_id is not None else "; not recorded"), indent="  ")))
     for f in r.findings:
-        click.echo(f"  FLAG native bfloat16: {f.message}")
+        click.echo("\n".join(paragraph(f"FLAG native bfloat16: {f.message}", indent="  ", subsequent="    ")))
     bad = [x for x in r.results if x["verdict"] != "pass"]
     if bad:
-        width = max(len(x["op"]) for x in bad)
-        lw = max(13, max(len(x["layout"]) for x in bad))
-        for x in bad:
-            why = _gist(x["reason"] or "")
-            click.echo(f"  {x['op']:<{width}}  {x['dtype']:<8} {x['layout']:<{lw}} {x['verdict']:<7} "
-                       f"{x['passed']}/{x['samples']} pass, {x['failed']} fail, {x['refused']} refused: "
-                       f"{_clip(why, 160)}")
+        # every word of the reason, wrapped at spaces (--json has the whole reason text)
+        rows = [(x["op"], x["dtype"], x["layout"], x["verdict"],
+                 f"{x['passed']}/{x['samples']} pass, {x['failed']} fail, {x['refused']} refused: "
+                 f"{' '.join(_gist(x['reason'] or '').split())}") for x in bad]
+        for line in table(("op", "dtype", "layout", "verdict", "samples and why"), rows, shrink_first=(4,),
+                          width=terminal_width() - 2):
+            click.echo("  " + line)
     if r.unverified:
         ops = sorted({op for op, _d in r.unverified})
-        click.echo(f"  unverified (no OpInfo sample exercised them): {', '.join(ops)}")
+        click.echo("\n".join(paragraph(f"unverified (no OpInfo sample exercised them): {', '.join(ops)}",
+                                       indent="  ", subsequent="    ")))
 
 
 def _gist(reason: str) -> str:
@@ -241,6 +246,33 @@ def _gist(reason: str) -> str:
     return lines[0] if lines else ""
 
 
-def _clip(text: str, n: int) -> str:
-    text = " ".join(text.split())
-    return text if len(text) <= n else text[: n - 3] + "..."
+def _matrix_text(m: dict, matrix) -> str:
+    """The evidence matrix fitted to the terminal (100 columns in a pipe): as many chips side
+    by side as fit, the rest in further tables below (op names repeated); nothing is cut."""
+    from torchfl.planner.texttable import table, terminal_width
+
+    width = terminal_width()
+    names = [c["name"] for c in m["chips"]]
+    ops = [r["op"] for r in m["ops"]]
+    op_w = min(max([len(o) for o in ops] + [2]), max(24, width // 2))
+    groups, group, used = [], [], op_w
+    for n in names:
+        need = 2 + max(len(n), 8)
+        if group and used + need > width:
+            groups.append(group)
+            group, used = [], op_w
+        group.append(n)
+        used += need
+    if group:
+        groups.append(group)
+    lines = []
+    for k, chips in enumerate(groups):
+        if k:
+            lines.append("")
+        rows = [(r["op"], *(matrix._cell(r["cells"][n]) for n in chips)) for r in m["ops"]]
+        lines += table(("op", *chips), rows, width=width)
+    lines.append("")
+    for n in names:
+        t = m["totals"][n]
+        lines.append(f"{n}: " + ", ".join(f"{t[s]} {s}" for s in matrix.STATES))
+    return "\n".join(lines)

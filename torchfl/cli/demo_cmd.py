@@ -98,7 +98,9 @@ def demo(registry, quick, full_tables, parallel_compile, compile_only) -> None:
     from torchfl.cli.progress import Progress
     from torchfl.registry import Registry, RegistryError
 
-    out = Console(highlight=False, soft_wrap=True)
+    from torchfl.planner.texttable import terminal_width
+
+    out = Console(highlight=False, soft_wrap=True, width=terminal_width())
     t_start = time.perf_counter()
 
     # 1. the registry: created and migrated if needed; bundled chips and packs imported
@@ -184,7 +186,7 @@ def demo(registry, quick, full_tables, parallel_compile, compile_only) -> None:
     bad = []
     for chip, name, err, rel, failure, extra in results:
         if failure:
-            t.add_row(name, chip, "-", "-", "-", failure[:60])
+            t.add_row(name, chip, "-", "-", "-", failure)
             bad.append(f"{name} on {chip}")
         else:
             outcome = "ok" if rel < 5e-2 else "TOO FAR from eager"

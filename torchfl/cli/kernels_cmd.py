@@ -37,6 +37,13 @@ def _size(n: int) -> str:
     return f"{n} B"
 
 
+def _echo(text: str) -> None:
+    """A ``  label:      value`` line wrapped at spaces under its value (100 columns in a pipe)."""
+    from torchfl.planner.texttable import paragraph
+
+    click.echo("\n".join(paragraph(text, subsequent=" " * 14)))
+
+
 @kernels.command()
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
 @click.option("--functions/--families", default=False, show_default=True,
@@ -52,30 +59,30 @@ def info(as_json, functions) -> None:
         d["warmup_jobs_done"] = sorted(done)
         click.echo(json.dumps(d, indent=2, sort_keys=True))
         return
-    click.echo(f"kernel cache: {ci.path}")
-    click.echo(f"  chosen by:  {ci.source}")
+    click.echo(f"kernel cache: {ci.path}")          # a path: one line, whole
+    _echo(f"  chosen by:  {ci.source}")
     if ci.read_only:
-        click.echo(f"  read-only:  its kernels are loaded; new ones "
-                   + (f"go to {ci.writes_to}" if ci.writes_to else "are compiled in memory, for each process"))
+        _echo(f"  read-only:  its kernels are loaded; new ones "
+              + (f"go to {ci.writes_to}" if ci.writes_to else "are compiled in memory, for each process"))
     if not ci.exists:
-        click.echo("  empty: nothing compiled yet (`torchfl kernels warmup` compiles the demo's kernels)")
+        _echo("  empty: nothing compiled yet (`torchfl kernels warmup` compiles the demo's kernels)")
         return
     fns = ci.functions
     stale = [f for f in fns if f.stale]
-    click.echo(f"  size:       {_size(ci.bytes)} ({_size(ci.bytes - ci.other_bytes)} for this installation"
-               + (f", {_size(ci.other_bytes)} from {ci.other_dirs} other checkout dir(s)" if ci.other_dirs else "")
-               + ")")
-    click.echo(f"  compiled:   {sum(f.specialisations for f in fns if not f.stale)} specialisations of "
-               f"{len([f for f in fns if not f.stale])} jitted functions"
-               + (f"; {len(stale)} stale (source changed since: recompiled on next use)" if stale else ""))
+    _echo(f"  size:       {_size(ci.bytes)} ({_size(ci.bytes - ci.other_bytes)} for this installation"
+          + (f", {_size(ci.other_bytes)} from {ci.other_dirs} other checkout dir(s)" if ci.other_dirs else "")
+          + ")")
+    _echo(f"  compiled:   {sum(f.specialisations for f in fns if not f.stale)} specialisations of "
+          f"{len([f for f in fns if not f.stale])} jitted functions"
+          + (f"; {len(stale)} stale (source changed since: recompiled on next use)" if stale else ""))
     broken = [(f, name) for f in fns for name in f.broken]
     if broken:
-        click.echo(f"  broken:     {len(broken)} unreadable file(s) (truncated or corrupted; discarded and "
-                   "compiled again on next use):")
+        _echo(f"  broken:     {len(broken)} unreadable file(s) (truncated or corrupted; discarded and "
+              "compiled again on next use):")
         for f, name in broken:
-            click.echo(f"              {ci.path / _subdir_of(ci.path, name) / name}")
+            _echo(f"              {ci.path / _subdir_of(ci.path, name) / name}")
     if done:
-        click.echo(f"  warmed up:  {', '.join(sorted(done))}")
+        _echo(f"  warmed up:  {', '.join(sorted(done))}")
     if functions:
         rows = [(f"{'' if f.family == 'shared' else f.family + '/'}{f.module}.py:{f.line}", f.function, str(f.specialisations), _size(f.bytes),
                  "broken" if f.broken else "stale" if f.stale else "") for f in fns]

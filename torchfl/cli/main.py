@@ -49,6 +49,9 @@ _attach()
 
 
 def main() -> None:
+    from torchfl.cli.quiet import silence_import_noise
+
+    silence_import_noise()
     cli(prog_name="torchfl")
 
 

@@ -98,9 +98,7 @@ def explain(model, chip, batch, seq_len, heads, layers, precision, strict, fmt, 
 
 def _checked(plan, registry) -> str:
     """How well this chip's predicted times are checked against published measurements
-    (the latest ``torchfl fidelity --record`` run in the registry), as one line."""
-    import textwrap
-
+    (the latest ``torchfl fidelity --record`` run in the registry), as one sentence."""
     from torchfl.registry import Registry, RegistryError
     from torchfl.registry.fidelity import checked_line, fidelity_summary
 
@@ -109,7 +107,9 @@ def _checked(plan, registry) -> str:
             line = "Fidelity: " + checked_line(fidelity_summary(reg, plan.chip))
     except RegistryError as exc:
         line = f"Fidelity: {plan.chip}: unknown ({str(exc).splitlines()[0]})"
-    return textwrap.fill(line, width=120, subsequent_indent="  ")
+    from torchfl.planner.texttable import paragraph
+
+    return "\n".join(paragraph(line))           # the terminal's width, 100 columns in a pipe
 
 
 def _decode_step(model, module, target, batch, prompt, context, precision, fmt):

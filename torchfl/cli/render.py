@@ -4,9 +4,12 @@ from __future__ import annotations
 
 
 def console():
+    """A rich console as wide as the terminal (``COLUMNS`` honoured), 100 columns in a pipe."""
     from rich.console import Console
 
-    return Console(soft_wrap=False, highlight=False)
+    from torchfl.planner.texttable import terminal_width
+
+    return Console(soft_wrap=False, highlight=False, width=terminal_width())
 
 
 def hcd_table(h) -> None:
@@ -15,8 +18,8 @@ def hcd_table(h) -> None:
 
     t = Table(title=f"{h.chip.name} {h.chip.version} ({h.chip.vendor}, device_type {h.chip.device_type}, "
                     f"format {h.format_version})")
-    t.add_column("field")
-    t.add_column("value")
+    t.add_column("field", no_wrap=True)
+    t.add_column("value", overflow="fold")      # wrapped, never cut ("…"): a content hash stays whole
     for unit in ("fp16", "bf16", "fp32", "int8"):
         u = getattr(h.compute_units, unit)
         if u is None:

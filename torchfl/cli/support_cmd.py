@@ -70,10 +70,21 @@ def _dtype_layouts(row) -> str:
                      for lays, ds in groups.values())
 
 
-def _columns(rows) -> list[str]:
-    """Rows of cells as aligned lines (the last cell is left ragged)."""
-    widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]) - 1)] if rows else []
-    return ["  ".join([c.ljust(w) for c, w in zip(r, widths)] + [r[-1]]).rstrip() for r in rows]
+def _para(text: str) -> list[str]:
+    """An indented item that wraps at spaces to the terminal (100 columns in a pipe)."""
+    from torchfl.planner.texttable import paragraph
+
+    return paragraph(text, indent="  ", subsequent="      ")
+
+
+def _columns(rows, indent: int = 2) -> list[str]:
+    """Rows of cells (the first row is the header) as aligned lines that fit the terminal
+    (100 columns in a pipe) after ``indent``: long cells wrap at spaces, never cut."""
+    from torchfl.planner.texttable import table, terminal_width
+
+    if not rows:
+        return []
+    return table(rows[0], rows[1:], width=terminal_width() - indent)
 
 
 @click.command("ops")
@@ -108,19 +119,25 @@ def ops(chip_name, chip_version, registry_url, as_json):
         click.echo("fusion groups:")
         for f in fus:
             chain = " -> ".join("|".join(s) for s in f["pattern"])
-            click.echo(f"  {f['name']} -> {f['kernel']}: {chain}")
+            click.echo("\n".join(_para(f"{f['name']} -> {f['kernel']}: {chain}")))
     for u in result["unsupported"]:
-        click.echo(f"  not supported: {u['op']}: {u['reasons'][0]['message'] if u['reasons'] else ''}")
+        click.echo("\n".join(_para(f"not supported: {u['op']}: {u['reasons'][0]['message'] if u['reasons'] else ''}")))
     for f in result["fusions"]:
         if not f["supported"]:
-            click.echo(f"  fusion not available: {f['name']}: {f['reasons'][0]['message']}")
-    click.echo(f"{len(result['ops'])} ops supported, {len(result['unsupported'])} with rules not supported, "
-               f"{len(result['no_rule'])} known ops without a rule (see `registry why-not OP --chip`)")
+            click.echo("\n".join(_para(f"fusion not available: {f['name']}: {f['reasons'][0]['message']}")))
+    from torchfl.planner.texttable import paragraph
+
+    no_rule = sorted(u["op"] if isinstance(u, dict) else str(u) for u in result["no_rule"])
+    click.echo("\n".join(paragraph(
+        f"{len(result['ops'])} ops supported, {len(result['unsupported'])} with rules not supported, "
+        f"{len(no_rule)} known ops without a rule (see `registry why-not OP --chip`)" + (":" if no_rule else ""))))
+    if no_rule:
+        click.echo("\n".join(paragraph(", ".join(no_rule), indent="  ", subsequent="  ")))
     states: dict = {}
     for o in result["ops"]:
         states[o["evidence"]["state"]] = states.get(o["evidence"]["state"], 0) + 1
-    click.echo("evidence: " + ", ".join(f"{n} {s}" for s, n in sorted(states.items()))
-               + " (`torchfl conformance --chip NAME` runs OpInfo samples and records verdicts)")
+    click.echo("\n".join(paragraph("evidence: " + ", ".join(f"{n} {s}" for s, n in sorted(states.items()))
+                                   + " (`torchfl conformance --chip NAME` runs OpInfo samples and records verdicts)")))
 
 
 @click.command("support")
@@ -186,8 +203,11 @@ def why_not(op, chip_name, chip_version, dtype, layout, registry_url, as_json):
     result["evidence"] = describe(rows)
     if as_json:
         return _emit_json(result)
-    for line in _why_not_lines(result):
-        click.echo(line)
+    from torchfl.planner.texttable import paragraph
+
+    for line in _why_not_lines(result):     # each wrapped at spaces under its own indent
+        indent = " " * (len(line) - len(line.lstrip()))
+        click.echo("\n".join(paragraph(line.lstrip(), indent=indent, subsequent=indent + "    ")))
 
 
 def _why_not_lines(result) -> list[str]:
@@ -250,7 +270,7 @@ def _problems(desc: dict) -> list[str]:
                 f"{p['samples']} pass, {p['failed']} fail, {p['refused']} refused)")
         lines = [ln.strip() for ln in (p["reason"] or "").splitlines() if ln.strip()]
         why = lines[1] if len(lines) > 1 and lines[0].startswith("strict") else (lines[0] if lines else "")
-        out.append(f"{head}{': ' + why[:200] if why else ''}")
+        out.append(f"{head}{': ' + why if why else ''}")
     return out
 
 

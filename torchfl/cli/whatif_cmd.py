@@ -216,14 +216,34 @@ def _t(s) -> str:
     return "-" if s is None else _time(s)
 
 
-def _table(rows, header, right=()) -> list[str]:
-    widths = [max(len(str(h)), *(len(str(r[i])) for r in rows)) if rows else len(str(h)) for i, h in enumerate(header)]
+def _table(rows, header, right=(), optional=(), indent: int = 0) -> list[str]:
+    """Rows fitted to the terminal (100 columns in a pipe) after ``indent`` columns, wrapping
+    at spaces, never cutting."""
+    from torchfl.planner.texttable import table, terminal_width
 
-    def fmt(r):
-        return "  ".join(str(c).rjust(w) if i in right else str(c).ljust(w)
-                         for i, (c, w) in enumerate(zip(r, widths))).rstrip()
+    return table(header, [tuple(str(c) for c in r) for r in rows], right=right, optional=optional,
+                 width=terminal_width() - indent)
 
-    return [fmt(header), "  ".join("-" * w for w in widths)] + [fmt(r) for r in rows]
+
+def _para(text: str, indent: str = "", subsequent: str | None = None) -> list[str]:
+    from torchfl.planner.texttable import paragraph
+
+    return paragraph(text, indent=indent, subsequent=subsequent)
+
+
+def _echo(text: str, indent: str = "") -> None:
+    """One sentence, wrapped at spaces to the terminal (100 columns in a pipe)."""
+    click.echo("\n".join(_para(text, indent=indent, subsequent=indent + "  ")))
+
+
+def impact_status(m) -> str:
+    """One model's outcome, in the words the result and the progress lines both use."""
+    b, a = m.before["ok"], m.after["ok"]
+    if b and a:
+        return "plans on both"
+    if b:
+        return "BROKEN"
+    return "newly plannable" if a else "plans on neither"
 
 
 def _progress(label):
@@ -235,7 +255,7 @@ def _progress(label):
             click.echo(f"{label}: batch {item.batch}: {state}, peak {_b(item.peak_bytes)} ({item.seconds:.1f} s)",
                        err=True)
         else:
-            click.echo(f"{label}: {item.model}: {'BROKE' if item.broke else 'planned'}", err=True)
+            click.echo(f"{label}: {item.model}: {impact_status(item)}", err=True)
     return note
 
 
@@ -297,8 +317,8 @@ def memory(model, chip, batch, seq_len, heads, layers, context, precision, train
             for name, x in zip(("forward", "backward") if training else ("inference",), plans):
                 click.echo(_memory_text(x.memory, x, name))
             if training:
-                click.echo(f"Training step high-water: {_b(p.peak_bytes)} (the forward's cached weights stay "
-                           "resident while the backward runs)")
+                click.echo("\n".join(_para(f"Training step high-water: {_b(p.peak_bytes)} (the forward's cached "
+                                           "weights stay resident while the backward runs)")))
         else:
             click.echo(_memory_text(mp, None, "plan"))
     if not p.ok:
@@ -328,27 +348,27 @@ def _memory_text(mp, plan, name) -> str:
         where += f" ({s.kernel or s.kind}{' ' + s.nodes[-1] if s.nodes else ''})"
     cap = "capacity unbounded (no off_chip_memory.size_gb)" if mp.capacity is None else \
         f"capacity {_b(mp.capacity)}: {100 * mp.peak_bytes / mp.capacity:.1f}% used"
-    lines = [f"{name}: peak {_b(mp.peak_bytes)} ({mp.peak_bytes:,} B) {where}; {cap}; "
-             f"{_b(mp.resident_bytes)} resident between calls; buffers aligned to {mp.alignment} B"]
+    lines = _para(f"{name}: peak {_b(mp.peak_bytes)} ({mp.peak_bytes:,} B) {where}; {cap}; "
+                  f"{_b(mp.resident_bytes)} resident between calls; buffers aligned to {mp.alignment} B")
     rows = [(k, _b(n), f"{n:,}", WHY[k]) for k, n in mp.breakdown().items() if n]
-    lines += ["  " + x for x in _table(rows, ("live at peak", "size", "bytes", "what"), right=(1, 2))]
+    lines += ["  " + x for x in _table(rows, ("live at peak", "size", "bytes", "what"), right=(1, 2), indent=2)]
     top = mp.live_at_peak()[:8]
     rows = [(b.name, b.kind, _b(b.nbytes), "before step 0" if b.alloc < 0 else f"step {b.alloc}",
              "kept" if b.free is None else ("after return" if plan is not None and b.free >= len(plan.steps)
                                             else f"after step {b.free}")) for b in top]
     lines += ["  " + x for x in _table(rows, ("largest buffers at peak", "kind", "size", "allocated", "freed"),
-                                       right=(2,))]
+                                       right=(2,), indent=2)]
     if plan is not None:
         from torchfl.planner.memory import kv_cache_table
 
         cache = kv_cache_table(plan)
         if cache:
             total = sum(c["bytes"] for c in cache)
-            lines.append(f"  KV cache: {_b(total)} in {len({c['layer'] for c in cache})} layers (the grown cache the "
-                         "step returns; the past it reads is freed layer by layer)")
+            lines += _para(f"KV cache: {_b(total)} in {len({c['layer'] for c in cache})} layers (the grown cache "
+                           "the step returns; the past it reads is freed layer by layer)", indent="  ")
             rows = [(c["layer"], c["kind"], "x".join(map(str, c["shape"])), c["dtype"], _b(c["bytes"])) for c in cache]
             lines += ["  " + x for x in _table(rows, ("layer", "cache", "shape [B, heads, positions, dim]", "dtype",
-                                                     "size"), right=(0, 4))]
+                                                     "size"), right=(0, 4), indent=2)]
     return "\n".join(lines)
 
 
@@ -384,14 +404,15 @@ def max_batch(model, chip, seq_len, heads, layers, context, precision, training,
         return
     what = "training step" if training else "inference"
     if res.batch == 0:
-        click.echo(f"{model} ({what}) does not fit {res.chip} {res.version} even at batch 1: {res.limit}")
-        click.echo(f"  {res.reason}")
+        click.echo("\n".join(_para(f"{model} ({what}) does not fit {res.chip} {res.version} even at batch 1: "
+                                   f"{res.limit}")))
+        click.echo("\n".join(_para(res.reason, indent="  ")))
         sys.exit(1)
     peak = f", peak {_b(res.peak_bytes)}" + (f" of {_b(res.capacity_bytes)}" if res.capacity_bytes else "")
-    click.echo(f"max batch of {model} ({what}, precision {res.precision or 'as captured'}) on {res.chip} "
-               f"{res.version}: {res.batch}{peak}")
+    click.echo("\n".join(_para(f"max batch of {model} ({what}, precision {res.precision or 'as captured'}) on "
+                               f"{res.chip} {res.version}: {res.batch}{peak}")))
     click.echo(f"limited by: {res.limit}")
-    click.echo(f"  {res.reason.splitlines()[0][:400]}")
+    click.echo("\n".join(_para(res.reason.splitlines()[0], indent="  ")))
     rows = [(p.batch, "fits" if p.ok else f"refused: {p.limit}", _b(p.peak_bytes), f"{p.seconds:.1f} s")
             for p in sorted(res.probes, key=lambda p: p.batch)]
     click.echo("\n".join(_table(rows, ("batch", "plan", "peak", "planning"), right=(0, 2, 3))))
@@ -423,15 +444,15 @@ def max_context(model, chip, batch, precision, registry, as_json):
         _emit(dict(res.to_dict(), model=model))
         return
     if res.context == 0:
-        click.echo(f"{model} does not fit {res.chip} {res.version} at batch {batch} even with a short context: "
-                   f"{res.limit}")
-        click.echo(f"  {res.reason.splitlines()[0][:400]}")
+        _echo(f"{model} does not fit {res.chip} {res.version} at batch {batch} even with a short context: "
+              f"{res.limit}")
+        _echo(res.reason.splitlines()[0], indent="  ")
         sys.exit(1)
     peak = f", peak {_b(res.peak_bytes)}" + (f" of {_b(res.capacity_bytes)}" if res.capacity_bytes else "")
-    click.echo(f"max context of {model} (batch {batch}, precision {res.precision or 'as captured'}) on {res.chip} "
-               f"{res.version}: {res.context} tokens{peak}, KV cache {_b(res.kv_cache_bytes)}")
+    _echo(f"max context of {model} (batch {batch}, precision {res.precision or 'as captured'}) on {res.chip} "
+          f"{res.version}: {res.context} tokens{peak}, KV cache {_b(res.kv_cache_bytes)}")
     click.echo(f"limited by: {res.limit}")
-    click.echo(f"  {res.reason.splitlines()[0]}")
+    _echo(res.reason.splitlines()[0], indent="  ")
     rows = [(p.batch, "fits" if p.ok else f"refused: {p.limit}", _b(p.peak_bytes), f"{p.seconds:.1f} s")
             for p in sorted(res.probes, key=lambda p: p.batch)]
     click.echo("\n".join(_table(rows, ("context", "plan", "peak", "planning"), right=(0, 2, 3))))
@@ -533,16 +554,20 @@ def _compare_text(model, res) -> str:
     rows, errors = [], []
     for r in res["rows"]:
         if r["ok"]:
-            mem = _b(r["peak_bytes"]) + (f" / {_b(r['capacity_bytes'])}" if r["capacity_bytes"] else "")
-            rows.append((r["chip"], r["version"], r["precision"] or "-", _t(r["predicted_time_s"]),
-                         _b(r["offchip_bytes"]), mem, r["kernels"], r["fused_groups"], r["conversions"],
-                         r["fallbacks"], f"{r['bound']} ({100 * r['bound_share']:.0f}%)"))
+            cap = _b(r["capacity_bytes"]) if r["capacity_bytes"] else "-"
+            rows.append((r["chip"], r["version"], r["precision"] or "-", _t(r["per_call_time_s"]),
+                         _t(r["run_once_time_s"]), _b(r["per_call_bytes"]), _b(r["peak_bytes"]), cap, r["kernels"],
+                         r["fused_groups"], r["conversions"], r["fallbacks"],
+                         f"{r['bound']} ({100 * r['bound_share']:.0f}%)"))
         else:
-            errors.append(f"  {r['chip']} {r['version']}: {r['error_kind']}: {r['error'].splitlines()[0][:300]}")
+            errors += _para(f"{r['chip']} {r['version']}: {r['error_kind']}: {r['error'].splitlines()[0]}",
+                            indent="  ", subsequent="    ")
     what = "training step" if res["training"] else "inference"
     out = [f"{model} ({what}) on {len(res['rows'])} chips, planned in {res['planning_s']:.1f} s (fastest first)"]
-    out += _table(rows, ("chip", "version", "precision", "pred time", "off-chip", "peak memory", "kernels", "fused",
-                         "conv", "fallbacks", "bound by"), right=(3, 4, 6, 7, 8, 9))
+    # "per call": what every call pays; "run once": parameter casts and layout copies kept on the chip
+    out += _table(rows, ("chip", "version", "precision", "per call", "run once", "off-chip per call",
+                         "peak memory", "capacity", "kernels", "fused", "layout conversions", "fallbacks", "bound by"),
+                  right=(3, 4, 5, 6, 7, 8, 9, 10, 11), optional=(9, 8, 7, 1, 10, 5))
     if errors:
         out.append(f"Not plannable ({len(errors)}):")
         out += errors
@@ -558,11 +583,13 @@ def _decode_text(model, res) -> str:
                          f"{r['tokens_per_s']:,.1f}", _b(r["kv_cache_bytes"]), mem, r["fallbacks"],
                          f"{r['bound']} ({100 * r['bound_share']:.0f}%)"))
         else:
-            errors.append(f"  {r['chip']} {r['version']}: {r['error_kind']}: {r['error'].splitlines()[0][:300]}")
-    out = [f"{model}: batch {res['batch']}, prefill of {res['prompt']} tokens, decode at context {res['context']} "
-           f"on {len(res['rows'])} chips, planned in {res['planning_s']:.1f} s (most tokens/s first; predicted)"]
+            errors += _para(f"{r['chip']} {r['version']}: {r['error_kind']}: {r['error'].splitlines()[0]}",
+                            indent="  ", subsequent="    ")
+    out = _para(f"{model}: batch {res['batch']}, prefill of {res['prompt']} tokens, decode at context "
+                f"{res['context']} on {len(res['rows'])} chips, planned in {res['planning_s']:.1f} s (most tokens/s "
+                "first; predicted)")
     out += _table(rows, ("chip", "version", "precision", "prefill", "per token", "tokens/s", "KV cache",
-                         "peak memory", "fallbacks", "decode bound by"), right=(3, 4, 5, 6, 8))
+                         "peak memory", "fallbacks", "decode bound by"), right=(3, 4, 5, 6, 8), optional=(1, 8))
     if errors:
         out.append(f"Not plannable ({len(errors)}):")
         out += errors
@@ -601,13 +628,13 @@ def decode(model, chip, context, prompt, batch, precision, registry, as_json):
     if not r["ok"]:
         _fail(r["error_kind"], r["error"])
     cap = f" of {_b(r['capacity_bytes'])}" if r["capacity_bytes"] else ""
-    click.echo(f"{model} on {r['chip']} {r['version']} (precision {r['precision'] or 'as captured'}, batch {batch}; "
-               "predicted by the plans' cost model)")
-    click.echo(f"  prefill of {prompt} tokens (time to first token): {_t(r['prefill_s'])}")
-    click.echo(f"  decode at context {context}: {_t(r['decode_s'])} per token, {r['tokens_per_s']:,.1f} tokens/s "
-               f"({r['bound']}-bound, {100 * r['bound_share']:.0f}% of the step's time)")
-    click.echo(f"  decode step memory: peak {_b(r['peak_bytes'])}{cap}, KV cache {_b(r['kv_cache_bytes'])}; "
-               f"{r['fallbacks']} fallbacks to CPU")
+    _echo(f"{model} on {r['chip']} {r['version']} (precision {r['precision'] or 'as captured'}, batch {batch}; "
+          "predicted by the plans' cost model)")
+    _echo(f"prefill of {prompt} tokens (time to first token): {_t(r['prefill_s'])}", indent="  ")
+    _echo(f"decode at context {context}: {_t(r['decode_s'])} per token, {r['tokens_per_s']:,.1f} tokens/s "
+          f"({r['bound']}-bound, {100 * r['bound_share']:.0f}% of the step's time)", indent="  ")
+    _echo(f"decode step memory: peak {_b(r['peak_bytes'])}{cap}, KV cache {_b(r['kv_cache_bytes'])}; "
+          f"{r['fallbacks']} fallbacks to CPU", indent="  ")
 
 
 # ---------------------------------------------------------------- plan impact
@@ -635,6 +662,8 @@ def impact(chip, v1, v2, models, precision, training, registry, as_json, cluster
     if not specs:
         _fail("Error", f"--models {models!r} names no model; give zoo, or comma-separated zoo names / "
                        "path/to/file.py:factory", code=2)
+    for version in (v1, v2):            # a version that does not exist is said before any model loads
+        whatif.chip_of(chip, registry, version)
     if cluster is not None or resume is not None:
         from torchfl.cluster.whatif import check_model, sweep_impact
 
@@ -659,39 +688,42 @@ def _impact_text(res) -> str:
     for c in res.changes:
         old = json.dumps(c.get("old")) if "old" in c else ""
         new = json.dumps(c.get("new")) if "new" in c else ""
-        out.append(f"  {c['kind']:7}  {c['path']}: {old}{' -> ' if old and new else ''}{new}")
+        out += _para(f"{c['kind']:7}  {c['path']}: {old}{' -> ' if old and new else ''}{new}", indent="  ",
+                     subsequent="           ")
     for m in res.models:
         b, a = m.before, m.after
         out.append("")
-        if not b["ok"] and not a["ok"]:
-            out.append(f"{m.model}: plans on neither ({a['error_kind']}: {a['error'].splitlines()[0][:200]})")
+        status = impact_status(m)
+        if status == "plans on neither":
+            out += _para(f"{m.model}: {status} ({a['error_kind']}: {a['error'].splitlines()[0]})")
             continue
-        if not a["ok"]:
-            out.append(f"{m.model}: BROKEN: planned on {res.v1}, refused on {res.v2}: {a['error_kind']}: "
-                       f"{a['error'].splitlines()[0][:300]}")
+        if status == "BROKEN":
+            out += _para(f"{m.model}: {status}: planned on {res.v1}, refused on {res.v2}: {a['error_kind']}: "
+                         f"{a['error'].splitlines()[0]}")
             continue
-        if not b["ok"]:
-            out.append(f"{m.model}: newly plannable on {res.v2} (on {res.v1}: {b['error_kind']}: "
-                       f"{b['error'].splitlines()[0][:200]})")
+        if status == "newly plannable":
+            out += _para(f"{m.model}: {status} on {res.v2} (on {res.v1}: {b['error_kind']}: "
+                         f"{b['error'].splitlines()[0]})")
             continue
-        dt = a["predicted_time_s"] - b["predicted_time_s"]
-        pct = 100 * dt / b["predicted_time_s"] if b["predicted_time_s"] else 0.0
-        out.append(f"{m.model}: time {_t(b['predicted_time_s'])} -> {_t(a['predicted_time_s'])} ({pct:+.1f}%), "
-                   f"off-chip {_b(b['offchip_bytes'])} -> {_b(a['offchip_bytes'])}, peak memory "
-                   f"{_b(b['peak_bytes'])} -> {_b(a['peak_bytes'])}, fallbacks {b['fallbacks']} -> {a['fallbacks']}, "
-                   f"{len(m.changed_steps)} op group(s) planned differently")
+        dt = a["per_call_time_s"] - b["per_call_time_s"]
+        pct = 100 * dt / b["per_call_time_s"] if b["per_call_time_s"] else 0.0
+        out += _para(f"{m.model}: {status}: per call {_t(b['per_call_time_s'])} -> {_t(a['per_call_time_s'])} "
+                     f"({pct:+.1f}%), run once {_t(b['run_once_time_s'])} -> {_t(a['run_once_time_s'])}, "
+                     f"off-chip per call {_b(b['per_call_bytes'])} -> {_b(a['per_call_bytes'])}, peak memory "
+                     f"{_b(b['peak_bytes'])} -> {_b(a['peak_bytes'])}, fallbacks {b['fallbacks']} -> "
+                     f"{a['fallbacks']}, {len(m.changed_steps)} op group(s) planned differently")
         for c in m.changed_steps[:12]:
             what = "; ".join(f"{k} {x} -> {y}" for k, (x, y) in c["changed"].items())
-            out.append(f"    {c['nodes'][:60]}: {what}")
+            out += _para(f"{c['nodes']}: {what}", indent="    ", subsequent="      ")
         if len(m.changed_steps) > 12:
             out.append(f"    ... and {len(m.changed_steps) - 12} more (--json lists all)")
         for f in m.new_fallbacks:
-            out.append(f"    new fallback: {f['node']} ({f['op']}): {f['reason']}")
+            out += _para(f"new fallback: {f['node']} ({f['op']}): {f['reason']}", indent="    ", subsequent="      ")
         for g in m.fusions_lost:
-            out.append(f"    fusion lost: {g}")
+            out += _para(f"fusion lost: {g}", indent="    ", subsequent="      ")
     if res.broken:
         out.append("")
-        out.append(f"BROKEN on {res.v2}: {', '.join(res.broken)} (exit status 1)")
+        out += _para(f"BROKEN on {res.v2}: {', '.join(res.broken)} (exit status 1)")
     return "\n".join(out)
 
 
@@ -729,7 +761,7 @@ def report(model, chip, chips, output, batch, seq_len, heads, layers, precision,
     comparison = None
     if chips:
         rows = [whatif.row(p, by_name[p.chip]) for p in results]
-        rows.sort(key=lambda r: (not r["ok"], r.get("predicted_time_s") or 0.0, r["chip"]))
+        rows.sort(key=lambda r: (not r["ok"], r.get("per_call_time_s") or 0.0, r["chip"]))
         comparison = {"rows": rows}
     shown = next((p for p in results if p.chip == chip), None) if chip else \
         next((p for p in results if p.chip == comparison["rows"][0]["chip"]), None)

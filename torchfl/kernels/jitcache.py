@@ -397,7 +397,9 @@ def info(path: Path | None = None, read_index: bool = True) -> CacheInfo:
     if not out.exists:
         return out
     ours = _source_dirs()
-    for sub in sorted(p for p in where.iterdir() if p.is_dir()):
+    # dot-folders (``.claims``: compilelock's claim files) are the cache's own bookkeeping, not
+    # another checkout's kernels
+    for sub in sorted(p for p in where.iterdir() if p.is_dir() and not p.name.startswith(".")):
         files = [f for f in sub.iterdir() if f.is_file()]
         size = sum(f.stat().st_size for f in files)
         out.bytes += size

@@ -17,6 +17,7 @@ import contextlib
 import gc
 
 from torchfl.planner.errors import MutatesInputs, StrictFallbackError
+from torchfl.planner.plan import Fallback
 from torchfl.planner.target import resolve_target
 
 
@@ -175,10 +176,8 @@ def _plan_uncollected(captured, example_inputs, target, precision, strict, decid
     cands = Generator(ir, hcd, packs, chip, pricer).run()
     captured, ir, cands, decomposed = decompose.apply(captured, precision, target, ir, cands, pricer)
     if strict and cands.fallbacks:
-        lines = [f"  {n} ({ir.nodes[n].op}): {why}" for n, why in cands.fallbacks.items()]
-        raise StrictFallbackError(
-            f"strict=True: {len(lines)} op(s) would fall back to the CPU on {hcd.chip.name}:\n" + "\n".join(lines)
-            + "\nadd rules for them, or plan without strict to run them on the CPU", tuple(cands.fallbacks))
+        raise StrictFallbackError(hcd.chip.name, [Fallback(n, ir.nodes[n].op, why)
+                                                  for n, why in cands.fallbacks.items()])
     layouts_in = input_layouts(example_inputs)
     fixed = {}
     user_i = 0

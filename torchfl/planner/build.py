@@ -8,6 +8,7 @@ that bring the graph outputs back to the identity layout and the caller's dtype.
 
 from __future__ import annotations
 
+from torchfl.planner.texttable import human_time
 from torchfl.planner.plan import (HOST_STEPS, Cast, Conversion, Fallback, LazyTuple, Plan, PlanInput, Rejected, Step,
                                   Summary, Value, identity_layout)
 
@@ -164,6 +165,10 @@ def assemble(target, precision, ir, cands, selection, pricer, capture, input_lay
         predicted_flops=float(sum(s.predicted_flops for s in steps)),
         predicted_bytes=float(sum(s.predicted_bytes for s in steps)),
         predicted_time_s=float(sum(s.predicted_time_s for s in steps)),
+        per_call_time_s=float(sum(s.predicted_time_s for s in steps if not s.static)),
+        per_call_bytes=float(sum(s.predicted_bytes for s in steps if not s.static)),
+        run_once_time_s=float(sum(s.predicted_time_s for s in steps if s.static)),
+        run_once_bytes=float(sum(s.predicted_bytes for s in steps if s.static)),
     )
     return Plan(chip=target.name, chip_version=target.version, chip_hash=target.chip_hash, precision=precision,
                 inputs=tuple(inputs), outputs=tuple(outputs), values=values, steps=tuple(steps),
@@ -243,16 +248,16 @@ def _rejected(options, ruled_out, selection):
                                         "+".join(sorted(covered, key=lambda n: position.get(n, 0))))
         chosen_cost, label, same, covered_text = hit
         if not same:
-            why = (f"covers {'+'.join(opt.nodes)} for {opt.cost:.3g} s; the chosen {label} covers "
-                   f"{covered_text} for {chosen_cost:.3g} s "
+            why = (f"covers {'+'.join(opt.nodes)} for {human_time(opt.cost)}; the chosen {label} covers "
+                   f"{covered_text} for {human_time(chosen_cost)} "
                    "and the whole cover is cheaper")
         elif opt.cost == chosen_cost:
-            why = f"tie at {opt.cost:.3g} s with the chosen {label}; the earlier candidate is kept"
+            why = f"tie at {human_time(opt.cost)} with the chosen {label}; the earlier candidate is kept"
         elif opt.cost > chosen_cost:
-            why = f"{opt.cost:.3g} s vs {chosen_cost:.3g} s for the chosen {label}"
+            why = f"{human_time(opt.cost)} vs {human_time(chosen_cost)} for the chosen {label}"
         else:
-            why = (f"{opt.cost:.3g} s alone, but the chosen {label} ({chosen_cost:.3g} s) is cheaper once the "
-                   "layout conversions and fusions around it are counted")
+            why = (f"{human_time(opt.cost)} alone, but the chosen {label} ({human_time(chosen_cost)}) is cheaper "
+                   "once the layout conversions and fusions around it are counted")
         out.append(Rejected(opt.nodes, f"{opt.payload.kernel or 'cpu'} ({opt.layout_out})", (why,),
                             opt.cost, chosen_cost, _call_of(opt)))
     seen = set()

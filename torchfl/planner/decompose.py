@@ -31,6 +31,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from torchfl.planner.texttable import human_time
+
 
 @dataclass(frozen=True)
 class Decomposed:
@@ -67,7 +69,7 @@ def apply(captured, precision, target, ir, cands, pricer):
         if alt == "cpu" and off_chip:
             why = f"part {off_chip[0]} ({ir2.nodes[off_chip[0]].op}) would fall back: {cands2.fallbacks[off_chip[0]]}"
         elif alt != "cpu" and cost >= alt_cost:
-            why = f"its {len(parts)} parts {cost:.3g} s vs {alt_cost:.3g} s for {alt}"
+            why = f"its {len(parts)} parts {human_time(cost)} vs {human_time(alt_cost)} for {alt}"
         else:
             winners[node] = proposals[node]
             decisions.append(Decomposed(node, ir.nodes[node].op, dec.id, names[node],
@@ -84,8 +86,8 @@ def apply(captured, precision, target, ir, cands, pricer):
     cands2.rejected.extend(lost)
     for d in decisions:
         cands2.rejected.append(((d.parts[-1],), d.alternative,
-                                (f"{d.alternative_time_s:.3g} s for {d.op} whole vs {d.predicted_time_s:.3g} s for "
-                                 f"its decomposition {d.rule}",)))
+                                (f"{human_time(d.alternative_time_s)} for {d.op} whole vs "
+                                 f"{human_time(d.predicted_time_s)} for its decomposition {d.rule}",)))
     return rewritten, ir2, cands2, tuple(decisions)
 
 

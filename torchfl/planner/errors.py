@@ -32,13 +32,29 @@ class UnsupportedAttention(PlanError, NotImplementedError):
 
 
 class StrictFallbackError(PlanError, RuntimeError):
-    """``strict=True`` and some ops would fall back to the CPU (all are listed)."""
+    """Strict mode and some ops would run on the CPU: raised before anything runs, by the
+    planner (``strict=True``), the executor and the eager device alike (one error, one message;
+    ``torchfl.runtime.errors.FallbackNotAllowed`` is this class). ``fallbacks``: objects with
+    ``node``, ``op`` and ``reason``."""
 
     kind = "RuntimeError"
 
-    def __init__(self, message: str, fallbacks=()):
-        super().__init__(message)
+    def __init__(self, chip: str, fallbacks=()):
+        self.chip = chip
         self.fallbacks = tuple(fallbacks)
+        lines = [f"  {aten_name(f.op)} (node {f.node}): {f.reason}" for f in self.fallbacks]
+        super().__init__(
+            f"strict mode: {len(lines)} op(s) have no kernel on {chip} and would fall back to the CPU:\n"
+            + "\n".join(lines) + "\nadd a rule for them to a rule pack, pick a chip that supports them, or run "
+            "without strict mode (strict=False, TORCHFL_STRICT unset) to allow logged CPU fallbacks")
+
+
+def aten_name(op: str) -> str:
+    """``aten.convolution.default`` -> ``aten::convolution`` (the seed's spelling)."""
+    parts = str(op).split(".")
+    if len(parts) >= 2 and parts[0] in ("aten", "prims", "quantized", "torchfl"):
+        return f"{parts[0]}::{parts[1]}"
+    return str(op)
 
 
 class ChoiceError(PlanError, ValueError):

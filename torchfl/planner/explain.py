@@ -11,30 +11,27 @@ from __future__ import annotations
 import hashlib
 
 from torchfl.planner.errors import ChoiceError
-from torchfl.planner.texttable import human_bytes as _bytes
+from torchfl.planner.texttable import human_bytes as _bytes, human_time
 
 FORMATS = ("text", "json", "dot")
 MAX_REJECTED_TEXT = 40
 
 
-def render_plan(plan, format: str = "text") -> str:  # noqa: A002
-    """The text of ``Plan.explain``: EXPLAIN-style ``text``, ``json`` or Graphviz ``dot``."""
+def render_plan(plan, format: str = "text", width: int | None = None) -> str:  # noqa: A002
+    """The text of ``Plan.explain``: EXPLAIN-style ``text`` (fitted to ``width``, default the
+    terminal's or 100 columns in a pipe), ``json`` or Graphviz ``dot``."""
     if format == "json":
         return plan.to_json()
     if format == "text":
-        return _text(plan)
+        from .texttable import terminal_width
+
+        return _text(plan, terminal_width() if width is None else width)
     if format == "dot":
         return _dot(plan)
     raise ChoiceError(f"unknown explain format {format!r}; choose one of {', '.join(FORMATS)}")
 
 
-def _time(s: float) -> str:
-    if s == float("inf"):
-        return "inf"
-    for unit, k in (("s", 1.0), ("ms", 1e-3), ("us", 1e-6)):
-        if s >= k:
-            return f"{s / k:.3g} {unit}"
-    return f"{s * 1e9:.3g} ns"
+_time = human_time     # the name other modules import
 
 
 def tiling_text(tile: dict) -> str:
@@ -69,9 +66,11 @@ def _operand_names(step) -> tuple:
 
 
 def _layout(step) -> str:
-    """``NCL``, or ``x:NCL w:AB bias:A -> NCL`` when operands differ; ``scalar`` for 0-d."""
+    """``NCL``, or ``x:NCL w:AB -> NCL`` when operands differ; ``scalar`` for 0-d. A 1-d or
+    0-d operand (``A``, scalar) has one layout only and is not listed."""
     out = step.layout_out or "scalar"
-    ins = [(n, lay or "scalar") for n, v, lay in zip(_operand_names(step), step.inputs, step.layouts_in) if v]
+    ins = [(n, lay) for n, v, lay in zip(_operand_names(step), step.inputs, step.layouts_in)
+           if v and lay and len(lay) > 1]
     if all(lay == out for _n, lay in ins):
         return out
     if len(ins) == 1:
@@ -79,8 +78,12 @@ def _layout(step) -> str:
     return " ".join(f"{n}:{lay}" for n, lay in ins) + f" -> {out}"
 
 
-def _text(plan) -> str:
-    from .texttable import paragraph, table_blocks
+def _text(plan, width: int) -> str:
+    from functools import partial
+
+    from .texttable import paragraph as _paragraph, table_blocks
+
+    paragraph = partial(_paragraph, width=width)
 
     s = plan.summary
     lines = paragraph(s.headline(plan.chip))
@@ -108,24 +111,22 @@ def _text(plan) -> str:
                      _time(st.predicted_time_s), _bytes(st.predicted_bytes)))
         # casts explain themselves; a fold's reason is listed under "Folded on the host"
         details.append(st.note if st.note and st.kind not in ("cast", "fold") else "")
-    head, blocks = table_blocks(header, rows, right={0, 7, 8}, shrink_first=(3, 6))
+    head, blocks = table_blocks(header, rows, right={0, 7, 8}, shrink_first=(3, 4, 6), width=width)
     lines += head
     indent = " " * (max((len(r[0]) for r in rows), default=1) + 2)
     for block, note in zip(blocks, details):
         lines += block
         if note:          # why this tiling, under its row, wrapped to the same width
             lines += paragraph("-> " + note, indent=indent, subsequent=indent + "   ")
-    t_call = sum(st.predicted_time_s for st in per_call)
-    b_call = sum(st.predicted_bytes for st in per_call)
-    lines += paragraph(f"Per call: predicted {_time(t_call)}, {_bytes(b_call)} off-chip, "
+    lines += paragraph(f"Per call: predicted {_time(s.per_call_time_s)}, {_bytes(s.per_call_bytes)} off-chip, "
                        f"{sum(st.predicted_flops for st in per_call):.4g} ops over {len(per_call)} steps")
     if once:
         lines += paragraph(f"Run once (static: parameter casts, folded and other parameter-only steps, results kept "
-                           f"on the chip): {_time(sum(st.predicted_time_s for st in once))}, "
-                           f"{_bytes(sum(st.predicted_bytes for st in once))} over {len(once)} steps")
+                           f"on the chip): {_time(s.run_once_time_s)}, {_bytes(s.run_once_bytes)} over "
+                           f"{len(once)} steps")
     if plan.memory is not None:
         lines += paragraph(memory_line(plan))
-    lines += _legend(rows)
+    lines += _legend(rows, paragraph)
     if plan.rejected:
         lines.append(f"Rejected alternatives ({len(plan.rejected)}):")
         for r in plan.rejected[:MAX_REJECTED_TEXT]:
@@ -163,10 +164,8 @@ def memory_line(plan) -> str:
             f"{fmt_bytes(mp.resident_bytes)} stays resident between calls")
 
 
-def _legend(rows) -> list[str]:
+def _legend(rows, paragraph) -> list[str]:
     """What the table's markers mean: only those that appear in it."""
-    from .texttable import paragraph
-
     if not rows:
         return []
     kinds = {r[1] for r in rows}

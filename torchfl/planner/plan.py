@@ -279,7 +279,14 @@ class Rejected(_Data):
 
 @dataclass(frozen=True)
 class Summary(_Data):
-    """Totals; :meth:`headline` is the first line of ``explain``."""
+    """Totals; :meth:`headline` is the first line of ``explain``.
+
+    Time and off-chip bytes in two parts, named alike wherever they are shown: **per call**,
+    what every call pays (the steps that read a user input), and **run once**, the static
+    steps (casts and layout copies of parameters, folds) whose results stay on the chip.
+    ``predicted_time_s``/``predicted_bytes``/``predicted_flops`` are both together: the first
+    call's.
+    """
 
     nodes_total: int
     nodes_on_chip: int
@@ -292,6 +299,10 @@ class Summary(_Data):
     predicted_bytes: float
     predicted_time_s: float
     folded: int = 0  # nodes computed once on the host (input-independent), neither on chip nor fallbacks
+    per_call_time_s: float = 0.0
+    per_call_bytes: float = 0.0
+    run_once_time_s: float = 0.0
+    run_once_bytes: float = 0.0
 
     def headline(self, chip: str) -> str:
         folded = f"{self.folded} input-independent nodes folded (once, on the host), " if self.folded else ""
@@ -345,11 +356,12 @@ class Plan(_Data):
         separators = (",", ": ") if indent else (",", ":")
         return json.dumps(self.to_dict(), sort_keys=True, indent=indent, separators=separators)
 
-    def explain(self, format: str = "text") -> str:  # noqa: A002 - the CLI's word
-        """The plan as ``text`` (EXPLAIN-style table), ``json`` or ``dot`` (Graphviz)."""
+    def explain(self, format: str = "text", width: int | None = None) -> str:  # noqa: A002 - the CLI's word
+        """The plan as ``text`` (EXPLAIN-style table, ``width`` columns: default the
+        terminal's, 100 in a pipe), ``json`` or ``dot`` (Graphviz)."""
         from torchfl.planner.explain import render_plan
 
-        return render_plan(self, format)
+        return render_plan(self, format, width)
 
     def step_of(self, value: str) -> Step | None:
         producer = self.values[value].producer

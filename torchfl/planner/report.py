@@ -149,9 +149,13 @@ def roofline_figure(plan, chip_model) -> str:
 
 def memory_figure(plan) -> str:
     """Bytes live at each step's high-water mark, stacked by buffer kind; peak and capacity."""
-    from torchfl.planner.memory import KINDS, fmt_bytes
+    return _svg(memory_fig(plan))
 
-    plt = _plt()
+
+def memory_series(plan) -> tuple[list[int], dict]:
+    """(steps -1..n-1, bytes live at each step per buffer kind): what the timeline draws."""
+    from torchfl.planner.memory import KINDS
+
     mp = plan.memory
     n = len(plan.steps)
     steps = list(range(-1, n))
@@ -161,48 +165,68 @@ def memory_figure(plan) -> str:
         last = n - 1 if b.free is None else min(b.free, n - 1)
         for i in range(max(first, -1), last + 1):
             series[b.kind][i + 1] += b.nbytes
+    return steps, series
+
+
+def memory_fig(plan):
+    from torchfl.planner.memory import KINDS, fmt_bytes
+
+    plt = _plt()
+    mp = plan.memory
+    steps, series = memory_series(plan)
     fig, ax = plt.subplots(figsize=(9, 3.8))
     used = [k for k in KINDS if any(series[k])]
     scale = 1 << 20
     ax.stackplot(steps, *[[v / scale for v in series[k]] for k in used], labels=used,
                  colors=[_KIND_COLOURS[k] for k in used], step="mid", alpha=0.9)
+    peak = mp.peak_bytes / scale
+    top = max(mp.capacity or 0, mp.peak_bytes) / scale
+    ax.set_ylim(0, max(top * 1.08, peak * 1.3))     # room above the peak for its label
     ax.axvline(mp.peak_step, color="#d62728", lw=1, ls="--")
-    ax.annotate(f"peak {fmt_bytes(mp.peak_bytes)}\n" + ("uploads" if mp.peak_step < 0 else f"step {mp.peak_step}"),
-                (mp.peak_step, mp.peak_bytes / scale), fontsize=7, color="#d62728",
-                xytext=(5, -2), textcoords="offset points", va="top")
+    # the label sits above the peak, where no bar reaches (the stack is never higher than the peak)
+    ax.annotate(f"peak {fmt_bytes(mp.peak_bytes)} " + ("(uploads)" if mp.peak_step < 0 else f"(step {mp.peak_step})"),
+                (mp.peak_step, peak), xytext=(0, 6), textcoords="offset points", fontsize=7, color="#d62728",
+                ha="left" if mp.peak_step < len(steps) / 2 else "right", va="bottom", gid="peak-label")
     if mp.capacity is not None:
         ax.axhline(mp.capacity / scale, color="black", lw=1)
         ax.annotate(f"capacity {fmt_bytes(mp.capacity)}", (0, mp.capacity / scale), fontsize=7,
                     xytext=(2, 2), textcoords="offset points")
-        ax.set_ylim(0, max(mp.capacity, mp.peak_bytes) / scale * 1.08)
     ax.set_xlabel("step (-1: uploads before step 0)")
     ax.set_ylabel("device memory live (MiB)")
     ax.set_title(f"memory timeline on {plan.chip}", fontsize=9)
     ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1, 1))
     ax.grid(True, lw=0.3, alpha=0.5)
-    return _svg(fig)
+    return fig
 
 
 def compare_figure(rows) -> str:
-    """Predicted time and peak memory per chip (chips that plan)."""
+    """Per-call time and peak memory per chip (chips that plan)."""
+    return _svg(compare_fig(rows))
+
+
+def compare_fig(rows):
+    from matplotlib.patches import Patch
+
     plt = _plt()
     ok = [r for r in rows if r["ok"]]
-    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 0.5 + 0.4 * max(1, len(ok))))
+    fig, (a, b) = plt.subplots(1, 2, figsize=(10, 1.4 + 0.4 * max(1, len(ok))), layout="constrained")
     names = [f"{r['chip']} {r['version']}" for r in ok]
-    a.barh(names, [r["predicted_time_s"] * 1e3 for r in ok], color=[
+    a.barh(names, [r["per_call_time_s"] * 1e3 for r in ok], color=[
         "#f28e2b" if r["bound"] == "memory" else "#4e79a7" for r in ok])
-    a.set_xlabel("predicted time per call (ms); orange: memory-bound, blue: compute-bound")
+    a.set_title("per call (ms)", fontsize=9)
     a.invert_yaxis()
+    a.legend(handles=[Patch(color="#f28e2b", label="memory-bound"), Patch(color="#4e79a7", label="compute-bound")],
+             fontsize=7, loc="lower right")
     b.barh(names, [r["peak_bytes"] / (1 << 20) for r in ok], color="#59a14f")
     for i, r in enumerate(ok):
         if r["capacity_bytes"]:
             b.plot([r["capacity_bytes"] / (1 << 20)] * 2, [i - 0.4, i + 0.4], color="black", lw=1.5)
     b.set_xscale("log")
-    b.set_xlabel("peak device memory (MiB, log); black tick: capacity")
+    b.set_title("peak device memory (MiB, log; black tick: capacity)", fontsize=9)
     b.invert_yaxis()
-    b.set_yticklabels([])
+    b.set_yticks(range(len(ok)), [""] * len(ok))
     fig.suptitle("chips side by side", fontsize=9)
-    return _svg(fig)
+    return fig
 
 
 _CSS = """
@@ -213,7 +237,9 @@ table { border-collapse: collapse; font-size: 0.85em; } td, th { border: 1px sol
 th { background: #f4f4f4; } td.num { text-align: right; font-variant-numeric: tabular-nums; }
 tr.err td { color: #b00; } pre { font-size: 0.75em; overflow-x: auto; background: #fafafa; padding: 0.6em; }
 figure { margin: 0.6em 0; } figure svg { max-width: 100%; height: auto; }
-.meta { color: #555; font-size: 0.9em; }
+.meta { color: #555; font-size: 0.9em; } table.data { margin: 0.4em 0 1em; }
+@media print { body { max-width: none; margin: 0; } pre { white-space: pre-wrap; overflow: visible; }
+               figure, table.data tr { break-inside: avoid; } h2 { break-after: avoid; } }
 """
 
 
@@ -221,8 +247,9 @@ def _e(x) -> str:
     return html.escape(str(x))
 
 
-def _table(header, rows, numeric=(), classes=None) -> str:
-    out = ["<table><thead><tr>" + "".join(f"<th>{_e(h)}</th>" for h in header) + "</tr></thead><tbody>"]
+def _table(header, rows, numeric=(), classes=None, table_id=None) -> str:
+    ident = f' id="{table_id}"' if table_id else ""
+    out = [f'<table class="data"{ident}><thead><tr>' + "".join(f"<th>{_e(h)}</th>" for h in header) + "</tr></thead><tbody>"]
     for i, r in enumerate(rows):
         cls = f' class="{classes[i]}"' if classes and classes[i] else ""
         out.append(f"<tr{cls}>" + "".join(f'<td class="num">{_e(c)}</td>' if j in numeric else f"<td>{_e(c)}</td>"
@@ -236,44 +263,109 @@ def _figure(fig_id: str, svg: str, caption: str) -> str:
 
 
 def render_report(plan, chip_model, title: str, comparison: dict | None = None) -> str:
-    """The HTML page for ``plan`` on ``chip_model`` (and, if given, the rows of a compare)."""
-    from torchfl.planner.explain import _time, memory_line
+    """The HTML page for ``plan`` on ``chip_model`` (and, if given, the rows of a compare).
+    Every figure has its numbers beside it as an HTML table (readable printed, searchable)."""
+    from torchfl.planner.explain import memory_line
     from torchfl.planner.memory import fmt_bytes
 
     s = plan.summary
     parts = [f"<h1>{_e(title)}</h1>",
              f'<p class="meta">{_e(s.headline(plan.chip))}. Chip {_e(plan.chip)} {_e(plan.chip_version)}, precision '
-             f'{_e(plan.precision or "as captured")}; predicted {_e(_time(s.predicted_time_s))} per call, '
-             f"{_e(fmt_bytes(int(s.predicted_bytes)))} off-chip. {_e(memory_line(plan))}</p>"]
+             f'{_e(plan.precision or "as captured")}; per call {_e(_time(s.per_call_time_s))}, '
+             f"{_e(fmt_bytes(int(s.per_call_bytes)))} off-chip; run once {_e(_time(s.run_once_time_s))}, "
+             f"{_e(fmt_bytes(int(s.run_once_bytes)))} off-chip (parameter casts and layout copies kept on the chip). "
+             f"{_e(memory_line(plan))}</p>"]
     if comparison is not None:
         rows, classes = [], []
         for r in comparison["rows"]:
             if r["ok"]:
-                rows.append((r["chip"], r["version"], r["precision"] or "-", _time(r["predicted_time_s"]),
-                             fmt_bytes(r["offchip_bytes"]), fmt_bytes(r["peak_bytes"]),
+                rows.append((r["chip"], r["version"], r["precision"] or "-", _time(r["per_call_time_s"]),
+                             _time(r["run_once_time_s"]), fmt_bytes(r["per_call_bytes"]), fmt_bytes(r["peak_bytes"]),
                              fmt_bytes(r["capacity_bytes"]) if r["capacity_bytes"] else "unbounded", r["kernels"],
-                             r["fused_groups"], r["fallbacks"], f"{r['bound']} ({100 * r['bound_share']:.0f}%)"))
+                             r["fused_groups"], r["conversions"], r["fallbacks"],
+                             f"{r['bound']} ({100 * r['bound_share']:.0f}%)"))
                 classes.append("")
             else:
                 rows.append((r["chip"], r["version"], r["precision"] or "-", f"{r['error_kind']}: {r['error']}",
-                             "", "", "", "", "", "", ""))
+                             "", "", "", "", "", "", "", "", ""))
                 classes.append("err")
         parts += ["<h2>Chips side by side</h2>",
-                  _table(("chip", "version", "precision", "predicted time", "off-chip", "peak memory", "capacity",
-                          "kernels", "fused", "fallbacks", "bound by"), rows, numeric=(3, 4, 5, 6, 7, 8, 9), classes=classes),
                   _figure("fig-compare", compare_figure(comparison["rows"]),
-                          "Predicted time and peak device memory per chip, from the plans (nothing ran).")]
+                          "Per-call time and peak device memory per chip, from the plans (nothing ran); the table "
+                          "has the numbers."),
+                  _table(("chip", "version", "precision", "per call", "run once", "off-chip per call", "peak memory",
+                          "capacity", "kernels", "fused", "layout conversions", "fallbacks", "bound by"), rows,
+                         numeric=(3, 4, 5, 6, 7, 8, 9, 10, 11), classes=classes, table_id="tab-compare")]
     parts += [f"<h2>The plan on {_e(plan.chip)}</h2>",
               _figure("fig-graph", graph_figure(plan),
                       "Each dot is a step; colour is the kernel family (red: CPU fallback, grey: folded on the host)."),
+              _family_table(plan),
               "<h2>Roofline</h2>",
               _figure("fig-roofline", roofline_figure(plan, chip_model),
                       "Each chip step at its predicted operations per off-chip byte and operations per second, under "
                       "the chip's ceilings (min of the unit's peak and bandwidth x intensity)."),
+              _roofline_table(plan, chip_model),
               "<h2>Device memory</h2>",
               _figure("fig-memory", memory_figure(plan), memory_line(plan)),
+              _memory_table(plan),
               "<h2>Explain</h2>",
-              f"<pre>{_e(plan.explain('text'))}</pre>"]
+              f"<pre>{_e(plan.explain('text', width=100))}</pre>"]
     return ("<!DOCTYPE html>\n<html lang=\"en\"><head><meta charset=\"utf-8\">"
             f"<title>{_e(title)}</title><style>{_CSS}</style></head><body>\n" + "\n".join(parts)
             + "\n</body></html>\n")
+
+
+def _time(s: float) -> str:
+    from torchfl.planner.texttable import human_time
+
+    return human_time(s)
+
+
+def _family_table(plan) -> str:
+    """Steps, per-call time and bytes per kernel family (the graph's colours, as numbers)."""
+    from torchfl.planner.memory import fmt_bytes
+
+    fam: dict = {}
+    for st in plan.steps:
+        f = fam.setdefault(_family(st), [0, 0, 0.0, 0.0, 0.0])
+        f[0 if not st.static else 1] += 1
+        if st.static:
+            f[4] += st.predicted_time_s
+        else:
+            f[2] += st.predicted_time_s
+            f[3] += st.predicted_bytes
+    rows = [(k, v[0], v[1], _time(v[2]), fmt_bytes(int(v[3])), _time(v[4]))
+            for k, v in sorted(fam.items(), key=lambda kv: -kv[1][2])]
+    return _table(("kernel family", "steps per call", "steps run once", "per call", "off-chip per call", "run once"),
+                  rows, numeric=(1, 2, 3, 4, 5), table_id="tab-families")
+
+
+def _roofline_table(plan, chip_model) -> str:
+    """The roofline's points: each chip step's intensity, rate and what bounds it."""
+    rows = []
+    for st in plan.steps:
+        if st.kind in ("fallback", "fold") or st.predicted_time_s <= 0 or st.predicted_bytes <= 0 \
+                or st.predicted_flops <= 0:
+            continue
+        t_mem = st.predicted_bytes / chip_model.offchip_bw
+        t_comp = st.predicted_flops / chip_model.peak_for(st.dtype) if st.dtype in chip_model.peak else 0.0
+        rows.append((st.index, st.kernel, _family(st), st.dtype, f"{st.predicted_flops / st.predicted_bytes:.3g}",
+                     f"{st.predicted_flops / st.predicted_time_s / 1e9:.3g}", _time(st.predicted_time_s),
+                     "memory" if t_mem >= t_comp else "compute", "run once" if st.static else "per call"))
+    return _table(("step", "kernel", "family", "dtype", "ops per byte", "Gops/s", "time", "bound by", "runs"),
+                  rows, numeric=(0, 4, 5, 6), table_id="tab-roofline")
+
+
+def _memory_table(plan) -> str:
+    """The timeline's numbers: the peak by buffer kind and the largest buffers live then."""
+    from torchfl.planner.memory import WHY, fmt_bytes
+
+    mp = plan.memory
+    kinds = [(k, fmt_bytes(n), f"{n:,}", WHY.get(k, "")) for k, n in mp.breakdown().items() if n]
+    kinds.append(("total at peak", fmt_bytes(mp.peak_bytes), f"{mp.peak_bytes:,}",
+                  "uploads" if mp.peak_step < 0 else f"step {mp.peak_step}"))
+    top = [(b.name, b.kind, fmt_bytes(b.nbytes), "before step 0" if b.alloc < 0 else f"step {b.alloc}",
+            "kept" if b.free is None else f"after step {b.free}") for b in mp.live_at_peak()[:10]]
+    return (_table(("live at peak", "size", "bytes", "what"), kinds, numeric=(1, 2), table_id="tab-memory")
+            + _table(("largest buffers at peak", "kind", "size", "allocated", "freed"), top, numeric=(2,),
+                     table_id="tab-buffers"))

@@ -117,9 +117,21 @@ def _resnet(kind, batch=1, image=224):
     return model.eval(), (torch.randn(batch, 3, image, image),)
 
 
+def _transformers(model: str):
+    """transformers, or a ModelError with the one-line install hint (the ``models`` extra)."""
+    try:
+        import transformers
+    except ModuleNotFoundError:
+        raise ModelError(f"{model} is built with Hugging Face transformers, which is not installed: "
+                         "pip install 'torchfl[models]'") from None
+    return transformers
+
+
 def _bert(size, batch=1, seq_len=128, layers=None, num_heads=None, hidden=None):
     import torch
-    from transformers import BertConfig, BertModel
+
+    tf = _transformers(f"bert-{size}")
+    BertConfig, BertModel = tf.BertConfig, tf.BertModel
 
     base = dict(hidden_size=768, num_hidden_layers=12, num_attention_heads=12, intermediate_size=3072)
     if size == "large":
@@ -138,7 +150,9 @@ def _bert(size, batch=1, seq_len=128, layers=None, num_heads=None, hidden=None):
 
 def _gpt2(batch=1, seq_len=128, layers=None, num_heads=None, hidden=None):
     import torch
-    from transformers import GPT2Config, GPT2Model
+
+    tf = _transformers("gpt2")
+    GPT2Config, GPT2Model = tf.GPT2Config, tf.GPT2Model
 
     kw = dict(use_cache=False, attn_implementation="sdpa")
     if layers:
