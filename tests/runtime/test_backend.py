@@ -171,3 +171,23 @@ def test_graph_break_gives_two_planned_graphs():
         assert rel_err(c(x), m(x)) < FP16_TOL
     text = torchfl.explain(c, x)
     assert "graph 1 of 2" in text and "graph 2 of 2" in text
+
+
+def test_outputs_of_data_dependent_size_keep_the_identity_layout():
+    """An output whose strides hang on a data-dependent size cannot be asked whether it is
+    channels-last (torch raises GuardOnDataDependentSymNode): it keeps the identity layout."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx.experimental.symbolic_shapes import ShapeEnv
+
+    from torchfl.runtime.backend import _channels_last_outputs
+
+    env = ShapeEnv()
+    u = env.create_unbacked_symint()
+    with FakeTensorMode(shape_env=env):
+        unknown = torch.empty_strided((2, 3, u, 4), (12 * u, 1, 12, 3))
+        last = torch.empty((2, 3, 4, 5)).to(memory_format=torch.channels_last)
+    g = torch.fx.Graph()
+    a, b = g.placeholder("a"), g.placeholder("b")
+    a.meta["val"], b.meta["val"] = unknown, last
+    g.output((a, b))
+    assert _channels_last_outputs(torch.fx.GraphModule(torch.nn.Module(), g)) == (1,)

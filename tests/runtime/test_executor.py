@@ -254,3 +254,21 @@ def test_a_failed_run_returns_its_memory_and_a_fitting_batch_runs_after_it():
     torch.testing.assert_close(y2, y, rtol=0, atol=0)
     fits.release()
     assert mem.memory_allocated() == 0
+
+
+def test_an_executor_whose_init_raised_is_collected_quietly():
+    """``__del__`` catches nothing: an executor refused in ``__init__`` must still release
+    cleanly when collected (no "Exception ignored in" from a missing attribute)."""
+    import gc
+    import sys
+
+    plan, _w = hand_plan()
+    seen = []
+    old, sys.unraisablehook = sys.unraisablehook, seen.append
+    try:
+        with pytest.raises(FallbackNotAllowed):
+            Executor(plan, CHIP, strict=True)
+        gc.collect()
+    finally:
+        sys.unraisablehook = old
+    assert [f"{u.exc_type.__name__}: {u.exc_value}" for u in seen] == []

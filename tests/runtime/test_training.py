@@ -2,6 +2,7 @@
 executed on NPU-V3 with precision float16; gradients vs eager; an optimizer step."""
 import copy
 
+import pytest
 import torch
 from torch import nn
 
@@ -106,3 +107,19 @@ def test_layer_norm_mlp_backward_on_chip():
     kernels = {k for per_op in bw_routes.values() for k in per_op}
     assert "layer_norm_backward" in kernels, bw_routes
     assert "CPU fallback" not in kernels, bw_routes
+
+
+def test_training_on_an_unknown_chip_or_registry_is_one_error_at_the_call(tmp_path):
+    """The training path resolves the chip before AOTAutograd: an unknown chip or an unreadable
+    registry is torchfl's own one-line error, raised when the compiled model is called."""
+    from torchfl.planner.errors import PlanError
+    from torchfl.registry import RegistryError
+
+    cases = [({"chip": "NO-SUCH-CHIP"}, PlanError, "NO-SUCH-CHIP"),
+             ({"chip": "NPU-V3", "registry": f"sqlite:///{tmp_path}"}, RegistryError, "registry")]
+    for options, kind, word in cases:
+        torch._dynamo.reset()
+        model = torch.compile(nn.Linear(4, 2), backend="torchfl", options=options)
+        with pytest.raises(kind, match=word) as err:
+            model(torch.randn(3, 4))
+        assert len(str(err.value).splitlines()) == 1, str(err.value)

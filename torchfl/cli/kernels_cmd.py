@@ -16,6 +16,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import queue
 import sys
 import time
 from pathlib import Path
@@ -190,7 +191,7 @@ def _worker(jobs, events, registry, quick, models=()) -> None:
             with torch.no_grad():
                 compiled(*inputs)
             err = None
-        except Exception as exc:  # noqa: BLE001 - reported by the parent, the other jobs go on
+        except Exception as exc:  # noqa: BLE001 - a job's failure, any type: reported by the parent, the others go on
             err = f"{type(exc).__name__}: {str(exc).splitlines()[0] if str(exc) else ''}"
         torch._dynamo.reset()
         events.put(("done", pid, model, chip, time.perf_counter() - t0, err))
@@ -257,7 +258,7 @@ def warmup(chips, workers, models, quick, force, registry) -> None:
             while finished < len(todo):
                 try:
                     ev = events.get(timeout=1.0)
-                except Exception:  # queue.Empty: check the workers are alive
+                except queue.Empty:   # check the workers are alive
                     if not any(proc.is_alive() for proc in procs):
                         failures.append("a worker process died (see above)")
                         break

@@ -57,6 +57,7 @@ def explain(model, chip, batch, seq_len, heads, layers, precision, strict, fmt, 
     from torchfl.planner import plan_module
     from torchfl.planner.errors import PlanError
     from torchfl.planner.zoo import ModelError, load_model
+    from torchfl.registry import RegistryError
 
     try:
         module, inputs = load_model(model, batch=batch, seq_len=seq_len, num_heads=heads, layers=layers,
@@ -70,12 +71,8 @@ def explain(model, chip, batch, seq_len, heads, layers, precision, strict, fmt, 
         _fail("Error", str(exc))
     except PlanError as exc:
         _fail(exc.kind, str(exc))
-    except Exception as exc:  # registry unreachable, capture failures: one line, the fix in it
-        from torchfl.registry import RegistryError
-
-        if isinstance(exc, RegistryError):
-            _fail("Error", str(exc))
-        raise
+    except RegistryError as exc:   # registry unreachable: one line, the fix in it
+        _fail("Error", str(exc))
     if analyze:
         if fmt == "dot":
             _fail("Error", "--analyze prints text or json; use --format text or --format json")

@@ -88,19 +88,15 @@ def _load(model, batch=None, seq_len=None, heads=None, layers=None):
     factory gets wrong (it raises, returns no module, no tensors) is one line, not its traceback."""
     import torch
 
-    from torchfl.planner.zoo import LM_ZOO, ZOO, load_model
+    from torchfl.planner.zoo import LM_ZOO, ZOO, ModelError, load_model
 
     if model in ZOO or model in LM_ZOO:   # the zoo's own factories: an error there is torchfl's, with its traceback
         return load_model(model, batch=batch, seq_len=seq_len, num_heads=heads, layers=layers)
     try:
         module, inputs = load_model(model, batch=batch, seq_len=seq_len, num_heads=heads, layers=layers)
-    except (KeyboardInterrupt, SystemExit):
+    except ModelError:
         raise
     except Exception as exc:  # noqa: BLE001 - user code: anything it raises is the user's to fix
-        from torchfl.planner.zoo import ModelError
-
-        if isinstance(exc, ModelError):
-            raise
         where = _user_frame(exc, model)
         _fail("Error", f"the model factory {model} raised {type(exc).__name__}: {exc}{where}")
     if not isinstance(module, torch.nn.Module):

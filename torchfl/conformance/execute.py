@@ -79,7 +79,7 @@ def _exact(case):
     try:
         with torch.no_grad():
             out = case.func(*up[0], **up[1])
-    except Exception:   # some ops have no float64 kernel or reject mixed dtypes: eager alone decides
+    except Exception:  # noqa: BLE001 - any op may lack a float64 kernel or refuse mixed dtypes: eager alone decides
         return None
     return out
 
@@ -98,7 +98,7 @@ def graph_ops(case) -> tuple:
 
     try:
         captured = capture_module(Call(), tuple(leaves))
-    except Exception:
+    except Exception:  # noqa: BLE001 - a label for a case already failed or refused, whose own error is reported
         return ()
     return tuple(sorted({str(n.target) for n in captured.graph_module.graph.nodes if n.op == "call_function"}))
 
@@ -136,7 +136,7 @@ def prepare(case) -> _Prepared:
     try:
         with torch.no_grad(), log:
             p.expected = case.call()
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - eager torch refuses a sample with any of its types: the case is skipped
         p.skip = f"eager torch rejects it: {type(exc).__name__}: {_first_lines(exc, 1)}"
         return p
     p.eager_ops = frozenset(log.ops)
@@ -160,7 +160,7 @@ def _compiled_call(fn, leaves, chip, registry):
     with recording(False) as rec, torch.no_grad():
         try:
             got = compiled(*args)
-        except Exception as exc:
+        except Exception as exc:  # noqa: BLE001 - returned, not swallowed: the caller reports a refusal or a fail
             return None, [], exc
     return got, [plan for _cg, plan, _r in rec.entries], None
 
@@ -334,7 +334,7 @@ def run_case_eager(case, *, chip, bf16_emulated: bool = False, targets=(), prepa
         args, kwargs = _to_device((case.args, case.kwargs), device)
         with torch.no_grad():
             got = _to_host(case.func(*args, **kwargs))
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - reported, not swallowed: a refusal, or a fail with the error
         if _is_refusal(exc):
             return p.outcome("refused", ops=ops, reason=refusal_reason(exc))
         return p.outcome("fail", ops=ops, reason=f"error: {type(exc).__name__}: {_first_lines(exc, 3)}")

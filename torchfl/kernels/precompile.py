@@ -112,7 +112,7 @@ def run_calls(chip, calls) -> int:
                 done += 1
             except Claimed:
                 deferred.append(c)
-            except Exception:  # noqa: BLE001 - the caller compiles what the helper could not
+            except Exception:  # noqa: BLE001 - a helper's guess: the executor compiles the same call and raises there
                 continue
         calls = deferred
     return done

@@ -131,7 +131,7 @@ def capture_symbolic(gm, inputs, dynamic_shapes=None) -> Symbolic | None:
             warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)", category=FutureWarning)
             ep = torch.export.export(gm, tuple(inputs), dynamic_shapes=tuple(shapes), strict=False)
             ep = _without_effect_tokens(ep.run_decompositions(decomposition_table()))
-    except Exception as exc:
+    except Exception as exc:  # noqa: BLE001 - torch.export raises a dozen types of its own: one CaptureError, raised
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise CaptureError(f"torch.export could not capture the graph with symbolic sizes: {first}") from exc
     captured = _from_exported(ep)

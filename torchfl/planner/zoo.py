@@ -237,7 +237,7 @@ def load_model(spec: str, *, labels: dict | None = None, **options):
         module = importlib.util.module_from_spec(module_spec)
         try:
             module_spec.loader.exec_module(module)
-        except Exception as exc:  # a user's file: report, do not crash
+        except Exception as exc:  # noqa: BLE001 - a user's file may raise anything: a ModelError with its message
             raise ModelError(f"could not load {path}: {type(exc).__name__}: {exc}") from exc
         factory = getattr(module, name, None)
         if not callable(factory):

@@ -109,17 +109,19 @@ def explain_db_error(exc: BaseException, url: str, *, writing: bool) -> Registry
     return RegistryUnavailable(f"registry {shown}: database error ({detail}); check the URL; {_HELP_URL}")
 
 
-def _is_db_error(exc: BaseException) -> bool:
+def _db_errors() -> tuple:
+    """The database drivers' error types (those of SQLAlchemy and psycopg once imported)."""
     import sqlite3
     import sys
 
-    if isinstance(exc, sqlite3.Error):
-        return True
+    kinds = [sqlite3.Error]
     sa_exc = sys.modules.get("sqlalchemy.exc")
-    if sa_exc is not None and isinstance(exc, sa_exc.SQLAlchemyError):
-        return True
+    if sa_exc is not None:
+        kinds.append(sa_exc.SQLAlchemyError)
     pg = sys.modules.get("psycopg")
-    return pg is not None and isinstance(exc, pg.Error)
+    if pg is not None:
+        kinds.append(pg.Error)
+    return tuple(kinds)
 
 
 @contextlib.contextmanager
@@ -137,9 +139,7 @@ def translated(url: str, *, writing: bool = False):
         raise RegistryUnavailable(
             f"registry {display_url(url)}: {exc.strerror or exc} ({exc.filename or 'file system'}); check the "
             "path and its permissions, or use another registry with --registry URL") from None
-    except Exception as exc:
-        if _is_db_error(exc):
-            raise explain_db_error(exc, url, writing=writing) from None
-        raise
+    except _db_errors() as exc:
+        raise explain_db_error(exc, url, writing=writing) from None
 
 

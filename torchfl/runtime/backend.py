@@ -24,6 +24,7 @@ at that call, before anything runs, instead of being wrapped by Dynamo in
 """
 from __future__ import annotations
 
+import sys
 import threading
 from dataclasses import dataclass
 
@@ -196,10 +197,10 @@ class CompiledGraph:
                 # returns the new values, and its runtime wrapper copies them into the inputs
                 try:
                     entry = _Entry(aot=_aot_compile(self.gm, list(args), self.options))
-                except Exception as exc:
+                except Exception as exc:   # kept, not swallowed: raised as below
                     entry = _Entry(error=exc)
-            except Exception as exc:   # raised to the caller now and at every call of this signature
-                entry = _Entry(error=exc)
+            except Exception as exc:   # kept, not swallowed: raised to the caller now and at every call of
+                entry = _Entry(error=exc)   # this signature (a bug too), so a refused graph is not planned again
             if self.lengths is not None:
                 self._evict()
             self.entries[sig] = entry
@@ -302,12 +303,11 @@ class _SharedWeights:
         return id(value) in self.ids
 
     def __del__(self):
+        if sys.is_finalizing():   # interpreter shutdown: the device memory may be gone already
+            return
         for _t, _v, value in self.by_key.values():
-            try:
-                if not value.buffer.freed:
-                    value.buffer.free()
-            except Exception:   # interpreter shutdown: the device memory may be gone already
-                pass
+            if not value.buffer.freed:
+                value.buffer.free()
 
 
 def _shared_executor(plan, options, static, weights):
@@ -367,6 +367,7 @@ def _channels_last_outputs(gm) -> tuple:
     4-D tensors: eager torch propagates a channels-last input's layout through convs,
     norms and pointwise ops, and the caller gets that layout back from us too."""
     import torch
+    from torch.fx.experimental.symbolic_shapes import GuardOnDataDependentSymNode
 
     out = next(n for n in gm.graph.nodes if n.op == "output")
     positions = []
@@ -376,7 +377,7 @@ def _channels_last_outputs(gm) -> tuple:
             if (isinstance(v, torch.Tensor) and v.dim() == 4 and not v.is_contiguous()
                     and v.is_contiguous(memory_format=torch.channels_last)):
                 positions.append(i)
-        except Exception:   # symbolic strides that cannot be decided: identity layout
+        except GuardOnDataDependentSymNode:   # strides of data-dependent sizes: identity layout
             continue
     return tuple(positions)
 
@@ -403,9 +404,12 @@ def torchfl_backend(gm, example_inputs, options=None, **kwargs):
         isinstance(x, torch.Tensor) and x.requires_grad for x in example_inputs) and not _quantised(gm)
     if not training:
         return CompiledGraph(gm, opts, "inference")
+    from torchfl.planner.errors import PlanError
+    from torchfl.registry import RegistryError
+
     try:
         decompositions = training_decompositions(opts)
-    except Exception as exc:   # unknown chip, registry unavailable: raised at the call
+    except (PlanError, RegistryError) as exc:   # unknown chip, registry unavailable: raised at the call
         return _deferred(exc)
     return _aot_compile(gm, example_inputs, opts, decompositions)
 

@@ -38,6 +38,7 @@ Python wrapper, and host steps' torch calls); ``last_total_s`` the executor's wh
 """
 from __future__ import annotations
 
+import sys
 import time
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
@@ -224,6 +225,9 @@ class Executor:
     ``static_inputs``: positions of user inputs that are parameters/buffers (cached on
     device by version). ``graph_module``/``tensors`` default to ``plan.capture``'s.
     """
+
+    # what release() frees: set by a run; None on an executor whose __init__ raised
+    _base = _lifted_vals = _static_key = None
 
     def __init__(self, plan, chip=None, *, strict: bool = False,
                  static_inputs=(), graph_module=None, tensors=None, log: bool = True):
@@ -547,10 +551,9 @@ class Executor:
         self._base = self._lifted_vals = self._static_key = None
 
     def __del__(self):
-        try:
-            self.release()
-        except Exception:
-            pass
+        if sys.is_finalizing():   # interpreter shutdown: the device memory may be gone already
+            return
+        self.release()
 
     # ------------------------------------------------------------------ run
 
