@@ -31,7 +31,7 @@ from functools import lru_cache
 
 from torchfl.planner.errors import ChoiceError
 
-__all__ = ["Target", "ChipMismatch", "resolve_target", "bundled_packs", "registry_key", "registered_chips"]
+__all__ = ["Target", "ChipMismatch", "resolve_target", "resolve_errors", "bundled_packs", "registry_key", "registered_chips"]
 
 
 class ChipMismatch(ChoiceError):
@@ -122,6 +122,15 @@ def resolve_target(chip, registry=None, *, expect_hash: str | None = None) -> Ta
                 del _TARGETS[(key, "name", chip)]
                 _PACKS.pop(key, None)
     return _cached((key, "name", chip), lambda: _from_registry(chip, registry, key))
+
+
+def resolve_errors() -> tuple:
+    """What :func:`resolve_target` raises for a chip it cannot resolve (an unknown name, a
+    mismatch, a registry it cannot read): the caller's to report, each one line with its fix."""
+    from torchfl.planner.errors import PlanError
+    from torchfl.registry import RegistryError
+
+    return PlanError, RegistryError
 
 
 def registered_chips(registry=None) -> list:

@@ -404,12 +404,11 @@ def torchfl_backend(gm, example_inputs, options=None, **kwargs):
         isinstance(x, torch.Tensor) and x.requires_grad for x in example_inputs) and not _quantised(gm)
     if not training:
         return CompiledGraph(gm, opts, "inference")
-    from torchfl.planner.errors import PlanError
-    from torchfl.registry import RegistryError
+    from torchfl.planner.target import resolve_errors
 
     try:
         decompositions = training_decompositions(opts)
-    except (PlanError, RegistryError) as exc:   # unknown chip, registry unavailable: raised at the call
+    except resolve_errors() as exc:   # unknown chip, registry unavailable: raised at the call
         return _deferred(exc)
     return _aot_compile(gm, example_inputs, opts, decompositions)
 
