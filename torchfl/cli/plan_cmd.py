@@ -11,6 +11,8 @@ import sys
 
 import click
 
+from torchfl.hcd.dtypes import PRECISION_CHOICES
+
 # load_model's option -> the flag that sets it (errors name the flag the user wrote)
 OPTION_FLAGS = {"batch": "--batch", "seq_len": "--seq-len", "num_heads": "--heads", "layers": "--layers"}
 
@@ -27,7 +29,7 @@ def plan() -> None:
 @click.option("--seq-len", type=click.IntRange(min=1), default=None, help="Sequence length (BERT, GPT-2).")
 @click.option("--heads", type=click.IntRange(min=1), default=None, help="Attention heads (BERT, GPT-2).")
 @click.option("--layers", type=click.IntRange(min=1), default=None, help="Encoder/decoder layers (BERT, GPT-2).")
-@click.option("--precision", type=click.Choice(["auto", "float16", "bfloat16", "float32", "none"]), default="auto",
+@click.option("--precision", type=click.Choice(PRECISION_CHOICES), default="auto",
               show_default=True, help="Precision policy; auto: none on chips with an fp32 unit, else float16 (or "
                                       "bfloat16), as the what-if commands plan.")
 @click.option("--strict", is_flag=True, help="Fail instead of falling back to the CPU for any op.")

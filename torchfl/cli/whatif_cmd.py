@@ -14,8 +14,7 @@ import sys
 import click
 
 from torchfl.cluster.options import cluster_option, require_ray, resume_option
-
-PRECISIONS = ("auto", "float16", "bfloat16", "none")
+from torchfl.hcd.dtypes import PRECISION_CHOICES
 
 
 def _model_options(f):
@@ -33,7 +32,7 @@ def _model_options(f):
 
 def _common(f):
     for opt in reversed((
-        click.option("--precision", type=click.Choice(PRECISIONS), default="auto", show_default=True,
+        click.option("--precision", type=click.Choice(PRECISION_CHOICES), default="auto", show_default=True,
                      help="Precision policy; auto: none on chips with an fp32 unit, else float16 (or bfloat16)."),
         click.option("--training", is_flag=True, help="Plan a training step (forward and backward graphs)."),
         click.option("--registry", default=None, help="Registry URL (default: TORCHFL_REGISTRY_URL or the user's)."),
@@ -420,7 +419,7 @@ def max_batch(model, chip, seq_len, heads, layers, context, precision, training,
 @click.argument("model")
 @click.option("--chip", required=True, help="Chip name in the registry, e.g. EDGE-C2.")
 @click.option("--batch", type=click.IntRange(min=1), default=1, show_default=True, help="Sequences decoded at once.")
-@click.option("--precision", type=click.Choice(PRECISIONS), default="auto", show_default=True,
+@click.option("--precision", type=click.Choice(PRECISION_CHOICES), default="auto", show_default=True,
               help="Precision policy; auto: none on chips with an fp32 unit, else float16 (or bfloat16).")
 @click.option("--registry", default=None, help="Registry URL (default: TORCHFL_REGISTRY_URL or the user's).")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
@@ -536,14 +535,14 @@ def _swept(cluster, resume, registry, call):
 
 
 def _chip_names(chips, registry) -> list[str]:
-    from torchfl.planner import whatif
+    from torchfl.planner.target import registered_chips
 
     if chips:
         names = [c.strip() for c in chips.split(",") if c.strip()]
         if not names:
             _fail("Error", "--chips is empty; give comma-separated chip names, e.g. --chips NPU-V2,NPU-V3")
         return names
-    return whatif.registry_chips(registry)
+    return registered_chips(registry)
 
 
 def _compare_text(model, res) -> str:
@@ -601,7 +600,7 @@ def _decode_text(model, res) -> str:
               help="Cached positions after the decode step (the KV cache's length).")
 @_PROMPT
 @click.option("--batch", type=click.IntRange(min=1), default=1, show_default=True, help="Sequences decoded at once.")
-@click.option("--precision", type=click.Choice(PRECISIONS), default="auto", show_default=True,
+@click.option("--precision", type=click.Choice(PRECISION_CHOICES), default="auto", show_default=True,
               help="Precision policy; auto: none on chips with an fp32 unit, else float16 (or bfloat16).")
 @click.option("--registry", default=None, help="Registry URL (default: TORCHFL_REGISTRY_URL or the user's).")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
@@ -732,7 +731,7 @@ def _impact_text(res) -> str:
 @click.option("-o", "--output", "output", required=True, type=click.Path(dir_okay=False),
               help="The HTML file to write (self-contained: no network).")
 @_model_options
-@click.option("--precision", type=click.Choice(PRECISIONS), default="auto", show_default=True,
+@click.option("--precision", type=click.Choice(PRECISION_CHOICES), default="auto", show_default=True,
               help="Precision policy; auto: none on chips with an fp32 unit, else float16 (or bfloat16).")
 @click.option("--registry", default=None, help="Registry URL (default: TORCHFL_REGISTRY_URL or the user's).")
 @_guarded

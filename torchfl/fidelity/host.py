@@ -28,6 +28,7 @@ import statistics
 from dataclasses import dataclass, field
 
 from torchfl.fidelity.probe import Timer
+from torchfl.hcd.dtypes import short_dtype
 
 __all__ = ["OpRow", "HostTable", "MODEL_CASES", "model_rows", "plain_rows", "call_row", "family_of",
            "write_csv", "read_csv"]
@@ -266,7 +267,7 @@ def _node_row(node, env):
         else:
             args[a.name] = _jsonable(v)
     floats = [d for d in dtypes if d.is_floating_point]
-    dtype = str((floats or dtypes or [torch.float32])[0]).replace("torch.", "")
+    dtype = short_dtype((floats or dtypes or [torch.float32])[0])
     pos = [real(v) for v in node.args]
     kw = {k: real(v) for k, v in node.kwargs.items()}
     return OpRow(str(ovl), shapes, dtype, args), (pos, kw)

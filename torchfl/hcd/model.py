@@ -35,7 +35,6 @@ DEVICE_TYPE = re.compile(r"^[a-z][a-z0-9_]{0,31}$")
 LAYOUT = re.compile(r"^[A-Z]{1,8}$")
 
 
-
 def _semver(value: str) -> str:
     if not SEMVER.fullmatch(value):
         raise ValueError(f"{value!r} is not a semantic version; write MAJOR.MINOR.PATCH such as \"1.0.0\"")
@@ -270,6 +269,13 @@ class HCD(_Model):
         return tuple(short_dtype(d) for d in self.tensor.supported_dtypes)
 
     @cached_property
+    def stored_dtypes(self) -> tuple[str, ...]:
+        """The dtypes the chip's memory holds: :attr:`dtypes`, plus bfloat16 (last) when
+        ``constraints.bfloat16_emulation`` computes it through float16."""
+        extra = ("bfloat16",) if self.constraints.bfloat16_emulation and "bfloat16" not in self.dtypes else ()
+        return self.dtypes + extra
+
+    @cached_property
     def layouts(self) -> tuple[str, ...]:
         """Union of the units' layouts, the default first; just the default if no unit lists any."""
         seen = [self.tensor.default_layout]
@@ -290,9 +296,7 @@ class HCD(_Model):
         unit = UNIT_OF_DTYPE.get(dtype)
         if unit and getattr(self.compute_units, unit) is not None:
             return unit
-        if dtype == "bfloat16" and self.compute_units.fp16 is not None and (
-            "bfloat16" in self.dtypes or self.constraints.bfloat16_emulation
-        ):
+        if dtype == "bfloat16" and self.compute_units.fp16 is not None and "bfloat16" in self.stored_dtypes:
             return "fp16"
         return None
 

@@ -85,10 +85,7 @@ class ChipModel:
         """Build from a validated ``torchfl.hcd.HCD``. Units: KiB, GB/s (10^9), GiB."""
         mem = hcd.memory
         peak, units = {}, {}
-        names = list(hcd.dtypes)
-        if hcd.constraints.bfloat16_emulation and "bfloat16" not in names:
-            names.append("bfloat16")
-        for dt in names:
+        for dt in hcd.stored_dtypes:
             p = hcd.peak_ops_per_s(dt)
             if p is None:
                 continue

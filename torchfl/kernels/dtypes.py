@@ -27,7 +27,7 @@ __all__ = ["DTYPES", "CODE", "storage_dtype", "itemsize", "encode", "decode", "c
 
 # the vocabulary (names, sizes, numpy storage names) is the HCD layer's; numpy itself is
 # imported lazily: the catalog and the planner use itemsize() without loading numpy
-from torchfl.hcd.dtypes import FLOATS, ITEMSIZE, STORAGE as DTYPES, short_dtype
+from torchfl.hcd.dtypes import FLOATS, ITEMSIZE, STORAGE as DTYPES, dtype_name
 
 # integer codes the jitted kernels branch on (one compiled body serves all floats)
 CODE = {"float32": 0, "float16": 1, "bfloat16": 2, "bfloat16_emulated": 3, "int8": 4,
@@ -107,12 +107,7 @@ def decode(s, name: str):
 
 def from_torch_dtype(dt) -> str:
     """``torch.float16`` (object or string) -> ``float16``."""
-    name = short_dtype(dt)
-    if name == "half":
-        name = "float16"
-    if name == "float":
-        name = "float32"
-    return check_dtype(name)
+    return check_dtype(dtype_name(dt))
 
 
 def torch_dtype(name: str):

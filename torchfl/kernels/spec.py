@@ -47,7 +47,7 @@ class TensorMeta:
         if name == "rank":
             return len(self.shape)
         if name == "numel":
-            return _numel(self.shape)
+            return numel(self.shape)
         raise KeyError(name)
 
     def as_dict(self) -> dict:
@@ -83,7 +83,8 @@ class Problem:
         return name in self.shapes
 
 
-def _numel(shape) -> int:
+def numel(shape) -> int:
+    """Elements in ``shape``, a Python int (exact at any size): the one count of the tree."""
     n = 1
     for s in shape:
         n *= int(s)
@@ -323,5 +324,3 @@ class RunContext:
 
 _METAS = ("spec.output_metas",)      # RunContext.cache key (a tuple: no impl uses one like it)
 
-
-numel = _numel

@@ -14,7 +14,9 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import NamedTuple
 
-from torchfl.planner.cost import ELEM, Priced, Pricer, numel, price_plan
+from torchfl.hcd.dtypes import ITEMSIZE
+from torchfl.kernels.spec import numel
+from torchfl.planner.cost import Priced, Pricer, price_plan
 from torchfl.planner.graph import IRGraph, bind_outputs, short_dtype
 from torchfl.planner.plan import identity_layout
 from torchfl.planner.select import Option
@@ -445,10 +447,10 @@ class Generator:
         kind = "fold" if foldable(node) else "fallback"
         (self.out.folded if kind == "fold" else self.out.fallbacks)[node.name] = reason
         fx_inputs = tuple(a.name for a in node.fx.all_input_nodes if a.name in self.ir.fx_to_ir)
-        in_bytes = sum(numel(self.ir.info(a).shape) * ELEM.get(self.ir.info(a).dtype, 4) for a in fx_inputs)
+        in_bytes = sum(numel(self.ir.info(a).shape) * ITEMSIZE.get(self.ir.info(a).dtype, 4) for a in fx_inputs)
         info = self.ir.values.get(node.name)
         # every output it writes back, each in its own shape and dtype (topk: values and indices)
-        out_bytes = sum(numel(self.ir.info(o).shape) * ELEM.get(self.ir.info(o).dtype, 4) for o in node.outs
+        out_bytes = sum(numel(self.ir.info(o).shape) * ITEMSIZE.get(self.ir.info(o).dtype, 4) for o in node.outs
                         if o and self.ir.info(o) is not None)
         priced = self.pricer.fallback(in_bytes, out_bytes)
         ir_inputs = tuple(self.ir.fx_to_ir[a] for a in fx_inputs)

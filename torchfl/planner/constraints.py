@@ -6,9 +6,8 @@ the layout and attention messages are the seed article's own words.
 
 from __future__ import annotations
 
+from torchfl.hcd.dtypes import PRECISIONS
 from torchfl.planner.errors import ChoiceError, HardConstraintError, UnsupportedAttention
-
-PRECISIONS = ("float16", "bfloat16", "float32")  # float32: float64 values computed in float32
 ATTENTION_OPS = ("aten.scaled_dot_product_attention.default",
                  "aten._scaled_dot_product_flash_attention_for_cpu.default",
                  "aten._scaled_dot_product_flash_attention.default",
@@ -21,7 +20,7 @@ def check_precision(hcd, precision):
         return
     if precision not in PRECISIONS:
         raise ChoiceError(f"unknown precision {precision!r}; choose one of {', '.join(PRECISIONS)}")
-    stored = set(hcd.dtypes) | ({"bfloat16"} if hcd.constraints.bfloat16_emulation else set())
+    stored = hcd.stored_dtypes
     if precision not in stored or hcd.unit_for(precision) is None:
         ok = [p for p in PRECISIONS if p in stored and hcd.unit_for(p) is not None]
         raise HardConstraintError(

@@ -12,15 +12,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from torchfl.hcd.dtypes import ITEMSIZE as ELEM
+from torchfl.hcd.dtypes import ITEMSIZE
+from torchfl.kernels.spec import numel
 from torchfl.kernels.tiling import TilePlan, round_trip_time, stream_plan, time_terms
-
-
-def numel(shape) -> int:
-    n = 1
-    for s in shape:
-        n *= int(s)
-    return n
 
 
 @dataclass(frozen=True)
@@ -119,11 +113,11 @@ class Pricer:
         if src in DTYPES or dst in DTYPES:
             # a link cast (float64 under the precision policy): converted on the host as it is
             # uploaded or downloaded; the chip moves only its own side's bytes, one way
-            nbytes = numel(shape) * ELEM[src if src in DTYPES else dst]
+            nbytes = numel(shape) * ITEMSIZE[src if src in DTYPES else dst]
             return Priced(None, round_trip_time(nbytes, self.chip) / 2, nbytes, 0,
                           {"strategy": "link", "notes": f"{src} -> {dst} converted on the host link"},
                           "converted on upload/download")
-        plan = stream_plan("cast", (shape, src, dst), numel(shape), ELEM.get(src, 4), ELEM.get(dst, 4), 1, self.chip,
+        plan = stream_plan("cast", (shape, src, dst), numel(shape), ITEMSIZE.get(src, 4), ITEMSIZE.get(dst, 4), 1, self.chip,
                            unit_name="elements", notes=f"{src} -> {dst}")
         return price_plan(plan, self.chip, dst) if plan else Priced(None, float("inf"), 0, 0, {})
 

@@ -31,6 +31,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
+from torchfl.kernels.spec import numel as _prod
 from torchfl.planner.texttable import human_time
 
 
@@ -391,13 +392,6 @@ def _new(graph, op, args, before, name):
         new = graph.create_node("call_function", op, tuple(args), {}, name=name)
     new.meta["val"] = op(*[meta(a) for a in args])
     return new
-
-
-def _prod(xs) -> int:
-    out = 1
-    for x in xs:
-        out *= int(x)
-    return out
 
 
 def _lower_permute(graph, view) -> bool:

@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from torchfl.hcd.dtypes import short_dtype
+from torchfl.kernels.spec import numel as _numel
 from torchfl.planner.plan import identity_layout
 
 
@@ -281,13 +282,6 @@ def build_ir(captured, precision: str | None) -> IRGraph:
                 values[n.name] = VInfo(n.name, tuple(int(s) for s in val[0].shape), short_dtype(val[0].dtype),
                                        onchip(short_dtype(val[0].dtype)), n.static, "node")
     return IRGraph(nodes, values, fx_to_ir, placeholders, casts, flat, dropped, total, slots, out_values)
-
-
-def _numel(shape) -> int:
-    n = 1
-    for s in shape:
-        n *= int(s)
-    return n
 
 
 def bind_outputs(ir: IRGraph, node: INode, kernel: str, metas) -> tuple | str:

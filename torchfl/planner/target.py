@@ -31,7 +31,8 @@ from functools import lru_cache
 
 from torchfl.planner.errors import ChoiceError
 
-__all__ = ["Target", "ChipMismatch", "resolve_target", "resolve_errors", "bundled_packs", "registry_key", "registered_chips"]
+__all__ = ["Target", "ChipMismatch", "resolve_target", "resolve_errors", "bundled_packs", "registry_key",
+           "registered_chips", "open_registry"]
 
 
 class ChipMismatch(ChoiceError):
@@ -135,7 +136,7 @@ def resolve_errors() -> tuple:
 
 def registered_chips(registry=None) -> list:
     """The names of the chips ``registry`` holds (None: the default registry), sorted."""
-    return sorted(s.name for s in _open(registry).chips())
+    return sorted(s.name for s in open_registry(registry).chips())
 
 
 def clear_cache() -> None:
@@ -155,7 +156,8 @@ def _cached(key, build) -> Target:
     return hit
 
 
-def _open(registry):
+def open_registry(registry):
+    """``registry`` itself when it is a Registry, else the Registry of that URL (None: the default)."""
     from torchfl.registry import Registry
 
     return registry if isinstance(registry, Registry) else Registry(registry)
@@ -174,7 +176,7 @@ def _packs_of(reg, key: str) -> tuple:
 def _from_registry(name: str, registry, key: str) -> Target:
     from torchfl.registry import NotFound
 
-    reg = _open(registry)
+    reg = open_registry(registry)
     try:
         hcd = reg.chip(name)
     except NotFound:
@@ -187,7 +189,7 @@ def _from_registry(name: str, registry, key: str) -> Target:
 def _given_hcd(hcd, registry, key: str) -> Target:
     from torchfl.registry import NotFound
 
-    reg = _open(registry)
+    reg = open_registry(registry)
     try:
         held = reg.record(hcd.chip.name, str(hcd.chip.version))
     except NotFound:

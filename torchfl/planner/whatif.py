@@ -21,7 +21,7 @@ from torchfl.planner.errors import PlanError
 if TYPE_CHECKING:
     from torchfl.planner.target import Target
 
-__all__ = ["chip_of", "registry_chips", "auto_precision", "example_error", "plan_on", "Planned", "plan_everywhere",
+__all__ = ["chip_of", "auto_precision", "example_error", "plan_on", "Planned", "plan_everywhere",
            "max_batch", "MaxBatch", "Probe", "compare", "impact", "Impact", "batched", "bound_resource",
            "training_peak"]
 
@@ -38,24 +38,13 @@ LIMIT_FIELDS = {
 def chip_of(chip, registry=None, version: str | None = None):
     """The :class:`~torchfl.planner.target.Target` of ``chip`` (a name, an HCD or a Target):
     resolved as the planner does, or ``version`` of that name from the registry."""
-    from torchfl.planner.target import Target, resolve_target
+    from torchfl.planner.target import Target, open_registry, resolve_target
 
     if version is None:
         return resolve_target(chip, registry)
-    reg = _open(registry)
+    reg = open_registry(registry)
     latest = resolve_target(chip, reg)
     return Target.of(reg.chip(chip, version), latest.packs)
-
-
-def _open(registry):
-    from torchfl.registry import Registry
-
-    return registry if isinstance(registry, Registry) else Registry(registry)
-
-
-def registry_chips(registry=None) -> list[str]:
-    """Names of every chip in the registry (latest versions), sorted."""
-    return sorted(s.name for s in _open(registry).chips())
 
 
 def auto_precision(hcd, requested: str | None) -> str | None:
@@ -65,9 +54,8 @@ def auto_precision(hcd, requested: str | None) -> str | None:
         return requested
     if hcd.unit_for("float32") is not None:
         return None
-    stored = set(hcd.dtypes) | ({"bfloat16"} if hcd.constraints.bfloat16_emulation else set())
     for p in ("float16", "bfloat16"):
-        if p in stored and hcd.unit_for(p) is not None:
+        if p in hcd.stored_dtypes and hcd.unit_for(p) is not None:
             return p
     return None
 
@@ -462,7 +450,9 @@ def diff_plans(before: Planned, after: Planned, model: str, chip1: Target, chip2
 def impact(chip_name: str, v1: str, v2: str, models, registry=None, precision="auto", training=False,
            progress=None) -> Impact:
     """``models``: (label, module, inputs). Each is captured once and planned on both versions."""
-    reg = _open(registry)
+    from torchfl.planner.target import open_registry
+
+    reg = open_registry(registry)
     changes = [c.as_dict() for c in reg.diff(chip_name, v1, v2)]
     c1, c2 = chip_of(chip_name, reg, v1), chip_of(chip_name, reg, v2)
     out = []

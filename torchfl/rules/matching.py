@@ -135,7 +135,7 @@ INDEX_DTYPES = ("int32", "int64", "bool")
 
 
 def chip_stores(hcd, dtype: str) -> bool:
-    return dtype in hcd.dtypes or (dtype == "bfloat16" and bool(hcd.constraints.bfloat16_emulation))
+    return dtype in hcd.stored_dtypes
 
 
 def requirements(rule: Rule | Fusion, hcd, dtype: str | None, layout: str | None):

@@ -12,6 +12,7 @@ from __future__ import annotations
 import difflib
 from typing import Iterable, Sequence
 
+from torchfl.hcd.dtypes import dtype_name
 from torchfl.rules.matching import (ALL_DTYPES, _packs, candidates, chip_label, fusion_static, no_rule_reason,
                                     rule_dtypes)
 from torchfl.rules.pack import RulePack
@@ -31,10 +32,7 @@ def _near(word: str, choices: Iterable[str], n: int = 4) -> str:
 def normalise_dtype(dtype: str | None) -> str | None:
     if dtype is None:
         return None
-    d = dtype.strip().removeprefix("torch.")
-    alias = {"half": "float16", "fp16": "float16", "bf16": "bfloat16", "float": "float32", "fp32": "float32",
-             "long": "int64", "int": "int32"}
-    d = alias.get(d, d)
+    d = dtype_name(dtype.strip())
     if d not in ALL_DTYPES:
         raise SupportError(f"unknown dtype {dtype!r}{_near(d, ALL_DTYPES)} (dtypes: {', '.join(ALL_DTYPES)})")
     return d

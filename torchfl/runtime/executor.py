@@ -43,6 +43,7 @@ import time
 from collections import Counter, defaultdict
 from dataclasses import dataclass, field
 
+from torchfl.kernels.spec import numel as _numel
 from torchfl.planner.memory import is_alias, is_link_cast, on_host
 from torchfl.planner.plan import HOST_STEPS, identity_layout
 
@@ -174,13 +175,6 @@ def _reshaped(t, shape):
     if t.layout is not None or t.numel != _numel(shape):
         raise PlanMismatch(f"select: a slice of shape {t.shape} cannot be seen as {shape}")
     return DeviceTensor(t.buffer, shape, None, t.dtype, t.offset)
-
-
-def _numel(shape) -> int:
-    n = 1
-    for s in shape:
-        n *= s
-    return n
 
 
 def _same_tiling(planned: dict, config) -> bool:

@@ -21,7 +21,7 @@ tiles are loaded per query head, as after repeat_kv.
 """
 from __future__ import annotations
 
-from ..dtypes import FLOATS, ITEMSIZE as ES
+from ..dtypes import FLOATS, ITEMSIZE
 from ..errors import KernelError
 from ..spec import KernelSpec, TensorMeta
 from ..tiling import TileConfig, Traffic, make_plan
@@ -93,10 +93,10 @@ def k_tile_sizes(i0, tq, Lk, Bc, causal):
 def plan_attention(p, chip):
     """THE tiling function of attention (see the module docstring)."""
     B, H, Lq, Lk, D, Dv = dims(p)
-    es = ES[p.dtype]
+    es = ITEMSIZE[p.dtype]
     causal = bool(p.attrs["causal"])
     has_mask = "mask" in p.shapes
-    esm = ES[p.dtype_of("mask")] if has_mask else 0
+    esm = ITEMSIZE[p.dtype_of("mask")] if has_mask else 0
     heads = B * H
     kvh = B * kv_heads(p)   # K/V loaded once per head are loaded once per group: the group's heads run in turn
     cache = chip.cache_bytes

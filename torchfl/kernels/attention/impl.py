@@ -17,7 +17,8 @@ from .. import taskcall
 from ..codecs import decode, encode16, h2f
 from ..mathfn import exp32
 from ..ukernel import ukernel_6x16
-from . import ES, SOFTMAX_OPS, dims, kv_heads
+from . import SOFTMAX_OPS, dims, kv_heads
+from ..dtypes import ITEMSIZE
 
 MR, NR = 6, 16    # the 6x16 micro-kernel's panel shape
 
@@ -276,12 +277,12 @@ def run_attention(ctx):
             mkind = 1
         else:
             mkind = 2
-        esm = ES[mask.dtype]
+        esm = ITEMSIZE[mask.dtype]
     scale = p.attrs["scale"]
     scale = np.float32(1.0 / np.sqrt(D) if scale is None else scale)
     cfg = plan.config
     Br, Bc, kv_once = cfg.tile("q"), cfg.tile("k"), bool(cfg.tile("kv_once"))
-    es = ES[p.dtype]
+    es = ITEMSIZE[p.dtype]
     if Lk == 0:   # no keys: torch 2.13's CPU attention gives zeros (as for a fully masked row)
         out.logical()[...] = dt.encode(np.zeros(out.shape, np.float32), out.dtype)
         nq = -(-Lq // Br)

@@ -9,19 +9,13 @@ Tiling: a stream of elements (``stream_plan``), reads = in bytes, writes = out b
 """
 from __future__ import annotations
 
-from ..dtypes import DTYPES, ITEMSIZE as ES
+from ..dtypes import DTYPES, ITEMSIZE
 from ..errors import KernelError
 from ..spec import KernelSpec, TensorMeta
+from ..spec import numel as _n
 from ..tiling import stream_plan
 
 ALL = tuple(DTYPES)
-
-
-def _n(s):
-    n = 1
-    for x in s:
-        n *= x
-    return n
 
 
 def _check(p):
@@ -59,8 +53,8 @@ def _meta(p):
 
 def plan_cast(p, chip):
     """THE tiling function of the cast family."""
-    vectors = sum(_n(p.shapes[k]) * ES[p.dtype_of(k)] for k in ("scales", "zero_points") if p.has(k))
-    plan = stream_plan("cast", p.key, _n(p.shapes["x"]), ES[p.dtype], ES[p.attrs["to"]], 1, chip,
+    vectors = sum(_n(p.shapes[k]) * ITEMSIZE[p.dtype_of(k)] for k in ("scales", "zero_points") if p.has(k))
+    plan = stream_plan("cast", p.key, _n(p.shapes["x"]), ITEMSIZE[p.dtype], ITEMSIZE[p.attrs["to"]], 1, chip,
                        resident_bytes=vectors, unit_name="elements")
     if plan is None:
         raise KernelError(f"cast: no tile fits the {chip.cache_bytes} B cache of {chip.name}")

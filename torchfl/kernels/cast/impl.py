@@ -9,7 +9,7 @@ from numba import njit
 from .. import dtypes as dt
 from ..codecs import decode, encode16
 from ..stream import Access, out_order
-from . import ES
+from ..dtypes import ITEMSIZE
 
 _IS_FLOAT = (0, 1, 2, 3)
 
@@ -105,8 +105,8 @@ def run_cast(ctx):
         widen(tile, fw[:m], iw[:m])
         narrow(fw[:m], iw[:m], oflat[s:e], bool(a["quantize"]), np.float32(a["scale"]), np.float32(1.0 / a["scale"]),
                float(a["zero_point"]))
-        ctx.read((e - s) * ES[x.dtype])
-        ctx.write((e - s) * ES[out.dtype])
+        ctx.read((e - s) * ITEMSIZE[x.dtype])
+        ctx.write((e - s) * ITEMSIZE[out.dtype])
         ctx.ops(e - s)
     return [out]
 
@@ -128,7 +128,7 @@ def _dequantise_per_channel(ctx, x, out, order, acc, oflat, T):
         ch = np.unravel_index(np.arange(s, e), walk)[at]
         v = (acc.load(s, e).astype(np.float32) - zps[ch]) * scales[ch]
         oflat[s:e] = dt.encode(v.astype(np.float32), out.dtype)
-        ctx.read((e - s) * ES[x.dtype])
-        ctx.write((e - s) * ES[out.dtype])
+        ctx.read((e - s) * ITEMSIZE[x.dtype])
+        ctx.write((e - s) * ITEMSIZE[out.dtype])
         ctx.ops(e - s)
     return [out]

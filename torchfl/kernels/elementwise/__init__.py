@@ -13,9 +13,10 @@ integer arithmetic. Comparisons and logical ops (``BOOL_OUT``) store a bool resu
 """
 from __future__ import annotations
 
-from ..dtypes import DTYPES, FLOATS, ITEMSIZE as ES
+from ..dtypes import DTYPES, FLOATS, ITEMSIZE
 from ..errors import KernelError
 from ..spec import KernelSpec, TensorMeta
+from ..spec import numel as _numel
 from ..tiling import stream_plan
 
 INTS = ("int32", "int64", "bool")   # int8 is the quantised type: its elementwise ops are the q-kernels
@@ -155,25 +156,18 @@ def _meta(p):
     return [TensorMeta(shape, out_dtype(p), _out_layout(p, shape))]
 
 
-def _numel(s):
-    n = 1
-    for x in s:
-        n *= x
-    return n
-
-
 def plan_elementwise(p, chip):
     """THE tiling function of the elementwise family (see the module docstring)."""
     shape = _out_shape(p)
     n = _numel(shape)
-    es_out = ES[out_dtype(p)]
+    es_out = ITEMSIZE[out_dtype(p)]
     streamed, resident, mask = 0, 0, 0
     bc = [(i, nm.rstrip("?")) for i, nm in enumerate(_names(p)) if _numel(p.shapes[nm.rstrip("?")]) < n]
-    bc_bytes = sum(_numel(p.shapes[nm]) * ES[p.dtype_of(nm)] for _, nm in bc)
+    bc_bytes = sum(_numel(p.shapes[nm]) * ITEMSIZE[p.dtype_of(nm)] for _, nm in bc)
     keep = bc_bytes <= chip.cache_bytes // 2
     for i, nm in enumerate(_names(p)):
         nm = nm.rstrip("?")
-        es = ES[p.dtype_of(nm)]
+        es = ITEMSIZE[p.dtype_of(nm)]
         if p.kernel == "fill":      # the shape is all fill reads of its input
             continue
         if keep and any(j == i for j, _ in bc):

@@ -12,7 +12,8 @@ from .. import dtypes as dt
 from ..codecs import decode, encode16
 from ..mathfn import erf32, exp32, gelu32, tanh32
 from ..stream import Access, out_order
-from . import COND, ES, INTS, OPS, _names, out_dtype
+from . import COND, INTS, OPS, _names, out_dtype
+from ..dtypes import ITEMSIZE
 
 
 @njit(cache=True)
@@ -276,7 +277,7 @@ def _fill(ctx, out, T):
     for s in range(0, out.numel, T):
         e = min(out.numel, s + T)
         flat[s:e] = value[0]
-        ctx.write((e - s) * ES[out.dtype])
+        ctx.write((e - s) * ITEMSIZE[out.dtype])
     return [out]
 
 
@@ -318,7 +319,7 @@ def run_elementwise(ctx):
             if not a.contiguous:
                 bufs[i] = raw if bufs[i] is None or bufs[i].shape[0] < m else bufs[i]
             if not mask >> i & 1:
-                ctx.read(m * ES[p.dtype_of(nm)])
+                ctx.read(m * ITEMSIZE[p.dtype_of(nm)])
             if nm == cond:
                 c = raw
             elif is_int or p.dtype_of(nm) in INTS:     # an integer operand of float math: promoted
@@ -348,7 +349,7 @@ def run_elementwise(ctx):
             oacc.store(s, e, r)
         else:
             encode_tile(code, r, ob)
-        ctx.write(m * ES[odt])
+        ctx.write(m * ITEMSIZE[odt])
         ctx.ops(m * cost)
     return [out]
 

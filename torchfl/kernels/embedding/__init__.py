@@ -21,18 +21,12 @@ from ..conv.geometry import pow2_candidates
 from ..dtypes import FLOATS
 from ..errors import KernelError
 from ..spec import KernelSpec, TensorMeta
+from ..spec import numel as _prod
 from ..tiling import TileConfig, Traffic, make_plan
 
 __all__ = ["KERNELS", "embedding_tiling"]
 
 ACC = 4
-
-
-def _prod(s):
-    n = 1
-    for v in s:
-        n *= int(v)
-    return n
 
 
 def _check(p):

@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from dataclasses import replace
 
-from ..dtypes import DTYPES, ITEMSIZE as ES
+from ..dtypes import DTYPES, ITEMSIZE
 from ..errors import KernelError
 from ..spec import KernelSpec, TensorMeta
 from ..spec import numel as _n
@@ -34,7 +34,6 @@ ALL = tuple(DTYPES)
 MAXIDX = 6
 IDX = tuple(f"i{d}?" for d in range(MAXIDX))
 IDS = ("int32", "int64")
-
 
 
 def index_names(p):
@@ -115,18 +114,18 @@ def _meta(p):
 def index_tiling(p, chip):
     """THE tiling function of the index family (see the module docstring)."""
     n = _n(out_shape(p))
-    es = ES[p.dtype_of("x")]
+    es = ITEMSIZE[p.dtype_of("x")]
     names = index_names(p)
     small = [nm for nm in names if _n(p.shapes[nm]) < n]
-    small_bytes = sum(_n(p.shapes[nm]) * ES[p.dtype_of(nm)] for nm in small)
+    small_bytes = sum(_n(p.shapes[nm]) * ITEMSIZE[p.dtype_of(nm)] for nm in small)
     keep = bool(small) and small_bytes <= chip.cache_bytes // 2
     mask, resident, per_in = 0, 0, es
     for i, nm in enumerate(names):
         if keep and nm in small:
             mask |= 1 << i
-            resident += _n(p.shapes[nm]) * ES[p.dtype_of(nm)]
+            resident += _n(p.shapes[nm]) * ITEMSIZE[p.dtype_of(nm)]
         else:
-            per_in += ES[p.dtype_of(nm)]
+            per_in += ITEMSIZE[p.dtype_of(nm)]
     plan = stream_plan(p.kernel, p.key, n, per_in, es, len(names), chip, resident_bytes=resident,
                        unit_name="elements",
                        notes=f"gather of one element of x per output element; {len(names)} index input(s)")

@@ -6,7 +6,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from . import ES, _dim, index_dims, index_names, out_shape
+from . import _dim, index_dims, index_names, out_shape
+from ..dtypes import ITEMSIZE
 
 
 @njit(cache=True, nogil=True)
@@ -90,10 +91,10 @@ def run_index(ctx):
     if n == 0:
         return [out]
     x = ctx.inputs["x"]
-    es = ES[x.dtype]
+    es = ITEMSIZE[x.dtype]
     names = index_names(p)
     mask = cfg.tile("resident_mask", 0)
-    per = es + sum(ES[p.dtype_of(nm)] for i, nm in enumerate(names) if not mask >> i & 1)
+    per = es + sum(ITEMSIZE[p.dtype_of(nm)] for i, nm in enumerate(names) if not mask >> i & 1)
     for i, nm in enumerate(names):
         if mask >> i & 1:
             ctx.read(ctx.inputs[nm].nbytes)     # resident: loaded once

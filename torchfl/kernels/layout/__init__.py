@@ -9,21 +9,15 @@ writes = output bytes. ``reshape`` of a row-major tensor moves nothing (``metada
 """
 from __future__ import annotations
 
-from ..dtypes import DTYPES, ITEMSIZE as ES
+from ..dtypes import DTYPES, ITEMSIZE
 from ..errors import KernelError
 from ..spec import KernelSpec, TensorMeta
+from ..spec import numel as _n
 from ..tiling import TileConfig, make_plan, stream_plan
 
 ALL = tuple(DTYPES)
 MAXCAT = 8
 CAT_IN = ("x0", "x1") + tuple(f"x{i}?" for i in range(2, MAXCAT))
-
-
-def _n(s):
-    n = 1
-    for x in s:
-        n *= x
-    return n
 
 
 def _check_layout(kernel, lay, rank):
@@ -131,7 +125,7 @@ def _check(p):
 
 def plan_layout(p, chip):
     """THE tiling function of the layout family (see the module docstring)."""
-    es = ES[p.dtype]
+    es = ITEMSIZE[p.dtype]
     n = sum(_n(m.shape) for m in out_meta(p))
     if p.kernel == "reshape" and p.layouts.get("x") is None:
         cfg = TileConfig("metadata", (), False, "row-major reshape: a new view, no bytes move")

@@ -5,14 +5,15 @@ import numpy as np
 
 from ..stream import Access, out_order
 from ..tensor import DeviceTensor
-from . import ES, MAXCAT
+from . import MAXCAT
+from ..dtypes import ITEMSIZE
 
 
 def _copy_tiles(ctx, src_accs, out, T):
     """src_accs: list of (Access, count_bytes_per_elem). All walks are in out's physical order."""
     n = out.numel
     oflat = out.physical().reshape(-1)
-    es = ES[out.dtype]
+    es = ITEMSIZE[out.dtype]
     for s in range(0, n, T):
         e = min(n, s + T)
         dst = oflat[s:e]
@@ -36,7 +37,7 @@ def _slice_into(ctx, x, out, d, start, step, T):
     base = start * st[d]
     acc.flat = acc.flat[base:] if base < acc.flat.shape[0] else acc.flat[:0]
     acc.contiguous = False
-    _copy_tiles(ctx, [(acc, ES[out.dtype])], out, T)
+    _copy_tiles(ctx, [(acc, ITEMSIZE[out.dtype])], out, T)
 
 
 def run_layout(ctx):
@@ -62,7 +63,7 @@ def run_layout(ctx):
     if out.numel == 0:
         return [out]
     order = out_order(out.shape, out.layout)
-    es = ES[p.dtype]
+    es = ITEMSIZE[p.dtype]
     if k in ("layout_transform", "copy", "expand"):
         x = ctx.inputs["x"]
         acc = Access.kept(ctx.cache, "layout_walk", x, order, out.shape)

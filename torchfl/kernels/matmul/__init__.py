@@ -17,9 +17,10 @@ cache can only add candidates, so it never increases the bytes.
 from __future__ import annotations
 
 
-from ..dtypes import FLOATS, ITEMSIZE as ES
+from ..dtypes import FLOATS, ITEMSIZE
 from ..errors import KernelError
 from ..spec import KernelSpec, TensorMeta
+from ..spec import numel as _prod
 from ..tiling import TileConfig, Traffic, make_plan
 
 DTYPES = FLOATS + ("int8",)
@@ -30,13 +31,6 @@ QUANT = {"a_scale": 1.0, "a_zero": 0, "b_scale": 1.0, "b_zero": 0, "out_scale": 
 QLINEAR = {"x_scale": 1.0, "x_zero_point": 0, "w_scale": 1.0, "w_zero_point": 0, "out_scale": None,
            "out_zero_point": 0, "out_min": -128, "out_max": 127, "relu": False, "out_dtype": "float32"}
 QVECS = ("bias", "w_scales", "w_zero_points")   # qlinear's per-output-channel epilogue vectors
-
-
-def _prod(xs):
-    n = 1
-    for x in xs:
-        n *= int(x)
-    return n
 
 
 class Gemm:
@@ -80,16 +74,16 @@ class Gemm:
                 if k in s and tuple(s[k]) != (self.K,):
                     raise KernelError(f"layernorm_linear: {k} must have shape [{self.K}], got {list(s[k])}")
         dt = p.dtype
-        self.esa = ES[dt]
-        self.esc = ES[out_dtype(p)]
-        self.esbias = 4 if dt == "int8" else ES[dt]
+        self.esa = ITEMSIZE[dt]
+        self.esc = ITEMSIZE[out_dtype(p)]
+        self.esbias = 4 if dt == "int8" else ITEMSIZE[dt]
         if name == "qlinear":   # every per-column vector streams beside the B tiles like a bias
             vecs = [k for k in QVECS if k in s]
             for k in vecs:
                 if tuple(s[k]) != (self.N,):
                     raise KernelError(f"qlinear: {k} must have shape [{self.N}], got {list(s[k])}")
             self.has_bias = bool(vecs)
-            self.esbias = sum(ES[p.dtype_of(k)] for k in vecs)
+            self.esbias = sum(ITEMSIZE[p.dtype_of(k)] for k in vecs)
         self.acc = 4   # fp32 / int32 accumulator on chip
 
 

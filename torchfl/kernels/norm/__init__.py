@@ -21,6 +21,7 @@ from .. import dtypes as _dt
 from ..dtypes import FLOATS
 from ..errors import KernelError
 from ..spec import KernelSpec, TensorMeta
+from ..spec import numel as _prod
 from ..tiling import TileConfig, Traffic, make_plan
 
 __all__ = ["KERNELS", "norm_tiling", "segments"]
@@ -35,13 +36,6 @@ _OPS = {
     "layer_norm": ((3, 4), 4),               # stats | normalise (+ affine)
     "layer_norm_backward": ((9,), 6),
 }
-
-
-def _prod(s):
-    n = 1
-    for v in s:
-        n *= int(v)
-    return n
 
 
 def segments(p) -> tuple[int, int]:

@@ -13,7 +13,7 @@ cache is ``chunked``: streamed twice (statistics, then normalisation) in chunks 
 """
 from __future__ import annotations
 
-from ..dtypes import FLOATS, ITEMSIZE as ES
+from ..dtypes import FLOATS, ITEMSIZE
 from ..errors import KernelError
 from ..spec import KernelSpec, TensorMeta
 from ..spec import numel as _n
@@ -21,7 +21,6 @@ from ..tiling import TileConfig, Traffic, make_plan, stream_plan
 
 STAT = 4
 OPS_PER_ELEMENT = 6      # sum, centred square, normalise, scale, shift (as counted)
-
 
 
 def geometry(p):
@@ -48,8 +47,8 @@ def _meta(p):
 def group_norm_tiling(p, chip):
     """THE tiling function of group norm (see the module docstring)."""
     N, C, HW, G, M = geometry(p)
-    es = ES[p.dtype]
-    params = sum(C * ES[p.dtype_of(nm)] for nm in ("weight", "bias") if nm in p.shapes)
+    es = ITEMSIZE[p.dtype]
+    params = sum(C * ITEMSIZE[p.dtype_of(nm)] for nm in ("weight", "bias") if nm in p.shapes)
     plan = stream_plan(p.kernel, p.key, N * G, M * es, M * es + 2 * STAT, M * OPS_PER_ELEMENT, chip,
                        resident_bytes=params, unit_name="groups")
     if plan is not None:

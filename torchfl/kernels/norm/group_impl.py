@@ -44,12 +44,13 @@ def _param(ctx, name, C, default):
 
 
 def run_group_norm(ctx):
-    from .group import ES, OPS_PER_ELEMENT, STAT, geometry
+    from ..dtypes import ITEMSIZE
+    from .group import OPS_PER_ELEMENT, STAT, geometry
 
     p, cfg = ctx.problem, ctx.plan.config
     y, mt, rt = ctx.outputs()
     N, C, HW, G, M = geometry(p)
-    es = ES[p.dtype]
+    es = ITEMSIZE[p.dtype]
     for nm in ("weight", "bias"):
         if nm in ctx.inputs:
             ctx.read(ctx.inputs[nm].nbytes)

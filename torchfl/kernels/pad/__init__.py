@@ -13,14 +13,13 @@ compute term here, so the time is the same as per tile.
 """
 from __future__ import annotations
 
-from ..dtypes import DTYPES, ITEMSIZE as ES
+from ..dtypes import DTYPES, ITEMSIZE
 from ..errors import KernelError
 from ..spec import KernelSpec, TensorMeta
 from ..spec import numel as _n
 from ..tiling import TileConfig, Traffic, make_plan
 
 ALL = tuple(DTYPES)
-
 
 
 def amounts(p):
@@ -66,7 +65,7 @@ def _meta(p):
 def pad_tiling(p, chip):
     """THE tiling function of the pad family (see the module docstring)."""
     po, px, pb = physical(p)
-    es = ES[p.dtype]
+    es = ITEMSIZE[p.dtype]
     if _n(po) == 0:
         return make_plan(p.kernel, p.key, TileConfig("resident", (("rows", 0),), False, "empty output"), (), 0)
     if not po:

@@ -5,7 +5,8 @@ import numpy as np
 from numba import njit
 
 from .. import dtypes as _dt
-from . import ES, physical
+from . import physical
+from ..dtypes import ITEMSIZE
 
 
 @njit(cache=True, nogil=True)
@@ -54,7 +55,7 @@ def run_pad(ctx):
     if not po:
         po, px, pb = [1], [1], [0]
     x = ctx.inputs["x"]
-    es = ES[p.dtype]
+    es = ITEMSIZE[p.dtype]
     src = x.physical().reshape(-1)
     dst = out.physical().reshape(-1)
     fill = np.asarray(_dt.encode(np.array([p.attrs["value"]], np.float64 if p.dtype in _dt.FLOATS else

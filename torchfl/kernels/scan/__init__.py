@@ -14,14 +14,13 @@ each element is read and written once.
 """
 from __future__ import annotations
 
-from ..dtypes import FLOATS, ITEMSIZE as ES
+from ..dtypes import FLOATS, ITEMSIZE
 from ..errors import KernelError
 from ..spec import KernelSpec, TensorMeta
 from ..spec import numel as _n
 from ..tiling import TileConfig, Traffic, make_plan, stream_plan
 
 INTS = ("int32", "int64", "bool")   # int8 is the quantised type: no scan
-
 
 
 def geometry(p):
@@ -47,8 +46,8 @@ def out_dtype(p):
 def _check(p):
     geometry(p)
     to = p.attrs["to"]
-    if to is not None and to not in ES:
-        raise KernelError(f"cumsum: to={to!r} is not a dtype it writes; use one of {', '.join(ES)}")
+    if to is not None and to not in ITEMSIZE:
+        raise KernelError(f"cumsum: to={to!r} is not a dtype it writes; use one of {', '.join(ITEMSIZE)}")
     if to is not None and (to in FLOATS) != (p.dtype in FLOATS):
         raise KernelError(f"cumsum: a {p.dtype} input cannot sum into {to} here; cast the input first")
 
@@ -60,7 +59,7 @@ def _meta(p):
 def scan_tiling(p, chip):
     """THE tiling function of the scan family (see the module docstring)."""
     outer, L, inner = geometry(p)
-    ei, eo = ES[p.dtype], ES[out_dtype(p)]
+    ei, eo = ITEMSIZE[p.dtype], ITEMSIZE[out_dtype(p)]
     lines = outer * inner if L else 0
     plan = stream_plan(p.kernel, p.key, lines, L * ei, L * eo, L, chip, unit_name="lines",
                        notes="" if lines * L * (ei + eo) <= chip.cache_bytes else

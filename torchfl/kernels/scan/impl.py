@@ -6,7 +6,8 @@ from numba import njit
 
 from .. import dtypes as _dt
 from ..codecs import decode, encode16
-from . import ES, FLOATS, geometry, out_dtype
+from . import FLOATS, geometry, out_dtype
+from ..dtypes import ITEMSIZE
 
 
 @njit(cache=True, nogil=True)
@@ -47,7 +48,7 @@ def run_scan(ctx):
         return [out]
     src = np.ascontiguousarray(x.logical()).reshape(outer, L, inner)   # a view when x is row-major
     dst = out.physical().reshape(outer, L, inner)
-    ei, eo = ES[p.dtype], ES[out_dtype(p)]
+    ei, eo = ITEMSIZE[p.dtype], ITEMSIZE[out_dtype(p)]
     lines = outer * inner
     T = cfg.tile("lines") if cfg.strategy != "line_split" else 1
     for l0 in range(0, lines, T):

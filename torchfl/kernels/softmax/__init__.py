@@ -7,7 +7,7 @@ chunks twice (pass 1 running max and sum, pass 2 normalise and store), so reads 
 """
 from __future__ import annotations
 
-from ..dtypes import FLOATS, ITEMSIZE as ES
+from ..dtypes import FLOATS, ITEMSIZE
 from ..errors import KernelError
 from ..spec import KernelSpec, TensorMeta
 from ..tiling import TileConfig, Traffic, make_plan, stream_plan
@@ -49,7 +49,7 @@ def plan_softmax(p, chip):
     for i, s in enumerate(shape):
         if i != d:
             rows *= s
-    es = ES[p.dtype]
+    es = ITEMSIZE[p.dtype]
     nin = len(ins(p))
     cost = COST[p.kernel]
     if L == 0 or rows == 0:

@@ -12,7 +12,8 @@ from ..codecs import decode, encode16
 from ..mathfn import exp32
 from ..stream import Access
 from ..threads import ELEMENT_WORK, threads_for
-from . import COST, ES, _dim, ins
+from . import COST, _dim, ins
+from ..dtypes import ITEMSIZE
 
 KIND = {"softmax": 0, "log_softmax": 1, "softmax_backward": 2, "log_softmax_backward": 3}
 # fast math without nnan/ninf: a row holding NaN or +inf must come out NaN as in torch, and
@@ -118,7 +119,7 @@ def run_softmax(ctx):
     L = shape[d]
     rows = out.numel // L
     code = dt.code(p.dtype, ctx.chip.bf16_emulation)
-    es = ES[p.dtype]
+    es = ITEMSIZE[p.dtype]
     kind = KIND[p.kernel]
     cost = COST[p.kernel]
     if not out.shape:      # 0-d: treat as one row of one
