@@ -32,10 +32,9 @@ def kernels() -> None:
 
 
 def _size(n: int) -> str:
-    for unit, k in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if n >= k:
-            return f"{n / k:.1f} {unit}"
-    return f"{n} B"
+    from torchfl.kernels.units import fmt_bytes
+
+    return fmt_bytes(n, compact=True)
 
 
 def _echo(text: str) -> None:

@@ -200,7 +200,7 @@ def _emit(data) -> None:
 
 
 def _b(n) -> str:
-    from torchfl.planner.memory import fmt_bytes
+    from torchfl.kernels.units import fmt_bytes
 
     return "-" if n is None else fmt_bytes(n)
 

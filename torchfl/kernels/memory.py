@@ -11,6 +11,7 @@ import contextlib
 import numpy as np
 
 from .errors import AlignmentError, DeviceOOMError
+from .units import fmt_bytes
 
 __all__ = ["DeviceMemory", "DeviceBuffer", "accounted_bytes", "check_alignment", "address_of"]
 
@@ -23,10 +24,7 @@ def accounted_bytes(nbytes: int, alignment: int) -> int:
 
 
 def _fmt(n: int) -> str:
-    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if n >= size:
-            return f"{n / size:.2f} {unit} ({n} B)"
-    return f"{n} B"
+    return f"{fmt_bytes(n)} ({n} B)" if n >= 1024 else fmt_bytes(n)
 
 
 def address_of(arr: np.ndarray) -> int:

@@ -10,11 +10,17 @@ from __future__ import annotations
 
 import hashlib
 
+from torchfl.kernels.units import fmt_bytes
 from torchfl.planner.errors import ChoiceError
-from torchfl.planner.texttable import human_bytes as _bytes, human_time
+from torchfl.planner.texttable import human_time
 
 FORMATS = ("text", "json", "dot")
 MAX_REJECTED_TEXT = 40
+
+
+def _bytes(n) -> str:
+    """Bytes in a table column or a summary line: binary units, 3 significant digits."""
+    return fmt_bytes(n, compact=True)
 
 
 def render_plan(plan, format: str = "text", width: int | None = None) -> str:  # noqa: A002
@@ -153,7 +159,6 @@ def _text(plan, width: int) -> str:
 
 def memory_line(plan) -> str:
     """One line: the plan's peak device memory, the step where it occurs, what it holds."""
-    from torchfl.planner.memory import fmt_bytes
 
     mp = plan.memory
     where = "during the uploads" if mp.peak_step < 0 else f"at step {mp.peak_step}"

@@ -37,10 +37,11 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 from torchfl.kernels.dtypes import itemsize, stored  # cheap (no numba, no torch), called per step
+from torchfl.kernels.units import fmt_bytes
 from torchfl.planner.errors import HardConstraintError
 from torchfl.planner.plan import HOST_STEPS, _Data, _tuple, identity_layout
 
-__all__ = ["Buffer", "MemoryPlan", "plan_memory", "check_memory", "fmt_bytes", "MemoryLimitError", "kv_cache_values",
+__all__ = ["Buffer", "MemoryPlan", "plan_memory", "check_memory", "MemoryLimitError", "kv_cache_values",
            "kv_cache_table"]
 
 KINDS = ("input", "kv_cache", "parameter", "weight", "folded", "activation", "output", "scratch")
@@ -63,15 +64,6 @@ class MemoryLimitError(HardConstraintError):
     def __init__(self, message: str, memory: "MemoryPlan", **kw):
         super().__init__(message, **kw)
         self.memory = memory
-
-
-def fmt_bytes(n: int) -> str:
-    """Binary units, as ``size_gb`` (GiB) is written."""
-    n = int(n)
-    for unit, size in (("GiB", 1 << 30), ("MiB", 1 << 20), ("KiB", 1 << 10)):
-        if n >= size:
-            return f"{n / size:.2f} {unit}"
-    return f"{n} B"
 
 
 @dataclass(frozen=True)

@@ -169,7 +169,8 @@ def memory_series(plan) -> tuple[list[int], dict]:
 
 
 def memory_fig(plan):
-    from torchfl.planner.memory import KINDS, fmt_bytes
+    from torchfl.kernels.units import fmt_bytes
+    from torchfl.planner.memory import KINDS
 
     plt = _plt()
     mp = plan.memory
@@ -266,7 +267,7 @@ def render_report(plan, chip_model, title: str, comparison: dict | None = None) 
     """The HTML page for ``plan`` on ``chip_model`` (and, if given, the rows of a compare).
     Every figure has its numbers beside it as an HTML table (readable printed, searchable)."""
     from torchfl.planner.explain import memory_line
-    from torchfl.planner.memory import fmt_bytes
+    from torchfl.kernels.units import fmt_bytes
 
     s = plan.summary
     parts = [f"<h1>{_e(title)}</h1>",
@@ -323,7 +324,7 @@ def _time(s: float) -> str:
 
 def _family_table(plan) -> str:
     """Steps, per-call time and bytes per kernel family (the graph's colours, as numbers)."""
-    from torchfl.planner.memory import fmt_bytes
+    from torchfl.kernels.units import fmt_bytes
 
     fam: dict = {}
     for st in plan.steps:
@@ -358,7 +359,8 @@ def _roofline_table(plan, chip_model) -> str:
 
 def _memory_table(plan) -> str:
     """The timeline's numbers: the peak by buffer kind and the largest buffers live then."""
-    from torchfl.planner.memory import WHY, fmt_bytes
+    from torchfl.kernels.units import fmt_bytes
+    from torchfl.planner.memory import WHY
 
     mp = plan.memory
     kinds = [(k, fmt_bytes(n), f"{n:,}", WHY.get(k, "")) for k, n in mp.breakdown().items() if n]

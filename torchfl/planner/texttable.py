@@ -184,10 +184,3 @@ def human_time(s: float) -> str:
             return f"{s / k:.3g} {unit}"
     return f"{s * 1e9:.3g} ns"
 
-
-def human_bytes(n: float) -> str:
-    """``1.28 MB`` (decimal units, 3 significant digits), ``512 B``."""
-    for unit, k in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
-        if n >= k:
-            return f"{n / k:.3g} {unit}"
-    return f"{int(round(n))} B"

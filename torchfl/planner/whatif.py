@@ -114,7 +114,8 @@ def training_peak(forward, backward, chip, weights=()) -> int:
 
 
 def _check_training(out: Planned, chip) -> None:
-    from torchfl.planner.memory import MemoryLimitError, fmt_bytes
+    from torchfl.kernels.units import fmt_bytes
+    from torchfl.planner.memory import MemoryLimitError
 
     cap = chip.model.memory_bytes
     if cap is not None and out.peak_bytes > cap:

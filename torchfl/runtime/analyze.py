@@ -134,7 +134,11 @@ class AnalyzedPlan:
     def render(self, only=None, omitted_note: str = "") -> str:
         """The text of explain analyze, fitting 120 columns. ``only``: the step indices to
         list (totals stay those of every step; ``omitted_note`` says what was left out)."""
-        from torchfl.planner.texttable import human_bytes as _b, paragraph, table
+        from torchfl.kernels.units import fmt_bytes
+        from torchfl.planner.texttable import paragraph, table
+
+        def _b(n) -> str:
+            return fmt_bytes(n, compact=True)
 
         plan = self.plan
         head = self.title or f"EXPLAIN ANALYZE on {plan.chip}"
