@@ -272,3 +272,17 @@ def test_an_executor_whose_init_raised_is_collected_quietly():
     finally:
         sys.unraisablehook = old
     assert [f"{u.exc_type.__name__}: {u.exc_value}" for u in seen] == []
+
+
+def test_finaliser_survives_module_teardown(monkeypatch):
+    """At interpreter shutdown a module's globals become None before the objects they hold
+    are collected (seen at the end of a pytest run: "'NoneType' object has no attribute
+    'is_finalizing'"): ``__del__`` reads no module global before it knows it may run."""
+    import torchfl.runtime.executor as executor_module
+
+    plan, _w = hand_plan()
+    ex = Executor(plan, CHIP)
+    ex.run((torch.randn(1, 3, 8, 8),))
+    monkeypatch.setattr(executor_module, "sys", None)
+    ex.__del__()
+    assert ex._base is None

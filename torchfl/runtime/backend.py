@@ -302,8 +302,8 @@ class _SharedWeights:
     def owns(self, value) -> bool:
         return id(value) in self.ids
 
-    def __del__(self):
-        if sys.is_finalizing():   # interpreter shutdown: the device memory may be gone already
+    def __del__(self, _finalizing=sys.is_finalizing):   # bound now: at shutdown the module's globals are None
+        if _finalizing():   # interpreter shutdown: the device memory may be gone already
             return
         for _t, _v, value in self.by_key.values():
             if not value.buffer.freed:

@@ -544,8 +544,8 @@ class Executor:
                     v.buffer.free()
         self._base = self._lifted_vals = self._static_key = None
 
-    def __del__(self):
-        if sys.is_finalizing():   # interpreter shutdown: the device memory may be gone already
+    def __del__(self, _finalizing=sys.is_finalizing):   # bound now: at shutdown the module's globals are None
+        if _finalizing():   # interpreter shutdown: the device memory may be gone already
             return
         self.release()
 
