@@ -85,45 +85,10 @@ def _precision(value: str):
 
 def _load(model, batch=None, seq_len=None, heads=None, layers=None):
     """(module, example inputs) of a zoo name or a user's ``file.py:factory``; what a user's
-    factory gets wrong (it raises, returns no module, no tensors) is one line, not its traceback."""
-    import torch
+    model gets wrong is a ModelError, one line (:mod:`torchfl.cli.usermodel`)."""
+    from torchfl.cli.usermodel import load_user_model
 
-    from torchfl.planner.zoo import LM_ZOO, ZOO, load_model
-
-    if model in ZOO or model in LM_ZOO:   # the zoo's own factories: an error there is torchfl's, with its traceback
-        return load_model(model, batch=batch, seq_len=seq_len, num_heads=heads, layers=layers)
-    try:
-        module, inputs = load_model(model, batch=batch, seq_len=seq_len, num_heads=heads, layers=layers)
-    except (KeyboardInterrupt, SystemExit):
-        raise
-    except Exception as exc:  # noqa: BLE001 - user code: anything it raises is the user's to fix
-        from torchfl.planner.zoo import ModelError
-
-        if isinstance(exc, ModelError):
-            raise
-        where = _user_frame(exc, model)
-        _fail("Error", f"the model factory {model} raised {type(exc).__name__}: {exc}{where}")
-    if not isinstance(module, torch.nn.Module):
-        _fail("Error", f"{model} returned {type(module).__name__} as the module; return (module, example_inputs) "
-                       "with a torch.nn.Module first")
-    if not isinstance(inputs, (tuple, list)) or not any(isinstance(x, torch.Tensor) for x in inputs):
-        _fail("Error", f"{model} returned {type(inputs).__name__} as example_inputs; return a tuple of the "
-                       "tensors the module's forward takes, e.g. (torch.randn(1, 3, 224, 224),)")
-    from torchfl.planner.whatif import example_error
-
-    problem = example_error(module, tuple(inputs))
-    if problem:
-        _fail("Error", f"{model}: {problem}")
-    return module, tuple(inputs)
-
-
-def _user_frame(exc: BaseException, model: str) -> str:
-    """`` (at file.py:LINE)``: the innermost frame of the traceback in the user's model file."""
-    import traceback
-
-    path = model.rsplit(":", 1)[0]
-    frames = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename.endswith(path.split("/")[-1])]
-    return f" (at {frames[-1].filename}:{frames[-1].lineno})" if frames else ""
+    return load_user_model(model, batch=batch, seq_len=seq_len, num_heads=heads, layers=layers)
 
 
 def _check_batch(batch, targets, seq_len=None) -> None:
