@@ -110,59 +110,22 @@ def _check_batch(batch, targets, seq_len=None) -> None:
 
 def _writable_output(output: str):
     """The resolved path of ``-o``, after checking it can be written (before any planning)."""
-    import os
-    import tempfile
-    from pathlib import Path
+    from torchfl.cli.files import OutputError, writable_output
 
-    path = Path(output).expanduser()
-    parent = path.parent if str(path.parent) else Path(".")
-    if path.is_dir():
-        _fail("Error", f"-o {output} is a directory; give a file name such as {output.rstrip('/')}/report.html")
-    if not parent.is_dir():
-        _fail("Error", f"-o {output}: the folder {parent} does not exist; create it or choose another path")
     try:
-        with tempfile.NamedTemporaryFile(dir=parent, prefix=f".{path.name}.", suffix=".tmp"):
-            pass
-    except OSError as exc:
-        _fail("Error", f"-o {output}: cannot write in {parent} ({exc.strerror or exc}); choose a writable path")
-    if path.exists() and not os.access(path, os.W_OK):
-        _fail("Error", f"-o {output}: the file is not writable; choose another path or make it writable")
-    return path
+        return writable_output(output)
+    except OutputError as exc:
+        _fail("Error", str(exc))
 
 
 def _write_atomically(path, text: str) -> None:
-    """Write ``text`` to ``path`` through a temporary file in its folder and a rename: a full
-    disk or a kill leaves the old file as it was (it was written in place and truncated)."""
-    import os
-    import tempfile
+    """``text`` to ``path`` by a temporary file and a rename (a full disk keeps the old report)."""
+    from torchfl.cli.files import OutputError, write_atomically
 
-    data = text.encode("utf-8")
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        if path.exists():
-            os.chmod(tmp, path.stat().st_mode & 0o7777)
-        else:
-            os.chmod(tmp, 0o666 & ~_umask())
-        os.replace(tmp, path)
-    except OSError as exc:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        kept = " (the old file is unchanged)" if path.exists() else ""
-        _fail("Error", f"could not write {path}: {exc.strerror or exc}{kept}")
-
-
-def _umask() -> int:
-    import os
-
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
+        write_atomically(path, text)
+    except OutputError as exc:
+        _fail("Error", str(exc))
 
 
 def _emit(data) -> None:
@@ -499,6 +462,8 @@ def _swept(cluster, resume, registry, call):
     runner = make_runner(cluster, 1, echo=echo)
     with reported(lambda: state.get("sweep")):
         try:
+            if cluster is not None:
+                runner.connect()   # an unreachable cluster is refused before a sweep run is recorded
             return call(registry=reg, runner=runner, resume=resume, echo=echo, state=state)
         finally:
             runner.close()
