@@ -161,10 +161,15 @@ def _workloads(models, quick):
     return tuple(workloads.zoo_model(m) for m in models)
 
 
-def _worker(jobs, events, registry, quick, models=()) -> None:
-    """A worker process: run jobs until the ``None`` sentinel, report compiles and results."""
+def _worker(jobs, events, registry, quick, models=(), parent=None) -> None:
+    """A worker process: run jobs until the ``None`` sentinel, report compiles and results.
+    It ends with the warmup that started it (``parent``), however that ends: kill -9 left the
+    workers compiling, and multiprocessing's resource tracker with them."""
     import warnings
 
+    from torchfl.conformance.harness import _die_with_parent
+
+    _die_with_parent(parent)
     os.environ.setdefault("TORCHDYNAMO_VERBOSE", "0")
     # the workers are the parallelism: a compile helper each oversubscribed 2 cores
     os.environ["TORCHFL_COMPILE_HELPERS"] = "0"
@@ -245,7 +250,7 @@ def warmup(chips, workers, models, quick, force, registry) -> None:
         jobs.put(j)
     for _ in range(n):
         jobs.put(None)
-    procs = [ctx.Process(target=_worker, args=(jobs, events, registry, quick, models), daemon=True)
+    procs = [ctx.Process(target=_worker, args=(jobs, events, registry, quick, models, os.getpid()), daemon=True)
              for _ in range(n)]
     failures = []
     t_start = time.perf_counter()
