@@ -110,3 +110,12 @@ def test_warmup_workers_end_with_a_killed_warmup(tmp_path, url):
         for pid in children | _descendants(proc.pid):   # what a failed run left behind
             if _stat(pid) is not None:
                 os.kill(pid, signal.SIGKILL)
+
+
+def test_warmup_refuses_an_unknown_chip_before_starting_workers(url):
+    # was: two workers started torch, planned, failed after ~15 s: "failed: mlp@NO-SUCH: ChoiceError ..."
+    proc = _cli("kernels", "warmup", "--registry", url, "--model", "mlp", "--chip", "NPU-V3", "--chip", "NO-SUCH",
+                timeout=120)
+    assert proc.returncode == 1, proc.stdout + proc.stderr
+    assert proc.stderr.startswith("error: no chip named 'NO-SUCH'") and proc.stderr.count("\n") == 1, proc.stderr
+    assert "warmup:" not in proc.stdout and "started:" not in proc.stdout, proc.stdout
