@@ -45,8 +45,8 @@ def load_user_model(model: str, *, labels: dict | None = None, **sizes):
     inputs = tuple(inputs)
     fake = example_error(module, inputs)
     real = run_error(module, inputs, checked=fake is not None)
-    if real:
-        raise ModelError(f"{model}: {real}; fix the factory's example inputs or the model")
+    if real:   # the fake run's words where both fail (they name the shapes as the graph sees them)
+        raise ModelError(f"{model}: {fake or real}; fix the factory's example inputs or the model")
     if fake:
         # it runs, but not on shapes alone: it reads tensor values (an `if` on a tensor, .item(), nonzero)
         raise ModelError(f"{model}: the forward depends on tensor values, so it cannot be captured as one graph "
