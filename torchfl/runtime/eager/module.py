@@ -37,10 +37,24 @@ def _adapter():
     return adapter()
 
 
+_UNAVAILABLE_LOGGED: list = []
+
+
 def is_available() -> bool:
+    """Whether this process has npu devices. A registry that cannot be opened means none
+    (False, said once in the log), as ``torch.cuda.is_available()`` is False without a
+    driver; a ``TORCHFL_DEVICES`` naming chips the registry lacks is the user's error and
+    raises it (ValueError naming the chips and the registered ones), as any bug does."""
+    from torchfl.registry.errors import RegistryError
+
     try:
         return _dev.device_count() > 0
-    except Exception:
+    except RegistryError as exc:
+        if not _UNAVAILABLE_LOGGED:
+            _UNAVAILABLE_LOGGED.append(str(exc))
+            from . import LOG
+
+            LOG.warning("torchfl: no npu devices: %s", exc)
         return False
 
 

@@ -555,7 +555,12 @@ def _build(op, index, flat, spec, tensors, alias=None):
     table = decompositions(target.packs)
     try:
         gm = _trace(op, flat, spec, tensors, table, alias)
-    except Exception as exc:   # an op with no meta/fake kernel, data-dependent output shapes
+    except RuntimeError as exc:
+        # what tracing an op alone refuses: no fake kernel (NotImplementedError), data it
+        # would need (DataDependentOutputException, DynamicOutputShapeException,
+        # UnsupportedOperatorException: RuntimeErrors) -- the op runs on the host, logged and
+        # refused by strict. A bug (TypeError, AttributeError, KeyError...) and torch's own
+        # refusal of the arguments (IndexError: dim out of range, ValueError) propagate.
         return _host(op, index, label, f"cannot be traced alone ({type(exc).__name__}: "
                                        f"{str(exc).strip().splitlines()[0] if str(exc).strip() else ''})")
     try:
