@@ -242,3 +242,29 @@ def test_environment_flags_follow_every_change_between_warm_calls(fp32_dev, fp16
         monkeypatch.delenv("TORCHFL_PRECISION")
         with pytest.raises(Exception, match="float16"):
             torch.mm(d, d)
+
+
+def test_eval_batch_norm_is_one_direct_kernel_with_empty_statistics(fp16_dev):
+    """An inference batch-norm returns its saved statistics empty, as torch on the CPU does
+    (shape (0,), the input's dtype), now without planning them: they were two extra cast
+    steps (of empty values) that kept the op off the direct path. The output is the same
+    kernel's."""
+    from torchfl.runtime.eager import direct, ops
+
+    torch.manual_seed(5)
+    bn = torch.nn.BatchNorm2d(6).eval()
+    bn.running_mean.uniform_(-1, 1)
+    bn.running_var.uniform_(0.5, 2)
+    x = torch.randn(1, 6, 5, 7)
+    args = [t.half() for t in (x, bn.weight.detach(), bn.bias.detach(), bn.running_mean, bn.running_var)]
+    ref = torch.ops.aten.native_batch_norm.default(*args, False, 0.1, 1e-5)
+    dargs = [t.to(fp16_dev) for t in args]
+    for _ in range(3):
+        got = torch.ops.aten.native_batch_norm.default(*dargs, False, 0.1, 1e-5)
+        assert [(tuple(t.shape), t.dtype) for t in got] == [(tuple(t.shape), t.dtype) for t in ref]
+        torch.testing.assert_close(got[0].cpu().float(), ref[0].float(), rtol=0, atol=4e-3)
+    route = _route_of(ops, torch.ops.aten.native_batch_norm.default)
+    assert [s.kernel for s in route.plan.steps] == ["batch_norm_infer"]
+    assert isinstance(route.direct, direct.DirectRun)
+    with torch.no_grad():                                  # the module path reads output 0
+        torch.testing.assert_close(bn.half().to(fp16_dev)(dargs[0]).cpu(), got[0].cpu(), rtol=0, atol=0)

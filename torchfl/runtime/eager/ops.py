@@ -299,7 +299,8 @@ class _ChipRoute:
     direct = None                      # a DirectRun once prepared (False: the plan needs the executor)
     last_kernel_s = 0.0                # the last call's time in the kernel (tools/bench_eager.py)
 
-    def __init__(self, plan, executor, out_spec, label, fallback: bool, writes=(), keep=None, random=False):
+    def __init__(self, plan, executor, out_spec, label, fallback: bool, writes=(), keep=None, random=False,
+                 empty_tail=0):
         self.plan, self.executor, self.out_spec, self.label = plan, executor, out_spec, label
         self.fallback = fallback
         self.writes = tuple(writes)    # input positions the op updates in place (extra outputs)
@@ -308,6 +309,7 @@ class _ChipRoute:
         self.random = random           # draws random numbers (on the host): from the device's generator
         self._chip_key = (label, "chip")
         self.plain = keep is None and not random
+        self.empty_tail = empty_tail   # empty outputs the op returns after the planned one (eval batch-norm)
 
     def call(self, args, kwargs, tensors):
         direct = self.direct
@@ -317,15 +319,23 @@ class _ChipRoute:
                 self.last_kernel_s = direct.last_kernel_s
                 STATS["chip_ops"] += 1
                 ROUTES[self._chip_key] += 1
-                return out[0] if self.single else tree_unflatten(list(out), self.out_spec)
+                result = out[0] if self.single else tree_unflatten(list(out), self.out_spec)
+                return self._with_tail(result) if self.empty_tail else result
         if self.keep is not None:
             tensors = [tensors[i] for i in self.keep]
         if self.random:
             from .module import rng_scope
 
             with rng_scope(self.executor.index):
-                return self.run(tensors)
-        return self.run(tensors)
+                result = self.run(tensors)
+        else:
+            result = self.run(tensors)
+        return self._with_tail(result) if self.empty_tail else result
+
+    def _with_tail(self, result):
+        empty = torch.empty
+        return (result,) + tuple(empty((0,), dtype=result.dtype, device=result.device)
+                                 for _ in range(self.empty_tail))
 
     def run(self, tensors):
         direct = self.direct
@@ -467,8 +477,9 @@ def python_dispatch_enabled():
     return stack
 
 
-def _trace(op, flat, spec, tensors, table, alias=None):
-    """The op alone as a core-ATen FX graph over its (distinct) tensor arguments."""
+def _trace(op, flat, spec, tensors, table, alias=None, first_only=False):
+    """The op alone as a core-ATen FX graph over its (distinct) tensor arguments
+    (``first_only``: returning its first output alone)."""
     from torch.fx.experimental.proxy_tensor import make_fx
 
     is_tensor = [isinstance(a, torch.Tensor) for a in flat]
@@ -484,7 +495,8 @@ def _trace(op, flat, spec, tensors, table, alias=None):
         it = iter(ts)
         vals = [next(it) if t else a for a, t in zip(flat, is_tensor)]
         a, k = tree_unflatten(vals, spec)
-        return call(*a, **k)
+        out = call(*a, **k)
+        return out[0] if first_only else out
 
     examples = [torch.empty_strided(tuple(t.shape), tuple(t.stride()), dtype=t.dtype) for t in tensors]
     with torch.no_grad(), python_dispatch_enabled():
@@ -553,8 +565,9 @@ def _build(op, index, flat, spec, tensors, alias=None):
     label = _label(op)
     target = _dev.target_of(index)
     table = decompositions(target.packs)
+    stats_empty = eval_batch_norm(op, flat, spec)
     try:
-        gm = _trace(op, flat, spec, tensors, table, alias)
+        gm = _trace(op, flat, spec, tensors, table, alias, first_only=stats_empty)
     except RuntimeError as exc:
         # what tracing an op alone refuses: no fake kernel (NotImplementedError), data it
         # would need (DataDependentOutputException, DynamicOutputShapeException,
@@ -594,7 +607,20 @@ def _build(op, index, flat, spec, tensors, alias=None):
     executor = EagerExecutor(plan, target, index, graph_module=gm, strict=strict)
     STATS["plans"] += 1
     return _ChipRoute(plan, executor, out_spec, label, fallback=bool(plan.fallbacks), writes=writes, keep=keep,
-                      random=_is_random(gm))
+                      random=_is_random(gm), empty_tail=2 if stats_empty else 0)
+
+
+def eval_batch_norm(op, flat, spec) -> bool:
+    """Whether the call is an inference-mode ``native_batch_norm``, whose saved mean and
+    inverse std torch returns empty (shape (0,), the input's dtype: nothing is saved). Its
+    route plans the normalised output alone and hands two empty tensors beside it, as the
+    CPU does: no cast steps for those empty values, so the op takes the direct path
+    (ResNet-50 b1 has 53 batch-norms, each planned with two cast steps and run through the
+    executor's general path because of them)."""
+    if op is not torch.ops.aten.native_batch_norm.default:
+        return False
+    a, k = tree_unflatten(flat, spec)
+    return (a[5] if len(a) > 5 else k.get("training")) is False
 
 
 def unbatched_inputs(placeholders, tensors) -> list:
