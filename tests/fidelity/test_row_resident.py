@@ -173,3 +173,23 @@ def test_published_softmax_tables_score_better_with_the_per_core_row(table, chip
         else:               # the class that was mispriced: dearer, and nearer the measurement
             assert new.predicted_s > old.predicted_s, r.label()
             assert old.error < 0 and abs(new.error) < abs(old.error), r.label()
+
+
+# -- fewer rows than cores: the idle cores pull nothing -----------------------------------------
+
+@pytest.mark.parametrize("kernel", ["softmax", "layer_norm"])
+def test_fewer_rows_than_cores_stream_a_share_of_the_bandwidth(kernel):
+    from torchfl.kernels.tiling import time_terms
+
+    cores = A100_CHIP.concurrent_tiles
+    assert cores == 108
+    few, full = tile(kernel, (32, 4096), A100_CHIP), tile(kernel, (256, 4096), A100_CHIP)
+    assert few.config.parallel_units == 32 and full.config.parallel_units == 256
+    t_few, t_full = time_terms(few, A100_CHIP, "float16"), time_terms(full, A100_CHIP, "float16")
+    assert t_few.busy_cores == 32 and t_full.busy_cores == 0
+    assert any("32 busy cores" in n for n in t_few.notes())
+    # the memory term of 32 rows is that of 32 rows at 32/108 of the bandwidth: as dear as 108 rows
+    assert t_few.memory_s == pytest.approx(t_full.memory_s * 32 / 256 * cores / 32)
+    # a chip without a parallel grain (format 1.0) states no units and prices as before
+    plain = tile(kernel, (32, 4096), ChipModel())
+    assert plain.config.parallel_units == 0 and "parallel_units" not in plain.config.as_dict()

@@ -18,6 +18,7 @@ kernels count as they process elements.
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from functools import lru_cache
 
 from .. import dtypes as _dt
@@ -239,7 +240,11 @@ def norm_tiling(p, chip):
         cfg = TileConfig("chunked", (("segments", 1), ("elements", te)), True,
                          f"{why}: {len(st['chunk_in'])} pass(es) over "
                          f"double-buffered chunks of {te}; footprint {need} B")
-    return make_plan(k, p.key, cfg, groups, need)
+    plan = make_plan(k, p.key, cfg, groups, need)
+    if k == "layer_norm" and getattr(chip, "concurrent_tiles", 0):
+        # one row per core on a many-core chip: fewer rows than cores leave cores idle
+        plan = replace(plan, config=replace(plan.config, parallel_units=int(S)))
+    return plan
 
 
 KERNELS = [

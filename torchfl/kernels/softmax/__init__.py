@@ -15,6 +15,8 @@ from __future__ import annotations
 from ..dtypes import FLOATS, ITEMSIZE as ES
 from ..errors import KernelError
 from ..spec import KernelSpec, TensorMeta
+from dataclasses import replace
+
 from ..tiling import TileConfig, Traffic, make_plan, stream_plan
 
 COST = {"softmax": 5, "log_softmax": 5, "softmax_backward": 4, "log_softmax_backward": 4}
@@ -46,7 +48,31 @@ def _meta(p):
 
 
 def plan_softmax(p, chip):
-    """THE tiling function of the softmax family (see the module docstring)."""
+    """THE tiling function of the softmax family (see the module docstring). On a chip with
+    a parallel grain the plan states its rows as ``parallel_units`` (one row per core)."""
+    plan = _plan_softmax(p, chip)
+    return with_rows(plan, plan_rows(p), chip)
+
+
+def plan_rows(p):
+    shape = p.shapes[ins(p)[0]]
+    d = _dim(p)
+    rows = 1
+    for i, s in enumerate(shape):
+        if i != d:
+            rows *= s
+    return rows
+
+
+def with_rows(plan, rows, chip):
+    """``plan`` with its rows stated as the units a many-core chip spreads one per core
+    (``TileConfig.parallel_units``); unchanged on a chip without a parallel grain (1.0)."""
+    if not getattr(chip, "concurrent_tiles", 0) or rows <= 0:
+        return plan
+    return replace(plan, config=replace(plan.config, parallel_units=int(rows)))
+
+
+def _plan_softmax(p, chip):
     shape = p.shapes[ins(p)[0]]
     d = _dim(p)
     L = shape[d] if shape else 1
