@@ -17,6 +17,9 @@ ROOT = Path(__file__).resolve().parents[2]
 # a located diagnostic (`file:line[:col]: ...`) stays one line, as compilers print it (editors
 # and grep read it): the one kind of line allowed past the width
 LOCATED = re.compile(r"^\s*[\w./-]+:\d+(:\d+)?: ")
+# one word longer than a line (a path, a URL, a hash) stands alone on its line, never cut
+# (texttable.paragraph): the other kind allowed past the width
+ALONE = re.compile(r"^\s*\S+$")
 
 # (command, exit status): the main commands in a pipe; the README's own are run by tests/test_readme.py.
 # `hcd validate` prints only located diagnostics (one per line, see LOCATED).
@@ -62,7 +65,8 @@ def test_fits_100_columns_in_a_pipe(cmd, status, env):
     assert res.returncode == status, res.stdout[-3000:]
     if "--format dot" in cmd:
         return          # a Graphviz file, not text for a screen
-    wide = [line for line in res.stdout.splitlines() if len(line) > PIPE_WIDTH and not LOCATED.match(line)]
+    wide = [line for line in res.stdout.splitlines()
+            if len(line) > PIPE_WIDTH and not LOCATED.match(line) and not ALONE.match(line)]
     assert not wide, f"`torchfl {cmd}` printed {len(wide)} line(s) over {PIPE_WIDTH} columns, e.g.\n" + wide[0]
 
 
@@ -126,3 +130,14 @@ def test_paragraph_keeps_long_words_whole():
     h = "ab6bd6b896bf28af70188c7884e3459fc0fdf467bda1d05e4d138cd6033bfa4e"
     lines = paragraph(f"content hash {h} of the chip", width=40)
     assert h in [x.strip() for x in lines]
+
+
+def test_a_registry_url_longer_than_a_line_stands_alone(tmp_path, env):
+    """The title of `registry history` names the registry's URL: under a deep directory (pytest's
+    own under xdist) the title wrapped nowhere and ran past the width."""
+    deep = tmp_path / ("d" * 90)
+    res = _run("registry history NPU-V3", dict(env, XDG_DATA_HOME=str(deep)))
+    assert res.returncode == 0, res.stdout[-2000:]
+    lines = res.stdout.splitlines()
+    assert lines[0] == "chip NPU-V3 in" and str(deep) in lines[1], lines[:3]
+    assert all(len(x) <= PIPE_WIDTH or ALONE.match(x) for x in lines), lines

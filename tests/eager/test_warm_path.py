@@ -215,3 +215,30 @@ def test_thaw_drops_derived_copies(fp32_dev):
     frozen.thaw(buf)
     assert frozen.cached_bytes() == before and not frozen.is_frozen(buf)
     assert frozen.derived(buf, "k", lambda: np.ones(8)) is None
+
+
+def test_environment_flags_follow_every_change_between_warm_calls(fp32_dev, fp16_dev, monkeypatch):
+    """The warm path parses TORCHFL_STRICT / TORCHFL_PRECISION only when their raw values
+    change: each set, change and unset between two calls of one warm signature still takes
+    effect at the next call, both ways."""
+    import pytest
+
+    x = torch.randn(4, 4, device=fp32_dev)
+    for _ in range(2):
+        torch.flip(x, [0])                                   # warm: a host fallback route
+    for strict in ("1", "0", "yes", "off", "true"):
+        monkeypatch.setenv("TORCHFL_STRICT", strict)
+        if strict in ("1", "yes", "true"):
+            with pytest.raises(RuntimeError, match="strict"):
+                torch.flip(x, [0])
+        else:
+            torch.testing.assert_close(torch.flip(x, [0]).cpu(), torch.flip(x.cpu(), [0]))
+    monkeypatch.delenv("TORCHFL_STRICT")
+    torch.flip(x, [0])
+    d = torch.randn(8, 8).to(fp16_dev)                         # float32 on a float16-only chip
+    for _ in range(2):
+        monkeypatch.setenv("TORCHFL_PRECISION", "float16")
+        assert torch.mm(d, d).dtype == torch.float32
+        monkeypatch.delenv("TORCHFL_PRECISION")
+        with pytest.raises(Exception, match="float16"):
+            torch.mm(d, d)

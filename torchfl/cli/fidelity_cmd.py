@@ -118,6 +118,8 @@ def _swept(loaded, chip, registry, worst, cluster, resume):
     runner = make_runner(cluster, 1, echo=lambda line: click.echo(line, err=True))
     with reported(lambda: state.get("sweep")):
         try:
+            if cluster is not None:
+                runner.connect()   # an unreachable cluster is refused before a sweep run is recorded
             return sweep_fidelity(loaded, chip, worst, registry=Registry(registry), runner=runner, resume=resume,
                                   echo=lambda line: click.echo(line, err=True), state=state)
         finally:

@@ -94,10 +94,16 @@ def show(file: str, as_json: bool) -> None:
 @click.option("--quick", is_flag=True, help="Smaller sizes, fewer runs (a few seconds).")
 def probe(output, device, threads, timer, name, quick) -> None:
     """Measure this machine through torch and write an HCD of it (each figure's spread in a comment)."""
+    from torchfl.cli.files import OutputError, write_atomically, writable_output
     from torchfl.cli.progress import Progress
     from torchfl.fidelity.probe import ProbeError, probe as run_probe
     from torchfl.hcd import HCDError
 
+    try:
+        path = writable_output(output, "host.hcd") if output else None   # checked before the minutes of probing
+    except OutputError as exc:
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(2)
     try:
         with Progress(sys.stderr, f"hcd probe --device {device}", total=7, compiles=False) as bar:
             def step(what, i, n):
@@ -106,14 +112,18 @@ def probe(output, device, threads, timer, name, quick) -> None:
             bar.update(detail="done", completed=7)
         for w in result.warnings:
             click.echo(f"warning: {w}", err=True)
-        text = result.write(output, name) if output else result.hcd_text(name)
-        if not output:
-            result.hcd(name)          # validated before it is printed, as before it is written
+        text = result.hcd_text(name)
+        result.hcd(name)              # validated before it is printed or written
+        if path is not None:
+            write_atomically(path, text)
     except ProbeError as exc:
         click.echo(f"error: {exc}", err=True)
         sys.exit(2)
     except HCDError as exc:
         click.echo(f"error: the probe's HCD is invalid (a bug: please report it):\n{exc}", err=True)
+        sys.exit(1)
+    except OutputError as exc:   # the disk filled up while the probe ran: the old file is kept
+        click.echo(f"error: {exc}", err=True)
         sys.exit(1)
     if output:
         click.echo(f"wrote {output}: {result.chip_name() if name is None else name} "

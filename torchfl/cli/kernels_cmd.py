@@ -161,10 +161,15 @@ def _workloads(models, quick):
     return tuple(workloads.zoo_model(m) for m in models)
 
 
-def _worker(jobs, events, registry, quick, models=()) -> None:
-    """A worker process: run jobs until the ``None`` sentinel, report compiles and results."""
+def _worker(jobs, events, registry, quick, models=(), parent=None) -> None:
+    """A worker process: run jobs until the ``None`` sentinel, report compiles and results.
+    It ends with the warmup that started it (``parent``), however that ends: kill -9 left the
+    workers compiling, and multiprocessing's resource tracker with them."""
     import warnings
 
+    from torchfl.conformance.harness import _die_with_parent
+
+    _die_with_parent(parent)
     os.environ.setdefault("TORCHDYNAMO_VERBOSE", "0")
     # the workers are the parallelism: a compile helper each oversubscribed 2 cores
     os.environ["TORCHFL_COMPILE_HELPERS"] = "0"
@@ -196,6 +201,19 @@ def _worker(jobs, events, registry, quick, models=()) -> None:
         events.put(("done", pid, model, chip, time.perf_counter() - t0, err))
 
 
+def _check_chips(chips, registry) -> None:
+    """Every ``--chip`` is a chip of the registry, or one line (with near names) and exit 1."""
+    from torchfl.registry import Registry, RegistryError
+
+    try:
+        reg = Registry(registry)
+        for name in chips:
+            reg.record(name)
+    except RegistryError as exc:
+        click.echo(f"error: {exc}", err=True)
+        sys.exit(1)
+
+
 @kernels.command()
 @click.option("--chip", "chips", multiple=True, metavar="NAME",
               help="A chip to compile for (repeatable); default: the demo's, NPU-V2 and NPU-V3.")
@@ -224,6 +242,7 @@ def warmup(chips, workers, models, quick, force, registry) -> None:
     unknown = [m for m in models if m not in ZOO]
     if unknown:
         raise click.BadParameter(f"{', '.join(unknown)}: choose from {', '.join(ZOO)}", param_hint="--model")
+    _check_chips(chips, registry)   # before any worker starts torch: an unknown chip cost 15 s and a worker
     todo = [(model, chip) for chip in chips for model, _t, _f in _workloads(models, quick)]
     done = set() if force else warmed_jobs(cache)
     skipped = [j for j in todo if job_name(*j, quick) in done]
@@ -245,7 +264,7 @@ def warmup(chips, workers, models, quick, force, registry) -> None:
         jobs.put(j)
     for _ in range(n):
         jobs.put(None)
-    procs = [ctx.Process(target=_worker, args=(jobs, events, registry, quick, models), daemon=True)
+    procs = [ctx.Process(target=_worker, args=(jobs, events, registry, quick, models, os.getpid()), daemon=True)
              for _ in range(n)]
     failures = []
     t_start = time.perf_counter()

@@ -54,13 +54,15 @@ def explain(model, chip, batch, seq_len, heads, layers, precision, strict, fmt, 
         _fail("Error", "--record stores what a run measured: add --analyze")
     os.environ.setdefault("TORCHDYNAMO_VERBOSE", "0")
     warnings.filterwarnings("ignore")
+    from torchfl.cli.usermodel import load_user_model
     from torchfl.planner import plan_module
+    from torchfl.planner.capture import CaptureError
     from torchfl.planner.errors import PlanError
-    from torchfl.planner.zoo import ModelError, load_model
+    from torchfl.planner.zoo import ModelError
 
     try:
-        module, inputs = load_model(model, batch=batch, seq_len=seq_len, num_heads=heads, layers=layers,
-                                    labels=OPTION_FLAGS)
+        module, inputs = load_user_model(model, batch=batch, seq_len=seq_len, num_heads=heads, layers=layers,
+                                         labels=OPTION_FLAGS)
         target, precision = _target_and_precision(chip, precision, registry)
         if context:
             result, inputs = _decode_step(model, module, target, batch or 1, prompt, context, precision, fmt)
@@ -70,6 +72,8 @@ def explain(model, chip, batch, seq_len, heads, layers, precision, strict, fmt, 
         _fail("Error", str(exc))
     except PlanError as exc:
         _fail(exc.kind, str(exc))
+    except CaptureError as exc:   # the model runs on its inputs but does not trace as one graph
+        _fail("Error", f"the model could not be captured on its example inputs: {exc}")
     except Exception as exc:  # registry unreachable, capture failures: one line, the fix in it
         from torchfl.registry import RegistryError
 

@@ -76,10 +76,11 @@ def _print_table(title: str, headers: tuple[str, ...], rows: list[tuple]) -> Non
     Not rich's Table: rendering 1,000 rows with it takes seconds on the project's
     machines, and plain columns pipe into grep/awk unchanged.
     """
-    from torchfl.planner.texttable import table
+    from torchfl.planner.texttable import paragraph, table
 
     cells = [tuple(str(c) for c in row) for row in rows]
-    out = [title] + table(headers, cells)          # fits the terminal, 100 columns in a pipe
+    # fits the terminal (100 columns in a pipe); a registry URL longer than a line stands alone
+    out = paragraph(title) + table(headers, cells)
     out.append(f"({len(cells)} row{'s' if len(cells) != 1 else ''})")
     click.echo("\n".join(out))
 

@@ -85,45 +85,10 @@ def _precision(value: str):
 
 def _load(model, batch=None, seq_len=None, heads=None, layers=None):
     """(module, example inputs) of a zoo name or a user's ``file.py:factory``; what a user's
-    factory gets wrong (it raises, returns no module, no tensors) is one line, not its traceback."""
-    import torch
+    model gets wrong is a ModelError, one line (:mod:`torchfl.cli.usermodel`)."""
+    from torchfl.cli.usermodel import load_user_model
 
-    from torchfl.planner.zoo import LM_ZOO, ZOO, load_model
-
-    if model in ZOO or model in LM_ZOO:   # the zoo's own factories: an error there is torchfl's, with its traceback
-        return load_model(model, batch=batch, seq_len=seq_len, num_heads=heads, layers=layers)
-    try:
-        module, inputs = load_model(model, batch=batch, seq_len=seq_len, num_heads=heads, layers=layers)
-    except (KeyboardInterrupt, SystemExit):
-        raise
-    except Exception as exc:  # noqa: BLE001 - user code: anything it raises is the user's to fix
-        from torchfl.planner.zoo import ModelError
-
-        if isinstance(exc, ModelError):
-            raise
-        where = _user_frame(exc, model)
-        _fail("Error", f"the model factory {model} raised {type(exc).__name__}: {exc}{where}")
-    if not isinstance(module, torch.nn.Module):
-        _fail("Error", f"{model} returned {type(module).__name__} as the module; return (module, example_inputs) "
-                       "with a torch.nn.Module first")
-    if not isinstance(inputs, (tuple, list)) or not any(isinstance(x, torch.Tensor) for x in inputs):
-        _fail("Error", f"{model} returned {type(inputs).__name__} as example_inputs; return a tuple of the "
-                       "tensors the module's forward takes, e.g. (torch.randn(1, 3, 224, 224),)")
-    from torchfl.planner.whatif import example_error
-
-    problem = example_error(module, tuple(inputs))
-    if problem:
-        _fail("Error", f"{model}: {problem}")
-    return module, tuple(inputs)
-
-
-def _user_frame(exc: BaseException, model: str) -> str:
-    """`` (at file.py:LINE)``: the innermost frame of the traceback in the user's model file."""
-    import traceback
-
-    path = model.rsplit(":", 1)[0]
-    frames = [f for f in traceback.extract_tb(exc.__traceback__) if f.filename.endswith(path.split("/")[-1])]
-    return f" (at {frames[-1].filename}:{frames[-1].lineno})" if frames else ""
+    return load_user_model(model, batch=batch, seq_len=seq_len, num_heads=heads, layers=layers)
 
 
 def _check_batch(batch, targets, seq_len=None) -> None:
@@ -145,59 +110,22 @@ def _check_batch(batch, targets, seq_len=None) -> None:
 
 def _writable_output(output: str):
     """The resolved path of ``-o``, after checking it can be written (before any planning)."""
-    import os
-    import tempfile
-    from pathlib import Path
+    from torchfl.cli.files import OutputError, writable_output
 
-    path = Path(output).expanduser()
-    parent = path.parent if str(path.parent) else Path(".")
-    if path.is_dir():
-        _fail("Error", f"-o {output} is a directory; give a file name such as {output.rstrip('/')}/report.html")
-    if not parent.is_dir():
-        _fail("Error", f"-o {output}: the folder {parent} does not exist; create it or choose another path")
     try:
-        with tempfile.NamedTemporaryFile(dir=parent, prefix=f".{path.name}.", suffix=".tmp"):
-            pass
-    except OSError as exc:
-        _fail("Error", f"-o {output}: cannot write in {parent} ({exc.strerror or exc}); choose a writable path")
-    if path.exists() and not os.access(path, os.W_OK):
-        _fail("Error", f"-o {output}: the file is not writable; choose another path or make it writable")
-    return path
+        return writable_output(output)
+    except OutputError as exc:
+        _fail("Error", str(exc))
 
 
 def _write_atomically(path, text: str) -> None:
-    """Write ``text`` to ``path`` through a temporary file in its folder and a rename: a full
-    disk or a kill leaves the old file as it was (it was written in place and truncated)."""
-    import os
-    import tempfile
+    """``text`` to ``path`` by a temporary file and a rename (a full disk keeps the old report)."""
+    from torchfl.cli.files import OutputError, write_atomically
 
-    data = text.encode("utf-8")
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
-        with os.fdopen(fd, "wb") as fh:
-            fh.write(data)
-            fh.flush()
-            os.fsync(fh.fileno())
-        if path.exists():
-            os.chmod(tmp, path.stat().st_mode & 0o7777)
-        else:
-            os.chmod(tmp, 0o666 & ~_umask())
-        os.replace(tmp, path)
-    except OSError as exc:
-        try:
-            os.unlink(tmp)
-        except OSError:
-            pass
-        kept = " (the old file is unchanged)" if path.exists() else ""
-        _fail("Error", f"could not write {path}: {exc.strerror or exc}{kept}")
-
-
-def _umask() -> int:
-    import os
-
-    mask = os.umask(0)
-    os.umask(mask)
-    return mask
+        write_atomically(path, text)
+    except OutputError as exc:
+        _fail("Error", str(exc))
 
 
 def _emit(data) -> None:
@@ -534,6 +462,8 @@ def _swept(cluster, resume, registry, call):
     runner = make_runner(cluster, 1, echo=echo)
     with reported(lambda: state.get("sweep")):
         try:
+            if cluster is not None:
+                runner.connect()   # an unreachable cluster is refused before a sweep run is recorded
             return call(registry=reg, runner=runner, resume=resume, echo=echo, state=state)
         finally:
             runner.close()

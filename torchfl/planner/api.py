@@ -166,7 +166,7 @@ def _plan_uncollected(captured, example_inputs, target, precision, strict, decid
     from torchfl.planner.cost import Pricer
     from torchfl.planner.graph import build_ir
     from torchfl.planner.plan import Capture, identity_layout
-    from torchfl.planner.select import CoverProblem, select
+    from torchfl.planner.select import CoverProblem, SelectionError, select
 
     hcd, packs, chip = target.hcd, target.packs, target.model
     captured = decompose.fold_repeat_kv(captured)
@@ -200,7 +200,12 @@ def _plan_uncollected(captured, example_inputs, target, precision, strict, decid
                     for o in ir.outputs if ir.fx_to_ir.get(o, o) in values)
     problem = CoverProblem({n.name: n.inputs for n in ir.nodes.values()}, fixed, outputs, tuple(cands.options),
                       conv_cost)
-    selection = (decide or select)(problem)
+    try:
+        selection = (decide or select)(problem)
+    except SelectionError as exc:   # the user's sentence: the node, its refusals, the fix
+        from torchfl.planner.select_explain import no_cover
+
+        raise no_cover(exc, ir, cands, hcd.chip.name) from None
     notes = [f"selection: {'exact' if selection.exact else 'beam-pruned (not proven optimal)'} dynamic "
              f"programming over {len(selection.order)} nodes, at most {selection.max_states} layout states"]
     notes += sorted(set(w for w in hcd.warnings for w in [str(w)]))

@@ -69,3 +69,16 @@ class MutatesInputs(PlanError, RuntimeError):
     functionalised forward can (the torch.compile backend falls back to it)."""
 
     kind = "RuntimeError"
+
+
+class NoCoverError(PlanError, RuntimeError):
+    """No choice of the options covers the graph: a node whose rules were refused, or whose
+    options cannot be chained with its neighbours'. The message names the node, its op, shapes
+    and dtypes, every rule tried with its refusal, and the fix (``planner/select_explain.py``);
+    ``node``, ``op`` and ``tried`` carry the same for programs."""
+
+    kind = "RuntimeError"
+
+    def __init__(self, message: str, *, node=None, op=None, tried=()):
+        super().__init__(message)
+        self.node, self.op, self.tried = node, op, tuple(tried)

@@ -51,7 +51,14 @@ RESERVED = "~"  # layout slot of a value reserved for an open fusion group (layo
 
 
 class SelectionError(RuntimeError):
-    """The options cannot cover the graph (a node has no option, or none is feasible)."""
+    """The options cannot cover the graph (a node has no option, or none is feasible).
+    ``node``: the node the cover cannot pass (None when no one node is to blame), ``options``:
+    the keys of the options that cover it; the planner turns both into a user's message
+    (:func:`torchfl.planner.select_explain.no_cover`)."""
+
+    def __init__(self, message: str, node: str | None = None, options: tuple = ()):
+        super().__init__(message)
+        self.node, self.options = node, tuple(options)
 
 
 @dataclass(frozen=True)
@@ -178,6 +185,14 @@ def select(problem: CoverProblem, beam: int = 256) -> Selection:
         return Selection((), dict(problem.input_layouts), 0.0, (), True, 0)
 
     singles, segments, completes, groups_of = _classify(problem, order, pos)
+    # a node strictly inside a fusion group contiguous in the schedule needs no option of its
+    # own: the group's transition jumps from the node before its first member to its last
+    # (a linear whose own rule is refused, fused with the gelu after it)
+    spans: dict[int, list[int]] = {}
+    for last, entries in segments.items():
+        for start, _opt in entries:
+            for q in range(start, last):
+                spans.setdefault(q, []).append(start)
     live = _liveness(problem, order, pos, groups_of)
     live_index = [{v: k for k, v in enumerate(t)} for t in live]
 
@@ -357,9 +372,12 @@ def select(problem: CoverProblem, beam: int = 256) -> Selection:
         prev_table = table
         for src in [k for k in rows_cache if k[1] == p]:
             del rows_cache[src]  # rows serve transitions into p only
-        if not table:
-            raise SelectionError(f"no feasible cover reaches node {name}: every option needs an impossible "
-                                 "layout conversion")
+        if not table and not any(start == 0 or tables[start - 1] for start in spans.get(p, ())):
+            covering = tuple(o.key for o in problem.options if name in o.nodes)
+            raise SelectionError(f"no feasible cover reaches node {name}: every option covering it "
+                                 f"({', '.join(covering[:6]) or 'none'}) needs an impossible layout conversion, "
+                                 "reads a value reserved for a fusion group, or follows a node no option reaches",
+                                 node=name, options=covering)
     chosen, layouts, best = _backtrack(problem, tables, order, real)
     return Selection(tuple(chosen), layouts, best, tuple(order), exact, max_states)
 
@@ -405,7 +423,8 @@ def _classify(problem: CoverProblem, order: list[str], pos: dict[str, int]):
                 lst.append(opt.nodes)
     missing = [x for x in order if x not in covered]
     if missing:
-        raise SelectionError(f"no kernel option covers node(s) {', '.join(missing[:10])}")
+        raise SelectionError(f"no kernel option covers node(s) {', '.join(missing[:10])}", node=missing[0],
+                             options=tuple(o.key for o in problem.options if missing[0] in o.nodes))
     return singles, segments, completes, groups_of
 
 

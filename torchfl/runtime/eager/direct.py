@@ -62,15 +62,18 @@ class DirectRun:
     (nothing ran) when a call's inputs are not as prepared. ``last_kernel_s``: the time in
     the kernel call, as the executor's ``last_kernel_s`` measures it."""
 
-    __slots__ = ("call", "inputs", "n_out", "index", "memory", "align", "wrappers", "last_kernel_s")
+    __slots__ = ("call", "inputs", "n_out", "index", "memory", "align", "wrappers", "last_kernel_s", "wrap")
 
     def __init__(self, call, inputs, n_out, executor):
+        from . import _STATE
+
         self.call, self.inputs, self.n_out = call, inputs, n_out
         self.index = executor.index
         self.memory = executor.memory
         self.align = int(executor.chip.alignment)
         self.wrappers: dict = {}        # (shape, layout, dtype) -> (shape list, strides, torch dtype)
         self.last_kernel_s = 0.0
+        self.wrap = _STATE["adapter"].wrap
 
     def run(self, tensors):
         align = self.align
@@ -105,10 +108,8 @@ class DirectRun:
         if w is None:
             w = self.wrappers[key] = _wrapper(v)
         shape, strides, dtype = w
-        from . import _STATE
-
         _LIVE[address] = v.buffer
-        return _STATE["adapter"].wrap(address, v.buffer.nbytes, shape, strides, 0, dtype, self.index)
+        return self.wrap(address, v.buffer.nbytes, shape, strides, 0, dtype, self.index)
 
 
 def _wrapper(v):
