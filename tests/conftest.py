@@ -23,6 +23,18 @@ if os.environ.get("CI"):
 
 from tests.pg_server import PostgresUnavailable, start_server
 
+# The tests never read or write the user's own default registry (XDG_DATA_HOME/torchfl): a
+# registry another torchfl wrote (a newer HCD field, an experiment's chip) made tests that
+# use the default fail on a developer's machine and pass in CI. Each test process (xdist
+# worker) gets an empty data directory, inherited by the subprocesses it starts, removed at exit.
+import atexit
+import shutil
+import tempfile
+
+_DATA_HOME = tempfile.mkdtemp(prefix="torchfl-test-data-")
+os.environ["XDG_DATA_HOME"] = _DATA_HOME
+atexit.register(shutil.rmtree, _DATA_HOME, ignore_errors=True)
+
 
 @pytest.fixture(scope="session")
 def pg_server():

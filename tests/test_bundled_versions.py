@@ -27,6 +27,9 @@ PUBLISHED = {
     ("H100-SXM5-80GB", "1.0.0"): "bbdcd633e7902e4f32bc8d2410458a6dc6f1f0efb1a255d1dead18f0a733679c",
     ("JETSON-AGX-ORIN-64GB", "1.0.0"): "329daf07a1d9560c71e62fcfbab10971c10d0bda50d219f61b0fd860e6049855",
     ("MI210", "1.0.0"): "a3e39eb20e398b875220770fb0373f2937a62bf27d552535da87beab70c11361",
+    # 1.1.0: execution.row_resident_elements (issue 32, helper fid2)
+    ("A100-SXM4-80GB", "1.1.0"): "035a1de5c1dbeef955391a4d0ae8a68705782859982306c4251184ea6d915e28",
+    ("MI210", "1.1.0"): "683e11e5950f33d929f059e91bd6fbb0fe3ff91f154f6619596ce6be86e085e6",
     ("MI300X", "1.0.0"): "4a5b1977008571999b4bdf41f53ebfb908d427bc71474319a1fd4bbd2a754448",
     ("TPU-V5E", "1.0.0"): "fb565da15c91c88fbdce9633789688e67aff91bfaf9e9e38c5735d103960c9c0",
     ("core", "1.1.0"): "c15736687fbf9c6d338ee2193ad39a6d79876ac13502aaa81e6c1f3270708664",

@@ -19,6 +19,10 @@ medians. ratio_lazy_vs_compiled = lazy / compiled (target <= 1.3). The machine i
 compare only figures from one run, and read the load average printed with them;
 ``--threads 1 --timer cpu`` (one thread for torch and the kernels, the process's CPU time)
 measures the work each mode does, steady while other processes load the host.
+
+``--breakdown``: where eager's time goes, per ATen op (calls per forward, time per forward
+in the op's route, and the part inside the bound kernels), after the timed runs: what
+compiled mode fuses away (batch-norm, relu, add passes) against what eager's routing costs.
 """
 from __future__ import annotations
 
@@ -93,7 +97,7 @@ def _new_route(ops, known):
     return routes[0]
 
 
-def models(torch, names, runs, chip):
+def models(torch, names, runs, chip, breakdown=False):
     from torchfl.planner.zoo import load_model
 
     results = {}
@@ -138,13 +142,50 @@ def models(torch, names, runs, chip):
             errs = {mode: float((fn().cpu().float() - ref).abs().max() / ref.abs().max())
                     for mode, fn in modes.items() if mode != "torch_cpu"}
         med = {mode: statistics.median(t) for mode, t in times.items()}
+        if breakdown:
+            with torch.no_grad():
+                split = _breakdown(eager_npu, runs)
         results[f"{name}_b1"] = {
             "median_s": med, "first_call_s": first, "max_rel_err_vs_cpu_fp32": errs,
             "ratio_lazy_vs_compiled": med["lazy_npu"] / med["compiled_npu"],
             "ratio_eager_vs_compiled": med["eager_npu"] / med["compiled_npu"],
             "spread_ms": {mode: [1e3 * min(t), 1e3 * max(t)] for mode, t in times.items()},
         }
+        if breakdown:
+            results[f"{name}_b1"]["eager_breakdown_ms"] = split
     return results
+
+
+def _breakdown(fn, runs):
+    """Per ATen op of an eager forward: calls, time in its route (``_clock``) and inside the
+    bound kernel (wall, ``last_kernel_s``), per forward, largest first."""
+    from torchfl.runtime.eager import ops
+
+    acc = {}
+    original = ops._ChipRoute.call
+
+    def timed(route, args, kwargs, tensors):
+        t0 = _clock()
+        try:
+            return original(route, args, kwargs, tensors)
+        finally:
+            row = acc.setdefault(route.label, [0, 0.0, 0.0])
+            row[0] += 1
+            row[1] += _clock() - t0
+            row[2] += route.last_kernel_s
+
+    ops._ChipRoute.call = timed
+    try:
+        t0 = _clock()
+        for _ in range(runs):
+            fn()
+        total = (_clock() - t0) / runs
+    finally:
+        ops._ChipRoute.call = original
+    rows = {label: {"calls": n // runs, "ms": 1e3 * t / runs, "kernel_ms": 1e3 * k / runs}
+            for label, (n, t, k) in sorted(acc.items(), key=lambda kv: -kv[1][1])}
+    rows["(forward)"] = {"calls": 1, "ms": 1e3 * total, "kernel_ms": None}
+    return rows
 
 
 def main(argv=None):
@@ -156,6 +197,7 @@ def main(argv=None):
     ap.add_argument("--models", default="resnet18,resnet50")
     ap.add_argument("--threads", type=int, default=0,
                     help="threads for torch and the emulator's kernels (default: all cores)")
+    ap.add_argument("--breakdown", action="store_true", help="eager's time per ATen op (after the timed runs)")
     ap.add_argument("--timer", choices=("wall", "cpu"), default="wall",
                     help="cpu: the process's CPU time (steady on a loaded host with --threads 1)")
     args = ap.parse_args(argv)
@@ -166,7 +208,7 @@ def main(argv=None):
     load0 = os.getloadavg()
     out = {"chip": args.chip, "runs": args.runs, "threads": torch.get_num_threads(), "timer": args.timer,
            "per_op": per_op(torch, args.op_calls),
-           "models": models(torch, [m for m in args.models.split(",") if m], args.runs, args.chip),
+           "models": models(torch, [m for m in args.models.split(",") if m], args.runs, args.chip, args.breakdown),
            "loadavg": [load0, os.getloadavg()]}
     if args.json:
         print(json.dumps(out, indent=2))
@@ -177,7 +219,11 @@ def main(argv=None):
         for name, r in out["models"].items():
             m = r["median_s"]
             print(f"{name}: " + "  ".join(f"{k} {1e3 * v:.1f} ms" for k, v in m.items())
-                  + f"  lazy/compiled {r['ratio_lazy_vs_compiled']:.2f}")
+                  + f"  lazy/compiled {r['ratio_lazy_vs_compiled']:.2f}  eager/compiled "
+                  f"{r['ratio_eager_vs_compiled']:.2f}  eager/torch_cpu {m['eager_npu'] / m['torch_cpu']:.2f}")
+            for label, row in r.get("eager_breakdown_ms", {}).items():
+                kernel = "" if row["kernel_ms"] is None else f"  in kernels (wall) {row['kernel_ms']:7.1f} ms"
+                print(f"    {label:34s} {row['calls']:4d} calls {row['ms']:7.1f} ms{kernel}")
         print("load average", out["loadavg"])
     return 0
 

@@ -215,3 +215,56 @@ def test_thaw_drops_derived_copies(fp32_dev):
     frozen.thaw(buf)
     assert frozen.cached_bytes() == before and not frozen.is_frozen(buf)
     assert frozen.derived(buf, "k", lambda: np.ones(8)) is None
+
+
+def test_environment_flags_follow_every_change_between_warm_calls(fp32_dev, fp16_dev, monkeypatch):
+    """The warm path parses TORCHFL_STRICT / TORCHFL_PRECISION only when their raw values
+    change: each set, change and unset between two calls of one warm signature still takes
+    effect at the next call, both ways."""
+    import pytest
+
+    x = torch.randn(4, 4, device=fp32_dev)
+    for _ in range(2):
+        torch.flip(x, [0])                                   # warm: a host fallback route
+    for strict in ("1", "0", "yes", "off", "true"):
+        monkeypatch.setenv("TORCHFL_STRICT", strict)
+        if strict in ("1", "yes", "true"):
+            with pytest.raises(RuntimeError, match="strict"):
+                torch.flip(x, [0])
+        else:
+            torch.testing.assert_close(torch.flip(x, [0]).cpu(), torch.flip(x.cpu(), [0]))
+    monkeypatch.delenv("TORCHFL_STRICT")
+    torch.flip(x, [0])
+    d = torch.randn(8, 8).to(fp16_dev)                         # float32 on a float16-only chip
+    for _ in range(2):
+        monkeypatch.setenv("TORCHFL_PRECISION", "float16")
+        assert torch.mm(d, d).dtype == torch.float32
+        monkeypatch.delenv("TORCHFL_PRECISION")
+        with pytest.raises(Exception, match="float16"):
+            torch.mm(d, d)
+
+
+def test_eval_batch_norm_is_one_direct_kernel_with_empty_statistics(fp16_dev):
+    """An inference batch-norm returns its saved statistics empty, as torch on the CPU does
+    (shape (0,), the input's dtype), now without planning them: they were two extra cast
+    steps (of empty values) that kept the op off the direct path. The output is the same
+    kernel's."""
+    from torchfl.runtime.eager import direct, ops
+
+    torch.manual_seed(5)
+    bn = torch.nn.BatchNorm2d(6).eval()
+    bn.running_mean.uniform_(-1, 1)
+    bn.running_var.uniform_(0.5, 2)
+    x = torch.randn(1, 6, 5, 7)
+    args = [t.half() for t in (x, bn.weight.detach(), bn.bias.detach(), bn.running_mean, bn.running_var)]
+    ref = torch.ops.aten.native_batch_norm.default(*args, False, 0.1, 1e-5)
+    dargs = [t.to(fp16_dev) for t in args]
+    for _ in range(3):
+        got = torch.ops.aten.native_batch_norm.default(*dargs, False, 0.1, 1e-5)
+        assert [(tuple(t.shape), t.dtype) for t in got] == [(tuple(t.shape), t.dtype) for t in ref]
+        torch.testing.assert_close(got[0].cpu().float(), ref[0].float(), rtol=0, atol=4e-3)
+    route = _route_of(ops, torch.ops.aten.native_batch_norm.default)
+    assert [s.kernel for s in route.plan.steps] == ["batch_norm_infer"]
+    assert isinstance(route.direct, direct.DirectRun)
+    with torch.no_grad():                                  # the module path reads output 0
+        torch.testing.assert_close(bn.half().to(fp16_dev)(dargs[0]).cpu(), got[0].cpu(), rtol=0, atol=0)

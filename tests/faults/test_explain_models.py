@@ -44,16 +44,38 @@ class Counting(torch.nn.Module):
 
 def train_mode():
     return Counting().train(), (torch.randn(8, 4),)
+
+def exits():
+    import sys
+    sys.exit(3)
+
+class DataDependent(torch.nn.Module):
+    def forward(self, x):
+        return x * 2 if x.sum() > 0 else x
+
+def data_dependent():
+    return DataDependent(), (torch.randn(2, 4),)
+
+class NonZero(torch.nn.Module):
+    def forward(self, x):
+        return torch.nonzero(x)
+
+def nonzero():
+    return NonZero(), (torch.randn(2, 4),)
 '''
 
 CASES = {
     "bad_import.py:make": ("could not load", "bad_import.py", "nonexistent_module_xyz"),
     "models.py:nosuch": ("has no callable 'nosuch'", "def nosuch()"),
-    "models.py:raises": ("the model factory", "raised RuntimeError: factory broke", "models.py:5"),
+    "models.py:raises": ("the model factory", "raised RuntimeError: factory broke", "models.py:5)"),
     "models.py:notmodule": ("returned int as the module", "torch.nn.Module"),
     "models.py:wrong_shape": ("forward fails on its example inputs ((2, 5) float32)", "RuntimeError"),
     "models.py:wrong_dtype": ("forward fails on its example inputs ((2, 4) int64)", "same dtype"),
     "models.py:forward_raises": ("forward fails on its example inputs", "ValueError: forward broke"),
+    # exit 3 and no word before; a CaptureError traceback (42 and 229 lines) for the two after
+    "models.py:exits": ("called sys.exit(3)", "models.py:"),
+    "models.py:data_dependent": ("depends on tensor values", "DataDependentOutputException", "torch.compile"),
+    "models.py:nonzero": ("depends on tensor values", "DynamicOutputShapeException: aten.nonzero.default"),
 }
 
 

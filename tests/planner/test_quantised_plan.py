@@ -65,7 +65,8 @@ def test_int8_groups_take_the_int8_units_layouts(chips, packs):
 def test_explain_shows_int8_steps_with_their_scales_granularity(chips, packs):
     cap, x = _quantised_resnet()
     plan = plan_captured(cap, x, Target.of(chips["NPU-V3"], packs), precision="float16")
-    text = plan.explain("text")
+    # the notes wrap at the width (100 columns in a pipe): read them as the sentences they are
+    text = " ".join(plan.explain("text").split())
     assert "0 fallbacks" in text
     assert "weight per-channel (64 scales" in text and "x per-tensor (scale" in text
     assert "out requantised per-tensor" in text and "out dequantised to float16" not in text  # fc is requantised

@@ -87,6 +87,7 @@ def test_support_across_chips(registry):
 def test_why_not_text_explains_each_gap(registry):
     code, out, _ = run(registry, "why-not", "aten.convolution.default", "--chip", "NPU-V2")
     assert code == 0
+    out = " ".join(out.split())      # reasons wrap at the width (100 columns in a pipe): read them as text
     assert "not float16 NHCW: layout NHCW not in compute_units.fp16.supported_layouts [NCHW, NHWC] of NPU-V2 2.1.0" in out
     assert "not float32: dtype float32 not in tensor.supported_dtypes" in out
     assert "served: float16, bfloat16 in NHWC, NCHW" in out and "by conv2d" in out
@@ -124,10 +125,13 @@ def test_layouts_are_per_dtype_not_the_union_across_units(registry_m5):
     assert set(conv["layouts_by_dtype"]["float16"]) == {"NHWC", "NCHW"}
     assert conv["layouts_by_dtype"]["bfloat16"] == ["NHWC"]
     code, out, _ = run(registry, "ops", "--chip", "DSP-M5")
-    line = next(ln for ln in out.splitlines() if ln.strip().startswith("aten.convolution.default "))
-    assert line.rstrip().endswith("float16 in NHWC, NCHW; bfloat16 in NHWC"), line
+    lines = out.splitlines()
+    at = next(i for i, ln in enumerate(lines) if ln.strip().startswith("aten.convolution.default "))
+    # the row and the lines its last cell wraps onto (they start under that cell, blank before it)
+    cell = [lines[at]] + [ln for ln in lines[at + 1:at + 4] if ln.startswith(" " * 10)]
+    assert " ".join(" ".join(cell).split()).endswith("float16 in NHWC, NCHW; bfloat16 in NHWC"), cell
     # columns stay aligned: each column starts at the same place on every op row
-    rows = [ln for ln in out.splitlines() if ln.startswith("  aten.")]
+    rows = [ln for ln in out.splitlines() if ln.startswith("  aten.") and "  " in ln[2:].rstrip()]
     assert len(rows) > 20
     assert len({len(ln) - len(ln[2:].split("  ", 1)[1].lstrip()) for ln in rows}) == 1
     code, out, _ = run(registry, "support", "aten.convolution.default")
@@ -141,9 +145,10 @@ def test_why_not_a_supported_combination_is_one_line(registry):
                        "--layout", "NHWC")
     assert code == 0
     lines = out.strip().splitlines()
-    assert len(lines) == 1, out
-    assert lines[0].startswith("aten.convolution.default float16 NHWC on NPU-V3 1.0.0: supported, by conv2d on "
-                               "compute_units.fp16")
+    # one sentence (wrapped at the width: its continuation lines are indented), not a report
+    assert all(ln.startswith("    ") for ln in lines[1:]), out
+    assert " ".join(out.split()).startswith("aten.convolution.default float16 NHWC on NPU-V3 1.0.0: supported, "
+                                            "by conv2d on compute_units.fp16")
     # an unsupported combination still lists each reason
     code, out, _ = run(registry, "why-not", "aten.convolution.default", "--chip", "NPU-V3", "--layout", "NCWH")
     assert "not supported" in out.splitlines()[0] and out.count("not float16 NCWH") == 1

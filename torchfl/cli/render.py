@@ -49,6 +49,8 @@ def hcd_table(h) -> None:
             parts.append(f"{ex.concurrent_tiles} tiles at once")
         if ex.tile_elements is not None:
             parts.append(f"{ex.tile_elements} output elements per tile")
+        if ex.row_resident_elements is not None:
+            parts.append(f"rows of up to {ex.row_resident_elements} elements kept on one core")
         t.add_row("execution", ", ".join(parts) or "(empty)")
     t.add_row("tensor", f"max_rank {h.tensor.max_rank}, dtypes {', '.join(h.dtypes)}, "
                         f"default layout {h.tensor.default_layout}")

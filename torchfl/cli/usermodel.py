@@ -30,6 +30,9 @@ def load_user_model(model: str, *, labels: dict | None = None, **sizes):
         module, inputs = load_model(model, labels=labels, **sizes)
     except ModelError:
         raise
+    except SystemExit as exc:   # the user's file or factory ended the process: said, not silent
+        raise ModelError(f"the model file or factory {model} called sys.exit({exc.code!r}){_user_frame(exc, model)}; "
+                         "a factory returns (module, example_inputs)") from None
     except Exception as exc:  # noqa: BLE001 - user code: anything it raises is the user's to fix
         raise ModelError(f"the model factory {model} raised {type(exc).__name__}: "
                          f"{_first_line(exc)}{_user_frame(exc, model)}") from None
@@ -40,13 +43,20 @@ def load_user_model(model: str, *, labels: dict | None = None, **sizes):
         raise ModelError(f"{model} returned {type(inputs).__name__} as example_inputs; return a tuple of the "
                          "tensors the module's forward takes, e.g. (torch.randn(1, 3, 224, 224),)")
     inputs = tuple(inputs)
-    problem = example_error(module, inputs) or run_error(module, inputs)
-    if problem:
-        raise ModelError(f"{model}: {problem}; fix the factory's example inputs or the model")
+    fake = example_error(module, inputs)
+    real = run_error(module, inputs, checked=fake is not None)
+    if real:   # the fake run's words where both fail (they name the shapes as the graph sees them)
+        raise ModelError(f"{model}: {fake or real}; fix the factory's example inputs or the model")
+    if fake:
+        # it runs, but not on shapes alone: it reads tensor values (an `if` on a tensor, .item(), nonzero)
+        raise ModelError(f"{model}: the forward depends on tensor values, so it cannot be captured as one graph "
+                         f"({fake.split('): ', 1)[-1]}); remove data-dependent Python "
+                         "control flow, or run it through torch.compile(model, backend=\"torchfl\"), which splits "
+                         "the graph there")
     return module, inputs
 
 
-def run_error(module, inputs) -> str | None:
+def run_error(module, inputs, checked: bool = False) -> str | None:
     """Why ``module(*inputs)`` fails when it really runs, or None.
 
     The fake-tensor run (``whatif.example_error``) checks shapes, but not every op's dtypes: a
@@ -54,11 +64,13 @@ def run_error(module, inputs) -> str | None:
     One forward on the CPU under ``no_grad`` settles it; the module's buffers (a train-mode
     batch-norm's statistics) and the RNG are restored after it, so the plan sees the model as
     the factory built it. Skipped for models on the meta device or another device, and above
-    :data:`RUN_CHECK_ELEMENTS`."""
+    :data:`RUN_CHECK_ELEMENTS` unless ``checked`` (the fake run failed: whether the real one does
+    too tells a wrong input from a forward that reads tensor values)."""
     import torch
 
     tensors = [*module.parameters(), *module.buffers(), *(x for x in inputs if isinstance(x, torch.Tensor))]
-    if any(t.device.type != "cpu" for t in tensors) or sum(t.numel() for t in tensors) > RUN_CHECK_ELEMENTS:
+    if any(t.device.type != "cpu" for t in tensors) or (
+            not checked and sum(t.numel() for t in tensors) > RUN_CHECK_ELEMENTS):
         return None
     saved = [(b, b.detach().clone()) for b in module.buffers()]
     rng = torch.random.get_rng_state()

@@ -228,6 +228,14 @@ class Execution(_Model):
         description="Output elements one of the concurrent tiles computes (integer, elements; e.g. "
                     "16384 for a 128 x 128 GEMM thread block). A kernel's output over tile_elements is "
                     "its tile count; tiles / concurrent_tiles rounded up is its waves.")
+    row_resident_elements: Optional[int] = Field(
+        default=None, ge=1, le=1 << 30,
+        description="Longest row (integer, elements along the reduced dimension) that a row-wise "
+                    "reduction (softmax, log-softmax and their backward, layer norm) keeps on one core "
+                    "across its passes: what the chip's kernels hold in one core's registers or local "
+                    "memory. A longer row is streamed in chunks of at most this many elements and read "
+                    "from off-chip memory once per pass (statistics, then normalise). Absent: a row may "
+                    "fill the whole on_chip_cache (format 1.0).")
 
 
 #: Format 1.1's optional fields, as canonical dotted paths (``hcd show``, ``format_version``).
@@ -239,6 +247,7 @@ FORMAT_11_FIELDS = (
     "execution.matrix_launch_overhead_us",
     "execution.concurrent_tiles",
     "execution.tile_elements",
+    "execution.row_resident_elements",
 )
 
 

@@ -51,6 +51,9 @@ class ChipModel:
     #: tiles run at once and output elements per tile (0: no wave quantisation)
     concurrent_tiles: int = 0
     tile_elements: int = 0
+    #: longest row a row-wise reduction keeps on one core across its passes
+    #: (``execution.row_resident_elements``; 0: no per-core limit, a row may fill ``cache_bytes``)
+    row_elements: int = 0
 
     def __post_init__(self):
         if self.cache_bytes <= 0:
@@ -68,13 +71,15 @@ class ChipModel:
                                                                           self.tile_elements) < 0:
             raise ValueError(f"ChipModel {self.name!r}: concurrent_tiles and tile_elements are set together "
                              f"(both > 0) or not at all, got {self.concurrent_tiles} and {self.tile_elements}")
+        if self.row_elements < 0:
+            raise ValueError(f"ChipModel {self.name!r}: row_elements must be >= 0 (0: no limit), got {self.row_elements}")
 
     def __hash__(self):  # dict fields: hash the immutable identity
         return hash((self.name, self.cache_bytes, self.cache_bw, self.offchip_bw,
                      tuple(sorted(self.peak.items())), self.alignment, self.memory_bytes,
                      self.bf16_emulation, self.hcd_hash, self.launch_s, self.matrix_launch_s,
                      tuple(sorted(self.sustained.items())), self.offchip_sustained, self.cache_retains,
-                     self.concurrent_tiles, self.tile_elements))
+                     self.concurrent_tiles, self.tile_elements, self.row_elements))
 
     @property
     def waves_modelled(self) -> bool:
@@ -117,6 +122,7 @@ class ChipModel:
             cache_retains=bool(mem.on_chip_cache.retains_between_kernels),
             concurrent_tiles=int(ex.concurrent_tiles) if grain else 0,
             tile_elements=int(ex.tile_elements) if grain else 0,
+            row_elements=int(ex.row_resident_elements) if ex is not None and ex.row_resident_elements else 0,
         )
 
     def peak_for(self, dtype: str) -> float:

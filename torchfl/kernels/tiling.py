@@ -89,12 +89,17 @@ class TileConfig:
     notes: str = ""
     compute_util: float = 1.0
     pipelined_tiles: bool = False   # the tiles are the double-buffered pipeline's stages
+    #: independent units (rows of a row-wise reduction) that a many-core chip runs one per core;
+    #: fewer than its ``concurrent_tiles`` leave cores idle (0: not stated, no effect)
+    parallel_units: int = 0
 
     def as_dict(self) -> dict:
         d = {"strategy": self.strategy, "tiles": {a: s for a, s in self.tiles},
              "double_buffered": self.double_buffered, "notes": self.notes}
         if self.compute_util != 1.0:
             d["compute_util"] = self.compute_util
+        if self.parallel_units:
+            d["parallel_units"] = self.parallel_units
         return d
 
     def tile(self, axis: str, default=None):
@@ -175,6 +180,7 @@ class TimeTerms:
     offchip_sustained: float = 1.0
     waves: int = 0
     wave_efficiency: float = 1.0
+    busy_cores: int = 0             # cores a row-wise kernel with fewer rows than cores keeps busy (0: all)
 
     def notes(self) -> list[str]:
         """Where a format-1.1 number moved this time, in explain's words ("+4.5 us launch",
@@ -190,6 +196,9 @@ class TimeTerms:
             out.append(f"compute bound at {self.sustained:.0%} sustained")
         if self.waves and self.wave_efficiency < 1.0 and self.bound == "compute":
             out.append(f"{self.waves} wave{'s' if self.waves != 1 else ''}, {self.wave_efficiency:.0%} full")
+        if self.busy_cores and self.bound != "compute":
+            out.append(f"{self.busy_cores} busy core{'s' if self.busy_cores != 1 else ''} (one row each) stream "
+                       "their share of the bandwidth")
         return out
 
 
@@ -240,7 +249,12 @@ def time_terms(plan_or_traffic, chip, dtype: str, *, flops_scale: float = 1.0,
     On a chip whose cache keeps data between kernels (format 1.1
     ``on_chip_cache.retains_between_kernels``: ``chip.cache_retains``), a kernel whose whole
     traffic fits the cache moves it at ``chip.cache_bw``, not off-chip: its operands are where
-    the previous kernel (or the previous call) left them."""
+    the previous kernel (or the previous call) left them.
+
+    On a chip with a parallel grain (``chip.concurrent_tiles``), a plan that states its
+    independent units (``TileConfig.parallel_units``: the rows of softmax and layer norm, one
+    row per core) and has fewer than the chip's cores moves its bytes at ``units /
+    concurrent_tiles`` of the bandwidth: the cores without a row pull nothing."""
     if isinstance(plan_or_traffic, Traffic):
         groups, util, cfg = ((1, plan_or_traffic),), 1.0, None
         written = plan_or_traffic.bytes_written
@@ -262,6 +276,13 @@ def time_terms(plan_or_traffic, chip, dtype: str, *, flops_scale: float = 1.0,
             and plan_or_traffic.traffic.bytes <= chip.cache_bytes)
     if warm:        # format 1.1: the data stay in a cache that keeps them between kernels
         bw = chip.cache_bw / bytes_scale if bytes_scale else float("inf")
+    # format 1.1: a row-wise kernel puts one row on one core; with fewer rows than the chip's
+    # cores, the idle cores pull no data and the busy ones stream their share of the bandwidth
+    cores = getattr(chip, "concurrent_tiles", 0)
+    units = cfg.parallel_units if cfg is not None else 0
+    busy = units if cores and 0 < units < cores else 0
+    if busy:
+        bw = bw * busy / cores
     steady = comp = mem = serial = 0.0
     n = 0
     for c, t in groups:
@@ -281,7 +302,7 @@ def time_terms(plan_or_traffic, chip, dtype: str, *, flops_scale: float = 1.0,
     launch = float(chip.launch_for(kernel)) if hasattr(chip, "launch_for") else 0.0
     return TimeTerms(body + launch if launch else body, launch, comp, mem,
                      "compute" if comp >= mem else "on-chip cache" if warm else "off-chip", sustained, off,
-                     n_waves, wave_eff)
+                     n_waves, wave_eff, busy)
 
 
 def round_trip_time(nbytes: int, chip) -> float:

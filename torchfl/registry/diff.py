@@ -45,6 +45,7 @@ _UNITS_11 = (
     ("execution.matrix_launch_overhead_us", "us"),
     ("execution.concurrent_tiles", "tiles"),
     ("execution.tile_elements", "elements"),
+    ("execution.row_resident_elements", "elements"),
 )
 
 

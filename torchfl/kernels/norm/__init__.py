@@ -8,6 +8,9 @@ elements), layer-norm's one row (the normalised dims). :func:`norm_tiling` picks
   once (statistics and normalisation both run on the on-chip copy);
 - ``chunked``: a single segment does not fit; it is streamed in chunks of ``TE``
   elements and read once per pass (training statistics, then normalisation: twice).
+  Layer norm's row is also chunked when it is longer than the chip's per-core row
+  (HCD 1.1 ``execution.row_resident_elements``, ``chip.row_elements``): the core that
+  reduces a row cannot keep a longer one between the statistics and the normalisation.
 
 Bytes depend only on the strategy (resident <= chunked), so a bigger cache never moves
 more. Operation counts use fixed per-element costs (``_OPS``), the same numbers the
@@ -15,6 +18,7 @@ kernels count as they process elements.
 """
 from __future__ import annotations
 
+from dataclasses import replace
 from functools import lru_cache
 
 from .. import dtypes as _dt
@@ -158,11 +162,16 @@ def _streams(p):
 
 
 @lru_cache(maxsize=4096)
-def _choice(S, L, ie, oe, is_, os_, glob, fin, chunkable, cache):
+def _choice(S, L, ie, oe, is_, os_, glob, fin, chunkable, cache, row_limit=0):
     per_seg = L * (ie + oe) + is_ + os_
     # global vectors (layer-norm weight/bias) resident; float32 accumulators for the
     # final gradients (layer-norm backward's grad_weight / grad_bias)
     fixed = glob * L + (STAT * L * 2 if fin else 0)
+    if chunkable and row_limit and L > row_limit:
+        # one core keeps at most row_limit elements of a row: chunks of at most that many
+        per_el = 2 * (ie + oe) + 2 * glob
+        te = max(1, min(L, row_limit, (cache - is_ - os_ - 8 * 8) // max(per_el, 1)))
+        return "chunked", 1, te, te * per_el + is_ + os_ + 64
     if S * per_seg + fixed <= cache:
         return "resident", S, L, S * per_seg + fixed
     ts = (cache - fixed) // (2 * per_seg) if cache > fixed else 0
@@ -187,8 +196,9 @@ def norm_tiling(p, chip):
         # empty: only per-segment parameters/statistics of empty segments move
         return make_plan(k, p.key, TileConfig("resident", (("segments", S), ("elements", L))), (), 0)
     chunkable = k != "layer_norm_backward"
+    row_limit = getattr(chip, "row_elements", 0) if k == "layer_norm" else 0
     strat, ts, te, need = _choice(S, L, st["ie"], st["oe"], st["is_"], st["os_"], st["glob"], st["fin"],
-                                  chunkable, chip.cache_bytes)
+                                  chunkable, chip.cache_bytes, row_limit)
     ope, ops_seg = _OPS[k]
     groups = []
     if strat == "resident":
@@ -219,10 +229,16 @@ def norm_tiling(p, chip):
                             n * ope[pi])
                 groups.append((S * cnt, t))
         groups.append((S, Traffic(0, st["os_"], 0)))
+        why = (f"a row of {L} exceeds the {row_limit} elements one core keeps (row_resident_elements)"
+               if row_limit and L > row_limit else f"a segment of {L} elements does not fit")
         cfg = TileConfig("chunked", (("segments", 1), ("elements", te)), True,
-                         f"a segment of {L} elements does not fit: {len(st['chunk_in'])} pass(es) over "
+                         f"{why}: {len(st['chunk_in'])} pass(es) over "
                          f"double-buffered chunks of {te}; footprint {need} B")
-    return make_plan(k, p.key, cfg, groups, need)
+    plan = make_plan(k, p.key, cfg, groups, need)
+    if k == "layer_norm" and getattr(chip, "concurrent_tiles", 0):
+        # one row per core on a many-core chip: fewer rows than cores leave cores idle
+        plan = replace(plan, config=replace(plan.config, parallel_units=int(S)))
+    return plan
 
 
 KERNELS = [

@@ -47,7 +47,9 @@ def autoload() -> None:
         return
     try:
         register()
-    except Exception as exc:   # noqa: BLE001 -- must not break `import torch`; kept for diagnosis
+    except Exception as exc:   # noqa: BLE001 -- must stay: an exception here breaks `import torch` for the
+        # whole environment. Not silent: kept in _STATE["autoload_error"], logged (debug), and the
+        # first use of the device (``register()`` / ``ensure_adapter()``) raises it again
         _STATE["autoload_error"] = exc
         LOG.debug("torchfl: the npu device was not registered at import: %s", exc)
 

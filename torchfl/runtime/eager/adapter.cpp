@@ -56,6 +56,35 @@ void sync_if_lazy() {
 
 std::atomic<int> device_count_cache{-1};
 thread_local c10::DeviceIndex current_index = 0;
+std::mutex count_error_mutex;
+std::string count_error;          // why the device list could not be read (empty: it could)
+std::atomic<bool> count_warned{false};
+
+std::string last_count_error() {
+  std::lock_guard<std::mutex> lock(count_error_mutex);
+  return count_error;
+}
+
+// The message of the Python error now set (and cleared), for a one-line report.
+std::string take_python_error() {
+  PyObject *type, *value, *tb;
+  PyErr_Fetch(&type, &value, &tb);
+  PyErr_NormalizeException(&type, &value, &tb);
+  std::string msg = "unknown error";
+  if (value != nullptr) {
+    PyObject* s = PyObject_Str(value);
+    if (s != nullptr) {
+      const char* text = PyUnicode_AsUTF8(s);
+      if (text != nullptr) msg = text;
+      Py_DECREF(s);
+    }
+  }
+  Py_XDECREF(type);
+  Py_XDECREF(value);
+  Py_XDECREF(tb);
+  PyErr_Clear();
+  return msg;
+}
 
 c10::DeviceIndex device_count() noexcept {
   int n = device_count_cache.load();
@@ -71,8 +100,26 @@ c10::DeviceIndex device_count() noexcept {
     Py_DECREF(res);
     if (count < 0) count = 0;
     device_count_cache.store(count);
+    PyErr_Clear();
+  } else {
+    // The device list could not be read (a TORCHFL_DEVICES naming chips the registry lacks,
+    // a registry that cannot be opened). This function must stay noexcept: c10's
+    // DeviceGuardImplInterface::deviceCount is, and torch calls it from the autograd engine
+    // and torch.accelerator, where an exception would terminate the process. So it answers
+    // 0 devices here, but not silently: the reason is warned once (RuntimeWarning), kept for
+    // the "npu:N does not exist" error of any npu tensor, and the Python entry points
+    // (torch.npu.device_count, is_available for anything but an unreadable registry, the
+    // first allocation) raise the error itself. Not cached: a later call reads again.
+    std::string msg = take_python_error();
+    {
+      std::lock_guard<std::mutex> lock(count_error_mutex);
+      count_error = msg;
+    }
+    if (!count_warned.exchange(true)) {
+      std::string warning = "torchfl npu: no devices in this process: " + msg;
+      if (PyErr_WarnEx(PyExc_RuntimeWarning, warning.c_str(), 1) < 0) PyErr_Clear();  // -W error: still 0
+    }
   }
-  PyErr_Clear();  // "REQUIRED to not raise": a broken registry means no devices
   PyErr_Restore(type, value, tb);
   return static_cast<c10::DeviceIndex>(count);
 }
@@ -160,8 +207,14 @@ struct NpuGuardImpl final : public c10::impl::DeviceGuardImplInterface {
   void setDevice(c10::Device d) const override {
     TORCH_CHECK(d.type() == static_type, "expected an npu device, got ", d);
     if (d.index() < 0) return;
-    TORCH_CHECK(d.index() < device_count(), "npu:", (int)d.index(), " does not exist: this process has ",
-                (int)device_count(), " npu device(s), one per chip in TORCHFL_DEVICES (or the default registry)");
+    if (d.index() < device_count()) {
+      current_index = d.index();
+      return;
+    }
+    const std::string why = last_count_error();
+    TORCH_CHECK(false, "npu:", (int)d.index(), " does not exist: this process has ", (int)device_count(),
+                " npu device(s), one per chip in TORCHFL_DEVICES (or the default registry)",
+                why.empty() ? std::string() : " -- the device list could not be read: " + why);
     current_index = d.index();
   }
   void uncheckedSetDevice(c10::Device d) const noexcept override {

@@ -145,7 +145,9 @@ def _compile(folder: Path, verbose: bool):
     try:
         module = cpp_extension.load(name=MODULE, sources=[str(SOURCE)], build_directory=str(folder),
                                     extra_cflags=["-O2"], verbose=verbose, is_python_module=True)
-    except Exception as exc:
+    except Exception as exc:   # noqa: BLE001 -- not swallowed: every way cpp_extension fails (RuntimeError
+        # from the compiler or ninja, OSError, CalledProcessError, ImportError of the built
+        # library) is re-raised as the one AdapterBuildError naming the folder, cause chained
         raise AdapterBuildError(f"building torchfl's npu device adapter failed in {folder}: {exc}") from exc
     print("torchfl: npu device adapter built", file=sys.stderr, flush=True)
     sys.modules[MODULE] = module

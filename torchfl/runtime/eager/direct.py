@@ -37,8 +37,11 @@ def prepare(executor, tensors):
     if p.host or p.call is None or p.relabel or p.squeeze is not None or p.alias or p.link is not None:
         return None
     n = len(executor.out_slots)
-    if tuple(p.outs) != executor.out_slots or len(set(p.outs)) != n or min(p.outs, default=0) < 0 \
-            or executor.out_spec != tuple(("value", i) for i in range(n)):
+    named, unnamed = tuple(p.outs[:n]), tuple(p.outs[n:])
+    # outputs past the named ones must be unnamed (-1): the kernel's side outputs the plan
+    # drops (an eval batch-norm's statistics), freed at once as the executor's _store does
+    if named != executor.out_slots or len(set(named)) != n or min(named, default=0) < 0 \
+            or any(s != -1 for s in unnamed) or executor.out_spec != tuple(("value", i) for i in range(n)):
         return None
     by_slot = {executor.slots[name]: (pos, lay, dt) for name, pos, lay, dt in executor.user_inputs}
     inputs = []
@@ -62,15 +65,18 @@ class DirectRun:
     (nothing ran) when a call's inputs are not as prepared. ``last_kernel_s``: the time in
     the kernel call, as the executor's ``last_kernel_s`` measures it."""
 
-    __slots__ = ("call", "inputs", "n_out", "index", "memory", "align", "wrappers", "last_kernel_s")
+    __slots__ = ("call", "inputs", "n_out", "index", "memory", "align", "wrappers", "last_kernel_s", "wrap")
 
     def __init__(self, call, inputs, n_out, executor):
+        from . import _STATE
+
         self.call, self.inputs, self.n_out = call, inputs, n_out
         self.index = executor.index
         self.memory = executor.memory
         self.align = int(executor.chip.alignment)
         self.wrappers: dict = {}        # (shape, layout, dtype) -> (shape list, strides, torch dtype)
         self.last_kernel_s = 0.0
+        self.wrap = _STATE["adapter"].wrap
 
     def run(self, tensors):
         align = self.align
@@ -91,7 +97,8 @@ class DirectRun:
             self.last_kernel_s = time.perf_counter() - k0
         n = self.n_out
         for extra in outs[n:]:          # outputs the plan does not name (as the executor's _store)
-            extra.buffer.free()
+            if extra.__class__ is DeviceTensor:
+                extra.buffer.free()
         return tuple([self._wrap(o, tensors) for o in outs[:n]])
 
     def _wrap(self, v, tensors):
@@ -105,10 +112,8 @@ class DirectRun:
         if w is None:
             w = self.wrappers[key] = _wrapper(v)
         shape, strides, dtype = w
-        from . import _STATE
-
         _LIVE[address] = v.buffer
-        return _STATE["adapter"].wrap(address, v.buffer.nbytes, shape, strides, 0, dtype, self.index)
+        return self.wrap(address, v.buffer.nbytes, shape, strides, 0, dtype, self.index)
 
 
 def _wrapper(v):

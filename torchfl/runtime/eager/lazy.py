@@ -212,7 +212,12 @@ def _record(op, args, kwargs, _ops, out=None):
     if meta is False:
         try:
             meta = _outputs_meta(op, flat, spec)
-        except Exception:   # no meta kernel: run it now, eagerly, after what was recorded
+        except RuntimeError:
+            # NotImplementedError (a RuntimeError): no meta kernel (nonzero, unique, bincount);
+            # RuntimeError: a meta kernel that needs the data (``.item()``) or refuses the
+            # arguments (the eager run then raises the op's own error). Run it now, eagerly,
+            # after what was recorded. Anything else (TypeError, AttributeError...) is a bug
+            # and propagates: it must not become an eager run.
             meta = None
         _METAS[mkey] = meta
     if meta is None or (out is not None and (meta[2] != "single" or meta[1][0][2] != out.dtype)):

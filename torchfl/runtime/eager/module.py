@@ -37,10 +37,27 @@ def _adapter():
     return adapter()
 
 
+_UNAVAILABLE_LOGGED: list = []
+
+
 def is_available() -> bool:
+    """Whether this process has npu devices. A registry that cannot be opened means none
+    (False, said once in the log), as ``torch.cuda.is_available()`` is False without a
+    driver; a ``TORCHFL_DEVICES`` naming chips the registry lacks is the user's error and
+    raises it (ValueError naming the chips and the registered ones), as any bug does."""
     try:
         return _dev.device_count() > 0
-    except Exception:
+    except Exception as exc:   # noqa: BLE001 -- re-raised unless the registry itself is unusable
+        # registry errors carry exit_code 2 exactly when the registry cannot be opened or
+        # used (torchfl.registry.errors); named by that attribute, as the runtime layer does
+        # not import the registry (tests/test_layers.py). Everything else propagates.
+        if getattr(exc, "exit_code", None) != 2:
+            raise
+        if not _UNAVAILABLE_LOGGED:
+            _UNAVAILABLE_LOGGED.append(str(exc))
+            from . import LOG
+
+            LOG.warning("torchfl: no npu devices: %s", exc)
         return False
 
 

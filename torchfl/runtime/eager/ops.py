@@ -68,14 +68,37 @@ def clear_cache() -> None:
 def eager_precision() -> str | None:
     """``TORCHFL_PRECISION`` (float16 / bfloat16): the policy for float32 ops on chips
     without a float32 unit, as ``options={"precision": ...}`` is for torch.compile."""
-    p = os.environ.get("TORCHFL_PRECISION", "").strip()
-    return p or None
+    return _env_flags()[1]
 
 
 def _strict() -> bool:
-    from torchfl.runtime.logs import strict_env
+    return _env_flags()[0]
 
-    return strict_env()
+
+# TORCHFL_STRICT and TORCHFL_PRECISION are read at every op (a program or a test may set
+# them between two ops), which through ``os.environ`` costs ~1 us each (key encoding, value
+# decoding): the hot path reads the environment's own mapping with pre-encoded keys and
+# parses the values again only when they changed.
+_ENV = getattr(os.environ, "_data", None)
+_ENV_KEYS = tuple(os.environ.encodekey(k) for k in ("TORCHFL_STRICT", "TORCHFL_PRECISION")) \
+    if _ENV is not None and hasattr(os.environ, "encodekey") else None
+_ENV_MEMO: list = [object(), (False, None)]
+
+
+def _env_flags() -> tuple:
+    """(strict, precision) as :func:`torchfl.runtime.logs.strict_env` and the precision
+    policy read them now."""
+    if _ENV_KEYS is not None:
+        raw = (_ENV.get(_ENV_KEYS[0]), _ENV.get(_ENV_KEYS[1]))
+    else:
+        raw = (os.environ.get("TORCHFL_STRICT"), os.environ.get("TORCHFL_PRECISION"))
+    if raw != _ENV_MEMO[0]:
+        from torchfl.runtime.logs import strict_env
+
+        p = os.environ.get("TORCHFL_PRECISION", "").strip()
+        _ENV_MEMO[1] = (strict_env(), p or None)
+        _ENV_MEMO[0] = raw
+    return _ENV_MEMO[1]
 
 
 # ---------------------------------------------------------------- entry point
@@ -83,6 +106,12 @@ def _strict() -> bool:
 def dispatch(op, args, kwargs):
     if _lazy.active():
         return _lazy.record(op, args, kwargs)
+    if not kwargs and _KINDS.get(op) == "functional":      # the warm path: a known signature
+        fast = _fast_key(op, args)
+        if fast is not None:
+            route = _FAST.get(fast[0])
+            if route is not None:
+                return route.call(args, kwargs, fast[1])
     return run_eager(op, args, kwargs)
 
 
@@ -270,23 +299,43 @@ class _ChipRoute:
     direct = None                      # a DirectRun once prepared (False: the plan needs the executor)
     last_kernel_s = 0.0                # the last call's time in the kernel (tools/bench_eager.py)
 
-    def __init__(self, plan, executor, out_spec, label, fallback: bool, writes=(), keep=None, random=False):
+    def __init__(self, plan, executor, out_spec, label, fallback: bool, writes=(), keep=None, random=False,
+                 empty_tail=0):
         self.plan, self.executor, self.out_spec, self.label = plan, executor, out_spec, label
         self.fallback = fallback
         self.writes = tuple(writes)    # input positions the op updates in place (extra outputs)
         self.single = out_spec.is_leaf()
         self.keep = keep               # positions of the distinct tensors when one is passed twice
         self.random = random           # draws random numbers (on the host): from the device's generator
+        self._chip_key = (label, "chip")
+        self.plain = keep is None and not random
+        self.empty_tail = empty_tail   # empty outputs the op returns after the planned one (eval batch-norm)
 
     def call(self, args, kwargs, tensors):
+        direct = self.direct
+        if direct and self.plain:       # the warm path, inline: run()'s first branch
+            out = direct.run(tensors)
+            if out is not None:
+                self.last_kernel_s = direct.last_kernel_s
+                STATS["chip_ops"] += 1
+                ROUTES[self._chip_key] += 1
+                result = out[0] if self.single else tree_unflatten(list(out), self.out_spec)
+                return self._with_tail(result) if self.empty_tail else result
         if self.keep is not None:
             tensors = [tensors[i] for i in self.keep]
         if self.random:
             from .module import rng_scope
 
             with rng_scope(self.executor.index):
-                return self.run(tensors)
-        return self.run(tensors)
+                result = self.run(tensors)
+        else:
+            result = self.run(tensors)
+        return self._with_tail(result) if self.empty_tail else result
+
+    def _with_tail(self, result):
+        empty = torch.empty
+        return (result,) + tuple(empty((0,), dtype=result.dtype, device=result.device)
+                                 for _ in range(self.empty_tail))
 
     def run(self, tensors):
         direct = self.direct
@@ -295,7 +344,7 @@ class _ChipRoute:
             if out is not None:
                 self.last_kernel_s = direct.last_kernel_s
                 STATS["chip_ops"] += 1
-                ROUTES[self.label, "chip"] += 1
+                ROUTES[self._chip_key] += 1
                 return out[0] if self.single else tree_unflatten(list(out), self.out_spec)
         flat = list(self.executor.run(tensors))
         self.last_kernel_s = self.executor.last_kernel_s
@@ -428,8 +477,9 @@ def python_dispatch_enabled():
     return stack
 
 
-def _trace(op, flat, spec, tensors, table, alias=None):
-    """The op alone as a core-ATen FX graph over its (distinct) tensor arguments."""
+def _trace(op, flat, spec, tensors, table, alias=None, first_only=False):
+    """The op alone as a core-ATen FX graph over its (distinct) tensor arguments
+    (``first_only``: returning its first output alone)."""
     from torch.fx.experimental.proxy_tensor import make_fx
 
     is_tensor = [isinstance(a, torch.Tensor) for a in flat]
@@ -445,7 +495,8 @@ def _trace(op, flat, spec, tensors, table, alias=None):
         it = iter(ts)
         vals = [next(it) if t else a for a, t in zip(flat, is_tensor)]
         a, k = tree_unflatten(vals, spec)
-        return call(*a, **k)
+        out = call(*a, **k)
+        return out[0] if first_only else out
 
     examples = [torch.empty_strided(tuple(t.shape), tuple(t.stride()), dtype=t.dtype) for t in tensors]
     with torch.no_grad(), python_dispatch_enabled():
@@ -514,9 +565,15 @@ def _build(op, index, flat, spec, tensors, alias=None):
     label = _label(op)
     target = _dev.target_of(index)
     table = decompositions(target.packs)
+    stats_empty = eval_batch_norm(op, flat, spec)
     try:
-        gm = _trace(op, flat, spec, tensors, table, alias)
-    except Exception as exc:   # an op with no meta/fake kernel, data-dependent output shapes
+        gm = _trace(op, flat, spec, tensors, table, alias, first_only=stats_empty)
+    except RuntimeError as exc:
+        # what tracing an op alone refuses: no fake kernel (NotImplementedError), data it
+        # would need (DataDependentOutputException, DynamicOutputShapeException,
+        # UnsupportedOperatorException: RuntimeErrors) -- the op runs on the host, logged and
+        # refused by strict. A bug (TypeError, AttributeError, KeyError...) and torch's own
+        # refusal of the arguments (IndexError: dim out of range, ValueError) propagate.
         return _host(op, index, label, f"cannot be traced alone ({type(exc).__name__}: "
                                        f"{str(exc).strip().splitlines()[0] if str(exc).strip() else ''})")
     try:
@@ -550,7 +607,20 @@ def _build(op, index, flat, spec, tensors, alias=None):
     executor = EagerExecutor(plan, target, index, graph_module=gm, strict=strict)
     STATS["plans"] += 1
     return _ChipRoute(plan, executor, out_spec, label, fallback=bool(plan.fallbacks), writes=writes, keep=keep,
-                      random=_is_random(gm))
+                      random=_is_random(gm), empty_tail=2 if stats_empty else 0)
+
+
+def eval_batch_norm(op, flat, spec) -> bool:
+    """Whether the call is an inference-mode ``native_batch_norm``, whose saved mean and
+    inverse std torch returns empty (shape (0,), the input's dtype: nothing is saved). Its
+    route plans the normalised output alone and hands two empty tensors beside it, as the
+    CPU does: no cast steps for those empty values, so the op takes the direct path
+    (ResNet-50 b1 has 53 batch-norms, each planned with two cast steps and run through the
+    executor's general path because of them)."""
+    if op is not torch.ops.aten.native_batch_norm.default:
+        return False
+    a, k = tree_unflatten(flat, spec)
+    return (a[5] if len(a) > 5 else k.get("training")) is False
 
 
 def unbatched_inputs(placeholders, tensors) -> list:
@@ -583,36 +653,48 @@ class _Fallback:
 
 
 def _functional(op, args, kwargs):
-    fkey = None if kwargs else _fast_key(op, args)
-    if fkey is not None:
-        route = _FAST.get(fkey)
-        if route is not None:
-            return route.call(args, kwargs, [a for a in args if isinstance(a, torch.Tensor)])
+    if not kwargs:
+        fast = _fast_key(op, args)
+        if fast is not None:
+            key, tensors = fast
+            route = _FAST.get(key)
+            if route is None:
+                route, tensors = _route(op, args, kwargs)
+                _FAST[key] = route
+            return route.call(args, kwargs, tensors)
     route, tensors = _route(op, args, kwargs)
-    if fkey is not None:
-        _FAST[fkey] = route
     return route.call(args, kwargs, tensors)
 
 
 _PARAM = torch.nn.Parameter
+_TENSOR = torch.Tensor
 _FAST: dict = {}       # _fast_key -> route (the same routes as _CACHE, found without flattening)
+_IS_NPU: dict = {}     # torch.device -> whether it is an npu device (``device.type`` costs ~0.5 us)
+_grad_enabled = torch.is_grad_enabled
+_autograd_node = torch._C._current_autograd_node
 
 
 def _fast_key(op, args):
-    """A cheap signature of a call with positional arguments only, or None (the general key
-    of :func:`_route` applies). Finer than that key -- strides instead of layouts, the
-    device of each tensor -- so each fast key names one route. None for tensors or nested
-    containers inside lists (``cat``) and calls with no npu tensor."""
-    key = [op, _strict(), eager_precision(), torch._C._current_autograd_node() is not None,
-           torch.is_grad_enabled(), in_optimizer_step()]
+    """(a cheap signature of a call with positional arguments only, its tensor arguments),
+    or None (the general key of :func:`_route` applies). Finer than that key -- strides
+    instead of layouts, the device of each tensor -- so each fast key names one route. None
+    for tensors or nested containers inside lists (``cat``), calls with no npu tensor and
+    unhashable arguments."""
+    strict, precision = _env_flags()
+    grad = _grad_enabled()
+    key = [op, strict, precision, _autograd_node() is not None, grad,
+           not grad and getattr(_OPTIMIZER, "depth", 0) > 0]      # in_optimizer_step()
     npu = False
-    tensor = torch.Tensor
-    ids = []
+    tensor = _TENSOR
+    tensors = []
     for a in args:
         if isinstance(a, tensor):
-            ids.append(id(a))
+            tensors.append(a)
             dev = a.device
-            npu = npu or dev.type == "npu"
+            is_npu = _IS_NPU.get(dev)
+            if is_npu is None:
+                is_npu = _IS_NPU[dev] = dev.type == "npu"
+            npu = npu or is_npu
             base = a._base
             key.append((dev, a.dtype, a.shape, a.stride(), a.requires_grad,
                         (a.__class__ is not tensor and isinstance(a, _PARAM))
@@ -629,13 +711,15 @@ def _fast_key(op, args):
             key.append((a.__class__, a))
     if not npu:
         return None
-    if len(ids) > 1 and len(set(ids)) != len(ids):
-        key.append(("alias", tuple(ids.index(i) for i in ids)))
+    if len(tensors) > 1:
+        ids = [id(t) for t in tensors]
+        if len(set(ids)) != len(ids):
+            key.append(("alias", tuple(ids.index(i) for i in ids)))
     try:
         hash(key := tuple(key))
     except TypeError:
         return None
-    return key
+    return key, tensors
 
 
 def _route(op, args, kwargs):

@@ -14,10 +14,18 @@ _LIBS: list = []
 _FUNCTIONAL_DONE: set = set()
 
 
-def _fallback(op, *args, **kwargs):
+_DISPATCH: list = [None]     # ops.dispatch, once imported (an import statement per op costs ~1 us)
+
+
+def _load_dispatch():
     from .ops import dispatch
 
-    return dispatch(op, args, kwargs)
+    _DISPATCH[0] = dispatch
+    return dispatch
+
+
+def _fallback(op, *args, **kwargs):
+    return (_DISPATCH[0] or _load_dispatch())(op, args, kwargs)
 
 
 def install() -> None:
@@ -142,9 +150,7 @@ def register_functional(op_names) -> None:
         key = op._schema.name.split("::")[1] + ("." + op._schema.overload_name if op._schema.overload_name else "")
 
         def kernel(*args, _op=op, **kwargs):
-            from .ops import dispatch
-
-            return dispatch(_op, args, kwargs)
+            return (_DISPATCH[0] or _load_dispatch())(_op, args, kwargs)
 
         try:
             lib.impl(key, kernel, "PrivateUse1")
