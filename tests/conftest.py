@@ -31,6 +31,12 @@ import atexit
 import shutil
 import tempfile
 
+# pytest-xdist's workers start with COLUMNS=80 (a plain run has none): output that wraps at the
+# terminal's width then differed between `pytest` and `pytest -n 2`. Tests see a pipe (100
+# columns) unless they set COLUMNS themselves.
+os.environ.pop("COLUMNS", None)
+os.environ.pop("LINES", None)
+
 _DATA_HOME = tempfile.mkdtemp(prefix="torchfl-test-data-")
 os.environ["XDG_DATA_HOME"] = _DATA_HOME
 atexit.register(shutil.rmtree, _DATA_HOME, ignore_errors=True)

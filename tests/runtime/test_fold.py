@@ -103,8 +103,10 @@ def test_debug_log_names_folds(monkeypatch, caplog):
     assert "Fallback to CPU" not in caplog.text
 
 
-def test_analyze_counts_folds_like_the_plan_prices_them():
+def test_analyze_counts_folds_like_the_plan_prices_them(monkeypatch):
     import torchfl
+
+    monkeypatch.setenv("COLUMNS", "200")      # the kernel cell whole on one line (it wraps at 100)
 
     m = BufferScale().eval()
     c = torch.compile(m, backend="torchfl", options=V3)
