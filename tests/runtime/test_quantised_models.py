@@ -99,6 +99,7 @@ def test_explain_analyze_int8_counted_equals_predicted():
     int8 = [s for s in steps if s.kernel in ("qconv2d", "qadd", "qlinear")]
     assert len(int8) == 29 and all(s.bytes_match and s.measured_bytes > 0 for s in int8)
     assert all(s.bytes_match for s in steps)
+    text = " ".join(text.split())      # notes wrap at the width: read them as sentences
     assert "0 fallbacks" in text and "weight per-channel" in text
 
 
