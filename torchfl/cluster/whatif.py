@@ -72,8 +72,9 @@ def sweep_compare(model: str, size: dict, names: list[str], registry, precision,
              for name in names]
     got = run_units(runner, "compare", f"compare {Path(model).name[:60]} on {len(names)} chips", spec, units,
                     registry=registry, resume=resume, echo=echo, state=state)
-    rows = [got[name] for name in names]
-    rows.sort(key=lambda r: (not r["ok"], r.get("predicted_time_s") or 0.0, r["chip"]))
+    from torchfl.planner.whatif import rank_compare_rows
+
+    rows = rank_compare_rows([got[name] for name in names])
     return {"rows": rows, "training": training, "planning_s": round(time.perf_counter() - t0, 3)}
 
 
