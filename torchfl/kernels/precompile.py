@@ -67,16 +67,16 @@ def count() -> int:
     of a cold first call waiting for a kernel a helper holds, and a lone helper compiled the
     large kernels one after the other (BERT layer: GEMM ``_tile`` 9.5 s, then attention 7.3 s,
     the executor idle meanwhile); a second one takes the next call the first holds a claim on."""
-    value = os.environ.get(ENV, "").strip().lower()
-    if value in ("0", "false", "no", "off"):
-        return 0
-    if (os.cpu_count() or 1) < 2:
+    from .envvars import count as env_count
+
+    wanted = env_count(ENV, 2)
+    if wanted == 0 or (os.cpu_count() or 1) < 2:
         return 0
     from .jitcache import writable_dir
 
     if writable_dir() is None:   # a read-only cache and no writable one: a helper's compiles reach no one
         return 0
-    return int(value) if value.isdigit() else 2
+    return wanted
 
 
 def enabled() -> bool:

@@ -8,10 +8,11 @@ Lines keep the seed's form, one per plan step (not per call):
 from __future__ import annotations
 
 import logging
-import os
 
 from torchfl.hcd.dtypes import unit_label
 from torchfl.planner.plan import identity_layout
+
+from torchfl.kernels.envvars import flag
 
 from .errors import aten_name
 
@@ -19,11 +20,11 @@ LOG = logging.getLogger("torchfl")
 
 
 def debug_enabled() -> bool:
-    return os.environ.get("TORCH_FL_DEBUG", "").strip().lower() not in ("", "0", "false", "no", "off")
+    return flag("TORCH_FL_DEBUG")
 
 
 def strict_env() -> bool:
-    return os.environ.get("TORCHFL_STRICT", "").strip().lower() not in ("", "0", "false", "no", "off")
+    return flag("TORCHFL_STRICT")
 
 
 def _ensure_handler() -> None:

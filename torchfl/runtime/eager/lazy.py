@@ -17,7 +17,6 @@ plan's dtype and layout until an optimizer step changes them.
 """
 from __future__ import annotations
 
-import os
 import threading
 import weakref
 
@@ -35,7 +34,9 @@ _LAST: dict = {"plan": None}
 
 
 def _env_lazy() -> bool:
-    return os.environ.get("TORCHFL_LAZY", "").strip().lower() not in ("", "0", "false", "no", "off")
+    from torchfl.kernels.envvars import flag
+
+    return flag("TORCHFL_LAZY")
 
 
 def active() -> bool:
