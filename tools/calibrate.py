@@ -45,7 +45,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import math
 import statistics
 import sys
 import time
@@ -69,32 +68,17 @@ CHOICE_TOLERANCE = 0.10
 
 
 def ranks(xs):
-    """1-based ranks, ties averaged."""
-    order = sorted(range(len(xs)), key=lambda i: xs[i])
-    r = [0.0] * len(xs)
-    i = 0
-    while i < len(order):
-        j = i
-        while j + 1 < len(order) and xs[order[j + 1]] == xs[order[i]]:
-            j += 1
-        for k in range(i, j + 1):
-            r[order[k]] = (i + j) / 2 + 1
-        i = j + 1
-    return r
+    """1-based ranks, ties averaged: torchfl's one implementation (fidelity.score)."""
+    from torchfl.fidelity.score import ranks as rank
+
+    return rank(list(xs))
 
 
 def spearman(a, b):
-    """Spearman's rho (Pearson on tie-averaged ranks); None when either side is constant."""
-    if len(a) < 2:
-        return None
-    ra, rb = ranks(a), ranks(b)
-    ma, mb = statistics.fmean(ra), statistics.fmean(rb)
-    sab = sum((x - ma) * (y - mb) for x, y in zip(ra, rb))
-    saa = sum((x - ma) ** 2 for x in ra)
-    sbb = sum((y - mb) ** 2 for y in rb)
-    if saa == 0 or sbb == 0:
-        return None
-    return sab / math.sqrt(saa * sbb)
+    """Spearman's rho (tie-averaged ranks) from two points on: torchfl's one implementation."""
+    from torchfl.fidelity.score import spearman as rho
+
+    return rho(list(a), list(b), min_pairs=2)
 
 
 def _calls(plan, top):

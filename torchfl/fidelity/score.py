@@ -11,7 +11,7 @@ from __future__ import annotations
 import statistics
 from dataclasses import dataclass, field
 
-__all__ = ["Score", "score", "spearman", "overall"]
+__all__ = ["Score", "score", "ranks", "spearman", "overall"]
 
 
 @dataclass(frozen=True)
@@ -37,7 +37,7 @@ class Score:
                     tables=list(self.tables), worst=[p.as_dict() for p in self.worst])
 
 
-def _ranks(values: list[float]) -> list[float]:
+def ranks(values: list[float]) -> list[float]:
     """1-based ranks, ties sharing their mean rank."""
     order = sorted(range(len(values)), key=lambda i: values[i])
     ranks = [0.0] * len(values)
@@ -52,14 +52,14 @@ def _ranks(values: list[float]) -> list[float]:
     return ranks
 
 
-def spearman(xs: list[float], ys: list[float]) -> float | None:
-    """Spearman's rank correlation (Pearson's on the ranks); None for fewer than 3 pairs or
-    a constant side."""
+def spearman(xs: list[float], ys: list[float], min_pairs: int = 3) -> float | None:
+    """Spearman's rank correlation (Pearson's on the ranks); None for fewer than ``min_pairs``
+    pairs or a constant side."""
     if len(xs) != len(ys):
         raise ValueError(f"spearman needs pairs: {len(xs)} and {len(ys)} values")
-    if len(xs) < 3:
+    if len(xs) < min_pairs:
         return None
-    rx, ry = _ranks(list(xs)), _ranks(list(ys))
+    rx, ry = ranks(list(xs)), ranks(list(ys))
     mx, my = sum(rx) / len(rx), sum(ry) / len(ry)
     sxy = sum((a - mx) * (b - my) for a, b in zip(rx, ry))
     sxx = sum((a - mx) ** 2 for a in rx)
