@@ -8,34 +8,13 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 
+from tests.processes import descendants, kill_left_behind, still_alive
+
 ROOT = Path(__file__).resolve().parents[2]
-
-
-def _stat(pid: int) -> tuple[int, str] | None:
-    """(parent pid, state) of a live process; None when it is gone or a zombie."""
-    try:
-        text = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    fields = text[text.rfind(")") + 2:].split()
-    return None if fields[0] in ("Z", "X") else (int(fields[1]), fields[0])
-
-
-def _descendants(root: int) -> set[int]:
-    parents = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit() and (st := _stat(int(entry.name))) is not None:
-            parents[int(entry.name)] = st[0]
-    out, frontier = set(), {root}
-    while frontier:
-        frontier = {pid for pid, ppid in parents.items() if ppid in frontier} - out
-        out |= frontier
-    return out
 
 
 @pytest.mark.parametrize("sig", [signal.SIGKILL, signal.SIGTERM])
@@ -53,19 +32,11 @@ def test_workers_and_tracker_end_with_the_conformance_process(tmp_path, sig):
     try:
         line = proc.stderr.readline()       # the first finished unit: both workers are running units
         assert "TFL-X1" in line, line + proc.stderr.read()[-2000:]
-        children = _descendants(proc.pid)
+        children = descendants(proc.pid)
         assert len(children) >= 3, children  # two workers and the resource tracker
         os.kill(proc.pid, sig)
         proc.wait(timeout=60)
-        deadline = time.monotonic() + 30
-        alive = children
-        while alive and time.monotonic() < deadline:
-            time.sleep(0.5)
-            alive = {pid for pid in alive if _stat(pid) is not None}
+        alive = still_alive(children, 30)
         assert not alive, f"still running after the parent's {sig.name}: {sorted(alive)}"
     finally:
-        if proc.poll() is None:
-            proc.kill()
-        for pid in children | _descendants(proc.pid):   # what a failed run left behind
-            if _stat(pid) is not None:
-                os.kill(pid, signal.SIGKILL)
+        kill_left_behind(proc, children)   # what a failed run left behind

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.processes import descendants, kill_left_behind, still_alive
+
 from torchfl.registry import Registry
 from torchfl.registry.sweeps import Sweeps
 
@@ -54,33 +56,10 @@ def test_probe_checks_its_output_before_probing(tmp_path):
     assert not missing.parent.exists()
 
 
-def _stat(pid: int):
-    """(parent pid, state) of a live process; None when it is gone or a zombie."""
-    try:
-        text = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    fields = text[text.rfind(")") + 2:].split()
-    return None if fields[0] in ("Z", "X") else (int(fields[1]), fields[0])
-
-
-def _descendants(root: int) -> set[int]:
-    parents = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit() and (st := _stat(int(entry.name))) is not None:
-            parents[int(entry.name)] = st[0]
-    out, frontier = set(), {root}
-    while frontier:
-        frontier = {pid for pid, ppid in parents.items() if ppid in frontier} - out
-        out |= frontier
-    return out
-
-
 def test_warmup_workers_end_with_a_killed_warmup(tmp_path, url):
     """kill -9 of ``torchfl kernels warmup`` left its spawn workers compiling (and the resource
     tracker) after the command was gone, as conformance's did before issue 39."""
     import signal
-    import time
 
     env = dict(os.environ, PYTHONPATH=str(ROOT), NUMBA_CACHE_DIR=str(tmp_path / "cold-cache"),
                TORCHFL_COMPILE_HELPERS="0")
@@ -95,21 +74,14 @@ def test_warmup_workers_end_with_a_killed_warmup(tmp_path, url):
             assert line, "".join(seen)[-2000:]
             seen.append(line)
             started += "started:" in line
-        children = _descendants(proc.pid)
+        children = descendants(proc.pid)
         assert len(children) >= 2, children
         os.kill(proc.pid, signal.SIGKILL)
         proc.wait(timeout=60)
-        deadline, alive = time.monotonic() + 30, children
-        while alive and time.monotonic() < deadline:
-            time.sleep(0.5)
-            alive = {pid for pid in alive if _stat(pid) is not None}
+        alive = still_alive(children, 30)
         assert not alive, f"still running after the warmup was killed: {sorted(alive)}"
     finally:
-        if proc.poll() is None:
-            proc.kill()
-        for pid in children | _descendants(proc.pid):   # what a failed run left behind
-            if _stat(pid) is not None:
-                os.kill(pid, signal.SIGKILL)
+        kill_left_behind(proc, children)   # what a failed run left behind
 
 
 def test_warmup_refuses_an_unknown_chip_before_starting_workers(url):
