@@ -248,6 +248,18 @@ def _first_tensor(out):
     raise TypeError(f"no tensor in {type(out).__name__}")
 
 
+def _build(build, rec):
+    """``build()`` from seed 0: (model, inputs, kwargs), or None with ``rec["error_message"]`` set."""
+    import torch
+
+    torch.manual_seed(0)
+    try:
+        return build()
+    except Exception as exc:  # a family this transformers version builds differently
+        rec["error_message"] = f"building the model: {type(exc).__name__}: {str(exc).splitlines()[0][:300]}"
+        return None
+
+
 def run_one(name, chip, precision, runs, strict=False):
     import torch
 
@@ -255,12 +267,10 @@ def run_one(name, chip, precision, runs, strict=False):
 
     what, build = MODELS[name]
     rec = {"model": name, "what": what, "chip": chip, "precision": precision}
-    torch.manual_seed(0)
-    try:
-        model, inputs, kwargs = build()
-    except Exception as exc:  # a family this transformers version builds differently
-        rec["error_message"] = f"building the model: {type(exc).__name__}: {str(exc).splitlines()[0][:300]}"
+    built = _build(build, rec)
+    if built is None:
         return rec
+    model, inputs, kwargs = built
     model = model.eval()
     with torch.no_grad():
         ref = model(*inputs, **kwargs)
@@ -313,12 +323,10 @@ def run_one_eager(name, chip, index, precision, runs, train_index=None):
 
     what, build = MODELS[name]
     rec = {"model": name, "what": what, "chip": chip, "precision": precision, "mode": "eager"}
-    torch.manual_seed(0)
-    try:
-        model, inputs, kwargs = build()
-    except Exception as exc:  # a family this transformers version builds differently
-        rec["error_message"] = f"building the model: {type(exc).__name__}: {str(exc).splitlines()[0][:300]}"
+    built = _build(build, rec)
+    if built is None:
         return rec
+    model, inputs, kwargs = built
     model = model.eval()
     dtype = {"float16": torch.float16, "bfloat16": torch.bfloat16, None: torch.float32}[precision]
     dev = f"npu:{index}"
