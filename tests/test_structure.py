@@ -53,7 +53,6 @@ TO_SPLIT = {
 
     # hcd, rules, fidelity's host and probe
     "torchfl/fidelity/host.py", "torchfl/fidelity/probe.py",
-    "torchfl/rules/guards/check.py:type", "torchfl/rules/guards/evaluate.py:value",
     "torchfl/fidelity/probe.py:probe", "torchfl/fidelity/probe.py:hcd_text",
 }
 LOOP_FREE = ("planner", "runtime/eager")

@@ -193,8 +193,9 @@ class _Compiler(DecompositionChecks, PackDiagnostics):
         if len(self.diags) > before and any(d.severity == "error" for d in self.diags[before:]):
             return None
         line = self.doc.where(base)[0]
-        return Rule(pname, index, m.op, m.kernel, args, primary, m.requires, guards, bind,
-                    tuple(m.defaults.items()), m.note, line)
+        return Rule(pack=pname, index=index, op=m.op, kernel=m.kernel, args=args, primary=primary,
+                    requires=m.requires, guards=guards, bind=bind, defaults=tuple(m.defaults.items()), note=m.note,
+                    line=line)
 
     def requires(self, path, req, kernel: str):
         kd = K.kernel_dtypes(kernel)

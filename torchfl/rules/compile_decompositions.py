@@ -65,8 +65,9 @@ class DecompositionChecks:
             scope[part.id] = TENSOR
         if any(d.severity == "error" for d in self.diags[before:]):
             return None
-        return Decomposition(pname, index, m.name, m.op, args, primary, m.requires, guards, tuple(parts),
-                             tuple(defaults.items()), m.note, self.doc.where(base)[0])
+        return Decomposition(pack=pname, index=index, name=m.name, op=m.op, args=args, primary=primary,
+                             requires=m.requires, guards=guards, parts=tuple(parts),
+                             defaults=tuple(defaults.items()), note=m.note, line=self.doc.where(base)[0])
 
     def part_call(self, ppath, part) -> None:
         """A part's op must be an ATen overload called with arguments its schema accepts:
