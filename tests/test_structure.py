@@ -42,14 +42,7 @@ TO_SPLIT = {
     "torchfl/runtime/executor.py:_run", "torchfl/runtime/executor.py:__init__",
     "torchfl/cli/demo_cmd.py:demo", "torchfl/cli/kernels_cmd.py:warmup",
 
-    # kernels
-    "torchfl/kernels/norm/impl.py", "torchfl/kernels/gemm.py", "torchfl/kernels/conv/__init__.py",
-    "torchfl/kernels/elementwise/impl.py:_make_apply", "torchfl/kernels/elementwise/impl.py:apply_op",
-    "torchfl/kernels/attention/impl.py:_attend_task", "torchfl/kernels/gemm.py:_tile",
-    "torchfl/kernels/pool/impl.py:_max_pool_channel", "torchfl/kernels/conv/forward.py:_run_conv2d_general",
-    "torchfl/kernels/ukernel.py:_emit", "torchfl/kernels/matmul/__init__.py:plan_gemm",
-    "torchfl/kernels/jitcache.py:_guard", "torchfl/kernels/norm/impl.py:run_batch_norm_train",
-    "torchfl/kernels/attention/__init__.py:plan_attention",
+    # kernels: done
 
     # hcd, rules, fidelity's host and probe: done
 }

@@ -78,6 +78,7 @@ def _decode_row(X, off, step, n, code, row):
 _FM = {"reassoc", "contract"}
 
 
+# long: one Q tile's loads, scores, online softmax and store share its on-chip buffers; called through its address, so it compiles once, and jitted helpers would be linked and optimised again inside it
 @njit(cache=True, fastmath=_FM)
 def _attend_task(t, nq, Q, qst, kp, vp, O, ost, M, mst, mkind, code, H, G, Lq, Lk, D, Dv, npk, npv, Lkp,
                  Br, Bc, kv_once, causal, scale, es, esm, cnt):
