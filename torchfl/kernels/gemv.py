@@ -182,8 +182,8 @@ def gemv_nk(a, tm, K, B, b_base, b_ns, N, bcode, C, crows, c_ns, ccode, alpha, b
     step = 64 // B.itemsize
     pf = K * B.itemsize <= PREFETCH_BELOW
     for ch in prange(nch):
-        n0 = ch * N // nch
-        n1 = (ch + 1) * N // nch
+        n0 = np.int64(ch) * N // nch         # int64, not the prange index's uint64 (one callee signature)
+        n1 = (np.int64(ch) + 1) * N // nch
         out = np.empty(NB, np.float32)
         n = n0
         while n < n1:

@@ -95,7 +95,7 @@ def decode_attend(Q, qst, K, kst, V, vst, O, ost, M, mst, mkind, code, B, H, G, 
     task per (batch row, key/value head), its G query heads' Lq rows together."""
     hkv = H // G
     for t in prange(B * hkv):
-        b, hk = t // hkv, t % hkv
+        b, hk = np.int64(t) // hkv, np.int64(t) % hkv     # int64, not the prange index's uint64
         R = G * Lq
         q = np.empty(R * D, np.float32)
         s = np.empty(R * Lk, np.float32)
