@@ -115,10 +115,8 @@ def capture_module(module, example_inputs) -> Captured:
 
 
 def export_captured(module, inputs, shapes=None):
-    """(Captured, ExportedProgram) of ``module(*inputs)``: torch.export (``shapes``: its
-    dynamic_shapes) and the decompositions. A deep decoder on the meta device is traced as a
-    two-layer twin whose second layer is copied for the others (``planner.repeat``: the same
-    graph for a fraction of the tracing). torch.export's own errors propagate."""
+    """(Captured, ExportedProgram) of ``module(*inputs)`` (``shapes``: export's dynamic_shapes),
+    decomposed; a deep meta-device decoder through its two-layer twin (``planner.repeat``)."""
     from torchfl.planner.repeat import expand, twin_of
 
     twin = twin_of(module, inputs, shapes)
