@@ -133,9 +133,9 @@ def show_bytes(n) -> str:
 
 
 def show_time(s) -> str:
-    from torchfl.planner.explain import _time
+    from torchfl.planner.texttable import human_time
 
-    return "-" if s is None else _time(s)
+    return "-" if s is None else human_time(s)
 
 
 def text_table(rows, header, right=(), optional=(), indent: int = 0) -> list[str]:
