@@ -46,11 +46,7 @@ TO_SPLIT = {
     "torchfl/kernels/jitcache.py:_guard", "torchfl/kernels/norm/impl.py:run_batch_norm_train",
     "torchfl/kernels/attention/__init__.py:plan_attention",
 
-    # hcd, rules, fidelity's host and probe
-    "torchfl/hcd/source.py", "torchfl/rules/compile.py", "torchfl/fidelity/host.py",
-    "torchfl/fidelity/probe.py", "torchfl/hcd/validate.py:_consistency",
-    "torchfl/rules/guards/check.py:type", "torchfl/rules/guards/evaluate.py:value",
-    "torchfl/fidelity/probe.py:probe", "torchfl/fidelity/probe.py:hcd_text",
+    # hcd, rules, fidelity's host and probe: done
 }
 LOOP_FREE = ("planner", "runtime/eager")
 LOOPS_NOT_YET = {
