@@ -21,8 +21,9 @@ from numba import njit, prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic, overload
 
-from .codecs import bf16_to_f32, bits_f32, decode, encode16, f2h_cvt, h2f_cvt
+from .codecs import bits_f32, decode, encode16, f2h_cvt, h2f_cvt
 from .mathfn import gelu32
+from .staging import load_row
 
 GEMV_M = 2        # at most this many rows of A: from 3 rows on the tiled micro-kernel path is faster
                   # even reading a kept weight as packed float32 (3x4096x4096 fp32: 4.4 vs 5.1 ms,
@@ -54,25 +55,7 @@ def _rows_f32(A, rows, a_ks, K, code):
     tm = rows.shape[0]
     a = np.empty(tm * K, np.float32)
     for m in range(tm):
-        off = rows[m]
-        dst = a[m * K:(m + 1) * K]
-        if a_ks == 1:
-            src = A[off:off + K]
-            if code == 0:
-                for k in range(K):
-                    dst[k] = np.float32(src[k])
-            elif code == 1:
-                for k in range(K):
-                    dst[k] = h2f_cvt(src[k])
-            elif code == 2:
-                for k in range(K):
-                    dst[k] = bf16_to_f32(src[k])
-            else:
-                for k in range(K):
-                    dst[k] = decode(code, src[k])
-        else:
-            for k in range(K):
-                dst[k] = decode(code, A[off + k * a_ks])
+        load_row(A, rows[m], a_ks, K, code, a[m * K:(m + 1) * K])
     return a
 
 

@@ -15,31 +15,13 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from ..codecs import decode, encode16, h2f_cvt
+from ..codecs import decode, encode16
 from ..mathfn import exp32
+from ..staging import load_row
 
 DECODE_LQ = 4     # at most this many queries per head take this path
 
 _FM = {"reassoc", "contract"}   # vectorised dot products and sums; inf/NaN kept (see impl._FM)
-
-
-@njit(cache=True)
-def _row(X, off, step, n, code, row):
-    """row[:n] = X[off + i * step] as float32 (contiguous float32/fp16 in one vectorised pass)."""
-    if step == 1:
-        src = X[off:off + n]
-        if code == 0:
-            for i in range(n):
-                row[i] = np.float32(src[i])
-        elif code == 1:
-            for i in range(n):
-                row[i] = h2f_cvt(src[i])
-        else:
-            for i in range(n):
-                row[i] = decode(code, src[i])
-    else:
-        for i in range(n):
-            row[i] = decode(code, X[off + i * step])
 
 
 @njit(cache=True, fastmath=_FM)
@@ -104,12 +86,12 @@ def decode_attend(Q, qst, K, kst, V, vst, O, ost, M, mst, mkind, code, B, H, G, 
         for r in range(R):
             h, i = hk * G + r // Lq, r % Lq
             qr = q[r * D:(r + 1) * D]
-            _row(Q, b * qst[0] + h * qst[1] + i * qst[2], qst[3], D, code, qr)
+            load_row(Q, b * qst[0] + h * qst[1] + i * qst[2], qst[3], D, code, qr)
             for d in range(D):
                 qr[d] *= scale
         kb, vb = b * kst[0] + hk * kst[1], b * vst[0] + hk * vst[1]
         for j in range(Lk):                      # each key row once, scored against all R queries
-            _row(K, kb + j * kst[2], kst[3], D, code, row)
+            load_row(K, kb + j * kst[2], kst[3], D, code, row)
             kr = row[:D]
             for r in range(R):
                 s[r * Lk + j] = _dot(q[r * D:(r + 1) * D], kr)
@@ -119,7 +101,7 @@ def decode_attend(Q, qst, K, kst, V, vst, O, ost, M, mst, mkind, code, B, H, G, 
             _masked(sr, b, hk * G + r // Lq, r % Lq, Lk, M, mst, mkind, code, causal)
             tot[r] = _softmax(sr)
         for j in range(Lk):                      # each value row once, into all R accumulators
-            _row(V, vb + j * vst[2], vst[3], Dv, code, row)
+            load_row(V, vb + j * vst[2], vst[3], Dv, code, row)
             vr = row[:Dv]
             for r in range(R):
                 p = s[r * Lk + j]
