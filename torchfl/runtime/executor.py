@@ -50,7 +50,7 @@ from torchfl.planner.plan import HOST_STEPS, identity_layout
 from .errors import FallbackNotAllowed, PlanMismatch
 from .logs import log_plan
 
-__all__ = ["Executor", "Record", "StepRecord"]
+__all__ = ["Executor", "Record", "StepRecord", "DirectForm"]
 
 _CHIP_STEPS = ("kernel", "fused", "cast", "layout")
 HOST_ROUTES = {"fallback": "CPU fallback", "fold": "host fold (once)"}  # route accounting labels
@@ -124,6 +124,17 @@ class _Prep:
         self.kernel = step.kernel
         self.label = step.kernel or step.kind
         self.link = None          # a link cast: the dtype a host value is uploaded in, or downloaded to
+
+
+@dataclass(frozen=True)
+class DirectForm:
+    """A one-step plan as its bound kernel call (:meth:`Executor.direct_form`): ``inputs``
+    per kernel input (kernel input name, user input position, layout, dtype); the call's
+    first ``n_out`` outputs are the plan's outputs, the rest unnamed side outputs."""
+
+    call: object
+    inputs: tuple
+    n_out: int
 
 
 class _Program:
@@ -524,6 +535,33 @@ class Executor:
             else:
                 out.append(r)
         return out
+
+    def direct_form(self):
+        """The plan as one bound kernel call on the caller's inputs as they are, for a caller
+        that runs it without the executor (the eager device's warm path,
+        ``runtime.eager.direct``), or None: several steps, host steps, lifted weights,
+        fallbacks, a step not bound yet (before the first run), outputs that relabel, squeeze
+        or view an input, outputs other than the plan's values in order."""
+        if len(self.preps) != 1 or self.lifted or self.plan.fallbacks:
+            return None
+        p = self.preps[0]
+        if p.host or p.call is None or p.relabel or p.squeeze is not None or p.alias or p.link is not None:
+            return None
+        n = len(self.out_slots)
+        named, unnamed = tuple(p.outs[:n]), tuple(p.outs[n:])
+        # outputs past the named ones must be unnamed (-1): the kernel's side outputs the plan
+        # drops (an eval batch-norm's statistics), freed at once as _store does
+        if named != self.out_slots or len(set(named)) != n or min(named, default=0) < 0 \
+                or any(s != -1 for s in unnamed) or self.out_spec != tuple(("value", i) for i in range(n)):
+            return None
+        by_slot = {self.slots[name]: (pos, lay, dt) for name, pos, lay, dt in self.user_inputs}
+        inputs = []
+        for name, s in zip(p.names, p.ins):
+            hit = by_slot.get(s)
+            if hit is None:
+                return None
+            inputs.append((name,) + hit)
+        return DirectForm(p.call, tuple(inputs), n)
 
     # ------------------------------------------------------------------ state
 

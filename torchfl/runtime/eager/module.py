@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 
 from . import device as _dev
+from .rng import generator, manual_seed, manual_seed_all, rng_scope
 
 __all__ = ["is_available", "is_initialized", "device_count", "current_device", "set_device", "device",
            "get_device_name", "memory_allocated", "max_memory_allocated", "memory_reserved",
@@ -153,50 +154,7 @@ def synchronize(index=None) -> None:
 
 # ---------------------------------------------------------------- random numbers
 
-_DEFAULT_SEED = 67280421310721          # torch's default seed of a device generator
-_SEED: list = [_DEFAULT_SEED]            # what a generator made from now on starts from
-_GENERATORS: dict = {}                   # device index -> torch.Generator (CPU: draws run on the host)
-
-
-def _generator(index=None):
-    i = _dev._index(index)
-    gen = _GENERATORS.get(i)
-    if gen is None:
-        import torch
-
-        gen = _GENERATORS[i] = torch.Generator()
-        gen.manual_seed(_SEED[0])
-    return gen
-
-
-@contextlib.contextmanager
-def rng_scope(index):
-    """Run host random draws of device ``index`` from its generator: the CPU default
-    generator holds the device's state inside the block, and its own again after."""
-    import torch
-
-    gen = _generator(index)
-    cpu = torch.default_generator
-    saved = cpu.get_state()
-    cpu.set_state(gen.get_state())
-    try:
-        yield
-    finally:
-        gen.set_state(cpu.get_state())
-        cpu.set_state(saved)
-
-
-def manual_seed(seed: int) -> None:
-    """Seed the current device's generator (like ``torch.cuda.manual_seed``)."""
-    _generator(None).manual_seed(int(seed))
-
-
-def manual_seed_all(seed: int) -> None:
-    """Seed every device's generator (``torch.manual_seed`` calls this): lazily, so that
-    seeding opens no registry in programs that never use the device."""
-    _SEED[0] = int(seed)
-    for gen in _GENERATORS.values():
-        gen.manual_seed(int(seed))
+_generator = generator
 
 
 def seed() -> None:
