@@ -37,10 +37,7 @@ TO_SPLIT = {
     "torchfl/planner/select.py:select", "torchfl/planner/build.py:assemble",
     "torchfl/planner/graph.py:build_ir", "torchfl/planner/memory.py:plan_memory",
 
-    # runtime and the rest of the CLI
-    "torchfl/runtime/eager/ops.py", "torchfl/runtime/executor.py",
-    "torchfl/runtime/executor.py:_run", "torchfl/runtime/executor.py:__init__",
-    "torchfl/cli/demo_cmd.py:demo", "torchfl/cli/kernels_cmd.py:warmup",
+    # runtime and the rest of the CLI: nothing left
 
     # kernels
     "torchfl/kernels/norm/impl.py", "torchfl/kernels/gemm.py", "torchfl/kernels/conv/__init__.py",
@@ -60,8 +57,6 @@ TO_SPLIT = {
 LOOP_FREE = ("planner", "runtime/eager")
 LOOPS_NOT_YET = {
     "planner",  # planner helper
-
-    "runtime/eager",  # runtime helper
 }
 
 

@@ -24,7 +24,8 @@ import os
 import threading
 
 __all__ = ["NpuDevice", "DEVICES", "get", "of_torch_device", "chip_names", "chip_of", "memory_of", "malloc",
-           "free", "buffer_at", "device_count", "owned_buffers", "target_of", "hcd_of", "adapter_current"]
+           "free", "buffer_at", "device_count", "owned_buffers", "target_of", "hcd_of", "adapter_current", "index_of",
+           "handle"]
 
 DEFAULT_SEED = 67280421310721          # torch's default seed of a device generator
 
@@ -70,6 +71,10 @@ class NpuDevice:
 
             m = self._memory = device_memory(self.target)
         return m
+
+    def has_memory(self) -> bool:
+        """Whether this device's memory was opened (nothing to empty otherwise)."""
+        return self._memory is not None
 
     def clear_routes(self) -> None:
         self.routes.clear()
@@ -150,7 +155,7 @@ def device_count() -> int:
     return len(DEVICES.names())
 
 
-def _index(index) -> int:
+def index_of(index) -> int:
     if index is None:
         return adapter_current()
     if hasattr(index, "type"):        # a torch.device
@@ -160,7 +165,7 @@ def _index(index) -> int:
     if isinstance(index, str):
         import torch
 
-        return _index(torch.device(index))
+        return index_of(torch.device(index))
     index = int(index)
     n = device_count()
     if not 0 <= index < n:
@@ -173,7 +178,7 @@ def _index(index) -> int:
 def handle(index=None) -> NpuDevice:
     """The :class:`NpuDevice` of ``index`` (an int, ``"npu:1"``, a torch.device, None for
     the current device), checked to exist."""
-    return get(_index(index))
+    return get(index_of(index))
 
 
 def adapter_current() -> int:

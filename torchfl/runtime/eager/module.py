@@ -82,7 +82,7 @@ def current_device() -> int:
 
 
 def set_device(index) -> None:
-    _adapter().set_device(_dev._index(index))
+    _adapter().set_device(_dev.index_of(index))
 
 
 @contextlib.contextmanager
@@ -90,7 +90,7 @@ def device(index):
     """``with torch.npu.device(1):`` -- the current device inside the block."""
     a = _adapter()
     old = a.current_device()
-    a.set_device(_dev._index(index))
+    a.set_device(_dev.index_of(index))
     try:
         yield
     finally:
@@ -99,7 +99,7 @@ def device(index):
 
 def get_device_name(index=None) -> str:
     """The chip's name (``chip.name`` of its HCD)."""
-    return _dev.chip_names()[_dev._index(index)]
+    return _dev.chip_names()[_dev.index_of(index)]
 
 
 def chip_device(name: str):
@@ -140,9 +140,9 @@ def reset_peak_memory_stats(index=None) -> None:
 
 def empty_cache() -> None:
     """Return every chip's cached free blocks (like ``torch.cuda.empty_cache``)."""
-    for i in range(_dev.device_count()):
-        if i in _dev._MEMORY:
-            _dev._MEMORY[i].empty_cache()
+    for h in list(_dev.DEVICES.handles.values()):
+        if h.has_memory():
+            h.memory.empty_cache()
 
 
 def synchronize(index=None) -> None:
