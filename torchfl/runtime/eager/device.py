@@ -226,6 +226,7 @@ def malloc(index: int, nbytes: int) -> int:
 
 
 def free(address: int) -> None:
+    """The adapter's deleter of a torch npu storage (every tensor death: kept lean)."""
     buf = _LIVE.pop(address, None)
     if buf is not None and not buf.freed:
         buf.free()

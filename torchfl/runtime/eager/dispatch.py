@@ -16,7 +16,10 @@ def dispatch(op, args, kwargs):
     if not kwargs and op_kind(op) == "functional":      # the warm path: a known signature
         fast = fast_key(op, args)
         if fast is not None:
-            route = fast[2].fast_routes.get(fast[0])
+            try:
+                route = fast[2].fast_routes.get(fast[0])
+            except TypeError:       # an unhashable argument: run_eager takes the general key
+                route = None
             if route is not None:
                 return route.call(args, kwargs, fast[1])
     return run_eager(op, args, kwargs)

@@ -163,11 +163,15 @@ def run_functional(op, args, kwargs):
         fast = fast_key(op, args)
         if fast is not None:
             key, tensors, dev = fast
-            route = dev.fast_routes.get(key)
+            try:
+                route = dev.fast_routes.get(key)
+            except TypeError:           # an unhashable argument: the general key below
+                route = False
             if route is None:
                 route, tensors = _route(op, args, kwargs)
                 dev.fast_routes[key] = route
-            return route.call(args, kwargs, tensors)
+            if route is not False:
+                return route.call(args, kwargs, tensors)
     route, tensors = _route(op, args, kwargs)
     return route.call(args, kwargs, tensors)
 
@@ -184,8 +188,10 @@ def fast_key(op, args):
     """(a cheap signature of a call with positional arguments only, its tensor arguments, the
     NpuDevice of its first npu tensor), or None (the general key of :func:`_route` applies).
     Finer than that key -- strides instead of layouts, the device of each tensor -- so each
-    fast key names one route. None for tensors or nested containers inside lists (``cat``),
-    calls with no npu tensor and unhashable arguments."""
+    fast key names one route. None for tensors or nested containers inside lists (``cat``)
+    and calls with no npu tensor. A key may be unhashable (an unhashable argument): its
+    lookup raises TypeError, and the caller takes the general key (hashing it here first
+    would cost every call a second hash)."""
     strict_, precision = env_flags()
     grad = _grad_enabled()
     key = [op, strict_, precision, _autograd_node() is not None, grad,
@@ -223,11 +229,7 @@ def fast_key(op, args):
         ids = [id(t) for t in tensors]
         if len(set(ids)) != len(ids):
             key.append(("alias", tuple(ids.index(i) for i in ids)))
-    try:
-        hash(key := tuple(key))
-    except TypeError:
-        return None
-    return key, tensors, dev
+    return tuple(key), tensors, dev
 
 
 def _route(op, args, kwargs):
