@@ -167,9 +167,9 @@ def _worker(jobs, events, registry, quick, models=(), parent=None) -> None:
     workers compiling, and multiprocessing's resource tracker with them."""
     import warnings
 
-    from torchfl.conformance.harness import _die_with_parent
+    from torchfl.kernels.lifetime import die_with_parent
 
-    _die_with_parent(parent)
+    die_with_parent(parent)
     os.environ.setdefault("TORCHDYNAMO_VERBOSE", "0")
     # the workers are the parallelism: a compile helper each oversubscribed 2 cores
     os.environ["TORCHFL_COMPILE_HELPERS"] = "0"

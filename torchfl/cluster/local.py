@@ -18,12 +18,12 @@ def _init(parent: int, env: tuple = ()) -> None:
     harness's own guard)."""
     import os
 
-    from torchfl.conformance.harness import _die_with_parent
+    from torchfl.kernels.lifetime import die_with_parent
 
     os.environ["NUMBA_NUM_THREADS"] = "1"
     os.environ["OMP_NUM_THREADS"] = "1"
     os.environ.update(dict(env))
-    _die_with_parent(parent)
+    die_with_parent(parent)
 
 
 class LocalRunner:

@@ -27,6 +27,7 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from torchfl.hcd.dtypes import STORAGE
+from torchfl.kernels.lifetime import die_with_parent
 
 #: dtypes the harness can draw OpInfo samples in (torch dtypes by short name)
 TESTABLE = tuple(STORAGE)   # every storage dtype of the emulated chip
@@ -170,7 +171,7 @@ def plan_units(claimed: dict[str, tuple], modes=("compile",)) -> tuple[list[Unit
 def _worker_init(parent: int | None = None) -> None:
     """One thread per worker process: the shards are the parallelism. The worker ends with
     ``parent`` (the conformance process), however that ends."""
-    _die_with_parent(parent)
+    die_with_parent(parent)
     import logging
     import warnings
 
@@ -179,38 +180,6 @@ def _worker_init(parent: int | None = None) -> None:
     torch.set_num_threads(1)
     warnings.filterwarnings("ignore")
     logging.disable(logging.WARNING)
-
-
-_PR_SET_PDEATHSIG = 1
-_WATCH_S = 1.0
-
-
-def _die_with_parent(parent: int | None) -> None:
-    """Issue 39: kill -9 or SIGTERM of ``torchfl conformance --jobs N`` left its spawn workers
-    (~500 MB each) and multiprocessing's resource tracker (which lives while any worker holds
-    its pipe) running indefinitely. The kernel now kills a worker when the thread that
-    spawned it ends (``PR_SET_PDEATHSIG``, Linux), and a watch thread ends it when it is
-    orphaned elsewhere (it sees a new parent pid); the tracker then sees its pipe close."""
-    import ctypes
-    import signal
-    import threading
-    import time
-
-    try:
-        ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, int(signal.SIGKILL), 0, 0, 0)
-    except (OSError, AttributeError):   # no prctl (not Linux): the watch thread alone
-        pass
-    if parent is None:
-        return
-    if os.getppid() != parent:          # the parent died before prctl took effect
-        os._exit(1)
-
-    def watch():
-        while os.getppid() == parent:
-            time.sleep(_WATCH_S)
-        os._exit(1)
-
-    threading.Thread(target=watch, name="torchfl-parent-watch", daemon=True).start()
 
 
 def run_unit(unit: Unit, chip: str, registry, settings: Settings, bf16_emulated: bool,

@@ -17,7 +17,6 @@ limit and what the file has:
 
 from __future__ import annotations
 
-import copy
 import errno
 import os
 import re
@@ -26,29 +25,13 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import yaml
-from yaml.constructor import SafeConstructor
 
 from torchfl.hcd.diagnostics import Diagnostic, YAMLLoadError, format_path
+from torchfl.hcd.yamlbuild import (MAX_NODES, Builder,  # noqa: F401 (MAX_NODES: the bounds in one place)
+                                   Refused, mark_pos, prescan)
 
 MAX_BYTES = 1 << 20  # 1 MiB: an HCD is ~2 KB, the bundled rule pack ~40 KB; anything larger is a mistake
 MAX_LINE = 8192  # characters; the longest guard is 2,000
-MAX_DEPTH = 64
-MAX_ALIASES = 32
-MAX_NODES = 50_000  # values, aliases expanded; an HCD has ~60, the bundled rule pack ~2,000
-MAX_NUMBER_CHARS = 40  # text of one number: 2**63 has 19 digits, a float's exact form ~25
-
-_PLAIN_TAGS = {
-    "tag:yaml.org,2002:str",
-    "tag:yaml.org,2002:int",
-    "tag:yaml.org,2002:float",
-    "tag:yaml.org,2002:bool",
-    "tag:yaml.org,2002:null",
-    "tag:yaml.org,2002:timestamp",  # kept as the source text
-    "tag:yaml.org,2002:map",
-    "tag:yaml.org,2002:seq",
-}
-
-_NUMBER_TAGS = {"tag:yaml.org,2002:int", "tag:yaml.org,2002:float"}
 
 Path_ = tuple  # a path into the document: keys (str) and list indices (int)
 
@@ -117,18 +100,9 @@ class LocatedDocument:
         return False
 
 
-class _Refused(Exception):
-    def __init__(self, message: str, mark=None, path: tuple = ()):
-        super().__init__(message)
-        self.mark = mark
-        self.path = format_path(path)
-
-
 # libyaml (C) when PyYAML has it: ~10x faster than the pure-Python scanner, which matters
 # for the CLI's cold-start budget. Both yield the same nodes and marks.
 _Loader = getattr(yaml, "CSafeLoader", yaml.SafeLoader)
-_OPEN = (yaml.MappingStartEvent, yaml.SequenceStartEvent)
-_CLOSE = (yaml.MappingEndEvent, yaml.SequenceEndEvent)
 #: YAML's line breaks (\r\n, \r, \n, NEL, LS, PS): lines and columns are counted as YAML counts them
 _BREAK = re.compile("\r\n|[\r\n\x85\u2028\u2029]")
 _NON_PRINTABLE = yaml.reader.Reader.NON_PRINTABLE
@@ -150,51 +124,6 @@ def _check_lines(text: str, filename: str) -> None:
                                             f"line {number} is {len(line):,} characters long; the limit is "
                                             f"{MAX_LINE:,}. Break long lists over several lines (one item per "
                                             "line) or split the guard")])
-
-
-def _prescan(events) -> None:
-    """Refuse deep nesting, many aliases, too many values and alias expansion from the event
-    stream, before building anything; stops at the first limit crossed, so a hostile file
-    costs little (the expanded size of each anchor is summed as its events pass)."""
-    depth = aliases = values = 0
-    sizes: dict[str, int] = {}
-    stack = [[0, None]]  # per open collection: [expanded size so far, its anchor]
-    for event in events:
-        if isinstance(event, _OPEN):
-            depth += 1
-            values += 1
-            if depth > MAX_DEPTH:
-                raise _Refused(f"nesting deeper than {MAX_DEPTH} levels (the limit); an HCD or rule pack is "
-                               "a few levels deep", event.start_mark)
-            stack.append([1, event.anchor])
-        elif isinstance(event, _CLOSE):
-            depth -= 1
-            size, anchor = stack.pop()
-            if anchor is not None:
-                sizes[anchor] = size
-            stack[-1][0] += size
-        elif isinstance(event, yaml.ScalarEvent):
-            values += 1
-            stack[-1][0] += 1
-            if event.anchor is not None:
-                sizes[event.anchor] = 1
-        elif isinstance(event, yaml.AliasEvent):
-            aliases += 1
-            if aliases > MAX_ALIASES:
-                raise _Refused(f"more than {MAX_ALIASES} aliases (*name), the limit: torchfl refuses alias-heavy "
-                               "documents (a 'billion laughs' guard); write the values out", event.start_mark)
-            stack[-1][0] += sizes.get(event.anchor, 0)  # unknown or open (a cycle): the builder reports it
-        if values > MAX_NODES:
-            raise _Refused(f"more than {MAX_NODES:,} values (keys, items and scalars; the limit) by this point; "
-                           "an HCD has about 60 and the bundled rule pack about 2,000. Is this the right file?",
-                           event.start_mark)
-        if stack[-1][0] > MAX_NODES or sum(entry[0] for entry in stack) > MAX_NODES:
-            raise _Refused(f"aliases expand the document to more than {MAX_NODES:,} values (the limit); "
-                           "write the values out instead of repeating aliases", event.start_mark)
-
-
-def _pos(mark) -> tuple[int, int]:
-    return (mark.line + 1, mark.column + 1)
 
 
 def _decode(raw: bytes, filename: str) -> str:
@@ -302,10 +231,10 @@ def located_yaml(text: str, filename: str = "<string>", *, keep_going: bool = Fa
     _check_lines(text, filename)
     doc = LocatedDocument(filename, None)
     try:
-        _prescan(yaml.parse(text, Loader=_Loader))
-        _Builder(doc).run(yaml.parse(text, Loader=_Loader))
-    except _Refused as exc:
-        line, col = _end_of_text(text, *_pos(exc.mark)) if exc.mark else (1, 1)
+        prescan(yaml.parse(text, Loader=_Loader))
+        Builder(doc).run(yaml.parse(text, Loader=_Loader))
+    except Refused as exc:
+        line, col = _end_of_text(text, *mark_pos(exc.mark)) if exc.mark else (1, 1)
         raise YAMLLoadError([Diagnostic(filename, line, col, exc.path, "error", str(exc))]) from None
     except yaml.MarkedYAMLError as exc:
         raise YAMLLoadError([_yaml_error(exc, text, filename)]) from None
@@ -353,7 +282,7 @@ def _reader_error(exc: yaml.YAMLError, text: str, filename: str) -> Diagnostic:
 
 def _yaml_error(exc: yaml.MarkedYAMLError, text: str, filename: str) -> Diagnostic:
     mark = exc.problem_mark or exc.context_mark
-    line, col = _end_of_text(text, *_pos(mark)) if mark else (1, 1)
+    line, col = _end_of_text(text, *mark_pos(mark)) if mark else (1, 1)
     problem = exc.problem or exc.context or "invalid YAML"
     lines = _BREAK.split(text)
     source_line = lines[line - 1] if mark and line - 1 < len(lines) else ""
@@ -363,270 +292,3 @@ def _yaml_error(exc: yaml.MarkedYAMLError, text: str, filename: str) -> Diagnost
         context = f" ({exc.context})" if exc.context and exc.problem else ""
         message = f"invalid YAML: {problem}{context}"
     return Diagnostic(filename, line, col, "", "error", message)
-
-
-# ----------------------------------------------------------------------------- building
-
-_TAG = "tag:yaml.org,2002:"
-_RESOLVER = yaml.resolver.Resolver()
-_IMPLICIT = {tag: regexp for regexps in yaml.resolver.Resolver.yaml_implicit_resolvers.values()
-             for tag, regexp in regexps}
-_SCALAR_WORDS = {"int": "an integer", "float": "a number", "bool": "true or false", "null": "null (~)",
-                 "timestamp": "a date"}
-
-
-def _short_tag(tag: str) -> str:
-    return "!!" + tag[len(_TAG):] if tag.startswith(_TAG) else tag
-
-
-class _Builder:
-    """Builds plain values from the event stream, checking every bound as it goes.
-
-    Working on events rather than composed nodes keeps what the composer forgets: where
-    an alias is used (an error in an aliased value points there, naming the anchor), and
-    whether a tag was written. Bounds are checked before the work they protect: depth
-    and alias count on each event, the number of values with aliases expanded before an
-    alias is copied.
-    """
-
-    def __init__(self, doc: LocatedDocument):
-        self.doc = doc
-        self.values = 0
-        self.aliases = 0
-        self.depth = 0
-        self.anchors: dict[str, tuple] = {}  # name -> (value, size, [(kind, relpath, pos)], mark)
-        self.open_anchors: set[str] = set()  # being built: an alias to one is a cycle
-        self.log: list[tuple[str, tuple, tuple[int, int]]] = []  # ("v"|"k", path, pos) as recorded
-
-    # -- recording --
-    def _at(self, kind: str, path: tuple, pos: tuple[int, int]) -> None:
-        table = self.doc.value_pos if kind == "v" else self.doc.key_pos
-        if path not in table:
-            table[path] = pos
-            self.log.append((kind, path, pos))
-
-    def _problem(self, mark, path: tuple, message: str, *, refuse: bool = True) -> None:
-        """Report a problem; ``refuse``: the value at ``path`` is dropped (None), so a checker
-        leaves that path alone (one problem, one diagnostic)."""
-        line, col = _pos(mark)
-        self.doc.problems.append(Diagnostic(self.doc.filename, line, col, format_path(path), "error", message))
-        if refuse:
-            self.doc.refused.add(path)
-
-    def _count(self, n: int, mark, path: tuple, aliased: bool = False) -> None:
-        self.values += n
-        if self.values > MAX_NODES:
-            if aliased:
-                raise _Refused(f"aliases expand the document to more than {MAX_NODES:,} values (the limit); "
-                               "write the values out instead of repeating aliases", mark, path)
-            raise _Refused(f"more than {MAX_NODES:,} values (keys, items and scalars; the limit) by this point; "
-                           "an HCD has about 60 and the bundled rule pack about 2,000. Is this the right file?",
-                           mark, path)
-
-    # -- the stream --
-    def run(self, events) -> None:
-        self.events = iter(events)
-        next(self.events)  # StreamStart
-        event = next(self.events)
-        if isinstance(event, yaml.StreamEndEvent):
-            raise _Refused("the file is empty; expected a YAML mapping", None)
-        self.doc.data = self.node(next(self.events), ())
-        next(self.events)  # DocumentEnd
-        event = next(self.events)
-        if isinstance(event, yaml.DocumentStartEvent):
-            raise _Refused("invalid YAML: but found another document (expected a single document in the "
-                           "stream); keep one document per file", event.start_mark)
-
-    def node(self, event, path: tuple):
-        """Build the value that starts with ``event`` at ``path``; returns it."""
-        if isinstance(event, yaml.AliasEvent):
-            return self.alias(event, path)
-        anchor = event.anchor
-        if anchor is not None and (anchor in self.anchors or anchor in self.open_anchors):
-            first = self.anchors[anchor][4] if anchor in self.anchors else None
-            where = f" (first at line {first.line + 1})" if first else ""
-            raise _Refused(f"invalid YAML: the anchor &{anchor} is defined twice{where}; rename one", event.start_mark)
-        if anchor is not None:
-            self.open_anchors.add(anchor)
-            start_log, start_values = len(self.log), self.values
-        self._at("v", path, _pos(event.start_mark))
-        self._count(1, event.start_mark, path)
-        if isinstance(event, yaml.ScalarEvent):
-            value = self.scalar(event, path)
-        else:
-            self.depth += 1
-            if self.depth > MAX_DEPTH:
-                raise _Refused(f"nesting deeper than {MAX_DEPTH} levels (the limit); an HCD or rule pack is "
-                               "a few levels deep", event.start_mark)
-            value = self.mapping(event, path) if isinstance(event, yaml.MappingStartEvent) else self.sequence(event, path)
-            self.depth -= 1
-        if anchor is not None:
-            self.open_anchors.discard(anchor)
-            n = len(path)
-            recorded = [(kind, p[n:], pos) for kind, p, pos in self.log[start_log:] if p[:n] == path]
-            refused = [p[n:] for p in self.doc.refused if p[:n] == path]
-            self.anchors[anchor] = (value, self.values - start_values, recorded, refused, event.start_mark)
-        return value
-
-    def alias(self, event, path: tuple):
-        self.aliases += 1
-        if self.aliases > MAX_ALIASES:
-            raise _Refused(f"more than {MAX_ALIASES} aliases (*name), the limit: torchfl refuses alias-heavy "
-                           "documents (a 'billion laughs' guard); write the values out", event.start_mark)
-        name = event.anchor
-        if name in self.open_anchors:
-            self._problem(event.start_mark, path, "recursive alias: a value contains itself; write the values out")
-            return None
-        if name not in self.anchors:
-            raise _Refused(f"invalid YAML: found undefined alias *{name}; define it with &{name} before its use",
-                           event.start_mark)
-        value, size, recorded, refused, _mark = self.anchors[name]
-        self._count(size, event.start_mark, path, aliased=True)
-        use = _pos(event.start_mark)
-        self.doc.aliases.setdefault(path, (use, name))
-        for kind, rel, pos in recorded:  # where the anchor wrote them; where() answers the alias use
-            self._at(kind, path + rel, pos)
-        self.doc.refused.update(path + rel for rel in refused)
-        return copy.deepcopy(value)
-
-    def mapping(self, start, path: tuple) -> dict | None:
-        out: dict = {}
-        tag_ok = self._collection_tag(start, path, "map", "a mapping")
-        while True:
-            event = next(self.events)
-            if isinstance(event, yaml.MappingEndEvent):
-                return out if tag_ok else None
-            key = self.key(event, path)
-            value_event = next(self.events)
-            if key is None:
-                self.skip(value_event, path)
-                continue
-            if key == "<<":
-                self._problem(event.start_mark, path, "merge keys (<<) are not allowed; write the fields out",
-                              refuse=False)
-                self.skip(value_event, path)
-                continue
-            if key in out:
-                first = self.doc.key_pos.get(path + (key,), (0, 0))
-                self._problem(event.start_mark, path + (key,),
-                              f"duplicate key {key!r} (first defined at line {first[0]}); keep only one",
-                              refuse=False)  # the first value stands and is checked
-                self.skip(value_event, path)
-                continue
-            self._at("k", path + (key,), _pos(event.start_mark))
-            out[key] = self.node(value_event, path + (key,))
-
-    def key(self, event, path: tuple) -> str | None:
-        """The text of a plain key, or None (reported) for anything else."""
-        if isinstance(event, yaml.ScalarEvent):
-            tag = self._scalar_tag(event)
-            if tag == _TAG + "merge":
-                return "<<"
-            if tag != _TAG + "null" and tag.startswith(_TAG) and tag[len(_TAG):] in _SCALAR_TAGS:
-                self._count(1, event.start_mark, path)
-                return event.value
-        self._problem(event.start_mark, path, "mapping keys must be plain names", refuse=False)
-        self.skip(event, path)
-        return None
-
-    def skip(self, event, path: tuple) -> None:
-        """Consume a value that is not kept (after a refused key), still counting its bounds."""
-        saved = self.doc.problems[:], set(self.doc.refused)
-        self.node(event, path + ("\0skipped",))
-        self.doc.problems[:], self.doc.refused = saved
-
-    def sequence(self, start, path: tuple) -> list | None:
-        tag_ok = self._collection_tag(start, path, "seq", "a list")
-        out = []
-        while True:
-            event = next(self.events)
-            if isinstance(event, yaml.SequenceEndEvent):
-                return out if tag_ok else None
-            out.append(self.node(event, path + (len(out),)))
-
-    def _collection_tag(self, event, path: tuple, kind: str, what: str) -> bool:
-        if event.tag is None or event.tag in ("!", _TAG + kind):
-            return True
-        self._refuse_tag(event, path, event.tag, what)
-        return False
-
-    def _refuse_tag(self, event, path: tuple, tag: str, what: str) -> None:
-        short = _short_tag(tag)
-        name = tag[len(_TAG):] if tag.startswith(_TAG) else None
-        if name in _SCALAR_TAGS or name in ("map", "seq"):
-            self._problem(event.start_mark, path, f"the tag {short} does not fit {what}; remove the tag")
-        else:
-            self._problem(event.start_mark, path, f"YAML tag {short!r} is not allowed: torchfl files hold plain "
-                                                  "data only; remove the tag")
-
-    @staticmethod
-    def _scalar_tag(event) -> str:
-        if event.tag is None or event.tag == "!":
-            return _RESOLVER.resolve(yaml.ScalarNode, event.value, event.implicit)
-        return event.tag
-
-    def scalar(self, event, path: tuple):
-        """The value of a scalar under its tag (written or resolved), or None with a located problem.
-
-        An explicit tag is honoured only where the text is what the tag says: ``!!int
-        '0.9.1'`` or ``!!bool .`` is refused, never handed to PyYAML's constructors (which
-        raise ValueError, KeyError or IndexError on such text).
-        """
-        tag = self._scalar_tag(event)
-        name = tag[len(_TAG):] if tag.startswith(_TAG) else None
-        if name not in _SCALAR_TAGS:
-            self._refuse_tag(event, path, tag, "a single value")
-            return None
-        text = event.value
-        if name == "str":
-            return text
-        if name in ("int", "float") and len(text) > MAX_NUMBER_CHARS:
-            digits = sum(ch.isalnum() for ch in text)
-            self._problem(event.start_mark, path,
-                          f"a number of {digits:,} digits ({text[:12]}...) is far outside any plausible value "
-                          f"(numbers are at most {MAX_NUMBER_CHARS} characters); write the intended value")
-            return None
-        try:
-            return _SCALAR_TAGS[name](text)
-        except (ValueError, KeyError, IndexError, TypeError, OverflowError):
-            if event.tag not in (None, "!"):
-                message = (f"{text!r} is tagged {_short_tag(tag)} but is not {_SCALAR_WORDS[name]}; remove the "
-                           "tag, or quote the value if it is text")
-            else:
-                message = f"{text!r} is not a valid number; write the number, or quote it if it is text"
-            self._problem(event.start_mark, path, message)
-            return None
-
-
-def _read_int(text: str) -> int:
-    if not _IMPLICIT[_TAG + "int"].fullmatch(text):
-        raise ValueError(text)
-    return _CONSTRUCT.construct_yaml_int(yaml.ScalarNode(_TAG + "int", text))
-
-
-def _read_float(text: str) -> float:
-    if not text.replace("_", "").strip("+-"):
-        raise ValueError(text)
-    return _CONSTRUCT.construct_yaml_float(yaml.ScalarNode(_TAG + "float", text))
-
-
-def _read_bool(text: str) -> bool:
-    return _CONSTRUCT.bool_values[text.lower()]
-
-
-def _read_null(text: str) -> None:
-    if text and not _IMPLICIT[_TAG + "null"].fullmatch(text):
-        raise ValueError(text)
-    return None
-
-
-def _read_timestamp(text: str) -> str:
-    """A date stays its source text (an HCD has no dates; the text is what a user wrote)."""
-    if not _IMPLICIT[_TAG + "timestamp"].fullmatch(text):
-        raise ValueError(text)
-    return text
-
-
-_CONSTRUCT = SafeConstructor()
-_SCALAR_TAGS = {"str": str, "int": _read_int, "float": _read_float, "bool": _read_bool, "null": _read_null,
-                "timestamp": _read_timestamp}

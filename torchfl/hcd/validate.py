@@ -270,16 +270,23 @@ def _consistency(doc: LocatedDocument, data: dict) -> list[Diagnostic]:
     if isinstance(_get(data, "compute_units"), dict) and not present:
         out.append(doc.diagnostic(("compute_units",), "no compute unit: declare at least one of "
                                                       "fp16, bf16, fp32, int8", key=True))
-
     dtypes_raw = _get(data, "tensor", "supported_dtypes")
     dtypes = [d for d in dtypes_raw if isinstance(d, str)] if isinstance(dtypes_raw, list) else []
     short = [short_dtype(d) for d in dtypes]
     emulation = _get(data, "constraints", "bfloat16_emulation") is True
-
-    # duplicates in lists
     out.extend(_duplicates(doc, ("tensor", "supported_dtypes"), dtypes_raw, "{} is listed twice"))
+    out.extend(_dtype_units(doc, short, present, emulation))
+    if emulation:
+        out.extend(_bf16_emulation(doc, short, present))
+    out.extend(_layouts(doc, data, units, present))
+    out.extend(_execution(doc, _get(data, "execution")))
+    out.extend(_attention(doc, data, units))
+    return out
 
-    # every dtype has a unit that runs it
+
+def _dtype_units(doc: LocatedDocument, short: list[str], present: list[str], emulation: bool) -> list[Diagnostic]:
+    """Every listed dtype has a unit that runs it; every unit's dtype is listed."""
+    out = []
     for i, d in enumerate(short):
         unit = UNIT_OF_DTYPE.get(d)
         if unit is None or unit in present:
@@ -293,35 +300,38 @@ def _consistency(doc: LocatedDocument, data: dict) -> list[Diagnostic]:
             continue
         out.append(doc.diagnostic(path, f"torch.{d} is listed but no compute unit runs it; add a "
                                         f"compute_units.{unit} section or remove torch.{d}"))
-
-    # units whose dtype is not listed
     for unit in present:
         dtype = next(d for d, u in UNIT_OF_DTYPE.items() if u == unit)
-        if dtypes and dtype not in short and not (unit == "fp16" and emulation):
+        if short and dtype not in short and not (unit == "fp16" and emulation):
             out.append(doc.diagnostic(("compute_units", unit), f"the {unit} unit is declared but torch.{dtype} "
                                                                 "is not in tensor.supported_dtypes, so it will "
                                                                 "not be used; list the dtype or drop the unit",
                                       "warning", key=True))
+    return out
 
-    # bfloat16: native vs emulated
-    if emulation:
-        path = ("constraints", "bfloat16_emulation")
-        if "bfloat16" in short:
-            i = short.index("bfloat16")
-            out.append(doc.diagnostic(("tensor", "supported_dtypes", i),
-                                      "torch.bfloat16 (a native bf16 ALU) contradicts "
-                                      "constraints.bfloat16_emulation: true; an emulating chip lists "
-                                      "torch.float16 only and sets the flag"))
-        if "bf16" in present:
-            out.append(doc.diagnostic(("compute_units", "bf16"), "a bf16 unit contradicts "
-                                                                 "bfloat16_emulation: true; remove one", key=True))
-        if "float16" not in short or "fp16" not in present:
-            out.append(doc.diagnostic(path, "bfloat16_emulation computes bf16 through float16: list "
-                                            "torch.float16 and declare an fp16 unit", key=True))
 
-    # layouts (values that failed pass 2 are left out: one problem, one diagnostic)
-    layouts = []
-    some_invalid = False
+def _bf16_emulation(doc: LocatedDocument, short: list[str], present: list[str]) -> list[Diagnostic]:
+    """bfloat16 native vs emulated: the flag excludes a native bf16 dtype or unit, needs fp16."""
+    out = []
+    if "bfloat16" in short:
+        out.append(doc.diagnostic(("tensor", "supported_dtypes", short.index("bfloat16")),
+                                  "torch.bfloat16 (a native bf16 ALU) contradicts "
+                                  "constraints.bfloat16_emulation: true; an emulating chip lists "
+                                  "torch.float16 only and sets the flag"))
+    if "bf16" in present:
+        out.append(doc.diagnostic(("compute_units", "bf16"), "a bf16 unit contradicts "
+                                                             "bfloat16_emulation: true; remove one", key=True))
+    if "float16" not in short or "fp16" not in present:
+        out.append(doc.diagnostic(("constraints", "bfloat16_emulation"),
+                                  "bfloat16_emulation computes bf16 through float16: list "
+                                  "torch.float16 and declare an fp16 unit", key=True))
+    return out
+
+
+def _listed_layouts(doc: LocatedDocument, units: dict, present: list[str], out: list[Diagnostic]):
+    """(path, layout) of every valid unit layout, and whether some were invalid (pass 2 reports
+    those: one problem, one diagnostic); duplicates go to ``out``."""
+    layouts, some_invalid = [], False
     for unit in present:
         lst = _get(units, unit, "supported_layouts")
         if isinstance(lst, list):
@@ -332,6 +342,13 @@ def _consistency(doc: LocatedDocument, data: dict) -> list[Diagnostic]:
                     some_invalid = True
                     continue
                 layouts.append(((("compute_units", unit, "supported_layouts", i)), layout))
+    return layouts, some_invalid
+
+
+def _layouts(doc: LocatedDocument, data: dict, units: dict, present: list[str]) -> list[Diagnostic]:
+    """Layouts within max_rank, the default among the units' layouts, all over the same letters."""
+    out: list[Diagnostic] = []
+    layouts, some_invalid = _listed_layouts(doc, units, present, out)
     max_rank = _get(data, "tensor", "max_rank")
     default = _get(data, "tensor", "default_layout")
     if not _valid_layout(default):
@@ -355,29 +372,31 @@ def _consistency(doc: LocatedDocument, data: dict) -> list[Diagnostic]:
                 out.append(doc.diagnostic(path, f"layout {layout} uses other dimension letters than the default "
                                                 f"layout {default}; a layout is a permutation of the same "
                                                 "logical dimensions"))
+    return out
 
-    out.extend(_execution(doc, _get(data, "execution")))
 
-    # attention unit
+def _attention(doc: LocatedDocument, data: dict, units: dict) -> list[Diagnostic]:
+    """An enabled attention unit states its limits, within the chip's; head counts unique."""
     att = _get(units, "attention")
-    if isinstance(att, dict):
-        enabled = att.get("enabled") is True
-        seq = att.get("max_sequence_length")
-        chip_seq = _get(data, "constraints", "max_sequence_length")
-        if enabled:
-            for name in ("max_sequence_length", "supported_heads"):
-                if att.get(name) is None:  # absent, or null: the unit's limits are unknown either way
-                    written = " (null is not a value here)" if name in att else ""
-                    out.append(doc.diagnostic(("compute_units", "attention", name),
-                                              f"an enabled attention unit must state {name}{written}; add it"))
-        if _is_int(seq) and _is_int(chip_seq) and seq > chip_seq:
-            out.append(doc.diagnostic(("compute_units", "attention", "max_sequence_length"),
-                                      f"the attention unit's max_sequence_length {seq} exceeds the chip's "
-                                      f"constraints.max_sequence_length {chip_seq}; lower it to at most {chip_seq}"))
-        heads = att.get("supported_heads")
-        if isinstance(heads, list):  # type and range: pass 2 (one problem, one diagnostic)
-            out.extend(_duplicates(doc, ("compute_units", "attention", "supported_heads"), heads,
-                                   "head count {} is listed twice", keep=_is_int))
+    if not isinstance(att, dict):
+        return []
+    out = []
+    seq = att.get("max_sequence_length")
+    chip_seq = _get(data, "constraints", "max_sequence_length")
+    if att.get("enabled") is True:
+        for name in ("max_sequence_length", "supported_heads"):
+            if att.get(name) is None:  # absent, or null: the unit's limits are unknown either way
+                written = " (null is not a value here)" if name in att else ""
+                out.append(doc.diagnostic(("compute_units", "attention", name),
+                                          f"an enabled attention unit must state {name}{written}; add it"))
+    if _is_int(seq) and _is_int(chip_seq) and seq > chip_seq:
+        out.append(doc.diagnostic(("compute_units", "attention", "max_sequence_length"),
+                                  f"the attention unit's max_sequence_length {seq} exceeds the chip's "
+                                  f"constraints.max_sequence_length {chip_seq}; lower it to at most {chip_seq}"))
+    heads = att.get("supported_heads")
+    if isinstance(heads, list):  # type and range: pass 2 (one problem, one diagnostic)
+        out.extend(_duplicates(doc, ("compute_units", "attention", "supported_heads"), heads,
+                               "head count {} is listed twice", keep=_is_int))
     return out
 
 

@@ -148,7 +148,7 @@ def start(chip, calls, skip=()):
     procs = []
     for _ in range(count() or 1):
         try:
-            proc = subprocess.Popen([sys.executable, "-m", "torchfl.kernels.precompile"], stdin=subprocess.PIPE,
+            proc = subprocess.Popen([sys.executable, "-m", "torchfl.kernels.precompile", str(os.getpid())], stdin=subprocess.PIPE,
                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
             proc.stdin.write(pickle.dumps((chip, todo)))
             proc.stdin.close()
@@ -204,6 +204,9 @@ def _stop() -> None:
 
 if __name__ == "__main__":
     from torchfl.kernels import compilelock
+    from torchfl.kernels.lifetime import die_with_parent
+
+    die_with_parent(int(sys.argv[1]) if len(sys.argv) > 1 else None)
 
     _chip, _calls = pickle.loads(sys.stdin.buffer.read())
     compilelock.install("skip")

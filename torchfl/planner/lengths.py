@@ -292,7 +292,7 @@ class LengthPlanner:
         if bucket is not None:
             try:
                 plan = plan_specialised(captured, inputs, self.target, self.precision, self.strict,
-                                        choices=bucket.chosen, selection=bucket.selection)
+                                        decide=forced(bucket.chosen, bucket.selection))
                 bucket.lengths.add(tuple(sorted(bind.values())))
                 self.instances += 1
                 return self._noted(plan, bucket, bind), self.user

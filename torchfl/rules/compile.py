@@ -11,14 +11,13 @@ kernel, fusion steps link to rules and to each other. Nothing from the file is e
 from __future__ import annotations
 
 import dataclasses
-import difflib
 import json
 from dataclasses import dataclass, field
 
 from pydantic import ValidationError
 
-from torchfl.hcd import Diagnostic, YAMLLoadError, format_path, located_yaml
-from torchfl.hcd.source import LocatedDocument, read_source
+from torchfl.hcd import Diagnostic, YAMLLoadError, located_yaml
+from torchfl.hcd.source import read_source
 from torchfl.rules import kernels as K
 from torchfl.rules.format import FusionModel, GuardItem, PackModel, RuleModel
 from torchfl.rules.guards import GuardEvalError, GuardSyntaxError, compile_guard
@@ -28,9 +27,10 @@ from torchfl.rules.guards.syntax import Name as SyntaxName
 from torchfl.rules.guards.syntax import Node as SyntaxNode
 from torchfl.rules.guards.chip import CHIP
 from torchfl.rules.guards.types import ARG_TYPES, TENSOR, arg_type, record, strip
+from torchfl.rules.compile_decompositions import DecompositionChecks
 from torchfl.rules.groups import pattern_ends
-from torchfl.rules.pack import (Binding, CheckedGuard, Decomposition, DecompositionPart, Fusion, FusionStep,
-                                NoRuleEntry, Rule, RulePack, rule_scope)
+from torchfl.rules.pack import Binding, CheckedGuard, Fusion, FusionStep, NoRuleEntry, Rule, RulePack, rule_scope
+from torchfl.rules.packdiag import PackDiagnostics
 
 
 @dataclass
@@ -117,73 +117,8 @@ def _require(report: PackReport) -> RulePack:
     return report.pack
 
 
-def _near(word: str, choices, n: int = 3) -> str:
-    close = difflib.get_close_matches(word, sorted(choices), n=n, cutoff=0.5)
-    return f"; nearest: {', '.join(close)}" if close else ""
-
-
-class _Compiler:
-    def __init__(self, doc: LocatedDocument, text: str, schemas: bool = False):
-        self.doc = doc
-        self.schemas = schemas  # check decomposition parts against torch's operator schemas
-        self.lines = text.splitlines()
-        self.diags: list[Diagnostic] = []
-        self._near_cache: dict = {}
-
-    #: suggestions ("nearest: ...") computed per pack; difflib costs ~10 ms a call over the
-    #: catalog, and a pack of thousands of bad names took 85 s to refuse
-    NEAR_BUDGET = 50
-
-    def near(self, word: str, choices) -> str:
-        """``_near`` with a cache and a budget: each distinct word once, at most NEAR_BUDGET."""
-        key = (word, id(choices))
-        if key not in self._near_cache:
-            if len(self._near_cache) >= self.NEAR_BUDGET:
-                return ""
-            self._near_cache[key] = _near(word, choices)
-        return self._near_cache[key]
-
-    # -- diagnostics --
-    def error(self, path, message, *, key=False, severity="error"):
-        self.diags.append(self.doc.diagnostic(tuple(path), message, severity, key=key))
-
-    def guard_error(self, path, text: str, exc: GuardSyntaxError, what: str):
-        line, col = self.guard_position(tuple(path), text, exc.offset)
-        excerpt = text if len(text) <= 80 else text[: 77] + "..."
-        self.diags.append(Diagnostic(self.doc.filename, line, col, format_path(path), "error",
-                                     f"{what} {excerpt!r}: {exc.message}"))
-
-    def guard_position(self, path, text: str, offset: int) -> tuple[int, int]:
-        """file position of character ``offset`` of the scalar at ``path``."""
-        line, col = self.doc.where(path)
-        src = self.lines[line - 1] if 0 < line <= len(self.lines) else ""
-        lead = src[col - 1 : col] if col - 1 < len(src) else ""
-        offset = max(0, min(offset, len(text)))
-        if lead in "|>" and lead:
-            before = text[:offset]
-            rel_line = before.count("\n")
-            rel_col = offset - (before.rfind("\n") + 1)
-            body = line + 1 + rel_line
-            indent = 0
-            first = next((x for x in self.lines[line:] if x.strip()), "")  # block indentation: first content line
-            indent = len(first) - len(first.lstrip(" "))
-            return body, indent + rel_col + 1
-        if lead in ("'", '"'):
-            col += 1
-        return self._folded(line, col, offset)
-
-    def _folded(self, line: int, col: int, offset: int) -> tuple[int, int]:
-        """The position ``offset`` characters into a flow scalar that starts at (line, col)
-        and may continue on the next lines (folded: each line break read as one space)."""
-        while 0 < line <= len(self.lines):
-            rest = len(self.lines[line - 1]) - (col - 1)
-            if offset <= rest or line == len(self.lines):
-                return line, col + min(offset, max(rest, 0))
-            offset -= rest + 1
-            line += 1
-            text = self.lines[line - 1]
-            col = len(text) - len(text.lstrip(" ")) + 1
-        return line, col
+class _Compiler(DecompositionChecks, PackDiagnostics):
+    """The passes over one pack: structure, then each rule, fusion and decomposition."""
 
     # -- passes --
     def run(self):
@@ -223,67 +158,6 @@ class _Compiler:
         return RulePack(pname, model.pack.version, model.pack.description, rules, fusions, tuple(no_rule),
                         self.doc.filename, canonical, decompositions), self.diags
 
-    def errors(self) -> bool:
-        return any(d.severity == "error" for d in self.diags)
-
-    def structure(self, exc: ValidationError):
-        grouped: dict[tuple, list[dict]] = {}
-        for err in exc.errors():
-            grouped.setdefault(self.data_path(err["loc"]), []).append(err)
-        for path, errs in grouped.items():
-            kinds = {e["type"] for e in errs}
-            if len(errs) > 1 and not kinds & {"missing", "extra_forbidden"}:
-                wanted = sorted({e["msg"].removeprefix("Input should be ").removeprefix("a valid ") for e in errs})
-                self.error(path, f"got {_show(errs[0].get('input'))}; expected {' or '.join(wanted)}")
-                continue
-            for err in errs:
-                self.structure_one(path, err)
-
-    def structure_one(self, path, err):
-        kind = err["type"]
-        if kind == "missing":
-            self.error(path, f"required field {path[-1]!r} is missing; add it")
-        elif kind == "extra_forbidden":
-            self.error(path, f"unknown field {path[-1]!r}{self.near(str(path[-1]), _fields_at(path))}", key=True)
-        elif kind == "string_pattern_mismatch":
-            what = path[-1] if path else "value"
-            field = what
-            if isinstance(what, int) and len(path) > 1:   # an item of a list: name the list
-                field, what = path[-2], f"{path[-2]}[{what}]"
-            hint = {"device_types": " (a chip.device_type: lower-case letters, digits and _, e.g. npu_v3)",
-                    "op": " (an ATen overload name such as aten.convolution.default)",
-                    "version": " (semantic version MAJOR.MINOR.PATCH, e.g. 1.0.0)",
-                    "name": " (lower-case letters, digits, - and _)"}.get(str(field), "")
-            self.error(path, f"{what} {err['input']!r} is not valid{hint}")
-        elif kind == "literal_error":
-            self.error(path, f"{err['msg'].lower()}, got {err['input']!r}")
-        elif path and path[-1] == "version" and isinstance(err.get("input"), (int, float)):
-            self.error(path, f"version {err['input']!r} was read as a number; write a semantic version "
-                       "MAJOR.MINOR.PATCH such as 1.0.0")
-        else:
-            self.error(path, f"{err['msg'].lower()}; got {_show(err.get('input'))}")
-
-    def data_path(self, loc) -> tuple:
-        """pydantic's loc minus union tags, mapped onto the document's keys."""
-        out, node = [], self.doc.data
-        for part in loc:
-            if isinstance(node, dict) and part in node:
-                out.append(part)
-                node = node[part]
-            elif isinstance(node, list) and isinstance(part, int) and part < len(node):
-                out.append(part)
-                node = node[part]
-            elif isinstance(node, dict) and part in ("if", "from") and part in node:
-                out.append(part)
-                node = node[part]
-            elif isinstance(part, str) and isinstance(node, dict) and not part.startswith(("str", "list", "dict",
-                                                                                              "GuardItem", "int",
-                                                                                              "bool", "float",
-                                                                                              "literal", "none")):
-                out.append(part.rstrip("_") if part.endswith("_") else part)
-                break
-        return tuple(out)
-
     # -- rules --
     def kernel(self, path, name: str) -> bool:
         names = K.kernel_names()
@@ -319,8 +193,9 @@ class _Compiler:
         if len(self.diags) > before and any(d.severity == "error" for d in self.diags[before:]):
             return None
         line = self.doc.where(base)[0]
-        return Rule(pname, index, m.op, m.kernel, args, primary, m.requires, guards, bind,
-                    tuple(m.defaults.items()), m.note, line)
+        return Rule(pack=pname, index=index, op=m.op, kernel=m.kernel, args=args, primary=primary,
+                    requires=m.requires, guards=guards, bind=bind, defaults=tuple(m.defaults.items()), note=m.note,
+                    line=line)
 
     def requires(self, path, req, kernel: str):
         kd = K.kernel_dtypes(kernel)
@@ -485,108 +360,6 @@ class _Compiler:
         return tuple(out)
 
 
-    # -- decompositions --
-    def decomposition(self, pname: str, index: int, m, by_op: dict[str, Rule]) -> Decomposition | None:
-        """A decomposition's args (its own, else its op's rule's), guards, and parts whose
-        expressions see the args and the parts before them (a later part is an unknown name)."""
-        base = ("decompositions", index)
-        before = len(self.diags)
-        args = tuple(m.args.items())
-        if not args:
-            rule = by_op.get(m.op)
-            if rule is None:
-                if m.op not in self.broken_ops:
-                    self.error(base + ("op",), f"{m.op} has no rule in this pack to take its arguments from; "
-                               "declare them under args:")
-                return None
-            args, defaults, primary = rule.args, dict(rule.defaults), rule.primary
-        else:
-            defaults, primary = {}, None
-            for name, spelling in args:
-                if arg_type(spelling) is None:
-                    self.error(base + ("args", name), f"unknown argument type {spelling!r}; use one of "
-                               f"{', '.join(sorted(ARG_TYPES))} (add ? for optional)")
-            primary = next((n for n, t in args if strip(arg_type(t) or TENSOR) == TENSOR), None)
-        for name, value in m.defaults.items():
-            if name not in dict(args):
-                self.error(base + ("defaults", name), f"default for {name!r}, which is not in args", key=True)
-            defaults[name] = value
-        if m.requires.dtypes or m.requires.units or m.requires.device_types or m.requires.layouts != "unit":
-            self.error(base + ("requires",), "a decomposition's parts carry their own dtype, unit and layout "
-                       "requirements; here only attention: (and compute:/storage:) apply", key=True)
-        scope = dict(rule_scope(args, CHIP))
-        guards = self.guards(base + ("guards",), m.guards, scope)
-        parts = []
-        for i, part in enumerate(m.parts):
-            ppath = base + ("parts", i)
-            if part.id in scope:
-                self.error(ppath + ("id",), f"part id {part.id!r} is already an argument, a part or a built-in name")
-                continue
-            if part.op == m.op:
-                self.error(ppath + ("op",), f"part {part.id} is {m.op} itself: a decomposition cannot recurse")
-            when = None
-            if part.when is not None:
-                try:
-                    when = compile_guard(part.when, scope)
-                except GuardSyntaxError as exc:
-                    self.guard_error(ppath + ("when",), part.when, exc, "when")
-            self.part_call(ppath, part)
-            pargs = self.expressions(ppath + ("args",), enumerate(part.args), scope)
-            kwargs = self.expressions(ppath + ("kwargs",), part.kwargs.items(), scope)
-            parts.append(DecompositionPart(part.id, part.op, pargs, kwargs, when, self.doc.where(ppath)[0]))
-            scope[part.id] = TENSOR
-        if any(d.severity == "error" for d in self.diags[before:]):
-            return None
-        return Decomposition(pname, index, m.name, m.op, args, primary, m.requires, guards, tuple(parts),
-                             tuple(defaults.items()), m.note, self.doc.where(base)[0])
-
-    def part_call(self, ppath, part) -> None:
-        """A part's op must be an ATen overload called with arguments its schema accepts:
-        checked here against torch's own schema (imported only for a file being checked,
-        see :func:`check_pack`), or the pack imports and the planner fails on the first model
-        that meets it."""
-        if not self.schemas:
-            return
-        schema = _schema(part.op)
-        if schema is None:
-            self.error(ppath + ("op",), f"part {part.id}: {part.op} is not an operator of this torch "
-                       f"({_torch_version()}); write an overload name such as aten.transpose.int")
-            return
-        names = [a.name for a in schema.arguments]
-        positional = [a.name for a in schema.arguments if not a.kwarg_only]
-        if len(part.args) > len(positional):
-            self.error(ppath + ("args",), f"part {part.id}: {part.op} takes at most {len(positional)} positional "
-                       f"argument(s) ({', '.join(positional)}), got {len(part.args)}")
-            return
-        given = set(positional[: len(part.args)])
-        for key in part.kwargs:
-            if key not in names:
-                self.error(ppath + ("kwargs", key), f"part {part.id}: {part.op} has no argument {key!r} "
-                           f"(arguments: {', '.join(names)})", key=True)
-            elif key in given:
-                self.error(ppath + ("kwargs", key), f"part {part.id}: {key!r} is given twice (positionally and "
-                           "by name)", key=True)
-        given |= set(part.kwargs)
-        missing = [a.name for a in schema.arguments if a.name not in given and not a.has_default_value()
-                   and not str(a.type).endswith("?")]
-        if missing:
-            self.error(ppath + ("args",), f"part {part.id}: {part.op} needs {', '.join(missing)} "
-                       f"({schema}); pass them under args: or kwargs:")
-
-    def expressions(self, path, items, scope) -> tuple[Binding, ...]:
-        """(key, value) pairs -> Bindings: strings are expressions, other values constants."""
-        out = []
-        for key, value in items:
-            if isinstance(value, str):
-                try:
-                    out.append(Binding(str(key), compile_guard(value, scope, want_bool=False)))
-                except GuardSyntaxError as exc:
-                    self.guard_error(path + (key,), value, exc, "expression")
-            else:
-                out.append(Binding(str(key), None, value))
-        return tuple(out)
-
-
 def _constant(node) -> bool:
     """Whether a guard's tree reads no name (no argument, no chip field): its value is fixed."""
     if isinstance(node, SyntaxName):
@@ -611,40 +384,3 @@ def _always_false(guard) -> bool:
             except GuardEvalError:
                 return True  # e.g. 1 / 0: fails on every call
     return False
-
-
-def _schema(op: str):
-    """torch's schema of an overload name (``aten.transpose.int``), or None if there is none."""
-    import torch  # lazily: only checking a pack file with decompositions needs it
-
-    parts = op.split(".")
-    if len(parts) != 3:
-        return None
-    try:
-        return getattr(getattr(getattr(torch.ops, parts[0]), parts[1]), parts[2])._schema
-    except (AttributeError, RuntimeError):
-        return None
-
-
-def _torch_version() -> str:
-    import torch
-
-    return f"torch {torch.__version__}"
-
-
-def _fields_at(path) -> list[str]:
-    from torchfl.rules import format as F
-
-    table = {("pack",): F.PackInfo, ("requires",): F.Requires, ("rules",): F.RuleModel,
-             ("fusions",): F.FusionModel, ("pattern",): F.FusionStep, ("no_rule",): F.NoRule,
-             ("decompositions",): F.DecompositionModel, ("parts",): F.DecompositionPart}
-    keys = [p for p in path[:-1] if isinstance(p, str)]
-    model = F.PackModel
-    if keys:
-        model = table.get((keys[-1],), F.PackModel)
-    return [f.alias or n for n, f in model.model_fields.items()]
-
-
-def _show(v) -> str:
-    text = repr(v)
-    return text if len(text) <= 60 else text[:57] + "..."

@@ -41,24 +41,20 @@ class Binding:
 
 
 @dataclass(frozen=True)
-class Rule:
+class OpEntry:
+    """What a rule and a decomposition share: the op they serve, its declared arguments and
+    how a call's arguments bind to them, the HCD requirements and guards, where it was written."""
+
     pack: str
     index: int
     op: str
-    kernel: str
     args: tuple[tuple[str, str], ...]
     primary: str | None
     requires: Requires
     guards: tuple[CheckedGuard, ...]
-    bind: tuple[Binding, ...]
     defaults: tuple[tuple[str, Any], ...]
     note: str
     line: int
-
-    @property
-    def id(self) -> str:
-        """How messages name this rule: ``core:rules[3] aten.convolution.default -> conv2d``."""
-        return f"{self.pack}:rules[{self.index}] {self.op} -> {self.kernel}"
 
     def arg_names(self) -> tuple[str, ...]:
         return tuple(n for n, _ in self.args)
@@ -85,6 +81,19 @@ class Rule:
 
     def primary_value(self, values: Mapping[str, Any]):
         return values.get(self.primary) if self.primary else None
+
+
+@dataclass(frozen=True)
+class Rule(OpEntry):
+    """An op served by one kernel, its inputs and attributes bound from the call (``bind``)."""
+
+    kernel: str
+    bind: tuple[Binding, ...]
+
+    @property
+    def id(self) -> str:
+        """How messages name this rule: ``core:rules[3] aten.convolution.default -> conv2d``."""
+        return f"{self.pack}:rules[{self.index}] {self.op} -> {self.kernel}"
 
 
 def rule_scope(args: tuple[tuple[str, str], ...], chip_type: Type) -> dict[str, Type]:
@@ -169,29 +178,15 @@ class DecompositionPart:
 
 
 @dataclass(frozen=True)
-class Decomposition:
+class Decomposition(OpEntry):
     """An op served by a composition of other ops (``parts``, the last one its value)."""
 
-    pack: str
-    index: int
     name: str
-    op: str
-    args: tuple[tuple[str, str], ...]
-    primary: str | None
-    requires: Requires
-    guards: tuple[CheckedGuard, ...]
     parts: tuple[DecompositionPart, ...]
-    defaults: tuple[tuple[str, Any], ...]
-    note: str
-    line: int
 
     @property
     def id(self) -> str:
         return f"{self.pack}:decompositions[{self.index}] {self.name}"
-
-    arg_names = Rule.arg_names
-    bind_args = Rule.bind_args
-    primary_value = Rule.primary_value
 
 
 @dataclass(frozen=True)

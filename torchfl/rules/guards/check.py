@@ -140,103 +140,107 @@ class _Checker:
             hint = f"; {node.id} is a function: write {node.id}(...)"
         raise GuardTypeError(f"unknown name {node.id!r}{hint}", node.start)
 
-    def type(self, n: S.Node) -> Type:  # noqa: C901 - one case per construct
-        if isinstance(n, S.Const):
-            v = n.value
-            if v is None:
-                return NONE
-            if isinstance(v, bool):
-                return BOOL
-            if isinstance(v, int):
-                return INT
-            if isinstance(v, float):
-                return FLOAT
-            return STR
-        if isinstance(n, S.Name):
-            return self.lookup(n)
-        if isinstance(n, S.ListLit):
-            return list_of(unify([self.type(i) for i in n.items]))
-        if isinstance(n, S.Attr):
-            base = strip(self.type(n.obj))
-            if base.kind == "any":
-                return ANY
-            if base.kind != "record":
-                raise GuardTypeError(f"{base} has no fields (.{n.name})", n.start)
-            f = base.field(n.name)
-            if f is None and base.name == "chip" and n.name in ("chip", "name", "vendor", "version", "device_type"):
-                raise GuardTypeError(
-                    f"chip.{n.name}: a chip's identity is not visible to guards; rule packs are chip-agnostic "
-                    "(condition on capabilities, or restrict with requires.device_types)", n.obj.end)
-            if f is None and base.name == "chip" and n.name in ("fp16", "bf16", "fp32", "int8", "attention"):
-                raise GuardTypeError(f"chip has no field {n.name!r}; did you mean chip.compute_units.{n.name}?",
-                                     n.obj.end)
-            if f is None:
-                raise GuardTypeError(
-                    f"{base.name} has no field {n.name!r}{_near(n.name, base.field_names)} "
-                    f"(fields: {', '.join(base.field_names)})",
-                    n.obj.end,
-                )
-            return f
-        if isinstance(n, S.Index):
-            base, idx = strip(self.type(n.obj)), strip(self.type(n.index))
-            if idx.kind not in ("int", "any"):
-                raise GuardTypeError(f"an index must be an int, not {idx}", n.index.start)
-            if base.kind == "list":
-                return base.elem
-            if base.kind in ("str", "any"):
-                return base
-            raise GuardTypeError(f"cannot index {base} (only lists and strings)", n.start)
-        if isinstance(n, S.Slice):
-            base = strip(self.type(n.obj))
-            for part in (n.lower, n.upper):
-                if part is not None and strip(self.type(part)).kind not in ("int", "any"):
-                    raise GuardTypeError("slice bounds must be ints", part.start)
-            if base.kind in ("list", "str", "any"):
-                return base
-            raise GuardTypeError(f"cannot slice {base} (only lists and strings)", n.start)
-        if isinstance(n, S.Neg):
-            t = strip(self.type(n.operand))
-            if not numeric(t):
-                raise GuardTypeError(f"cannot negate {t}", n.start)
-            return t if t.kind != "bool" else INT
-        if isinstance(n, S.Not):
-            self.type(n.operand)
+    def type(self, n: S.Node) -> Type:
+        """The static type of ``n``: one small method per construct (``_TYPERS``)."""
+        typer = _TYPERS.get(type(n))
+        if typer is None:  # pragma: no cover - every construct is listed
+            raise GuardTypeError(f"unsupported construct {type(n).__name__}", n.start)
+        return typer(self, n)
+
+    def _const(self, n: S.Const) -> Type:
+        v = n.value
+        if v is None:
+            return NONE
+        if isinstance(v, bool):
             return BOOL
-        if isinstance(n, S.BoolOp):
-            for v in n.values:
-                self.type(v)
-            return BOOL
-        if isinstance(n, S.BinOp):
-            return self.binop(n)
-        if isinstance(n, S.Compare):
-            return self.compare(n)
-        if isinstance(n, S.Call):
-            return self.call(n)
-        if isinstance(n, S.IfElse):
-            self.type(n.test)
-            return unify([self.type(n.body), self.type(n.orelse)])
-        if isinstance(n, S.ListComp):
-            it = strip(self.type(n.iter))
-            if it.kind not in ("list", "any"):
-                raise GuardTypeError(f"'for {n.var} in ...' needs a list, not {it}", n.iter.start)
-            self.scopes.append({n.var: it.elem if it.kind == "list" else ANY})
-            try:
-                return list_of(self.type(n.elt))
-            finally:
-                self.scopes.pop()
-        if isinstance(n, S.Comprehension):
-            if n.func not in ("all", "any"):
-                raise GuardTypeError(f"only all(... for x in ...) and any(...) take a 'for' clause, not {n.func}", n.start)
-            it = strip(self.type(n.iter))
-            if it.kind not in ("list", "any"):
-                raise GuardTypeError(f"'for {n.var} in ...' needs a list, not {it}", n.iter.start)
-            self.scopes.append({n.var: it.elem if it.kind == "list" else ANY})
-            try:
-                self.type(n.elt)
-            finally:
-                self.scopes.pop()
-            return BOOL
-        raise GuardTypeError(f"unsupported construct {type(n).__name__}", n.start)  # pragma: no cover
+        if isinstance(v, int):
+            return INT
+        if isinstance(v, float):
+            return FLOAT
+        return STR
+
+    def _list(self, n: S.ListLit) -> Type:
+        return list_of(unify([self.type(i) for i in n.items]))
+
+    def _attr(self, n: S.Attr) -> Type:
+        base = strip(self.type(n.obj))
+        if base.kind == "any":
+            return ANY
+        if base.kind != "record":
+            raise GuardTypeError(f"{base} has no fields (.{n.name})", n.start)
+        f = base.field(n.name)
+        if f is None and base.name == "chip" and n.name in ("chip", "name", "vendor", "version", "device_type"):
+            raise GuardTypeError(
+                f"chip.{n.name}: a chip's identity is not visible to guards; rule packs are chip-agnostic "
+                "(condition on capabilities, or restrict with requires.device_types)", n.obj.end)
+        if f is None and base.name == "chip" and n.name in ("fp16", "bf16", "fp32", "int8", "attention"):
+            raise GuardTypeError(f"chip has no field {n.name!r}; did you mean chip.compute_units.{n.name}?",
+                                 n.obj.end)
+        if f is None:
+            raise GuardTypeError(
+                f"{base.name} has no field {n.name!r}{_near(n.name, base.field_names)} "
+                f"(fields: {', '.join(base.field_names)})",
+                n.obj.end,
+            )
+        return f
+
+    def _index(self, n: S.Index) -> Type:
+        base, idx = strip(self.type(n.obj)), strip(self.type(n.index))
+        if idx.kind not in ("int", "any"):
+            raise GuardTypeError(f"an index must be an int, not {idx}", n.index.start)
+        if base.kind == "list":
+            return base.elem
+        if base.kind in ("str", "any"):
+            return base
+        raise GuardTypeError(f"cannot index {base} (only lists and strings)", n.start)
+
+    def _slice(self, n: S.Slice) -> Type:
+        base = strip(self.type(n.obj))
+        for part in (n.lower, n.upper):
+            if part is not None and strip(self.type(part)).kind not in ("int", "any"):
+                raise GuardTypeError("slice bounds must be ints", part.start)
+        if base.kind in ("list", "str", "any"):
+            return base
+        raise GuardTypeError(f"cannot slice {base} (only lists and strings)", n.start)
+
+    def _neg(self, n: S.Neg) -> Type:
+        t = strip(self.type(n.operand))
+        if not numeric(t):
+            raise GuardTypeError(f"cannot negate {t}", n.start)
+        return t if t.kind != "bool" else INT
+
+    def _not(self, n: S.Not) -> Type:
+        self.type(n.operand)
+        return BOOL
+
+    def _boolop(self, n: S.BoolOp) -> Type:
+        for v in n.values:
+            self.type(v)
+        return BOOL
+
+    def _ifelse(self, n: S.IfElse) -> Type:
+        self.type(n.test)
+        return unify([self.type(n.body), self.type(n.orelse)])
+
+    def _bound(self, n, elt_type):
+        """The type of ``n.elt`` with ``n.var`` bound to the elements of ``n.iter``."""
+        it = strip(self.type(n.iter))
+        if it.kind not in ("list", "any"):
+            raise GuardTypeError(f"'for {n.var} in ...' needs a list, not {it}", n.iter.start)
+        self.scopes.append({n.var: it.elem if it.kind == "list" else ANY})
+        try:
+            return elt_type(n.elt)
+        finally:
+            self.scopes.pop()
+
+    def _listcomp(self, n: S.ListComp) -> Type:
+        return list_of(self._bound(n, self.type))
+
+    def _comprehension(self, n: S.Comprehension) -> Type:
+        if n.func not in ("all", "any"):
+            raise GuardTypeError(f"only all(... for x in ...) and any(...) take a 'for' clause, not {n.func}", n.start)
+        self._bound(n, self.type)
+        return BOOL
 
     def binop(self, n: S.BinOp) -> Type:
         a, b = strip(self.type(n.left)), strip(self.type(n.right))
@@ -318,3 +322,10 @@ class _Checker:
         if len(args) != 1 or args[0].kind not in ("list", "any"):
             raise GuardTypeError(f"{n.func} takes one list, or a form like {n.func}(x > 0 for x in shape)", n.start)
         return BOOL
+
+
+_TYPERS = {S.Const: _Checker._const, S.Name: _Checker.lookup, S.ListLit: _Checker._list, S.Attr: _Checker._attr,
+           S.Index: _Checker._index, S.Slice: _Checker._slice, S.Neg: _Checker._neg, S.Not: _Checker._not,
+           S.BoolOp: _Checker._boolop, S.BinOp: _Checker.binop, S.Compare: _Checker.compare,
+           S.Call: _Checker.call, S.IfElse: _Checker._ifelse, S.ListComp: _Checker._listcomp,
+           S.Comprehension: _Checker._comprehension}

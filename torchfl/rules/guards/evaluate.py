@@ -93,102 +93,107 @@ class Evaluator:
                 return scope[n.id]
         self.fail(f"{n.id} is not available on this call", n)
 
-    def value(self, n: S.Node):  # noqa: C901 - one case per construct
+    def value(self, n: S.Node):
+        """The value of ``n`` in this environment: one small method per construct (``_VALUES``),
+        each step paid from the budget."""
         self.budget -= 1
         if self.budget < 0:
             self.fail("guard exceeded its evaluation budget", n)
-        if isinstance(n, S.Const):
-            return n.value
-        if isinstance(n, S.Name):
-            return self.lookup(n)
-        if isinstance(n, S.ListLit):
-            return [self.value(i) for i in n.items]
-        if isinstance(n, S.Attr):
-            obj = self.value(n.obj)
-            if obj is None:
-                self.fail(f"{self.src(n.obj)} is absent (none), so .{n.name} cannot be read", n)
-            if isinstance(obj, Mapping):
-                if n.name not in obj:
-                    self.fail(f"{self.src(n)} is absent on this chip", n)
-                return obj[n.name]
-            got = _tensor_field(obj, n.name)
-            if got is _MISSING:
-                self.fail(f"{self.src(n.obj)} ({_kind(obj)}) has no field {n.name}", n)
-            return got
-        if isinstance(n, S.Index):
-            obj, idx = self.value(n.obj), self.value(n.index)
-            if not isinstance(obj, (list, tuple, str)) or not isinstance(idx, int) or isinstance(idx, bool):
-                self.fail(f"cannot index {_kind(obj)} {self.src(n.obj)} with {show(idx)}", n)
-            if not -len(obj) <= idx < len(obj):
-                self.fail(f"index {idx} out of range for {self.src(n.obj)} = {show(obj)}", n)
-            return obj[idx]
-        if isinstance(n, S.Slice):
-            obj = self.value(n.obj)
-            lo = None if n.lower is None else self.value(n.lower)
-            hi = None if n.upper is None else self.value(n.upper)
-            if not isinstance(obj, (list, tuple, str)) or not all(b is None or (isinstance(b, int) and not isinstance(b, bool)) for b in (lo, hi)):
-                self.fail(f"cannot slice {_kind(obj)} {self.src(n.obj)}", n)
-            out = obj[lo:hi]
-            self.budget -= len(out)
-            return list(out) if isinstance(out, tuple) else out
-        if isinstance(n, S.Neg):
-            v = self.value(n.operand)
-            self._need_number(v, n.operand)
-            return -v
-        if isinstance(n, S.Not):
-            return not self.truth(self.value(n.operand), n.operand)
-        if isinstance(n, S.BoolOp):
-            if n.op == "and":
-                for v in n.values:
-                    if not self.truth(self.value(v), v):
-                        return False
-                return True
-            for v in n.values:
-                if self.truth(self.value(v), v):
-                    return True
-            return False
-        if isinstance(n, S.BinOp):
-            return self.binop(n)
-        if isinstance(n, S.Compare):
-            left = self.value(n.left)
-            for op, comp in zip(n.ops, n.comparators):
-                right = self.value(comp)
-                if not self.compare(op, left, right, n):
-                    return False
-                left = right
-            return True
-        if isinstance(n, S.Call):
-            return self.call(n)
-        if isinstance(n, S.IfElse):
-            return self.value(n.body) if self.truth(self.value(n.test), n.test) else self.value(n.orelse)
-        if isinstance(n, S.ListComp):
-            seq = self.value(n.iter)
-            if not isinstance(seq, (list, tuple)):
-                self.fail(f"{self.src(n.iter)} is {_kind(seq)}, not a list", n.iter)
-            out = []
-            self.scopes.append({})
-            try:
-                for item in seq:
-                    self.scopes[-1][n.var] = item
-                    out.append(self.value(n.elt))
-            finally:
-                self.scopes.pop()
-            return out
-        if isinstance(n, S.Comprehension):
-            seq = self.value(n.iter)
-            if not isinstance(seq, (list, tuple)):
-                self.fail(f"{self.src(n.iter)} is {_kind(seq)}, not a list", n.iter)
-            want = n.func == "all"
-            self.scopes.append({})
-            try:
-                for item in seq:
-                    self.scopes[-1][n.var] = item
-                    if self.truth(self.value(n.elt), n.elt) != want:
-                        return not want
-            finally:
-                self.scopes.pop()
-            return want
-        self.fail(f"unsupported construct {type(n).__name__}", n)  # pragma: no cover
+        method = _VALUES.get(type(n))
+        if method is None:  # pragma: no cover - every construct is listed
+            self.fail(f"unsupported construct {type(n).__name__}", n)
+        return method(self, n)
+
+    def _const(self, n: S.Const):
+        return n.value
+
+    def _list(self, n: S.ListLit):
+        return [self.value(i) for i in n.items]
+
+    def _attr(self, n: S.Attr):
+        obj = self.value(n.obj)
+        if obj is None:
+            self.fail(f"{self.src(n.obj)} is absent (none), so .{n.name} cannot be read", n)
+        if isinstance(obj, Mapping):
+            if n.name not in obj:
+                self.fail(f"{self.src(n)} is absent on this chip", n)
+            return obj[n.name]
+        got = _tensor_field(obj, n.name)
+        if got is _MISSING:
+            self.fail(f"{self.src(n.obj)} ({_kind(obj)}) has no field {n.name}", n)
+        return got
+
+    def _index(self, n: S.Index):
+        obj, idx = self.value(n.obj), self.value(n.index)
+        if not isinstance(obj, (list, tuple, str)) or not isinstance(idx, int) or isinstance(idx, bool):
+            self.fail(f"cannot index {_kind(obj)} {self.src(n.obj)} with {show(idx)}", n)
+        if not -len(obj) <= idx < len(obj):
+            self.fail(f"index {idx} out of range for {self.src(n.obj)} = {show(obj)}", n)
+        return obj[idx]
+
+    def _slice(self, n: S.Slice):
+        obj = self.value(n.obj)
+        lo = None if n.lower is None else self.value(n.lower)
+        hi = None if n.upper is None else self.value(n.upper)
+        if not isinstance(obj, (list, tuple, str)) or not all(b is None or (isinstance(b, int) and not isinstance(b, bool)) for b in (lo, hi)):
+            self.fail(f"cannot slice {_kind(obj)} {self.src(n.obj)}", n)
+        out = obj[lo:hi]
+        self.budget -= len(out)
+        return list(out) if isinstance(out, tuple) else out
+
+    def _neg(self, n: S.Neg):
+        v = self.value(n.operand)
+        self._need_number(v, n.operand)
+        return -v
+
+    def _not(self, n: S.Not):
+        return not self.truth(self.value(n.operand), n.operand)
+
+    def _boolop(self, n: S.BoolOp):
+        stop = n.op != "and"  # and: stops at the first false part; or: at the first true one
+        for v in n.values:
+            if self.truth(self.value(v), v) == stop:
+                return stop
+        return not stop
+
+    def _compare_chain(self, n: S.Compare):
+        left = self.value(n.left)
+        for op, comp in zip(n.ops, n.comparators):
+            right = self.value(comp)
+            if not self.compare(op, left, right, n):
+                return False
+            left = right
+        return True
+
+    def _ifelse(self, n: S.IfElse):
+        return self.value(n.body) if self.truth(self.value(n.test), n.test) else self.value(n.orelse)
+
+    def _for_each(self, n, step):
+        """``step(item)`` for each element of ``n.iter``, bound to ``n.var``; stops at the first
+        non-None result and returns it."""
+        seq = self.value(n.iter)
+        if not isinstance(seq, (list, tuple)):
+            self.fail(f"{self.src(n.iter)} is {_kind(seq)}, not a list", n.iter)
+        self.scopes.append({})
+        try:
+            for item in seq:
+                self.scopes[-1][n.var] = item
+                result = step()
+                if result is not None:
+                    return result
+        finally:
+            self.scopes.pop()
+        return None
+
+    def _listcomp(self, n: S.ListComp):
+        out = []
+        self._for_each(n, lambda: out.append(self.value(n.elt)))
+        return out
+
+    def _comprehension(self, n: S.Comprehension):
+        want = n.func == "all"
+        stop = self._for_each(n, lambda: True if self.truth(self.value(n.elt), n.elt) != want else None)
+        return (not want) if stop else want
 
     def truth(self, v, n: S.Node) -> bool:
         if isinstance(v, (bool, int, float, str, list, tuple)) or v is None:
@@ -310,6 +315,13 @@ class Evaluator:
             truths = [self.truth(x, n) for x in seq]
             return all(truths) if f == "all" else any(truths)
         self.fail(f"unknown function {f}", n)  # pragma: no cover - refused statically
+
+
+_VALUES = {S.Const: Evaluator._const, S.Name: Evaluator.lookup, S.ListLit: Evaluator._list,
+           S.Attr: Evaluator._attr, S.Index: Evaluator._index, S.Slice: Evaluator._slice, S.Neg: Evaluator._neg,
+           S.Not: Evaluator._not, S.BoolOp: Evaluator._boolop, S.BinOp: Evaluator.binop,
+           S.Compare: Evaluator._compare_chain, S.Call: Evaluator.call, S.IfElse: Evaluator._ifelse,
+           S.ListComp: Evaluator._listcomp, S.Comprehension: Evaluator._comprehension}
 
 
 def _equal(a, b) -> bool:

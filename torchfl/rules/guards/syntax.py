@@ -67,13 +67,18 @@ class Slice(Node):
 
 
 @dataclass(frozen=True)
-class Neg(Node):
+class Unary(Node):
+    """An operator applied to one operand."""
+
     operand: Node
 
 
-@dataclass(frozen=True)
-class Not(Node):
-    operand: Node
+class Neg(Unary):
+    """``-operand``"""
+
+
+class Not(Unary):
+    """``not operand``"""
 
 
 @dataclass(frozen=True)
