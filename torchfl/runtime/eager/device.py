@@ -55,12 +55,7 @@ class NpuDevice:
     def target(self):
         """The resolved :class:`~torchfl.planner.target.Target` (HCD, rule packs, ChipModel,
         content hash), from the default registry."""
-        t = self._target
-        if t is None:
-            from torchfl.planner.target import resolve_target
-
-            t = self._target = resolve_target(self.chip_name)
-        return t
+        return self._target or target_of(self.index)
 
     @property
     def memory(self):
@@ -188,8 +183,15 @@ def adapter_current() -> int:
 
 
 def target_of(index=None):
-    """The resolved :class:`~torchfl.planner.target.Target` of device ``index``."""
-    return handle(index).target
+    """The resolved :class:`~torchfl.planner.target.Target` of device ``index`` (the eager
+    device's one resolution of its chip, kept on its :class:`NpuDevice`)."""
+    h = handle(index)
+    t = h._target
+    if t is None:
+        from torchfl.planner.target import resolve_target
+
+        t = h._target = resolve_target(h.chip_name)
+    return t
 
 
 def chip_of(index=None):
