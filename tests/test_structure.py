@@ -32,11 +32,6 @@ def test_every_catch_all_says_why_it_must_stay():
 MAX_MODULE_LINES = 500
 MAX_FUNCTION_LINES = 80
 TO_SPLIT = {
-    # planner and the what-if CLI
-    "torchfl/planner/whatif.py", "torchfl/cli/whatif_cmd.py", "torchfl/planner/select.py",
-    "torchfl/planner/select.py:select", "torchfl/planner/build.py:assemble",
-    "torchfl/planner/graph.py:build_ir", "torchfl/planner/memory.py:plan_memory",
-
     # runtime and the rest of the CLI
     "torchfl/runtime/eager/ops.py", "torchfl/runtime/executor.py",
     "torchfl/runtime/executor.py:_run", "torchfl/runtime/executor.py:__init__",
@@ -55,8 +50,6 @@ TO_SPLIT = {
 }
 LOOP_FREE = ("planner", "runtime/eager")
 LOOPS_NOT_YET = {
-    "planner",  # planner helper
-
     "runtime/eager",  # runtime helper
 }
 

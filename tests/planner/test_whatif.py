@@ -200,3 +200,26 @@ def test_unknown_chip_is_one_line_error(registry):
     url, tiny, _base = registry
     out = plan_cli("compare", f"{tiny}:conv", "--chips", "NO-SUCH-CHIP", "--registry", url)
     assert out.exit_code == 1 and "unknown chip 'NO-SUCH-CHIP'" in out.stderr
+
+
+def test_a_chip_version_is_resolved_once_checked_and_cached(registry):
+    """``chip_of(name, registry, version)`` is one resolve_target: that version's HCD with the
+    registry's packs, cached like any target (it was built anew, unchecked, on every call), and
+    a version that is not there is the registry's one-line error."""
+    from torchfl.planner import whatif
+    from torchfl.planner.errors import ChoiceError
+    from torchfl.planner.target import resolve_target
+    from torchfl.registry import NotFound
+
+    url, _tiny, base = registry
+    old, new = whatif.chip_of("NPU-V3", url, "1.0.0"), whatif.chip_of("NPU-V3", url, "1.2.0")
+    assert (old.version, new.version) == ("1.0.0", "1.2.0") and old.chip_hash != new.chip_hash
+    assert whatif.chip_of("NPU-V3", url, "1.2.0") is new            # cached, not built again
+    assert new.packs == resolve_target("NPU-V3", url).packs          # the registry's packs
+    assert resolve_target("NPU-V3", url).version == "1.2.0"          # the latest, as before
+    with pytest.raises(NotFound, match="has no version 9.9.9"):
+        whatif.chip_of("NPU-V3", url, "9.9.9")
+    with pytest.raises(ChoiceError, match="unknown chip 'NO-SUCH'"):
+        whatif.chip_of("NO-SUCH", url, "1.0.0")
+    with pytest.raises(ChoiceError, match="by chip name"):
+        resolve_target(base, url, version="1.0.0")

@@ -80,12 +80,9 @@ def plan_dynamo(gm, args, chip, kind="inference", weights=(), precision=None, st
         lifted, user = lift_static(gm, args)
         inputs = tuple(args[i] for i in user)
         target = _prepared(chip, registry, precision, inputs)
-        plan = _plan(capture_dynamo(lifted, inputs), inputs, target, precision, strict)
-        if len(plan.outputs) != _n_outputs(gm):
-            # torch.export returned the inputs the graph writes to (a train-mode batch-norm's
-            # running statistics and num_batches_tracked, under no_grad) as extra outputs
-            raise MutatesInputs(f"the graph returns {_n_outputs(gm)} values but writes to some of its inputs too")
-        return plan, user
+        captured = capture_dynamo(lifted, inputs)
+        _refuse_writes(gm, captured)
+        return _plan(captured, inputs, target, precision, strict), user
     if kind not in ("forward", "backward"):
         raise ValueError(f"plan_dynamo: kind must be inference, forward or backward, not {kind!r}")
     target = _prepared(chip, registry, precision, ())
@@ -93,12 +90,23 @@ def plan_dynamo(gm, args, chip, kind="inference", weights=(), precision=None, st
     return plan, tuple(range(len(args)))
 
 
-def _n_outputs(gm) -> int:
-    """How many values the graph returns (its output, flattened)."""
+def _n_outputs(gm, nodes_only=False) -> int:
+    """How many values the graph returns (its output, flattened; ``nodes_only``: the graph's
+    values among them, as the plan's outputs count them)."""
     import torch
 
     out = next(n for n in gm.graph.nodes if n.op == "output")
-    return len(torch.utils._pytree.tree_leaves(out.args[0]))
+    leaves = torch.utils._pytree.tree_leaves(out.args[0])
+    return sum(isinstance(x, torch.fx.Node) for x in leaves) if nodes_only else len(leaves)
+
+
+def _refuse_writes(gm, captured) -> None:
+    """MutatesInputs when the capture of a Dynamo graph returns more values than the graph:
+    torch.export returns the inputs the graph writes to (a train-mode batch-norm's running
+    statistics and num_batches_tracked, under no_grad) as extra outputs. Checked before
+    planning: the caller compiles such a graph another way, so a plan of it is wasted."""
+    if _n_outputs(captured.graph_module, nodes_only=True) != _n_outputs(gm):
+        raise MutatesInputs(f"the graph returns {_n_outputs(gm)} values but writes to some of its inputs too")
 
 
 def plan_captured(captured, example_inputs, target, precision=None, strict=False):
@@ -121,17 +129,14 @@ def _plan(captured, example_inputs, target, precision, strict, decide=None):
         return _plan_uncollected(captured, example_inputs, target, precision, strict, decide)
 
 
-def plan_specialised(captured, inputs, target, precision=None, strict=False, keep=None, choices=None,
-                     selection=None):
+def plan_specialised(captured, inputs, target, precision=None, strict=False, keep=None, decide=None):
     """Plan one length of a symbolic capture (``planner.lengths``): in full, keeping the
-    Selection in ``keep["selection"]``, or with the choices of an earlier length (``choices``:
-    its option keys, ``selection``: its Selection), raising ``lengths.NotInBucket`` when one
-    of them is not a candidate at this length."""
-    from torchfl.planner.lengths import forced
-
+    Selection in ``keep["selection"]``, or with ``decide(problem) -> Selection`` (the choices of
+    an earlier length: ``lengths.forced``, which raises ``lengths.NotInBucket`` when one of them
+    is not a candidate at this length)."""
     target = _prepared(target, None, precision, inputs)
-    if choices is not None:
-        return _plan(captured, inputs, target, precision, strict, forced(choices, selection))
+    if decide is not None:
+        return _plan(captured, inputs, target, precision, strict, decide)
 
     def decide(problem):
         from torchfl.planner.select import select
@@ -165,7 +170,8 @@ def _plan_uncollected(captured, example_inputs, target, precision, strict, decid
     from torchfl.planner.constraints import check_graph, input_layouts
     from torchfl.planner.cost import Pricer
     from torchfl.planner.graph import build_ir
-    from torchfl.planner.plan import Capture, identity_layout
+    from torchfl.planner.plan import Capture
+    from torchfl.planner.records import identity_layout
     from torchfl.planner.select import CoverProblem, SelectionError, select
 
     hcd, packs, chip = target.hcd, target.packs, target.model

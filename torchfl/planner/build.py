@@ -14,103 +14,136 @@ from torchfl.planner.plan import (HOST_STEPS, Cast, Conversion, Fallback, LazyTu
 
 
 def assemble(target, precision, ir, cands, selection, pricer, capture, input_layouts, notes=()):
-    steps: list[Step] = []
-    values: dict[str, Value] = {}
-    conversions: list[Conversion] = []
-    casts: list[Cast] = []
-    static_values: set[str] = set()
-    placeholder_names = {name for name, *_ in ir.placeholders}
+    """The Plan of ``selection``: its steps in the order of the module docstring, the totals."""
+    b = _Steps(ir, pricer)
+    inputs = b.placeholders(input_layouts)
+    b.input_casts(precision)
+    for opt in selection.chosen:
+        b.chosen(opt, cands)
+    outputs = b.outputs()
+    steps = tuple(b.steps)
+    fallbacks = tuple(Fallback(n, ir.nodes[n].op, cands.fallbacks[n]) for opt in selection.chosen
+                      for n in opt.nodes if opt.payload.kind == "fallback")
+    folded = tuple(Fallback(n, ir.nodes[n].op, cands.folded[n]) for opt in selection.chosen
+                   for n in opt.nodes if opt.payload.kind == "fold")
+    # built when read (explain, JSON, calibrate), not on every plan: ~8% of a warm ResNet-50 plan
+    options, ruled_out = tuple(cands.options), tuple(cands.rejected)
+    rejected = LazyTuple(lambda: _rejected(options, ruled_out, selection))
+    summary = _summary(ir, steps, len(b.conversions), len(b.casts), len(fallbacks), len(folded))
+    return Plan(chip=target.name, chip_version=target.version, chip_hash=target.chip_hash, precision=precision,
+                inputs=tuple(inputs), outputs=tuple(outputs), values=b.values, steps=steps,
+                conversions=tuple(b.conversions), casts=tuple(b.casts), fallbacks=fallbacks, folded=folded,
+                rejected=rejected,
+                summary=summary, notes=tuple(notes), capture=capture, target=target)
 
-    def add_value(name, shape, dtype, layout, producer, static):
-        values[name] = Value(name, tuple(shape), dtype, layout, producer)
+
+class _Steps:
+    """The steps and values of one plan as they are emitted, in order; one layout conversion per
+    (value, layout), shared by every consumer."""
+
+    def __init__(self, ir, pricer):
+        self.ir, self.pricer = ir, pricer
+        self.steps: list[Step] = []
+        self.values: dict[str, Value] = {}
+        self.conversions: list[Conversion] = []
+        self.casts: list[Cast] = []
+        self.static_values: set[str] = set()
+        self.converted: dict[tuple[str, str], str] = {}
+        self.placeholder_names = {name for name, *_ in ir.placeholders}
+
+    def add_value(self, name, shape, dtype, layout, producer, static):
+        """Record a value (``static``: computed once, from weights only)."""
+        self.values[name] = Value(name, tuple(shape), dtype, layout, producer)
         if static:
-            static_values.add(name)
+            self.static_values.add(name)
 
-    inputs = []
-    user_i = 0
-    for name, kind, key, info in ir.placeholders:
-        layout = identity_layout(info.rank)
-        if kind == "input":
-            lay = input_layouts[user_i] if user_i < len(input_layouts) else None
-            layout = lay or layout
-            user_i += 1
-        inputs.append(PlanInput(name, kind, key, info.shape, info.graph_dtype, layout))
-        add_value(name, info.shape, info.graph_dtype, layout, None, info.static)
-
-    def emit(**kw):
-        index = len(steps)
-        step = Step(index=index, **kw)
-        steps.append(step)
+    def emit(self, **kw) -> Step:
+        """Append the next step."""
+        step = Step(index=len(self.steps), **kw)
+        self.steps.append(step)
         return step
 
-    for cname, src, to in ir.casts:
-        info = ir.values[cname]
-        src_layout = values[src].layout
-        priced = pricer.cast(info.shape, info.graph_dtype, to)
-        emit(kind="cast", kernel="cast", nodes=(), ops=(), inputs=(src,), outputs=(cname,),
-             layouts_in=(src_layout,), layout_out=src_layout, dtype=to, tile=priced.tile,
-             attrs={"to": to}, predicted_flops=float(priced.flops), predicted_bytes=float(priced.bytes),
-             predicted_time_s=priced.time_s, static=info.static,
-             note=f"precision policy: {info.graph_dtype} -> {to}" + (" (parameter, once)" if info.static else ""))
-        add_value(cname, info.shape, to, src_layout, len(steps) - 1, info.static)
-        casts.append(Cast(len(steps) - 1, src, info.graph_dtype, to,
-                          f"precision={precision}: {values[src].dtype} {'parameter' if info.static else 'input'}"))
+    def placeholders(self, input_layouts) -> list[PlanInput]:
+        """The graph's placeholders as plan inputs: user inputs in the layout they arrive in."""
+        inputs = []
+        user_i = 0
+        for name, kind, key, info in self.ir.placeholders:
+            layout = identity_layout(info.rank)
+            if kind == "input":
+                lay = input_layouts[user_i] if user_i < len(input_layouts) else None
+                layout = lay or layout
+                user_i += 1
+            inputs.append(PlanInput(name, kind, key, info.shape, info.graph_dtype, layout))
+            self.add_value(name, info.shape, info.graph_dtype, layout, None, info.static)
+        return inputs
 
-    converted: dict[tuple[str, str], str] = {}
+    def input_casts(self, precision) -> None:
+        """The precision policy's casts of the placeholders (static for parameters), first."""
+        values = self.values
+        for cname, src, to in self.ir.casts:
+            info = self.ir.values[cname]
+            src_layout = values[src].layout
+            priced = self.pricer.cast(info.shape, info.graph_dtype, to)
+            self.emit(kind="cast", kernel="cast", nodes=(), ops=(), inputs=(src,), outputs=(cname,),
+                      layouts_in=(src_layout,), layout_out=src_layout, dtype=to, tile=priced.tile,
+                      attrs={"to": to}, predicted_flops=float(priced.flops), predicted_bytes=float(priced.bytes),
+                      predicted_time_s=priced.time_s, static=info.static,
+                      note=f"precision policy: {info.graph_dtype} -> {to}" + (" (parameter, once)" if info.static
+                                                                               else ""))
+            self.add_value(cname, info.shape, to, src_layout, len(self.steps) - 1, info.static)
+            self.casts.append(Cast(len(self.steps) - 1, src, info.graph_dtype, to,
+                                   f"precision={precision}: {values[src].dtype} "
+                                   f"{'parameter' if info.static else 'input'}"))
 
-    def plan_name(ir_name, fx_name):
-        return ir_name if fx_name in placeholder_names else fx_name
+    def plan_name(self, ir_name, fx_name):
+        """A placeholder's value is its IR name (its cast, if any); a node's, its FX name."""
+        return ir_name if fx_name in self.placeholder_names else fx_name
 
-    def need(value: str, layout: str, consumer: str) -> str:
+    def need(self, value: str, layout: str, consumer: str) -> str:
+        """``value`` in ``layout``: itself, or its conversion (emitted once, when first needed)."""
+        values = self.values
         have = values[value].layout
         if have == layout:
             return value
         key = (value, layout)
-        if key in converted:
-            return converted[key]
+        if key in self.converted:
+            return self.converted[key]
         v = values[value]
-        priced = pricer.layout(v.shape, v.dtype, have, layout)
+        priced = self.pricer.layout(v.shape, v.dtype, have, layout)
         new = f"{value}.{layout}"
-        static = value in static_values
-        emit(kind="layout", kernel="layout_transform", nodes=(), ops=(), inputs=(value,), outputs=(new,),
-             layouts_in=(have,), layout_out=layout, dtype=v.dtype, tile=priced.tile, attrs={"layout": layout},
-             predicted_flops=float(priced.flops), predicted_bytes=float(priced.bytes),
-             predicted_time_s=priced.time_s, static=static, note=f"{have} -> {layout} for {consumer}")
-        add_value(new, v.shape, v.dtype, layout, len(steps) - 1, static)
-        conversions.append(Conversion(len(steps) - 1, value, have, layout, consumer))
-        converted[key] = new
+        static = value in self.static_values
+        self.emit(kind="layout", kernel="layout_transform", nodes=(), ops=(), inputs=(value,), outputs=(new,),
+                  layouts_in=(have,), layout_out=layout, dtype=v.dtype, tile=priced.tile, attrs={"layout": layout},
+                  predicted_flops=float(priced.flops), predicted_bytes=float(priced.bytes),
+                  predicted_time_s=priced.time_s, static=static, note=f"{have} -> {layout} for {consumer}")
+        self.add_value(new, v.shape, v.dtype, layout, len(self.steps) - 1, static)
+        self.conversions.append(Conversion(len(self.steps) - 1, value, have, layout, consumer))
+        self.converted[key] = new
         return new
 
-    for opt in selection.chosen:
-        p = opt.payload
+    def chosen(self, opt, cands) -> None:
+        """One chosen option's step (kernel, fused group, fold or fallback), after the layout
+        conversions its inputs need, and its output values."""
+        p, ir, values = opt.payload, self.ir, self.values
         consumer = opt.nodes[-1]
         ins, lays = [], []
         for kinput, fx_name, ir_name, lay in zip(p.kernel_inputs or p.fx_inputs, p.fx_inputs, opt.inputs,
                                                  opt.layouts_in):
-            name = plan_name(ir_name, fx_name)
+            name = self.plan_name(ir_name, fx_name)
             if name in values and len(lay) != len(values[name].shape):
                 lay = identity_layout(len(values[name].shape))   # a side output (linalg_inv_ex's info)
-            ins.append(need(name, lay, consumer))
+            ins.append(self.need(name, lay, consumer))
             lays.append(lay)
         if p.kind not in HOST_STEPS and p.kernel_inputs:
             ins, lays = _positional(p.kernel, p.kernel_inputs, ins, lays)
-        index = len(steps)
+        index = len(self.steps)
         outs = tuple(p.outs) if p.outs else (opt.nodes[-1],)
-        static = p.static and all(i in static_values for i in ins)
-        if p.kind == "fallback":
-            note = "CPU fallback: " + cands.fallbacks.get(opt.nodes[0], "")
-        elif p.kind == "fold":
-            note = ("folded: input-independent, computed once on the host and kept on the chip (no kernel: "
-                    + cands.folded.get(opt.nodes[0], "") + ")")
-        else:
-            note = p.priced.tile.get("notes", "")
-            quant = quantisation_note(p.kernel, p.attrs, dict(zip(p.kernel_inputs, ins)), values)
-            note = f"{quant}; {note}" if quant and note else (quant or note)
-        emit(kind=p.kind if p.kind != "kernel" or len(opt.nodes) == 1 else "fused", kernel=p.kernel,
-             nodes=p.nodes, ops=p.ops, inputs=tuple(ins), outputs=outs, layouts_in=tuple(lays),
-             layout_out=opt.layout_out, dtype=p.dtype, tile=p.priced.tile, attrs=p.attrs,
-             predicted_flops=float(p.priced.flops), predicted_bytes=float(p.priced.bytes),
-             predicted_time_s=p.priced.time_s, static=static, note=note)
+        static = p.static and all(i in self.static_values for i in ins)
+        self.emit(kind=p.kind if p.kind != "kernel" or len(opt.nodes) == 1 else "fused", kernel=p.kernel,
+                  nodes=p.nodes, ops=p.ops, inputs=tuple(ins), outputs=outs, layouts_in=tuple(lays),
+                  layout_out=opt.layout_out, dtype=p.dtype, tile=p.priced.tile, attrs=p.attrs,
+                  predicted_flops=float(p.priced.flops), predicted_bytes=float(p.priced.bytes),
+                  predicted_time_s=p.priced.time_s, static=static, note=_step_note(p, opt, cands, ins, values))
         info = ir.values.get(opt.nodes[-1])
         for o in outs:
             if o and info is not None:
@@ -119,49 +152,63 @@ def assemble(target, precision, ir, cands, selection, pricer, capture, input_lay
                 # another rank than the main one: they are stored in their identity layout
                 layout = opt.layout_out if len(shape) == len(opt.layout_out) else identity_layout(len(shape))
                 own = ir.out_values.get(o)   # its own dtype (float32 statistics, int64 indices)
-                add_value(o, shape, own.dtype if own is not None else info.dtype, layout, index, static)
+                self.add_value(o, shape, own.dtype if own is not None else info.dtype, layout, index, static)
 
-    outputs = []
-    for fx_name in ir.outputs:
-        ir_name = ir.fx_to_ir.get(fx_name, fx_name)
-        name = plan_name(ir_name, fx_name) if fx_name in values or ir_name in values else fx_name
-        if name not in values:
-            name = fx_name
-        v = values[name]
-        name = need(name, identity_layout(len(v.shape)), "output")
-        v = values[name]
-        graph_dtype = ir.info(fx_name).graph_dtype if ir.info(fx_name) is not None else v.dtype
-        if v.dtype != graph_dtype:
-            priced = pricer.cast(v.shape, v.dtype, graph_dtype)
-            new = f"{name}.{graph_dtype}"
-            emit(kind="cast", kernel="cast", nodes=(), ops=(), inputs=(name,), outputs=(new,),
-                 layouts_in=(v.layout,), layout_out=v.layout, dtype=graph_dtype, tile=priced.tile,
-                 attrs={"to": graph_dtype}, predicted_flops=float(priced.flops),
-                 predicted_bytes=float(priced.bytes), predicted_time_s=priced.time_s, static=False,
-                 note=f"output back to the caller's {graph_dtype}")
-            add_value(new, v.shape, graph_dtype, v.layout, len(steps) - 1, False)
-            casts.append(Cast(len(steps) - 1, name, v.dtype, graph_dtype, "output in the caller's dtype"))
-            name = new
-        outputs.append(name)
+    def outputs(self) -> list[str]:
+        """The graph outputs' values, converted back to the identity layout and cast back to the
+        caller's dtype (both emitted here, last)."""
+        ir, values = self.ir, self.values
+        outputs = []
+        for fx_name in ir.outputs:
+            ir_name = ir.fx_to_ir.get(fx_name, fx_name)
+            name = self.plan_name(ir_name, fx_name) if fx_name in values or ir_name in values else fx_name
+            if name not in values:
+                name = fx_name
+            v = values[name]
+            name = self.need(name, identity_layout(len(v.shape)), "output")
+            v = values[name]
+            graph_dtype = ir.info(fx_name).graph_dtype if ir.info(fx_name) is not None else v.dtype
+            if v.dtype != graph_dtype:
+                priced = self.pricer.cast(v.shape, v.dtype, graph_dtype)
+                new = f"{name}.{graph_dtype}"
+                self.emit(kind="cast", kernel="cast", nodes=(), ops=(), inputs=(name,), outputs=(new,),
+                          layouts_in=(v.layout,), layout_out=v.layout, dtype=graph_dtype, tile=priced.tile,
+                          attrs={"to": graph_dtype}, predicted_flops=float(priced.flops),
+                          predicted_bytes=float(priced.bytes), predicted_time_s=priced.time_s, static=False,
+                          note=f"output back to the caller's {graph_dtype}")
+                self.add_value(new, v.shape, graph_dtype, v.layout, len(self.steps) - 1, False)
+                self.casts.append(Cast(len(self.steps) - 1, name, v.dtype, graph_dtype, "output in the caller's dtype"))
+                name = new
+            outputs.append(name)
+        return outputs
 
-    fallbacks = tuple(Fallback(n, ir.nodes[n].op, cands.fallbacks[n]) for opt in selection.chosen
-                      for n in opt.nodes if opt.payload.kind == "fallback")
-    folded = tuple(Fallback(n, ir.nodes[n].op, cands.folded[n]) for opt in selection.chosen
-                   for n in opt.nodes if opt.payload.kind == "fold")
-    # built when read (explain, JSON, calibrate), not on every plan: ~8% of a warm ResNet-50 plan
-    options, ruled_out = tuple(cands.options), tuple(cands.rejected)
-    rejected = LazyTuple(lambda: _rejected(options, ruled_out, selection))
+
+def _step_note(p, opt, cands, ins, values) -> str:
+    """What explain says beside a chosen option's step: why it is on the host, or its tiling
+    (and, for an int8 kernel, its quantisation)."""
+    if p.kind == "fallback":
+        return "CPU fallback: " + cands.fallbacks.get(opt.nodes[0], "")
+    if p.kind == "fold":
+        return ("folded: input-independent, computed once on the host and kept on the chip (no kernel: "
+                + cands.folded.get(opt.nodes[0], "") + ")")
+    note = p.priced.tile.get("notes", "")
+    quant = quantisation_note(p.kernel, p.attrs, dict(zip(p.kernel_inputs, ins)), values)
+    return f"{quant}; {note}" if quant and note else (quant or note)
+
+
+def _summary(ir, steps, conversions: int, casts: int, fallbacks: int, folded: int) -> Summary:
+    """The plan's totals: what is on the chip, and the predicted cost per call and run once."""
     compute = [s for s in steps if s.kind in ("kernel", "fused")]
     on_chip = sum(len([x for x in s.nodes if x in ir.nodes]) for s in compute)
-    summary = Summary(
+    return Summary(
         nodes_total=ir.total_ops,
         nodes_on_chip=on_chip,
         kernels=len(compute),
         fused_groups=sum(1 for s in compute if s.kind == "fused"),
-        conversions=len(conversions),
-        casts=len(casts),
-        fallbacks=len(fallbacks),
-        folded=len(folded),
+        conversions=conversions,
+        casts=casts,
+        fallbacks=fallbacks,
+        folded=folded,
         predicted_flops=float(sum(s.predicted_flops for s in steps)),
         predicted_bytes=float(sum(s.predicted_bytes for s in steps)),
         predicted_time_s=float(sum(s.predicted_time_s for s in steps)),
@@ -170,11 +217,6 @@ def assemble(target, precision, ir, cands, selection, pricer, capture, input_lay
         run_once_time_s=float(sum(s.predicted_time_s for s in steps if s.static)),
         run_once_bytes=float(sum(s.predicted_bytes for s in steps if s.static)),
     )
-    return Plan(chip=target.name, chip_version=target.version, chip_hash=target.chip_hash, precision=precision,
-                inputs=tuple(inputs), outputs=tuple(outputs), values=values, steps=tuple(steps),
-                conversions=tuple(conversions), casts=tuple(casts), fallbacks=fallbacks, folded=folded,
-                rejected=rejected,
-                summary=summary, notes=tuple(notes), capture=capture, target=target)
 
 
 QUANTISED_KERNELS = ("qconv2d", "qlinear", "qadd")

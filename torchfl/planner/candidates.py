@@ -18,7 +18,7 @@ from torchfl.hcd.dtypes import ITEMSIZE
 from torchfl.kernels.spec import numel
 from torchfl.planner.cost import Priced, Pricer, price_plan
 from torchfl.planner.graph import IRGraph, bind_outputs, short_dtype
-from torchfl.planner.plan import identity_layout
+from torchfl.planner.records import identity_layout
 from torchfl.planner.select import Option
 
 
@@ -78,7 +78,7 @@ _TARGET_NAMES: dict = {}  # FX node target (an ATen op) -> its name
 _PLAIN = (int, float, bool, str, type(None))  # argument types that stand for themselves in a signature
 
 
-class _CallBuilder:
+class CallBuilder:
     """FX nodes -> rules Calls. Every TensorMeta gets a *path* (step, arg position, list
     index) so that a match found for one call can be replayed on another call with the same
     signature (repeated blocks), and a signature that keys that cache."""
@@ -224,12 +224,11 @@ def _fusion_index(packs):
 
 def clear_caches() -> None:
     """Forget every cached outcome and price (benchmarks measure cold planning with it)."""
-    from torchfl.planner.cost import _PRICERS
-    from torchfl.planner.memory import _OUTPUT_BYTES
+    from torchfl.planner import cost, memory
 
     _CACHES.clear()
-    _PRICERS.clear()
-    _OUTPUT_BYTES.clear()
+    cost.clear_cache()
+    memory.clear_cache()
 
 
 class Generator:
@@ -275,7 +274,7 @@ class Generator:
             if outcomes is None:
                 from torchfl.rules import candidates as rule_candidates
 
-                builder = _CallBuilder(self.ir)
+                builder = CallBuilder(self.ir)
                 call, _sig = builder.call(node.fx, layout)
                 results = rule_candidates(self.packs, self.hcd, node.op, call, layout=layout)
                 outcomes = self._match_cache[key] = self._record(results, builder, [node], layout)
@@ -292,7 +291,7 @@ class Generator:
         key = (node.name, step)
         hit = self._sigs.get(key)
         if hit is None:
-            builder = _CallBuilder(self.ir)
+            builder = CallBuilder(self.ir)
             hit = self._sigs[key] = (builder.signature(node.fx, None, step), builder.values)
         return hit
 
@@ -434,7 +433,7 @@ class Generator:
                        layout)
                 outcomes = self._match_cache.get(key)
                 if outcomes is None:
-                    builder = _CallBuilder(self.ir)
+                    builder = CallBuilder(self.ir)
                     calls = {sid: builder.call(n.fx, layout, sid)[0] for sid, n in step_nodes.items()}
                     m = match_fusion(fusion, self.hcd, calls, layout=layout, swaps=group.swaps)
                     outcomes = self._match_cache[key] = self._record([m], builder, nodes, layout)

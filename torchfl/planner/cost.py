@@ -55,6 +55,11 @@ def _kernel_price(kernel, shapes, attrs, dtype, layouts, dtypes, chip) -> Priced
 _PRICERS: dict = {}
 
 
+def clear_cache() -> None:
+    """Forget the shared pricers (a cold-planning benchmark starts from none)."""
+    _PRICERS.clear()
+
+
 class Pricer:
     """Caches conversion and cast prices per (shape, dtype, layouts) on one chip.
 
@@ -85,7 +90,7 @@ class Pricer:
 
     def _layout_price(self, shape, dtype, src, dst):
         """The ``layout_transform`` kernel's own tiling of this permutation."""
-        from torchfl.planner.plan import identity_layout
+        from torchfl.planner.records import identity_layout
 
         ident = identity_layout(len(shape))
         return _kernel_price("layout_transform", {"x": shape}, {"layout": dst}, dtype,

@@ -29,29 +29,11 @@ prices) and ``explain`` under "Decomposed"; each part's step note names its deco
 
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import replace
 
 from torchfl.kernels.spec import numel as _prod
+from torchfl.planner.plan import Decomposed
 from torchfl.planner.texttable import human_time
-
-
-@dataclass(frozen=True)
-class Decomposed:
-    """A node the plan serves by a decomposition: its parts (FX names of the new nodes, the
-    last one computing the node's value), the predicted time of the parts and of the best
-    alternative (a direct kernel or the CPU fallback)."""
-
-    node: str
-    op: str
-    rule: str
-    parts: tuple[str, ...]
-    part_ops: tuple[str, ...]
-    predicted_time_s: float
-    alternative: str
-    alternative_time_s: float
-
-    def to_dict(self) -> dict:
-        return {k: (list(v) if isinstance(v, tuple) else v) for k, v in self.__dict__.items()}
 
 
 def apply(captured, precision, target, ir, cands, pricer):
@@ -223,7 +205,7 @@ def _best(cands, nodes) -> tuple[str, float]:
 
 def _proposals(ir, target) -> dict:
     """node name -> (decomposition, its parts, value names of the call's tensors)."""
-    from torchfl.planner.candidates import _CallBuilder
+    from torchfl.planner.candidates import CallBuilder
     from torchfl.rules.decompose import decompositions_for, expand
 
     out = {}
@@ -231,7 +213,7 @@ def _proposals(ir, target) -> dict:
         decs = decompositions_for(target.packs, node.op)
         if not decs:
             continue
-        builder = _CallBuilder(ir)
+        builder = CallBuilder(ir)
         call, _sig = builder.call(node.fx, None, "d")
         for dec in decs:   # the first that applies (pack and file order)
             parts = expand(dec, target.hcd, call)

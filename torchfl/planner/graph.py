@@ -20,7 +20,7 @@ from typing import Any
 
 from torchfl.hcd.dtypes import short_dtype
 from torchfl.kernels.spec import numel as _numel
-from torchfl.planner.plan import identity_layout
+from torchfl.planner.records import identity_layout
 
 
 @dataclass
@@ -150,83 +150,109 @@ def check_static_shapes(gm):
 
 
 def build_ir(captured, precision: str | None) -> IRGraph:
-    import torch
-
+    """The IR of a captured graph: its values with their on-chip dtypes under ``precision``,
+    its op nodes (``getitem`` folded into their producer), its flattened outputs."""
     gm = captured.graph_module
     check_static_shapes(gm)
-    kinds = {name: (kind, target) for name, kind, target in captured.placeholders}
-    values: dict[str, VInfo] = {}
-    fx_to_ir: dict[str, str] = {}
-    placeholders, casts = [], []
-
-    def onchip(dt: str) -> str:
-        if dt in FLOAT_TYPES and precision:
-            return precision
-        return dt
-
-    def onchip_out(op: str, index: int, dt: str) -> str:
-        if index in ACCUMULATOR_OUTPUTS.get(op, ()) and dt in STAT_DTYPES:
-            return "float32"     # a saved statistic: accumulator precision, never downcast
-        return onchip(dt)
-
-    def meta_of(node):
-        val = node.meta.get("val")
-        if isinstance(val, torch.Tensor):
-            return tuple(int(s) for s in val.shape), short_dtype(val.dtype)
-        return None
-
-    nodes: dict[str, INode] = {}
-    slots: dict[str, tuple] = {}
-    out_values: dict[str, VInfo] = {}
-    dropped = []
-    total = 0
+    b = _IRBuilder(captured, precision)
     for node in gm.graph.nodes:
         if node.op == "placeholder":
-            kind, target = kinds.get(node.name, ("input", None))
-            m = meta_of(node)
-            if m is None:
-                dropped.append(node.name)
-                continue
-            shape, dt = m
-            info = VInfo(node.name, shape, dt, dt, kind != "input", kind)
-            values[node.name] = info
-            placeholders.append((node.name, kind, target, info))
-            fx_to_ir[node.name] = node.name
-            want = onchip(dt)
-            if want != dt and _stat_only(node):
-                want = dt   # read only as a saved statistic (float32): kept as it is
-            if want != dt and node.users:   # an unused input (a specialised scalar) is never cast
-                cname = f"{node.name}.{want}"
-                values[cname] = VInfo(cname, shape, dt, want, info.static, "cast")
-                fx_to_ir[node.name] = cname
-                casts.append((cname, node.name, want))
-            continue
-        if node.op != "call_function":
-            continue
-        if node.target is operator.getitem:
-            src, idx = node.args
-            producer = nodes.get(src.name)
-            if producer is not None and meta_of(node) is not None:
-                outs = list(producer.outs)
-                while len(outs) <= idx:
-                    outs.append("")
-                outs[idx] = node.name
-                producer.outs = tuple(outs)
-                fx_to_ir[node.name] = src.name
-                shape, dt = meta_of(node)
-                per = slots.get(src.name, ())
-                slot = per[idx] if idx < len(per) else None
-                own = VInfo(node.name, shape, dt, slot.dtype if slot else onchip_out(producer.op, idx, dt),
-                            producer.static, "node")
-                out_values[node.name] = own
-                if src.name not in values:
-                    values[src.name] = VInfo(src.name, shape, dt, own.dtype, producer.static, "node")
-                continue
+            b.placeholder(node)
+        elif node.op == "call_function" and not (node.target is operator.getitem and b.getitem(node)):
+            b.op_node(node)
+    return b.finish(gm)
+
+
+def _meta_of(node):
+    """(shape, dtype) of a node whose value is one tensor, else None."""
+    import torch
+
+    val = node.meta.get("val")
+    if isinstance(val, torch.Tensor):
+        return tuple(int(s) for s in val.shape), short_dtype(val.dtype)
+    return None
+
+
+class _IRBuilder:
+    """The IR's tables as :func:`build_ir` walks the graph once, in order."""
+
+    def __init__(self, captured, precision):
+        self.precision = precision
+        self.kinds = {name: (kind, target) for name, kind, target in captured.placeholders}
+        self.values: dict[str, VInfo] = {}
+        self.fx_to_ir: dict[str, str] = {}
+        self.placeholders, self.casts = [], []
+        self.nodes: dict[str, INode] = {}
+        self.slots: dict[str, tuple] = {}
+        self.out_values: dict[str, VInfo] = {}
+        self.dropped = []
+        self.total = 0
+
+    def onchip(self, dt: str) -> str:
+        """The dtype a value of graph dtype ``dt`` has on the chip (the precision policy)."""
+        if dt in FLOAT_TYPES and self.precision:
+            return self.precision
+        return dt
+
+    def onchip_out(self, op: str, index: int, dt: str) -> str:
+        """The on-chip dtype of output ``index`` of ``op``: a saved statistic stays float32."""
+        if index in ACCUMULATOR_OUTPUTS.get(op, ()) and dt in STAT_DTYPES:
+            return "float32"     # a saved statistic: accumulator precision, never downcast
+        return self.onchip(dt)
+
+    def placeholder(self, node) -> None:
+        """A graph input, parameter, buffer or constant, and its precision cast if it needs one."""
+        kind, target = self.kinds.get(node.name, ("input", None))
+        m = _meta_of(node)
+        if m is None:
+            self.dropped.append(node.name)
+            return
+        shape, dt = m
+        info = VInfo(node.name, shape, dt, dt, kind != "input", kind)
+        self.values[node.name] = info
+        self.placeholders.append((node.name, kind, target, info))
+        self.fx_to_ir[node.name] = node.name
+        want = self.onchip(dt)
+        if want != dt and _stat_only(node):
+            want = dt   # read only as a saved statistic (float32): kept as it is
+        if want != dt and node.users:   # an unused input (a specialised scalar) is never cast
+            cname = f"{node.name}.{want}"
+            self.values[cname] = VInfo(cname, shape, dt, want, info.static, "cast")
+            self.fx_to_ir[node.name] = cname
+            self.casts.append((cname, node.name, want))
+
+    def getitem(self, node) -> bool:
+        """Fold ``getitem`` of a multi-output producer into it (its output at that position);
+        False when it is not one (then it is an op node of its own)."""
+        src, idx = node.args
+        producer = self.nodes.get(src.name)
+        meta = _meta_of(node)
+        if producer is None or meta is None:
+            return False
+        outs = list(producer.outs)
+        while len(outs) <= idx:
+            outs.append("")
+        outs[idx] = node.name
+        producer.outs = tuple(outs)
+        self.fx_to_ir[node.name] = src.name
+        shape, dt = meta
+        per = self.slots.get(src.name, ())
+        slot = per[idx] if idx < len(per) else None
+        own = VInfo(node.name, shape, dt, slot.dtype if slot else self.onchip_out(producer.op, idx, dt),
+                    producer.static, "node")
+        self.out_values[node.name] = own
+        if src.name not in self.values:
+            self.values[src.name] = VInfo(src.name, shape, dt, own.dtype, producer.static, "node")
+        return True
+
+    def op_node(self, node) -> None:
+        """An op node, its IR inputs and its value(s); static when it reads only static values."""
+        values, fx_to_ir = self.values, self.fx_to_ir
         op = str(node.target)
         if op.startswith("aten._assert") and not node.users:
-            dropped.append(node.name)
-            continue
-        total += 1
+            self.dropped.append(node.name)
+            return
+        self.total += 1
         ins = []
         for arg in node.all_input_nodes:
             if arg.name in fx_to_ir:
@@ -236,52 +262,62 @@ def build_ir(captured, precision: str | None) -> IRGraph:
         static = bool(ins) and all(values[v].static for v in ins if v in values)
         if not ins:
             static = True  # factory ops (arange, full): inputs-free, computable once
-        m = meta_of(node)
-        outs = (node.name,) if m is not None else ()
-        nodes[node.name] = INode(node.name, node, op, tuple(ins), outs, static)
-        val = node.meta.get("val")
-        if m is None and isinstance(val, (list, tuple)):
-            # every output position's own shape and dtype; the node's value is its first tensor
-            per = []
-            for i, v in enumerate(val):
-                if isinstance(v, torch.Tensor):
-                    sh, dt = tuple(int(s) for s in v.shape), short_dtype(v.dtype)
-                    per.append(VInfo(node.name, sh, dt, onchip_out(op, i, dt), static, "node"))
-                else:
-                    per.append(None)
-            slots[node.name] = tuple(per)
-            first = next((v for v in per if v is not None), None)
-            if first is not None:
-                values[node.name] = first
+        m = _meta_of(node)
+        self.nodes[node.name] = INode(node.name, node, op, tuple(ins), (node.name,) if m is not None else (), static)
+        if m is None and isinstance(node.meta.get("val"), (list, tuple)):
+            self.output_slots(node, op, static)
         if m is not None:
             shape, dt = m
-            values[node.name] = VInfo(node.name, shape, dt, onchip(dt), static, "node")
-            fx_to_ir[node.name] = node.name
-        else:
-            fx_to_ir[node.name] = node.name  # tuple-valued: getitems fill in its outputs
-    for n in nodes.values():
-        for v in n.inputs:
-            if v in nodes:
-                nodes[v].users.append(n.name)
-    out_node = next(n for n in gm.graph.nodes if n.op == "output")
-    flat = []
+            values[node.name] = VInfo(node.name, shape, dt, self.onchip(dt), static, "node")
+        fx_to_ir[node.name] = node.name  # a tuple-valued one: getitems fill in its outputs
 
-    def walk(a):
-        if isinstance(a, (list, tuple)):
-            for x in a:
-                walk(x)
-        elif isinstance(a, torch.fx.Node):
-            flat.append(a.name)
+    def output_slots(self, node, op: str, static: bool) -> None:
+        """A multi-output node: every output position's own shape and dtype; the node's value
+        is its first tensor."""
+        import torch
 
-    walk(out_node.args[0])
-    # tuple-valued nodes with no getitem: take the first tensor output meta when possible
-    for n in nodes.values():
-        if n.name not in values:
-            val = n.fx.meta.get("val")
-            if isinstance(val, (list, tuple)) and val and isinstance(val[0], torch.Tensor):
-                values[n.name] = VInfo(n.name, tuple(int(s) for s in val[0].shape), short_dtype(val[0].dtype),
-                                       onchip(short_dtype(val[0].dtype)), n.static, "node")
-    return IRGraph(nodes, values, fx_to_ir, placeholders, casts, flat, dropped, total, slots, out_values)
+        per = []
+        for i, v in enumerate(node.meta["val"]):
+            if isinstance(v, torch.Tensor):
+                sh, dt = tuple(int(s) for s in v.shape), short_dtype(v.dtype)
+                per.append(VInfo(node.name, sh, dt, self.onchip_out(op, i, dt), static, "node"))
+            else:
+                per.append(None)
+        self.slots[node.name] = tuple(per)
+        first = next((v for v in per if v is not None), None)
+        if first is not None:
+            self.values[node.name] = first
+
+    def finish(self, gm) -> IRGraph:
+        """The IRGraph: node users, the flattened outputs, a value for every tuple-valued node."""
+        import torch
+
+        nodes, values = self.nodes, self.values
+        for n in nodes.values():
+            for v in n.inputs:
+                if v in nodes:
+                    nodes[v].users.append(n.name)
+        out_node = next(n for n in gm.graph.nodes if n.op == "output")
+        flat = []
+
+        def walk(a):
+            if isinstance(a, (list, tuple)):
+                for x in a:
+                    walk(x)
+            elif isinstance(a, torch.fx.Node):
+                flat.append(a.name)
+
+        walk(out_node.args[0])
+        # tuple-valued nodes with no getitem: take the first tensor output meta when possible
+        for n in nodes.values():
+            if n.name not in values:
+                val = n.fx.meta.get("val")
+                if isinstance(val, (list, tuple)) and val and isinstance(val[0], torch.Tensor):
+                    dt = short_dtype(val[0].dtype)
+                    values[n.name] = VInfo(n.name, tuple(int(s) for s in val[0].shape), dt, self.onchip(dt),
+                                           n.static, "node")
+        return IRGraph(nodes, values, self.fx_to_ir, self.placeholders, self.casts, flat, self.dropped, self.total,
+                       self.slots, self.out_values)
 
 
 def bind_outputs(ir: IRGraph, node: INode, kernel: str, metas) -> tuple | str:

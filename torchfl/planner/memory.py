@@ -34,27 +34,15 @@ Dynamo's parameters are) makes those inputs resident too; the planner's own plan
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass
 
 from torchfl.kernels.dtypes import itemsize, stored  # cheap (no numba, no torch), called per step
 from torchfl.kernels.units import fmt_bytes
+from torchfl.planner.buffers import KINDS, WHY, Buffer, MemoryPlan
 from torchfl.planner.errors import HardConstraintError
-from torchfl.planner.plan import HOST_STEPS, _Data, _tuple, identity_layout
+from torchfl.planner.records import HOST_STEPS, identity_layout
 
-__all__ = ["Buffer", "MemoryPlan", "plan_memory", "check_memory", "MemoryLimitError", "kv_cache_values",
-           "kv_cache_table"]
-
-KINDS = ("input", "kv_cache", "parameter", "weight", "folded", "activation", "output", "scratch")
-WHY = {
-    "input": "user inputs, uploaded at every call",
-    "kv_cache": "a decoder's KV cache: past keys and values in, the grown cache out (kv_cache_table)",
-    "parameter": "parameters, buffers and constants, uploaded once in the graph's dtype",
-    "weight": "parameters in the plan's dtype and layout (static casts and layout copies, kept)",
-    "folded": "folded constants (input-independent values computed once on the host, kept)",
-    "activation": "intermediate values, freed after their last reader",
-    "output": "graph outputs, freed after they are returned",
-    "scratch": "kernel outputs the plan does not use, freed right after their step",
-}
+__all__ = ["KINDS", "WHY", "Buffer", "MemoryPlan", "plan_memory", "check_memory", "MemoryLimitError",
+           "kv_cache_values", "kv_cache_table", "clear_cache"]
 
 
 class MemoryLimitError(HardConstraintError):
@@ -64,71 +52,6 @@ class MemoryLimitError(HardConstraintError):
     def __init__(self, message: str, memory: "MemoryPlan", **kw):
         super().__init__(message, **kw)
         self.memory = memory
-
-
-@dataclass(frozen=True)
-class Buffer(_Data):
-    """One device buffer: the value that first holds it (``name``), the values that view it
-    (``values``, reshapes included), its ``kind`` (:data:`KINDS`), accounted ``nbytes``, the
-    step that allocates it (``alloc``; -1: uploaded before step 0) and the last step it is
-    live in (``free``: freed after that step; ``None``: resident, kept across calls)."""
-
-    name: str
-    values: tuple[str, ...]
-    kind: str
-    nbytes: int
-    alloc: int
-    free: int | None
-
-    def live_at(self, step: int) -> bool:
-        return self.alloc <= step and (self.free is None or step <= self.free)
-
-
-@dataclass(frozen=True)
-class MemoryPlan(_Data):
-    """Device memory of one call of a plan (see the module docstring).
-
-    ``live_bytes[i]``: bytes allocated at step ``i``'s high-water mark (everything live
-    before it plus the buffers it allocates); ``upload_bytes``: after the uploads, before
-    step 0; ``peak_bytes``/``peak_step`` the maximum of both (``peak_step`` -1: the uploads);
-    ``resident_bytes``: what stays allocated between calls. ``frees[i]``: value names whose
-    buffers the executor frees after step ``i``; ``at_end``: outputs freed after the
-    download; ``static_steps``: steps run once (their results kept)."""
-
-    alignment: int
-    capacity: int | None
-    buffers: tuple[Buffer, ...]
-    live_bytes: tuple[int, ...]
-    upload_bytes: int
-    peak_bytes: int
-    peak_step: int
-    resident_bytes: int
-    frees: tuple[tuple[str, ...], ...]
-    at_end: tuple[str, ...]
-    static_steps: tuple[int, ...]
-
-    @property
-    def fits(self) -> bool:
-        return self.capacity is None or self.peak_bytes <= self.capacity
-
-    def live_at_peak(self) -> list[Buffer]:
-        """The buffers live at the peak, largest first."""
-        return sorted((b for b in self.buffers if b.live_at(self.peak_step)), key=lambda b: (-b.nbytes, b.name))
-
-    def breakdown(self, step: int | None = None) -> dict[str, int]:
-        """Bytes per buffer kind live at ``step`` (default: the peak), in :data:`KINDS` order."""
-        step = self.peak_step if step is None else step
-        out = {k: 0 for k in KINDS}
-        for b in self.buffers:
-            if b.live_at(step):
-                out[b.kind] += b.nbytes
-        return out
-
-    @classmethod
-    def from_dict(cls, data: dict) -> "MemoryPlan":
-        bufs = tuple(Buffer(**{k: _tuple(v) for k, v in b.items()}) for b in data["buffers"])
-        rest = {k: _tuple(v) for k, v in data.items() if k != "buffers"}
-        return cls(buffers=bufs, **rest)
 
 
 def _kernel_layout(layout: str | None, rank: int):
@@ -143,6 +66,11 @@ def _nbytes(shape, dtype: str) -> int:
 
 
 _OUTPUT_BYTES: dict = {}
+
+
+def clear_cache() -> None:
+    """Forget the memoised kernel output sizes (a cold-planning benchmark starts from none)."""
+    _OUTPUT_BYTES.clear()
 
 
 def _kernel_outputs(step, values) -> list[int]:
@@ -282,14 +210,37 @@ def kv_cache_table(plan) -> list[dict]:
 
 def plan_memory(plan, alignment: int, capacity: int | None = None, static_inputs=()) -> MemoryPlan:
     """The :class:`MemoryPlan` of ``plan`` on a chip with ``alignment`` and ``capacity``."""
-    from torchfl.kernels.memory import accounted_bytes
-
-    values = plan.values
     steps = plan.steps
     static_idx, static_vals = static_steps(plan, static_inputs)
     outputs = [o for o in plan.outputs if o]
-    read = {v for s in steps for v in s.inputs if v} | set(outputs)
+    aliasing = [is_alias(step, plan.values) for step in steps]  # a reshape viewing its input
+    root = _alias_roots(steps, aliasing).get
+    kv = kv_cache_values(plan)
+    allocs, scratch = _allocations(plan, aliasing, set(outputs), static_inputs, kv)
+    members, last = _groups(allocs, steps, root)
+    out_groups = {root(o, o) for o in outputs}
+    static_groups = {r for r, ms in members.items() if any(m in static_vals for m in ms)}
+    resident = _resident(steps, static_idx, static_groups, out_groups, members, last)
+    buffers, frees = _buffers(plan, allocs, scratch, alignment, (root, members, last, kv),
+                              (resident, out_groups, static_groups))
+    at_end = []
+    for o in outputs:
+        r = root(o, o)
+        if r not in resident and r not in {root(x, x) for x in at_end}:
+            at_end.append(o)
+    end = len(steps)
+    upload, live, peak_step, peak = _live_bytes(buffers, end)
+    return MemoryPlan(
+        alignment=int(alignment), capacity=None if capacity is None else int(capacity), buffers=tuple(buffers),
+        live_bytes=tuple(live), upload_bytes=upload, peak_bytes=peak, peak_step=peak_step,
+        resident_bytes=sum(b.nbytes for b in buffers if b.free is None),
+        frees=tuple(tuple(frees.get(i, ())) for i in range(end)),
+        at_end=tuple(at_end), static_steps=tuple(sorted(static_idx)))
 
+
+def _alias_roots(steps, aliasing) -> dict:
+    """Value -> the value whose buffer it views (a reshape shares its input's buffer: one alias
+    group per buffer); a value not in it is its own root."""
     parent: dict = {}
 
     def find(v):
@@ -297,19 +248,22 @@ def plan_memory(plan, alignment: int, capacity: int | None = None, static_inputs
             v = parent[v]
         return v
 
-    aliasing = [is_alias(step, values) for step in steps]  # a reshape viewing its input
     for step, alias in zip(steps, aliasing):
         if alias and step.outputs and step.outputs[0]:
             a, b = find(step.outputs[0]), find(step.inputs[0])
             if a != b:
                 parent[a] = b
-    roots = {v: find(v) for v in parent}  # a value not in it is its own root
-    root = roots.get
+    return {v: find(v) for v in parent}
 
-    # allocations: (value, bytes, step, kind); -1 = before step 0
+
+def _allocations(plan, aliasing, outputs: set, static_inputs, kv) -> tuple[list, list]:
+    """(allocs, scratch): every buffer the executor allocates, as (value, bytes, step, kind; -1:
+    uploaded before step 0; kind None: decided by its group), and the (step, bytes) of kernel
+    outputs the plan does not name."""
+    values, steps = plan.values, plan.steps
+    read = {v for s in steps for v in s.inputs if v} | outputs
     allocs: list = []
     user_positions = {int(i) for i in static_inputs}
-    kv = kv_cache_values(plan)
     for pin in plan.inputs:
         if pin.kind != "input" and not on_host(pin.dtype):
             allocs.append((pin.name, _nbytes(pin.shape, pin.dtype), -1, "parameter"))
@@ -332,7 +286,12 @@ def plan_memory(plan, alignment: int, capacity: int | None = None, static_inputs
                 allocs.append((o, nb, step.index, None))
             else:
                 scratch.append((step.index, nb))
+    return allocs, scratch
 
+
+def _groups(allocs, steps, root) -> tuple[dict, dict]:
+    """(members, last): the values of each alias group (by its root) and the last step that
+    reads or writes one of them."""
     members = defaultdict(list)
     last: dict = {}
     for name, _nb, at, _k in allocs:
@@ -344,16 +303,27 @@ def plan_memory(plan, alignment: int, capacity: int | None = None, static_inputs
             last[r] = step.index
             if v not in members[r]:
                 members[r].append(v)
-    out_groups = {root(o, o) for o in outputs}
-    # a static buffer stays on the device between calls only when a per-call step (or the
-    # output) reads it: a float32 parameter whose only reader is its static cast is freed
-    # after that cast, so the chip keeps the weights in the plan's dtype, once
-    dynamic_reads = {v for s in steps if s.index not in static_idx for v in s.inputs if v}
-    static_groups = {r for r, ms in members.items() if any(m in static_vals for m in ms)}
-    resident = {r for r in static_groups
-                if r in out_groups or last.get(r, -1) < 0 or any(m in dynamic_reads for m in members[r])}
-    end = len(steps)
+    return members, last
 
+
+def _resident(steps, static_idx, static_groups, out_groups, members, last) -> set:
+    """The static groups kept on the device between calls: only those a per-call step (or the
+    output) reads; a float32 parameter whose only reader is its static cast is freed after that
+    cast, so the chip keeps the weights in the plan's dtype, once."""
+    dynamic_reads = {v for s in steps if s.index not in static_idx for v in s.inputs if v}
+    return {r for r in static_groups
+            if r in out_groups or last.get(r, -1) < 0 or any(m in dynamic_reads for m in members[r])}
+
+
+def _buffers(plan, allocs, scratch, alignment, groups, kept) -> tuple[list, dict]:
+    """(buffers, frees): each allocation as a :class:`Buffer` of its kind, freed after the last
+    step of its group (None: resident; the output download: after the last step), and the
+    values freed after each step."""
+    from torchfl.kernels.memory import accounted_bytes
+
+    (root, members, last, kv), (resident, out_groups, static_groups) = groups, kept
+    values, steps = plan.values, plan.steps
+    end = len(steps)
     buffers = []
     frees = defaultdict(list)
     for name, nb, at, kind in allocs:
@@ -381,12 +351,11 @@ def plan_memory(plan, alignment: int, capacity: int | None = None, static_inputs
     for at, nb in scratch:
         buffers.append(Buffer(f"(unused output of step {at})", (), "scratch", accounted_bytes(nb, alignment),
                               at, at))
-    at_end = []
-    for o in outputs:
-        r = root(o, o)
-        if r not in resident and r not in {root(x, x) for x in at_end}:
-            at_end.append(o)
+    return buffers, frees
 
+
+def _live_bytes(buffers, end: int) -> tuple[int, list, int, int]:
+    """(upload bytes, bytes live at each step's high-water mark, peak step, peak bytes)."""
     upload = sum(b.nbytes for b in buffers if b.alloc < 0)
     live, now = [], upload
     by_alloc = defaultdict(int)
@@ -404,12 +373,7 @@ def plan_memory(plan, alignment: int, capacity: int | None = None, static_inputs
     for i, n in enumerate(live):
         if n > peak:
             peak_step, peak = i, n
-    resident_bytes = sum(b.nbytes for b in buffers if b.free is None)
-    return MemoryPlan(
-        alignment=int(alignment), capacity=None if capacity is None else int(capacity), buffers=tuple(buffers),
-        live_bytes=tuple(live), upload_bytes=upload, peak_bytes=peak, peak_step=peak_step,
-        resident_bytes=resident_bytes, frees=tuple(tuple(frees.get(i, ())) for i in range(end)),
-        at_end=tuple(at_end), static_steps=tuple(sorted(static_idx)))
+    return upload, live, peak_step, peak
 
 
 def _from_fold(name, values, steps) -> bool:

@@ -71,7 +71,7 @@ executor runs on that target, or on one it is given whose ``chip_hash`` must mat
 
 Memory
 ------
-``plan.memory`` is its :class:`~torchfl.planner.memory.MemoryPlan`: every device buffer
+``plan.memory`` is its :class:`~torchfl.planner.buffers.MemoryPlan`: every device buffer
 (size as the allocator accounts it, the step that allocates it, the step after which the
 executor frees it), the bytes live at each step and the peak. The executor frees exactly
 what it says; a plan whose peak exceeds the chip's ``off_chip_memory.size_gb`` is refused
@@ -86,103 +86,17 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass, field, fields
 from typing import Any
-from collections.abc import Callable, Sequence
 
-STEP_KINDS = ("kernel", "fused", "cast", "layout", "fallback", "fold")
-HOST_STEPS = ("fallback", "fold")  # run by torch on the host: per call, or once (folded)
-_RANK_LETTERS = {0: "", 3: "NCL", 4: "NCHW", 5: "NCDHW"}  # as torchfl.kernels.tensor.logical_letters
+from torchfl.planner.buffers import MemoryPlan
+from torchfl.planner.records import HOST_STEPS, STEP_KINDS, Data, LazyTuple, as_tuple, identity_layout
 
+__all__ = ["HOST_STEPS", "STEP_KINDS", "LazyTuple", "identity_layout", "PlanInput", "Value", "Step", "Conversion",
+           "Cast", "Fallback", "Rejected", "Summary", "Capture", "Decomposed", "Plan"]
 
-def identity_layout(rank: int) -> str:
-    """Logical dimension letters of a rank-``rank`` tensor (4: ``NCHW``, 3: ``NCL``, 2: ``AB``)."""
-    if rank in _RANK_LETTERS:
-        return _RANK_LETTERS[rank]
-    return "ABCDEFGHIJKLMNOPQRSTUVWXYZ"[:rank]
-
-
-class LazyTuple(Sequence):
-    """A tuple computed on first use: ``Plan.rejected`` is built only when something reads it
-    (explain, JSON, calibrate), not on every (re-)plan. Compares, slices, iterates and
-    serialises as the tuple it stands for."""
-
-    __slots__ = ("_make", "_items")
-
-    def __init__(self, make: Callable[[], tuple]):
-        self._make, self._items = make, None
-
-    def _tuple(self) -> tuple:
-        items = self._items
-        if items is None:
-            make = self._make  # None: another thread has just built it (it sets _items first)
-            items = self._items if make is None else tuple(make())
-            self._items, self._make = items, None
-        return items
-
-    def __reduce__(self):  # pickled (and deep-copied) as the plain tuple
-        return (tuple, (self._tuple(),))
-
-    def __len__(self):
-        return len(self._tuple())
-
-    def __getitem__(self, i):
-        return self._tuple()[i]
-
-    def __iter__(self):
-        return iter(self._tuple())
-
-    def __eq__(self, other):
-        return self._tuple() == (other._tuple() if isinstance(other, LazyTuple) else other)
-
-    def __hash__(self):
-        return hash(self._tuple())
-
-    def __repr__(self):
-        return repr(self._tuple())
-
-
-def _jsonable(value: Any) -> Any:
-    if isinstance(value, LazyTuple):
-        value = value._tuple()
-    if isinstance(value, tuple):
-        return [_jsonable(v) for v in value]
-    if isinstance(value, list):
-        return [_jsonable(v) for v in value]
-    if isinstance(value, dict):
-        return {str(k): _jsonable(v) for k, v in value.items()}
-    if hasattr(value, "to_dict"):
-        return value.to_dict()
-    return value
-
-
-class _Data:
-    """Shared (de)serialisation for the plan's dataclasses."""
-
-    def to_dict(self) -> dict[str, Any]:
-        return {f.name: _jsonable(getattr(self, f.name)) for f in fields(self) if f.metadata.get("json", True)}
-
-
-def _memory_from(data):
-    if not data:
-        return None
-    from torchfl.planner.memory import MemoryPlan
-
-    return MemoryPlan.from_dict(data)
-
-
-def _decomposed_from(items):
-    from torchfl.planner.decompose import Decomposed
-
-    return tuple(Decomposed(**{k: _tuple(v) for k, v in d.items()}) for d in items)
-
-
-def _tuple(value: Any) -> Any:
-    if isinstance(value, list):
-        return tuple(_tuple(v) for v in value)
-    return value
 
 
 @dataclass(frozen=True)
-class PlanInput(_Data):
+class PlanInput(Data):
     """A placeholder of the captured graph (see the module docstring)."""
 
     name: str
@@ -194,7 +108,7 @@ class PlanInput(_Data):
 
 
 @dataclass(frozen=True)
-class Value(_Data):
+class Value(Data):
     """A value of the plan: logical shape, storage dtype, physical layout, producer step."""
 
     name: str
@@ -205,7 +119,7 @@ class Value(_Data):
 
 
 @dataclass(frozen=True)
-class Step(_Data):
+class Step(Data):
     """One executable step; fields are documented in the module docstring."""
 
     index: int
@@ -232,7 +146,7 @@ class Step(_Data):
 
 
 @dataclass(frozen=True)
-class Conversion(_Data):
+class Conversion(Data):
     """A layout conversion inserted on a graph edge (its step is ``plan.steps[step]``)."""
 
     step: int
@@ -243,7 +157,7 @@ class Conversion(_Data):
 
 
 @dataclass(frozen=True)
-class Cast(_Data):
+class Cast(Data):
     """A dtype cast the precision policy inserted (its step is ``plan.steps[step]``)."""
 
     step: int
@@ -254,7 +168,7 @@ class Cast(_Data):
 
 
 @dataclass(frozen=True)
-class Fallback(_Data):
+class Fallback(Data):
     """An FX node run by torch on the host, and why no chip kernel could take it: per call
     (``plan.fallbacks``) or once, as a folded constant (``plan.folded``)."""
 
@@ -264,7 +178,7 @@ class Fallback(_Data):
 
 
 @dataclass(frozen=True)
-class Rejected(_Data):
+class Rejected(Data):
     """An alternative that lost: ruled out (``reasons``; no time) or more expensive."""
 
     nodes: tuple[str, ...]
@@ -278,7 +192,7 @@ class Rejected(_Data):
 
 
 @dataclass(frozen=True)
-class Summary(_Data):
+class Summary(Data):
     """Totals; :meth:`headline` is the first line of ``explain``.
 
     Time and off-chip bytes in two parts, named alike wherever they are shown: **per call**,
@@ -328,7 +242,26 @@ class Capture:
 
 
 @dataclass(frozen=True)
-class Plan(_Data):
+class Decomposed:
+    """A node the plan serves by a decomposition (``planner/decompose.py``): its parts (FX names
+    of the new nodes, the last one computing the node's value), the predicted time of the parts
+    and of the best alternative (a direct kernel or the CPU fallback)."""
+
+    node: str
+    op: str
+    rule: str
+    parts: tuple[str, ...]
+    part_ops: tuple[str, ...]
+    predicted_time_s: float
+    alternative: str
+    alternative_time_s: float
+
+    def to_dict(self) -> dict:
+        return {k: (list(v) if isinstance(v, tuple) else v) for k, v in self.__dict__.items()}
+
+
+@dataclass(frozen=True)
+class Plan(Data):
     """The SME's decision for one graph on one chip (module docstring: the contract)."""
 
     chip: str
@@ -346,8 +279,8 @@ class Plan(_Data):
     notes: tuple[str, ...] = ()
     folded: tuple[Fallback, ...] = ()
     chip_hash: str = ""  # the chip's HCD content hash (Target.chip_hash); "" for a hand-built plan
-    memory: Any = None  # its MemoryPlan (torchfl.planner.memory): live buffers per step, the peak
-    decomposed: tuple = ()  # torchfl.planner.decompose.Decomposed: ops served by their rule pack's decomposition
+    memory: MemoryPlan | None = None  # live buffers per step, the peak (planner/memory.py plans it)
+    decomposed: tuple[Decomposed, ...] = ()  # ops served by their rule pack's decomposition
     capture: Capture | None = field(default=None, compare=False, repr=False, metadata={"json": False})
     target: Any = field(default=None, compare=False, repr=False, metadata={"json": False})
 
@@ -377,7 +310,7 @@ class Plan(_Data):
                 if not f.metadata.get("json", True) or f.name not in item:
                     continue
                 v = item[f.name]
-                kwargs[f.name] = v if isinstance(v, dict) else _tuple(v)
+                kwargs[f.name] = v if isinstance(v, dict) else as_tuple(v)
             return klass(**kwargs)
 
         return cls(
@@ -396,8 +329,8 @@ class Plan(_Data):
             notes=tuple(data.get("notes", ())),
             folded=tuple(build(Fallback, f) for f in data.get("folded", ())),
             chip_hash=data.get("chip_hash", ""),
-            memory=_memory_from(data.get("memory")),
-            decomposed=_decomposed_from(data.get("decomposed", ())),
+            memory=MemoryPlan.from_dict(data["memory"]) if data.get("memory") else None,
+            decomposed=tuple(Decomposed(**{k: as_tuple(v) for k, v in d.items()}) for d in data.get("decomposed", ())),
         )
 
     @classmethod

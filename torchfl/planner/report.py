@@ -154,7 +154,7 @@ def memory_figure(plan) -> str:
 
 def memory_series(plan) -> tuple[list[int], dict]:
     """(steps -1..n-1, bytes live at each step per buffer kind): what the timeline draws."""
-    from torchfl.planner.memory import KINDS
+    from torchfl.planner.buffers import KINDS
 
     mp = plan.memory
     n = len(plan.steps)
@@ -170,7 +170,7 @@ def memory_series(plan) -> tuple[list[int], dict]:
 
 def memory_fig(plan):
     from torchfl.kernels.units import fmt_bytes
-    from torchfl.planner.memory import KINDS
+    from torchfl.planner.buffers import KINDS
 
     plt = _plt()
     mp = plan.memory
@@ -360,7 +360,7 @@ def _roofline_table(plan, chip_model) -> str:
 def _memory_table(plan) -> str:
     """The timeline's numbers: the peak by buffer kind and the largest buffers live then."""
     from torchfl.kernels.units import fmt_bytes
-    from torchfl.planner.memory import WHY
+    from torchfl.planner.buffers import WHY
 
     mp = plan.memory
     kinds = [(k, fmt_bytes(n), f"{n:,}", WHY.get(k, "")) for k, n in mp.breakdown().items() if n]

@@ -40,14 +40,10 @@ candidate in the options' given order. Time O(nodes x options per node x states)
 from __future__ import annotations
 
 import heapq
-import math
-from operator import itemgetter
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
-
-INF = math.inf
-RESERVED = "~"  # layout slot of a value reserved for an open fusion group (layouts are letters, "" is rank 0)
+from torchfl.planner.cover import INF, RESERVED, Search  # noqa: F401 - INF and RESERVED: the problem's words too
 
 
 class SelectionError(RuntimeError):
@@ -171,215 +167,55 @@ def schedule(nodes: dict[str, tuple[str, ...]], outputs: Iterable[str] = (),
 
 def select(problem: CoverProblem, beam: int = 256) -> Selection:
     """Solve ``problem`` (module docstring: method, exactness, determinism)."""
-    nodes = problem.nodes
-    out_values = [v for v, _ in problem.outputs]
-    prefer = {(o.nodes[k], o.nodes[k + 1]) for o in problem.options for k in range(len(o.nodes) - 1)}
-    order = schedule(nodes, out_values, prefer)
-    pos = {name: i for i, name in enumerate(order)}
-    n = len(order)
-    for name in order:
-        for value in nodes[name]:
-            if value not in nodes and value not in problem.input_layouts:
-                raise SelectionError(f"node {name} reads {value!r}, which is neither a node nor a graph input")
-    if n == 0:
+    order = _checked_order(problem)
+    if not order:
         return Selection((), dict(problem.input_layouts), 0.0, (), True, 0)
-
+    pos = {name: i for i, name in enumerate(order)}
     singles, segments, completes, groups_of = _classify(problem, order, pos)
-    # a node strictly inside a fusion group contiguous in the schedule needs no option of its
-    # own: the group's transition jumps from the node before its first member to its last
-    # (a linear whose own rule is refused, fused with the gelu after it)
-    spans: dict[int, list[int]] = {}
-    for last, entries in segments.items():
-        for start, _opt in entries:
-            for q in range(start, last):
-                spans.setdefault(q, []).append(start)
-    live = _liveness(problem, order, pos, groups_of)
-    live_index = [{v: k for k, v in enumerate(t)} for t in live]
-
-    required_out: dict[str, list[str]] = {}
-    for value, layout in problem.outputs:
-        required_out.setdefault(value, []).append(layout)
-    conv = problem.conv_cost
-    conv_cache: dict[tuple[str, str, str], float] = {}
-
-    def price(value: str, have: str, need: str) -> float:
-        if have == need:
-            return 0.0
-        key = (value, have, need)
-        c = conv_cache.get(key)
-        if c is None:
-            c = conv_cache[key] = conv(value, have, need)
-        return c
-
-    # a state is (layouts of live values, id of its reserved (node, group) pairs); RESERVED =
-    # reserved value. The pairs are interned (``reservations[id]``, id 0 = none) so that a state
-    # key hashes a few short strings and an int. A table maps a state to (cost, previous
-    # state, option, previous position).
-    State = tuple
-    reservations: list[tuple] = [()]
-    reservation_id: dict[tuple, int] = {(): 0}
-
-    def intern(reserved: tuple) -> int:
-        rid = reservation_id.get(reserved)
-        if rid is None:
-            rid = reservation_id[reserved] = len(reservations)
-            reservations.append(reserved)
-        return rid
-
-    def real(state) -> tuple:
-        """The state with its reserved pairs spelt out (the order ties are broken in)."""
-        return (state[0], reservations[state[1]])
-
-    prev_table: dict[State, tuple] = {((), 0): (0.0, None, None, None)}
-    tables: list[dict[State, tuple]] = []
-    exact = True
-    max_states = 1
-    start_table: dict[State, tuple] = {((), 0): (0.0, None, None, None)}
-    rows_cache: dict[tuple[int, int], list] = {}
-
-    def rows(src: int, dst: int):
-        """(n, groups): the states at ``src`` grouped by reservation id (first seen first), each
-        as (state, cost, its layouts, the layouts it keeps at ``dst``); a transition's new
-        layouts are the kept ones followed by ``n`` times its output layout (the produced value,
-        and inner members of the fusion group it completes that a reservation keeps live).
-        Computed once per transition, not per option."""
-        hit = rows_cache.get((src, dst))
-        if hit is not None:
-            return hit
-        before = live_index[src] if src >= 0 else {}
-        width = len(live[src]) if src >= 0 else 0
-        idx = [before.get(v, width) for v in live[dst]]  # width -> produced by the transition
-        kept = [i for i in idx if i < width]
-        n_out = len(idx) - len(kept)
-        # _liveness appends values in schedule order: those live at src precede the new ones
-        assert idx[len(kept):] == [width] * n_out, (src, dst, idx)
-        getter = itemgetter(*kept) if len(kept) > 1 else None
-        groups: dict[int, list] = {}
-        one = kept[0] if len(kept) == 1 else None
-        for state, entry in (tables[src] if src >= 0 else start_table).items():
-            layouts = state[0]
-            proj = getter(layouts) if getter else ((layouts[one],) if kept else ())
-            members = groups.get(state[1])
-            if members is None:
-                members = groups[state[1]] = []
-            members.append((state, entry[0], layouts, proj))
-        hit = rows_cache[(src, dst)] = (n_out, list(groups.items()))
-        return hit
-
-    reserved_names: dict[int, frozenset] = {0: frozenset()}  # reservation id -> the reserved nodes
-    completed: dict[tuple, int | None] = {}  # (reservation id, pairs a group completes) -> id after it
-
-    def after(reserved: int, read, need_pairs) -> int | None:
-        """The reservation id a transition leaves (None: not allowed: it reads a reserved
-        value, whose price is INF, or lacks a pair it completes)."""
-        if reserved and read:
-            names = reserved_names.get(reserved)
-            if names is None:
-                names = reserved_names[reserved] = frozenset(r[0] for r in reservations[reserved])
-            if any(v in names for v in read):
-                return None
-        if not need_pairs:
-            return reserved
-        key = (reserved, need_pairs)
-        if key not in completed:
-            pairs = reservations[reserved]
-            completed[key] = (intern(tuple(r for r in pairs if r not in need_pairs))
-                              if all(pair in pairs for pair in need_pairs) else None)
-        return completed[key]
-
-    for p in range(n):
-        name = order[p]
-        before = live_index[p - 1] if p > 0 else {}
-        cmap = tuple(before.get(v, -1) for v in live[p])
-        table: dict[State, tuple[float, Any]] = {}
-
-        def apply(opt: Option, need_pairs, src: int):
-            before = live_index[src] if src >= 0 else {}
-            produced = opt.nodes[-1]
-            base = opt.cost
-            for need in required_out.get(produced, ()):
-                base += price(produced, opt.layout_out, need)
-            dynamic = []
-            for value, need in zip(opt.inputs, opt.layouts_in):
-                if not value:
-                    continue
-                if value in before:
-                    dynamic.append((before[value], value, need, {need: 0.0, RESERVED: INF}))
-                else:
-                    base += price(value, problem.input_layouts.get(value, need), need)
-            if base == INF:
-                return
-            n_out, groups = rows(src, p)
-            out = (opt.layout_out,) * n_out
-            read = [d[1] for d in dynamic]
-            get = table.get
-            one = dynamic[0] if len(dynamic) == 1 else None
-            for reserved, members in groups:
-                reserved = after(reserved, read, need_pairs)
-                if reserved is None:
-                    continue
-                if one is not None:  # the common case, unrolled: one input read from a live value
-                    k, value, need, memo = one
-                    for state, cost, layouts, proj in members:
-                        have = layouts[k]
-                        c = memo.get(have)
-                        if c is None:
-                            c = memo[have] = price(value, have, need)
-                        total = cost + base + c
-                        if total == INF:
-                            continue
-                        new = (proj + out, reserved)
-                        old = get(new)
-                        if old is None or total < old[0]:
-                            table[new] = (total, state, opt, src)
-                    continue
-                for state, cost, layouts, proj in members:
-                    total = cost + base
-                    for k, value, need, memo in dynamic:
-                        have = layouts[k]
-                        c = memo.get(have)
-                        if c is None:
-                            c = memo[have] = price(value, have, need)
-                        total += c
-                    if total == INF:
-                        continue
-                    new = (proj + out, reserved)
-                    old = get(new)
-                    if old is None or total < old[0]:
-                        table[new] = (total, state, opt, src)
-
-        for opt in singles.get(p, ()):
-            apply(opt, (), p - 1)
-        for start, opt in segments.get(p, ()):
-            apply(opt, (), start - 1)
-        for opt in completes.get(p, ()):
-            apply(opt, tuple(sorted((m, opt.nodes) for m in opt.nodes[:-1])), p - 1)
-        for group in groups_of.get(p, ()):
-            for state, entry in prev_table.items():
-                cost = entry[0]
-                layouts, reserved = state
-                new = (tuple(layouts[k] if k >= 0 else RESERVED for k in cmap),
-                       intern(tuple(sorted(reservations[reserved] + ((name, group),)))))
-                old = table.get(new)
-                if old is None or cost < old[0]:
-                    table[new] = (cost, state, None, p - 1)
-        if len(table) > max_states:
-            max_states = len(table)
+    spans = _spans(segments)
+    search = Search(problem, order, _liveness(problem, order, pos, groups_of))
+    exact, max_states = True, 1
+    for p, name in enumerate(order):
+        table = search.step(p, singles, segments, completes, groups_of)
+        max_states = max(max_states, len(table))
         if len(table) > beam:
             exact = False
-            table = _beam_cut(table, beam, real)
-        tables.append(table)
-        prev_table = table
-        for src in [k for k in rows_cache if k[1] == p]:
-            del rows_cache[src]  # rows serve transitions into p only
-        if not table and not any(start == 0 or tables[start - 1] for start in spans.get(p, ())):
+            table = _beam_cut(table, beam, search.real)
+        search.keep(p, table)
+        if not table and not any(start == 0 or search.tables[start - 1] for start in spans.get(p, ())):
             covering = tuple(o.key for o in problem.options if name in o.nodes)
             raise SelectionError(f"no feasible cover reaches node {name}: every option covering it "
                                  f"({', '.join(covering[:6]) or 'none'}) needs an impossible layout conversion, "
                                  "reads a value reserved for a fusion group, or follows a node no option reaches",
                                  node=name, options=covering)
-    chosen, layouts, best = _backtrack(problem, tables, order, real)
+    chosen, layouts, best = _backtrack(problem, search.tables, order, search.real)
     return Selection(tuple(chosen), layouts, best, tuple(order), exact, max_states)
+
+
+def _checked_order(problem: CoverProblem) -> list[str]:
+    """The schedule (step 1), fusion options' consecutive nodes preferred; a node reading a
+    value that is neither a node nor a graph input is a SelectionError before any search."""
+    nodes = problem.nodes
+    prefer = {(o.nodes[k], o.nodes[k + 1]) for o in problem.options for k in range(len(o.nodes) - 1)}
+    order = schedule(nodes, [v for v, _ in problem.outputs], prefer)
+    for name in order:
+        for value in nodes[name]:
+            if value not in nodes and value not in problem.input_layouts:
+                raise SelectionError(f"node {name} reads {value!r}, which is neither a node nor a graph input")
+    return order
+
+
+def _spans(segments) -> dict[int, list[int]]:
+    """Position -> first positions of the contiguous fusion groups that span it: a node strictly
+    inside such a group needs no option of its own (the group's transition jumps from the node
+    before its first member to its last: a linear whose own rule is refused, fused with the
+    gelu after it), so an empty table there is no dead end."""
+    spans: dict[int, list[int]] = {}
+    for last, entries in segments.items():
+        for start, _opt in entries:
+            for q in range(start, last):
+                spans.setdefault(q, []).append(start)
+    return spans
 
 
 def _classify(problem: CoverProblem, order: list[str], pos: dict[str, int]):

@@ -97,8 +97,10 @@ _TARGETS: dict[tuple, Target] = {}
 _PACKS: dict[str, tuple] = {}
 
 
-def resolve_target(chip, registry=None, *, expect_hash: str | None = None) -> Target:
+def resolve_target(chip, registry=None, *, expect_hash: str | None = None, version: str | None = None) -> Target:
     """The :class:`Target` of ``chip`` (see the module docstring), cached.
+
+    ``version``: that version of the chip name (default: the latest), with the registry's packs.
 
     ``expect_hash``: the content hash the caller read from the registry just now. A cached
     target of that name with another hash is from before the registry changed under this
@@ -106,6 +108,9 @@ def resolve_target(chip, registry=None, *, expect_hash: str | None = None) -> Ta
     registry changed once more)."""
     from torchfl.hcd import HCD
 
+    if version is not None and not isinstance(chip, str):
+        raise ChoiceError(f"a chip version ({version}) is looked up by chip name, not in a {type(chip).__name__}; "
+                          "pass the chip's name")
     if isinstance(chip, Target):
         return chip
     if isinstance(chip, HCD):
@@ -116,6 +121,8 @@ def resolve_target(chip, registry=None, *, expect_hash: str | None = None) -> Ta
     if not isinstance(chip, str) or not chip:
         raise ChoiceError(f"chip must be a chip name, an HCD or a Target, got {chip!r}")
     key = registry_key(registry)
+    if version is not None:
+        return _cached((key, "name", chip, str(version)), lambda: _from_registry(chip, registry, key, str(version)))
     if expect_hash is not None:
         with _LOCK:
             hit = _TARGETS.get((key, "name", chip))
@@ -173,14 +180,16 @@ def _packs_of(reg, key: str) -> tuple:
     return hit
 
 
-def _from_registry(name: str, registry, key: str) -> Target:
+def _from_registry(name: str, registry, key: str, version: str | None = None) -> Target:
     from torchfl.registry import NotFound
 
     reg = open_registry(registry)
     try:
-        hcd = reg.chip(name)
+        hcd = reg.chip(name, version)
     except NotFound:
         names = sorted(s.name for s in reg.chips())
+        if name in names:
+            raise   # the name is there, not that version: the registry's own sentence says so
         raise ChoiceError(f"unknown chip {name!r} in registry {reg.display_url}; choose one of "
                           f"{', '.join(names) or '(none: run `torchfl registry import FILE.hcd`)'}") from None
     return Target.of(hcd, _packs_of(reg, key))
