@@ -161,6 +161,10 @@ def predict(row: Row, target) -> Prediction:
     from torchfl.planner.api import plan_captured
     from torchfl.planner.errors import PlanError
 
+    if row.family in ("prefill", "decode", "generate"):      # a language model's serving step
+        from torchfl.fidelity.lm import predict_lm
+
+        return predict_lm(row, target)
     try:
         captured, inputs = capture_row(row)
     except RowError as exc:

@@ -7,6 +7,8 @@ measured call:
 - ``chip``: the chip name its HCD uses (``A100-SXM4-80GB``);
 - ``op``: an ATen overload (``aten.mm.default``) or an alias (:data:`ALIASES`: ``matmul``,
   ``softmax``, ``layer_norm``, ``gelu``, ``conv2d``), which also names the default arguments;
+  or a language model's serving step (:data:`LM_KINDS`: ``prefill``, ``decode``, ``generate``;
+  ``shapes`` one ``BATCHxTOKENS``, ``args`` the model: :mod:`torchfl.fidelity.lm`);
 - ``shapes``: the input tensors' shapes, ``;`` between tensors, ``x`` between dims
   (``8192x64;64x64``; an empty piece is a 0-d tensor);
 - ``dtype``: the inputs' dtype (``float16`` or ``torch.float16``);
@@ -51,6 +53,8 @@ ALIASES = {
     "gelu": ("aten.gelu.default", {}),
     "conv2d": ("aten.conv2d.default", {}),
 }
+#: language-model rows (torchfl.fidelity.lm): op is the kind, args name the model
+LM_KINDS = ("prefill", "decode", "generate")
 #: op family of an ATen op's base name (scores are kept per chip and family)
 _FAMILIES = {
     "mm": "matmul", "addmm": "matmul", "bmm": "matmul", "matmul": "matmul", "linear": "matmul",
@@ -106,7 +110,7 @@ class Row:
     def label(self) -> str:
         """``softmax 4096x32 float16`` (how reports name a row)."""
         shapes = ";".join("x".join(map(str, s)) for s in self.shapes)
-        extra = "" if not self.args or self.alias and self.args == ALIASES[self.alias][1] else \
+        extra = "" if not self.args or self.alias in ALIASES and self.args == ALIASES[self.alias][1] else \
             " " + json.dumps(self.args, sort_keys=True)
         return f"{self.alias or self.op} {shapes} {self.dtype}{extra}"
 
@@ -137,7 +141,7 @@ class Table:
 
 def family_of(op: str) -> str:
     """``matmul`` for ``aten.mm.default`` or the alias ``matmul``; the base name otherwise."""
-    if op in ALIASES:
+    if op in ALIASES or op in LM_KINDS:
         return op
     base = op.split(".")[1] if op.count(".") >= 2 else op
     return _FAMILIES.get(base, base)
@@ -279,6 +283,8 @@ def make_row(chip, op, shapes, dtype, args, seconds, source, *, file="<row>", li
     if op in ALIASES:
         alias = op
         op, defaults = ALIASES[alias]
+    elif op in LM_KINDS:
+        alias = op
     elif not OVERLOAD.match(op):
         bad("op", f"{op!r} is neither an ATen overload (aten.NAME.OVERLOAD, e.g. aten.mm.default) nor an alias "
                   f"({', '.join(ALIASES)})")

@@ -99,27 +99,46 @@ def _without_effect_tokens(ep):
 
 def capture_module(module, example_inputs) -> Captured:
     """Inference capture of ``module(*example_inputs)`` through torch.export."""
-    import torch
-
-    module, example_inputs = _with_cache_outputs(*meta_as_fake(module, example_inputs))
+    module, example_inputs = _with_cache_outputs(module, tuple(example_inputs))
     try:
-        with warnings.catch_warnings():
-            # torch 2.13's run_decompositions deep-copies its own LeafSpec and warns about it
-            # on every capture: torch's internals, nothing a user can act on
-            warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)", category=FutureWarning)
-            ep = torch.export.export(module, tuple(example_inputs), strict=False)
-            ep = _without_effect_tokens(ep.run_decompositions(decomposition_table()))
+        captured, _ep = export_captured(module, example_inputs)
     except Exception as exc:  # noqa: BLE001 - torch.export raises a dozen types of its own: one CaptureError, raised
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise CaptureError(
             f"torch.export could not capture {type(module).__name__}: {first} "
             "(the model must trace as one graph; remove data-dependent Python control flow "
             "or return only tensors)") from exc
-    captured = _from_exported(ep)
     renamed = drop_unread_pool_indices(captured.graph_module)
     captured.outputs = [renamed.get(name, name) for name in captured.outputs]
     drop_same_device(captured.graph_module)
     return captured
+
+
+def export_captured(module, inputs, shapes=None):
+    """(Captured, ExportedProgram) of ``module(*inputs)`` (``shapes``: export's dynamic_shapes),
+    decomposed; a deep meta-device decoder through its two-layer twin (``planner.repeat``)."""
+    from torchfl.planner.repeat import expand, twin_of
+
+    twin = twin_of(module, inputs, shapes)
+    if twin is not None:
+        captured, ep = _export(twin.module, twin.inputs, twin.shapes)
+        if expand(captured, twin.layers) is not None:
+            return captured, ep
+    return _export(module, inputs, shapes)
+
+
+def _export(module, inputs, shapes):
+    import torch
+
+    module, inputs = meta_as_fake(module, tuple(inputs))
+    with warnings.catch_warnings():
+        # torch 2.13's run_decompositions deep-copies its own LeafSpec and warns about it
+        # on every capture: torch's internals, nothing a user can act on
+        warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)", category=FutureWarning)
+        ep = torch.export.export(module, tuple(inputs), dynamic_shapes=None if shapes is None else tuple(shapes),
+                                 strict=False)
+        ep = _without_effect_tokens(ep.run_decompositions(decomposition_table()))
+    return _from_exported(ep), ep
 
 
 def meta_as_fake(module, example_inputs):

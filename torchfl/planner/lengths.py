@@ -98,13 +98,10 @@ def capture_symbolic(gm, inputs, dynamic_shapes=None) -> Symbolic | None:
     one entry per input) says which dimensions are symbolic; by default those that Dynamo
     traced symbolically in ``gm``'s placeholders. Returns None when no dimension is symbolic
     (nothing to share between sizes)."""
-    import warnings
-
     import torch
     from torch.export import Dim
 
-    from torchfl.planner.capture import (CaptureError, _from_exported, _without_effect_tokens, decomposition_table,
-                                         drop_same_device, meta_as_fake)
+    from torchfl.planner.capture import CaptureError, drop_same_device, export_captured
 
     if dynamic_shapes is None:
         placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
@@ -125,16 +122,11 @@ def capture_symbolic(gm, inputs, dynamic_shapes=None) -> Symbolic | None:
     if not any(torch.utils._pytree.tree_leaves(dynamic_shapes, is_leaf=lambda x: isinstance(x, dict))):
         return None
     shapes = dynamic_shapes
-    gm, inputs = meta_as_fake(gm, tuple(inputs))
     try:
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)", category=FutureWarning)
-            ep = torch.export.export(gm, tuple(inputs), dynamic_shapes=tuple(shapes), strict=False)
-            ep = _without_effect_tokens(ep.run_decompositions(decomposition_table()))
+        captured, ep = export_captured(gm, tuple(inputs), tuple(shapes))
     except Exception as exc:  # noqa: BLE001 - torch.export raises a dozen types of its own: one CaptureError, raised
         first = str(exc).strip().splitlines()[0] if str(exc).strip() else type(exc).__name__
         raise CaptureError(f"torch.export could not capture the graph with symbolic sizes: {first}") from exc
-    captured = _from_exported(ep)
     drop_same_device(captured.graph_module)
     binders = []
     user = 0

@@ -252,12 +252,16 @@ _LLAMA = {
     "7b": dict(),
     "70b": dict(hidden_size=8192, intermediate_size=28672, num_hidden_layers=80, num_attention_heads=64,
                 num_key_value_heads=8),
+    # four small layers (the twin of planner.repeat applies): fidelity's end-to-end test
+    "tiny": dict(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
+                 num_key_value_heads=2, max_position_embeddings=4096),
 }
 
 
-def llama(size: str = "7b", batch: int = 1, seq_len: int = 8, layers: int | None = None):
+def llama(size: str = "7b", batch: int = 1, seq_len: int = 8, layers: int | None = None, dtype=None):
     """LLaMA-2 ``size`` with its default config (``use_cache=True``) built on the meta device in
-    float16: no weights in RAM, so a 70B model plans on a laptop. (module, (input_ids,))."""
+    ``dtype`` (float16 by default): no weights in RAM, so a 70B model plans on a laptop.
+    (module, (input_ids,))."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -266,7 +270,7 @@ def llama(size: str = "7b", batch: int = 1, seq_len: int = 8, layers: int | None
         kw["num_hidden_layers"] = layers
     config = LlamaConfig(**kw)
     with torch.device("meta"):
-        model = LlamaForCausalLM(config).to(torch.float16).eval()
+        model = LlamaForCausalLM(config).to(dtype or torch.float16).eval()
     return model, (torch.zeros((batch, seq_len), dtype=torch.long, device="meta"),)
 
 

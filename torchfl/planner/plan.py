@@ -94,7 +94,6 @@ __all__ = ["HOST_STEPS", "STEP_KINDS", "LazyTuple", "identity_layout", "PlanInpu
            "Cast", "Fallback", "Rejected", "Summary", "Capture", "Decomposed", "Plan"]
 
 
-
 @dataclass(frozen=True)
 class PlanInput(Data):
     """A placeholder of the captured graph (see the module docstring)."""
@@ -292,6 +291,8 @@ class Plan(Data):
     def explain(self, format: str = "text", width: int | None = None) -> str:  # noqa: A002 - the CLI's word
         """The plan as ``text`` (EXPLAIN-style table, ``width`` columns: default the
         terminal's, 100 in a pipe), ``json`` or ``dot`` (Graphviz)."""
+        # the plan's one reference upward, at call time: ``plan.explain()`` is the public face (the
+        # runtime, the CLI and the tests call it); the renderer imports nothing of the plan
         from torchfl.planner.explain import render_plan
 
         return render_plan(self, format, width)

@@ -1,0 +1,127 @@
+"""Language-model rows of a fidelity table: the planner's serving prediction (prefill, one decode
+step, a whole request) of a causal LM on a chip, scored against published measurements.
+
+Row kinds (``op``; docs in :mod:`torchfl.fidelity.tables`), ``shapes`` one ``BxT`` shape:
+
+- ``prefill``: the prompt's forward pass, ``B`` prompts of ``T`` tokens (time to first token);
+- ``decode``: one decode step of ``B`` sequences bringing the KV cache to ``T`` positions
+  (the per-token latency at context ``T``);
+- ``generate``: a request of ``B`` prompts of ``T`` tokens and ``new_tokens`` generated tokens:
+  the prefill (which yields the first token) and ``new_tokens - 1`` decode steps, priced at
+  their mean context ``T + new_tokens // 2`` (a decode step's time is close to linear in the
+  context, so the mean context gives the sum).
+
+``args`` names the model (``{"model": "llama-2-7b"}``; :data:`MODELS`). The model is built on
+the meta device in the row's dtype with its default config (no weights: a 70B model plans here),
+captured once per shape (``planner.whatif.Decoder``: the decode step symbolic in the context)
+and planned on each chip; the prediction is the plan's per-call time (``Prediction``'s rule,
+run-once steps left out) plus the table's harness overhead.
+"""
+from __future__ import annotations
+
+import re
+
+from torchfl.fidelity.oneop import Prediction, RowError
+from torchfl.fidelity.tables import Row
+
+__all__ = ["MODELS", "KINDS", "predict_lm", "check_lm_row"]
+
+#: model name in a table -> planner.lm.llama size
+MODELS = {"llama-2-7b": "7b", "llama-2-70b": "70b", "tiny-llama": "tiny"}
+KINDS = ("prefill", "decode", "generate")
+
+_DECODERS: dict = {}
+_PREFILLS: dict = {}
+
+
+def check_lm_row(row: Row) -> tuple[str, int, int, int]:
+    """(model size, batch, tokens, new tokens) of a language-model row, or RowError naming the fix."""
+    model = row.args.get("model")
+    if model not in MODELS:
+        raise RowError(f"{row.where}: args: {row.op} rows name their model, one of {', '.join(MODELS)} "
+                       f"(e.g. {{\"model\": \"llama-2-7b\"}}); got {model!r}")
+    unknown = sorted(set(row.args) - {"model", "new_tokens"})
+    if unknown or (row.op != "generate" and "new_tokens" in row.args):
+        raise RowError(f"{row.where}: args: {row.op} takes model{' and new_tokens' if row.op == 'generate' else ''}; "
+                       f"remove {', '.join(unknown or ['new_tokens'])}")
+    if len(row.shapes) != 1 or len(row.shapes[0]) != 2 or min(row.shapes[0]) < 1:
+        raise RowError(f"{row.where}: shapes: a {row.op} row has one shape BATCHxTOKENS (1x128), got "
+                       f"{';'.join('x'.join(map(str, s)) for s in row.shapes)}")
+    batch, tokens = row.shapes[0]
+    new = row.args.get("new_tokens", 0)
+    if row.op == "generate" and not (isinstance(new, int) and new >= 1):
+        raise RowError(f"{row.where}: args: a generate row needs new_tokens, the number of generated tokens (>= 1)")
+    if row.op == "decode" and tokens < 2:
+        raise RowError(f"{row.where}: shapes: a decode step's context counts the cached positions and the new "
+                       f"token: at least 2, got {tokens}")
+    return MODELS[model], batch, tokens, new
+
+
+def _decoder(size: str, dtype: str):
+    key = (size, dtype)
+    if key not in _DECODERS:
+        import torch
+
+        from torchfl.planner.lm import llama
+        from torchfl.planner.whatif import Decoder
+
+        model, _inputs = llama(size, dtype=getattr(torch, dtype))
+        _DECODERS[key] = Decoder(model)
+    return _DECODERS[key]
+
+
+def _prefill(size: str, dtype: str, batch: int, prompt: int):
+    key = (size, dtype, batch, prompt)
+    if key not in _PREFILLS:
+        from torchfl.planner.whatif import prefill_capture
+
+        _PREFILLS[key] = prefill_capture(_decoder(size, dtype), batch, prompt)
+    return _PREFILLS[key]
+
+
+_LAUNCH = re.compile(r"\+(\d+(?:\.\d+)?) us launch")
+
+
+def _per_call(plan) -> tuple[float, int, float]:
+    """(per-call seconds, kernels per call, seconds of it launch costs: the "+N us launch" each
+    step's note states, HCD 1.1 execution.launch_overhead_us / matrix_launch_overhead_us)."""
+    steps = [s for s in plan.steps if not s.static]
+    kernels = [s for s in steps if s.kind not in ("fallback", "fold")]
+    launch = sum(float(m.group(1)) * 1e-6 for s in kernels for m in [_LAUNCH.search(s.note or "")] if m)
+    return float(sum(s.predicted_time_s for s in steps)), len(kernels), launch
+
+
+def predict_lm(row: Row, target) -> Prediction:
+    """Plan a language-model row on ``target``; a refused plan is a Prediction without a time."""
+    from torchfl.planner.capture import CaptureError
+    from torchfl.planner.whatif import plan_decode, plan_on
+
+    try:
+        size, batch, tokens, new = check_lm_row(row)
+        dec = _decoder(size, row.dtype)
+        parts = []
+        if row.op in ("prefill", "generate"):
+            captured, inputs = _prefill(size, row.dtype, batch, tokens)
+            parts.append((1, plan_on(target, captured, inputs, None)))
+        if row.op == "decode" or (row.op == "generate" and new > 1):
+            context = tokens if row.op == "decode" else tokens + new // 2
+            parts.append((1 if row.op == "decode" else new - 1, plan_decode(target, dec, batch, context, None)))
+    except RowError as exc:
+        return Prediction(row, target.name, None, str(exc))
+    except (CaptureError, ValueError) as exc:
+        return Prediction(row, target.name, None, f"{row.where}: {row.label()}: {str(exc).splitlines()[0]}")
+    bad = next((p for _n, p in parts if not p.ok), None)
+    if bad is not None:
+        return Prediction(row, target.name, None, str(bad.error).splitlines()[0])
+    total, steps, fallbacks, notes = row.harness_s, 0, 0, []
+    for count, p in parts:
+        seconds, kernels, launch = _per_call(p.plan)
+        total += count * seconds
+        steps += len(p.plan.steps)
+        fallbacks += p.plan.summary.fallbacks
+        what = "prefill" if p is parts[0][1] and row.op != "decode" else "decode step"
+        notes.append(f"{what}{f' x{count}' if count > 1 else ''}: {seconds * 1e3:.3g} ms, {kernels} kernels, "
+                     f"{launch * 1e3:.3g} ms of it launch costs")
+    if row.harness_s:
+        notes.append(f"+{row.harness_s * 1e6:.3g} us the table's harness")
+    return Prediction(row, target.name, total, "", steps, fallbacks, tuple(notes))
