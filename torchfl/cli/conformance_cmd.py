@@ -112,8 +112,13 @@ def conformance(chips, all_chips, ops, dtypes, samples, mode, edge_from, jobs, n
         os.environ.setdefault("TORCHFL_DEVICES", ",".join(names))
         os.environ.setdefault("TORCHFL_REGISTRY_URL", reg.url)
     try:
-        reports = [_run_one(reg, name, settings, record=not no_record, quiet=as_json, runner=runner, resume=resume)
-                   for name in names]
+        if len(names) > 1 and cluster is None and resume is None:
+            # several chips on this machine: one run shares what no chip changes (samples, eager
+            # torch, traces, captures) and one worker pool (conformance/across.py)
+            reports = _run_across(reg, names, settings, record=not no_record)
+        else:
+            reports = [_run_one(reg, name, settings, record=not no_record, quiet=as_json, runner=runner,
+                                resume=resume) for name in names]
     finally:
         runner.close()
     if as_json:
@@ -130,6 +135,21 @@ def _run_one(reg, name, settings, *, record: bool, quiet: bool, runner, resume=N
         report = _run_harness(reg, name, settings, sweep)
         report.run_id, _written = sweep.finish(report) if record else (None, False)
     return report
+
+
+def _run_across(reg, names, settings, *, record: bool):
+    from datetime import datetime
+
+    from torchfl.conformance.across import run_chips
+
+    def lines(done, total, unit, outcomes):
+        counts = {}
+        for o in outcomes:
+            counts[o["status"]] = counts.get(o["status"], 0) + 1
+        summary = ", ".join(f"{n} {s}" for s, n in sorted(counts.items()))
+        click.echo(f"[{datetime.now():%H:%M:%S}] {done}/{total} {unit.label}: {summary}", err=True)
+
+    return run_chips(names, registry=reg, settings=settings, progress=lines, record=record)
 
 
 def _run_harness(reg, name, settings, sweep):
@@ -220,6 +240,8 @@ def _print_report(r) -> None:
         f"overloads: {c['pass']} verified, {c['partial']} partial, {c['fail']} failing, "
         f"{c['refused']} refused, {c['unverified']} unverified; {c['cases']} cases "
         f"(+{r.skipped} skipped) in {r.wall_s:.0f} s with {r.settings.jobs} worker(s)"
+        + (f" (a run of several chips; this chip's share: {r.cpu_s:.0f} s of worker CPU)" if r.cpu_s is not None
+           else "")
         + (f"; recorded as run {r.run_id}" if r.run_id is not None else "; not recorded"), indent="  ")))
     for f in r.findings:
         click.echo("\n".join(paragraph(f"FLAG native bfloat16: {f.message}", indent="  ", subsequent="    ")))

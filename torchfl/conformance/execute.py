@@ -144,27 +144,6 @@ def prepare(case) -> _Prepared:
     return p
 
 
-def _compiled_call(fn, leaves, chip, registry):
-    """(result, plans, refusal or error): ``fn(*leaves)`` through the torchfl backend, strictly."""
-    import torch
-
-    from torchfl.conformance.cases import _copied
-    from torchfl.runtime.backend import recording
-
-    torch._dynamo.reset()
-    options = {"chip": chip, "strict": True}
-    if registry is not None:
-        options["registry"] = registry
-    compiled = torch.compile(fn, backend="torchfl", options=options, fullgraph=True, dynamic=False)
-    args = _copied(list(leaves))
-    with recording(False) as rec, torch.no_grad():
-        try:
-            got = compiled(*args)
-        except Exception as exc:  # noqa: BLE001 - returned, not swallowed: the caller reports a refusal or a fail
-            return None, [], exc
-    return got, [plan for _cg, plan, _r in rec.entries], None
-
-
 def _plan_ops(plans) -> set:
     return {op for p in plans for s in p.steps for op in s.ops} | {f.op for p in plans for f in p.folded}
 
@@ -184,15 +163,29 @@ def run_case(case, *, chip, registry=None, bf16_emulated: bool = False, prepared
     p = prepared or prepare(case)
     if p.skip:
         return p.outcome("skipped", reason=p.skip)
-    fn, leaves = case.as_function()
-    got, plans, exc = _compiled_call(fn, leaves, chip, registry)
+    out: dict = {chip: {}}
+    _run_single(p, 0, out, {chip: Chip((), bf16_emulated)}, registry)
+    return out[chip][0]
+
+
+@dataclass(frozen=True)
+class Chip:
+    """What a batch needs of one chip under test: the claimed overloads it checks, and how
+    its bfloat16 is compared."""
+
+    targets: tuple = ()
+    bf16_emulated: bool = False
+
+
+def _single_outcome(p: _Prepared, got, plans, exc, bf16_emulated, graph_ops_of) -> Outcome:
+    """One case's outcome from its own compiled call on one chip."""
     if exc is not None:
         if _is_refusal(exc):
-            return p.outcome("refused", ops=graph_ops(case), reason=refusal_reason(exc))
+            return p.outcome("refused", ops=graph_ops_of(), reason=refusal_reason(exc))
         if _untraceable(exc):
             return p.outcome("skipped", reason=f"Dynamo cannot trace this OpInfo sample's function: "
                                                f"{_first_lines(exc, 1)}")
-        return p.outcome("fail", ops=graph_ops(case), reason=f"error: {type(exc).__name__}: {_first_lines(exc, 3)}")
+        return p.outcome("fail", ops=graph_ops_of(), reason=f"error: {type(exc).__name__}: {_first_lines(exc, 3)}")
     if not plans:
         return p.outcome("skipped", reason="no graph reached the chip (Dynamo compiled nothing to run)")
     ops = tuple(sorted(_plan_ops(plans)))
@@ -201,6 +194,24 @@ def run_case(case, *, chip, registry=None, bf16_emulated: bool = False, prepared
         return p.outcome("fail", ops=ops, reason="fell back to the CPU despite strict: " + ", ".join(
             f"{f.op} ({f.reason})" for f in fellback))
     return _judge(p, got, ops, bf16_emulated)
+
+
+def _run_single(p: _Prepared, i: int, out: dict, chips: dict, registry) -> None:
+    """Case ``i`` alone, compiled once for every chip in ``chips``; its outcome per chip into ``out``."""
+    from torchfl.conformance.shared import GroupCompile
+
+    fn, leaves = p.case.as_function()
+    group = GroupCompile(fn, leaves, registry)
+    ops: list = []
+
+    def graph_ops_of():   # chip-independent: captured once, for the first chip that needs it
+        if not ops:
+            ops.append(graph_ops(p.case))
+        return ops[0]
+
+    for chip, c in chips.items():
+        got, plans, exc = group.run(chip)
+        out[chip][i] = _single_outcome(p, got, plans, exc, c.bf16_emulated, graph_ops_of)
 
 
 #: composite ops the planner keeps whole (``planner.capture.KEEP_OPS``): eager dispatch never
@@ -212,37 +223,46 @@ def _kept_whole() -> frozenset:
 
 
 def run_cases(cases, *, chip, registry=None, bf16_emulated: bool = False, targets=()) -> list[Outcome]:
-    """Every case of one OpInfo and dtype: compiled together as one graph where the chip takes
-    them all (one capture instead of one per case), else split in halves down to single cases.
+    """Every case of one OpInfo and dtype on ``chip`` (:func:`run_cases_on`, one chip)."""
+    return run_cases_on(cases, {chip: Chip(tuple(targets), bf16_emulated)}, registry)[chip]
 
-    In a joint graph each case counts for the ``targets`` that (a) the joint plan ran on the
-    chip and (b) the case itself dispatched in eager torch (or, for the composites the planner
-    keeps whole, that its OpInfo maps to); a single case counts for what its own plan ran."""
+
+def run_cases_on(cases, chips: dict, registry=None) -> dict[str, list[Outcome]]:
+    """Every case of one OpInfo and dtype on every chip of ``chips`` (name -> :class:`Chip`):
+    compiled together as one graph where a chip takes them all (one capture instead of one per
+    case), else split in halves down to single cases for the chips that refused. Eager torch's
+    answers are computed once, and each graph is traced and captured once for all the chips
+    (``shared.py``); planning, running and judging are each chip's.
+
+    In a joint graph each case counts for the chip's ``targets`` that (a) the joint plan ran on
+    the chip and (b) the case itself dispatched in eager torch (or, for the composites the
+    planner keeps whole, that its OpInfo maps to); a single case counts for what its own plan ran."""
     prepared = [prepare(c) for c in cases]
-    out: dict[int, Outcome] = {}
+    out: dict = {chip: {} for chip in chips}
     live = []
     for i, p in enumerate(prepared):
         if p.skip:
-            out[i] = p.outcome("skipped", reason=p.skip)
+            for chip in chips:
+                out[chip][i] = p.outcome("skipped", reason=p.skip)
         else:
             live.append(i)
     for at in range(0, len(live), JOINT_MAX):   # --samples all: max_pool2d has 1,440 samples
-        _run_group(live[at:at + JOINT_MAX], prepared, out, chip, registry, bf16_emulated, tuple(targets))
-    return [out[i] for i in range(len(cases))]
+        _run_group(live[at:at + JOINT_MAX], prepared, out, dict(chips), registry)
+    return {chip: [out[chip][i] for i in range(len(cases))] for chip in chips}
 
 
 #: cases compiled together in one joint graph at most (planning time grows with the graph)
 JOINT_MAX = 48
 
 
-def _run_group(idx, prepared, out, chip, registry, bf16_emulated, targets) -> None:
-    if not idx:
+def _run_group(idx, prepared, out, chips: dict, registry) -> None:
+    if not idx or not chips:
         return
     if len(idx) == 1:
-        i = idx[0]
-        out[i] = run_case(prepared[i].case, chip=chip, registry=registry, bf16_emulated=bf16_emulated,
-                          prepared=prepared[i])
+        _run_single(prepared[idx[0]], idx[0], out, chips, registry)
         return
+    from torchfl.conformance.shared import GroupCompile
+
     fns, leaves, counts = [], [], []
     for i in idx:
         fn, lv = prepared[i].case.as_function()
@@ -257,14 +277,24 @@ def _run_group(idx, prepared, out, chip, registry, bf16_emulated, targets) -> No
             at += n
         return tuple(results)
 
-    got, plans, exc = _compiled_call(joint, leaves, chip, registry)
-    if exc is not None or any(pl.fallbacks for pl in plans):
+    group = GroupCompile(joint, leaves, registry)
+    refused = {}
+    for chip, c in chips.items():
+        got, plans, exc = group.run(chip)
+        if exc is not None or any(pl.fallbacks for pl in plans):
+            refused[chip] = c
+            continue
+        _judge_joint(idx, prepared, out[chip], got, _plan_ops(plans), c)
+    del group
+    if refused:
         half = len(idx) // 2
-        _run_group(idx[:half], prepared, out, chip, registry, bf16_emulated, targets)
-        _run_group(idx[half:], prepared, out, chip, registry, bf16_emulated, targets)
-        return
-    ran = _plan_ops(plans)
+        _run_group(idx[:half], prepared, out, refused, registry)
+        _run_group(idx[half:], prepared, out, refused, registry)
+
+
+def _judge_joint(idx, prepared, out: dict, got, ran: set, chip: Chip) -> None:
     kept = _kept_whole()
+    targets = chip.targets
     for k, i in enumerate(idx):
         p = prepared[i]
         ops = tuple(sorted(t for t in targets if t in ran and (t in p.eager_ops or t in kept)))
@@ -273,7 +303,7 @@ def _run_group(idx, prepared, out, chip, registry, bf16_emulated, targets) -> No
         if not ops:
             out[i] = p.outcome("skipped", reason="none of the overloads under test reached the chip for this case")
             continue
-        out[i] = _judge(p, got[k], ops, bf16_emulated)
+        out[i] = _judge(p, got[k], ops, chip.bf16_emulated)
 
 
 # ---------------------------------------------------------------- eager mode: the npu device

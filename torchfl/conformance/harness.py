@@ -78,6 +78,7 @@ class Report:
     skipped: int = 0
     unattributed: int = 0
     wall_s: float = 0.0
+    cpu_s: float | None = None   # a run of several chips: this chip's worker CPU seconds (shared work split evenly)
     run_id: int | None = None
 
     def counts(self) -> dict:
@@ -92,7 +93,8 @@ class Report:
 
     def as_dict(self) -> dict:
         return dict(chip=self.identity.as_dict(), harness_hash=self.harness_hash, settings=asdict(self.settings),
-                    started_at=self.started_at.isoformat(), wall_s=round(self.wall_s, 1), run=self.run_id,
+                    started_at=self.started_at.isoformat(), wall_s=round(self.wall_s, 1),
+                    cpu_s=None if self.cpu_s is None else round(self.cpu_s, 1), run=self.run_id,
                     overloads=self.counts(), skipped_cases=self.skipped, unattributed_cases=self.unattributed,
                     results=self.results, unverified=[{"op": o, "dtype": d} for o, d in self.unverified],
                     findings=[f.as_dict() for f in self.findings])
