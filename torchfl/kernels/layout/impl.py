@@ -90,26 +90,18 @@ def run_layout(ctx):
         if any(tuple(t.shape) != (0,) for t in xs):
             xs = [t for t in xs if tuple(t.shape) != (0,)]   # torch skips 1-D empty inputs
         d = a["dim"] % max(out.ndim, 1)
-        n = out.numel
-        oflat = out.physical().reshape(-1)
-        # walk the output: each element comes from exactly one input; gather per input region
-        offs = np.cumsum([0] + [t.shape[d] for t in xs])
-        for s in range(0, n, T):
-            e = min(n, s + T)
-            idx = np.unravel_index(np.arange(s, e), out.physical_shape)
-            logical_d = idx[order.index(d)]
-            tile = np.empty(e - s, oflat.dtype)
-            for i, t in enumerate(xs):
-                sel = (logical_d >= offs[i]) & (logical_d < offs[i + 1])
-                if not sel.any():
-                    continue
-                li = [None] * out.ndim
-                for pi, ax in enumerate(order):
-                    li[ax] = idx[pi][sel]
-                li[d] = li[d] - offs[i]
-                tile[sel] = t.logical()[tuple(li)]     # strided DMA gather of the region
-                ctx.read(int(sel.sum()) * es)
-            oflat[s:e] = tile
-            ctx.write((e - s) * es)
+        # each input's region of the output, written by one strided copy (every output element
+        # comes from exactly one input): the chip reads each input once and writes the output once,
+        # tile by tile. (Per tile, numpy index arithmetic over every element cost ~1 ms per 256K
+        # elements: a decode step's KV-cache concats were ~40 % of its kernel time.)
+        ov = out.logical()
+        o0 = 0
+        for t in xs:
+            o1 = o0 + t.shape[d]
+            ov[(slice(None),) * d + (slice(o0, o1),)] = t.logical()
+            o0 = o1
+        for s0 in range(0, out.numel, T):
+            ctx.read((min(out.numel, s0 + T) - s0) * es)
+            ctx.write((min(out.numel, s0 + T) - s0) * es)
         return [out]
     raise AssertionError(k)
