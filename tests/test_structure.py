@@ -31,27 +31,9 @@ def test_every_catch_all_says_why_it_must_stay():
 # still to split; each group belongs to one helper, and a helper deletes only its own lines.
 MAX_MODULE_LINES = 500
 MAX_FUNCTION_LINES = 80
-TO_SPLIT = {
-    # runtime and the rest of the CLI
-    "torchfl/runtime/eager/ops.py", "torchfl/runtime/executor.py",
-    "torchfl/runtime/executor.py:_run", "torchfl/runtime/executor.py:__init__",
-    "torchfl/cli/demo_cmd.py:demo", "torchfl/cli/kernels_cmd.py:warmup",
-
-    # kernels
-    "torchfl/kernels/norm/impl.py", "torchfl/kernels/gemm.py", "torchfl/kernels/conv/__init__.py",
-    "torchfl/kernels/elementwise/impl.py:_make_apply", "torchfl/kernels/elementwise/impl.py:apply_op",
-    "torchfl/kernels/attention/impl.py:_attend_task", "torchfl/kernels/gemm.py:_tile",
-    "torchfl/kernels/pool/impl.py:_max_pool_channel", "torchfl/kernels/conv/forward.py:_run_conv2d_general",
-    "torchfl/kernels/ukernel.py:_emit", "torchfl/kernels/matmul/__init__.py:plan_gemm",
-    "torchfl/kernels/jitcache.py:_guard", "torchfl/kernels/norm/impl.py:run_batch_norm_train",
-    "torchfl/kernels/attention/__init__.py:plan_attention",
-
-    # hcd, rules, fidelity's host and probe: done
-}
+TO_SPLIT: set = set()   # every group is done: planner, runtime and the CLI, kernels, hcd/rules/fidelity
 LOOP_FREE = ("planner", "runtime/eager")
-LOOPS_NOT_YET = {
-    "runtime/eager",  # runtime helper
-}
+LOOPS_NOT_YET = set()     # planner/ and runtime/eager/ are loop-free
 
 
 def _has_reason(lines, index):

@@ -67,7 +67,7 @@ def per_op(torch, calls):
              "matmul_64x64": (lambda: a @ b, lambda: ha @ hb)}
     out = {}
     for name, (npu_fn, cpu_fn) in cases.items():
-        known = set(ops._CACHE)
+        known = {id(r) for r in ops.routes()}
         npu_fn()
         npu_fn()
         route = _new_route(ops, known)
@@ -91,7 +91,7 @@ def per_op(torch, calls):
 
 def _new_route(ops, known):
     """The one-op route the case's warm-up planned (each case is a new op)."""
-    routes = [r for k, r in ops._CACHE.items() if k not in known and r.kind == "chip"]
+    routes = [r for r in ops.routes() if id(r) not in known and r.kind == "chip"]
     if len(routes) != 1:
         raise RuntimeError(f"expected the case to plan one chip route, got {len(routes)}")
     return routes[0]
@@ -159,10 +159,10 @@ def models(torch, names, runs, chip, breakdown=False):
 def _breakdown(fn, runs):
     """Per ATen op of an eager forward: calls, time in its route (``_clock``) and inside the
     bound kernel (wall, ``last_kernel_s``), per forward, largest first."""
-    from torchfl.runtime.eager import ops
+    from torchfl.runtime.eager.routes import ChipRoute
 
     acc = {}
-    original = ops._ChipRoute.call
+    original = ChipRoute.call
 
     def timed(route, args, kwargs, tensors):
         t0 = _clock()
@@ -174,14 +174,14 @@ def _breakdown(fn, runs):
             row[1] += _clock() - t0
             row[2] += route.last_kernel_s
 
-    ops._ChipRoute.call = timed
+    ChipRoute.call = timed
     try:
         t0 = _clock()
         for _ in range(runs):
             fn()
         total = (_clock() - t0) / runs
     finally:
-        ops._ChipRoute.call = original
+        ChipRoute.call = original
     rows = {label: {"calls": n // runs, "ms": 1e3 * t / runs, "kernel_ms": 1e3 * k / runs}
             for label, (n, t, k) in sorted(acc.items(), key=lambda kv: -kv[1][1])}
     rows["(forward)"] = {"calls": 1, "ms": 1e3 * total, "kernel_ms": None}

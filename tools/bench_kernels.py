@@ -11,6 +11,7 @@ Cases whose kernel is not in the catalog are skipped with a note on stderr.
 
     python tools/bench_kernels.py --json [--runs 7] [--cases gemm_f32_1024,softmax_f32] [--cold]
     python tools/bench_kernels.py --json --threads 1 --timer cpu --no-peak   # on a shared machine
+    python tools/bench_kernels.py --threads 1 --timer cpu --no-peak --cases 'decode*'   # decode shapes
 """
 from __future__ import annotations
 
@@ -80,6 +81,39 @@ def cases():
          2 * 128 * 1024 * 4096),
         ("linear_f16_1x1024x1024", "linear", lin(xt[:1], wt, bt), {}, lambda: F.linear(xt[:1], wt, bt), 2 * 1024 ** 2),
     ] + int8_cases(g)
+
+
+DECODE_ROWS = (1, 2, 4, 8)
+DECODE_KN = ((4096, 4096), (4096, 11008), (11008, 4096), (512, 32000))   # LLaMA-7B projections, a head
+
+
+def decode_cases(rows=DECODE_ROWS, kn=DECODE_KN, contexts=(1024, 4096)):
+    """Decode-shaped kernels (``--cases decode*``): linear with M = 1..8 rows against torch's
+    F.linear in the same dtype (float32; float16 and bfloat16 weights kept, as the executor keeps
+    them), and one query over a KV cache with grouped-query attention (32 query heads over 8
+    key/value heads, head dim 128) against torch's SDPA with ``enable_gqa``. Built only when
+    asked for: the weights are large (4096 x 11008 float32 is 180 MB)."""
+    import torch
+    import torch.nn.functional as F
+
+    g = torch.Generator().manual_seed(1)
+    out = []
+    for K, N in kn:
+        w32 = torch.randn(N, K, generator=g) * (1 / K ** 0.5)
+        for dt, tag in ((torch.float32, "f32"), (torch.float16, "f16"), (torch.bfloat16, "bf16")):
+            w = w32.to(dt)
+            for m in rows:
+                x = torch.randn(m, K, generator=g).to(dt)
+                out.append((f"decode_linear_{tag}_{m}x{K}x{N}", "linear", {"x": (x, None), "w": (w, None)}, {},
+                            (lambda x=x, w=w: F.linear(x, w)), 2 * m * K * N))
+    for L in contexts:
+        for dt, tag in ((torch.float32, "f32"), (torch.float16, "f16")):
+            q = torch.randn(1, 32, 1, 128, generator=g).to(dt)
+            k, v = (torch.randn(1, 8, L, 128, generator=g).to(dt) for _ in range(2))
+            out.append((f"decode_attention_{tag}_gqa32x8_ctx{L}", "attention", {"q": (q, None), "k": (k, None),
+                        "v": (v, None)}, {}, (lambda q=q, k=k, v=v: F.scaled_dot_product_attention(
+                            q, k, v, enable_gqa=True)), 4 * 32 * L * 128))
+    return out
 
 
 def int8_cases(g):
@@ -251,8 +285,10 @@ def main(argv=None):
         print(json.dumps(info) if a.json else f"fp32 peak {peak:.1f} GFLOP/s", flush=True)
     want = {c for c in a.cases.split(",") if c}
     chip = reference_chip()
-    for case, kernel, inputs, attrs, fn, flops in cases():
-        if want and case not in want:
+    prefixes = tuple(c[:-1] for c in want if c.endswith("*"))
+    extra = decode_cases() if any(p.startswith("decode") or "decode".startswith(p) for p in prefixes) else []
+    for case, kernel, inputs, attrs, fn, flops in cases() + extra:
+        if want and case not in want and not (prefixes and case.startswith(prefixes)):
             continue
         if kernel not in CATALOG:
             print(f"note: {case}: kernel {kernel!r} is not in the catalog yet; skipped", file=sys.stderr)
@@ -265,7 +301,7 @@ def main(argv=None):
         if a.json:
             print(json.dumps(res), flush=True)
         else:
-            print(f"{case:22s} torchfl {res['torchfl_s'] * 1e3:8.2f} ms  torch {res['torch_s'] * 1e3:8.2f} ms  "
+            print(f"{case:36s} torchfl {res['torchfl_s'] * 1e3:8.2f} ms  torch {res['torch_s'] * 1e3:8.2f} ms  "
                   f"ratio {res['ratio']:5.2f}  {res['gflops']:7.1f} GF/s  first {res['first_call_s']:.1f} s", flush=True)
 
 

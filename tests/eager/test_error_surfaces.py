@@ -62,12 +62,12 @@ def test_torch_refusing_the_arguments_is_its_own_error_even_strict(fp32_dev, mon
 
 
 def test_a_tracer_bug_is_not_a_host_fallback(fp32_dev, monkeypatch):
-    from torchfl.runtime.eager import ops
+    from torchfl.runtime.eager import ops, routes
 
     def broken(*_args, **_kwargs):
         raise AttributeError("injected: a bug in the one-op tracer")
 
-    monkeypatch.setattr(ops, "_trace", broken)
+    monkeypatch.setattr(routes, "trace_op", broken)
     before = ops.STATS["host_fallback_ops"]
     x = torch.randn(5, 13, device=fp32_dev)              # a signature no other test plans
     with pytest.raises(AttributeError, match="injected"):

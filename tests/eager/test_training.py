@@ -43,7 +43,7 @@ def test_float16_products_accumulate_in_float32(fp32_dev):
         y = lin(x)
     y.float().square().sum().backward()
     assert lin.weight.grad.dtype == torch.float32
-    fp16_matmuls = [r.plan for r in list(ops._CACHE.values()) if getattr(r, "plan", None) is not None
+    fp16_matmuls = [r.plan for r in ops.routes() if getattr(r, "plan", None) is not None
                     and any(s.kernel == "matmul" and s.dtype == "float16" for s in r.plan.steps)]
     assert fp16_matmuls
     assert all("fp32 accumulator" in p.explain("text") for p in fp16_matmuls)

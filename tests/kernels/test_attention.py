@@ -136,3 +136,37 @@ def test_no_keys_is_zero_as_torch():
     (o,), _ = run_checked("attention", chip, {"q": dev(q, mem, "float32"), "k": dev(k, mem, "float32"),
                                                "v": dev(k, mem, "float32")})
     torch.testing.assert_close(as_f32(o), F.scaled_dot_product_attention(q, k, k))
+
+
+@pytest.mark.parametrize("dtype", DT)
+@pytest.mark.parametrize("lq", [1, 3])
+@pytest.mark.parametrize("mode", ["plain", "causal", "bool", "float"])
+def test_attention_decode_over_a_cache(dtype, lq, mode):
+    """A decode step: a few queries (the few-query path, Lq <= DECODE_LQ) over a 300-key cache,
+    grouped-query (8 query heads over 2 key/value heads), q in another layout; the causal rule,
+    a bool keep-mask with a fully masked row (zeros, as torch) and an additive mask; against
+    torch in float32 within the dtype's tolerance, counted == predicted (run_checked)."""
+    from torchfl.kernels.attention.decode import DECODE_LQ
+
+    assert lq <= DECODE_LQ
+    B, H, Hkv, S, D, Dv = 2, 8, 2, 300, 64, 32
+    chip = chip_for(dtype)
+    mem = DeviceMemory(chip)
+    g = torch.Generator().manual_seed(lq)
+    q = dev(torch.randn(B, H, lq, D, generator=g), mem, dtype, "NHCW")
+    k = dev(torch.randn(B, Hkv, S, D, generator=g), mem, dtype)
+    v = dev(torch.randn(B, Hkv, S, Dv, generator=g), mem, dtype)
+    ins, attrs, mask = {"q": q, "k": k, "v": v}, {"causal": mode == "causal"}, None
+    if mode == "bool":
+        mask = torch.rand(B, 1, lq, S, generator=g) > 0.5
+        mask[1, 0, 0] = False                       # a fully masked row: zeros, as torch
+        ins["mask"] = dev(mask, mem)
+    elif mode == "float":
+        ins["mask"] = dev(torch.randn(1, H, lq, S, generator=g), mem, dtype)
+        mask = as_f32(ins["mask"])
+    (o,), _ = run_checked("attention", chip, ins, attrs)
+    kr, vr = (as_f32(t).repeat_interleave(H // Hkv, dim=1) for t in (k, v))
+    ref = F.scaled_dot_product_attention(as_f32(q), kr, vr, attn_mask=mask, is_causal=mode == "causal")
+    if mode == "bool":
+        ref = torch.nan_to_num(ref, nan=0.0)
+    assert_close(as_f32(o), ref, dtype, scale=2)

@@ -5,7 +5,7 @@ by an integer's spelling -- a literal (``Literal[int](0)``: a constant passed fr
 code) against ``int64``, or the ``uint64`` a parallel loop gives its prange index against
 the ``int64`` that typing saw -- are the same machine code compiled twice: seconds of a
 user's first call each (FINDINGS: kernel compile time dominates a cold first call). Here
-the GEMM, attention and both weight-stationary conv paths run with their parallel paths
+the GEMM (tiled and few-row), attention (tiled and decode) and both weight-stationary conv paths run with their parallel paths
 forced, in a fresh process with an empty Numba cache (a function loaded from the cache
 never compiles its callees, so only a cold run shows them), then every compiled torchfl
 kernel function is checked."""
@@ -28,6 +28,8 @@ SCRIPT = textwrap.dedent("""
     f16 = lambda *s: dev(torch.randn(*s), mem, "float16")
     run_checked("linear_gelu", chip, {"x": f16(97, 61), "w": f16(300, 61), "bias": f16(300)})
     run_checked("attention", chip, {"q": f16(1, 2, 40, 16), "k": f16(1, 2, 40, 16), "v": f16(1, 2, 40, 16)})
+    run_checked("linear", chip, {"x": f16(1, 61), "w": f16(300, 61), "bias": f16(300)})          # few rows: gemv
+    run_checked("attention", chip, {"q": f16(1, 4, 1, 16), "k": f16(1, 2, 40, 16), "v": f16(1, 2, 40, 16)})  # decode
     attrs = {"padding": (1, 1)}
     run_checked("conv2d", chip, {"x": f16(1, 8, 12, 12), "weight": f16(16, 8, 3, 3)}, attrs)      # one tile
     small = chip_for("float16", 16 << 10)

@@ -8,6 +8,7 @@ import torch.nn.functional as F
 
 from torchfl.kernels import ChipModel, DeviceMemory
 from torchfl.kernels.catalog import CATALOG
+from torchfl.kernels.gemv import GEMV_M
 from torchfl.kernels.ukernel import NR
 
 from .helpers import CACHES, as_f32, assert_close, bytes_monotone, chip_for, dev, run_checked
@@ -253,8 +254,8 @@ def test_linear_frozen_weight_packed_once(dtype, mkn, cache, kernel):
         (c,), plan = run_checked(kernel, chip, {"x": x, "w": w, "bias": bias})
         np.testing.assert_array_equal(c.to_numpy(), ref.to_numpy())
     kept = frozen.cached_bytes() - before
-    if M <= 4:       # the few-row path keeps B's columns decoded (nothing to decode in float32)
-        assert kept == (0 if dtype == "float32" else N * K * 4)
+    if M <= GEMV_M:  # the few-row path streams B as stored: nothing kept
+        assert kept == 0
     else:            # B packed in NR-column panels, tile by tile of TN columns
         tn = min(plan.config.tile("n"), N)
         assert kept == -(-N // tn) * -(-tn // NR) * NR * K * 4
@@ -263,3 +264,40 @@ def test_linear_frozen_weight_packed_once(dtype, mkn, cache, kernel):
     w.buffer.free()
     assert frozen.derived(w.buffer, "any", lambda: 1 / 0) is None
     assert frozen.cached_bytes() == before
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16", "bfloat16_emulated"])
+@pytest.mark.parametrize("m", [1, 2, 3, 8])
+@pytest.mark.parametrize("kernel,frozen_w", [("linear", False), ("linear", True), ("linear_gelu", True)])
+def test_linear_decode_rows(dtype, m, kernel, frozen_w):
+    """Decode-shaped linear (a few rows, the few-row GEMV path up to GEMV_M rows): columns in
+    groups of four and a remainder (N = 4k + 3), K not a vector multiple, fp16/bf16 weights
+    streamed as stored; against torch in float32 within the dtype's tolerance, counted ==
+    predicted (run_checked), the same result whether or not the weight is kept."""
+    from torchfl.kernels import frozen
+
+    K, N = 301, 39
+    chip = chip_for(dtype)
+    mem = DeviceMemory(chip)
+    g = torch.Generator().manual_seed(m)
+    x = dev(torch.randn(m, K, generator=g), mem, dtype)
+    w = dev(torch.randn(N, K, generator=g) * 0.1, mem, dtype)
+    bias = dev(torch.randn(N, generator=g), mem, dtype)
+    if frozen_w:
+        frozen.freeze(w.buffer)
+    (c,), plan = run_checked(kernel, chip, {"x": x, "w": w, "bias": bias})
+    ref = F.linear(as_f32(x), as_f32(w), as_f32(bias))
+    assert_close(as_f32(c), ref if kernel == "linear" else F.gelu(ref), dtype, scale=2)
+
+
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_linear_decode_batched_rows(dtype):
+    """x[B, 1, K] (a decode step of a batch): M = B rows, one weight, through the few-row path."""
+    chip = chip_for(dtype)
+    mem = DeviceMemory(chip)
+    g = torch.Generator().manual_seed(7)
+    x = dev(torch.randn(3, 1, 64, generator=g), mem, dtype)
+    w = dev(torch.randn(20, 64, generator=g), mem, dtype)
+    (c,), _ = run_checked("linear", chip, {"x": x, "w": w})
+    assert tuple(c.shape) == (3, 1, 20)
+    assert_close(as_f32(c), F.linear(as_f32(x), as_f32(w)), dtype, scale=2)

@@ -93,18 +93,32 @@ def demo(registry, quick, full_tables, parallel_compile, compile_only) -> None:
         _compile_only(registry, quick)
         return
     from rich.console import Console
-    from rich.table import Table
-
-    from torchfl.cli.progress import Progress
-    from torchfl.registry import Registry, RegistryError
 
     from torchfl.planner.texttable import terminal_width
 
     out = Console(highlight=False, soft_wrap=True, width=terminal_width())
     t_start = time.perf_counter()
-
     # 1. the registry: created and migrated if needed; bundled chips and packs imported
     #    (re-importing identical content is a no-op, so this is safe on every run)
+    _show_registry(out, registry)
+    # 2. compile, run, analyze, compare (the later models' kernels compiling in a second process)
+    results = _run_models(out, registry, quick, parallel_compile)
+    _print_results(out, results, full_tables)
+    # 3. a hard constraint, as a user meets it: the transcript printed is the code run
+    out.rule("[bold]A hard constraint, as a user meets it")
+    ok_error = hard_constraint(out, registry)
+    bad = _summary(out, results)
+    out.print(f"demo finished in {time.perf_counter() - t_start:.1f} s")
+    if bad or not ok_error:
+        sys.exit(1)
+
+
+def _show_registry(out, registry) -> None:
+    """Open (create, migrate, seed) the registry and print its chips; exit 1 on a registry error."""
+    from rich.table import Table
+
+    from torchfl.registry import Registry, RegistryError
+
     try:
         reg = Registry(registry)
         seeded = reg.init(seed=True)["seeded"]
@@ -122,47 +136,60 @@ def demo(registry, quick, full_tables, parallel_compile, compile_only) -> None:
         t.add_row(s.name, s.latest, str(s.device_type or ""), str(s.vendor or ""))
     out.print(t)
 
-    # 2. compile, run, analyze, compare (the later models' kernels compiling in a second process)
+
+def _run_models(out, registry, quick: bool, parallel_compile: bool = True) -> list:
+    """Each model on each chip: compiled, run, explained with analyze, compared with eager
+    torch. Returns (chip, name, max |diff|, relative, failure, (first call s, analyses, text))."""
     worker = _start_compile_worker(registry, quick) if parallel_compile and not _warmed_up(quick) else None
     if worker is not None:
         out.print("Compiling the BERT layer's kernels in a second process (pid "
                   f"{worker.pid}) while ResNet-50's compile here")
     import torch
 
-    import torchfl
+    from torchfl.cli.progress import Progress
 
     results = []
-    models = _models(quick)
-    jobs = [(chip, name, factory) for name, factory in models for chip in CHIPS]
+    jobs = [(chip, name, factory) for name, factory in _models(quick) for chip in CHIPS]
     with Progress(sys.stdout, "compile + run on the emulated chips", total=len(jobs) * 3) as progress:
         for chip, name, factory in jobs:
             progress.update(f"{name} on {chip}: building")
             module, inputs = factory()
             with torch.no_grad():
                 ref = _first_tensor(module(*inputs))
-            compiled = _compile(module, chip, registry)
-            progress.advance()
-            progress.update(f"{name} on {chip}: planning + compiling kernels")
-            t0 = time.perf_counter()
-            try:
-                with torch.no_grad():
-                    y = _first_tensor(compiled(*inputs))
-            except (RuntimeError, NotImplementedError) as exc:
-                progress.advance(2)
-                results.append((chip, name, None, None, f"{type(exc).__name__}: {exc}", None))
-                continue
-            first_s = time.perf_counter() - t0
-            progress.advance()
-            progress.update(f"{name} on {chip}: explain analyze")
-            text, analyses = torchfl.explain(compiled, *inputs, analyze=True, return_analysis=True)
-            progress.advance()
-            err = float((y.float() - ref.float()).abs().max())
-            rel = err / max(float(ref.abs().max()), 1e-12)
-            results.append((chip, name, err, rel, None, (first_s, analyses, text)))
+            results.append(_run_one(progress, chip, name, module, inputs, ref, registry))
     if worker is not None and worker.poll() is None:
         worker.terminate()      # it has nothing left to give this run
         worker.wait()
+    return results
 
+
+def _run_one(progress, chip, name, module, inputs, ref, registry) -> tuple:
+    """One model on one chip (a result row of :func:`_run_models`)."""
+    import torch
+
+    import torchfl
+
+    compiled = _compile(module, chip, registry)
+    progress.advance()
+    progress.update(f"{name} on {chip}: planning + compiling kernels")
+    t0 = time.perf_counter()
+    try:
+        with torch.no_grad():
+            y = _first_tensor(compiled(*inputs))
+    except (RuntimeError, NotImplementedError) as exc:
+        progress.advance(2)
+        return chip, name, None, None, f"{type(exc).__name__}: {exc}", None
+    first_s = time.perf_counter() - t0
+    progress.advance()
+    progress.update(f"{name} on {chip}: explain analyze")
+    text, analyses = torchfl.explain(compiled, *inputs, analyze=True, return_analysis=True)
+    progress.advance()
+    err = float((y.float() - ref.float()).abs().max())
+    rel = err / max(float(ref.abs().max()), 1e-12)
+    return chip, name, err, rel, None, (first_s, analyses, text)
+
+
+def _print_results(out, results, full_tables: bool) -> None:
     for chip, name, err, rel, failure, extra in results:
         out.rule(f"[bold]{name} on {chip}, precision float16")
         if failure:
@@ -174,11 +201,11 @@ def demo(registry, quick, full_tables, parallel_compile, compile_only) -> None:
         out.print(f"vs eager torch (float32): max |diff| {err:.3g}, relative to max |ref| {rel:.3g}; "
                   f"first call (plan + kernel compile + run) {first_s:.1f} s")
 
-    # 3. a hard constraint, as a user meets it: the transcript printed is the code run
-    out.rule("[bold]A hard constraint, as a user meets it")
-    ok_error = hard_constraint(out, registry)
 
-    # summary
+def _summary(out, results) -> list:
+    """The summary table; returns the runs that failed or came too far from eager."""
+    from rich.table import Table
+
     out.rule("[bold]Summary")
     t = Table(show_header=True, header_style="bold")
     for col in ("model", "chip", "nodes on chip / folded / CPU", "max |diff| vs eager", "relative", "outcome"):
@@ -197,9 +224,7 @@ def demo(registry, quick, full_tables, parallel_compile, compile_only) -> None:
                       f"{sum(p.fallbacks for p in plans)}")
             t.add_row(name, chip, routes, f"{err:.3g}", f"{rel:.3g}", outcome)
     out.print(t)
-    out.print(f"demo finished in {time.perf_counter() - t_start:.1f} s")
-    if bad or not ok_error:
-        sys.exit(1)
+    return bad
 
 
 # The demo's hard-constraint transcript, in doctest form: printed as it is and run as it is

@@ -227,12 +227,8 @@ def _check_chips(chips, registry) -> None:
 def warmup(chips, workers, models, quick, force, registry) -> None:
     """Compile the kernels the demo's models (ResNet-50, a BERT layer) use on the bundled chips
     into the kernel cache, in parallel processes, with progress; resumable."""
-    import multiprocessing
-
     from torchfl.cli import workloads
-    from torchfl.cli.progress import Progress
     from torchfl.kernels import jitcache
-    from torchfl.kernels.compiling import CompileEvent
 
     cache = jitcache.configure()
     chips = chips or workloads.CHIPS
@@ -247,7 +243,6 @@ def warmup(chips, workers, models, quick, force, registry) -> None:
     done = set() if force else warmed_jobs(cache)
     skipped = [j for j in todo if job_name(*j, quick) in done]
     todo = [j for j in todo if j not in skipped]
-    out = sys.stdout
     click.echo(f"kernel cache: {cache}")
     if skipped:
         click.echo(f"already warmed up (kernel sources unchanged): "
@@ -258,6 +253,21 @@ def warmup(chips, workers, models, quick, force, registry) -> None:
     # cores compiles what the first chip's slowest job still has ahead (some twice): 72 s for the
     # demo's cold warmup, against 82 s one chip at a time and 88 s with a compile helper per job
     n = min(workers or os.cpu_count() or 1, len(todo))
+    t_start = time.perf_counter()
+    failures = _run_jobs(todo, n, cache, registry, quick, models)
+    click.echo(f"warmup finished in {time.perf_counter() - t_start:.1f} s; "
+               f"cache {_size(jitcache.info(read_index=False).bytes)} at {cache}")
+    if failures:
+        click.echo("failed: " + "; ".join(failures), err=True)
+        sys.exit(1)
+
+
+def _run_jobs(todo, n, cache, registry, quick, models) -> list:
+    """The warmup jobs in ``n`` spawned worker processes, with progress; returns the failures."""
+    import multiprocessing
+
+    from torchfl.cli.progress import Progress
+
     ctx = multiprocessing.get_context("spawn")
     jobs, events = ctx.Queue(), ctx.Queue()
     for j in todo:
@@ -267,48 +277,51 @@ def warmup(chips, workers, models, quick, force, registry) -> None:
     procs = [ctx.Process(target=_worker, args=(jobs, events, registry, quick, models, os.getpid()), daemon=True)
              for _ in range(n)]
     failures = []
-    t_start = time.perf_counter()
-    with Progress(out, f"warmup: {len(todo)} job(s) in {n} process(es)", total=len(todo), compiles=False) as p:
+    with Progress(sys.stdout, f"warmup: {len(todo)} job(s) in {n} process(es)", total=len(todo),
+                  compiles=False) as p:
         for proc in procs:
             proc.start()
-        finished, running = 0, []
         try:
-            while finished < len(todo):
-                try:
-                    ev = events.get(timeout=1.0)
-                except queue.Empty:   # check the workers are alive
-                    if not any(proc.is_alive() for proc in procs):
-                        failures.append("a worker process died (see above)")
-                        break
-                    continue
-                if ev[0] == "compile":
-                    _pid, kind, label, secs = ev[1:]
-                    p.compile_event(CompileEvent(kind, label, label, secs))
-                elif ev[0] == "start":
-                    name = job_name(ev[2], ev[3], quick)
-                    running.append(name)
-                    p.print(f"started: {name} (process {ev[1]})")
-                    p.update(detail="running " + ", ".join(running))
-                else:
-                    _pid, model, chip, secs, err = ev[1:]
-                    finished += 1
-                    name = job_name(model, chip, quick)
-                    running.remove(name)
-                    p.update(detail="running " + ", ".join(running) if running else "")
-                    if err:
-                        failures.append(f"{name}: {err}")
-                        p.print(f"failed: {name} after {secs:.1f} s: {err}")
-                    else:
-                        _record(cache, name, secs)
-                        p.print(f"done: {name} in {secs:.1f} s")
-                    p.advance()
+            _follow(p, events, procs, len(todo), cache, quick, failures)
         finally:
             for proc in procs:
                 proc.join(timeout=5)
                 if proc.is_alive():
                     proc.terminate()
-    click.echo(f"warmup finished in {time.perf_counter() - t_start:.1f} s; "
-               f"cache {_size(jitcache.info(read_index=False).bytes)} at {cache}")
-    if failures:
-        click.echo("failed: " + "; ".join(failures), err=True)
-        sys.exit(1)
+    return failures
+
+
+def _follow(p, events, procs, total, cache, quick, failures) -> None:
+    """Show the workers' events until ``total`` jobs finished (or every worker died)."""
+    from torchfl.kernels.compiling import CompileEvent
+
+    finished, running = 0, []
+    while finished < total:
+        try:
+            ev = events.get(timeout=1.0)
+        except queue.Empty:   # check the workers are alive
+            if not any(proc.is_alive() for proc in procs):
+                failures.append("a worker process died (see above)")
+                break
+            continue
+        if ev[0] == "compile":
+            _pid, kind, label, secs = ev[1:]
+            p.compile_event(CompileEvent(kind, label, label, secs))
+        elif ev[0] == "start":
+            name = job_name(ev[2], ev[3], quick)
+            running.append(name)
+            p.print(f"started: {name} (process {ev[1]})")
+            p.update(detail="running " + ", ".join(running))
+        else:
+            _pid, model, chip, secs, err = ev[1:]
+            finished += 1
+            name = job_name(model, chip, quick)
+            running.remove(name)
+            p.update(detail="running " + ", ".join(running) if running else "")
+            if err:
+                failures.append(f"{name}: {err}")
+                p.print(f"failed: {name} after {secs:.1f} s: {err}")
+            else:
+                _record(cache, name, secs)
+                p.print(f"done: {name} in {secs:.1f} s")
+            p.advance()

@@ -16,7 +16,8 @@ import numpy as np
 from numba import njit, prange
 
 from . import taskcall
-from .codecs import decode, encode16, f2h_cvt, f16_to_f32, h2f_cvt
+from .codecs import decode, encode16, f2h_cvt, h2f_cvt
+from .gemv import GEMV_M, run_gemv
 from .mathfn import gelu32
 from .ukernel import KC, MCP, MR, NR, ukernel_gemm   # MR x NR micro-kernel, KC x MCP*MR A blocks
 
@@ -116,6 +117,7 @@ def _epilogue_row(C, row, c_ns, acc, a0, c0, c1, alpha, beta, biasf, j0, has_bia
             C[base + n * c_ns] = encode16(code, r[n])
 
 
+# long: one parallel region per C tile: packing and the epilogue moved into helpers ran 7-30 % slower (see the docstring)
 @njit(cache=True, parallel=True)
 def _tile(A, rows, a_ks, B, b_base, b_ks, b_ns, j0, tm, tn, K, TK, code, esa, esc, esb,
           has_ln, mean, rstd, g, bb, has_g, has_b, pres, use_res, pre, pbase,
@@ -245,65 +247,9 @@ def _tile(A, rows, a_ks, B, b_base, b_ks, b_ns, j0, tm, tn, K, TK, code, esa, es
         cnt[ch, 2] = (r1 - r0) * (c1 - c0) * (2 * K + epi)
 
 
-GEMV_M = 4    # at most this many rows of A: a dot product per output (no 6-row micro-kernel)
-
-
-@njit(cache=True, fastmath={"reassoc", "contract"})
-def _dot(a, col, K):
-    acc = np.float32(0.0)
-    for k in range(K):
-        acc += a[k] * col[k]
-    return acc
-
-
-@njit(cache=True)
-def _decode_run(B, src, K, code, col):
-    """col[:K] = decoded B[src:src+K] (a slice first: indices from 0 need no wraparound
-    check, so each loop vectorises)."""
-    b = B[src:src + K]
-    if code == 0:
-        for k in range(K):
-            col[k] = np.float32(b[k])
-    elif code == 1:
-        for k in range(K):
-            col[k] = f16_to_f32(b[k])
-    else:
-        for k in range(K):
-            col[k] = decode(code, b[k])
-
-
-@njit(cache=True)
-def _gemv_cols(A, a, B, b_base, b_ns, j0, n0, n1, tm, K, code, bcode, C, crows, c_ns, alpha, beta, bias, has_bias,
-               act):
-    col = np.empty(K, np.float32)
-    for n in range(n0, n1):
-        _decode_run(B, b_base + (j0 + n) * b_ns, K, bcode, col)
-        for m in range(tm):
-            _store_epilogue(C, crows[m] + (j0 + n) * c_ns, alpha * _dot(a[m * K:(m + 1) * K], col, K), bias, j0 + n,
-                            has_bias, beta, code, act)
-
-
-@njit(cache=True, parallel=True)
-def _gemv(A, rows, a_ks, B, b_base, b_ns, j0, tm, tn, K, code, bcode, C, crows, c_ns, alpha, beta, bias, has_bias,
-          act):
-    """C[m, j0:j0+tn] for a few rows m of A and a B whose columns are contiguous along K
-    (a linear layer's [N, K] weight): each output is one dot product of the decoded A row
-    and the B column decoded as it streams past (summed in float32 lanes). Same tile
-    loads and stores as the tiled path; only the CPU's order of the sums differs."""
-    a = np.empty(tm * K, np.float32)
-    for m in range(tm):
-        off = rows[m]
-        for k in range(K):
-            a[m * K + k] = np.float32(A[off + k * a_ks]) if code == 0 else decode(code, A[off + k * a_ks])
-    nch = min(tn, 16)
-    for ch in prange(nch):
-        _gemv_cols(A, a, B, b_base, b_ns, j0, (tn * ch) // nch, (tn * (ch + 1)) // nch, tm, K, code, bcode, C, crows,
-                   c_ns, alpha, beta, bias, has_bias, act)
-
-
 def run_float(A, a_rows, a_ks, B, b_base, b_ks, b_ns, C, c_rows, c_ns, *, M, N, K, TM, TN, TK,
               b_res, code, esa, esc, bias=None, alpha=1.0, beta=1.0, act=0, ln=None, counter=None,
-              packed_b=None, decoded_b=None):
+              packed_b=None):
     """Run the tiled float GEMM over batches (a_rows/c_rows: [batch, M] element offsets,
     b_base: [batch]); returns (bytes_read, bytes_written, ops) actually moved/computed.
 
@@ -311,7 +257,8 @@ def run_float(A, a_rows, a_ks, B, b_base, b_ks, b_ns, C, c_rows, c_ns, *, M, N, 
     ``packed_b``: ``pack_b(..., TN)`` of a B shared by every batch, kept by the caller (a frozen
     weight, :mod:`torchfl.kernels.frozen`): the tiles read their panels from it instead of
     decoding and packing B again; the tile loads are counted as the plan says all the same.
-    ``decoded_b``: likewise for the few-row path (``decode_b_rows``: B's columns as float32 rows).
+    A few rows of A (M <= GEMV_M) with B's columns contiguous along K run :mod:`gemv` instead,
+    streaming B as stored (no packed copy: a decode GEMV is memory-bound).
     """
     from .threads import threads_for
 
@@ -321,7 +268,7 @@ def run_float(A, a_rows, a_ks, B, b_base, b_ks, b_ns, C, c_rows, c_ns, *, M, N, 
         packed_b = None
     with threads_for(2 * M * N * K * a_rows.shape[0]) as nthreads:
         return _run_float(A, a_rows, a_ks, B, b_base, b_ks, b_ns, C, c_rows, c_ns, M, N, K, TM, TN, TK, b_res,
-                          code, esa, esc, bias, alpha, beta, act, ln, nthreads, packed_b, decoded_b)
+                          code, esa, esc, bias, alpha, beta, act, ln, nthreads, packed_b)
 
 
 @njit(cache=True)
@@ -357,22 +304,8 @@ def pack_b(B, base, ks, ns, K, N, code, TN=None):
     return pb
 
 
-def decode_b_rows(B, base, ns, K, N, code):
-    """B's N columns (each contiguous along K at ``base + n * ns``) decoded to float32, column n
-    at ``n * K``: what the few-row path reads for a kept weight."""
-    out = np.empty(N * K, np.float32)
-    _decode_cols(B, base, ns, K, N, code, out)
-    return out
-
-
-@njit(cache=True)
-def _decode_cols(B, base, ns, K, N, code, out):
-    for n in range(N):
-        _decode_run(B, base + n * ns, K, code, out[n * K:(n + 1) * K])
-
-
 def _run_float(A, a_rows, a_ks, B, b_base, b_ks, b_ns, C, c_rows, c_ns, M, N, K, TM, TN, TK, b_res, code, esa,
-               esc, bias, alpha, beta, act, ln, nthreads, packed_b=None, decoded_b=None):
+               esc, bias, alpha, beta, act, ln, nthreads, packed_b=None):
     batch = a_rows.shape[0]
     tm_pad = (min(TM, M) + MR - 1) // MR * MR
     ldc = (min(TN, N) + NR - 1) // NR * NR
@@ -398,8 +331,8 @@ def _run_float(A, a_rows, a_ks, B, b_base, b_ks, b_ns, C, c_rows, c_ns, M, N, K,
     b_loaded = -1
     epi_row = None
     if M <= GEMV_M and b_ks == 1 and not has_ln:
-        return _run_gemv(A, a_rows, a_ks, B, b_base, b_ns, C, c_rows, c_ns, M, N, K, TM, TN, TK, b_res, code,
-                         esa, esc, esb, bias_arr, has_bias, alpha, beta, act, decoded_b)
+        return run_gemv(A, a_rows, a_ks, B, b_base, b_ns, C, c_rows, c_ns, M, N, K, TM, TN, b_res, code, esa, esc,
+                        esb, biasf, has_bias, alpha, beta, act, nthreads)
     for bt in range(batch):
         rows_b = a_rows[bt]
         crow_b = c_rows[bt]
@@ -434,39 +367,6 @@ def _epilogue_address(C, c_ns, acc, alpha, beta, biasf, j0, has_bias, act, code)
     z = np.int64(0)
     return taskcall.address(_epilogue_row, (C, z, c_ns, acc, z, z, z, np.float32(alpha), np.float32(beta), biasf, j0,
                                             has_bias, act, code, np.empty(1, np.float32)))
-
-
-def _run_gemv(A, a_rows, a_ks, B, b_base, b_ns, C, c_rows, c_ns, M, N, K, TM, TN, TK, b_res, code, esa, esc,
-              esb, bias_arr, has_bias, alpha, beta, act, decoded_b=None):
-    """The tiled loop of ``_run_float`` with ``_gemv`` computing each C tile; the tile loads
-    and stores are counted as ``_tile`` counts them (every tile element once). ``decoded_b``:
-    ``decode_b_rows(...)`` of a B shared by every batch, kept by the caller (a frozen weight):
-    the columns are read from it, already float32, instead of being decoded at each call."""
-    bcode = code
-    if decoded_b is not None and b_base.shape[0] == 1:
-        B, b_base, b_ns, bcode = decoded_b, np.zeros(1, np.int64), K, 0
-    rd = wr = ops = 0
-    epi = int(has_bias) + int(act > 0)
-    b_loaded = -1
-    for bt in range(a_rows.shape[0]):
-        bkey = 0 if b_base.shape[0] == 1 else bt
-        if b_res and b_loaded != bkey:
-            rd += K * N * esa + (N * esb if has_bias else 0)     # B loaded once, kept
-            b_loaded = bkey
-        for i0 in range(0, M, TM):
-            tm = min(TM, M - i0)
-            for j0 in range(0, N, TN):
-                tn = min(TN, N - j0)
-                for k0 in range(0, K, TK):
-                    tk = min(TK, K - k0)
-                    rd += tm * tk * esa + (0 if b_res else tk * tn * esa)
-                if has_bias and not b_res:
-                    rd += tn * esb
-                _gemv(A, a_rows[bt][i0:i0 + tm], a_ks, B, b_base[bkey], b_ns, j0, tm, tn, K, code, bcode, C,
-                      c_rows[bt][i0:i0 + tm], c_ns, np.float32(alpha), np.float32(beta), bias_arr, has_bias, act)
-                wr += tm * tn * esc
-                ops += tm * tn * (2 * K + epi)
-    return rd, wr, ops
 
 
 def _int8_block(A, rows, ks, k0, tk, za, B, base, bks, bns, j0, tn, zb, acc, ldc):

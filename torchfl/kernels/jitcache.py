@@ -183,22 +183,9 @@ def _warn_once(key, message: str) -> None:
         logging.getLogger(LOG_NAME).warning("%s", message)
 
 
-def _guard(caching) -> None:
-    """Make Numba's cache survive what a shared or damaged cache directory does to it.
-
-    - An entry that cannot be read (an ``.nbi``/``.nbc`` truncated, overwritten, with
-      flipped bytes: ``EOFError``, ``UnpicklingError``, an LLVM bitcode error) is discarded
-      and compiled again, with one warning naming the file; it made every later run crash
-      with Numba's traceback.
-    - A read-only cache directory is read: what it holds is loaded, what it lacks is compiled
-      into the user cache directory (or in memory), said once; Numba silently compiled into
-      another directory (the source tree's ``__pycache__``) instead.
-    - A save that fails (a full disk) keeps the kernel in memory, said once.
-    """
-    if getattr(caching, "_torchfl_guarded", False):
-        return
-    caching._torchfl_guarded = True
-    base = caching.UserProvidedCacheLocator
+def _read_only_locator(base):
+    """Numba's cache locator for a read-only kernel cache (``_guard``): loads from it, saves into
+    the writable fallback, or keeps kernels in memory when there is none."""
 
     class ReadOnlyCacheLocator(base):
         """Saves into the writable fallback (None: nowhere), loads the read-only directory too."""
@@ -235,6 +222,27 @@ def _guard(caching) -> None:
                                     "writable directory to keep them)")
             return self
 
+    return ReadOnlyCacheLocator
+
+
+def _guard(caching) -> None:
+    """Make Numba's cache survive what a shared or damaged cache directory does to it.
+
+    - An entry that cannot be read (an ``.nbi``/``.nbc`` truncated, overwritten, with
+      flipped bytes: ``EOFError``, ``UnpicklingError``, an LLVM bitcode error) is discarded
+      and compiled again, with one warning naming the file; it made every later run crash
+      with Numba's traceback.
+    - A read-only cache directory is read: what it holds is loaded, what it lacks is compiled
+      into the user cache directory (or in memory), said once; Numba silently compiled into
+      another directory (the source tree's ``__pycache__``) instead.
+    - A save that fails (a full disk) keeps the kernel in memory, said once.
+    """
+    if getattr(caching, "_torchfl_guarded", False):
+        return
+    caching._torchfl_guarded = True
+    base = caching.UserProvidedCacheLocator
+
+    ReadOnlyCacheLocator = _read_only_locator(base)
     caching.CacheImpl._locator_classes.insert(0, ReadOnlyCacheLocator)
     load, save = caching.Cache.load_overload, caching.Cache.save_overload
 

@@ -2,8 +2,8 @@
 
 Host side: a ``DeviceTensor``'s flat storage and its logical element strides (any layout),
 per-thread on-chip scratch and the codec code of a storage dtype on a chip. Jitted side:
-``load_rows`` (a dense window -> an on-chip ``[(h, w), c]`` block) and ``store_plain`` (its
-inverse, no epilogue). Imports numba: only ``impl`` modules import this.
+``load_rows`` (a dense window -> an on-chip ``[(h, w), c]`` block), ``store_plain`` (its
+inverse, no epilogue) and ``load_row`` (one strided row decoded to float32). Imports numba: only ``impl`` modules import this.
 """
 from __future__ import annotations
 
@@ -13,7 +13,7 @@ import threading
 import numpy as np
 from numba import njit
 
-from .codecs import decode, encode16
+from .codecs import bf16_to_f32, decode, encode16, h2f_cvt
 
 
 def _flat(t):
@@ -92,3 +92,26 @@ def store_plain(acc, tc, th, tw, n, c0, h0, w0, y, t0, t1, t2, t3, ycode):
                 else:
                     y[b + (c0 + c) * t1] = encode16(ycode, v)
     return th * tw * tc
+
+
+@njit(cache=True)
+def load_row(X, off, step, n, code, row):
+    """row[:n] = X[off + i * step] decoded to float32; a contiguous float32, fp16 or bf16 row in
+    one vectorised pass (one loop per code: a branch inside the loop keeps it scalar)."""
+    if step != 1:
+        for i in range(n):
+            row[i] = decode(code, X[off + i * step])
+        return
+    src = X[off:off + n]
+    if code == 0:
+        for i in range(n):
+            row[i] = np.float32(src[i])
+    elif code == 1:
+        for i in range(n):
+            row[i] = h2f_cvt(src[i])
+    elif code == 2:
+        for i in range(n):
+            row[i] = bf16_to_f32(src[i])
+    else:
+        for i in range(n):
+            row[i] = decode(code, src[i])

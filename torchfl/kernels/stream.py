@@ -46,8 +46,9 @@ def _advance(shape, strides, idx, off, run):
 
 
 @njit(cache=True)
-def gather(src, shape, strides, s, e, dst):
-    """dst[0:e-s] = elements s..e-1 of the walk (shape, strides) over src."""
+def _move(walked, shape, strides, s, e, flat, into_flat):
+    """Copy between elements s..e-1 of the walk (shape, strides) over ``walked`` and
+    ``flat[0:e-s]``: into ``flat`` (gather) or out of it (scatter), run by run."""
     n = e - s
     if n <= 0:
         return
@@ -58,35 +59,35 @@ def gather(src, shape, strides, s, e, dst):
     i = 0
     while i < n:
         run = min(inner - idx[R - 1], n - i)
-        d = dst[i:i + run]         # slices: indices from 0 need no wraparound check (vectorises)
+        f = flat[i:i + run]        # slices: indices from 0 need no wraparound check (vectorises)
         if st == 1:
-            sv = src[off:off + run]
+            w = walked[off:off + run]
+            if into_flat:
+                for j in range(run):
+                    f[j] = w[j]
+            else:
+                for j in range(run):
+                    w[j] = f[j]
+        elif into_flat:
             for j in range(run):
-                d[j] = sv[j]
+                f[j] = walked[off + j * st]
         else:
             for j in range(run):
-                d[j] = src[off + j * st]
+                walked[off + j * st] = f[j]
         i += run
         off = _advance(shape, strides, idx, off, run)
 
 
 @njit(cache=True)
+def gather(src, shape, strides, s, e, dst):
+    """dst[0:e-s] = elements s..e-1 of the walk (shape, strides) over src."""
+    _move(src, shape, strides, s, e, dst, True)
+
+
+@njit(cache=True)
 def scatter(dst, shape, strides, s, e, src):
     """Elements s..e-1 of the walk over dst = src[0:e-s]."""
-    n = e - s
-    if n <= 0:
-        return
-    R = shape.shape[0]
-    idx, off = _start(shape, strides, s)
-    inner = shape[R - 1]
-    st = strides[R - 1]
-    i = 0
-    while i < n:
-        run = min(inner - idx[R - 1], n - i)
-        for j in range(run):
-            dst[off + j * st] = src[i + j]
-        i += run
-        off = _advance(shape, strides, idx, off, run)
+    _move(dst, shape, strides, s, e, src, False)
 
 
 class Access:

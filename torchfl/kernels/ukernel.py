@@ -84,6 +84,7 @@ def _f32_vectors(*arrs) -> bool:
     return all(isinstance(a, types.Array) and a.dtype == types.float32 and a.ndim == 1 for a in arrs)
 
 
+# long: one LLVM IR emitter: the register block, the k loop, prefetch and stores share the builder's values
 def _emit(context, builder, signature, args, mr, nr, w, nv, streaming):
     """The kernel's IR. ``streaming``: the GEMM's signature (A rows ``lda`` apart, ``load_c``,
     prefetch), else the packed-panel one (A[k][r] at ``mr*k + r``)."""

@@ -25,10 +25,11 @@ at that call, before anything runs, instead of being wrapped by Dynamo in
 from __future__ import annotations
 
 import sys
-import threading
 from dataclasses import dataclass
 
 from torchfl.planner.capture import is_static
+
+from .recording import active, recording
 
 __all__ = ["torchfl_backend", "CompiledGraph", "Options", "recording"]
 
@@ -66,41 +67,6 @@ def _no_chip_message(registry) -> str:
     where = f" --registry {registry}" if isinstance(registry, str) and registry else ""
     return ('torchfl backend: no chip given; use torch.compile(model, backend="torchfl", '
             f'options={{"chip": NAME}}); `torchfl registry list{where}` shows the registered chips')
-
-
-# ---------------------------------------------------------------- explain recording
-
-_TLS = threading.local()
-
-
-class _Recorder:
-    """Collects (plan, record) of every graph executed while active (explain)."""
-
-    def __init__(self, analyze: bool):
-        self.analyze = analyze
-        self.entries = []   # (CompiledGraph, plan, Record | None)
-
-
-class recording:
-    """``with recording(analyze) as rec:`` -- graphs executed inside report to ``rec``."""
-
-    def __init__(self, analyze: bool = False):
-        self.rec = _Recorder(analyze)
-
-    def __enter__(self):
-        stack = getattr(_TLS, "stack", None)
-        if stack is None:
-            stack = _TLS.stack = []
-        stack.append(self.rec)
-        return self.rec
-
-    def __exit__(self, *exc):
-        _TLS.stack.pop()
-
-
-def _active():
-    stack = getattr(_TLS, "stack", None)
-    return stack[-1] if stack else None
 
 
 # ---------------------------------------------------------------- compiled graphs
@@ -241,17 +207,10 @@ class CompiledGraph:
             return entry.aot(*args)
         if entry.user is not None:
             args = tuple(args[i] for i in entry.user)
-        rec = _active()
+        rec = active()
         if rec is None:
             return self._as_output(entry.executor.run(args))
-        record = None
-        if rec.analyze:
-            from .executor import Record
-
-            record = Record()
-        out = entry.executor.run(args, record)
-        rec.entries.append((self, entry.plan, record))
-        return self._as_output(out)
+        return self._as_output(rec.run(self, entry.plan, entry.executor, args))
 
     def _as_output(self, out):
         """The executor's outputs (identity layout) as the caller gets them: in channels-last

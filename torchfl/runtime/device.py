@@ -92,7 +92,10 @@ def caching_memory(chip, max_reserved: int = 1 << 30):
 
         def _recycle(self, block, acc: int) -> None:
             if self._reserved + acc <= self.max_reserved:
-                self._pool.setdefault(acc, []).append(block)
+                pool = self._pool.get(acc)
+                if pool is None:
+                    pool = self._pool[acc] = []
+                pool.append(block)
                 self._reserved += acc
 
         def memory_reserved(self) -> int:

@@ -58,7 +58,7 @@ def explain(model, *inputs, chip=None, precision=None, analyze: bool = False, st
     entries = []
     analyses = []
     if _is_compiled(model) and chip is None:
-        from .backend import recording
+        from .recording import recording
 
         with recording(analyze) as rec, torch.no_grad():
             model(*inputs)

@@ -90,6 +90,24 @@ def k_tile_sizes(i0, tq, Lk, Bc, causal):
     return [min(Bc, Lk - j * Bc) for j in range(n)]
 
 
+def _schedule(Lq, Lk, D, Dv, es, esm, causal, heads, kvh, Br, Bc, kv_once):
+    """Per-Q-tile traffic groups of every head (K/V loaded once per key/value head when
+    ``kv_once``): what the plan of ``plan_attention``'s choice moves."""
+    groups = {}
+    for i0 in range(0, Lq, Br):
+        tq = min(Br, Lq - i0)
+        ks = k_tile_sizes(i0, tq, Lk, Bc, causal)
+        kv = 0 if kv_once else sum(ks) * (D + Dv) * es
+        mk = sum(ks) * tq * esm
+        fl = sum(ks) * tq * (2 * D + 2 * Dv + SOFTMAX_OPS)
+        t = Traffic(tq * D * es + kv + mk, tq * Dv * es, fl)
+        groups[t] = groups.get(t, 0) + heads
+    out = [(c, t) for t, c in groups.items()]
+    if kv_once:
+        out.append((kvh, Traffic(Lk * (D + Dv) * es, 0, 0)))
+    return out
+
+
 def plan_attention(p, chip):
     """THE tiling function of attention (see the module docstring)."""
     B, H, Lq, Lk, D, Dv = dims(p)
@@ -103,22 +121,6 @@ def plan_attention(p, chip):
     key = p.key
     if heads == 0 or Lq == 0 or Dv == 0:
         return make_plan(p.kernel, key, TileConfig("resident", (("q", Lq), ("k", Lk)), False, "empty"), (), 0)
-
-    def schedule(Br, Bc, kv_once):
-        """Per-Q-tile traffic groups for one head; total bytes."""
-        groups = {}
-        for i0 in range(0, Lq, Br):
-            tq = min(Br, Lq - i0)
-            ks = k_tile_sizes(i0, tq, Lk, Bc, causal)
-            kv = 0 if kv_once else sum(ks) * (D + Dv) * es
-            mk = sum(ks) * tq * esm
-            fl = sum(ks) * tq * (2 * D + 2 * Dv + SOFTMAX_OPS)
-            t = Traffic(tq * D * es + kv + mk, tq * Dv * es, fl)
-            groups[t] = groups.get(t, 0) + heads
-        out = [(c, t) for t, c in groups.items()]
-        if kv_once:
-            out.append((kvh, Traffic(Lk * (D + Dv) * es, 0, 0)))
-        return out
 
     best = None
 
@@ -166,7 +168,7 @@ def plan_attention(p, chip):
     if best is None:
         raise KernelError(f"attention: no tile of D={D}, Dv={Dv} fits the {cache} B cache of {chip.name}")
     _, strategy, Br, Bc, kv_once, _, fp = best
-    groups = schedule(Br, Bc, kv_once)
+    groups = _schedule(Lq, Lk, D, Dv, es, esm, causal, heads, kvh, Br, Bc, kv_once)
     assert sum(c * t.bytes for c, t in groups) == best[0][0]
     notes = {"resident": "all heads' q, k, v fit the cache: each loaded once",
              "kv_resident": f"each head's K and V loaded once; Q tiles of {Br} double-buffered",

@@ -17,7 +17,8 @@ from .. import taskcall
 from ..codecs import decode, encode16, h2f
 from ..mathfn import exp32
 from ..ukernel import ukernel_6x16
-from . import SOFTMAX_OPS, dims, kv_heads
+from . import SOFTMAX_OPS, _schedule, dims, kv_heads
+from .decode import DECODE_LQ, decode_attend
 from ..dtypes import ITEMSIZE
 
 MR, NR = 6, 16    # the 6x16 micro-kernel's panel shape
@@ -78,6 +79,7 @@ def _decode_row(X, off, step, n, code, row):
 _FM = {"reassoc", "contract"}
 
 
+# long: one Q tile's loads, scores, online softmax and store share its on-chip buffers; called through its address, so it compiles once, and jitted helpers would be linked and optimised again inside it
 @njit(cache=True, fastmath=_FM)
 def _attend_task(t, nq, Q, qst, kp, vp, O, ost, M, mst, mkind, code, H, G, Lq, Lk, D, Dv, npk, npv, Lkp,
                  Br, Bc, kv_once, causal, scale, es, esm, cnt):
@@ -289,11 +291,14 @@ def run_attention(ctx):
         ctx.read(heads * Lq * D * es)
         ctx.write(out.nbytes)
         return [out]
+    Hkv = kv_heads(p)
+    G = H // Hkv
+    if Lq <= DECODE_LQ:
+        return _run_decode(ctx, Qf, qst, Kf, kst, Vf, vst, Of, ost, Mf, mst, mkind, code, B, H, G, Lq, Lk, D, Dv,
+                           scale, es, esm, out)
     npk = -(-Lk // NR)
     npv = -(-Dv // NR)
     Lkp = npk * NR
-    Hkv = kv_heads(p)
-    G = H // Hkv
     kp = np.empty(B * Hkv * npk * D * NR, np.float32)
     vp = np.empty(B * Hkv * npv * Lkp * NR, np.float32)
     _prepack(Kf, kst, Vf, vst, code, Hkv, B * Hkv, Lk, D, Dv, npk, npv, Lkp, kp, vp)
@@ -308,4 +313,23 @@ def run_attention(ctx):
     ctx.read(int(tot[0]))
     ctx.write(int(tot[1]))
     ctx.ops(int(tot[2]))
+    return [out]
+
+
+def _run_decode(ctx, Qf, qst, Kf, kst, Vf, vst, Of, ost, Mf, mst, mkind, code, B, H, G, Lq, Lk, D, Dv, scale, es,
+                esm, out):
+    """A few queries per head (a decode step): :func:`decode.decode_attend`, no panels; the tile
+    loads and stores counted from the plan's schedule (the tiles the chip runs)."""
+    from ..threads import threads_for
+
+    causal = bool(ctx.problem.attrs["causal"])
+    cfg = ctx.plan.config
+    with threads_for(B * H * Lq * Lk * (2 * D + 2 * Dv)):
+        decode_attend(Qf, qst, Kf, kst, Vf, vst, Of, ost, Mf, mst, mkind, code, B, H, G, Lq, Lk, D, Dv, causal,
+                      scale)
+    for n, t in _schedule(Lq, Lk, D, Dv, es, esm, causal, B * H, B * (H // G), cfg.tile("q"), cfg.tile("k"),
+                          bool(cfg.tile("kv_once"))):
+        ctx.read(n * t.bytes_read)
+        ctx.write(n * t.bytes_written)
+        ctx.ops(n * t.flops)
     return [out]

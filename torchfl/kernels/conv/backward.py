@@ -61,7 +61,8 @@ def compute_bwd_input(dys, lo_oh, lo_ow, rows, cols, tk, wt, tc, R, S, sh, sw, p
 
 
 def run_conv2d_backward_input(ctx):
-    from . import _bwd_in_rows, conv_geometry
+    from .backward_tiling import _bwd_in_rows
+    from .geometry import conv_geometry
     from .. import dtypes as _dt
     from .geometry import tile_starts
 
@@ -136,7 +137,7 @@ def store_wgrad(acc, tk, tc, R, S, k0, c0, y, t0, t1, t2, t3, ycode):
 
 
 def run_conv2d_backward_weight(ctx):
-    from . import conv_geometry
+    from .geometry import conv_geometry
     from .. import dtypes as _dt
     from .geometry import tile_starts, window_span
 

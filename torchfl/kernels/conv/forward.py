@@ -3,6 +3,7 @@ kernels in the order the TilePlan says and count what they move and compute.
 """
 from __future__ import annotations
 
+import itertools
 import math
 
 import numba
@@ -133,9 +134,7 @@ def _run_stationary_float(ctx, site):
     if N * K * OH * OW == 0:
         return [yt]
     codes = site.codes
-    x, xs = _flat(ctx.inputs["x"])
-    w, wst = _flat(ctx.inputs["weight"])
-    y, ys = _flat(yt)
+    (x, xs), (w, wst), (y, ys) = _flat(ctx.inputs["x"]), _flat(ctx.inputs["weight"]), _flat(yt)
     xcode, wcode, ycode = codes["x"], codes["weight"], _code(yt.dtype, chip)
     es, ew, ey = _dt.itemsize(p.dtype), _dt.itemsize(p.dtype_of("weight")), _dt.itemsize(yt.dtype)
     if e["residual"]:
@@ -316,6 +315,51 @@ def _fold_block(ctx, p, e, vec, kg0, tka, deq, eps, ea, eb):
     eb[sl] = (vec["bias"][sl] * scale[sl] if e["bias"] else 0.0) + shift[sl]
 
 
+def _quant_consts(a, is_int):
+    """(x zero point, w zero point, dequantising scale, 1 / out scale, out zero point, qmin,
+    qmax) as float32; the float conv's neutral values when not int8."""
+    return (np.float32(a["x_zero_point"] if is_int else 0), np.float32(a["w_zero_point"] if is_int else 0),
+            np.float32(a["x_scale"] * a["w_scale"]) if is_int else np.float32(1.0),
+            np.float32(1.0 / (a["out_scale"] or 1.0)), np.float32(a["out_zero_point"] or 0),
+            np.float32(a.get("out_min", -128)), np.float32(a.get("out_max", 127)))
+
+
+def _epilogue_vectors(K):
+    """Per-channel vectors (w_scales: else deq has w_scale), loaded per K block, and the folded
+    epilogue's a * acc + b (scale/shift: folded batch norm)."""
+    n = max(K, 1)
+    vec = {name: np.zeros(n, np.float32) for name in ("bias", "bn_weight", "bn_bias", "running_mean",
+                                                       "running_var", "w_zero_points", "shift")}
+    vec["w_scales"], vec["scale"] = np.ones(n, np.float32), np.ones(n, np.float32)
+    return vec, np.ones(n, np.float32), np.zeros(n, np.float32)
+
+
+def _residual_operand(ctx, e, p, chip):
+    """The residual's flat storage, strides, storage code and itemsize (placeholders without one)."""
+    if not e["residual"]:
+        return np.zeros(1, np.float32), (0, 0, 0, 0), 0, 0
+    from .. import dtypes as _dt
+
+    res, rs = _flat(ctx.inputs["residual"])
+    return res, rs, _code(p.dtype_of("residual"), chip), _dt.itemsize(p.dtype_of("residual"))
+
+
+def _tile_buffers(G, tk, toh, tow, cblock, is_int):
+    """(input slab, accumulator, int8 chunk scratch, packed weights, accumulator row length) of
+    one output tile. int8 runs exact float32 chunks through the micro-kernel (compute_int), the
+    chunk set by the packed block's largest |w - zp|, known once the block is loaded."""
+    R, S = G["R"], G["S"]
+    rows_max = (toh - 1) * G["sh"] + (R - 1) * G["dh"] + 1
+    cols_max = (tow - 1) * G["sw"] + (S - 1) * G["dw"] + 1
+    slab = np.zeros(rows_max * cols_max * max(cblock, 1), np.float32)
+    npanel = -(-tk // NR)
+    ldc = npanel * NR
+    mpad = -(-(toh * tow) // MR) * MR
+    acc = np.zeros(mpad * ldc, np.float64 if is_int else np.float32)
+    wpk = np.zeros(npanel * R * S * max(cblock, 1) * NR, np.float32)
+    return slab, acc, (np.zeros(mpad * ldc, np.float32) if is_int else acc), wpk, ldc
+
+
 def _run_conv2d_general(ctx):
     """split_c and int8 convs: channel blocks accumulate into a whole-tile accumulator."""
     from . import _epilogue, conv_geometry
@@ -325,8 +369,7 @@ def _run_conv2d_general(ctx):
     p, chip, cfg = ctx.problem, ctx.chip, ctx.plan.config
     G = conv_geometry(p)
     N, K, Cg, Kg, R, S, g = G["N"], G["K"], G["Cg"], G["Kg"], G["R"], G["S"], G["g"]
-    H, W, OH, OW = G["H"], G["W"], G["OH"], G["OW"]
-    sh, sw, ph, pw, dh, dw = G["sh"], G["sw"], G["ph"], G["pw"], G["dh"], G["dw"]
+    H, W, OH, OW, sh, sw, ph, pw, dh, dw = (G[k] for k in ("H", "W", "OH", "OW", "sh", "sw", "ph", "pw", "dh", "dw"))
     (yt,) = ctx.outputs()
     if N * K * OH * OW == 0:
         return [yt]
@@ -335,45 +378,17 @@ def _run_conv2d_general(ctx):
     e = _epilogue(p.kernel, p)
     is_int = p.dtype == "int8"
     a = p.attrs
-    x, xs = _flat(ctx.inputs["x"])
-    w, wst = _flat(ctx.inputs["weight"])
-    y, ys = _flat(yt)
-    xcode, wcode = _code(p.dtype, chip), _code(p.dtype_of("weight"), chip)
-    ycode = _code(yt.dtype, chip)
+    (x, xs), (w, wst), (y, ys) = _flat(ctx.inputs["x"]), _flat(ctx.inputs["weight"]), _flat(yt)
+    xcode, wcode, ycode = _code(p.dtype, chip), _code(p.dtype_of("weight"), chip), _code(yt.dtype, chip)
     es, ew, ey = _dt.itemsize(p.dtype), _dt.itemsize(p.dtype_of("weight")), _dt.itemsize(yt.dtype)
-    xzp = np.float32(a["x_zero_point"] if is_int else 0)
-    wzp = np.float32(a["w_zero_point"] if is_int else 0)
-    deq = np.float32(a["x_scale"] * a["w_scale"]) if is_int else np.float32(1.0)
-    out_inv = np.float32(1.0 / (a["out_scale"] or 1.0))
-    out_zp = np.float32(a["out_zero_point"] or 0)
-    qmin, qmax = np.float32(a.get("out_min", -128)), np.float32(a.get("out_max", 127))
+    xzp, wzp, deq, out_inv, out_zp, qmin, qmax = _quant_consts(a, is_int)
     per_channel_zp = p.has("w_zero_points")
-    # per-channel vectors (w_scales: else deq has w_scale), loaded per K block; scale/shift: folded bn
-    vec = {name: np.zeros(max(K, 1), np.float32) for name in ("bias", "bn_weight", "bn_bias", "running_mean",
-                                                               "running_var", "w_zero_points", "shift")}
-    vec["w_scales"], vec["scale"] = np.ones(max(K, 1), np.float32), np.ones(max(K, 1), np.float32)
+    vec, ea, eb = _epilogue_vectors(K)
     wzv = vec["w_zero_points"]
-    ea, eb = np.ones(max(K, 1), np.float32), np.zeros(max(K, 1), np.float32)
-    if e["residual"]:
-        res, rs = _flat(ctx.inputs["residual"])
-        rcode = _code(p.dtype_of("residual"), chip)
-        er = _dt.itemsize(p.dtype_of("residual"))
-    else:
-        res, rs, rcode, er = np.zeros(1, np.float32), (0, 0, 0, 0), 0, 0
+    res, rs, rcode, er = _residual_operand(ctx, e, p, chip)
     eps = float(a["eps"])
     n_epi = int(e["bias"]) + 2 * int(e["bn"]) + int(e["residual"]) + int(e["relu"])
-
-    rows_max = (toh - 1) * sh + (R - 1) * dh + 1
-    cols_max = (tow - 1) * sw + (S - 1) * dw + 1
-    slab = np.zeros(rows_max * cols_max * max(Cg if stationary else tc, 1), np.float32)
-    npanel = -(-tk // NR)
-    ldc = npanel * NR
-    mpad = -(-(toh * tow) // MR) * MR
-    acc = np.zeros(mpad * ldc, np.float64 if is_int else np.float32)
-    wpk = np.zeros(npanel * R * S * max(Cg if stationary else tc, 1) * NR, np.float32)
-    # int8: exact float32 chunks through the micro-kernel (compute_int); the
-    # chunk depends on the packed block's largest |w - zp|, so it is known once it is loaded
-    tmp = np.zeros(mpad * ldc, np.float32) if is_int else acc
+    slab, acc, tmp, wpk, ldc = _tile_buffers(G, tk, toh, tow, Cg if stationary else tc, is_int)
     x_bound = float(max(127 - a["x_zero_point"], a["x_zero_point"] + 128)) if is_int else 0.0
     block = {"chunk": 0}
 
@@ -383,8 +398,7 @@ def _run_conv2d_general(ctx):
         if block.get("tca") != tca:
             block["tca"], block["chunk"] = tca, exact_chunk(x_bound, wpk, tca)
         return block["chunk"]
-    oh_tiles = tile_starts(OH, toh)
-    ow_tiles = tile_starts(OW, tow)
+    oh_tiles, ow_tiles = tile_starts(OH, toh), tile_starts(OW, tow)
     for gi in range(g):
         for k0, k1 in tile_starts(Kg, tk):
             kg0 = gi * Kg + k0          # global output channel of the block
@@ -396,35 +410,31 @@ def _run_conv2d_general(ctx):
                     _sub_channel_zero_points(wpk, wzv[kg0:kg0 + tka], R * S * Cg)
                 block.clear()
                 ctx.read(nread * ew)
-            for n in range(N):
-                for oh0, oh1 in oh_tiles:
-                    lo_h, hi_h = window_span(oh0, oh1, sh, ph, dh, R)
-                    for ow0, ow1 in ow_tiles:
-                        lo_w, hi_w = window_span(ow0, ow1, sw, pw, dw, S)
-                        th, tw = oh1 - oh0, ow1 - ow0
-                        acc[:] = 0
-                        cb = [(0, Cg)] if stationary else tile_starts(Cg, tc)
-                        for c0, c1 in cb:
-                            tca = c1 - c0
-                            if not stationary:
-                                nread = load_weights(w, *wst, wcode, wzp, kg0, tka, c0, tca, R, S, wpk)
-                                if per_channel_zp:
-                                    _sub_channel_zero_points(wpk, wzv[kg0:kg0 + tka], R * S * tca)
-                                block.clear()
-                                ctx.read(nread * ew)
-                            nread = _slab_rows(x, *xs, xcode, xzp, n, gi * Cg + c0, tca, lo_h, lo_w,
-                                               hi_w - lo_w, H, W, slab, 0, hi_h - lo_h, F16_LUT)
-                            ctx.read(nread * es)
-                            if tca and chunk(tca) > 0:
-                                compute_int(slab, hi_w - lo_w, tca, wpk, tka, R, S, sh, sw, dh, dw, th, tw,
-                                            acc, tmp, ldc, chunk(tca))
-                            elif tca:
-                                compute(slab, hi_w - lo_w, tca, wpk, tka, R, S, sh, sw, dh, dw, th, tw,
-                                        acc, ldc, is_int)
-                            ctx.ops(2 * th * tw * tka * tca * R * S)
-                        nw, nr = store(acc, ldc, tka, th, tw, n, kg0, oh0, ow0, y, *ys, ycode, ea, eb,
-                                       e["relu"], e["residual"], res, *rs, rcode, out_inv, out_zp, qmin, qmax)
-                        ctx.write(nw * ey)
-                        ctx.read(nr * er)
-                        ctx.ops(nw * n_epi)
+            for n, (oh0, oh1), (ow0, ow1) in itertools.product(range(N), oh_tiles, ow_tiles):
+                lo_h, hi_h = window_span(oh0, oh1, sh, ph, dh, R)
+                lo_w, hi_w = window_span(ow0, ow1, sw, pw, dw, S)
+                th, tw = oh1 - oh0, ow1 - ow0
+                acc[:] = 0
+                for c0, c1 in ([(0, Cg)] if stationary else tile_starts(Cg, tc)):
+                    tca = c1 - c0
+                    if not stationary:
+                        nread = load_weights(w, *wst, wcode, wzp, kg0, tka, c0, tca, R, S, wpk)
+                        if per_channel_zp:
+                            _sub_channel_zero_points(wpk, wzv[kg0:kg0 + tka], R * S * tca)
+                        block.clear()
+                        ctx.read(nread * ew)
+                    nread = _slab_rows(x, *xs, xcode, xzp, n, gi * Cg + c0, tca, lo_h, lo_w,
+                                       hi_w - lo_w, H, W, slab, 0, hi_h - lo_h, F16_LUT)
+                    ctx.read(nread * es)
+                    if tca and chunk(tca) > 0:
+                        compute_int(slab, hi_w - lo_w, tca, wpk, tka, R, S, sh, sw, dh, dw, th, tw,
+                                    acc, tmp, ldc, chunk(tca))
+                    elif tca:
+                        compute(slab, hi_w - lo_w, tca, wpk, tka, R, S, sh, sw, dh, dw, th, tw, acc, ldc, is_int)
+                    ctx.ops(2 * th * tw * tka * tca * R * S)
+                nw, nr = store(acc, ldc, tka, th, tw, n, kg0, oh0, ow0, y, *ys, ycode, ea, eb,
+                               e["relu"], e["residual"], res, *rs, rcode, out_inv, out_zp, qmin, qmax)
+                ctx.write(nw * ey)
+                ctx.read(nr * er)
+                ctx.ops(nw * n_epi)
     return [yt]

@@ -98,3 +98,39 @@ def pow2_candidates(n: int) -> list[int]:
     out.append(max(1, n))
     return out
 
+
+def conv_geometry(p) -> dict:
+    """All sizes of a conv problem (forward or backward), validated."""
+    k = p.kernel
+    a = p.attrs
+    stride = pair(a["stride"], "stride", k)
+    pad = pair(a["padding"], "padding", k)
+    dil = pair(a["dilation"], "dilation", k)
+    g = a["groups"]
+    if min(stride) < 1 or min(dil) < 1 or min(pad) < 0 or not isinstance(g, int) or g < 1:
+        raise KernelError(f"kernel {k}: stride and dilation must be >= 1, padding >= 0, groups a "
+                          f"positive int (got stride={stride}, padding={pad}, dilation={dil}, "
+                          f"groups={g})")
+    wshape = tuple(p.shapes["weight"] if "weight" in p.shapes else (a.get("weight_shape") or ()))
+    if len(wshape) != 4:
+        raise KernelError(f"kernel {k}: weight must be 4-D (K, C/groups, R, S), got {wshape}")
+    K, Cg, R, S = wshape
+    if "x" in p.shapes:
+        xshape = p.shapes["x"]
+    else:
+        xshape = tuple(a["input_shape"] or ())
+    if len(xshape) != 4:
+        raise KernelError(f"kernel {k}: input must be 4-D (N, C, H, W), got {xshape}; "
+                          "a 3-D input needs an explicit batch dimension")
+    N, C, H, W = xshape
+    if C != Cg * g or K % g:
+        raise KernelError(f"kernel {k}: input has {C} channels and weight {wshape} with groups={g}: "
+                          f"need C == weight.shape[1]*groups ({Cg}*{g}) and K % groups == 0")
+    OH = conv_out_size(H, R, stride[0], pad[0], dil[0])
+    OW = conv_out_size(W, S, stride[1], pad[1], dil[1])
+    if (OH == 0 or OW == 0) and R * S:
+        raise KernelError(f"kernel {k}: the dilated kernel ({dil[0] * (R - 1) + 1} x {dil[1] * (S - 1) + 1}) is "
+                          f"larger than the padded input ({H + 2 * pad[0]} x {W + 2 * pad[1]}); torch refuses "
+                          "this too: pad the input or use a smaller kernel")
+    return dict(N=N, C=C, H=H, W=W, K=K, Cg=Cg, Kg=K // g, R=R, S=S, g=g, sh=stride[0],
+                sw=stride[1], ph=pad[0], pw=pad[1], dh=dil[0], dw=dil[1], OH=OH, OW=OW)

@@ -47,6 +47,7 @@ def _compare(op, u, v):
             else u > v if op == 32 else u >= v)
 
 
+# long: every op's loop sits in the closure's body so Numba's dead-branch pruning keeps only the constant op's (compile 3.5 -> 0.5 s for add)
 @functools.lru_cache(maxsize=None)
 def _make_apply(OP):
     """``apply`` for the one op code ``OP``: a closure whose ``op`` is a constant, so Numba's
@@ -57,6 +58,7 @@ def _make_apply(OP):
     (``error_model="numpy"``): x/0 is inf or nan as in torch, never Python's
     ZeroDivisionError, and loops with a division vectorise (no per-element check)."""
 
+    # long: the switch over op codes that dead-branch pruning cuts to one op (see _make_apply)
     def apply_op(x, y, z, c, out, s0, s1, has_y, tanh_form):
         op = OP
         n = out.shape[0]

@@ -100,7 +100,7 @@ def run_embedding_backward(ctx):
     from . import _dims
     from .. import dtypes as _dt
     from ..conv.geometry import tile_starts
-    from ..norm.impl import _tables
+    from ..norm.bodies import _tables
 
     p, chip, cfg = ctx.problem, ctx.chip, ctx.plan.config
     V, D, n = _dims(p)

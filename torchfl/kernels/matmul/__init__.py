@@ -155,6 +155,21 @@ def _cdiv(a, b):
     return -(-a // b)
 
 
+def _streamed_groups(g, tm, tn, b_res, flops_tile, ln_ops):
+    """[(count, Traffic)] of a streamed tiling: per (i, j) output tile, all of its K tiles
+    (full tiles and the edge tiles of M and N apart)."""
+    M, N, K, esa, esc, esb = g.M, g.N, g.K, g.esa, g.esc, g.esbias
+    groups = {}
+    for tmx, cm in ((tm, M // tm), (M % tm, 1 if M % tm else 0)):
+        for tnx, cn in ((tn, N // tn), (N % tn, 1 if N % tn else 0)):
+            if not (cm and cn):
+                continue
+            r = tmx * K * esa + (0 if b_res else K * tnx * esa + (tnx * esb if g.has_bias else 0))
+            t = Traffic(r, tmx * tnx * esc, flops_tile(tmx, tnx) + ln_ops * tmx * K)
+            groups[t] = groups.get(t, 0) + cm * cn * g.batch
+    return [(c, t) for t, c in groups.items()]
+
+
 def plan_gemm(p, chip):
     """THE tiling function of the matmul family (see the module docstring)."""
     g = Gemm(p)
@@ -198,18 +213,7 @@ def plan_gemm(p, chip):
         if fp > cache:
             return
         mi, ni = _cdiv(M, tm), _cdiv(N, tn)
-        groups = {}
-        # per (i, j) output tile, all of its K tiles
-        shapes = []
-        for tmx, cm in ((tm, M // tm), (M % tm, 1 if M % tm else 0)):
-            for tnx, cn in ((tn, N // tn), (N % tn, 1 if N % tn else 0)):
-                if cm and cn:
-                    shapes.append((tmx, tnx, cm * cn))
-        for tmx, tnx, cnt in shapes:
-            r = tmx * K * esa + (0 if b_res else K * tnx * esa + (tnx * esb if g.has_bias else 0))
-            t = Traffic(r, tmx * tnx * esc, flops_tile(tmx, tnx) + ln_ops * tmx * K)
-            groups[t] = groups.get(t, 0) + cnt * B_
-        glist = [(c, t) for t, c in groups.items()]
+        glist = _streamed_groups(g, tm, tn, b_res, flops_tile, ln_ops)
         first_extra = ln_b + ((b_bytes + bias_b) * (1 if g.b_shared else B_) if b_res else 0)
         if first_extra:
             glist.append((1, Traffic(first_extra, 0, 0)))  # resident operands, loaded once

@@ -5,7 +5,7 @@ import numpy as np
 
 from .. import dtypes as dt
 from .. import frozen
-from ..gemm import GEMV_M, decode_b_rows, pack_b, prepacked_ok, run_float, run_int8
+from ..gemm import GEMV_M, pack_b, prepacked_ok, run_float, run_int8
 from . import Gemm, out_dtype
 
 
@@ -125,11 +125,10 @@ def run_gemm(ctx):
             ln = (mean.astype(np.float32), rstd, dec(gw), dec(gb))
             ctx.read(sum(t.nbytes for t in (gw, gb) if t is not None))
         packed = _packed_b(b, B, b_base, b_ks, b_ns, M, N, K, TN, code)
-        decoded = _decoded_b(b, B, b_base, b_ks, b_ns, M, N, K, code)
         rd, wr, ops = run_float(A, a_rows, aks, B, b_base, b_ks, b_ns, C, c_rows, 1, M=M, N=N, K=K, TM=TM,
                                 TN=TN, TK=TK, b_res=b_res, code=code, esa=esa, esc=g.esc, bias=bias_arr,
                                 alpha=p.attrs.get("alpha", 1.0), beta=p.attrs.get("beta", 1.0), act=g.act, ln=ln,
-                                packed_b=packed, decoded_b=decoded)
+                                packed_b=packed)
     ctx.read(rd)
     ctx.write(wr)
     ctx.ops(ops)
@@ -144,16 +143,6 @@ def _packed_b(b, B, b_base, b_ks, b_ns, M, N, K, TN, code):
     base = int(b_base[0])
     return frozen.derived(b.buffer, ("gemm_b", b.offset, base, b_ks, b_ns, K, N, code, min(TN, N)),
                           lambda: pack_b(B, base, b_ks, b_ns, K, N, code, TN))
-
-
-def _decoded_b(b, B, b_base, b_ks, b_ns, M, N, K, code):
-    """For the few-row path (M <= GEMV_M, B's columns contiguous along K: a linear weight), B
-    decoded to float32 once for all calls when its buffer is frozen; None otherwise."""
-    if b_base.shape[0] != 1 or not (M <= GEMV_M and b_ks == 1) or code == 0:
-        return None
-    base = int(b_base[0])
-    return frozen.derived(b.buffer, ("gemv_b", b.offset, base, b_ns, K, N, code),
-                          lambda: decode_b_rows(B, base, b_ns, K, N, code))
 
 
 def _run_qlinear(ctx, g, A, a_rows, aks, B, b_base, b_ks, b_ns, C, c_rows, TM, TN, TK, b_res):

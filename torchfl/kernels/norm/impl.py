@@ -1,349 +1,16 @@
-"""Numba bodies of the normalisation family (imported lazily by the specs' ``run``).
-
-Addressing is layout-free: a tensor is read as ``base[segment] + element offset`` where
-the two offset tables come from its logical strides (any permutation, any rank), with a
-fast path when the element offsets are an arithmetic progression. Each segment (or
-chunk of one) is loaded into an on-chip buffer, computed there, and stored.
+"""Drivers of the normalisation family (imported lazily by the specs' ``run``): they build the
+addressing tables, load the parameter vectors (counted) and call the Numba bodies of
+``norm/bodies.py`` tile by tile as the plan says.
 """
 from __future__ import annotations
 
-import math
-
 import numpy as np
-from numba import get_num_threads, njit, prange
+from numba import get_num_threads
 
-from .. import taskcall
-from ..codecs import decode, encode16, f16_to_f32, f32_to_f16
-from ..staging import _code, _flat
+from ..staging import _code
 from ..threads import sized_by
-
-
-# reassociation (vectorised sums) and FMA contraction only: NaN/inf semantics are kept
-_FM = {"reassoc", "contract"}
-
-# ------------------------------------------------------------------ addressing helpers
-
-def _tables(t, seg_dims):
-    """(flat storage, segment base offsets, element offsets, element stride or -1)."""
-    flat, strides = _flat(t)
-    shape = t.shape
-    el_dims = [d for d in range(len(shape)) if d not in seg_dims]
-
-    def offs(dims):
-        o = np.zeros(1, np.int64)
-        for d in dims:
-            o = (o[:, None] + np.arange(shape[d], dtype=np.int64)[None, :] * strides[d]).ravel()
-        return o
-
-    seg, el = offs(seg_dims), offs(el_dims)
-    est = -1
-    if el.size <= 1:
-        est = 1
-    else:
-        d = np.diff(el)
-        if (d == d[0]).all() and el[0] == 0:
-            est = int(d[0])
-    return flat, seg, el, est
-
-
-def _tables_of(ctx, t, seg_dims):
-    """``_tables`` with the offset arrays kept in the bound call's cache (``ctx.cache``): they
-    depend only on the shape and strides, the same on every call of a step (0.06 ms a call)."""
-    flat, strides = _flat(t)
-    key = ("norm_tables", tuple(t.shape), tuple(strides), tuple(seg_dims))
-    hit = ctx.cache.get(key)
-    if hit is None:
-        hit = ctx.cache[key] = _tables(t, seg_dims)[1:]
-    return (flat,) + hit
-
-
-@njit(cache=True, nogil=True, inline="always")
-def _load(x, base, el, est, code, e0, e1, buf):
-    if est == 1 and code == 0:        # contiguous float32: a plain copy
-        for e in range(e0, e1):
-            buf[e - e0] = x[base + e]
-    elif est >= 0:
-        for e in range(e0, e1):
-            buf[e - e0] = decode(code, x[base + e * est])
-    else:
-        for e in range(e0, e1):
-            buf[e - e0] = decode(code, x[base + el[e]])
-
-
-@njit(cache=True, nogil=True, inline="always")
-def _store(y, base, el, est, code, e0, e1, buf):
-    if code == 0:
-        if est == 1:
-            for e in range(e0, e1):
-                y[base + e] = buf[e - e0]
-        elif est >= 0:
-            for e in range(e0, e1):
-                y[base + e * est] = buf[e - e0]
-        else:
-            for e in range(e0, e1):
-                y[base + el[e]] = buf[e - e0]
-    else:
-        for e in range(e0, e1):
-            o = base + (e * est if est >= 0 else el[e])
-            y[o] = encode16(code, buf[e - e0])
-
-
-# ------------------------------------------------------------------ segment kernels
-
-@njit(cache=True, nogil=True, parallel=True, fastmath=_FM)
-def seg_affine(x, xseg, xel, xest, code, y, yseg, yel, yest, ycode, bounds, e0, e1, scale, shift):
-    """y = x * scale[s] + shift[s] over segments [s0, s1), elements [e0, e1)."""
-    for t in prange(bounds.size - 1):
-        for s in range(bounds[t], bounds[t + 1]):
-            buf = np.empty(e1 - e0, np.float32)
-            _load(x, xseg[s], xel, xest, code, e0, e1, buf)
-            a, b = scale[s], shift[s]
-            for i in range(e1 - e0):
-                buf[i] = buf[i] * a + b
-            _store(y, yseg[s], yel, yest, ycode, e0, e1, buf)
-
-
-@njit(cache=True, nogil=True, parallel=True, fastmath=_FM)
-def interleaved_affine(x, x0, xest, code, y, y0, yest, ycode, S, L, scale, shift):
-    """:func:`seg_affine` where the segments interleave (channel-innermost layouts: NHWC):
-    element e of segment s at ``x0 + s + e * xest``. Walking the segments inside each
-    element reads every row of S values once, contiguously; one segment at a time strides
-    by ``xest`` and pulls the tensor through the cache S times (NHWC batch norm ran 2-4x
-    slower than NCHW on the host, for the same bytes on the chip)."""
-    nch = min(L, 64)
-    for c in prange(nch):
-        buf = np.empty(S, np.float32)
-        for e in range(L * c // nch, L * (c + 1) // nch):
-            xb, yb = x0 + e * xest, y0 + e * yest
-            if code == 0:
-                for s in range(S):
-                    buf[s] = x[xb + s]
-            else:
-                for s in range(S):
-                    buf[s] = decode(code, x[xb + s])
-            for s in range(S):
-                buf[s] = buf[s] * scale[s] + shift[s]
-            if ycode == 0:
-                for s in range(S):
-                    y[yb + s] = buf[s]
-            else:
-                for s in range(S):
-                    y[yb + s] = encode16(ycode, buf[s])
-
-
-@njit(cache=True, nogil=True, fastmath=_FM)
-def _normalize_task(t, x, xseg, xel, xest, code, y, yseg, yel, yest, ycode, bounds, L, eps, w, b, wstride,
-                    mean_out, rstd_out, fast):
-    """``seg_normalize``'s segments ``bounds[t]..bounds[t + 1]``: a plain function its prange
-    loop calls, so Numba's parallel passes see a small body (the prange-body rule in
-    docs/ARCHITECTURE.md): its cold compile 5.3 -> 3.85 s CPU, warm 128 x 768 fp16 unchanged
-    (84 us, 1 thread)."""
-    buf = np.empty(L, np.float32)
-    for s in range(bounds[t], bounds[t + 1]):
-        if fast:   # contiguous fp32 / fp16 rows (layer-norm): load+sum, squares, normalise+store
-            xb, yb = xseg[s], yseg[s]
-            a32 = np.float32(0.0)
-            if code == 0:
-                for i in range(L):
-                    v = np.float32(x[xb + i])
-                    buf[i] = v
-                    a32 += v
-            else:   # one decode loop, then the sum: each vectorises (0.65 -> ~0.1 ms at 128 x 768)
-                xr = x[xb:xb + L]
-                for i in range(L):
-                    buf[i] = f16_to_f32(xr[i])
-                for i in range(L):
-                    a32 += buf[i]
-            mu = a32 / np.float32(L)
-            q32 = np.float32(0.0)
-            for i in range(L):
-                d = buf[i] - mu
-                q32 += d * d
-            r32 = np.float32(1.0 / math.sqrt(q32 / L + eps))
-            mean_out[s] = mu
-            rstd_out[s] = r32
-            if code == 0:
-                for i in range(L):
-                    y[yb + i] = (buf[i] - mu) * r32 * w[i] + b[i]
-            else:
-                yr = y[yb:yb + L]
-                for i in range(L):
-                    yr[i] = f32_to_f16((buf[i] - mu) * r32 * w[i] + b[i])
-            continue
-        _load(x, xseg[s], xel, xest, code, 0, L, buf)
-        acc = 0.0
-        for i in range(L):
-            acc += buf[i]
-        mean = acc / L
-        sq = 0.0
-        for i in range(L):
-            d = buf[i] - mean
-            sq += d * d
-        rstd = 1.0 / math.sqrt(sq / L + eps)
-        mean_out[s] = mean
-        rstd_out[s] = rstd
-        m32, r32 = np.float32(mean), np.float32(rstd)
-        if wstride == 0:
-            a = r32 * w[s]
-            for i in range(L):
-                buf[i] = (buf[i] - m32) * a + b[s]
-        else:
-            for i in range(L):
-                buf[i] = (buf[i] - m32) * r32 * w[i] + b[i]
-        _store(y, yseg[s], yel, yest, ycode, 0, L, buf)
-
-
-@njit(cache=True, nogil=True, parallel=True)
-def _seg_normalize(task, x, xseg, xel, xest, code, y, yseg, yel, yest, ycode, bounds, L, eps, w, b, wstride,
-                   mean_out, rstd_out):
-    """:func:`seg_normalize`'s parallel loop; ``task`` is ``_normalize_task``'s address
-    (:mod:`..taskcall`: called, not linked in and compiled again here). The index is cast to
-    int64 (a uint64 prange index would be a second task signature)."""
-    fast = xest == 1 and yest == 1 and code == ycode and (code == 0 or code == 1) and wstride == 1
-    for t in prange(bounds.size - 1):
-        taskcall.call(task, (np.int64(t), x, xseg, xel, xest, code, y, yseg, yel, yest, ycode, bounds, L, eps, w, b,
-                             wstride, mean_out, rstd_out, fast))
-
-
-def seg_normalize(x, xseg, xel, xest, code, y, yseg, yel, yest, ycode, bounds, L, eps, w, b, wstride,
-                  mean_out, rstd_out):
-    """Whole segments on chip: mean, biased variance (two passes over the on-chip copy),
-    y = (x - mean) * rstd * w + b; w/b per segment (wstride 0) or per element (1)."""
-    task = taskcall.address(_normalize_task, (np.int64(0), x, xseg, xel, xest, code, y, yseg, yel, yest, ycode,
-                                              bounds, L, eps, w, b, wstride, mean_out, rstd_out, False))
-    _seg_normalize(task, x, xseg, xel, xest, code, y, yseg, yel, yest, ycode, bounds, L, eps, w, b, wstride,
-                   mean_out, rstd_out)
-
-
-@njit(cache=True, nogil=True, fastmath=_FM)
-def seg_sums(x, xseg, xel, xest, code, s0, s1, e0, e1, shift, s1_acc, s2_acc):
-    """Chunked statistics pass: shifted sums (float64) of elements [e0, e1)."""
-    for s in prange(s0, s1):
-        buf = np.empty(e1 - e0, np.float32)
-        _load(x, xseg[s], xel, xest, code, e0, e1, buf)
-        a = 0.0
-        q = 0.0
-        k = shift[s]
-        for i in range(e1 - e0):
-            d = buf[i] - k
-            a += d
-            q += d * d
-        s1_acc[s] += a
-        s2_acc[s] += q
-
-
-@njit(cache=True, nogil=True)
-def seg_first(x, xseg, xel, xest, code, s, out):
-    buf = np.empty(1, np.float32)
-    _load(x, xseg[s], xel, xest, code, 0, 1, buf)
-    out[s] = buf[0]
-
-
-@njit(cache=True, nogil=True, fastmath=_FM)
-def seg_affine_el(x, xseg, xel, xest, code, y, yseg, yel, yest, ycode, s0, s1, e0, e1, mean, rstd, w, b):
-    """Chunked layer-norm apply: y = (x - mean[s]) * rstd[s] * w[e] + b[e]."""
-    for s in prange(s0, s1):
-        buf = np.empty(e1 - e0, np.float32)
-        _load(x, xseg[s], xel, xest, code, e0, e1, buf)
-        m, r = np.float32(mean[s]), np.float32(rstd[s])
-        for i in range(e1 - e0):
-            buf[i] = (buf[i] - m) * r * w[e0 + i] + b[e0 + i]
-        _store(y, yseg[s], yel, yest, ycode, e0, e1, buf)
-
-
-@njit(cache=True, nogil=True, fastmath=_FM)
-def bn_bwd_sums(g, gseg, gel, gest, x, xseg, xel, xest, code, s0, s1, e0, e1, mean, sdy, sdyx):
-    for s in prange(s0, s1):
-        gb = np.empty(e1 - e0, np.float32)
-        xb = np.empty(e1 - e0, np.float32)
-        _load(g, gseg[s], gel, gest, code, e0, e1, gb)
-        _load(x, xseg[s], xel, xest, code, e0, e1, xb)
-        a = 0.0
-        q = 0.0
-        m = mean[s]
-        for i in range(e1 - e0):
-            a += gb[i]
-            q += gb[i] * (xb[i] - m)
-        sdy[s] += a
-        sdyx[s] += q
-
-
-@njit(cache=True, nogil=True, fastmath=_FM)
-def bn_bwd_apply(g, gseg, gel, gest, x, xseg, xel, xest, code, y, yseg, yel, yest, ycode, s0, s1, e0, e1,
-                 mean, k1, k2, k3):
-    """dx = k1[s] * dy - k2[s] - k3[s] * (x - mean[s])."""
-    for s in prange(s0, s1):
-        gb = np.empty(e1 - e0, np.float32)
-        xb = np.empty(e1 - e0, np.float32)
-        _load(g, gseg[s], gel, gest, code, e0, e1, gb)
-        _load(x, xseg[s], xel, xest, code, e0, e1, xb)
-        a, bb, c, m = np.float32(k1[s]), np.float32(k2[s]), np.float32(k3[s]), np.float32(mean[s])
-        for i in range(e1 - e0):
-            gb[i] = a * gb[i] - bb - c * (xb[i] - m)
-        _store(y, yseg[s], yel, yest, ycode, e0, e1, gb)
-
-
-@njit(cache=True, nogil=True, parallel=True, fastmath=_FM)
-def bn_bwd_resident(g, gseg, gel, gest, x, xseg, xel, xest, code, y, yseg, yel, yest, ycode, bounds, L,
-                    mean, invstd, w, train, sdy_out, sdyx_out):
-    for t in prange(bounds.size - 1):
-        for s in range(bounds[t], bounds[t + 1]):
-            gb = np.empty(L, np.float32)
-            xb = np.empty(L, np.float32)
-            _load(g, gseg[s], gel, gest, code, 0, L, gb)
-            _load(x, xseg[s], xel, xest, code, 0, L, xb)
-            a = 0.0
-            q = 0.0
-            m = mean[s]
-            for i in range(L):
-                a += gb[i]
-                q += gb[i] * (xb[i] - m)
-            sdy_out[s] = a
-            sdyx_out[s] = q
-            inv = invstd[s]
-            k1 = np.float32(w[s] * inv)
-            if train:
-                k2 = np.float32(w[s] * inv * a / L)
-                k3 = np.float32(w[s] * inv * inv * inv * q / L)
-            else:
-                k2 = np.float32(0.0)
-                k3 = np.float32(0.0)
-            m32 = np.float32(m)
-            for i in range(L):
-                gb[i] = k1 * gb[i] - k2 - k3 * (xb[i] - m32)
-            _store(y, yseg[s], yel, yest, ycode, 0, L, gb)
-
-
-@njit(cache=True, nogil=True, parallel=True, fastmath=_FM)
-def ln_bwd_rows(g, gseg, gel, gest, x, xseg, xel, xest, code, y, yseg, yel, yest, ycode, r0, r1, D,
-                mean, rstd, w, dw_part, db_part):
-    """Layer-norm backward over rows [r0, r1); grad_weight/bias partials per worker."""
-    nb = dw_part.shape[0]
-    n = r1 - r0
-    for bi in prange(nb):
-        a0 = r0 + (n * bi) // nb
-        a1 = r0 + (n * (bi + 1)) // nb
-        gb = np.empty(D, np.float32)
-        xb = np.empty(D, np.float32)
-        for r in range(a0, a1):
-            _load(g, gseg[r], gel, gest, code, 0, D, gb)
-            _load(x, xseg[r], xel, xest, code, 0, D, xb)
-            m, rs = np.float32(mean[r]), np.float32(rstd[r])
-            s1 = 0.0
-            s2 = 0.0
-            for i in range(D):
-                xh = (xb[i] - m) * rs
-                gw = gb[i] * w[i]
-                s1 += gw
-                s2 += gw * xh
-                dw_part[bi, i] += gb[i] * xh
-                db_part[bi, i] += gb[i]
-                xb[i] = xh
-            c1 = np.float32(s1 / D)
-            c2 = np.float32(s2 / D)
-            for i in range(D):
-                gb[i] = rs * (gb[i] * w[i] - c1 - xb[i] * c2)
-            _store(y, yseg[r], yel, yest, ycode, 0, D, gb)
+from .bodies import (_tables, _tables_of, bn_bwd_apply, bn_bwd_resident, bn_bwd_sums, interleaved_affine,
+                     ln_bwd_rows, seg_affine, seg_affine_el, seg_first, seg_normalize, seg_sums)
 
 
 # ------------------------------------------------------------------ drivers
@@ -466,13 +133,12 @@ def run_batch_norm_train(ctx):
     p, chip = ctx.problem, ctx.chip
     S, L = segments(p)
     outs = ctx.outputs()
-    yt, mt, it = outs[0], outs[1], outs[2]
     if S * L == 0:
         return outs
     x, xseg, xel, xest = _tables(ctx.inputs["x"], (1,))
-    y, yseg, yel, yest = _tables(yt, (1,))
+    y, yseg, yel, yest = _tables(outs[0], (1,))
     code = _code(p.dtype, chip)
-    eps, mom = p.attrs["eps"], p.attrs["momentum"]
+    eps = p.attrs["eps"]
     ope, ops_seg = _OPS[p.kernel]
     es = x.dtype.itemsize
     cfg = ctx.plan.config
@@ -482,7 +148,6 @@ def run_batch_norm_train(ctx):
     b_all = np.zeros(S, np.float32)
     rm = np.zeros(S, np.float32)
     rv = np.zeros(S, np.float32)
-    from .. import dtypes as _dt
 
     def params(lo, hi):
         w_all[lo:hi] = _vec(ctx, "weight", S, 1.0, lo, hi)[lo:hi]
@@ -533,9 +198,17 @@ def run_batch_norm_train(ctx):
                 ctx.write((e1 - e0) * es)
                 ctx.ops((e1 - e0) * ope[1])
             ctx.write(stat_bytes)
-    # saved statistics and running statistics (the writes were counted per segment above)
-    mt.logical()[...] = mean.astype(np.float32)
-    it.logical()[...] = rstd.astype(np.float32)
+    _store_stats(p, outs, mean, rstd, rm, rv, L, S)   # the writes were counted per segment above
+    return outs
+
+
+def _store_stats(p, outs, mean, rstd, rm, rv, L, S):
+    """Batch norm's saved statistics (mean, rstd) and the updated running statistics."""
+    from .. import dtypes as _dt
+
+    eps, mom = p.attrs["eps"], p.attrs["momentum"]
+    outs[1].logical()[...] = mean.astype(np.float32)
+    outs[2].logical()[...] = rstd.astype(np.float32)
     var_b = 1.0 / rstd ** 2 - eps
     k = 4
     if p.has("running_mean"):
@@ -544,7 +217,6 @@ def run_batch_norm_train(ctx):
     if p.has("running_var"):
         unb = var_b * L / (L - 1) if L > 1 else np.full(S, np.inf)
         outs[k - 1].logical()[...] = _dt.encode(((1 - mom) * rv + mom * unb).astype(np.float32), outs[k - 1].dtype)
-    return outs
 
 
 @sized_by(_elements)

@@ -73,6 +73,7 @@ def pool_fwd(slab, cols, tc, lo_h, lo_w, H, W, kind, kh, kw, sh, sw, ph, pw, OH,
     return ops
 
 
+# long: one channel's plane, row maxima and window maxima share its buffers; already the plain function the parallel loop calls to keep compile time down
 @njit(cache=True, nogil=True)
 def _max_pool_channel(x, s0, s1, s2, s3, code, n, ch, lo_h, lo_w, rows, cols, h0, h1, w0, w1, H, W, kh, kw, sh, sw,
                       dh, dw, oh0, th, ow0, tw, y, t0, t1, t2, t3, with_idx, yi, i0, i1, i2, i3):

@@ -13,7 +13,7 @@ from numba import njit, prange
 
 from ..codecs import encode16
 from ..staging import _code
-from ..norm.impl import _load, _tables
+from ..norm.bodies import _load, _tables
 
 SUM, MEAN, AMAX, ANY, ALL = 0, 1, 2, 3, 4
 

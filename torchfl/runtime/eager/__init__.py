@@ -85,7 +85,7 @@ def register() -> None:
                                                              for_packed_sequence=False, for_storage=True)
         from . import routing
 
-        routing.install()
+        routing.install(_dispatcher)
         from .build import load_cached
 
         mod = load_cached()
@@ -116,13 +116,27 @@ def _install_placeholder_guard(torch) -> None:
     torch._C._acc.register_python_privateuseone_device_guard(guard)
 
 
+def _dispatcher():
+    """``dispatch.dispatch``, imported at the first op (it loads the planner; registration must not)."""
+    from .dispatch import dispatch
+
+    return dispatch
+
+
+def _flush_lazy() -> None:
+    """The adapter's sync point (a copy while lazy mode has ops pending): run them."""
+    from .lazy import flush_all
+
+    flush_all()
+
+
 def _init(mod) -> None:
     from torchfl.kernels.errors import DeviceOOMError
 
-    from . import device, lazy
+    from . import device
 
     mod.init(device.malloc, device.free, device.device_count, DeviceOOMError, device.default_layout,
-             lazy.flush_all)
+             _flush_lazy)
     _STATE["adapter"] = mod
 
 

@@ -23,33 +23,21 @@ from .executor import as_device_tensor, as_npu_tensor, layout_strides
 
 __all__ = ["DirectRun", "prepare"]
 
-_LIVE = _dev._LIVE          # address -> buffer of each torch npu storage
+_LIVE = _dev.DEVICES.live     # address -> buffer of each torch npu storage
 
 
 def prepare(executor, tensors):
     """A :class:`DirectRun` for ``executor``'s plan, or None when the plan needs the executor
-    (several steps, host steps, weights, conversions, outputs that view inputs...).
+    (``Executor.direct_form``: several steps, host steps, weights, conversions, outputs that
+    view inputs...) or this call's tensors are not what the kernel reads as they are.
     ``tensors``: the call's flat tensor arguments (the executor has just run on them)."""
-    plan = executor.plan
-    if len(executor.preps) != 1 or executor.lifted or plan.fallbacks:
+    form = executor.direct_form()
+    if form is None:
         return None
-    p = executor.preps[0]
-    if p.host or p.call is None or p.relabel or p.squeeze is not None or p.alias or p.link is not None:
-        return None
-    n = len(executor.out_slots)
-    named, unnamed = tuple(p.outs[:n]), tuple(p.outs[n:])
-    # outputs past the named ones must be unnamed (-1): the kernel's side outputs the plan
-    # drops (an eval batch-norm's statistics), freed at once as the executor's _store does
-    if named != executor.out_slots or len(set(named)) != n or min(named, default=0) < 0 \
-            or any(s != -1 for s in unnamed) or executor.out_spec != tuple(("value", i) for i in range(n)):
-        return None
-    by_slot = {executor.slots[name]: (pos, lay, dt) for name, pos, lay, dt in executor.user_inputs}
     inputs = []
-    for name, s in zip(p.names, p.ins):
-        hit = by_slot.get(s)
-        if hit is None or hit[0] >= len(tensors):
+    for name, pos, lay, dt in form.inputs:
+        if pos >= len(tensors):
             return None
-        pos, lay, dt = hit
         t = tensors[pos]
         if t.device.type != "npu" or (dt and dt != _dt.from_torch_dtype(t.dtype)):
             return None
@@ -57,7 +45,7 @@ def prepare(executor, tensors):
         if v is None or v.layout != lay:
             return None
         inputs.append((name, pos, v.shape, v.layout, v.dtype))
-    return DirectRun(p.call, tuple(inputs), n, executor)
+    return DirectRun(form.call, tuple(inputs), form.n_out, executor)
 
 
 class DirectRun:

@@ -16,6 +16,7 @@ from torchfl.planner.constraints import tensor_layout
 from torchfl.runtime.executor import Executor
 
 from . import device as _dev
+from .stats import STATS
 
 __all__ = ["EagerExecutor", "as_device_tensor", "as_npu_tensor"]
 
@@ -138,8 +139,6 @@ class EagerExecutor(Executor):
                 if v is not None and v.layout == layout:
                     self._owners[v.buffer.address] = x
                     return v
-        from .ops import STATS
-
         STATS["converted_inputs"] += 1
         v = DeviceTensor.from_torch(x, self.memory, layout=layout, dtype=dtype)
         self._temps.append(v)

@@ -17,6 +17,7 @@ plan's dtype and layout until an optimizer step changes them.
 """
 from __future__ import annotations
 
+import functools
 import threading
 import weakref
 
@@ -24,13 +25,19 @@ import torch
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from . import _STATE
+from . import device as _dev
+from . import ops as _ops
+from .calls import device_of, eager_precision, strict, tensor_layout_of
+from .host import functional_arguments, functional_of
+from .rng import rng_scope
+from .stats import LAZY as STATS
+from .stats import STATS as _EAGER_STATS
+from .trace import (KEPT_WHOLE, TRACE_AS, decompositions, drop_dead, functionalize_input_writes, is_random_graph,
+                    planning_examples, python_dispatch_enabled, unbatched_inputs)
 
 __all__ = ["active", "record", "flush_all", "lazy_mode", "STATS", "last_plan"]
 
-_TLS = threading.local()
-_GRAPHS: dict = {}
-STATS: dict = {"flushes": 0, "graphs_planned": 0, "ops_recorded": 0}
-_LAST: dict = {"plan": None}
+_TLS = threading.local()          # per thread: the lazy depth, the recorder, whether a flush runs
 
 
 def _env_lazy() -> bool:
@@ -48,7 +55,7 @@ def active() -> bool:
 
 def last_plan():
     """The plan of the most recent flush (tests, explain)."""
-    return _LAST["plan"]
+    return _dev.DEVICES.last_plan
 
 
 class lazy_mode:
@@ -94,19 +101,10 @@ def _meta(t):
     return torch.empty_strided(tuple(t.shape), tuple(t.stride()), dtype=t.dtype, device="meta")
 
 
-_OPS: list = [None]         # the ops module, imported at the first record (it loads the planner)
-
-
-def _load_ops():
-    from . import ops
-
-    _OPS[0] = ops
-    return ops
-
-
-_METAS: dict = {}          # (op, structure, argument signature) -> outputs' metadata, or None
-_ARG_SPECS: dict = {}      # number of positional arguments -> TreeSpec of (args, {})
-_DEVICES: dict = {}        # index -> "npu:index"
+@functools.lru_cache(maxsize=None)
+def _arg_spec(n: int):
+    """The TreeSpec of ``(args, {})`` for ``n`` positional leaves."""
+    return tree_flatten((tuple(range(n)), {}))[1]
 
 
 def _flatten(args, kwargs):
@@ -118,10 +116,7 @@ def _flatten(args, kwargs):
                                                                    for x in a) or isinstance(a, dict)
                               for a in args):
         n = len(args)
-        spec = _ARG_SPECS.get(n)
-        if spec is None:
-            spec = _ARG_SPECS[n] = tree_flatten((tuple(range(n)), {}))[1]
-        return list(args), spec, n
+        return list(args), _arg_spec(n), n
     flat, spec = tree_flatten((args, kwargs))
     return flat, spec, str(spec)
 
@@ -141,8 +136,8 @@ def _outputs_meta(op, flat, spec):
     return out_spec, metas, form
 
 
-def _index_of(flat, kwargs, _ops, op) -> int:
-    """The device index of the call (``ops._device_of``, which also names mixed devices
+def _index_of(flat, kwargs, op) -> int:
+    """The device index of the call (``calls.device_of``, which also names mixed devices
     and applies torch's rule for host operands, when the first npu tensor does not settle
     it)."""
     index = None
@@ -158,25 +153,24 @@ def _index_of(flat, kwargs, _ops, op) -> int:
             elif a.dim() != 0:       # a host operand: the rule decides (usually an error)
                 index = None
                 break
-    return _ops._device_of(flat, kwargs, op) if index is None else index
+    return device_of(flat, kwargs, op) if index is None else index
 
 
 def record(op, args, kwargs):
     """Record ``op`` (returns its outputs, allocated, to be computed at the next flush).
     The outputs' shapes come from the op's meta kernel, run once per signature."""
-    _ops = _OPS[0] or _load_ops()
-    kind = _ops._KINDS.get(op) or _ops._kind(op)
+    kind = _ops.op_kind(op)
     if kind != "functional":     # writes: run now, in order
-        fresh = _out_form(op, args, kwargs, _ops) if kind == "mutating" else None
+        fresh = _out_form(op, args, kwargs) if kind == "mutating" else None
         if fresh is not None:    # ``mul.out`` into a tensor a composite just made: its functional form
             functional, f_args, f_kwargs, out = fresh
-            return _record(functional, f_args, f_kwargs, _ops, out)
+            return _record(functional, f_args, f_kwargs, out)
         flush_all()
         return _ops.run_eager(op, args, kwargs)
-    return _record(op, args, kwargs, _ops)
+    return _record(op, args, kwargs)
 
 
-def _out_form(op, args, kwargs, _ops):
+def _out_form(op, args, kwargs):
     """(functional op, its arguments, the ``out`` tensor) when ``op`` is an ``out=`` overload
     writing one whole, fresh npu tensor that none of its inputs shares (structured ops reach
     the device this way: ``x * 2`` arrives as ``mul.out``), else None. Recording the
@@ -187,12 +181,12 @@ def _out_form(op, args, kwargs, _ops):
     out = kwargs.get(written[0].name)
     if not isinstance(out, torch.Tensor) or out.device.type != "npu" or out.storage_offset() != 0 \
             or out.untyped_storage().nbytes() != out.numel() * out.element_size() \
-            or not (out.is_contiguous() or _ops.tensor_layout_of(out) is not None):
+            or not (out.is_contiguous() or tensor_layout_of(out) is not None):
         return None
-    functional = _ops._functional_of(op)
+    functional = functional_of(op)
     if functional is None or len(functional._schema.returns) != 1:
         return None
-    f_args, f_kwargs = _ops.functional_arguments(op, functional, args, kwargs)
+    f_args, f_kwargs = functional_arguments(op, functional, args, kwargs)
     ptr = out.untyped_storage().data_ptr()
     for a in tree_flatten((f_args, f_kwargs))[0]:
         if isinstance(a, torch.Tensor) and a.device.type == "npu" and a.untyped_storage().data_ptr() == ptr:
@@ -200,16 +194,16 @@ def _out_form(op, args, kwargs, _ops):
     return functional, f_args, f_kwargs, out
 
 
-def _record(op, args, kwargs, _ops, out=None):
+def _record(op, args, kwargs, out=None):
     """Record functional ``op``; its output is a new tensor, or ``out`` (resized to it)."""
-    if not _ops._ROUTES_READY:
-        _ops._ensure_functional_routes()
+    _ops.ensure_functional_routes()
     flat, spec, structure = _flatten(args, kwargs)
-    index = _index_of(flat, kwargs, _ops, op)
+    index = _index_of(flat, kwargs, op)
+    dev = _dev.get(index)
     sig = tuple([(a.shape, a.dtype, a.stride(), a.storage_offset()) if isinstance(a, torch.Tensor)
                  else ("v", repr(a)) for a in flat])
     mkey = (op, structure, sig, torch.get_default_dtype())
-    meta = _METAS.get(mkey, False)
+    meta = dev.metas.get(mkey, False)
     if meta is False:
         try:
             meta = _outputs_meta(op, flat, spec)
@@ -220,7 +214,7 @@ def _record(op, args, kwargs, _ops, out=None):
             # after what was recorded. Anything else (TypeError, AttributeError...) is a bug
             # and propagates: it must not become an eager run.
             meta = None
-        _METAS[mkey] = meta
+        dev.metas[mkey] = meta
     if meta is None or (out is not None and (meta[2] != "single" or meta[1][0][2] != out.dtype)):
         flush_all()
         if out is not None:
@@ -238,7 +232,7 @@ def _record(op, args, kwargs, _ops, out=None):
     rec.key.append((op, structure, sig, tuple([r for r, a in zip(refs, flat) if isinstance(a, torch.Tensor)])))
     STATS["ops_recorded"] += 1
     out_spec, metas, form = meta
-    device = _DEVICES.get(index) or _DEVICES.setdefault(index, f"npu:{index}")
+    device = dev.name
     results = []
     for pos, m in enumerate(metas):
         if len(m) == 3:
@@ -284,7 +278,7 @@ def flush_all() -> None:
         return
     _TLS.flushing = True
     try:
-        with _OPS[0].python_dispatch_enabled() if _OPS[0] is not None else _load_ops().python_dispatch_enabled():
+        with python_dispatch_enabled():
             _run(rec)
     finally:
         _TLS.flushing = False
@@ -292,8 +286,7 @@ def flush_all() -> None:
 
 def _replay(rec, alive):
     """The recorded ops as a function of the external inputs, returning the alive outputs."""
-    from .ops import _TRACE_AS as trace_as
-
+    trace_as = TRACE_AS
     aten = torch.ops.aten
 
     def program(*inputs):
@@ -320,24 +313,15 @@ def _replay(rec, alive):
     return program
 
 
-_LEAVES: dict = {}
-
-
 def _leaf(op):
-    """For a composite op the rules map whole (``ops._KEPT_WHOLE``: attention), a custom op
+    """For a composite op the rules map whole (``trace.KEPT_WHOLE``: attention), a custom op
     standing in for it while the recorded ops are traced: make_fx would otherwise decompose
     it (into torch's CPU "math" attention, which upcasts float16 to float32). The stand-in
     is put back by :func:`_restore_leaves`. None for every other op."""
-    from .ops import _KEPT_WHOLE
-
-    if op not in _KEPT_WHOLE:
-        return None
-    leaf = _LEAVES.get(op)
-    if leaf is None:
-        leaf = _LEAVES[op] = _sdpa_leaf()
-    return leaf
+    return _sdpa_leaf() if op in KEPT_WHOLE else None
 
 
+@functools.lru_cache(maxsize=None)
 def _sdpa_leaf():
     """``torchfl_eager::sdpa``: attention's signature, outputs shaped by a fake kernel."""
     @torch.library.custom_op("torchfl_eager::sdpa", mutates_args=())
@@ -360,9 +344,9 @@ def _sdpa_leaf():
 def _restore_leaves(gm) -> None:
     """The stand-ins of :func:`_leaf` become the aten op again (its kwarg-only arguments
     by name)."""
-    stand_ins = {leaf.stand_in: op for op, leaf in _LEAVES.items()}
-    if not stand_ins:
+    if not _sdpa_leaf.cache_info().currsize:     # no stand-in was made in this process
         return
+    stand_ins = {_sdpa_leaf().stand_in: op for op in KEPT_WHOLE}
     changed = False
     for node in gm.graph.nodes:
         if node.op == "call_function" and node.target in stand_ins:
@@ -408,15 +392,6 @@ def _numel(shape):
 
 
 def _run(rec):
-    from torch.fx.experimental.proxy_tensor import make_fx
-
-    from torchfl.planner.api import plan_captured
-    from torchfl.planner.capture import Captured
-
-    from . import device as _dev
-    from . import ops as _ops
-    from .executor import EagerExecutor
-
     targets, alive = [], []
     for n, pos, ref in rec.outputs:
         t = ref()
@@ -428,35 +403,16 @@ def _run(rec):
         return
     param = torch.nn.Parameter     # weights and their views (the ``w.t()`` of a linear layer)
     static = tuple(i for i, t in enumerate(rec.inputs) if isinstance(t, param) or isinstance(t._base, param))
-    key = (rec.index, tuple(rec.key), tuple(alive), static,
+    key = (tuple(rec.key), tuple(alive), static,
            tuple((tuple(t.shape), t.dtype, tuple(t.stride())) for t in rec.inputs))
-    entry = _GRAPHS.get(key)
+    dev = _dev.get(rec.index)
+    entry = dev.graphs.get(key)
     if entry is None:
-        target = _dev.target_of(rec.index)
-        table = _ops.decompositions(target.packs)
-        examples = [torch.empty_strided(tuple(t.shape), tuple(t.stride()), dtype=t.dtype) for t in rec.inputs]
-        with torch.no_grad():
-            gm = make_fx(_replay(rec, alive), decomposition_table=table, tracing_mode="fake")(*examples)
-        _restore_leaves(gm)
-        _ops._drop_dead(gm)
-        writes = _ops.functionalize_input_writes(gm)
-        placeholders = [(p.name, "input", i) for i, p in enumerate(n for n in gm.graph.nodes if n.op == "placeholder")]
-        out_node = next(n for n in gm.graph.nodes if n.op == "output")
-        outputs = [a.name if isinstance(a, torch.fx.Node) else None for a in tree_flatten(out_node.args[0])[0]]
-        captured = Captured(gm, placeholders, {}, outputs, training=False,
-                            extra={"unbatched": _ops.unbatched_inputs(placeholders, rec.inputs)})
-        strict = _ops._strict()
-        plan = plan_captured(captured, _ops.planning_examples(rec.inputs, target.hcd), target,
-                             precision=_ops.eager_precision(), strict=strict)
-        executor = EagerExecutor(plan, target, rec.index, graph_module=gm, strict=strict,
-                                 static_inputs=static)
-        entry = _GRAPHS[key] = (plan, executor, writes, _ops._is_random(gm))
+        entry = dev.graphs[key] = _plan_graph(rec, alive, static, dev)
         STATS["graphs_planned"] += 1
     plan, executor, writes, random = entry
-    _LAST["plan"] = plan
+    _dev.DEVICES.last_plan = plan
     if random:
-        from .module import rng_scope
-
         with rng_scope(rec.index):
             results = executor.run(tuple(rec.inputs))
     else:
@@ -472,7 +428,35 @@ def _run(rec):
                 t.copy_(r)
         for i, r in zip(writes, results[len(results) - len(writes):] if writes else ()):
             rec.inputs[i].copy_(r)      # running statistics a training-mode batch-norm updates
-    _ops.STATS["lazy_graph_ops"] += len(rec.nodes)
-    _ops.STATS["lazy_fallback_nodes"] += len(plan.fallbacks)     # host steps inside the graphs
+    _EAGER_STATS["lazy_graph_ops"] += len(rec.nodes)
+    _EAGER_STATS["lazy_fallback_nodes"] += len(plan.fallbacks)     # host steps inside the graphs
     del results
 
+
+def _plan_graph(rec, alive, static, dev):
+    """The recorded ops as one planned graph: (plan, executor, written input positions,
+    whether it draws random numbers)."""
+    from torch.fx.experimental.proxy_tensor import make_fx
+
+    from torchfl.planner.api import plan_captured
+    from torchfl.planner.capture import Captured
+
+    from .executor import EagerExecutor
+
+    target = dev.target
+    examples = [torch.empty_strided(tuple(t.shape), tuple(t.stride()), dtype=t.dtype) for t in rec.inputs]
+    with torch.no_grad():
+        gm = make_fx(_replay(rec, alive), decomposition_table=decompositions(dev), tracing_mode="fake")(*examples)
+    _restore_leaves(gm)
+    drop_dead(gm)
+    writes = functionalize_input_writes(gm)
+    placeholders = [(p.name, "input", i) for i, p in enumerate(n for n in gm.graph.nodes if n.op == "placeholder")]
+    out_node = next(n for n in gm.graph.nodes if n.op == "output")
+    outputs = [a.name if isinstance(a, torch.fx.Node) else None for a in tree_flatten(out_node.args[0])[0]]
+    captured = Captured(gm, placeholders, {}, outputs, training=False,
+                        extra={"unbatched": unbatched_inputs(placeholders, rec.inputs)})
+    strict_ = strict()
+    plan = plan_captured(captured, planning_examples(rec.inputs, target.hcd), target,
+                         precision=eager_precision(), strict=strict_)
+    executor = EagerExecutor(plan, target, rec.index, graph_module=gm, strict=strict_, static_inputs=static)
+    return plan, executor, writes, is_random_graph(gm)

@@ -22,6 +22,7 @@ from __future__ import annotations
 import contextlib
 
 from . import device as _dev
+from .rng import generator, manual_seed, manual_seed_all, rng_scope
 
 __all__ = ["is_available", "is_initialized", "device_count", "current_device", "set_device", "device",
            "get_device_name", "memory_allocated", "max_memory_allocated", "memory_reserved",
@@ -81,7 +82,7 @@ def current_device() -> int:
 
 
 def set_device(index) -> None:
-    _adapter().set_device(_dev._index(index))
+    _adapter().set_device(_dev.index_of(index))
 
 
 @contextlib.contextmanager
@@ -89,7 +90,7 @@ def device(index):
     """``with torch.npu.device(1):`` -- the current device inside the block."""
     a = _adapter()
     old = a.current_device()
-    a.set_device(_dev._index(index))
+    a.set_device(_dev.index_of(index))
     try:
         yield
     finally:
@@ -98,7 +99,7 @@ def device(index):
 
 def get_device_name(index=None) -> str:
     """The chip's name (``chip.name`` of its HCD)."""
-    return _dev.chip_names()[_dev._index(index)]
+    return _dev.chip_names()[_dev.index_of(index)]
 
 
 def chip_device(name: str):
@@ -139,9 +140,9 @@ def reset_peak_memory_stats(index=None) -> None:
 
 def empty_cache() -> None:
     """Return every chip's cached free blocks (like ``torch.cuda.empty_cache``)."""
-    for i in range(_dev.device_count()):
-        if i in _dev._MEMORY:
-            _dev._MEMORY[i].empty_cache()
+    for h in list(_dev.DEVICES.handles.values()):
+        if h.has_memory():
+            h.memory.empty_cache()
 
 
 def synchronize(index=None) -> None:
@@ -153,50 +154,7 @@ def synchronize(index=None) -> None:
 
 # ---------------------------------------------------------------- random numbers
 
-_DEFAULT_SEED = 67280421310721          # torch's default seed of a device generator
-_SEED: list = [_DEFAULT_SEED]            # what a generator made from now on starts from
-_GENERATORS: dict = {}                   # device index -> torch.Generator (CPU: draws run on the host)
-
-
-def _generator(index=None):
-    i = _dev._index(index)
-    gen = _GENERATORS.get(i)
-    if gen is None:
-        import torch
-
-        gen = _GENERATORS[i] = torch.Generator()
-        gen.manual_seed(_SEED[0])
-    return gen
-
-
-@contextlib.contextmanager
-def rng_scope(index):
-    """Run host random draws of device ``index`` from its generator: the CPU default
-    generator holds the device's state inside the block, and its own again after."""
-    import torch
-
-    gen = _generator(index)
-    cpu = torch.default_generator
-    saved = cpu.get_state()
-    cpu.set_state(gen.get_state())
-    try:
-        yield
-    finally:
-        gen.set_state(cpu.get_state())
-        cpu.set_state(saved)
-
-
-def manual_seed(seed: int) -> None:
-    """Seed the current device's generator (like ``torch.cuda.manual_seed``)."""
-    _generator(None).manual_seed(int(seed))
-
-
-def manual_seed_all(seed: int) -> None:
-    """Seed every device's generator (``torch.manual_seed`` calls this): lazily, so that
-    seeding opens no registry in programs that never use the device."""
-    _SEED[0] = int(seed)
-    for gen in _GENERATORS.values():
-        gen.manual_seed(int(seed))
+_generator = generator
 
 
 def seed() -> None:

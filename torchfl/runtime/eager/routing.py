@@ -2,7 +2,7 @@
 registration without importing the planner or numba (they load on the first op).
 
 The adapter's C++ kernels (factories, copies, views) take precedence over the fallback;
-everything else reaches :func:`torchfl.runtime.eager.ops.dispatch`. Structured ops reach a
+everything else reaches :func:`torchfl.runtime.eager.dispatch.dispatch`. Structured ops reach a
 backend fallback as their ``.out`` overloads, so once the planner is loaded the functional
 overloads the rule packs name are registered explicitly too (:func:`register_functional`).
 """
@@ -14,13 +14,13 @@ _LIBS: list = []
 _FUNCTIONAL_DONE: set = set()
 
 
-_DISPATCH: list = [None]     # ops.dispatch, once imported (an import statement per op costs ~1 us)
+# [the dispatcher once loaded, the function that loads it]: set by install(); routing imports
+# nothing of the eager device (it sits below the dispatcher, which imports the planner)
+_DISPATCH: list = [None, None]
 
 
 def _load_dispatch():
-    from .ops import dispatch
-
-    _DISPATCH[0] = dispatch
+    _DISPATCH[0] = dispatch = _DISPATCH[1]()
     return dispatch
 
 
@@ -28,10 +28,12 @@ def _fallback(op, *args, **kwargs):
     return (_DISPATCH[0] or _load_dispatch())(op, args, kwargs)
 
 
-def install() -> None:
-    """The PrivateUse1 fallback and npu-aware tensor printing."""
+def install(load_dispatch) -> None:
+    """The PrivateUse1 fallback and npu-aware tensor printing. ``load_dispatch()`` returns
+    the function every op goes to (``dispatch.dispatch``), called at the first op."""
     import torch
 
+    _DISPATCH[1] = load_dispatch
     lib = torch.library.Library("_", "IMPL")   # noqa: TOR901 -- a backend fallback needs the global namespace
     lib.fallback(_fallback, "PrivateUse1")
     _LIBS.append(lib)
@@ -53,9 +55,7 @@ def install() -> None:
 def _sdpa_device(*args, **kwargs):
     import torch
 
-    from .ops import dispatch
-
-    return dispatch(torch.ops.aten.scaled_dot_product_attention.default, args, kwargs)
+    return (_DISPATCH[0] or _load_dispatch())(torch.ops.aten.scaled_dot_product_attention.default, args, kwargs)
 
 
 def _sdpa_autograd(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=False, scale=None,
@@ -110,19 +110,15 @@ def sdpa_composite(query, key, value, attn_mask=None, dropout_p=0.0, is_causal=F
 def _convolution(*args, **kwargs):
     import torch
 
-    from .ops import dispatch
-
-    return dispatch(torch.ops.aten.convolution.default, args, kwargs)
+    return (_DISPATCH[0] or _load_dispatch())(torch.ops.aten.convolution.default, args, kwargs)
 
 
 def _convolution_backward(grad_output, input, weight, stride, padding, dilation, transposed, output_padding,
                           groups, output_mask):
     import torch
 
-    from .ops import dispatch
-
     bias_sizes = [weight.shape[0]] if output_mask[2] else None
-    return dispatch(torch.ops.aten.convolution_backward.default,
+    return (_DISPATCH[0] or _load_dispatch())(torch.ops.aten.convolution_backward.default,
                     (grad_output, input, weight, bias_sizes, stride, padding, dilation, transposed,
                      output_padding, groups, output_mask), {})
 
