@@ -16,6 +16,8 @@ ALLOWED = {   # file:function (dotted for a method or a nested function) -> call
     "cluster/fidelity.py:_resolver.resolve": 1,          # a cluster fidelity unit
     "conformance/bf16.py:check_native_bf16": 1,          # conformance entries
     "conformance/harness.py:run_unit": 1,
+    "conformance/across.py:run_unit_across": 1,          # the same check for a unit of several chips
+    "conformance/shared.py:ChipGraph._plan": 1,          # the backend's _plan, over a capture the chips share
     "runtime/backend.py:CompiledGraph._plan": 1,         # torch.compile backend
     "runtime/backend.py:training_decompositions": 1,     # the backend's AOT decompositions (runtime's)
     "runtime/device.py:device_memory": 1,
