@@ -1,7 +1,7 @@
 """End-to-end benchmark: models compiled with backend="torchfl" vs eager torch, side by side.
 
     python tools/bench_e2e.py [--json] [--runs 5] [--cases resnet50_b1,bert_layer_s128,gpt2_small_s128,
-                                                   resnet50_b8,bert_base_s512]
+                                                   resnet50_b8,bert_base_s512] [--threads N | 1,2]
 
 Per case: the first call (plan + Numba kernel compile + run) is timed as first_compile_s;
 one more warm-up call; then ``--runs`` alternating timed calls of the compiled model and of
@@ -73,11 +73,12 @@ def run_case(name, runs, registry=None):
         quantised = quantise_pt2e(model, inputs)
     with torch.no_grad():          # eager alone, before any emulator thread exists
         model(*inputs)
-        alone = []
+        alone, eager_both = [], []
         for _ in range(runs):
-            t0 = _clock()
+            t0, w0, c0 = _clock(), time.perf_counter(), time.process_time()
             model(*inputs)
             alone.append(_clock() - t0)
+            eager_both.append((time.perf_counter() - w0, time.process_time() - c0))
     compiled = torch.compile(quantised if quantised is not None else model, backend="torchfl",
                              options={"chip": chip, "precision": precision, "registry": registry})
     with torch.no_grad():
@@ -92,11 +93,12 @@ def run_case(name, runs, registry=None):
         n_steps = sum(len(e.plan.steps) for e in executors)
         n_exec = sum(len(e.dynamic_preps) for e in executors)
         ref = _tensor(model(*inputs))
-        ours_alone = []
+        ours_alone, ours_both = [], []
         for _ in range(runs):
-            t0 = _clock()
+            t0, w0, c0 = _clock(), time.perf_counter(), time.process_time()
             compiled(*inputs)
             ours_alone.append(_clock() - t0)
+            ours_both.append((time.perf_counter() - w0, time.process_time() - c0))
         ours, eager, overhead = [], [], []
         for _ in range(runs):
             t0 = _clock()
@@ -130,6 +132,11 @@ def run_case(name, runs, registry=None):
             "executor_overhead_per_executed_step_us": statistics.median(overhead) * n_steps / max(1, n_exec) * 1e6,
             "executor_overhead_ms": statistics.median(overhead) * n_steps * 1e3,
             "steps": n_steps, "executed_steps": n_exec, "graphs": len(executors), "fallbacks": fb, "rel_err_vs_eager": rel,
+            # wall and CPU time of the same alone calls (medians): CPU / wall is how many cores a side kept busy
+            "torchfl_alone_wall_s": statistics.median(w for w, _c in ours_both),
+            "torchfl_alone_cpu_s": statistics.median(c for _w, c in ours_both),
+            "torch_eager_alone_wall_s": statistics.median(w for w, _c in eager_both),
+            "torch_eager_alone_cpu_s": statistics.median(c for _w, c in eager_both),
             "runs": runs, **extra}
 
 
@@ -145,12 +152,20 @@ def main(argv=None):
     ap.add_argument("--runs", type=int, default=5)
     ap.add_argument("--cases", default=",".join(CASES))
     ap.add_argument("--registry", default=None)
-    ap.add_argument("--threads", type=int, default=0,
-                    help="threads for both sides (torch and the emulator's kernels; default: all cores)")
+    ap.add_argument("--threads", default="0",
+                    help="threads for both sides (torch and the emulator's kernels; default: all cores); a list "
+                         "(1,2) runs each count in a fresh process and prints the speed-up of each over the first")
     ap.add_argument("--timer", choices=("wall", "cpu"), default="wall",
                     help="cpu: the process's CPU time (with --threads 1, the work each side does, steady on a "
                          "loaded host where wall time swings with the other processes)")
     a = ap.parse_args(argv)
+    try:
+        counts = [int(t) for t in a.threads.split(",")]
+    except ValueError:
+        ap.error(f"--threads takes a count or a list of counts (1,2), not {a.threads!r}")
+    if len(counts) > 1:
+        return scaling(a, counts)
+    a.threads = counts[0]
     global _clock
     if a.timer == "cpu":
         _clock = time.process_time
@@ -180,6 +195,55 @@ def main(argv=None):
         json.dump({"threads": torch.get_num_threads(), "timer": a.timer, "results": results}, sys.stdout, indent=2)
         print()
     return 0 if all("error" not in r for r in results) else 1
+
+
+def scaling(a, counts):
+    """Each thread count in a fresh process (Numba fixes its thread pool at import), wall time:
+    per case and side, the speed-up of each count over the first (wall over wall) and, within one
+    run, CPU over wall time (the cores it kept busy). Only a quiet host shows a speed-up: the load
+    average is printed before and after."""
+    import os
+    import subprocess
+
+    runs = {}
+    load0 = os.getloadavg()
+    for n in counts:
+        cmd = [sys.executable, __file__, "--json", "--runs", str(a.runs), "--cases", a.cases, "--threads", str(n),
+               "--timer", "wall"] + (["--registry", a.registry] if a.registry else [])
+        proc = subprocess.run(cmd, capture_output=True, text=True)
+        if not proc.stdout.strip():
+            sys.exit(f"bench_e2e --threads {n} failed:\n{proc.stderr[-2000:]}")
+        runs[n] = {r["case"]: r for r in json.loads(proc.stdout)["results"]}
+    load1 = os.getloadavg()
+    rows = []
+    for case in a.cases.split(","):
+        base = runs[counts[0]].get(case, {})
+        for n in counts:
+            r = runs[n].get(case, {})
+            if "error" in r or "error" in base:
+                rows.append({"case": case, "threads": n, "error": r.get("error") or base.get("error")})
+                continue
+            row = {"case": case, "threads": n}
+            for side, key in (("torchfl", "torchfl_alone"), ("torch_eager", "torch_eager_alone")):
+                wall, cpu = r[f"{key}_wall_s"], r[f"{key}_cpu_s"]
+                row[f"{side}_wall_s"], row[f"{side}_cpu_over_wall"] = wall, cpu / wall
+                row[f"{side}_speedup"] = base[f"{key}_wall_s"] / wall
+            rows.append(row)
+    out = {"threads": counts, "load_before": load0, "load_after": load1, "rows": rows}
+    if a.json:
+        json.dump(out, sys.stdout, indent=2)
+        print()
+    else:
+        print(f"load average {load0[0]:.1f} -> {load1[0]:.1f} (a speed-up shows only on a quiet host)")
+        for r in rows:
+            if "error" in r:
+                print(f"{r['case']:<18} {r['threads']} threads  ERROR {r['error']}")
+                continue
+            print(f"{r['case']:<18} {r['threads']} threads  torchfl {r['torchfl_wall_s'] * 1e3:8.1f} ms "
+                  f"x{r['torchfl_speedup']:.2f} (cpu/wall {r['torchfl_cpu_over_wall']:.2f})  eager "
+                  f"{r['torch_eager_wall_s'] * 1e3:8.1f} ms x{r['torch_eager_speedup']:.2f} "
+                  f"(cpu/wall {r['torch_eager_cpu_over_wall']:.2f})")
+    return 0 if all("error" not in r for r in rows) else 1
 
 
 def _line(r):
