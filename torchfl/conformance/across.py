@@ -13,13 +13,12 @@ Eager-mode units (``--mode eager``) stay one chip each. Each chip still gets its
 
 from __future__ import annotations
 
-import os
 import time
 from dataclasses import dataclass
 from datetime import datetime, timezone
 
-from torchfl.conformance.harness import (Report, Settings, Unit, _worker_init, _worker_init_light, aggregate, claims,
-                                         harness_hash, plan_units, run_unit)
+from torchfl.conformance.harness import (Report, Settings, Unit, _worker_init_light, aggregate, claims,
+                                         harness_hash, plan_units, run_unit, run_work)
 
 
 @dataclass
@@ -167,30 +166,9 @@ def _call(item, url, settings):
 
 
 def _execute(work, url, settings, chips):
-    """Yield ``(item, result)`` as items finish: in this process (jobs 1) or in one pool."""
-    if settings.jobs <= 1 or len(work) <= 1:
-        _worker_init_light()
-        for item in work:
-            yield item, _call(item, url, settings)
-        return
-    import multiprocessing
-    from concurrent.futures import ProcessPoolExecutor, as_completed
+    """Yield ``(item, result)`` as items finish: in this process (jobs 1) or in one pool, where
+    every chip under test is an npu device in each worker."""
+    import functools
 
-    env = {"NUMBA_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "TORCHFL_REGISTRY_URL": url}
-    if "eager" in settings.modes:
-        env["TORCHFL_DEVICES"] = ",".join(chips)   # every chip under test is an npu device in each worker
-    saved = {k: os.environ.get(k) for k in env}
-    os.environ.update(env)   # inherited by the spawned workers only for their start
-    try:
-        ctx = multiprocessing.get_context("spawn")
-        with ProcessPoolExecutor(max_workers=settings.jobs, mp_context=ctx, initializer=_worker_init,
-                                 initargs=(os.getpid(),)) as pool:
-            futures = {pool.submit(_call, item, url, settings): item for item in work}
-            for fut in as_completed(futures):
-                yield futures[fut], fut.result()
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
+    yield from run_work(work, functools.partial(_call, url=url, settings=settings), url, settings,
+                        devices=",".join(chips))

@@ -315,24 +315,36 @@ def run(chip: str, *, registry=None, settings: Settings = Settings(), progress=N
 
 def _execute(units, chip, url, settings, bf16_emulated, chip_hash):
     """Yield ``(unit, outcomes)`` as units finish: in this process (jobs 1) or sharded."""
-    if settings.jobs <= 1 or len(units) <= 1:
+    import functools
+
+    run = functools.partial(run_unit, chip=chip, registry=url, settings=settings, bf16_emulated=bf16_emulated,
+                            chip_hash=chip_hash)
+    yield from run_work(units, run, url, settings, devices=chip)   # npu:0 is the chip under test
+
+
+def run_work(work, fn, url, settings, devices: str):
+    """Yield ``(item, fn(item))`` as items finish: in this process (jobs 1, or one item) or in one
+    pool of ``settings.jobs`` spawn workers (``fn`` picklable: a module-level function or a
+    partial of one). A worker has one thread, the run's registry and, for eager-mode units,
+    ``devices`` as its ``TORCHFL_DEVICES``; it ends with this process (``_worker_init``)."""
+    if settings.jobs <= 1 or len(work) <= 1:
         _worker_init_light()
-        for unit in units:
-            yield unit, run_unit(unit, chip, url, settings, bf16_emulated, chip_hash)
+        for item in work:
+            yield item, fn(item)
         return
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor, as_completed
 
     env = {"NUMBA_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "TORCHFL_REGISTRY_URL": url}
     if "eager" in settings.modes:
-        env["TORCHFL_DEVICES"] = chip   # npu:0 is the chip under test in every worker
+        env["TORCHFL_DEVICES"] = devices
     saved = {k: os.environ.get(k) for k in env}
     os.environ.update(env)   # inherited by the spawned workers only for their start
     try:
         ctx = multiprocessing.get_context("spawn")
         with ProcessPoolExecutor(max_workers=settings.jobs, mp_context=ctx, initializer=_worker_init,
                                  initargs=(os.getpid(),)) as pool:
-            futures = {pool.submit(run_unit, u, chip, url, settings, bf16_emulated, chip_hash): u for u in units}
+            futures = {pool.submit(fn, item): item for item in work}
             for fut in as_completed(futures):
                 yield futures[fut], fut.result()
     finally:
