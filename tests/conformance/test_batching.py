@@ -61,3 +61,30 @@ def test_a_tensor_nested_deeper_keeps_the_pytree_path():
     assert leaves[0] is a and leaves[1] is b
     x, y = torch.ones(3), torch.zeros(3)
     _same(fn(x, y), x * 2.0 + y)
+
+
+def test_a_case_refused_on_its_inputs_runs_alone_and_the_rest_stays_one_graph(seeded_url, monkeypatch):
+    """EDGE-C2 (NCWH only) refuses a channels-last input: the joint graph was split in halves
+    down to that case (2 log2(n) more traces and captures); now it runs alone at once, the
+    other cases stay one graph, and each chip's outcomes are those it gets alone."""
+    import torchfl.planner.capture as capture
+    from torchfl.conformance.execute import Chip, prepare, run_cases_on
+
+    calls = []
+    real = capture.capture_dynamo
+    monkeypatch.setattr(capture, "capture_dynamo", lambda *a, **k: calls.append(1) or real(*a, **k))
+    torch.manual_seed(0)
+    cases = [Case("add", i, "opinfo", torch.add, (torch.randn(1, 3, 4, 4, dtype=torch.float16),
+                                                   torch.randn(1, 3, 4, 4, dtype=torch.float16))) for i in range(16)]
+    cl = cases[5].args[0].contiguous(memory_format=torch.channels_last)
+    cases[5] = Case("add", 5, "channels_last", torch.add, (cl, cases[5].args[1]))
+    chips = {"NPU-V3": Chip(("aten.add.Tensor",)), "EDGE-C2": Chip(("aten.add.Tensor",))}
+    together = run_cases_on(cases, chips, seeded_url)
+    assert len(calls) == 2, calls     # the 16 for NPU-V3, the other 15 for EDGE-C2; the refused one before capture
+    assert [o.status for o in together["NPU-V3"]] == ["pass"] * 16
+    assert [o.status for o in together["EDGE-C2"]] == ["pass"] * 5 + ["refused"] + ["pass"] * 10
+    assert "channels_last" in together["EDGE-C2"][5].reason
+    for chip, c in chips.items():
+        alone = run_cases_on(cases, {chip: c}, seeded_url)[chip]
+        assert [o.as_dict() for o in alone] == [o.as_dict() for o in together[chip]]
+    assert prepare(cases[5]).layout == "channels_last"
