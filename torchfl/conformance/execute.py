@@ -261,6 +261,33 @@ def _run_group(idx, prepared, out, chips: dict, registry) -> None:
     if len(idx) == 1:
         _run_single(prepared[idx[0]], idx[0], out, chips, registry)
         return
+    by_early: dict = {}
+    for chip, c in chips.items():
+        by_early.setdefault(_early_refusals(idx, prepared, chip, registry), {})[chip] = c
+    if any(by_early):
+        # a case whose inputs alone a chip refuses (a channels-last variant on an NCWH chip) would
+        # refuse the joint graph and split it in halves down to that case: ~2 log2(n) traces and
+        # captures; it runs alone at once, and the rest stays one graph
+        for early, group in by_early.items():
+            for i in sorted(early):
+                _run_single(prepared[i], i, out, group, registry)
+            _run_group([i for i in idx if i not in early], prepared, out, group, registry)
+        return
+    _run_joint(idx, prepared, out, chips, registry)
+
+
+def _early_refusals(idx, prepared, chip, registry) -> frozenset:
+    """The cases of ``idx`` that ``chip`` refuses on their inputs' layouts alone, before any
+    capture (``ChipGraph._plan``'s first check): as a single case, each is refused the same way."""
+    from torchfl.planner.constraints import input_layouts
+    from torchfl.planner.target import resolve_target
+
+    layouts = resolve_target(chip, registry).hcd.layouts
+    return frozenset(i for i in idx if any(lay and lay not in layouts for lay in input_layouts(prepared[i].case.leaves())))
+
+
+def _run_joint(idx, prepared, out, chips: dict, registry) -> None:
+    """The cases of ``idx`` as one graph for every chip; a chip that refuses it splits it in halves."""
     from torchfl.conformance.shared import GroupCompile
 
     fns, leaves, counts = [], [], []
