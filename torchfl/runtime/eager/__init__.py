@@ -7,7 +7,7 @@
     torch.npu.memory_allocated(0)
 
 Pieces: ``adapter.cpp`` (the C++ adapter: allocator, device guard, hooks, copy/view
-kernels; built by ``build.py``), ``device.py`` (which chip each index is, buffers),
+kernels, the fast path of known op signatures; built by ``build.py``), ``device.py`` (which chip each index is, buffers),
 ``module.py`` (``torch.npu``), ``ops.py`` (every other op: a one-op plan of the SME, cached
 per signature, run by the plan executor), ``lazy.py`` (lazy mode: whole graphs).
 

@@ -633,6 +633,13 @@ void release(std::vector<PyObject*>& objs) {
   objs.clear();
 }
 
+// The tensor arguments' Python objects, released however the kernel ends (GIL held: declared
+// after the kernel's gil_scoped_acquire).
+struct PyRefs {
+  std::vector<PyObject*> v;
+  ~PyRefs() { release(v); }
+};
+
 // The output of a runner's (address, nbytes, meta) as an npu tensor owning the buffer.
 at::Tensor adopt_output(FastEntry& e, PyObject* res) {
   const uint64_t address = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(res, 0));
@@ -713,12 +720,15 @@ struct FastKernel final : public c10::OperatorKernel {
   void operator()(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack* stack) {
     const size_t n = op.schema().arguments().size();
     py::gil_scoped_acquire gil;
-    thread_local std::vector<int64_t> key;
-    thread_local std::vector<PyObject*> objs;
-    thread_local std::vector<const c10::TensorImpl*> impls;
-    key.clear();
-    release(objs);
-    impls.clear();
+    // locals, not thread-locals: the Python calls below may run other npu ops on this thread
+    // (the router's executor, a view's wrapping), which re-enter this kernel
+    std::vector<int64_t> key;
+    PyRefs refs;
+    std::vector<PyObject*>& objs = refs.v;
+    std::vector<const c10::TensorImpl*> impls;
+    key.reserve(48);
+    objs.reserve(4);
+    impls.reserve(4);
     bool cacheable = bypass_depth[0] == 0 && bypass_depth[1] == 0 && !env_lazy();
     if (cacheable && !route_key(op, stack, n, key, objs, impls)) {
       cacheable = false;

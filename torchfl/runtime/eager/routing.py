@@ -4,7 +4,10 @@ registration without importing the planner or numba (they load on the first op).
 The adapter's C++ kernels (factories, copies, views) take precedence over the fallback;
 everything else reaches :func:`torchfl.runtime.eager.dispatch.dispatch`. Structured ops reach a
 backend fallback as their ``.out`` overloads, so once the planner is loaded the functional
-overloads the rule packs name are registered explicitly too (:func:`register_functional`).
+overloads the rule packs name are registered explicitly too (:func:`register_functional`):
+with the adapter loaded, as its C++ fast kernel (``adapter.cpp``, ``FastKernel``: a signature
+seen before runs its route's bound kernel without this router; a miss comes back through
+:func:`_fast_miss`), else as a Python kernel.
 """
 from __future__ import annotations
 
