@@ -114,3 +114,14 @@ def test_batched_decode_rows(dtype):
     (c,), _ = run_checked("linear", chip, {"x": x, "w": w})
     assert tuple(c.shape) == (5, 1, 30)
     assert_close(as_f32(c), F.linear(as_f32(x), as_f32(w)), dtype, scale=2)
+
+
+@pytest.mark.parametrize("dtype", ["float32"] + DT16)
+@pytest.mark.parametrize("m", [1, 2])
+@pytest.mark.parametrize("K", [300, 2500])
+def test_one_two_rows_short_and_long_columns(dtype, m, K):
+    """One and two rows: columns of at most gemv.SHORT_COLUMN bytes are read one at a time, longer ones
+    eight side by side (N = 8*4 + 7: groups and a remainder); both against torch."""
+    assert (K * 2 <= gemv.SHORT_COLUMN) == (K == 300) and 2500 * 2 > gemv.SHORT_COLUMN
+    c, ref, _ = _linear(dtype, m, K, 39, seed=K + m)
+    assert_close(as_f32(c), ref, dtype, scale=max(2.0, math.sqrt(K) / 4), what=f"{m}x{K}x39")

@@ -227,7 +227,7 @@ def run_cases(cases, *, chip, registry=None, bf16_emulated: bool = False, target
     return run_cases_on(cases, {chip: Chip(tuple(targets), bf16_emulated)}, registry)[chip]
 
 
-def run_cases_on(cases, chips: dict, registry=None) -> dict[str, list[Outcome]]:
+def run_cases_on(cases, chips: dict, registry=None, first: int = 0) -> dict[str, list[Outcome]]:
     """Every case of one OpInfo and dtype on every chip of ``chips`` (name -> :class:`Chip`):
     compiled together as one graph where a chip takes them all (one capture instead of one per
     case), else split in halves down to single cases for the chips that refused. Eager torch's
@@ -236,7 +236,11 @@ def run_cases_on(cases, chips: dict, registry=None) -> dict[str, list[Outcome]]:
 
     In a joint graph each case counts for the chip's ``targets`` that (a) the joint plan ran on
     the chip and (b) the case itself dispatched in eager torch (or, for the composites the
-    planner keeps whole, that its OpInfo maps to); a single case counts for what its own plan ran."""
+    planner keeps whole, that its OpInfo maps to); a single case counts for what its own plan ran.
+
+    ``first``: the index of ``cases[0]`` among its OpInfo's cases (a run across chips hands a
+    worker one slice of a large OpInfo): the joint graphs are the cases of one block of
+    :data:`JOINT_MAX` indices, so a slice starting at a multiple of it makes the same graphs."""
     prepared = [prepare(c) for c in cases]
     out: dict = {chip: {} for chip in chips}
     live = []
@@ -246,8 +250,11 @@ def run_cases_on(cases, chips: dict, registry=None) -> dict[str, list[Outcome]]:
                 out[chip][i] = p.outcome("skipped", reason=p.skip)
         else:
             live.append(i)
-    for at in range(0, len(live), JOINT_MAX):   # --samples all: max_pool2d has 1,440 samples
-        _run_group(live[at:at + JOINT_MAX], prepared, out, dict(chips), registry)
+    blocks: dict = {}
+    for i in live:   # --samples all: max_pool2d has 1,444 samples
+        blocks.setdefault((first + i) // JOINT_MAX, []).append(i)
+    for block in blocks.values():
+        _run_group(block, prepared, out, dict(chips), registry)
     return {chip: [out[chip][i] for i in range(len(cases))] for chip in chips}
 
 
