@@ -30,8 +30,9 @@ def build(hidden: int, dtype):
     return LlamaForCausalLM(cfg).eval().to(dtype)
 
 
-def decode(forward, cache, first, n, timed_from):
-    """Greedy decode of ``n`` tokens from ``first``; per-token seconds of tokens >= timed_from."""
+def decode(forward, cache, first, n, timed_from, profiler=None):
+    """Greedy decode of ``n`` tokens from ``first``; per-token seconds of tokens >= timed_from
+    (``profiler``: a cProfile.Profile enabled over those tokens' forwards only)."""
     import copy
 
     import torch
@@ -40,9 +41,14 @@ def decode(forward, cache, first, n, timed_from):
     ids, tokens, times, logits = first, [], [], []
     with torch.no_grad():
         for i in range(n):
+            prof = profiler is not None and i >= timed_from
+            if prof:
+                profiler.enable()
             t0 = time.perf_counter()
             out = forward(input_ids=ids, cache=cache, use_cache=True)
             dt = time.perf_counter() - t0
+            if prof:
+                profiler.disable()
             cache = out.cache
             logits.append(out.logits[0, -1].float().clone())
             ids = logits[-1].argmax().view(1, 1)
@@ -71,6 +77,8 @@ def main(argv=None) -> int:
     ap.add_argument("--hidden", type=int, default=512)
     ap.add_argument("--dtype", default="float32", choices=["float32", "float16"])
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--profile", metavar="FILE", help="cProfile the emulated chip's timed tokens into FILE "
+                    "(pstats; the timings then include the profiler's overhead)")
     args = ap.parse_args(argv)
 
     import torch
@@ -113,7 +121,14 @@ def main(argv=None) -> int:
             split["kernel"].append(getattr(ex, "last_kernel_s", 0.0) or 0.0)
     backend.CompiledGraph.__call__ = timed_call
     compiled = torch.compile(m.forward, backend="torchfl", options={"chip": args.chip})
-    chip_tokens, chip_s, chip_logits = decode(compiled, pre.cache, first, n, args.warm)
+    profiler = None
+    if args.profile:
+        import cProfile
+
+        profiler = cProfile.Profile()
+    chip_tokens, chip_s, chip_logits = decode(compiled, pre.cache, first, n, args.warm, profiler)
+    if profiler is not None:
+        profiler.dump_stats(args.profile)
     backend.CompiledGraph.__call__ = call
     lengths_mod.LengthPlanner.plan = plan_of
 

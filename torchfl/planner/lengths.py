@@ -262,6 +262,7 @@ class LengthPlanner:
         self.buckets: dict = {}
         self.decisions = 0
         self.instances = 0
+        self.last_bucket = None     # the key of the bucket the last plan() belongs to
 
     def plan(self, args):
         """(plan, positions of the user inputs among ``args``) for this call's sizes."""
@@ -287,6 +288,7 @@ class LengthPlanner:
                                         decide=forced(bucket.chosen, bucket.selection))
                 bucket.lengths.add(tuple(sorted(bind.values())))
                 self.instances += 1
+                self.last_bucket = key
                 return self._noted(plan, bucket, bind), self.user
             except NotInBucket:
                 key = key + (("from", tuple(sorted((str(s), v) for s, v in bind.items()))),)
@@ -299,6 +301,7 @@ class LengthPlanner:
         bucket = self.buckets[key] = _Bucket(lo, hi, tuple(choice(o) for o in sel.chosen), sel,
                                              {str(s): v for s, v in bind.items()})
         bucket.lengths.add(tuple(sorted(bind.values())))
+        self.last_bucket = key
         return self._noted(plan, bucket, bind), self.user
 
     def _noted(self, plan, bucket, bind):
