@@ -80,3 +80,29 @@ def test_the_cli_runs_several_chips_together_and_records_each(registry):
                                    "--samples", "1", "--jobs", "1", "--registry", registry.url])
     assert res.exit_code == 0, res.output
     assert res.output.count("a run of several chips") == 2 and res.output.count("recorded as run") == 2
+
+
+def test_a_large_opinfo_is_cut_in_slices_with_the_verdicts_of_one_run_per_chip(registry, monkeypatch):
+    """``--samples all``: max_pool2d's 1,448 float16 cases were one task of a third of the run;
+    now slices of at most CHUNK cases (here 4, joint graphs of 2), largest units first, put
+    back together per chip in order: the same rows as each chip alone."""
+    import torchfl.conformance.across as across
+    import torchfl.conformance.execute as execute
+    from torchfl.conformance.harness import Settings, run
+
+    monkeypatch.setattr(across, "CHUNK", 4)
+    monkeypatch.setattr(execute, "JOINT_MAX", 2)
+    settings = Settings(samples=7, ops=("add", "permute"), jobs=1)
+    runs = {chip: across._start(registry, chip, settings) for chip in CHIPS}
+    work = across.cross_units(runs, settings.modes, settings)
+    parts = [u.part for u in work if u.opinfo == "add" and u.dtype == "float16"]
+    assert len(parts) >= 2 and parts == sorted(parts) and parts[0][0] == 0
+    assert all(b - a <= 4 for a, b in parts) and all(p[1] == q[0] for p, q in zip(parts, parts[1:]))
+    assert [u.cost for u in work] == sorted((u.cost for u in work), reverse=True)
+    alone = {chip: run(chip, registry=registry, settings=settings, record=False) for chip in CHIPS}
+    together = {r.chip: r for r in across.run_chips(CHIPS, registry=registry, settings=settings, record=False)}
+    for chip in CHIPS:
+        a, b = alone[chip], together[chip]
+        assert b.results == a.results and b.unverified == a.unverified
+        assert (b.skipped, b.unattributed) == (a.skipped, a.unattributed)
+        assert sum(r["samples"] for r in b.results) > 8

@@ -8,7 +8,7 @@ import torch.nn.functional as F
 
 from torchfl.kernels import ChipModel, DeviceMemory
 from torchfl.kernels.catalog import CATALOG
-from torchfl.kernels.gemv import GEMV_M
+from torchfl.kernels.gemv import uses_gemv
 from torchfl.kernels.ukernel import NR
 
 from .helpers import CACHES, as_f32, assert_close, bytes_monotone, chip_for, dev, run_checked
@@ -254,7 +254,7 @@ def test_linear_frozen_weight_packed_once(dtype, mkn, cache, kernel):
         (c,), plan = run_checked(kernel, chip, {"x": x, "w": w, "bias": bias})
         np.testing.assert_array_equal(c.to_numpy(), ref.to_numpy())
     kept = frozen.cached_bytes() - before
-    if M <= GEMV_M:  # the few-row path streams B as stored: nothing kept
+    if uses_gemv(M, {"float32": 0, "float16": 1, "bfloat16": 2}[dtype], 1):  # streamed as stored: nothing kept
         assert kept == 0
     else:            # B packed in NR-column panels, tile by tile of TN columns
         tn = min(plan.config.tile("n"), N)
@@ -270,7 +270,7 @@ def test_linear_frozen_weight_packed_once(dtype, mkn, cache, kernel):
 @pytest.mark.parametrize("m", [1, 2, 3, 8])
 @pytest.mark.parametrize("kernel,frozen_w", [("linear", False), ("linear", True), ("linear_gelu", True)])
 def test_linear_decode_rows(dtype, m, kernel, frozen_w):
-    """Decode-shaped linear (a few rows, the few-row GEMV path up to GEMV_M rows): columns in
+    """Decode-shaped linear (a few rows, the few-row GEMV path: gemv.uses_gemv): columns in
     groups of four and a remainder (N = 4k + 3), K not a vector multiple, fp16/bf16 weights
     streamed as stored; against torch in float32 within the dtype's tolerance, counted ==
     predicted (run_checked), the same result whether or not the weight is kept."""

@@ -118,3 +118,35 @@ def test_twin_only_for_meta_models_with_identical_layers():
     m.model.layers[3].mlp.up_proj = torch.nn.Linear(64, 128, bias=True, device="meta")   # a bias: one more parameter
     step, inputs = decode_inputs(m, 1, 5)
     assert repeat.twin_of(step, inputs) is None                 # one layer differs
+
+
+@pytest.mark.parametrize("case", ["tiny-real-8", "7b-meta-decode-6"])
+def test_repeated_layers_searched_once_plan_as_the_whole_search(case, monkeypatch):
+    """Issue 34's 70B goal: the selection searches N identical layers until one repeats the one
+    before, then shifts that layer's tables (planner.cover_period). The plan, step by step, and
+    its predictions equal the search over every position; and the predictions equal the plain
+    schedule's (small graphs keep it)."""
+    from torchfl.hcd import load_hcd
+    from torchfl.planner import resolve_target, select as sel, whatif
+    from torchfl.planner.lm import llama, tiny_llama
+
+    real_select, seen = sel.select, []
+
+    def planned(**kw):
+        monkeypatch.setattr(sel, "select", lambda p: seen.append(real_select(p, **kw)) or seen[-1])
+        if case == "tiny-real-8":
+            model, inputs = tiny_llama(layers=8)
+            return plan_module(model, inputs, chip="TFL-X1")
+        target = resolve_target(load_hcd("hcd_registry/a100_sxm4_80gb.hcd"))
+        step = whatif.plan_decode(target, whatif.Decoder(llama("7b", layers=6)[0]), 1, 512, None)
+        assert step.ok
+        return step.plan
+
+    fast, whole, plain = planned(repeat=True), planned(repeat=True, skip=False), planned(repeat=False)
+    assert seen[0].searched < 0.7 * len(seen[0].order)     # two or three layers searched, not six or eight
+    assert seen[1].searched == len(seen[1].order)
+    assert fast.to_json() == whole.to_json()
+    assert fast.explain() == whole.explain()
+    assert fast.summary.predicted_time_s == plain.summary.predicted_time_s
+    assert fast.memory.peak_bytes == plain.memory.peak_bytes
+    assert sorted(s.kernel or "" for s in fast.steps) == sorted(s.kernel or "" for s in plain.steps)

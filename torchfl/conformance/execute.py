@@ -227,7 +227,7 @@ def run_cases(cases, *, chip, registry=None, bf16_emulated: bool = False, target
     return run_cases_on(cases, {chip: Chip(tuple(targets), bf16_emulated)}, registry)[chip]
 
 
-def run_cases_on(cases, chips: dict, registry=None) -> dict[str, list[Outcome]]:
+def run_cases_on(cases, chips: dict, registry=None, first: int = 0) -> dict[str, list[Outcome]]:
     """Every case of one OpInfo and dtype on every chip of ``chips`` (name -> :class:`Chip`):
     compiled together as one graph where a chip takes them all (one capture instead of one per
     case), else split in halves down to single cases for the chips that refused. Eager torch's
@@ -236,7 +236,11 @@ def run_cases_on(cases, chips: dict, registry=None) -> dict[str, list[Outcome]]:
 
     In a joint graph each case counts for the chip's ``targets`` that (a) the joint plan ran on
     the chip and (b) the case itself dispatched in eager torch (or, for the composites the
-    planner keeps whole, that its OpInfo maps to); a single case counts for what its own plan ran."""
+    planner keeps whole, that its OpInfo maps to); a single case counts for what its own plan ran.
+
+    ``first``: the index of ``cases[0]`` among its OpInfo's cases (a run across chips hands a
+    worker one slice of a large OpInfo): the joint graphs are the cases of one block of
+    :data:`JOINT_MAX` indices, so a slice starting at a multiple of it makes the same graphs."""
     prepared = [prepare(c) for c in cases]
     out: dict = {chip: {} for chip in chips}
     live = []
@@ -246,8 +250,11 @@ def run_cases_on(cases, chips: dict, registry=None) -> dict[str, list[Outcome]]:
                 out[chip][i] = p.outcome("skipped", reason=p.skip)
         else:
             live.append(i)
-    for at in range(0, len(live), JOINT_MAX):   # --samples all: max_pool2d has 1,440 samples
-        _run_group(live[at:at + JOINT_MAX], prepared, out, dict(chips), registry)
+    blocks: dict = {}
+    for i in live:   # --samples all: max_pool2d has 1,444 samples
+        blocks.setdefault((first + i) // JOINT_MAX, []).append(i)
+    for block in blocks.values():
+        _run_group(block, prepared, out, dict(chips), registry)
     return {chip: [out[chip][i] for i in range(len(cases))] for chip in chips}
 
 
@@ -261,6 +268,33 @@ def _run_group(idx, prepared, out, chips: dict, registry) -> None:
     if len(idx) == 1:
         _run_single(prepared[idx[0]], idx[0], out, chips, registry)
         return
+    by_early: dict = {}
+    for chip, c in chips.items():
+        by_early.setdefault(_early_refusals(idx, prepared, chip, registry), {})[chip] = c
+    if any(by_early):
+        # a case whose inputs alone a chip refuses (a channels-last variant on an NCWH chip) would
+        # refuse the joint graph and split it in halves down to that case: ~2 log2(n) traces and
+        # captures; it runs alone at once, and the rest stays one graph
+        for early, group in by_early.items():
+            for i in sorted(early):
+                _run_single(prepared[i], i, out, group, registry)
+            _run_group([i for i in idx if i not in early], prepared, out, group, registry)
+        return
+    _run_joint(idx, prepared, out, chips, registry)
+
+
+def _early_refusals(idx, prepared, chip, registry) -> frozenset:
+    """The cases of ``idx`` that ``chip`` refuses on their inputs' layouts alone, before any
+    capture (``ChipGraph._plan``'s first check): as a single case, each is refused the same way."""
+    from torchfl.planner.constraints import input_layouts
+    from torchfl.planner.target import resolve_target
+
+    layouts = resolve_target(chip, registry).hcd.layouts
+    return frozenset(i for i in idx if any(lay and lay not in layouts for lay in input_layouts(prepared[i].case.leaves())))
+
+
+def _run_joint(idx, prepared, out, chips: dict, registry) -> None:
+    """The cases of ``idx`` as one graph for every chip; a chip that refuses it splits it in halves."""
     from torchfl.conformance.shared import GroupCompile
 
     fns, leaves, counts = [], [], []

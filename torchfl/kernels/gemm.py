@@ -17,7 +17,7 @@ from numba import njit, prange
 
 from . import taskcall
 from .codecs import decode, encode16, f2h_cvt, h2f_cvt
-from .gemv import GEMV_M, run_gemv
+from .gemv import run_gemv, uses_gemv
 from .mathfn import gelu32
 from .ukernel import KC, MCP, MR, NR, ukernel_gemm   # MR x NR micro-kernel, KC x MCP*MR A blocks
 
@@ -257,8 +257,8 @@ def run_float(A, a_rows, a_ks, B, b_base, b_ks, b_ns, C, c_rows, c_ns, *, M, N, 
     ``packed_b``: ``pack_b(..., TN)`` of a B shared by every batch, kept by the caller (a frozen
     weight, :mod:`torchfl.kernels.frozen`): the tiles read their panels from it instead of
     decoding and packing B again; the tile loads are counted as the plan says all the same.
-    A few rows of A (M <= GEMV_M) with B's columns contiguous along K run :mod:`gemv` instead,
-    streaming B as stored (no packed copy: a decode GEMV is memory-bound).
+    A few rows of A (``gemv.uses_gemv``: M <= 2, or <= 8 for a 16-bit B) with B's columns contiguous
+    along K run :mod:`gemv` instead, streaming B as stored (no packed copy: a decode GEMV is memory-bound).
     """
     from .threads import threads_for
 
@@ -330,7 +330,7 @@ def _run_float(A, a_rows, a_ks, B, b_base, b_ks, b_ns, C, c_rows, c_ns, M, N, K,
     cnt = np.zeros((max(nthreads, 1), 3), np.int64)
     b_loaded = -1
     epi_row = None
-    if M <= GEMV_M and b_ks == 1 and not has_ln:
+    if uses_gemv(M, code, b_ks, has_ln):
         return run_gemv(A, a_rows, a_ks, B, b_base, b_ns, C, c_rows, c_ns, M, N, K, TM, TN, b_res, code, esa, esc,
                         esb, biasf, has_bias, alpha, beta, act, nthreads)
     for bt in range(batch):

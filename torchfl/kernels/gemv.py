@@ -22,14 +22,34 @@ from numba.core import cgutils
 from numba.extending import intrinsic, overload
 
 from .codecs import bits_f32, decode, encode16, f2h_cvt, h2f_cvt
+from .gemv_block import LANES, make_block
+from .hostcpu import has_feature
 from .mathfn import gelu32
 from .staging import load_row
 
-GEMV_M = 2        # at most this many rows of A: from 3 rows on the tiled micro-kernel path is faster
-                  # even reading a kept weight as packed float32 (3x4096x4096 fp32: 4.4 vs 5.1 ms,
-                  # fp16 4.5 vs 6.1 ms on one Zen 4 core; 2 rows: 3.9 vs 4.1, 4.3 vs 2.8 ms)
-NB = 8            # columns the loop streams at once
-PREFETCH_BELOW = 4096   # bytes: columns this short are prefetched a group ahead
+GEMV_M = 2        # float32 (and emulated bf16) B: at most this many rows of A: from 3 rows on the tiled
+                  # micro-kernel path is faster (3x4096x4096 fp32: 4.4 vs 5.1 ms on one Zen 4 core)
+GEMV_M16 = 8      # float16 / bfloat16 B: up to this many rows, in register blocks of RB rows (gemv_block):
+                  # the tiled path reads a kept 16-bit weight as packed float32, twice its bytes (8x4096x4096
+                  # bf16: 3.97 ms tiled, 2.3 blocked, torch 2.8-3.3; fp16 4.00 tiled)
+NB = 8            # columns the one- and two-row loop streams at once
+RB, CB = 4, 6     # the blocked loop's register block: rows of A x columns of B (24 accumulators)
+BF16_DOT = has_feature("avx512bf16")   # bf16 blocks as vdpbf16ps dot products (else widened by a shift)
+PREFETCH_BELOW = 4096   # bytes: columns this short are prefetched a group ahead (the blocked loop)
+SHORT_COLUMN = 4096     # bytes: the one- and two-row loop reads columns this short one at a time, not eight
+                        # side by side (1x512x32000 fp16, one Zen 4 core, load 10: 1.9-2.2 ms against 2.7-3.3
+                        # with eight streams and prefetch, torch 2.2-2.7; 1x2048x8000 2.0 vs 2.4; 4096: equal)
+
+
+def gemv_rows(code: int) -> int:
+    """The most rows of A the GEMV path takes for B's storage code (the one rule: the executor's
+    kernel choice and the frozen weight's packing both read it)."""
+    return GEMV_M16 if code in (1, 2) else GEMV_M
+
+
+def uses_gemv(M: int, code: int, b_ks: int, has_ln: bool = False) -> bool:
+    """Whether a GEMM of M rows runs here: B's columns contiguous along K, no layer norm on A."""
+    return M <= gemv_rows(code) and b_ks == 1 and not has_ln
 
 
 @intrinsic
@@ -162,8 +182,7 @@ def gemv_nk(a, tm, K, B, b_base, b_ns, N, bcode, C, crows, c_ns, ccode, alpha, b
     """C[m, n] = act(alpha * a[m] . B[:, n] + beta * bias[n]) for m < tm, n < N; B's column n at
     ``b_base + n * b_ns``, contiguous along K; ``a``: ``_rows_f32``; ``bias`` float32."""
     nch = max(1, min(nthreads, (N + NB - 1) // NB))
-    step = 64 // B.itemsize
-    pf = K * B.itemsize <= PREFETCH_BELOW
+    short = K * B.itemsize <= SHORT_COLUMN
     for ch in prange(nch):
         n0 = np.int64(ch) * N // nch         # int64, not the prange index's uint64 (one callee signature)
         n1 = (np.int64(ch) + 1) * N // nch
@@ -171,15 +190,11 @@ def gemv_nk(a, tm, K, B, b_base, b_ns, N, bcode, C, crows, c_ns, ccode, alpha, b
         n = n0
         while n < n1:
             o = b_base + n * b_ns
-            if n + NB <= n1:
-                if pf:                  # short columns: the next group's lines ahead of the streams
-                    for c in range(NB):
-                        for e in range(o + (NB + c) * b_ns, o + (NB + c) * b_ns + K, step):
-                            _prefetch(B, e)
+            if n + NB <= n1 and not short:
                 for m in range(tm):
                     _dot8(a[m * K:(m + 1) * K], B, o, b_ns, bcode, acc[m, n - n0:n - n0 + NB])
                 n += NB
-            else:
+            else:           # short columns one at a time: one sequential stream, which the prefetcher follows
                 for m in range(tm):
                     acc[m, n - n0] = _dot1(a[m * K:(m + 1) * K], B[o:o + K], bcode)
                 n += 1
@@ -197,9 +212,84 @@ def _store(C, row, c_ns, n, w, out, alpha, beta, bias, has_bias, act, ccode):
         _put(C, row + (n + c) * c_ns, _finish(out[c], alpha, beta, bias, n + c, has_bias, act, ccode), ccode)
 
 
+_blk = make_block(RB, CB)
+_blk1 = make_block(RB, 1)
+
+
+@njit(cache=True)
+def _rows_bits(A, rows, a_ks, K, mp):
+    """The tm rows of A as stored (bfloat16 bits: the dot-product blocks' operand), row m at ``m * K``,
+    zero rows up to ``mp`` (a whole number of RB-row blocks)."""
+    a = np.zeros(mp * K, np.int16)
+    for m in range(rows.shape[0]):
+        for k in range(K):
+            a[m * K + k] = np.int16(A[rows[m] + k * a_ks])
+    return a
+
+
+@njit(cache=True)
+def _rows_padded(A, rows, a_ks, K, code, mp):
+    """``_rows_bits`` decoded to float32 (the widening blocks' operand)."""
+    a = np.zeros(mp * K, np.float32)
+    for m in range(rows.shape[0]):
+        load_row(A, rows[m], a_ks, K, code, a[m * K:(m + 1) * K])
+    return a
+
+
+@njit(cache=True, fastmath={"reassoc", "contract"})
+def _tail(a, ao, B, bo, n):
+    """The dot of the last ``n`` (< one vector step) k of an A row and a B column."""
+    s = np.float32(0.0)
+    for k in range(n):
+        s += _widen(a[ao + k]) * _widen(B[bo + k])
+    return s
+
+
+@njit(cache=True, parallel=True)
+def gemv_blocked(a, tm, K, B, b_base, b_ns, N, C, crows, c_ns, ccode, alpha, beta, bias, has_bias, act, nthreads):
+    """C[m, n] for m < tm <= GEMV_M16 (see gemv_nk), B 16-bit: the columns in groups of CB, each group
+    streamed once for all rows in RB-row register blocks (``a``: ``_rows_bits`` or ``_rows_padded``, its rows a whole
+    number of blocks). Threads over N, one contiguous run of columns each."""
+    mp = a.shape[0] // K if K else 0
+    step = (2 if a.itemsize == 2 else 1) * LANES
+    nv = K // step
+    kt = nv * step
+    nch = max(1, min(nthreads, (N + CB - 1) // CB))
+    line = 64 // B.itemsize
+    pf = K * B.itemsize <= PREFETCH_BELOW and b_ns == K     # the group's columns one run in memory
+    for ch in prange(nch):
+        n0 = np.int64(ch) * N // nch
+        n1 = (np.int64(ch) + 1) * N // nch
+        acc = np.empty((tm, n1 - n0), np.float32)
+        part = np.empty(RB * CB, np.float32)
+        n = n0
+        while n < n1:
+            w = CB if n + CB <= n1 else 1
+            o = b_base + n * b_ns
+            if pf and n + 2 * CB <= n1:     # short columns: the next group's lines ahead of the streams
+                for e in range(o + CB * b_ns, o + CB * b_ns + (CB - 1) * b_ns + K, line):
+                    _prefetch(B, e)
+            for m0 in range(0, mp, RB):
+                if w == CB:
+                    _blk(nv, a, m0 * K, K, B, o, b_ns, part)
+                else:
+                    _blk1(nv, a, m0 * K, K, B, o, b_ns, part)
+                rr = min(RB, tm - m0)
+                for r in range(rr):
+                    for c in range(w):
+                        acc[m0 + r, n - n0 + c] = part[r * w + c]
+                if kt < K:      # the last k (under one step); a call per element always: 8x512x1200 0.096 -> 0.154 ms
+                    for r in range(rr):
+                        for c in range(w):
+                            acc[m0 + r, n - n0 + c] += _tail(a, (m0 + r) * K + kt, B, o + c * b_ns + kt, K - kt)
+            n += w
+        for m in range(tm):
+            _store(C, crows[m], c_ns, n0, n1 - n0, acc[m], alpha, beta, bias, has_bias, act, ccode)
+
+
 def run_gemv(A, a_rows, a_ks, B, b_base, b_ns, C, c_rows, c_ns, M, N, K, TM, TN, b_res, code, esa, esc, esb,
              biasf, has_bias, alpha, beta, act, nthreads):
-    """The few-row GEMM (M <= GEMV_M, B's columns contiguous along K) for every batch; returns
+    """The few-row GEMM (``uses_gemv``: B's columns contiguous along K) for every batch; returns
     (bytes read, bytes written, ops) as the plan's tiles move them: each tile's A and B loads
     (B once when resident, with the bias), its C store; ``biasf``: the bias as float32."""
     rd = wr = ops = 0
@@ -219,7 +309,14 @@ def run_gemv(A, a_rows, a_ks, B, b_base, b_ns, C, c_rows, c_ns, M, N, K, TM, TN,
                 rd += N * esb
             wr += tm * N * esc
             ops += tm * N * (2 * K + epi)
-        a = _rows_f32(A, a_rows[bt], a_ks, K, code)
-        gemv_nk(a, M, K, Bw, b_base[bkey], b_ns, N, code, C, c_rows[bt], c_ns, code, np.float32(alpha),
-                np.float32(beta), biasf, has_bias, act, nthreads)
+        if M <= GEMV_M:
+            a = _rows_f32(A, a_rows[bt], a_ks, K, code)
+            gemv_nk(a, M, K, Bw, b_base[bkey], b_ns, N, code, C, c_rows[bt], c_ns, code, np.float32(alpha),
+                    np.float32(beta), biasf, has_bias, act, nthreads)
+            continue
+        mp = -(-M // RB) * RB
+        a = (_rows_bits(A, a_rows[bt], a_ks, K, mp) if code == 2 and BF16_DOT
+             else _rows_padded(A, a_rows[bt], a_ks, K, code, mp))
+        gemv_blocked(a, M, K, Bw, b_base[bkey], b_ns, N, C, c_rows[bt], c_ns, code, np.float32(alpha),
+                     np.float32(beta), biasf, has_bias, act, nthreads)
     return rd, wr, ops

@@ -170,6 +170,7 @@ def _plan_uncollected(captured, example_inputs, target, precision, strict, decid
     from torchfl.planner.constraints import check_graph, input_layouts
     from torchfl.planner.cost import Pricer
     from torchfl.planner.graph import build_ir
+    from torchfl.planner.memory import check_weights
     from torchfl.planner.plan import Capture
     from torchfl.planner.records import identity_layout
     from torchfl.planner.select import CoverProblem, SelectionError, select
@@ -178,6 +179,7 @@ def _plan_uncollected(captured, example_inputs, target, precision, strict, decid
     captured = decompose.fold_repeat_kv(captured)
     ir = build_ir(captured, precision)
     check_graph(hcd, ir, precision, unbatched=frozenset(captured.extra.get("unbatched", ())))
+    check_weights(ir, hcd, chip)     # weights that cannot fit: refused before candidates and the search
     pricer = Pricer.for_chip(chip)
     cands = Generator(ir, hcd, packs, chip, pricer).run()
     captured, ir, cands, decomposed = decompose.apply(captured, precision, target, ir, cands, pricer)

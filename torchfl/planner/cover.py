@@ -25,6 +25,8 @@ class Search:
 
     def __init__(self, problem, order: list[str], live: list[tuple[str, ...]]):
         self.problem, self.order, self.live = problem, order, live
+        self.pos = {name: i for i, name in enumerate(order)}
+        self.spelt: dict[int, tuple] = {0: ()}    # reservation id -> its pairs as positions (real)
         self.live_index = [{v: k for k, v in enumerate(t)} for t in live]
         self.required_out: dict[str, list[str]] = {}
         for value, layout in problem.outputs:
@@ -56,8 +58,14 @@ class Search:
         return rid
 
     def real(self, state) -> tuple:
-        """The state with its reserved pairs spelt out (the order ties are broken in)."""
-        return (state[0], self.reservations[state[1]])
+        """The state with its reserved pairs spelt out as schedule positions: the order ties are
+        broken in, the same for two identical layers (names would order them differently)."""
+        spelt = self.spelt.get(state[1])
+        if spelt is None:
+            pos = self.pos
+            spelt = self.spelt[state[1]] = tuple(sorted((pos[n], tuple(pos[x] for x in g))
+                                                        for n, g in self.reservations[state[1]]))
+        return (state[0], spelt)
 
     def rows(self, src: int, dst: int):
         """(n, groups): the states at ``src`` grouped by reservation id (first seen first), each

@@ -44,10 +44,11 @@ def apply(captured, precision, target, ir, cands, pricer):
     rewritten, names = _rewrite(captured, proposals)
     ir2, cands2 = _candidates(rewritten, precision, target, pricer)
     winners, lost, decisions = {}, [], []
+    best, best2 = cheapest(cands), cheapest(cands2)
     for node, (dec, _parts, _fx) in proposals.items():
-        alt, alt_cost = _best(cands, (node,))
+        alt, alt_cost = best.get((node,), _NONE)
         parts = tuple(n for n in names[node] if n in ir2.nodes)
-        cost = sum(_best(cands2, (p,))[1] for p in parts)
+        cost = sum(best2.get((p,), _NONE)[1] for p in parts)
         off_chip = [p for p in parts if p in cands2.fallbacks]
         if alt == "cpu" and off_chip:
             why = f"part {off_chip[0]} ({ir2.nodes[off_chip[0]].op}) would fall back: {cands2.fallbacks[off_chip[0]]}"
@@ -192,14 +193,19 @@ def annotate(plan, decisions):
     return replace(plan, steps=tuple(steps), decomposed=tuple(decisions))
 
 
-def _best(cands, nodes) -> tuple[str, float]:
-    """The cheapest option covering exactly ``nodes``: (label, predicted time)."""
-    best = ("cpu", float("inf"))
+_NONE = ("cpu", float("inf"))   # no option covers the nodes
+
+
+def cheapest(cands) -> dict[tuple, tuple[str, float]]:
+    """Nodes -> the cheapest option covering exactly them, as (label, predicted time); the first
+    of equal costs (one pass over the options: a scan per proposal was quadratic, 9.5 s of a
+    LLaMA-2 70B plan's 22 s for its 1600 RMSNorm proposals over ~20,000 options)."""
+    best: dict[tuple, tuple[str, float]] = {}
     for o in cands.options:
-        if o.nodes == nodes and o.cost < best[1]:
+        if o.cost < best.get(o.nodes, _NONE)[1]:
             kind = o.payload.kind
-            best = (o.payload.kernel if kind in ("kernel", "fused") else ("host fold" if kind == "fold" else "cpu"),
-                    o.cost)
+            best[o.nodes] = (o.payload.kernel if kind in ("kernel", "fused") else
+                             ("host fold" if kind == "fold" else "cpu"), o.cost)
     return best
 
 

@@ -41,8 +41,8 @@ from torchfl.planner.buffers import KINDS, WHY, Buffer, MemoryPlan
 from torchfl.planner.errors import HardConstraintError
 from torchfl.planner.records import HOST_STEPS, identity_layout
 
-__all__ = ["KINDS", "WHY", "Buffer", "MemoryPlan", "plan_memory", "check_memory", "MemoryLimitError",
-           "kv_cache_values", "kv_cache_table", "clear_cache"]
+__all__ = ["KINDS", "WHY", "Buffer", "MemoryPlan", "plan_memory", "check_memory", "check_weights",
+           "MemoryLimitError", "kv_cache_values", "kv_cache_table", "clear_cache"]
 
 
 class MemoryLimitError(HardConstraintError):
@@ -419,6 +419,37 @@ def check_memory(plan, hcd) -> None:
         f"memory.off_chip_memory.size_gb); live then: {parts}; largest buffers: {largest}. {advice}",
         mp, field="memory.off_chip_memory.size_gb", limit=mp.capacity, value=mp.peak_bytes,
         node=None if mp.peak_step < 0 else plan.steps[mp.peak_step].outputs[:1])
+
+
+def check_weights(ir, hcd, chip) -> None:
+    """Refuse, before any search, a graph whose parameters alone exceed the chip's off-chip
+    memory: every parameter, buffer and constant is uploaded before step 0 in its graph dtype
+    (module docstring), so their accounted bytes are a lower bound of any plan's peak (a 70B
+    float16 model on an 80 GB chip was refused only after a whole plan, ~1 min). The error's
+    ``memory`` holds those uploads, so ``plan memory`` still shows what does not fit."""
+    from torchfl.kernels.memory import accounted_bytes
+
+    cap = chip.memory_bytes
+    if cap is None:
+        return
+    params = [(name, accounted_bytes(_nbytes(info.shape, info.graph_dtype), chip.alignment), info.graph_dtype)
+              for name, kind, _t, info in ir.placeholders if kind != "input" and not on_host(info.graph_dtype)]
+    need = sum(nb for _n, nb, _d in params)
+    if need <= cap:
+        return
+    buffers = tuple(Buffer(name, (name,), "parameter", nb, -1, None) for name, nb, _d in params)
+    mp = MemoryPlan(alignment=int(chip.alignment), capacity=int(cap), buffers=buffers, live_bytes=(),
+                    upload_bytes=need, peak_bytes=need, peak_step=-1, resident_bytes=need, frees=(), at_end=(),
+                    static_steps=())
+    dtypes = ", ".join(sorted({d for _n, _nb, d in params}))
+    chips = -(-need // cap)
+    raise MemoryLimitError(
+        f"the model's {len(params)} parameters alone need {fmt_bytes(need)} ({need} B, {dtypes}) of device memory, "
+        f"more than {hcd.chip.name}'s {fmt_bytes(cap)} ({cap} B, HCD field memory.off_chip_memory.size_gb); refused "
+        f"before planning. Try int8 weights (a PT2E-quantised model: about half of float16's bytes), a chip with at "
+        f"least {fmt_bytes(need)} of off-chip memory, or {chips} or more chips of this kind with the model split "
+        "across them (torchfl plans one chip: plan one shard)",
+        mp, field="memory.off_chip_memory.size_gb", limit=cap, value=need)
 
 
 def _step_label(step) -> str:

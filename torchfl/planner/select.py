@@ -32,6 +32,13 @@ Method (exact for chains *and* DAGs while the state count stays under ``beam``):
    keeps fusion groups contiguous, so few reservations are open at once.
 3. If more than ``beam`` states survive at a boundary, only the ``beam`` cheapest are kept
    (ties broken by the state key), and the result says it is no longer proven optimal.
+4. Large graphs (``REPEAT_MIN_NODES``; ``repeat=``): ready names are taken in :func:`natural`
+   order, so that N identical layers are scheduled alike; graph outputs leave the state after
+   their last reader (their conversion is priced where they are made); and a stretch of
+   identical blocks is searched only until one block's tables repeat the previous block's,
+   the rest are those tables shifted (:mod:`torchfl.planner.cover_period`: exact up to float
+   rounding; ``tests/planner/test_cover_period.py`` and ``tests/lm/test_repeat.py``). A LLaMA-2
+   70B step (80 layers, 6118 nodes) searches ~350 positions, not 6118.
 
 Deterministic: every iteration order is fixed by names and positions, ties keep the first
 candidate in the options' given order. Time O(nodes x options per node x states).
@@ -40,10 +47,16 @@ candidate in the options' given order. Time O(nodes x options per node x states)
 from __future__ import annotations
 
 import heapq
+import re
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable
 
 from torchfl.planner.cover import INF, RESERVED, Search  # noqa: F401 - INF and RESERVED: the problem's words too
+from torchfl.planner.cover_period import Period, find, signatures
+
+
+_DIGITS = re.compile(r"(\d+)")
+REPEAT_MIN_NODES = 1000   # smaller graphs: searched whole, in plain name order (their plans as before)
 
 
 class SelectionError(RuntimeError):
@@ -91,6 +104,7 @@ class Selection:
     order: tuple[str, ...]
     exact: bool
     max_states: int
+    searched: int = 0   # positions whose tables were searched (fewer than ``order`` when blocks repeat)
 
 
 def _users(nodes: dict[str, tuple[str, ...]]) -> dict[str, list[str]]:
@@ -101,35 +115,46 @@ def _users(nodes: dict[str, tuple[str, ...]]) -> dict[str, list[str]]:
     return users
 
 
-def _lexicographic_order(succ: dict[str, list[str]]) -> list[str]:
+def natural(name: str) -> tuple:
+    """``name`` with its digit runs as numbers (``slice_9`` before ``slice_11``): the order in
+    which two identical layers, numbered on, list their nodes alike."""
+    parts = _DIGITS.split(name)
+    parts[1::2] = [int(x) for x in parts[1::2]]
+    return (tuple(parts), name)
+
+
+def _lexicographic_order(succ: dict[str, list[str]], key=None) -> list[str]:
     """The topological order of the DAG ``succ`` (node -> successors, every node a key) that
     always takes the smallest available name next: the order of networkx's
-    ``lexicographical_topological_sort``, without building a DiGraph per plan."""
+    ``lexicographical_topological_sort``, without building a DiGraph per plan (``key``: the
+    names' sort key, e.g. :func:`natural`)."""
+    key = key or (lambda v: v)
     indegree = dict.fromkeys(succ, 0)
     for users in succ.values():
         for u in users:
             indegree[u] += 1
-    heap = [v for v, d in indegree.items() if d == 0]
+    heap = [(key(v), v) for v, d in indegree.items() if d == 0]
     heapq.heapify(heap)
     order = []
     while heap:
-        v = heapq.heappop(heap)
+        v = heapq.heappop(heap)[1]
         order.append(v)
         for u in succ[v]:
             indegree[u] -= 1
             if indegree[u] == 0:
-                heapq.heappush(heap, u)
+                heapq.heappush(heap, (key(u), u))
     if len(order) != len(succ):
         raise SelectionError("the graph has a cycle")
     return order
 
 
 def schedule(nodes: dict[str, tuple[str, ...]], outputs: Iterable[str] = (),
-             prefer: set[tuple[str, str]] = frozenset()) -> list[str]:
+             prefer: set[tuple[str, str]] = frozenset(), key=None) -> list[str]:
     """A topological order of ``nodes`` in which chosen single-user paths are contiguous.
 
     A node joins the path of one input whose only user it is: an input edge listed in
     ``prefer`` (consecutive nodes of a fusion option) first, else its first such input.
+    ``key``: the sort key of names where several are ready (plain string order by default).
     """
     succ: dict[str, list[str]] = {name: [] for name in nodes}  # distinct users, as a DiGraph's edges
     for name, inputs in nodes.items():
@@ -139,7 +164,7 @@ def schedule(nodes: dict[str, tuple[str, ...]], outputs: Iterable[str] = (),
     escaping = set(outputs)
     head: dict[str, str] = {}
     paths: dict[str, list[str]] = {}
-    for name in _lexicographic_order(succ):
+    for name in _lexicographic_order(succ, key):
         single = [p for p in dict.fromkeys(nodes[name])
                   if p in nodes and len(succ[p]) == 1 and p not in escaping
                   and paths[head[p]][-1] == p]
@@ -160,22 +185,29 @@ def schedule(nodes: dict[str, tuple[str, ...]], outputs: Iterable[str] = (),
                 seen.add(edge)
                 contracted[edge[0]].append(edge[1])
     order: list[str] = []
-    for h in _lexicographic_order(contracted):
+    for h in _lexicographic_order(contracted, key):
         order.extend(paths[h])
     return order
 
 
-def select(problem: CoverProblem, beam: int = 256) -> Selection:
-    """Solve ``problem`` (module docstring: method, exactness, determinism)."""
-    order = _checked_order(problem)
+def select(problem: CoverProblem, beam: int = 256, repeat: bool | None = None, skip: bool = True) -> Selection:
+    """Solve ``problem`` (module docstring: method, exactness, determinism). ``repeat``: search
+    a stretch of identical blocks until one block repeats the one before, in the schedule of
+    :func:`natural` name order (step 4); None: for graphs of ``REPEAT_MIN_NODES`` nodes or more.
+    ``skip=False`` searches the repeated blocks too (tests: the same selection)."""
+    repeat = len(problem.nodes) >= REPEAT_MIN_NODES if repeat is None else repeat
+    order = _checked_order(problem, natural if repeat else None)
     if not order:
         return Selection((), dict(problem.input_layouts), 0.0, (), True, 0)
     pos = {name: i for i, name in enumerate(order)}
     singles, segments, completes, groups_of = _classify(problem, order, pos)
     spans = _spans(segments)
-    search = Search(problem, order, _liveness(problem, order, pos, groups_of))
-    exact, max_states = True, 1
-    for p, name in enumerate(order):
+    search = Search(problem, order, _liveness(problem, order, pos, groups_of, outputs=not repeat))
+    found = find(signatures(search, singles, segments, completes, groups_of)) if repeat and skip else None
+    period = Period(search, found, singles, segments, completes) if found else None
+    exact, max_states, p, searched = True, 1, 0, 0
+    while p < len(order):
+        searched += 1
         table = search.step(p, singles, segments, completes, groups_of)
         max_states = max(max_states, len(table))
         if len(table) > beam:
@@ -183,21 +215,38 @@ def select(problem: CoverProblem, beam: int = 256) -> Selection:
             table = _beam_cut(table, beam, search.real)
         search.keep(p, table)
         if not table and not any(start == 0 or search.tables[start - 1] for start in spans.get(p, ())):
-            covering = tuple(o.key for o in problem.options if name in o.nodes)
-            raise SelectionError(f"no feasible cover reaches node {name}: every option covering it "
-                                 f"({', '.join(covering[:6]) or 'none'}) needs an impossible layout conversion, "
-                                 "reads a value reserved for a fusion group, or follows a node no option reaches",
-                                 node=name, options=covering)
+            raise _dead_end(problem, order[p])
+        p = _next(period, p)
     chosen, layouts, best = _backtrack(problem, search.tables, order, search.real)
-    return Selection(tuple(chosen), layouts, best, tuple(order), exact, max_states)
+    return Selection(tuple(chosen), layouts, best, tuple(order), exact, max_states, searched)
 
 
-def _checked_order(problem: CoverProblem) -> list[str]:
+def _next(period, p: int) -> int:
+    """The position searched after ``p``: past the rest of a repeated stretch once ``p`` ends a
+    block whose tables repeat the block before (:mod:`torchfl.planner.cover_period`)."""
+    if period is None or p < period.start or (p - period.start + 1) % period.length:
+        return p + 1
+    j = (p - period.start + 1) // period.length - 1
+    if not 1 <= j < period.blocks - 1:
+        return p + 1
+    delta = period.repeats(j)
+    return p + 1 if delta is None else period.shift(j, delta)
+
+
+def _dead_end(problem: CoverProblem, name: str) -> SelectionError:
+    covering = tuple(o.key for o in problem.options if name in o.nodes)
+    return SelectionError(f"no feasible cover reaches node {name}: every option covering it "
+                          f"({', '.join(covering[:6]) or 'none'}) needs an impossible layout conversion, "
+                          "reads a value reserved for a fusion group, or follows a node no option reaches",
+                          node=name, options=covering)
+
+
+def _checked_order(problem: CoverProblem, key=None) -> list[str]:
     """The schedule (step 1), fusion options' consecutive nodes preferred; a node reading a
     value that is neither a node nor a graph input is a SelectionError before any search."""
     nodes = problem.nodes
     prefer = {(o.nodes[k], o.nodes[k + 1]) for o in problem.options for k in range(len(o.nodes) - 1)}
-    order = schedule(nodes, [v for v, _ in problem.outputs], prefer)
+    order = schedule(nodes, [v for v, _ in problem.outputs], prefer, key)
     for name in order:
         for value in nodes[name]:
             if value not in nodes and value not in problem.input_layouts:
@@ -291,8 +340,12 @@ def _beam_cut(table: dict, beam: int, real) -> dict:
     return dict(kept)
 
 
-def _liveness(problem: CoverProblem, order: list[str], pos: dict[str, int], groups_of) -> list[tuple[str, ...]]:
-    """The values live after each schedule position (produced there or before, read after)."""
+def _liveness(problem: CoverProblem, order: list[str], pos: dict[str, int], groups_of,
+              outputs: bool = True) -> list[tuple[str, ...]]:
+    """The values live after each schedule position (produced there or before, read after;
+    ``outputs``: graph outputs to the end. Not needed: a transition prices its output's
+    conversion to the required layout when it makes it, so an output no node reads adds states
+    that differ in nothing ahead: every layer's cache outputs would widen each later state)."""
     nodes, n = problem.nodes, len(order)
     # a value read by a member of a group may be read as late as the group's last node
     late = {x: pos[x] for x in order}
@@ -304,7 +357,7 @@ def _liveness(problem: CoverProblem, order: list[str], pos: dict[str, int], grou
         for value in nodes[name]:
             if value in nodes:
                 last_use[value] = max(last_use.get(value, -1), late[name])
-    for value, _ in problem.outputs:
+    for value, _ in problem.outputs if outputs else ():
         if value in nodes:
             last_use[value] = n
     live: list[tuple[str, ...]] = []

@@ -5,7 +5,8 @@ import numpy as np
 
 from .. import dtypes as dt
 from .. import frozen
-from ..gemm import GEMV_M, pack_b, prepacked_ok, run_float, run_int8
+from ..gemm import pack_b, prepacked_ok, run_float, run_int8
+from ..gemv import uses_gemv
 from . import Gemm, out_dtype
 
 
@@ -124,7 +125,7 @@ def run_gemm(ctx):
             dec = lambda t: None if t is None else np.ascontiguousarray(dt.decode(_flat(t), t.dtype), np.float32)
             ln = (mean.astype(np.float32), rstd, dec(gw), dec(gb))
             ctx.read(sum(t.nbytes for t in (gw, gb) if t is not None))
-        packed = _packed_b(b, B, b_base, b_ks, b_ns, M, N, K, TN, code)
+        packed = _packed_b(b, B, b_base, b_ks, b_ns, M, N, K, TN, code, g.ln)
         rd, wr, ops = run_float(A, a_rows, aks, B, b_base, b_ks, b_ns, C, c_rows, 1, M=M, N=N, K=K, TM=TM,
                                 TN=TN, TK=TK, b_res=b_res, code=code, esa=esa, esc=g.esc, bias=bias_arr,
                                 alpha=p.attrs.get("alpha", 1.0), beta=p.attrs.get("beta", 1.0), act=g.act, ln=ln,
@@ -135,10 +136,11 @@ def run_gemm(ctx):
     return [out]
 
 
-def _packed_b(b, B, b_base, b_ks, b_ns, M, N, K, TN, code):
+def _packed_b(b, B, b_base, b_ks, b_ns, M, N, K, TN, code, has_ln=False):
     """B decoded and packed once for all calls when its buffer is frozen (a weight the
-    executor keeps): None when it is not, or when the tiles cannot read a whole-B panel set."""
-    if b_base.shape[0] != 1 or not prepacked_ok(N, TN) or (M <= GEMV_M and b_ks == 1):
+    executor keeps): None when it is not, when the tiles cannot read a whole-B panel set, or when the
+    GEMV path streams B as stored (``uses_gemv``: the rule the kernel choice reads)."""
+    if b_base.shape[0] != 1 or not prepacked_ok(N, TN) or uses_gemv(M, code, b_ks, has_ln):
         return None
     base = int(b_base[0])
     return frozen.derived(b.buffer, ("gemm_b", b.offset, base, b_ks, b_ns, K, N, code, min(TN, N)),
