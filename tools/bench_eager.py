@@ -7,7 +7,10 @@ Per-op overhead: a small op (relu, add, a 64x64 matmul) on npu tensors, called `
 times after a warm-up; per call the wall time minus the time inside the kernel call (the
 route's ``last_kernel_s``: the bound kernel's call with its own Python wrapper, as the
 executor's ``last_kernel_s`` measures it), median over calls: what eager routing adds
-(dispatcher, signature, route cache, input and output wrapping).
+(dispatcher, signature, route cache, input and output wrapping). Beside it, in the same
+process: the share of calls the adapter's C++ fast path served, the same op through the
+Python router (the fast path bypassed), and the fast path's Python runner alone (the rest of
+its figure is its C++ part: key, lookup, output tensor, the dispatcher).
 The same op in torch CPU eager is listed beside it.
 
 Models (b1 forward, batch 1, 224x224, float16 weights and input on the chip): eager npu
@@ -56,28 +59,31 @@ def _setup(chip, threads):
 
 
 def per_op(torch, calls):
-    from torchfl.runtime.eager import ops
+    from torchfl.runtime.eager import device, ensure_adapter, ops
 
+    adapter = ensure_adapter()
     dev = "npu:0"
     a = torch.randn(64, 64).half().to(dev)
     b = torch.randn(64, 64).half().to(dev)
     ha, hb = a.cpu().float(), b.cpu().float()
-    cases = {"relu_64x64": (lambda: torch.relu(a), lambda: torch.relu(ha)),
-             "add_64x64": (lambda: a + b, lambda: ha + hb),
-             "matmul_64x64": (lambda: a @ b, lambda: ha @ hb)}
+    cases = {"relu_64x64": (lambda: torch.relu(a), lambda: torch.relu(ha), (a,)),
+             "add_64x64": (lambda: a + b, lambda: ha + hb, (a, b)),
+             "matmul_64x64": (lambda: a @ b, lambda: ha @ hb, (a, b))}
     out = {}
-    for name, (npu_fn, cpu_fn) in cases.items():
+    for name, (npu_fn, cpu_fn, tensors) in cases.items():
         known = {id(r) for r in ops.routes()}
         npu_fn()
         npu_fn()
         route = _new_route(ops, known)
-        walls, beyond = [], []
-        for _ in range(calls):
-            t0 = _clock()
-            npu_fn()
-            wall = _clock() - t0
-            walls.append(wall)
-            beyond.append(wall - route.last_kernel_s)
+        hits0 = adapter.fast_stats()["hits"]
+        walls, beyond = _timed(npu_fn, route, calls)
+        hits = adapter.fast_stats()["hits"] - hits0
+        adapter.set_bypass(1, 1)        # the Python router for every call (as in an optimizer step)
+        try:
+            r_walls, r_beyond = _timed(npu_fn, route, calls)
+        finally:
+            adapter.set_bypass(1, 0)
+        runner = _runner_beyond(route, tensors, calls, device) if route.fast_runner() else None
         cpu = []
         for _ in range(calls):
             t0 = _clock()
@@ -85,8 +91,35 @@ def per_op(torch, calls):
             cpu.append(_clock() - t0)
         out[name] = {"eager_npu_us": 1e6 * statistics.median(walls),
                      "overhead_beyond_kernel_us": 1e6 * statistics.median(beyond),
+                     "fast_path_share": hits / calls,
+                     "router_beyond_kernel_us": 1e6 * statistics.median(r_beyond),
+                     "runner_beyond_kernel_us": runner,
                      "torch_cpu_us": 1e6 * statistics.median(cpu)}
     return out
+
+
+def _timed(fn, route, calls):
+    walls, beyond = [], []
+    for _ in range(calls):
+        t0 = _clock()
+        fn()
+        wall = _clock() - t0
+        walls.append(wall)
+        beyond.append(wall - route.last_kernel_s)
+    return walls, beyond
+
+
+def _runner_beyond(route, tensors, calls, device):
+    """The Python part of the fast path alone: the route's runner (input views, the bound
+    kernel, the output buffer's hand-over) and the free of that buffer, minus the kernel: what
+    the C++ part (key, lookup, output tensor, dispatcher) adds is the op's figure minus this."""
+    beyond = []
+    for _ in range(calls):
+        t0 = _clock()
+        res = route.fast(*tensors)
+        device.free(res[0])
+        beyond.append(_clock() - t0 - route.last_kernel_s)
+    return 1e6 * statistics.median(beyond)
 
 
 def _new_route(ops, known):
@@ -214,8 +247,11 @@ def main(argv=None):
         print(json.dumps(out, indent=2))
     else:
         for name, r in out["per_op"].items():
+            runner = r["runner_beyond_kernel_us"]
             print(f"{name:14s} eager npu {r['eager_npu_us']:8.1f} us  beyond kernel {r['overhead_beyond_kernel_us']:6.1f} us"
-                  f"  torch cpu {r['torch_cpu_us']:6.1f} us")
+                  f" (fast path {100 * r['fast_path_share']:.0f}% of calls; its Python runner "
+                  f"{'-' if runner is None else f'{runner:.1f}'} us; the Python router instead "
+                  f"{r['router_beyond_kernel_us']:.1f} us)  torch cpu {r['torch_cpu_us']:6.1f} us")
         for name, r in out["models"].items():
             m = r["median_s"]
             print(f"{name}: " + "  ".join(f"{k} {1e3 * v:.1f} ms" for k, v in m.items())

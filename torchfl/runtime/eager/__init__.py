@@ -7,7 +7,7 @@
     torch.npu.memory_allocated(0)
 
 Pieces: ``adapter.cpp`` (the C++ adapter: allocator, device guard, hooks, copy/view
-kernels; built by ``build.py``), ``device.py`` (which chip each index is, buffers),
+kernels, the fast path of known op signatures; built by ``build.py``), ``device.py`` (which chip each index is, buffers),
 ``module.py`` (``torch.npu``), ``ops.py`` (every other op: a one-op plan of the SME, cached
 per signature, run by the plan executor), ``lazy.py`` (lazy mode: whole graphs).
 
@@ -85,7 +85,7 @@ def register() -> None:
                                                              for_packed_sequence=False, for_storage=True)
         from . import routing
 
-        routing.install(_dispatcher)
+        routing.install(_dispatcher, _fast_miss)
         from .build import load_cached
 
         mod = load_cached()
@@ -123,6 +123,22 @@ def _dispatcher():
     return dispatch
 
 
+def _fast_miss():
+    """``dispatch.dispatch_fast``: the adapter's fast path, on a miss (loaded at the first op)."""
+    from .dispatch import dispatch_fast
+
+    return dispatch_fast
+
+
+def set_fast_bypass(which: int, depth: int) -> None:
+    """Tell the adapter this thread's lazy depth (``which`` 0) or optimizer-step depth (1): its
+    fast path leaves those calls to the Python router. No adapter yet: nothing to tell (its
+    fast path is installed at the first op, which asks again)."""
+    mod = _STATE["adapter"]
+    if mod is not None and hasattr(mod, "set_bypass"):
+        mod.set_bypass(which, depth)
+
+
 def _flush_lazy() -> None:
     """The adapter's sync point (a copy while lazy mode has ops pending): run them."""
     from .lazy import flush_all
@@ -138,6 +154,12 @@ def _init(mod) -> None:
     mod.init(device.malloc, device.free, device.device_count, DeviceOOMError, device.default_layout,
              _flush_lazy)
     _STATE["adapter"] = mod
+    import sys
+
+    lazy = sys.modules.get(__name__ + ".lazy")
+    depth = getattr(getattr(lazy, "_TLS", None), "depth", 0) if lazy is not None else 0
+    if depth:                 # lazy mode entered before the adapter loaded (this thread)
+        set_fast_bypass(0, depth)
 
 
 def ensure_adapter():

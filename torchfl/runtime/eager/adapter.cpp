@@ -8,8 +8,17 @@
 //   * the metadata and copy kernels (empty, empty_strided, as_strided, view, resize_, set_,
 //     _copy_from, _local_scalar_dense) reusing ATen's CPU code: emulated device memory is
 //     host-addressable.
-// Every other op reaches torchfl's Python fallback, which plans it with the SME.
+// Every other op reaches torchfl's Python fallback, which plans it with the SME; the
+// functional ops the rule packs name are registered here instead (the fast path below): a
+// signature seen before finds its route's runner in a C++ map, the rest go to the same Python
+// router as the fallback's.
 #include <torch/extension.h>
+#include <torch/library.h>
+#include <torch/csrc/Dtype.h>
+#include <torch/csrc/Exceptions.h>
+#include <torch/csrc/autograd/function.h>
+#include <torch/csrc/autograd/python_variable.h>
+#include <torch/csrc/jit/python/pybind_utils.h>
 
 #include <ATen/EmptyTensor.h>
 #include <ATen/CPUGeneratorImpl.h>
@@ -27,8 +36,12 @@
 #include <c10/util/CallOnce.h>
 
 #include <atomic>
+#include <cstdlib>
 #include <cstring>
+#include <memory>
 #include <mutex>
+#include <string_view>
+#include <unordered_map>
 #include <vector>
 
 namespace torchfl_npu {
@@ -441,7 +454,400 @@ TORCH_LIBRARY_IMPL(aten, PrivateUse1, m) {
   m.impl("_local_scalar_dense", local_scalar_dense);
 }
 
+
+// ------------------------------------------------------------------ the fast path
+//
+// One boxed C++ kernel serves every functional op the rule packs name (registered by
+// install_fast). It computes the call's route key in C++ -- the op, grad mode, inside a
+// backward or not, the raw TORCHFL_STRICT / TORCHFL_PRECISION values, and per argument its
+// kind and value (tensors: device, dtype, sizes, strides, requires_grad, Python type, the
+// Python type of a view's base, aliasing) -- a key at least as fine as the Python router's
+// fast key (ops.fast_key), so one C++ entry never stands for two Python routes. A hit calls
+// the entry's runner (ChipRoute.fast: the bound kernel on the inputs' buffers) with the tensor
+// arguments and makes the output tensor here over the buffer it returns. A miss, a runner
+// that declines (None), lazy mode, an optimizer step or an argument the key cannot express
+// goes to the Python router (routing._fast_miss: exactly what the PrivateUse1 fallback runs),
+// which hands back the route's runner once its direct form is prepared; the entry caches it.
+// What a route is stays Python's (routes.ChipRoute); the map keeps a handle to its runner.
+
+thread_local int bypass_depth[2] = {0, 0};   // this thread's lazy-mode and optimizer-step depths
+
+struct FastEntry {
+  PyObject* run = nullptr;           // new reference; null: no runner yet (the router was asked `asked` times)
+  int asked = 0;
+  PyObject* meta = nullptr;          // the last output meta seen (sizes, strides, dtype, index)
+  std::vector<int64_t> sizes, strides;
+  at::ScalarType dtype = at::kFloat;
+  c10::DeviceIndex index = 0;
+  FastEntry() = default;
+  FastEntry(const FastEntry&) = delete;
+  FastEntry& operator=(const FastEntry&) = delete;
+  ~FastEntry() {   // dropped with the GIL held (fast_clear, the kernel's own scope)
+    Py_XDECREF(run);
+    Py_XDECREF(meta);
+  }
+};
+
+struct KeyHash {
+  size_t operator()(const std::vector<int64_t>& k) const noexcept {
+    uint64_t h = 1469598103934665603ULL;
+    for (int64_t w : k) {
+      h ^= static_cast<uint64_t>(w) + 0x9e3779b97f4a7c15ULL + (h << 6) + (h >> 2);
+    }
+    return static_cast<size_t>(h);
+  }
+};
+
+// Guarded by the GIL. Never destroyed: its Python references must not be released after
+// the interpreter is gone.
+auto& fast_map = *new std::unordered_map<std::vector<int64_t>, std::shared_ptr<FastEntry>, KeyHash>();
+PyObject* py_miss = nullptr;         // routing._fast_miss(op, args, kwargs, want) -> (result, runner|None)
+uint64_t fast_hits = 0, fast_misses = 0, fast_declined = 0, fast_unkeyed = 0;
+constexpr size_t kMaxEntries = 1 << 16;   // signatures kept before the map starts over
+
+int64_t env_word(const char* name) {
+  const char* v = std::getenv(name);
+  if (v == nullptr) return 0;
+  return static_cast<int64_t>(std::hash<std::string_view>()(std::string_view(v)) | 1);
+}
+
+bool env_lazy() {
+  const char* v = std::getenv("TORCHFL_LAZY");
+  if (v == nullptr) return false;
+  for (; *v == ' ' || *v == '\t'; v++) {}
+  return *v != '\0' && *v != '0' && *v != 'n' && *v != 'N' && *v != 'f' && *v != 'F' &&
+         !((v[0] == 'o' || v[0] == 'O') && (v[1] == 'f' || v[1] == 'F'));
+}
+
+// The route key of the call on the stack, and its tensor arguments as Python objects (new
+// references, appended to objs). False: an argument the key does not express (a tensor list,
+// a string...): the call goes to Python and is not cached.
+bool route_key(const c10::OperatorHandle& op, torch::jit::Stack* stack, size_t n, std::vector<int64_t>& key,
+               std::vector<PyObject*>& objs, std::vector<const c10::TensorImpl*>& impls) {
+  key.push_back(reinterpret_cast<int64_t>(&op.schema()));
+  key.push_back((c10::GradMode::is_enabled() ? 1 : 0) | (torch::autograd::get_current_node() ? 2 : 0));
+  key.push_back(env_word("TORCHFL_STRICT"));
+  key.push_back(env_word("TORCHFL_PRECISION"));
+  auto args = torch::jit::last(*stack, n);
+  for (size_t i = 0; i < n; i++) {
+    const c10::IValue& v = args[i];
+    if (v.isTensor()) {
+      const at::Tensor& t = v.toTensor();
+      if (!t.defined()) {            // an absent optional tensor (convolution's bias): Python gets None
+        key.push_back(2);
+        continue;
+      }
+      const c10::TensorImpl* impl = t.unsafeGetTensorImpl();
+      if (impl->is_wrapped_number()) {
+        // `x * 0.5`: a Python number torch wrapped as a 0-dim CPU tensor. Python kernels get it
+        // back as the number (toPyObject), so the router's key holds its value: so must this one
+        if (!t.device().is_cpu() || t.dim() != 0) return false;
+        key.push_back(7);
+        key.push_back(static_cast<int64_t>(t.scalar_type()));
+        int64_t bits = 0;
+        switch (t.scalar_type()) {
+          case at::kDouble: std::memcpy(&bits, t.const_data_ptr<double>(), sizeof(double)); break;
+          case at::kLong: bits = *t.const_data_ptr<int64_t>(); break;
+          case at::kBool: bits = *t.const_data_ptr<bool>() ? 1 : 0; break;
+          default: return false;       // complex numbers: the router decides
+        }
+        key.push_back(bits);
+        continue;
+      }
+      int64_t alias = -1;
+      for (size_t j = 0; j < impls.size(); j++) {
+        if (impls[j] == impl) alias = static_cast<int64_t>(j);
+      }
+      impls.push_back(impl);
+      PyObject* obj = THPVariable_Wrap(t);
+      if (obj == nullptr) throw python_error();
+      objs.push_back(obj);
+      const auto dev = t.device();
+      key.push_back(1);
+      key.push_back((static_cast<int64_t>(dev.type()) << 16) | (static_cast<int64_t>(dev.index()) & 0xffff));
+      key.push_back(static_cast<int64_t>(t.scalar_type()));
+      key.push_back(alias);
+      key.push_back(t.requires_grad() ? 1 : 0);
+      key.push_back(reinterpret_cast<int64_t>(Py_TYPE(obj)));
+      int64_t base_type = 0;
+      if (t.is_view()) {
+        PyObject* b = t._base().unsafeGetTensorImpl()->pyobj_slot()->load_pyobj();
+        base_type = b == nullptr ? 1 : reinterpret_cast<int64_t>(Py_TYPE(b));
+      }
+      key.push_back(base_type);
+      const int64_t dim = t.dim();
+      key.push_back(dim);
+      for (int64_t d = 0; d < dim; d++) key.push_back(t.sizes()[d]);
+      for (int64_t d = 0; d < dim; d++) key.push_back(t.strides()[d]);
+    } else if (v.isNone()) {
+      key.push_back(2);
+    } else if (v.isBool()) {
+      key.push_back(3);
+      key.push_back(v.toBool() ? 1 : 0);
+    } else if (v.isInt() || v.isSymInt()) {
+      int64_t value;
+      if (v.isInt()) {
+        value = v.toInt();
+      } else {
+        auto concrete = v.toSymInt().maybe_as_int();
+        if (!concrete.has_value()) return false;
+        value = *concrete;
+      }
+      key.push_back(4);
+      key.push_back(value);
+    } else if (v.isDouble()) {
+      key.push_back(5);
+      double d = v.toDouble();
+      int64_t bits;
+      std::memcpy(&bits, &d, sizeof bits);   // NaN equals itself, -0.0 is not 0.0 (as the Python key)
+      key.push_back(bits);
+    } else if (v.isIntList()) {
+      key.push_back(6);
+      auto list = v.toIntList();
+      key.push_back(static_cast<int64_t>(list.size()));
+      for (int64_t x : list) key.push_back(x);
+    } else if (v.isList()) {           // SymInt[] (convolution's stride, padding...): concrete ints only
+      key.push_back(6);
+      auto list = v.toListRef();
+      key.push_back(static_cast<int64_t>(list.size()));
+      for (const c10::IValue& x : list) {
+        if (x.isInt()) {
+          key.push_back(x.toInt());
+        } else if (x.isSymInt()) {
+          auto concrete = x.toSymInt().maybe_as_int();
+          if (!concrete.has_value()) return false;
+          key.push_back(*concrete);
+        } else {
+          return false;
+        }
+      }
+    } else {
+      return false;
+    }
+  }
+  return true;
+}
+
+void release(std::vector<PyObject*>& objs) {
+  for (PyObject* o : objs) Py_DECREF(o);
+  objs.clear();
+}
+
+// The tensor arguments' Python objects, released however the kernel ends (GIL held: declared
+// after the kernel's gil_scoped_acquire).
+struct PyRefs {
+  std::vector<PyObject*> v;
+  ~PyRefs() { release(v); }
+};
+
+// The output of a runner's (address, nbytes, meta) as an npu tensor owning the buffer.
+at::Tensor adopt_output(FastEntry& e, PyObject* res) {
+  const uint64_t address = PyLong_AsUnsignedLongLong(PyTuple_GET_ITEM(res, 0));
+  const int64_t nbytes = PyLong_AsLongLong(PyTuple_GET_ITEM(res, 1));
+  PyObject* meta = PyTuple_GET_ITEM(res, 2);
+  if (PyErr_Occurred()) throw python_error();
+  if (meta != e.meta) {        // (sizes, strides, dtype, index): the runner keeps one per output shape
+    auto m = py::reinterpret_borrow<py::tuple>(meta);
+    e.sizes = m[0].cast<std::vector<int64_t>>();
+    e.strides = m[1].cast<std::vector<int64_t>>();
+    TORCH_CHECK(THPDtype_Check(m[2].ptr()), "torchfl npu fast path: the runner's dtype is not a torch.dtype");
+    e.dtype = reinterpret_cast<THPDtype*>(m[2].ptr())->scalar_type;
+    e.index = static_cast<c10::DeviceIndex>(m[3].cast<int64_t>());
+    Py_INCREF(meta);
+    Py_XDECREF(e.meta);
+    e.meta = meta;
+  }
+  const c10::Device device(kNpu, e.index);
+  void* ptr = reinterpret_cast<void*>(static_cast<uintptr_t>(address));
+  c10::DataPtr data(ptr, ptr, &free_buffer, device);
+  c10::Storage storage(c10::Storage::use_byte_size_t(), nbytes, std::move(data), &npu_allocator, true);
+  auto t = at::detail::make_tensor<c10::TensorImpl>(std::move(storage), npu_keys, c10::scalarTypeToTypeMeta(e.dtype));
+  t.unsafeGetTensorImpl()->set_sizes_and_strides(e.sizes, e.strides, 0);
+  return t;
+}
+
+// The Python (args, kwargs) of a call on the stack, as torch's Python kernels receive them
+// (torch's own parseIValuesToPyArgsKwargs, not exported): trailing positional defaults and
+// default keyword-only arguments left out. install_fast registers only ops whose arguments
+// toPyObject renders as torch's would (no dtype, layout, memory format or device argument).
+std::pair<py::object, py::dict> python_arguments(const c10::OperatorHandle& op, const std::vector<c10::IValue>& arguments) {
+  const auto& schema = op.schema();
+  auto is_default = [&](size_t idx) -> bool {
+    const auto& arg = schema.arguments()[idx];
+    if (!arg.default_value().has_value()) return false;
+    return *arg.default_value() == arguments[idx];
+  };
+  int64_t kwarg_only_start = static_cast<int64_t>(arguments.size());
+  for (; kwarg_only_start > 0; kwarg_only_start--) {
+    if (!schema.arguments()[kwarg_only_start - 1].kwarg_only()) break;
+  }
+  int64_t positional_default_start = kwarg_only_start;
+  for (; positional_default_start > 0; positional_default_start--) {
+    if (!is_default(positional_default_start - 1)) break;
+  }
+  py::tuple args(positional_default_start);
+  for (int64_t idx = 0; idx < positional_default_start; idx++) {
+    args[idx] = arguments[idx].isNone() ? py::none() : torch::jit::toPyObject(arguments[idx]);
+  }
+  py::dict kwargs;
+  for (size_t idx = kwarg_only_start; idx < arguments.size(); idx++) {
+    if (is_default(idx)) continue;
+    kwargs[py::str(schema.arguments()[idx].name())] =
+        arguments[idx].isNone() ? py::none() : torch::jit::toPyObject(arguments[idx]);
+  }
+  return {std::move(args), std::move(kwargs)};
+}
+
+// A Python kernel's result onto the stack (torch's pushPyOutToStack, not exported).
+void push_python_result(const c10::OperatorHandle& op, torch::jit::Stack* stack, py::handle out) {
+  const auto& returns = op.schema().returns();
+  if (returns.size() == 1) {
+    stack->push_back(torch::jit::toIValue(out, returns[0].real_type()));
+  } else if (returns.size() > 1) {
+    auto items = py::reinterpret_borrow<py::sequence>(out);
+    TORCH_CHECK(items.size() == returns.size(), "torchfl npu: ", op.schema().name(), " returned ", items.size(),
+                " values, its schema ", returns.size());
+    for (size_t i = 0; i < returns.size(); i++) {
+      stack->push_back(torch::jit::toIValue(py::object(items[i]), returns[i].real_type()));
+    }
+  }
+}
+
+struct FastKernel final : public c10::OperatorKernel {
+  PyObject* py_op;   // the op the Python router runs (convolution_overrideable: aten.convolution)
+  explicit FastKernel(PyObject* op) : py_op(op) { Py_INCREF(op); }
+
+  void operator()(const c10::OperatorHandle& op, c10::DispatchKeySet, torch::jit::Stack* stack) {
+    const size_t n = op.schema().arguments().size();
+    py::gil_scoped_acquire gil;
+    // locals, not thread-locals: the Python calls below may run other npu ops on this thread
+    // (the router's executor, a view's wrapping), which re-enter this kernel
+    std::vector<int64_t> key;
+    PyRefs refs;
+    std::vector<PyObject*>& objs = refs.v;
+    std::vector<const c10::TensorImpl*> impls;
+    key.reserve(48);
+    objs.reserve(4);
+    impls.reserve(4);
+    bool cacheable = bypass_depth[0] == 0 && bypass_depth[1] == 0 && !env_lazy();
+    if (cacheable && !route_key(op, stack, n, key, objs, impls)) {
+      cacheable = false;
+      fast_unkeyed++;
+    }
+    std::shared_ptr<FastEntry> entry;
+    if (cacheable) {
+      auto it = fast_map.find(key);
+      if (it != fast_map.end()) entry = it->second;
+    }
+    if (entry && entry->run != nullptr) {
+      PyObject* res = PyObject_Vectorcall(entry->run, objs.data(), objs.size(), nullptr);
+      release(objs);
+      if (res == nullptr) {
+        python_error err;
+        err.persist();
+        throw err;
+      }
+      if (PyTuple_CheckExact(res) && PyTuple_GET_SIZE(res) == 3) {
+        at::Tensor out;
+        try {
+          out = adopt_output(*entry, res);
+        } catch (...) {
+          Py_DECREF(res);
+          throw;
+        }
+        Py_DECREF(res);
+        fast_hits++;
+        torch::jit::drop(*stack, n);
+        stack->emplace_back(std::move(out));
+        return;
+      }
+      if (THPVariable_Check(res)) {          // an output that views an input: the runner made it
+        at::Tensor out = THPVariable_Unpack(res);
+        Py_DECREF(res);
+        fast_hits++;
+        torch::jit::drop(*stack, n);
+        stack->emplace_back(std::move(out));
+        return;
+      }
+      Py_DECREF(res);                        // None: declined (a buffer torch does not own...)
+      fast_declined++;
+      cacheable = false;
+    }
+    release(objs);
+    fast_misses++;
+    std::vector<c10::IValue> arguments(torch::jit::last(*stack, n).begin(), torch::jit::last(*stack, n).end());
+    auto [args, kwargs] = python_arguments(op, arguments);
+    // a signature whose route had no runner three times (several outputs, a host route...)
+    // stops asking for one: the router's lookup of it is a cost of its own
+    const bool want = cacheable && !(entry && entry->asked >= 3);
+    PyObject* res = PyObject_CallFunction(py_miss, "OOOO", py_op, args.ptr(), kwargs.ptr(), want ? Py_True : Py_False);
+    if (res == nullptr) {
+      python_error err;
+      err.persist();
+      throw err;
+    }
+    auto pair = py::reinterpret_steal<py::object>(res);
+    TORCH_CHECK(PyTuple_CheckExact(res) && PyTuple_GET_SIZE(res) == 2,
+                "torchfl npu fast path: the router's miss handler must return (result, runner)");
+    PyObject* runner = PyTuple_GET_ITEM(res, 1);
+    if (want) {
+      if (entry) {
+        entry->asked++;
+      } else {
+        if (fast_map.size() >= kMaxEntries) fast_map.clear();
+        entry = fast_map[key] = std::make_shared<FastEntry>();
+        entry->asked = 1;
+      }
+      if (runner != Py_None) {
+        Py_INCREF(runner);
+        entry->run = runner;
+      }
+    }
+    torch::jit::drop(*stack, n);
+    push_python_result(op, stack, PyTuple_GET_ITEM(res, 0));
+  }
+};
+
+std::vector<std::unique_ptr<torch::Library>> fast_libraries;
+
 }  // namespace
+
+// Register the fast kernel for ``ops``: (schema name without "aten::", overload name, the Python
+// op the router runs), as the PrivateUse1 kernels of those ops.
+void install_fast(std::vector<std::tuple<std::string, std::string, py::object>> ops, py::object miss) {
+  if (py_miss == nullptr) {
+    Py_INCREF(miss.ptr());
+    py_miss = miss.ptr();
+  }
+  auto lib = std::make_unique<torch::Library>(torch::Library::IMPL, "aten", c10::DispatchKey::PrivateUse1,
+                                              __FILE__, __LINE__);
+  for (auto& [name, overload, py_op] : ops) {
+    const std::string full = overload.empty() ? name : name + "." + overload;
+    lib->impl(full.c_str(), torch::CppFunction::makeFromBoxedFunctor(std::make_unique<FastKernel>(py_op.ptr())));
+  }
+  fast_libraries.push_back(std::move(lib));
+}
+
+// Forget every cached runner (the Python routes were cleared).
+void fast_clear() { fast_map.clear(); }
+
+py::dict fast_stats() {
+  py::dict d;
+  d["hits"] = fast_hits;
+  d["misses"] = fast_misses;
+  d["declined"] = fast_declined;
+  d["unkeyed"] = fast_unkeyed;
+  d["entries"] = fast_map.size();
+  return d;
+}
+
+// This thread's lazy-mode depth (which 0) or optimizer-step depth (which 1): the fast path is
+// off while either is above 0 (the Python router decides those calls).
+void set_bypass(int64_t which, int64_t depth) {
+  TORCH_CHECK(which == 0 || which == 1, "set_bypass: which is 0 (lazy) or 1 (optimizer), got ", which);
+  bypass_depth[which] = static_cast<int>(depth);
+}
+
 
 // ------------------------------------------------------------------ Python face
 
@@ -493,4 +899,8 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("set_lazy_pending", &torchfl_npu::set_lazy_pending);
   m.def("set_device", &torchfl_npu::set_device);
   m.def("device_count", &torchfl_npu::cached_device_count);
+  m.def("install_fast", &torchfl_npu::install_fast);
+  m.def("fast_clear", &torchfl_npu::fast_clear);
+  m.def("fast_stats", &torchfl_npu::fast_stats);
+  m.def("set_bypass", &torchfl_npu::set_bypass);
 }

@@ -69,11 +69,15 @@ def in_optimizer_step() -> bool:
 def install_optimizer_hooks() -> None:
     from torch.optim.optimizer import register_optimizer_step_post_hook, register_optimizer_step_pre_hook
 
+    from . import set_fast_bypass
+
     def pre(_opt, _args, _kwargs):
         OPTIMIZER.depth = getattr(OPTIMIZER, "depth", 0) + 1
+        set_fast_bypass(1, OPTIMIZER.depth)     # the adapter's fast path leaves the step to the router
 
     def post(_opt, _args, _kwargs):
         OPTIMIZER.depth = max(getattr(OPTIMIZER, "depth", 1) - 1, 0)
+        set_fast_bypass(1, OPTIMIZER.depth)
 
     register_optimizer_step_pre_hook(pre)
     register_optimizer_step_post_hook(post)

@@ -74,6 +74,11 @@ class NpuDevice:
     def clear_routes(self) -> None:
         self.routes.clear()
         self.fast_routes.clear()
+        from . import _STATE
+
+        mod = _STATE["adapter"]
+        if mod is not None and hasattr(mod, "fast_clear"):
+            mod.fast_clear()        # the adapter's fast path holds runners of these routes
 
     def __repr__(self):
         return f"NpuDevice({self.name})"

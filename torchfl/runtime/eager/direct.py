@@ -53,7 +53,8 @@ class DirectRun:
     (nothing ran) when a call's inputs are not as prepared. ``last_kernel_s``: the time in
     the kernel call, as the executor's ``last_kernel_s`` measures it."""
 
-    __slots__ = ("call", "inputs", "n_out", "index", "memory", "align", "wrappers", "last_kernel_s", "wrap")
+    __slots__ = ("call", "inputs", "n_out", "index", "memory", "align", "wrappers", "metas", "last_kernel_s",
+                 "wrap")
 
     def __init__(self, call, inputs, n_out, executor):
         from . import _STATE
@@ -63,10 +64,41 @@ class DirectRun:
         self.memory = executor.memory
         self.align = int(executor.chip.alignment)
         self.wrappers: dict = {}        # (shape, layout, dtype) -> (shape list, strides, torch dtype)
+        self.metas: dict = {}           # the same -> (shape list, strides, torch dtype, index): run_raw's
         self.last_kernel_s = 0.0
         self.wrap = _STATE["adapter"].wrap
 
     def run(self, tensors):
+        outs = self._kernel(tensors)
+        if outs is None:
+            return None
+        return tuple([self._wrap(o, tensors) for o in outs])
+
+    def run_raw(self, tensors):
+        """The adapter's fast path (one output): ``(address, nbytes, meta)`` of a fresh output
+        buffer, now owned by torch (the adapter makes the tensor over it; ``meta`` is
+        ``(sizes, strides, torch dtype, device index)``, one object per output shape), the
+        output as an npu tensor when it views an input, or None (nothing ran)."""
+        outs = self._kernel(tensors)
+        if outs is None:
+            return None
+        v = outs[0]
+        buf = v.buffer
+        address = buf.address
+        if v.offset or address in _LIVE:
+            owners = {t.untyped_storage().data_ptr(): t for t in tensors}
+            return as_npu_tensor(v, self.index, owners)
+        key = (v.shape, v.layout, v.dtype)
+        meta = self.metas.get(key)
+        if meta is None:
+            shape, strides, dtype = _wrapper(v)
+            meta = self.metas[key] = (shape, strides, dtype, self.index)
+        _LIVE[address] = buf
+        return address, buf.nbytes, meta
+
+    def _kernel(self, tensors):
+        """The bound kernel on ``tensors``' buffers: its named outputs (DeviceTensors), or None
+        when an input is not as prepared (nothing ran)."""
         align = self.align
         inputs = {}
         new = DeviceTensor.__new__
@@ -87,7 +119,7 @@ class DirectRun:
         for extra in outs[n:]:          # outputs the plan does not name (as the executor's _store)
             if extra.__class__ is DeviceTensor:
                 extra.buffer.free()
-        return tuple([self._wrap(o, tensors) for o in outs[:n]])
+        return outs[:n] if len(outs) > n else outs
 
     def _wrap(self, v, tensors):
         """Output ``v`` as an npu tensor owning its buffer (no copy)."""

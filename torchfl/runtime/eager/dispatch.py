@@ -7,7 +7,7 @@ from __future__ import annotations
 from .lazy import active as _lazy_active, record as _lazy_record
 from .ops import fast_key, op_kind, run_eager
 
-__all__ = ["dispatch"]
+__all__ = ["dispatch", "dispatch_fast"]
 
 
 def dispatch(op, args, kwargs):
@@ -23,3 +23,22 @@ def dispatch(op, args, kwargs):
             if route is not None:
                 return route.call(args, kwargs, fast[1])
     return run_eager(op, args, kwargs)
+
+
+def dispatch_fast(op, args, kwargs, want):
+    """The adapter's fast path missed (``adapter.cpp``, ``FastKernel``): run the call as
+    :func:`dispatch` does and, when ``want``, hand back the runner of the route that served it
+    (``ChipRoute.fast_runner``) for the adapter to cache under its C++ key. Returns (result,
+    runner or None)."""
+    result = dispatch(op, args, kwargs)
+    if not want or kwargs or _lazy_active():
+        return result, None
+    fast = fast_key(op, args)
+    if fast is None:
+        return result, None
+    try:
+        route = fast[2].fast_routes.get(fast[0])
+    except TypeError:       # an unhashable argument: no fast key
+        return result, None
+    runner = getattr(route, "fast_runner", None)
+    return result, (runner() if runner is not None else None)

@@ -24,7 +24,7 @@ import weakref
 import torch
 from torch.utils._pytree import tree_flatten, tree_unflatten
 
-from . import _STATE
+from . import _STATE, set_fast_bypass
 from . import device as _dev
 from . import ops as _ops
 from .calls import device_of, eager_precision, strict, tensor_layout_of
@@ -50,6 +50,7 @@ def active() -> bool:
     depth = getattr(_TLS, "depth", None)
     if depth is None:
         depth = _TLS.depth = 1 if _env_lazy() else 0
+        set_fast_bypass(0, depth)       # the adapter's fast path leaves a lazy thread's ops to the router
     return depth > 0 and not getattr(_TLS, "flushing", False)
 
 
@@ -67,10 +68,12 @@ class lazy_mode:
     def __enter__(self):
         active()
         _TLS.depth += 1 if self.enabled else 0
+        set_fast_bypass(0, _TLS.depth)
         return self
 
     def __exit__(self, *exc):
         _TLS.depth -= 1 if self.enabled else 0
+        set_fast_bypass(0, _TLS.depth)
         flush_all()
 
 

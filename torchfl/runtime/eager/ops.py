@@ -147,10 +147,11 @@ def ensure_functional_routes() -> None:
     _ROUTES_READY.set()
     from torchfl.planner.target import bundled_packs
 
+    from . import _STATE
     from .routing import register_functional
 
     names = sorted({r.op for pack in bundled_packs() for r in pack.rules})
-    register_functional(names)
+    register_functional(names, _STATE["adapter"])
     install_optimizer_hooks()
 
 

@@ -58,6 +58,26 @@ class ChipRoute:
             result = self.run(tensors)
         return self._with_tail(result) if self.empty_tail else result
 
+    def fast_runner(self):
+        """The adapter's runner for this route (:meth:`fast`), or None while it has no direct
+        form of one output called plainly (not prepared yet, several outputs, an aliased or
+        random call, eval batch-norm's empty statistics)."""
+        direct = self.direct
+        if direct and self.plain and self.single and not self.empty_tail and direct.n_out == 1:
+            return self.fast
+        return None
+
+    def fast(self, *tensors):
+        """The direct kernel on the call's tensor arguments, for the adapter's C++ fast path:
+        ``DirectRun.run_raw``'s answer (None: the adapter sends the call through the router)."""
+        direct = self.direct
+        out = direct.run_raw(tensors)
+        if out is not None:
+            self.last_kernel_s = direct.last_kernel_s
+            STATS["chip_ops"] += 1
+            ROUTES[self._chip_key] += 1
+        return out
+
     def _with_tail(self, result):
         empty = torch.empty
         return (result,) + tuple(empty((0,), dtype=result.dtype, device=result.device)

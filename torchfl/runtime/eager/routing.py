@@ -4,7 +4,10 @@ registration without importing the planner or numba (they load on the first op).
 The adapter's C++ kernels (factories, copies, views) take precedence over the fallback;
 everything else reaches :func:`torchfl.runtime.eager.dispatch.dispatch`. Structured ops reach a
 backend fallback as their ``.out`` overloads, so once the planner is loaded the functional
-overloads the rule packs name are registered explicitly too (:func:`register_functional`).
+overloads the rule packs name are registered explicitly too (:func:`register_functional`):
+with the adapter loaded, as its C++ fast kernel (``adapter.cpp``, ``FastKernel``: a signature
+seen before runs its route's bound kernel without this router; a miss comes back through
+:func:`_fast_miss`), else as a Python kernel.
 """
 from __future__ import annotations
 
@@ -12,11 +15,13 @@ __all__ = ["install", "install_first_use", "register_functional"]
 
 _LIBS: list = []
 _FUNCTIONAL_DONE: set = set()
+_CONV: list = [None]    # the Library of convolution_overrideable's Python kernel
 
 
-# [the dispatcher once loaded, the function that loads it]: set by install(); routing imports
-# nothing of the eager device (it sits below the dispatcher, which imports the planner)
-_DISPATCH: list = [None, None]
+# [the dispatcher once loaded, the function that loads it, the fast path's miss handler once
+# loaded, the function that loads it]: set by install(); routing imports nothing of the eager
+# device (it sits below the dispatcher, which imports the planner)
+_DISPATCH: list = [None, None, None, None]
 
 
 def _load_dispatch():
@@ -28,20 +33,32 @@ def _fallback(op, *args, **kwargs):
     return (_DISPATCH[0] or _load_dispatch())(op, args, kwargs)
 
 
-def install(load_dispatch) -> None:
+def _fast_miss(op, args, kwargs, want):
+    """The adapter's fast path missed: ``dispatch.dispatch_fast`` -> (result, runner or None)."""
+    miss = _DISPATCH[2]
+    if miss is None:
+        miss = _DISPATCH[2] = _DISPATCH[3]()
+    return miss(op, args, kwargs, want)
+
+
+def install(load_dispatch, load_fast_miss=None) -> None:
     """The PrivateUse1 fallback and npu-aware tensor printing. ``load_dispatch()`` returns
-    the function every op goes to (``dispatch.dispatch``), called at the first op."""
+    the function every op goes to (``dispatch.dispatch``), called at the first op;
+    ``load_fast_miss()`` the adapter fast path's miss handler (``dispatch.dispatch_fast``)."""
     import torch
 
     _DISPATCH[1] = load_dispatch
+    _DISPATCH[3] = load_fast_miss
     lib = torch.library.Library("_", "IMPL")   # noqa: TOR901 -- a backend fallback needs the global namespace
     lib.fallback(_fallback, "PrivateUse1")
     _LIBS.append(lib)
     # convolution reaches a backend as these two "overrideable" ops, which have a default
     # kernel (an error), so the fallback never sees them: send them to the router as the
     # ops the rules name
+    conv = torch.library.Library("aten", "IMPL")   # noqa: TOR901
+    conv.impl("convolution_overrideable", _convolution, "PrivateUse1")
+    _CONV[0] = conv                    # replaced by the adapter's fast kernel (register_functional)
     aten = torch.library.Library("aten", "IMPL")   # noqa: TOR901
-    aten.impl("convolution_overrideable", _convolution, "PrivateUse1")
     aten.impl("convolution_backward_overrideable", _convolution_backward, "PrivateUse1")
     # attention: whole (the chip's attention kernel) when no gradient is wanted; else the
     # composition below, in the inputs' dtype (torch's own "math" path upcasts float16 to
@@ -123,14 +140,23 @@ def _convolution_backward(grad_output, input, weight, stride, padding, dilation,
                      output_padding, groups, output_mask), {})
 
 
-def register_functional(op_names) -> None:
+def register_functional(op_names, adapter=None) -> None:
     """Send the functional overloads ``op_names`` (``aten.mul.Tensor``) straight to the
-    router instead of through their ``.out`` form (which would allocate twice)."""
+    router instead of through their ``.out`` form (which would allocate twice). With the
+    ``adapter`` loaded, those whose arguments its C++ fast path takes (tensors, numbers, int
+    lists: :func:`_fast_capable`) -- convolution included -- get its fast kernel instead of a
+    Python one: a signature seen before runs its route's kernel without the Python router."""
     import torch
 
     todo = [n for n in op_names if n not in _FUNCTIONAL_DONE]
     if not todo:
         return
+    fast = []
+    if adapter is not None and hasattr(adapter, "install_fast") and _DISPATCH[3] is not None:
+        if _CONV[0] is not None and "aten.convolution.default" in todo:
+            _CONV[0]._destroy()
+            _CONV[0] = None
+            fast.append(("convolution_overrideable", "", torch.ops.aten.convolution.default))
     lib = torch.library.Library("aten", "IMPL")   # noqa: TOR901
     for name in todo:
         _FUNCTIONAL_DONE.add(name)
@@ -144,6 +170,9 @@ def register_functional(op_names) -> None:
                 for k in ("PrivateUse1", "CompositeImplicitAutograd")):
             continue   # served already: by the adapter's views and copies, or a composite
         key = op._schema.name.split("::")[1] + ("." + op._schema.overload_name if op._schema.overload_name else "")
+        if adapter is not None and _fast_capable(op) and _DISPATCH[3] is not None:
+            fast.append((op._schema.name.split("::")[1], op._schema.overload_name, op))
+            continue
 
         def kernel(*args, _op=op, **kwargs):
             return (_DISPATCH[0] or _load_dispatch())(_op, args, kwargs)
@@ -153,6 +182,23 @@ def register_functional(op_names) -> None:
         except RuntimeError:   # already has a kernel for this key (another registration)
             continue
     _LIBS.append(lib)
+    if fast:
+        adapter.install_fast(fast, _fast_miss)
+
+
+# argument types the adapter's fast path renders as torch's Python kernels receive them
+_FAST_TYPES = frozenset({"Tensor", "Optional[Tensor]", "number", "Optional[number]", "int", "Optional[int]",
+                         "float", "Optional[float]", "bool", "Optional[bool]", "List[int]",
+                         "Optional[List[int]]"})
+
+
+def _fast_capable(op) -> bool:
+    """Whether every argument of ``op`` is one the adapter's fast path takes (no dtype,
+    layout, memory format, device, string or tensor-list argument) and it returns tensors."""
+    schema = op._schema
+    if not all(str(a.real_type) in _FAST_TYPES for a in schema.arguments):
+        return False
+    return bool(schema.returns) and all(str(r.type) == "Tensor" for r in schema.returns)
 
 
 # device transfers and copies stay the adapter's (a cast between devices is no kernel's)
