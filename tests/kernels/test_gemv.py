@@ -130,3 +130,20 @@ def test_one_two_rows_short_and_long_columns(dtype, m, K):
     assert (K * 2 <= gemv.SHORT_COLUMN) == (K == 300) and 2500 * 2 > gemv.SHORT_COLUMN
     c, ref, _ = _linear(dtype, m, K, 39, seed=K + m)
     assert_close(as_f32(c), ref, dtype, scale=max(2.0, math.sqrt(K) / 4), what=f"{m}x{K}x39")
+
+
+@pytest.mark.parametrize("dtype", DT16)
+def test_matmul_column_major_b_alpha_beta(dtype):
+    """``a @ b`` with b[K, N] stored column-major (its columns contiguous along K, as a weight's) takes the
+    blocked path too; alpha and beta scale the product and the bias in the epilogue."""
+    M, K, N = 6, 2061, 29
+    assert uses_gemv(M, K, 1, 1)
+    chip = chip_for(dtype)
+    mem = DeviceMemory(chip)
+    g = torch.Generator().manual_seed(9)
+    a = dev(torch.randn(M, K, generator=g), mem, dtype)
+    b = dev(torch.randn(K, N, generator=g) / math.sqrt(K), mem, dtype, layout="BA")
+    bias = dev(torch.randn(N, generator=g), mem, dtype)
+    (c,), _ = run_checked("matmul", chip, {"a": a, "b": b, "bias": bias}, {"alpha": 0.5, "beta": 2.0})
+    ref = 0.5 * (as_f32(a).double() @ as_f32(b).double()) + 2.0 * as_f32(bias).double()
+    assert_close(as_f32(c), ref.float(), dtype, scale=2, what="matmul b column-major")
