@@ -3,13 +3,17 @@
 goes (plan instance, executor, kernels).
 
     NUMBA_CACHE_DIR=.cache/numba python tools/bench_decode.py [--chip TFL-X1] [--context 1024]
-        [--tokens 16] [--hidden 512] [--dtype float32] [--json]
+        [--tokens 16] [--hidden 512] [--dtype float32] [--json] [--profile FILE]
 
 The model: LlamaForCausalLM, 2 layers, hidden 512, 8 heads, 4 key/value heads, MLP 1408,
 vocabulary 32000 (random weights, seed 0). A prompt of ``context - tokens - warm`` tokens is
 prefilled (eager, once, shared); each side then decodes ``warm`` tokens untimed (Dynamo's
 recompiles, the kernels' first calls, the symbolic capture) and ``tokens`` timed, one forward
 per token with the DynamicCache, as generate() runs them. Greedy tokens are checked equal.
+
+A token's graph call is split into kernels (time inside kernel calls) and what is not kernels:
+the plan instance of that length (``planner.lengths``), the executor's own work around the
+kernels (the per-call executor cost) and the backend's rest of the call.
 """
 from __future__ import annotations
 
@@ -30,8 +34,9 @@ def build(hidden: int, dtype):
     return LlamaForCausalLM(cfg).eval().to(dtype)
 
 
-def decode(forward, cache, first, n, timed_from):
-    """Greedy decode of ``n`` tokens from ``first``; per-token seconds of tokens >= timed_from."""
+def decode(forward, cache, first, n, timed_from, profiler=None):
+    """Greedy decode of ``n`` tokens from ``first``; per-token seconds of tokens >= timed_from
+    (``profiler``: a cProfile.Profile enabled over those tokens' forwards only)."""
     import copy
 
     import torch
@@ -40,9 +45,14 @@ def decode(forward, cache, first, n, timed_from):
     ids, tokens, times, logits = first, [], [], []
     with torch.no_grad():
         for i in range(n):
+            prof = profiler is not None and i >= timed_from
+            if prof:
+                profiler.enable()
             t0 = time.perf_counter()
             out = forward(input_ids=ids, cache=cache, use_cache=True)
             dt = time.perf_counter() - t0
+            if prof:
+                profiler.disable()
             cache = out.cache
             logits.append(out.logits[0, -1].float().clone())
             ids = logits[-1].argmax().view(1, 1)
@@ -62,6 +72,58 @@ def first_divergence(a_tokens, a_logits, b_logits):
     return None
 
 
+def chip_decode(args, m, cache, first, n):
+    """The emulated chip's decode (``decode``), each call's time split: the plan instance
+    (specialise + re-price), the executor's run (``executor``: kernels, and its own work
+    ``executor_own``), the backend's rest of the call (``rest``: signature, entry, outputs) and
+    ``run`` the whole graph call (Dynamo's guards and transformers' Python are outside it)."""
+    import torch
+
+    from torchfl.planner import lengths as lengths_mod
+    from torchfl.runtime import backend
+
+    split = {k: [] for k in ("instance", "run", "kernel", "executor", "executor_own", "rest")}
+    pending = [0.0]
+    plan_of, call = lengths_mod.LengthPlanner.plan, backend.CompiledGraph.__call__
+
+    def timed_plan(self, call_args):
+        t0 = time.perf_counter()
+        try:
+            return plan_of(self, call_args)
+        finally:
+            pending[0] += time.perf_counter() - t0
+
+    def timed_call(self, *call_args):
+        t0 = time.perf_counter()
+        try:
+            return call(self, *call_args)
+        finally:
+            run = time.perf_counter() - t0
+            ex = getattr(next(reversed(self.entries.values()), None), "executor", None)
+            kern, total = getattr(ex, "last_kernel_s", 0.0), getattr(ex, "last_total_s", 0.0)
+            split["run"].append(run)
+            split["instance"].append(pending[0])
+            split["kernel"].append(kern)
+            split["executor"].append(total)
+            split["executor_own"].append(total - kern)
+            split["rest"].append(run - pending[0] - total)
+            pending[0] = 0.0
+    lengths_mod.LengthPlanner.plan, backend.CompiledGraph.__call__ = timed_plan, timed_call
+    profiler = None
+    if args.profile:
+        import cProfile
+
+        profiler = cProfile.Profile()
+    try:
+        compiled = torch.compile(m.forward, backend="torchfl", options={"chip": args.chip})
+        tokens, times, logits = decode(compiled, cache, first, n, args.warm, profiler)
+    finally:
+        lengths_mod.LengthPlanner.plan, backend.CompiledGraph.__call__ = plan_of, call
+    if profiler is not None:
+        profiler.dump_stats(args.profile)
+    return tokens, times, logits, split
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--chip", default="TFL-X1")
@@ -71,13 +133,13 @@ def main(argv=None) -> int:
     ap.add_argument("--hidden", type=int, default=512)
     ap.add_argument("--dtype", default="float32", choices=["float32", "float16"])
     ap.add_argument("--json", action="store_true")
+    ap.add_argument("--profile", metavar="FILE", help="cProfile the emulated chip's timed tokens into FILE "
+                    "(pstats; the timings then include the profiler's overhead)")
     args = ap.parse_args(argv)
 
     import torch
 
-    from torchfl.planner import lengths as lengths_mod
-    from torchfl.runtime import backend
-
+    load_before = os.getloadavg()[0]
     dtype = getattr(torch, args.dtype)
     m = build(args.hidden, dtype)
     n = args.warm + args.tokens
@@ -88,47 +150,21 @@ def main(argv=None) -> int:
 
     eager_tokens, eager_s, eager_logits = decode(m.forward, pre.cache, first, n, args.warm)
 
-    # the emulated chip: time split into the plan instance (specialise + re-price), the executor
-    # call (kernels + its own work) and everything else (Dynamo's guards, transformers' Python)
-    split = {"instance": [], "run": [], "kernel": []}
-    plan_of = lengths_mod.LengthPlanner.plan
-
-    def timed_plan(self, call_args):
-        t0 = time.perf_counter()
-        try:
-            return plan_of(self, call_args)
-        finally:
-            split["instance"].append(time.perf_counter() - t0)
-    lengths_mod.LengthPlanner.plan = timed_plan
-    call = backend.CompiledGraph.__call__
-
-    def timed_call(self, *call_args):
-        t0 = time.perf_counter()
-        try:
-            return call(self, *call_args)
-        finally:
-            split["run"].append(time.perf_counter() - t0)
-            entry = next(reversed(self.entries.values()), None)
-            ex = getattr(entry, "executor", None)
-            split["kernel"].append(getattr(ex, "last_kernel_s", 0.0) or 0.0)
-    backend.CompiledGraph.__call__ = timed_call
-    compiled = torch.compile(m.forward, backend="torchfl", options={"chip": args.chip})
-    chip_tokens, chip_s, chip_logits = decode(compiled, pre.cache, first, n, args.warm)
-    backend.CompiledGraph.__call__ = call
-    lengths_mod.LengthPlanner.plan = plan_of
+    chip_tokens, chip_s, chip_logits, split = chip_decode(args, m, pre.cache, first, n)
 
     t_eager, t_chip = statistics.median(eager_s), statistics.median(chip_s)
     timed = slice(-args.tokens, None)
-    inst = statistics.median(split["instance"][timed]) if split["instance"] else 0.0
-    run = statistics.median(split["run"][timed])
-    kern = statistics.median(split["kernel"][timed])
+    med = {k: statistics.median(v[timed]) for k, v in split.items()}
+    inst, run, kern, total = med["instance"], med["run"], med["kernel"], med["executor"]
     result = {
         "chip": args.chip, "context": args.context, "tokens": args.tokens, "hidden": args.hidden,
         "dtype": args.dtype, "same_tokens": eager_tokens == chip_tokens,
         "eager_tokens_per_s": 1 / t_eager, "chip_tokens_per_s": 1 / t_chip, "ratio": t_eager / t_chip,
         "chip_ms_per_token": 1e3 * t_chip, "eager_ms_per_token": 1e3 * t_eager,
         "instance_ms": 1e3 * inst, "graph_call_ms": 1e3 * run, "kernel_ms": 1e3 * kern,
-        "load_avg": os.getloadavg()[0],
+        "executor_ms": 1e3 * total, "executor_own_ms": 1e3 * med["executor_own"],
+        "per_call_rest_ms": 1e3 * med["rest"], "not_kernel_ms": 1e3 * (run - kern),
+        "load_avg_before": load_before, "load_avg": os.getloadavg()[0],
         "max_logit_diff_step0": float((eager_logits[0] - chip_logits[0]).abs().max()),
         "divergence": first_divergence(eager_tokens, eager_logits, chip_logits),
     }
@@ -136,13 +172,17 @@ def main(argv=None) -> int:
         print(json.dumps(result, indent=2))
     else:
         print(f"2-layer LLaMA (hidden {args.hidden}, {args.dtype}) decode at context {args.context}, "
-              f"{args.tokens} timed tokens, load average {result['load_avg']:.1f}")
+              f"{args.tokens} timed tokens")
         print(f"  torch eager:        {result['eager_ms_per_token']:8.2f} ms/token  "
               f"{result['eager_tokens_per_s']:8.1f} tokens/s")
         print(f"  emulated {args.chip:8}: {result['chip_ms_per_token']:8.2f} ms/token  "
               f"{result['chip_tokens_per_s']:8.1f} tokens/s  ({result['ratio']:.2f}x eager)")
-        print(f"    of which plan instance {result['instance_ms']:.2f} ms, graph call {result['graph_call_ms']:.2f} ms "
-              f"(kernels {result['kernel_ms']:.2f} ms); same greedy tokens: {result['same_tokens']}")
+        print(f"    of which graph call {result['graph_call_ms']:.2f} ms: kernels {result['kernel_ms']:.2f} ms, "
+              f"not kernels {result['not_kernel_ms']:.2f} ms = plan instance {result['instance_ms']:.2f} ms "
+              f"+ executor's own {result['executor_own_ms']:.2f} ms + backend's per call "
+              f"{result['per_call_rest_ms']:.2f} ms (medians)")
+        print(f"    same greedy tokens: {result['same_tokens']}; load average {result['load_avg_before']:.1f} before, "
+              f"{result['load_avg']:.1f} after")
         print(f"    max |logit difference| at the first step {result['max_logit_diff_step0']:.3g}"
               + ("" if result["divergence"] is None else
                  " ; tokens first differ at step {0}: max |diff| {1:.3g}, eager's top-2 gap {2:.3g}".format(

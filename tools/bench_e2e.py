@@ -58,7 +58,51 @@ def _tensor(out):
     return out.last_hidden_state if hasattr(out, "last_hidden_state") else out
 
 
-def run_case(name, runs, registry=None):
+def _profile(compiled, inputs, executors, runs):
+    """Per kernel (a step's kernel name), the wall and CPU time of its calls over ``runs`` more calls of
+    the compiled model, per model call; ``outside_kernels``: the rest of the call's wall time (executor,
+    Dynamo glue: one thread whatever the count). CPU time is the process's (every thread's): CPU / wall
+    of a kernel is the cores it kept busy, spin-waiting workers included."""
+    from collections import defaultdict
+
+    stats = defaultdict(lambda: [0, 0.0, 0.0])
+    wall, cpu = time.perf_counter, time.process_time
+
+    def timed(call, kernel):
+        def run(inputs):
+            w0, c0 = wall(), cpu()
+            out = call(inputs)
+            st = stats[kernel]
+            st[0] += 1
+            st[1] += wall() - w0
+            st[2] += cpu() - c0
+            return out
+        return run
+
+    wrapped = {}                # the full and the dynamic program share their steps' Preps: wrap each once
+    for e in executors:
+        for prog in (e._full, e._dynamic):
+            for step in (prog.steps if prog is not None else ()):
+                p = step[0]
+                if not step[1] and p.call is not None and id(p) not in wrapped:
+                    wrapped[id(p)] = (p, p.call)
+                    p.call = timed(p.call, p.kernel)
+    try:
+        w0, c0 = wall(), cpu()
+        for _ in range(runs):
+            compiled(*inputs)
+        total_w, total_c = (wall() - w0) / runs, (cpu() - c0) / runs
+    finally:
+        for p, call in wrapped.values():
+            p.call = call
+    out = {k: {"calls": n // runs, "wall_s": w / runs, "cpu_s": c / runs} for k, (n, w, c) in stats.items()}
+    kw = sum(v["wall_s"] for v in out.values())
+    out["outside_kernels"] = {"calls": runs, "wall_s": total_w - kw,
+                              "cpu_s": total_c - sum(v["cpu_s"] for v in out.values())}
+    return {"total_wall_s": total_w, "total_cpu_s": total_c, "kernels": out}
+
+
+def run_case(name, runs, registry=None, profile=False):
     import torch
 
     from torchfl.planner.zoo import load_model
@@ -137,7 +181,8 @@ def run_case(name, runs, registry=None):
             "torchfl_alone_cpu_s": statistics.median(c for _w, c in ours_both),
             "torch_eager_alone_wall_s": statistics.median(w for w, _c in eager_both),
             "torch_eager_alone_cpu_s": statistics.median(c for _w, c in eager_both),
-            "runs": runs, **extra}
+            "runs": runs, **extra,
+            **({"profile": _profile(compiled, inputs, executors, runs)} if profile else {})}
 
 
 def _spread(times):
@@ -158,6 +203,8 @@ def main(argv=None):
     ap.add_argument("--timer", choices=("wall", "cpu"), default="wall",
                     help="cpu: the process's CPU time (with --threads 1, the work each side does, steady on a "
                          "loaded host where wall time swings with the other processes)")
+    ap.add_argument("--profile", action="store_true",
+                    help="per kernel: wall and CPU time of its calls (with --threads 1,2: each kernel's speed-up)")
     a = ap.parse_args(argv)
     try:
         counts = [int(t) for t in a.threads.split(",")]
@@ -186,7 +233,8 @@ def main(argv=None):
             ap.error(f"unknown case {name!r}; choose from {', '.join(CASES)}")
         torch._dynamo.reset()
         try:
-            results.append(run_case(name, a.runs, a.registry))
+            with torch.no_grad():
+                results.append(run_case(name, a.runs, a.registry, a.profile))
         except Exception as exc:  # report the case as failed, keep measuring the others
             results.append({"case": name, "error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"})
         if not a.json:
@@ -209,7 +257,8 @@ def scaling(a, counts):
     load0 = os.getloadavg()
     for n in counts:
         cmd = [sys.executable, __file__, "--json", "--runs", str(a.runs), "--cases", a.cases, "--threads", str(n),
-               "--timer", "wall"] + (["--registry", a.registry] if a.registry else [])
+               "--timer", "wall"] + (["--registry", a.registry] if a.registry else []) + (["--profile"] if a.profile
+                                                                                          else [])
         proc = subprocess.run(cmd, capture_output=True, text=True)
         if not proc.stdout.strip():
             sys.exit(f"bench_e2e --threads {n} failed:\n{proc.stderr[-2000:]}")
@@ -228,6 +277,8 @@ def scaling(a, counts):
                 wall, cpu = r[f"{key}_wall_s"], r[f"{key}_cpu_s"]
                 row[f"{side}_wall_s"], row[f"{side}_cpu_over_wall"] = wall, cpu / wall
                 row[f"{side}_speedup"] = base[f"{key}_wall_s"] / wall
+            if a.profile:
+                row["profile"] = _kernel_speedups(base["profile"], r["profile"])
             rows.append(row)
     out = {"threads": counts, "load_before": load0, "load_after": load1, "rows": rows}
     if a.json:
@@ -243,7 +294,22 @@ def scaling(a, counts):
                   f"x{r['torchfl_speedup']:.2f} (cpu/wall {r['torchfl_cpu_over_wall']:.2f})  eager "
                   f"{r['torch_eager_wall_s'] * 1e3:8.1f} ms x{r['torch_eager_speedup']:.2f} "
                   f"(cpu/wall {r['torch_eager_cpu_over_wall']:.2f})")
+            for k, v in r.get("profile", {}).items():
+                print(f"    {k:<28} {v['calls']:4d} calls  {v['wall_s'] * 1e3:8.1f} ms ({v['share']:5.1%})  "
+                      f"x{v['speedup']:.2f}  cpu/wall {v['cpu_over_wall']:.2f}")
     return 0 if all("error" not in r for r in rows) else 1
+
+
+def _kernel_speedups(base, prof):
+    """Per kernel, heaviest first: its wall time per model call at this count, its share of the call,
+    the speed-up over the base count and CPU / wall at this count."""
+    rows = {}
+    for k, v in sorted(prof["kernels"].items(), key=lambda kv: -kv[1]["wall_s"]):
+        b = base["kernels"].get(k)
+        rows[k] = {"calls": v["calls"], "wall_s": v["wall_s"], "share": v["wall_s"] / prof["total_wall_s"],
+                   "speedup": b["wall_s"] / v["wall_s"] if b and v["wall_s"] > 0 else float("nan"),
+                   "cpu_over_wall": v["cpu_s"] / v["wall_s"] if v["wall_s"] > 0 else float("nan")}
+    return rows
 
 
 def _line(r):

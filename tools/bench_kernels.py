@@ -186,6 +186,65 @@ def compile_probe(as_json):
         print(json.dumps(r) if as_json else f"{name:34s} first {a:6.2f} s  second {b * 1e3:7.2f} ms", flush=True)
 
 
+def host_scaling(as_json, runs=7):
+    """What the host gives a second thread, wall time, medians of ``runs``: a compute-bound loop
+    (independent FMAs in registers, no memory traffic), a memory-bound one (a sum over 256 MB), both
+    split in equal halves over Numba's threads, and torch's own 2048^3 float32 matmul; each at 1 and
+    at every core. A speed-up below the thread count here is the host's (shared cores, a shared
+    memory bus), not a kernel's: issue 38's two-thread goal is measured against it."""
+    import numba
+    import numpy as np
+    import torch
+    from numba import njit, prange
+
+    @njit(parallel=True, fastmath=True)
+    def fma_loop(n, nthreads):
+        out = np.zeros(nthreads * 16, np.float32)
+        for t in prange(nthreads):
+            acc = np.zeros(16, np.float32)
+            x = np.full(16, np.float32(1.0000001), np.float32)
+            for _ in range(n // nthreads):
+                for j in range(16):
+                    acc[j] = acc[j] * x[j] + np.float32(1e-7)
+            out[t * 16:(t + 1) * 16] = acc
+        return out.sum()
+
+    @njit(parallel=True, fastmath=True)
+    def stream(a, nthreads):
+        s = np.zeros(nthreads, np.float64)
+        n = a.size
+        for t in prange(nthreads):
+            acc = np.float32(0.0)
+            for i in range(t * n // nthreads, (t + 1) * n // nthreads):
+                acc += a[i]
+            s[t] = acc
+        return s.sum()
+
+    big = np.ones(64 << 20, np.float32)
+    x, y = torch.randn(2048, 2048), torch.randn(2048, 2048)
+    cores = numba.config.NUMBA_NUM_THREADS
+    cases = (("compute (register FMAs)", lambda t: fma_loop(200_000_000 // 16, t)),
+             ("memory (sum of 256 MB)", lambda t: stream(big, t)),
+             ("torch matmul 2048^3 f32", lambda t: torch.mm(x, y)))
+    for name, fn in cases:
+        res = {}
+        for t in (1, cores):
+            numba.set_num_threads(t)
+            torch.set_num_threads(t)
+            fn(t)
+            ts = []
+            for _ in range(runs):
+                t0 = time.perf_counter()
+                fn(t)
+                ts.append(time.perf_counter() - t0)
+            res[t] = _median(ts)
+        r = {"case": f"host_scaling {name}", "threads": cores, "wall_1_s": round(res[1], 4),
+             f"wall_{cores}_s": round(res[cores], 4), "speedup": round(res[1] / res[cores], 2),
+             "load_avg": round(os.getloadavg()[0], 2)}
+        print(json.dumps(r) if as_json else f"{name:26s} 1 thread {res[1] * 1e3:8.1f} ms  {cores} threads "
+              f"{res[cores] * 1e3:8.1f} ms  x{r['speedup']:.2f}  (load {r['load_avg']})", flush=True)
+
+
 _clock = time.perf_counter     # --timer cpu: time.process_time (steady on a shared machine)
 
 
@@ -252,6 +311,8 @@ def main(argv=None):
                     help="threads for both sides (default: all cores); 1 is steadier on a shared machine")
     ap.add_argument("--compile-times", action="store_true",
                     help="only probe first-call time per family (use with --cold for compile time)")
+    ap.add_argument("--host-scaling", action="store_true",
+                    help="only measure what a second thread gives on this host (compute, memory, torch's matmul)")
     ap.add_argument("--no-peak", action="store_true", help="skip tools/peak.py's fp32 peak measurement")
     ap.add_argument("--timer", choices=("wall", "cpu"), default="wall",
                     help="cpu: the process's CPU time (with --threads 1: steady on a loaded machine)")
@@ -274,6 +335,9 @@ def main(argv=None):
 
     if a.compile_times:
         compile_probe(a.json)
+        return
+    if a.host_scaling:
+        host_scaling(a.json, a.runs)
         return
     peak = None
     if not a.no_peak:

@@ -18,13 +18,15 @@ DT16 = ["float16", "bfloat16"]
 
 
 def test_rule_rows_by_storage():
-    """16-bit weights take up to 8 rows, float32 and emulated bf16 (code 3) two; a B whose columns are
-    not contiguous along K, or a layer-normalised A, take the tiled path."""
-    assert gemv_rows(1) == gemv_rows(2) == 8
-    assert gemv_rows(0) == gemv_rows(3) == 2
-    assert uses_gemv(8, 2, 1) and uses_gemv(3, 1, 1) and not uses_gemv(9, 1, 1)
-    assert uses_gemv(2, 0, 1) and not uses_gemv(3, 0, 1) and not uses_gemv(3, 3, 1)
-    assert not uses_gemv(4, 1, 7) and not uses_gemv(4, 1, 1, has_ln=True)
+    """16-bit weights take up to 8 rows (4 with columns of at most 4 KiB), float32 and emulated bf16
+    (code 3) two; a B whose columns are not contiguous along K, or a layer-normalised A, take the tiled path."""
+    assert gemv_rows(1, 4096) == gemv_rows(2, 2049) == 8
+    assert gemv_rows(1, 2048) == gemv_rows(2, 512) == 4
+    assert gemv_rows(0, 4096) == gemv_rows(3, 4096) == gemv_rows(0, 512) == 2
+    assert uses_gemv(8, 4096, 2, 1) and uses_gemv(3, 301, 1, 1) and not uses_gemv(9, 4096, 1, 1)
+    assert uses_gemv(4, 512, 1, 1) and not uses_gemv(5, 512, 1, 1)
+    assert uses_gemv(2, 64, 0, 1) and not uses_gemv(3, 64, 0, 1) and not uses_gemv(3, 4096, 3, 1)
+    assert not uses_gemv(4, 64, 1, 7) and not uses_gemv(4, 64, 1, 1, has_ln=True)
 
 
 def _linear(dtype, m, K, N, kernel="linear", freeze=False, x_layout=None, seed=0, x=None, w=None):
@@ -53,28 +55,31 @@ def _linear(dtype, m, K, N, kernel="linear", freeze=False, x_layout=None, seed=0
 @pytest.mark.parametrize("m", [3, 4, 5, 6, 7, 8])
 @pytest.mark.parametrize("kernel", ["linear", "linear_gelu"])
 def test_rows_3_to_8(dtype, m, kernel):
-    """Every row count of the blocked path: K = 301 (not a whole number of 16- or 32-k steps: the tail),
-    N = 6*6 + 5 (groups of CB columns and a remainder), rows padded to RB-row blocks; a kept weight
-    stays as stored (no float32 panels)."""
-    assert (CB, RB) == (6, 4)
-    c, ref, kept = _linear(dtype, m, 301, 41, kernel, freeze=True, seed=m)
+    """Every row count of the blocked path: K = 2061 (columns over 4 KiB, so 5..8 rows stay here; not a
+    whole number of 16- or 32-k steps: the tail), N = 6*6 + 5 (groups of CB columns and a remainder), rows
+    padded to RB-row blocks; a kept weight stays as stored (no float32 panels)."""
+    assert (CB, RB) == (6, 4) and uses_gemv(m, 2061, 1, 1)
+    c, ref, kept = _linear(dtype, m, 2061, 41, kernel, freeze=True, seed=m)
     assert kept == 0
-    assert_close(as_f32(c), ref, dtype, scale=2, what=f"{kernel} {m}x301x41")
+    assert_close(as_f32(c), ref, dtype, scale=max(2.0, math.sqrt(2061) / 4), what=f"{kernel} {m}x2061x41")
 
 
 @pytest.mark.parametrize("dtype", DT16)
-@pytest.mark.parametrize("K,N", [(7, 3), (64, 6), (32, 13), (1024, 4100)])
+@pytest.mark.parametrize("K,N", [(7, 3), (64, 6), (32, 13), (2304, 2000)])
 def test_shapes(dtype, K, N):
-    """K under one vector step (all tail), K a whole number of steps (no tail), N under one column group,
-    and a problem large enough for every thread (2 * 8 * 1024 * 4100 flops: above threads.SMALL_FLOPS)."""
-    c, ref, _ = _linear(dtype, 8 if K == 1024 else 5, K, N)
+    """K under one vector step (all tail), K a whole number of steps (no tail), N under one column group
+    (four rows: short columns), and eight rows large enough for every thread (2 * 8 * 2304 * 2000 flops:
+    above threads.SMALL_FLOPS)."""
+    m = 8 if K == 2304 else 4
+    assert uses_gemv(m, K, 1, 1)
+    c, ref, _ = _linear(dtype, m, K, N)
     assert_close(as_f32(c), ref, dtype, scale=max(2.0, math.sqrt(K) / 4), what=f"{K}x{N}")
 
 
 @pytest.mark.parametrize("dtype", DT16)
 def test_strided_x(dtype):
     """x stored column-major (its K stride is M, not 1): the rows are gathered, the result the same."""
-    c, ref, _ = _linear(dtype, 6, 77, 20, x_layout="BA")
+    c, ref, _ = _linear(dtype, 4, 77, 20, x_layout="BA")
     assert_close(as_f32(c), ref, dtype, scale=2, what="x column-major")
 
 
@@ -82,13 +87,13 @@ def test_strided_x(dtype):
 def test_nan_inf(dtype):
     """NaN and inf in x and w propagate as torch's: a NaN row gives NaN, inf times a positive sum inf."""
     g = torch.Generator().manual_seed(3)
-    x = torch.randn(5, 40, generator=g)
+    x = torch.randn(4, 40, generator=g)
     w = torch.rand(9, 40, generator=g) + 0.5       # positive weights: inf * w stays +inf
     x[1, 3] = float("nan")
     x[2, 5] = float("inf")
     x[3, 7] = -float("inf")
     w[4, 39] = float("nan")       # in the tail of the k loop (40 = 32 + 8)
-    c, ref, _ = _linear(dtype, 5, 40, 9, x=x, w=w)
+    c, ref, _ = _linear(dtype, 4, 40, 9, x=x, w=w)
     got = as_f32(c)
     assert got[1].isnan().all() and got[:, 4].isnan().all()
     assert (got[2, :4] == float("inf")).all() and (got[3, :4] == -float("inf")).all()
@@ -99,18 +104,18 @@ def test_bf16_widened_without_dot_product(monkeypatch):
     """A CPU without AVX512-BF16 widens bf16 by a shift (float32 A rows): the same results within
     tolerance (the flag is read at each call, so both paths run here)."""
     monkeypatch.setattr(gemv, "BF16_DOT", False)
-    c, ref, _ = _linear("bfloat16", 7, 301, 41, seed=11)
-    assert_close(as_f32(c), ref, "bfloat16", scale=2, what="bf16 widened")
+    c, ref, _ = _linear("bfloat16", 7, 2061, 41, seed=11)
+    assert_close(as_f32(c), ref, "bfloat16", scale=12, what="bf16 widened")
 
 
 @pytest.mark.parametrize("dtype", DT16)
 def test_batched_decode_rows(dtype):
-    """x[5, 1, K] (a decode step of five sequences): M = 5 rows, one weight."""
+    """x[5, 1, K] (a decode step of five sequences, columns over 4 KiB): M = 5 rows, one weight."""
     chip = chip_for(dtype)
     mem = DeviceMemory(chip)
     g = torch.Generator().manual_seed(5)
-    x = dev(torch.randn(5, 1, 96, generator=g), mem, dtype)
-    w = dev(torch.randn(30, 96, generator=g) * 0.1, mem, dtype)
+    x = dev(torch.randn(5, 1, 2100, generator=g), mem, dtype)
+    w = dev(torch.randn(30, 2100, generator=g) * 0.02, mem, dtype)
     (c,), _ = run_checked("linear", chip, {"x": x, "w": w})
     assert tuple(c.shape) == (5, 1, 30)
     assert_close(as_f32(c), F.linear(as_f32(x), as_f32(w)), dtype, scale=2)
@@ -125,3 +130,20 @@ def test_one_two_rows_short_and_long_columns(dtype, m, K):
     assert (K * 2 <= gemv.SHORT_COLUMN) == (K == 300) and 2500 * 2 > gemv.SHORT_COLUMN
     c, ref, _ = _linear(dtype, m, K, 39, seed=K + m)
     assert_close(as_f32(c), ref, dtype, scale=max(2.0, math.sqrt(K) / 4), what=f"{m}x{K}x39")
+
+
+@pytest.mark.parametrize("dtype", DT16)
+def test_matmul_column_major_b_alpha_beta(dtype):
+    """``a @ b`` with b[K, N] stored column-major (its columns contiguous along K, as a weight's) takes the
+    blocked path too; alpha and beta scale the product and the bias in the epilogue."""
+    M, K, N = 6, 2061, 29
+    assert uses_gemv(M, K, 1, 1)
+    chip = chip_for(dtype)
+    mem = DeviceMemory(chip)
+    g = torch.Generator().manual_seed(9)
+    a = dev(torch.randn(M, K, generator=g), mem, dtype)
+    b = dev(torch.randn(K, N, generator=g) / math.sqrt(K), mem, dtype, layout="BA")
+    bias = dev(torch.randn(N, generator=g), mem, dtype)
+    (c,), _ = run_checked("matmul", chip, {"a": a, "b": b, "bias": bias}, {"alpha": 0.5, "beta": 2.0})
+    ref = 0.5 * (as_f32(a).double() @ as_f32(b).double()) + 2.0 * as_f32(bias).double()
+    assert_close(as_f32(c), ref.float(), dtype, scale=2, what="matmul b column-major")

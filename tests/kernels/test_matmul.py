@@ -254,7 +254,7 @@ def test_linear_frozen_weight_packed_once(dtype, mkn, cache, kernel):
         (c,), plan = run_checked(kernel, chip, {"x": x, "w": w, "bias": bias})
         np.testing.assert_array_equal(c.to_numpy(), ref.to_numpy())
     kept = frozen.cached_bytes() - before
-    if uses_gemv(M, {"float32": 0, "float16": 1, "bfloat16": 2}[dtype], 1):  # streamed as stored: nothing kept
+    if uses_gemv(M, K, {"float32": 0, "float16": 1, "bfloat16": 2}[dtype], 1):  # streamed as stored: nothing kept
         assert kept == 0
     else:            # B packed in NR-column panels, tile by tile of TN columns
         tn = min(plan.config.tile("n"), N)

@@ -330,7 +330,7 @@ def _run_float(A, a_rows, a_ks, B, b_base, b_ks, b_ns, C, c_rows, c_ns, M, N, K,
     cnt = np.zeros((max(nthreads, 1), 3), np.int64)
     b_loaded = -1
     epi_row = None
-    if uses_gemv(M, code, b_ks, has_ln):
+    if uses_gemv(M, K, code, b_ks, has_ln):
         return run_gemv(A, a_rows, a_ks, B, b_base, b_ns, C, c_rows, c_ns, M, N, K, TM, TN, b_res, code, esa, esc,
                         esb, biasf, has_bias, alpha, beta, act, nthreads)
     for bt in range(batch):

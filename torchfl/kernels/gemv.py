@@ -32,6 +32,7 @@ GEMV_M = 2        # float32 (and emulated bf16) B: at most this many rows of A: 
 GEMV_M16 = 8      # float16 / bfloat16 B: up to this many rows, in register blocks of RB rows (gemv_block):
                   # the tiled path reads a kept 16-bit weight as packed float32, twice its bytes (8x4096x4096
                   # bf16: 3.97 ms tiled, 2.3 blocked, torch 2.8-3.3; fp16 4.00 tiled)
+BLOCK_SHORT = 4   # ... but at most this many with columns of at most SHORT_COLUMN bytes (gemv_rows)
 NB = 8            # columns the one- and two-row loop streams at once
 RB, CB = 4, 6     # the blocked loop's register block: rows of A x columns of B (24 accumulators)
 BF16_DOT = has_feature("avx512bf16")   # bf16 blocks as vdpbf16ps dot products (else widened by a shift)
@@ -41,15 +42,19 @@ SHORT_COLUMN = 4096     # bytes: the one- and two-row loop reads columns this sh
                         # with eight streams and prefetch, torch 2.2-2.7; 1x2048x8000 2.0 vs 2.4; 4096: equal)
 
 
-def gemv_rows(code: int) -> int:
-    """The most rows of A the GEMV path takes for B's storage code (the one rule: the executor's
-    kernel choice and the frozen weight's packing both read it)."""
-    return GEMV_M16 if code in (1, 2) else GEMV_M
+def gemv_rows(code: int, K: int) -> int:
+    """The most rows of A the GEMV path takes for B's storage code and K (the one rule: the executor's
+    kernel choice and the frozen weight's packing both read it). 16-bit columns of at most SHORT_COLUMN
+    bytes take up to BLOCK_SHORT rows: there the blocks' per-call cost shows and from 5 rows the tiled
+    micro-kernel wins even on float32 panels (8x512x32000 fp16 4.4 ms tiled, 6.2 blocked; bf16 4.6, 5.2)."""
+    if code not in (1, 2):
+        return GEMV_M
+    return BLOCK_SHORT if K * 2 <= SHORT_COLUMN else GEMV_M16
 
 
-def uses_gemv(M: int, code: int, b_ks: int, has_ln: bool = False) -> bool:
+def uses_gemv(M: int, K: int, code: int, b_ks: int, has_ln: bool = False) -> bool:
     """Whether a GEMM of M rows runs here: B's columns contiguous along K, no layer norm on A."""
-    return M <= gemv_rows(code) and b_ks == 1 and not has_ln
+    return M <= gemv_rows(code, K) and b_ks == 1 and not has_ln
 
 
 @intrinsic

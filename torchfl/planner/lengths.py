@@ -71,6 +71,7 @@ class Symbolic:
     binders: list                     # (symbol, user input position, dim or None for an int input)
     ranges: dict                      # symbol -> (lower, upper) the export's guards allow
     symbols: tuple = field(default=())
+    fixed: dict = field(default_factory=dict)   # node name -> its size-free val made concrete (specialise)
 
     def bindings(self, inputs) -> dict:
         """symbol -> value for the concrete ``inputs`` (user inputs, graph order)."""
@@ -181,12 +182,17 @@ def _symbol(s):
     return expr if getattr(expr, "is_Symbol", False) else None
 
 
-def _evaluate(s, bind: dict) -> int:
+def _sized(v) -> bool:
+    """Does a node's val hold a symbolic size (in a shape, a stride or a number)?"""
     import torch
 
-    if isinstance(s, torch.SymInt):
-        return int(s.node.expr.xreplace(bind))
-    return int(s)
+    if isinstance(v, torch.SymInt):
+        return True
+    if isinstance(v, torch.Tensor):
+        return any(not isinstance(s, int) for s in (*v.shape, *v.stride()))
+    if isinstance(v, (list, tuple)):
+        return any(_sized(x) for x in v)
+    return False
 
 
 def specialise(sym: Symbolic, inputs):
@@ -194,6 +200,7 @@ def specialise(sym: Symbolic, inputs):
     (every node's ``val`` a meta tensor of this length's shape, every size argument an int),
     without tracing the model again."""
     import torch
+    from torch.fx._lazy_graph_module import _LazyGraphModule
     from torch.fx.node import map_arg
 
     from torchfl.planner.capture import Captured
@@ -203,14 +210,24 @@ def specialise(sym: Symbolic, inputs):
     graph = torch.fx.Graph()     # node by node, each node's meta dict copied (not its values)
     out = graph.graph_copy(src.graph_module.graph, {})
     graph.output(out)
+    fixed = sym.fixed
+    memo: dict = {}              # a size expression's value at this length (sympy is slow)
+
+    def size(s):
+        if isinstance(s, int):
+            return s
+        expr = s.node.expr
+        value = memo.get(expr)
+        if value is None:
+            value = memo[expr] = int(expr.xreplace(bind))
+        return value
 
     def concrete(v):
         if isinstance(v, torch.SymInt):
-            return _evaluate(v, bind)
+            return size(v)
         if isinstance(v, torch.Tensor):
-            shape = [_evaluate(s, bind) for s in v.shape]
-            stride = [_evaluate(s, bind) for s in v.stride()]
-            return torch.empty_strided(shape, stride, dtype=v.dtype, device="meta")
+            return torch.empty_strided([size(s) for s in v.shape], [size(s) for s in v.stride()], dtype=v.dtype,
+                                       device="meta")
         if isinstance(v, (list, tuple)):
             return type(v)(concrete(x) for x in v)
         return v
@@ -218,18 +235,28 @@ def specialise(sym: Symbolic, inputs):
     ints = {}
     for n in graph.nodes:
         v = n.meta.get("val")
-        if v is not None:
-            n.meta["val"] = concrete(v)
-            if isinstance(v, torch.SymInt):
-                ints[n] = n.meta["val"]
+        if v is None:
+            continue
+        hit = fixed.get(n.name)
+        if hit is not None:      # no size in it: made concrete once, shared by every length
+            n.meta["val"] = hit
+            continue
+        n.meta["val"] = concrete(v)
+        if isinstance(v, torch.SymInt):
+            ints[n] = n.meta["val"]
+        elif not _sized(v):
+            fixed[n.name] = n.meta["val"]
     if ints:
-        for n in graph.nodes:
-            n.args = map_arg(n.args, lambda a: ints.get(a, a))
-            n.kwargs = map_arg(n.kwargs, lambda a: ints.get(a, a))
+        for n in list(ints.keys()):      # only the nodes that read a size change their arguments
+            for user in list(n.users):
+                user.args = map_arg(user.args, lambda a: ints.get(a, a))
+                user.kwargs = map_arg(user.kwargs, lambda a: ints.get(a, a))
         for n in reversed(list(graph.nodes)):
             if n in ints and n.op == "call_function" and not n.users:
                 graph.erase_node(n)
-    gm = torch.fx.GraphModule(src.graph_module, graph)
+    # lazy: the planner reads the graph, never its Python code; generating that code was a
+    # third of a decode token's instance (torch's own class for passes that only read a graph)
+    gm = _LazyGraphModule(src.graph_module, graph)
     return Captured(gm, list(src.placeholders), dict(src.tensors), list(src.outputs), src.training,
                     dict(src.extra))
 
@@ -262,6 +289,7 @@ class LengthPlanner:
         self.buckets: dict = {}
         self.decisions = 0
         self.instances = 0
+        self.last_bucket = None     # the key of the bucket the last plan() belongs to
 
     def plan(self, args):
         """(plan, positions of the user inputs among ``args``) for this call's sizes."""
@@ -287,6 +315,7 @@ class LengthPlanner:
                                         decide=forced(bucket.chosen, bucket.selection))
                 bucket.lengths.add(tuple(sorted(bind.values())))
                 self.instances += 1
+                self.last_bucket = key
                 return self._noted(plan, bucket, bind), self.user
             except NotInBucket:
                 key = key + (("from", tuple(sorted((str(s), v) for s, v in bind.items()))),)
@@ -299,6 +328,7 @@ class LengthPlanner:
         bucket = self.buckets[key] = _Bucket(lo, hi, tuple(choice(o) for o in sel.chosen), sel,
                                              {str(s): v for s, v in bind.items()})
         bucket.lengths.add(tuple(sorted(bind.values())))
+        self.last_bucket = key
         return self._noted(plan, bucket, bind), self.user
 
     def _noted(self, plan, bucket, bind):

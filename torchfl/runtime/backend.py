@@ -112,6 +112,7 @@ class CompiledGraph:
         self.static_positions = tuple(static_positions)  # forward: Dynamo inputs that are weights
         self.entries: dict = {}
         self.lengths = None         # planner.lengths.LengthPlanner of a symbolic inference graph
+        self._by_bucket: dict = {}  # its executors: one per bucket, adopting each length's plan
         if kind == "inference":    # inputs read with item(): plans are specialised on their values
             from torchfl.planner.capture import scalar_reads
             from torchfl.planner.lengths import is_symbolic
@@ -155,8 +156,7 @@ class CompiledGraph:
             announce_compiles()
             try:
                 plan, user = self._plan(args)
-                static = _static_positions([args[i] for i in user])
-                ex = _executor(plan, args, self.options, static, self._shared_weights())
+                ex = self._executor_for(plan, args, user)
                 entry = _Entry(plan, ex, user=None if len(user) == len(args) else user)
             except MutatesInputs:
                 # as a training graph: AOTAutograd functionalises the writes, its forward graph
@@ -171,6 +171,22 @@ class CompiledGraph:
                 self._evict()
             self.entries[sig] = entry
         return entry
+
+    def _executor_for(self, plan, args, user):
+        """The plan's executor: for an instance of a symbolic graph's bucket, the bucket's
+        executor, pointed at this instance (``Executor.adopt``: one executor runs every length
+        of a bucket, rebinding only the steps whose sizes changed), else a new one."""
+        static = _static_positions([args[i] for i in user])
+        key = None
+        if self.lengths is not None and _from_lengths(plan):
+            key = (self.lengths.last_bucket, static, tuple(a.device for a in args if hasattr(a, "device")))
+            ex = self._by_bucket.get(key)
+            if ex is not None and ex.adopt(plan):
+                return ex
+        ex = _executor(plan, args, self.options, static, self._shared_weights())
+        if key is not None:
+            self._by_bucket[key] = ex
+        return ex
 
     KEEP_LENGTHS = 2    # executors kept for a symbolic graph (their weights are shared: _SharedWeights)
 
@@ -205,12 +221,20 @@ class CompiledGraph:
             raise entry.error
         if entry.aot is not None:
             return entry.aot(*args)
+        if entry.executor.plan is not entry.plan:   # the bucket's executor ran another length since
+            self._readopt(entry, args)
         if entry.user is not None:
             args = tuple(args[i] for i in entry.user)
         rec = active()
         if rec is None:
             return self._as_output(entry.executor.run(args))
         return self._as_output(rec.run(self, entry.plan, entry.executor, args))
+
+    def _readopt(self, entry, args):
+        if not entry.executor.adopt(entry.plan):
+            user = entry.user if entry.user is not None else range(len(args))
+            entry.executor = _executor(entry.plan, args, self.options,
+                                       _static_positions([args[i] for i in user]), self._shared_weights())
 
     def _as_output(self, out):
         """The executor's outputs (identity layout) as the caller gets them: in channels-last

@@ -44,6 +44,7 @@ import time
 from torchfl.kernels.tensor import DeviceTensor as _DeviceTensor
 from torchfl.planner.memory import on_host
 
+from . import resize as _resize
 from . import steps as _steps
 from .errors import FallbackNotAllowed, PlanMismatch
 from .logs import log_plan
@@ -66,6 +67,8 @@ class Executor:
 
     # what release() frees: set by a run; None on an executor whose __init__ raised
     _base = _lifted_vals = _static_key = None
+    _refresh = None          # a program remaking static values of other sizes (resize.adopt)
+    _stale_slots = ()
 
     def __init__(self, plan, chip=None, *, strict: bool = False,
                  static_inputs=(), graph_module=None, tensors=None, log: bool = True):
@@ -178,6 +181,7 @@ class Executor:
             return x        # a host dtype (float64, complex) stays a host tensor: see _link
         return DeviceTensor.from_torch(x, self.memory, layout=layout, dtype=dtype)
 
+    adopt = _resize.adopt
     _link = _steps.link
     _compile_helper = _steps.compile_helper
     _calls_after = _steps.calls_after
@@ -230,6 +234,7 @@ class Executor:
                 if isinstance(v, DeviceTensor) and not v.buffer.freed:
                     v.buffer.free()
         self._base = self._lifted_vals = self._static_key = None
+        self._refresh, self._stale_slots = None, ()
 
     def __del__(self, _finalizing=sys.is_finalizing):   # bound now: at shutdown the module's globals are None
         if _finalizing():   # interpreter shutdown: the device memory may be gone already
@@ -267,7 +272,9 @@ class Executor:
         kept = self._base if measuring and record.kept_static else None
         kept_bufs = None if kept is None else {id(v.buffer) for v in kept if v.__class__ is _DeviceTensor}
         vals, cached, key = self._start(args, measuring)
-        prog = self._dynamic if cached else self._full
+        prog = self._full if not cached else self._dynamic if self._refresh is None else self._refresh
+        if prog is self._refresh:
+            _resize.reupload(self, vals)
         for s, pos, lay, dt, name in prog.uploads:
             try:
                 x = args[pos]
@@ -281,8 +288,8 @@ class Executor:
             if self._helper.poll() is None and not self._helper.later:   # (unless for later calls)
                 self._helper.terminate()
             self._helper = None
-        if not measuring and not cached:
-            self._keep_static(vals, key)
+        if not measuring and (not cached or prog is self._refresh):
+            self._keep_static(vals, key, self._stale_slots if cached else None)
         results = self._results(vals)
         if measuring:
             record.peak_bytes = mem.max_memory_allocated() - record.base_bytes
@@ -377,6 +384,9 @@ class Executor:
         from torchfl.kernels.compiling import labelled
 
         call = self._bind(p, inputs)
+        if self.calls > 1:      # a step rebound at new sizes (resize.adopt): its kernel ran before
+            with labelled(f"{p.kernel} ({p.step.dtype})"):
+                return call(inputs)
         with labelled(f"{p.kernel} ({p.step.dtype})"), self._compile_helper(p):
             return call(inputs)
 
@@ -414,19 +424,20 @@ class Executor:
             elif not p.alias and o.__class__ is DeviceTensor:
                 o.buffer.free()
 
-    def _keep_static(self, vals, key):
+    def _keep_static(self, vals, key, only=None):
         """After a full run: the lifted uploads and static results become the base of every
-        later call (until a weight's version changes). Their buffers are frozen: nothing
-        writes them until ``release`` frees them, so kernels may keep host copies derived
-        from them (packed GEMM weights, torchfl.kernels.frozen)."""
+        later call (until a weight's version changes); after a refresh run (``only``: the
+        slots it made again), those slots. Their buffers are frozen: nothing writes them
+        until ``release`` frees them, so kernels may keep host copies derived from them
+        (packed GEMM weights, torchfl.kernels.frozen)."""
         from torchfl.kernels.frozen import freeze
         from torchfl.kernels.tensor import DeviceTensor
 
-        base = [None] * len(vals)
-        for v in self.static_vals:
-            s = self.slots[v]
+        base = [None] * len(vals) if only is None else self._base
+        for s in (self.slots[v] for v in self.static_vals) if only is None else only:
             base[s] = vals[s]
             if self.freezes_static and vals[s].__class__ is DeviceTensor:
                 freeze(vals[s].buffer)
         self._base = base
         self._static_key = key
+        self._refresh, self._stale_slots = None, ()

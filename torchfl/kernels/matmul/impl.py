@@ -140,7 +140,7 @@ def _packed_b(b, B, b_base, b_ks, b_ns, M, N, K, TN, code, has_ln=False):
     """B decoded and packed once for all calls when its buffer is frozen (a weight the
     executor keeps): None when it is not, when the tiles cannot read a whole-B panel set, or when the
     GEMV path streams B as stored (``uses_gemv``: the rule the kernel choice reads)."""
-    if b_base.shape[0] != 1 or not prepacked_ok(N, TN) or uses_gemv(M, code, b_ks, has_ln):
+    if b_base.shape[0] != 1 or not prepacked_ok(N, TN) or uses_gemv(M, K, code, b_ks, has_ln):
         return None
     base = int(b_base[0])
     return frozen.derived(b.buffer, ("gemm_b", b.offset, base, b_ks, b_ns, K, N, code, min(TN, N)),
