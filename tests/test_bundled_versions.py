@@ -43,6 +43,8 @@ PUBLISHED = {
     ("core", "1.6.0"): "e081b46a0772f058fac47c085924e47f968a462128e3bbdfd123f49d58edd178",
     ("core", "1.7.0"): "6764e89f901eb7138d24359540f0d3850e07bcd96c75aaf28d7aa0b0884f0104",
     ("core", "1.8.0"): "d37aafb792bba53727957a7f55e7a00209a1cf14b14506a0e9918d76d30dae85",
+    # 1.9.0: LLaMA-family fusions rms_norm, silu_mul, rope (issue 34, helper fuse3)
+    ("core", "1.9.0"): "174b11dab8e1c4327f15d1ba850f9f6157fbac3137ef465ad749af8d87ee9345",
 }
 
 

@@ -80,6 +80,11 @@ def test_the_cli_runs_several_chips_together_and_records_each(registry):
                                    "--samples", "1", "--jobs", "1", "--registry", registry.url])
     assert res.exit_code == 0, res.output
     assert res.output.count("a run of several chips") == 2 and res.output.count("recorded as run") == 2
+    import re
+
+    total = re.search(r"2 chips together: (\d+) chip-cases in (\d+) s, (\d+) s of CPU \(this process and its "
+                      r"workers\), load average [\d.]+ -> [\d.]+", res.output)
+    assert total and int(total.group(1)) > 0, res.output
 
 
 def test_a_large_opinfo_is_cut_in_slices_with_the_verdicts_of_one_run_per_chip(registry, monkeypatch):

@@ -88,3 +88,23 @@ def test_a_case_refused_on_its_inputs_runs_alone_and_the_rest_stays_one_graph(se
         alone = run_cases_on(cases, {chip: c}, seeded_url)[chip]
         assert [o.as_dict() for o in alone] == [o.as_dict() for o in together[chip]]
     assert prepare(cases[5]).layout == "channels_last"
+
+
+@pytest.mark.parametrize("name,joint", [("nn.functional.max_pool2d", True), ("nn.functional.conv2d", True),
+                                        ("add", True), ("cat", True), ("to", False)])
+def test_one_capture_labels_many_cases_as_one_capture_each(name, joint, monkeypatch):
+    """The overloads a refused case is labelled with come from one capture of all the refused
+    cases (a capture each was 40% of a max_pool2d slice's CPU): the same labels as one each."""
+    import torchfl.planner.capture as capture
+    from torchfl.conformance.execute import graph_ops, graph_ops_many, prepare
+
+    prepared = [p for p in (prepare(c) for c in opinfo_cases(name, torch.float16, samples=10, edge_from=1))
+                if not p.skip]
+    assert len(prepared) >= 2
+    want = [graph_ops(p.case) for p in prepared]
+    calls = []
+    real = capture.capture_module
+    monkeypatch.setattr(capture, "capture_module", lambda *a, **k: calls.append(1) or real(*a, **k))
+    assert graph_ops_many(prepared) == want
+    # ``to`` returns some inputs unchanged (no op behind the output): one capture each, same labels
+    assert (len(calls) == 1) == joint, f"{len(calls)} captures for {len(prepared)} cases"

@@ -195,7 +195,7 @@ def test_fusions_are_tried_only_at_their_root_ops():
     g = G("x")
     h = g.inputs[0]
     for _ in range(20):
-        h = g.op(aten.sigmoid.default, h)      # no core fusion starts at sigmoid
+        h = g.op(aten.tanh.default, h)      # no core fusion starts at tanh (core 1.9.0 starts silu_mul at sigmoid)
     view = Counting(g.graph)
     g.graph.output(h)
     assert FusionIndex(CORE).find(view) == [] and view.reads == 0

@@ -111,11 +111,14 @@ def conformance(chips, all_chips, ops, dtypes, samples, mode, edge_from, jobs, n
     if "eager" in modes:   # in-process (--jobs 1) runs: the chips under test are npu devices
         os.environ.setdefault("TORCHFL_DEVICES", ",".join(names))
         os.environ.setdefault("TORCHFL_REGISTRY_URL", reg.url)
+    clock = None
     try:
         if len(names) > 1 and cluster is None and resume is None:
             # several chips on this machine: one run shares what no chip changes (samples, eager
             # torch, traces, captures) and one worker pool (conformance/across.py)
+            clock = _Clock()
             reports = _run_across(reg, names, settings, record=not no_record)
+            clock.stop()
         else:
             reports = [_run_one(reg, name, settings, record=not no_record, quiet=as_json, runner=runner,
                                 resume=resume) for name in names]
@@ -125,6 +128,38 @@ def conformance(chips, all_chips, ops, dtypes, samples, mode, edge_from, jobs, n
         return _emit_json([r.as_dict() for r in reports] if len(reports) > 1 else reports[0].as_dict())
     for r in reports:
         _print_report(r)
+    if clock is not None:
+        cases = sum(r.counts()["cases"] + r.skipped for r in reports)
+        click.echo(f"{len(reports)} chips together: {cases} chip-cases in {clock.wall:.0f} s, "
+                   f"{clock.cpu:.0f} s of CPU (this process and its workers), load average "
+                   f"{clock.load[0]:.1f} -> {clock.load[1]:.1f}")
+
+
+class _Clock:
+    """Wall time, CPU time of this process and its finished children (the pool's workers and
+    their compile helpers), and the 1-minute load average at start and stop: a run's cost on a
+    shared machine, in the run's own summary."""
+
+    def __init__(self):
+        import time
+
+        self._t0, self._cpu0 = time.perf_counter(), self._cpu_now()
+        self.load = (os.getloadavg()[0], None)
+        self.wall = self.cpu = 0.0
+
+    @staticmethod
+    def _cpu_now() -> float:
+        import resource
+
+        return sum(u.ru_utime + u.ru_stime for u in (resource.getrusage(resource.RUSAGE_SELF),
+                                                       resource.getrusage(resource.RUSAGE_CHILDREN)))
+
+    def stop(self):
+        import time
+
+        self.wall = time.perf_counter() - self._t0
+        self.cpu = self._cpu_now() - self._cpu0
+        self.load = (self.load[0], os.getloadavg()[0])
 
 
 def _run_one(reg, name, settings, *, record: bool, quiet: bool, runner, resume=None):

@@ -103,6 +103,75 @@ def graph_ops(case) -> tuple:
     return tuple(sorted({str(n.target) for n in captured.graph_module.graph.nodes if n.op == "call_function"}))
 
 
+def graph_ops_many(prepared) -> list:
+    """:func:`graph_ops` of each case, from one capture of them all (a capture per case was 40%
+    of a max_pool2d slice's CPU: EDGE-C2 refuses its channels-last samples, each labelled by its
+    own capture). A case's overloads are the ops its outputs are computed from; where the joint
+    graph does not split into one part per case (an op shared by two cases' outputs, or one no
+    output reads, or outputs that are not all tensors), each case gets its own capture."""
+    import torch
+    import torch.utils._pytree as pytree
+
+    from torchfl.planner.capture import capture_module
+
+    counts = []
+    for p in prepared:
+        leaves = pytree.tree_leaves(p.expected)
+        if p.expected is None or not all(isinstance(x, torch.Tensor) for x in leaves):
+            return [graph_ops(p.case) for p in prepared]
+        counts.append(len(leaves))
+    if len(prepared) < 2:
+        return [graph_ops(p.case) for p in prepared]
+    fns, leaves, n_in = [], [], []
+    for p in prepared:
+        fn, lv = p.case.as_function()
+        fns.append(fn)
+        leaves.extend(lv)
+        n_in.append(len(lv))
+
+    class Joint(torch.nn.Module):
+        def forward(self, *xs):
+            out, at = [], 0
+            for fn, n in zip(fns, n_in):
+                out.append(fn(*xs[at:at + n]))
+                at += n
+            return tuple(out)
+
+    try:
+        captured = capture_module(Joint(), tuple(leaves))
+    except Exception:  # noqa: BLE001 - one case that does not capture: each on its own, as graph_ops does
+        return [graph_ops(p.case) for p in prepared]
+    split = _ops_per_part(captured, counts)
+    return split if split is not None else [graph_ops(p.case) for p in prepared]
+
+
+def _ops_per_part(captured, counts):
+    """Sorted call_function targets behind each part's outputs (``counts`` outputs per part, in
+    order), or None where a node belongs to no part or to two."""
+    if len(captured.outputs) != sum(counts) or any(name is None for name in captured.outputs):
+        return None
+    nodes = {n.name: n for n in captured.graph_module.graph.nodes}
+    owner: dict = {}
+    at = 0
+    for part, n in enumerate(counts):
+        stack = [nodes[name] for name in captured.outputs[at:at + n]]
+        at += n
+        while stack:
+            node = stack.pop()
+            if node.op != "call_function":
+                continue
+            if owner.setdefault(node, part) != part:
+                return None
+            stack.extend(node.all_input_nodes)
+    calls = [n for n in captured.graph_module.graph.nodes if n.op == "call_function"]
+    if any(n not in owner for n in calls):
+        return None
+    ops = [set() for _ in counts]
+    for node, part in owner.items():
+        ops[part].add(str(node.target))
+    return [tuple(sorted(o)) for o in ops]
+
+
 class _Prepared:
     """A case with eager torch's answers: in its dtype, in float64, and the ATen ops it dispatched."""
 
@@ -196,13 +265,14 @@ def _single_outcome(p: _Prepared, got, plans, exc, bf16_emulated, graph_ops_of) 
     return _judge(p, got, ops, bf16_emulated)
 
 
-def _run_single(p: _Prepared, i: int, out: dict, chips: dict, registry) -> None:
-    """Case ``i`` alone, compiled once for every chip in ``chips``; its outcome per chip into ``out``."""
+def _run_single(p: _Prepared, i: int, out: dict, chips: dict, registry, label: tuple | None = None) -> None:
+    """Case ``i`` alone, compiled once for every chip in ``chips``; its outcome per chip into ``out``
+    (``label``: its :func:`graph_ops` where known already)."""
     from torchfl.conformance.shared import GroupCompile
 
     fn, leaves = p.case.as_function()
     group = GroupCompile(fn, leaves, registry)
-    ops: list = []
+    ops: list = [] if label is None else [label]
 
     def graph_ops_of():   # chip-independent: captured once, for the first chip that needs it
         if not ops:
@@ -275,9 +345,11 @@ def _run_group(idx, prepared, out, chips: dict, registry) -> None:
         # a case whose inputs alone a chip refuses (a channels-last variant on an NCWH chip) would
         # refuse the joint graph and split it in halves down to that case: ~2 log2(n) traces and
         # captures; it runs alone at once, and the rest stays one graph
+        alone = sorted(set().union(*by_early))
+        labels = dict(zip(alone, graph_ops_many([prepared[i] for i in alone])))
         for early, group in by_early.items():
             for i in sorted(early):
-                _run_single(prepared[i], i, out, group, registry)
+                _run_single(prepared[i], i, out, group, registry, labels[i])
             _run_group([i for i in idx if i not in early], prepared, out, group, registry)
         return
     _run_joint(idx, prepared, out, chips, registry)

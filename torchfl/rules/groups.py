@@ -269,7 +269,9 @@ class FxGraphView:
 
     Op nodes are its ``call_function`` nodes; a ``getitem`` of one is not a node but that
     node's output value at that position (tuple-returning ops: batch-norm, max-pool with
-    indices)."""
+    indices). An ``_assert_*`` node nothing reads (``.to()``'s ``_assert_tensor_metadata``)
+    is neither a node nor a reader: it moves no data and the planner drops it (planner/graph.py),
+    so it cannot keep a value inside a group (LlamaRMSNorm's normalised value is one)."""
 
     def __init__(self, graph, ops: Mapping[str, str] | None = None):
         """``ops``: node name -> op string, when the caller has them already (``str`` of an
@@ -279,9 +281,12 @@ class FxGraphView:
         self._value: dict = {}      # value name -> FX node holding it
         self._producer: dict[str, str] = {}
         self._outputs: set[str] = set()
+        self._dropped: set = set()
         for n in graph.nodes:
             if n.op == "output":
                 self._outputs.update(_node_names(n.args))
+            elif n.op == "call_function" and not n.users and str(n.target).startswith("aten._assert"):
+                self._dropped.add(n.name)
             elif n.op != "call_function":
                 self._value[n.name] = n
             elif n.target is operator.getitem and n.args[0].name in self._nodes and isinstance(n.args[1], int):
@@ -317,7 +322,7 @@ class FxGraphView:
         return getattr(a, "name", None) if hasattr(a, "users") else None
 
     def readers(self, value):
-        return [u.name for u in self._value[value].users if u.op != "output"]
+        return [u.name for u in self._value[value].users if u.op != "output" and u.name not in self._dropped]
 
     def producer(self, value):
         return self._producer.get(value)
