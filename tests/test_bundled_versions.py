@@ -30,6 +30,9 @@ PUBLISHED = {
     # 1.1.0: execution.row_resident_elements (issue 32, helper fid2)
     ("A100-SXM4-80GB", "1.1.0"): "035a1de5c1dbeef955391a4d0ae8a68705782859982306c4251184ea6d915e28",
     ("MI210", "1.1.0"): "683e11e5950f33d929f059e91bd6fbb0fe3ff91f154f6619596ce6be86e085e6",
+    # execution.graph_launch_overhead_us (issue 34 item 6, helper launch3)
+    ("A100-SXM4-80GB", "1.2.0"): "21925c7cd28b0ed61d0b1f589e8f1842e172294505e79cf2df26303769b998a3",
+    ("H100-SXM5-80GB", "1.1.0"): "6bca34b733809e9b07cb4d7f9c1ea8875ca1c395e429d6fdd62e192b7a021c3a",
     ("MI300X", "1.0.0"): "4a5b1977008571999b4bdf41f53ebfb908d427bc71474319a1fd4bbd2a754448",
     ("TPU-V5E", "1.0.0"): "fb565da15c91c88fbdce9633789688e67aff91bfaf9e9e38c5735d103960c9c0",
     ("core", "1.1.0"): "c15736687fbf9c6d338ee2193ad39a6d79876ac13502aaa81e6c1f3270708664",

@@ -191,30 +191,42 @@ def models(torch, names, runs, chip, breakdown=False):
 
 def _breakdown(fn, runs):
     """Per ATen op of an eager forward: calls, time in its route (``_clock``) and inside the
-    bound kernel (wall, ``last_kernel_s``), per forward, largest first."""
+    bound kernel (wall, ``last_kernel_s``), per forward, largest first. Both entries of a route
+    are timed: ``ChipRoute.call`` (the Python router) and ``ChipRoute.fast`` (the adapter's fast
+    path; its cached runners are dropped so that they bind the timed one, and again after)."""
+    from torchfl.runtime.eager import ensure_adapter
     from torchfl.runtime.eager.routes import ChipRoute
 
     acc = {}
-    original = ChipRoute.call
+    originals = {"call": ChipRoute.call, "fast": ChipRoute.fast}
 
-    def timed(route, args, kwargs, tensors):
-        t0 = _clock()
-        try:
-            return original(route, args, kwargs, tensors)
-        finally:
-            row = acc.setdefault(route.label, [0, 0.0, 0.0])
-            row[0] += 1
-            row[1] += _clock() - t0
-            row[2] += route.last_kernel_s
+    def timing(original):
+        def timed(route, *args):
+            t0 = _clock()
+            try:
+                return original(route, *args)
+            finally:
+                row = acc.setdefault(route.label, [0, 0.0, 0.0])
+                row[0] += 1
+                row[1] += _clock() - t0
+                row[2] += route.last_kernel_s
+        return timed
 
-    ChipRoute.call = timed
+    adapter = ensure_adapter()
+    for name, original in originals.items():
+        setattr(ChipRoute, name, timing(original))
+    adapter.fast_clear()
     try:
+        fn()                    # the runners bind the timed entry again (not counted)
+        acc.clear()
         t0 = _clock()
         for _ in range(runs):
             fn()
         total = (_clock() - t0) / runs
     finally:
-        ChipRoute.call = original
+        for name, original in originals.items():
+            setattr(ChipRoute, name, original)
+        adapter.fast_clear()
     rows = {label: {"calls": n // runs, "ms": 1e3 * t / runs, "kernel_ms": 1e3 * k / runs}
             for label, (n, t, k) in sorted(acc.items(), key=lambda kv: -kv[1][1])}
     rows["(forward)"] = {"calls": 1, "ms": 1e3 * total, "kernel_ms": None}

@@ -57,7 +57,40 @@ def test_small_table_scored_end_to_end(a100):
     assert bad.predicted_s is None and "tiny-llama" in bad.reason and "gpt-9" in bad.reason
 
 
+def test_graph_submitted_rows_pay_the_graph_launch_per_kernel(a100):
+    """An engine that enqueues the whole step as one graph (gpt-fast, TensorRT-LLM) does not pay
+    the eager per-kernel host launch and sync: its rows are priced with the HCD's
+    execution.graph_launch_overhead_us (0.58 us) for every kernel instead (same plan otherwise)."""
+    text = ("chip,op,shapes,dtype,args,seconds,source\n"
+            'A100-SXM4-80GB,decode,1x48,float16,"{""model"": ""tiny-llama""}",0.0004,e\n'
+            'A100-SXM4-80GB,decode,1x48,float16,"{""model"": ""tiny-llama"", ""submission"": ""eager""}",0.0004,e2\n'
+            'A100-SXM4-80GB,decode,1x48,float16,"{""model"": ""tiny-llama"", ""submission"": ""graph""}",0.0004,g\n')
+    eager, eager2, graph = score_tables([parse_table(text, "sub.csv")], lambda name: a100).predictions
+    assert eager.predicted_s == eager2.predicted_s       # "eager" is the default
+    assert graph.predicted_s < eager.predicted_s
+    kernels = int(eager.notes[0].split(" kernels")[0].rsplit(" ", 1)[1])
+    launch_ms = [float(n.split(", ")[2].split(" ms")[0]) for n in (eager.notes[0], graph.notes[0])]
+    # each kernel that launches pays 0.58 us instead of 12 us (21 us a GEMM); metadata steps pay none
+    assert 0 < launch_ms[1] <= kernels * 0.58e-3 * 1.01
+    assert 12 / 0.58 * 0.99 <= launch_ms[0] / launch_ms[1] <= 21 / 0.58 * 1.01
+    assert eager.predicted_s - graph.predicted_s == pytest.approx((launch_ms[0] - launch_ms[1]) * 1e-3, rel=0.02)
+    assert any("graph submission: 0.58 us a kernel" in n for n in graph.notes)
+
+
+def test_graph_submission_on_a_chip_without_the_field_says_so():
+    from torchfl.planner import resolve_target
+
+    mi210 = resolve_target(load_hcd(bundled_path("hcd_registry") / "mi210.hcd"))
+    text = ('chip,op,shapes,dtype,args,seconds,source\n'
+            'MI210,decode,1x48,float16,"{""model"": ""tiny-llama"", ""submission"": ""graph""}",0.0004,g\n'
+            'MI210,decode,1x48,float16,"{""model"": ""tiny-llama""}",0.0004,e\n')
+    graph, eager = score_tables([parse_table(text, "m.csv")], lambda name: mi210).predictions
+    assert graph.predicted_s == eager.predicted_s
+    assert any("states no execution.graph_launch_overhead_us" in n for n in graph.notes)
+
+
 @pytest.mark.parametrize("shapes,args,message", [
+    ("1x8", '{""model"": ""tiny-llama"", ""submission"": ""batched""}', "one of eager, graph"),
     ("1x8;1x8", '{""model"": ""tiny-llama""}', "one shape BATCHxTOKENS"),
     ("1x8", '{""model"": ""tiny-llama"", ""new_tokens"": 3}', "remove new_tokens"),
     ("1x1", '{""model"": ""tiny-llama""}', "at least 2"),
@@ -90,6 +123,9 @@ def test_bundled_language_model_tables_cite_their_source():
         assert "https://" in text and ("Licence" in text or "licence" in text), t.path
         assert "overhead" in text, t.path
         assert all(r.args["model"] == "llama-2-7b" for r in t.rows)
+        # how the engine submits its kernels, stated per row and read from the source's own text
+        assert all(r.args.get("submission") in ("eager", "graph") for r in t.rows), t.path
+        assert "Submission:" in text, t.path
         chips |= {r.chip for r in t.rows}
     assert chips == {"A100-SXM4-80GB", "H100-SXM5-80GB"}
     assert {r.family for t in lm for r in t.rows} == {"prefill", "decode", "generate"}

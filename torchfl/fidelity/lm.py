@@ -11,7 +11,13 @@ Row kinds (``op``; docs in :mod:`torchfl.fidelity.tables`), ``shapes`` one ``BxT
   their mean context ``T + new_tokens // 2`` (a decode step's time is close to linear in the
   context, so the mean context gives the sum).
 
-``args`` names the model (``{"model": "llama-2-7b"}``; :data:`MODELS`). The model is built on
+``args`` names the model (``{"model": "llama-2-7b"}``; :data:`MODELS`) and may say how the measured
+engine submits its kernels, ``"submission"``: ``"eager"`` (the default: one host call, and the
+host's synchronisation, per kernel: the HCD's ``launch_overhead_us`` / ``matrix_launch_overhead_us``)
+or ``"graph"`` (the whole step enqueued at once, CUDA Graphs or a fused C++ engine loop: each kernel
+costs the HCD's ``execution.graph_launch_overhead_us``, where the chip states one; else the eager
+costs stay and the notes say so). A table states in its header comments where it read the
+engine's submission. The model is built on
 the meta device in the row's dtype with its default config (no weights: a 70B model plans here),
 captured once per shape (``planner.whatif.Decoder``: the decode step symbolic in the context)
 and planned on each chip; the prediction is the plan's per-call time (``Prediction``'s rule,
@@ -29,6 +35,8 @@ __all__ = ["MODELS", "KINDS", "predict_lm", "check_lm_row"]
 #: model name in a table -> planner.lm.llama size
 MODELS = {"llama-2-7b": "7b", "llama-2-70b": "70b", "tiny-llama": "tiny"}
 KINDS = ("prefill", "decode", "generate")
+#: ``args["submission"]`` values (``kernels.chip.SUBMISSIONS``)
+SUBMISSIONS = ("eager", "graph")
 
 _DECODERS: dict = {}
 _PREFILLS: dict = {}
@@ -40,10 +48,14 @@ def check_lm_row(row: Row) -> tuple[str, int, int, int]:
     if model not in MODELS:
         raise RowError(f"{row.where}: args: {row.op} rows name their model, one of {', '.join(MODELS)} "
                        f"(e.g. {{\"model\": \"llama-2-7b\"}}); got {model!r}")
-    unknown = sorted(set(row.args) - {"model", "new_tokens"})
+    unknown = sorted(set(row.args) - {"model", "new_tokens", "submission"})
     if unknown or (row.op != "generate" and "new_tokens" in row.args):
-        raise RowError(f"{row.where}: args: {row.op} takes model{' and new_tokens' if row.op == 'generate' else ''}; "
-                       f"remove {', '.join(unknown or ['new_tokens'])}")
+        raise RowError(f"{row.where}: args: {row.op} takes model{', new_tokens' if row.op == 'generate' else ''} "
+                       f"and submission; remove {', '.join(unknown or ['new_tokens'])}")
+    if row.args.get("submission", "eager") not in SUBMISSIONS:
+        raise RowError(f"{row.where}: args: submission is how the engine measured submits its kernels, one of "
+                       f"{', '.join(SUBMISSIONS)} (\"graph\": the whole step enqueued at once, e.g. CUDA "
+                       f"Graphs); got {row.args['submission']!r}")
     if len(row.shapes) != 1 or len(row.shapes[0]) != 2 or min(row.shapes[0]) < 1:
         raise RowError(f"{row.where}: shapes: a {row.op} row has one shape BATCHxTOKENS (1x128), got "
                        f"{';'.join('x'.join(map(str, s)) for s in row.shapes)}")
@@ -91,6 +103,17 @@ def _per_call(plan) -> tuple[float, int, float]:
     return float(sum(s.predicted_time_s for s in steps)), len(kernels), launch
 
 
+def submitted(target, submission: str):
+    """``target`` priced for the row's ``submission``: under "graph" a Target whose chip model
+    prices each kernel at the HCD's graph launch cost (``ChipModel.submitted``); the same HCD,
+    packs and ``chip_hash``. "eager" returns ``target`` itself."""
+    if submission == "eager":
+        return target
+    from torchfl.planner.target import Target
+
+    return Target(target.hcd, target.packs, target.model.submitted(submission))
+
+
 def predict_lm(row: Row, target) -> Prediction:
     """Plan a language-model row on ``target``; a refused plan is a Prediction without a time."""
     from torchfl.planner.capture import CaptureError
@@ -98,6 +121,8 @@ def predict_lm(row: Row, target) -> Prediction:
 
     try:
         size, batch, tokens, new = check_lm_row(row)
+        submission = row.args.get("submission", "eager")
+        target = submitted(target, submission)
         dec = _decoder(size, row.dtype)
         parts = []
         if row.op in ("prefill", "generate"):
@@ -122,6 +147,11 @@ def predict_lm(row: Row, target) -> Prediction:
         what = "prefill" if p is parts[0][1] and row.op != "decode" else "decode step"
         notes.append(f"{what}{f' x{count}' if count > 1 else ''}: {seconds * 1e3:.3g} ms, {kernels} kernels, "
                      f"{launch * 1e3:.3g} ms of it launch costs")
+    if submission == "graph":
+        notes.append(f"graph submission: {target.model.graph_launch_s * 1e6:.3g} us a kernel "
+                     "(execution.graph_launch_overhead_us)" if target.model.graph_priced else
+                     "graph submission asked, but the HCD states no execution.graph_launch_overhead_us: "
+                     "eager launch costs used")
     if row.harness_s:
         notes.append(f"+{row.harness_s * 1e6:.3g} us the table's harness")
     return Prediction(row, target.name, total, "", steps, fallbacks, tuple(notes))

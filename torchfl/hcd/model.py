@@ -219,6 +219,13 @@ class Execution(_Model):
         description="Fixed cost of a kernel launch on the matrix units (GEMM, convolution, attention: a "
                     "library call that picks and launches its kernels) in microseconds; absent: "
                     "launch_overhead_us.")
+    graph_launch_overhead_us: Optional[float] = Field(
+        default=None, ge=0, le=1_000_000,
+        description="Cost of one kernel node in microseconds when a whole plan is submitted as one "
+                    "graph (CUDA Graphs and the like: every kernel enqueued ahead, no host "
+                    "synchronisation between kernels); it replaces launch_overhead_us and "
+                    "matrix_launch_overhead_us for predictions that ask for graph submission (an "
+                    "engine's decode step). Absent: the eager launch costs apply to every prediction.")
     concurrent_tiles: Optional[int] = Field(
         default=None, ge=1, le=1 << 24,
         description="Tiles the chip runs at once (integer: streaming multiprocessors, compute units, "
@@ -245,6 +252,7 @@ FORMAT_11_FIELDS = (
     "memory.on_chip_cache.retains_between_kernels",
     "execution.launch_overhead_us",
     "execution.matrix_launch_overhead_us",
+    "execution.graph_launch_overhead_us",
     "execution.concurrent_tiles",
     "execution.tile_elements",
     "execution.row_resident_elements",

@@ -7,10 +7,13 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-__all__ = ["ChipModel", "MATRIX_FAMILIES", "reference_chip"]
+__all__ = ["ChipModel", "MATRIX_FAMILIES", "SUBMISSIONS", "reference_chip"]
 
 #: kernel families that run on the matrix units and are launched as a library call
 MATRIX_FAMILIES = frozenset({"matmul", "conv", "conv1d", "attention"})
+#: how a plan's kernels reach the chip: one host call (and sync) per kernel, or the whole plan
+#: enqueued at once as a graph (CUDA Graphs, an engine's fused C++ loop)
+SUBMISSIONS = ("eager", "graph")
 
 @dataclass(frozen=True)
 class ChipModel:
@@ -41,6 +44,12 @@ class ChipModel:
     launch_s: float = 0.0
     #: the same for a kernel of the matrix families (``execution.matrix_launch_overhead_us``; None: launch_s)
     matrix_launch_s: float | None = None
+    #: seconds a kernel node costs when the plan is submitted as one graph
+    #: (``execution.graph_launch_overhead_us`` / 1e6; None: the chip states none, eager costs apply)
+    graph_launch_s: float | None = None
+    #: how the prediction submits the plan (:data:`SUBMISSIONS`); "graph" prices every launch at
+    #: ``graph_launch_s`` where the chip states it. Set with :meth:`submitted`, never by the HCD.
+    submission: str = "eager"
     #: dtype -> share of ``peak[dtype]`` a large GEMM sustains (absent: 1)
     sustained: dict = field(default_factory=dict)
     #: share of ``offchip_bw`` a streaming kernel sustains
@@ -62,8 +71,12 @@ class ChipModel:
             raise ValueError(f"ChipModel {self.name!r}: alignment must be a power of two, got {self.alignment}")
         if self.cache_bw <= 0 or self.offchip_bw <= 0:
             raise ValueError(f"ChipModel {self.name!r}: bandwidths must be positive")
-        if self.launch_s < 0 or (self.matrix_launch_s or 0.0) < 0:
-            raise ValueError(f"ChipModel {self.name!r}: launch_s must be >= 0, got {self.launch_s}")
+        if self.launch_s < 0 or (self.matrix_launch_s or 0.0) < 0 or (self.graph_launch_s or 0.0) < 0:
+            raise ValueError(f"ChipModel {self.name!r}: launch_s, matrix_launch_s and graph_launch_s must be >= 0, "
+                             f"got {self.launch_s}, {self.matrix_launch_s}, {self.graph_launch_s}")
+        if self.submission not in SUBMISSIONS:
+            raise ValueError(f"ChipModel {self.name!r}: submission must be one of {', '.join(SUBMISSIONS)}, "
+                             f"got {self.submission!r}")
         for what, f in [("offchip_sustained", self.offchip_sustained), *self.sustained.items()]:
             if not 0.0 < f <= 1.0:
                 raise ValueError(f"ChipModel {self.name!r}: sustained fraction {what} must lie in (0, 1], got {f}")
@@ -78,6 +91,7 @@ class ChipModel:
         return hash((self.name, self.cache_bytes, self.cache_bw, self.offchip_bw,
                      tuple(sorted(self.peak.items())), self.alignment, self.memory_bytes,
                      self.bf16_emulation, self.hcd_hash, self.launch_s, self.matrix_launch_s,
+                     self.graph_launch_s, self.submission,
                      tuple(sorted(self.sustained.items())), self.offchip_sustained, self.cache_retains,
                      self.concurrent_tiles, self.tile_elements, self.row_elements))
 
@@ -117,6 +131,8 @@ class ChipModel:
             launch_s=float(ex.launch_overhead_us) * 1e-6 if ex is not None and ex.launch_overhead_us else 0.0,
             matrix_launch_s=(float(ex.matrix_launch_overhead_us) * 1e-6
                              if ex is not None and ex.matrix_launch_overhead_us is not None else None),
+            graph_launch_s=(float(ex.graph_launch_overhead_us) * 1e-6
+                            if ex is not None and ex.graph_launch_overhead_us is not None else None),
             sustained=sustained,
             offchip_sustained=float(mem.off_chip_memory.sustained_fraction or 1.0),
             cache_retains=bool(mem.on_chip_cache.retains_between_kernels),
@@ -139,9 +155,30 @@ class ChipModel:
             raise ValueError(f"chip {self.name!r} has no compute unit (peak is empty)")
         return min(self.peak.values())
 
+    def submitted(self, submission: str) -> "ChipModel":
+        """The same chip priced for ``submission`` ("eager" or "graph", :data:`SUBMISSIONS`): under
+        "graph" every kernel pays ``graph_launch_s`` instead of its eager launch, where the HCD
+        states ``execution.graph_launch_overhead_us`` (else the eager costs stay: nothing is
+        invented). Same ``hcd_hash`` (same chip), another ``hash`` (the planner's price caches
+        keep the two apart)."""
+        from dataclasses import replace
+
+        if submission not in SUBMISSIONS:
+            raise ValueError(f"chip {self.name!r}: unknown submission {submission!r}; use one of "
+                             f"{', '.join(SUBMISSIONS)}")
+        return self if submission == self.submission else replace(self, submission=submission)
+
+    @property
+    def graph_priced(self) -> bool:
+        """Launches are priced at the graph cost (graph submission on a chip that states one)."""
+        return self.submission == "graph" and self.graph_launch_s is not None
+
     def launch_for(self, kernel: str = "") -> float:
-        """Seconds one launch of ``kernel`` costs: ``matrix_launch_s`` for the matrix
-        families (:data:`MATRIX_FAMILIES`) where the HCD states it, else ``launch_s``."""
+        """Seconds one launch of ``kernel`` costs: under graph submission ``graph_launch_s``
+        (where the HCD states it); else ``matrix_launch_s`` for the matrix families
+        (:data:`MATRIX_FAMILIES`) where the HCD states it, else ``launch_s``."""
+        if self.graph_priced:
+            return self.graph_launch_s
         if self.matrix_launch_s is None or not kernel:
             return self.launch_s
         from torchfl.kernels.catalog import CATALOG

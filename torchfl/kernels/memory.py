@@ -6,7 +6,6 @@ Allocations are accounted in whole alignment granules, like a real device alloca
 """
 from __future__ import annotations
 
-import contextlib
 
 import numpy as np
 
@@ -84,22 +83,11 @@ class DeviceMemory:
             self._scope.append(buf)
         return buf
 
-    @contextlib.contextmanager
-    def returned_on_error(self):
+    def returned_on_error(self) -> "_ReturnedOnError":
         """Every buffer allocated inside the block and still live is freed if the block
-        raises (out-of-memory included), so a failed run gives back all it took."""
-        outer, self._scope = self._scope, []
-        try:
-            yield
-        except BaseException:
-            for buf in self._scope:
-                if not buf.freed:
-                    self.free(buf)
-            raise
-        finally:
-            if outer is not None:
-                outer.extend(self._scope)
-            self._scope = outer
+        raises (out-of-memory included), so a failed run gives back all it took. (A class, not
+        a ``contextlib`` generator: every eager op enters one, and the generator cost ~2.5 us.)"""
+        return _ReturnedOnError(self)
 
     def free(self, buf: DeviceBuffer):
         if buf.memory is not self:
@@ -156,3 +144,31 @@ def check_alignment(address: int, alignment: int, where: str):
             f"{where}: pointer 0x{address:x} is misaligned by {mis} bytes; this chip requires "
             f"{alignment}-byte alignment (memory_alignment_bytes). Allocate tensors through "
             "DeviceMemory (torchfl device tensors) or copy into an aligned buffer")
+
+
+class _ReturnedOnError:
+    """The context of :meth:`DeviceMemory.returned_on_error`: a scope of the buffers allocated
+    inside it, freed on an exception; nested scopes hand theirs to the enclosing one."""
+
+    __slots__ = ("memory", "outer")
+
+    def __init__(self, memory: DeviceMemory):
+        self.memory = memory
+
+    def __enter__(self):
+        memory = self.memory
+        self.outer, memory._scope = memory._scope, []
+
+    def __exit__(self, exc_type, exc, tb):
+        memory, outer = self.memory, self.outer
+        scope = memory._scope
+        try:
+            if exc_type is not None:
+                for buf in scope:
+                    if not buf.freed:
+                        memory.free(buf)
+        finally:
+            if outer is not None:
+                outer.extend(scope)
+            memory._scope = outer
+        return False
