@@ -108,3 +108,26 @@ def test_one_capture_labels_many_cases_as_one_capture_each(name, joint, monkeypa
     assert graph_ops_many(prepared) == want
     # ``to`` returns some inputs unchanged (no op behind the output): one capture each, same labels
     assert (len(calls) == 1) == joint, f"{len(calls)} captures for {len(prepared)} cases"
+
+
+def test_the_cases_whose_ops_a_chip_refused_run_alone_and_the_rest_stays_one_graph(seeded_url, monkeypatch):
+    """max_pool2d's 3-D samples are refused by every chip (rule guard ``self.rank == 4``): a
+    joint graph of them was split in halves down to each one (2n-1 traces and captures); the
+    strict refusal names the refused nodes, whose cases now run alone at once."""
+    import torchfl.planner.capture as capture
+    from torchfl.conformance.execute import Chip, run_cases_on
+
+    cases = opinfo_cases("nn.functional.max_pool2d", torch.float16, samples=None, edge_from=0)[1148:1156]
+    assert [c.args[0].dim() for c in cases] == [4] * 4 + [3] * 4
+    calls = []
+    real = capture.capture_dynamo
+    monkeypatch.setattr(capture, "capture_dynamo", lambda *a, **k: calls.append(1) or real(*a, **k))
+    targets = ("aten.max_pool2d_with_indices.default", "aten.max_pool2d.default")
+    chips = {"NPU-V3": Chip(targets), "TFL-X1": Chip(targets)}
+    together = run_cases_on(cases, chips, seeded_url, first=1148)
+    assert len(calls) == 6, calls     # the 8, each 3-D one alone, the four 4-D ones (halves: 9)
+    for chip in chips:
+        assert [o.status for o in together[chip]] == ["pass"] * 4 + ["refused"] * 4
+        assert all("self.rank == 4" in o.reason and o.ops for o in together[chip][4:])
+    alone = run_cases_on(cases, {"TFL-X1": chips["TFL-X1"]}, seeded_url, first=1148)["TFL-X1"]
+    assert [o.as_dict() for o in alone] == [o.as_dict() for o in together["TFL-X1"]]

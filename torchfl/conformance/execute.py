@@ -147,10 +147,27 @@ def graph_ops_many(prepared) -> list:
 
 def _ops_per_part(captured, counts):
     """Sorted call_function targets behind each part's outputs (``counts`` outputs per part, in
-    order), or None where a node belongs to no part or to two."""
-    if len(captured.outputs) != sum(counts) or any(name is None for name in captured.outputs):
+    order), or None where the graph does not split into parts (:func:`_owners`)."""
+    owner = _owners(captured, counts)
+    if owner is None:
         return None
     nodes = {n.name: n for n in captured.graph_module.graph.nodes}
+    ops = [set() for _ in counts]
+    for name, part in owner.items():
+        ops[part].add(str(nodes[name].target))
+    return [tuple(sorted(o)) for o in ops]
+
+
+def _owners(captured, counts) -> dict | None:
+    """Node name -> the part (case) whose outputs it computes, for every call_function node of
+    ``captured`` (a joint graph, ``counts`` outputs per part in order); None where a node belongs
+    to no part or to two, or the outputs are not one tensor each."""
+    if captured is None or counts is None or len(captured.outputs) != sum(counts) or \
+            any(name is None for name in captured.outputs):
+        return None
+    nodes = {n.name: n for n in captured.graph_module.graph.nodes}
+    if any(name not in nodes for name in captured.outputs):
+        return None
     owner: dict = {}
     at = 0
     for part, n in enumerate(counts):
@@ -160,16 +177,12 @@ def _ops_per_part(captured, counts):
             node = stack.pop()
             if node.op != "call_function":
                 continue
-            if owner.setdefault(node, part) != part:
+            if owner.setdefault(node.name, part) != part:
                 return None
             stack.extend(node.all_input_nodes)
-    calls = [n for n in captured.graph_module.graph.nodes if n.op == "call_function"]
-    if any(n not in owner for n in calls):
+    if any(n.name not in owner for n in captured.graph_module.graph.nodes if n.op == "call_function"):
         return None
-    ops = [set() for _ in counts]
-    for node, part in owner.items():
-        ops[part].add(str(node.target))
-    return [tuple(sorted(o)) for o in ops]
+    return owner
 
 
 class _Prepared:
@@ -300,7 +313,8 @@ def run_cases(cases, *, chip, registry=None, bf16_emulated: bool = False, target
 def run_cases_on(cases, chips: dict, registry=None, first: int = 0) -> dict[str, list[Outcome]]:
     """Every case of one OpInfo and dtype on every chip of ``chips`` (name -> :class:`Chip`):
     compiled together as one graph where a chip takes them all (one capture instead of one per
-    case), else split in halves down to single cases for the chips that refused. Eager torch's
+    case), else, for the chips that refused, the cases whose ops they refused run alone and the
+    rest as one graph again (halves where the refusal names no op of a case). Eager torch's
     answers are computed once, and each graph is traced and captured once for all the chips
     (``shared.py``); planning, running and judging are each chip's.
 
@@ -366,7 +380,7 @@ def _early_refusals(idx, prepared, chip, registry) -> frozenset:
 
 
 def _run_joint(idx, prepared, out, chips: dict, registry) -> None:
-    """The cases of ``idx`` as one graph for every chip; a chip that refuses it splits it in halves."""
+    """The cases of ``idx`` as one graph for every chip; a chip that refuses it runs the refused cases alone (:func:`_refused_nodes`)."""
     from torchfl.conformance.shared import GroupCompile
 
     fns, leaves, counts = [], [], []
@@ -388,14 +402,53 @@ def _run_joint(idx, prepared, out, chips: dict, registry) -> None:
     for chip, c in chips.items():
         got, plans, exc = group.run(chip)
         if exc is not None or any(pl.fallbacks for pl in plans):
-            refused[chip] = c
+            refused[chip] = (c, _refused_nodes(exc, plans))
             continue
         _judge_joint(idx, prepared, out[chip], got, _plan_ops(plans), c)
+    owners = _owners(group.captured, _output_counts(idx, prepared)) if refused else None
     del group
-    if refused:
-        half = len(idx) // 2
-        _run_group(idx[:half], prepared, out, refused, registry)
-        _run_group(idx[half:], prepared, out, refused, registry)
+    by_culprits: dict = {}
+    for chip, (c, nodes) in refused.items():
+        parts = {owners.get(n) for n in nodes} if owners and nodes else {None}
+        key = None if None in parts else frozenset(idx[k] for k in parts)
+        by_culprits.setdefault(key, {})[chip] = c
+    for culprits, group_chips in by_culprits.items():
+        if culprits is None:   # the refusal names no op of one case: halves, down to the cases refused
+            half = len(idx) // 2
+            _run_group(idx[:half], prepared, out, group_chips, registry)
+            _run_group(idx[half:], prepared, out, group_chips, registry)
+            continue
+        # the ops the chip refused belong to these cases (max_pool2d's 3-D samples: a whole graph
+        # of them): each alone, the rest one graph again (was: halves down to each of them, 2n-1
+        # traces and captures for a graph refused whole)
+        alone = sorted(culprits)
+        labels = dict(zip(alone, graph_ops_many([prepared[i] for i in alone])))
+        for i in alone:
+            _run_single(prepared[i], i, out, group_chips, registry, labels[i])
+        _run_group([i for i in idx if i not in culprits], prepared, out, group_chips, registry)
+
+
+def _refused_nodes(exc, plans) -> tuple:
+    """The graph nodes a refusal names: a strict refusal's fallbacks, a constraint's node; () if none."""
+    fallbacks = [f for pl in plans for f in pl.fallbacks] if exc is None else list(getattr(exc, "fallbacks", ()))
+    if fallbacks:
+        return tuple(str(f.node) for f in fallbacks)
+    node = getattr(exc, "node", None)
+    return (str(node),) if isinstance(node, str) else ()
+
+
+def _output_counts(idx, prepared):
+    """Tensor outputs of each case (eager torch's), or None where one returns something else."""
+    import torch
+    import torch.utils._pytree as pytree
+
+    counts = []
+    for i in idx:
+        leaves = pytree.tree_leaves(prepared[i].expected)
+        if prepared[i].expected is None or not all(isinstance(x, torch.Tensor) for x in leaves):
+            return None
+        counts.append(len(leaves))
+    return counts
 
 
 def _judge_joint(idx, prepared, out: dict, got, ran: set, chip: Chip) -> None:

@@ -82,12 +82,14 @@ class GroupCompile:
         self.chip = None
         self.traces = 0        # graphs Dynamo handed over: one for every chip
         self.trace_error = None
+        self._captured = None   # the last trace's shared capture (a _Once)
         self.compiled = torch.compile(fn, backend=self._backend, fullgraph=True, dynamic=False)
 
     def _backend(self, gm, _example_inputs):
         self.traces += 1
         per_chip: dict = {}
         lifted, captured = _Once(), _Once()
+        self._captured = captured
 
         def call(*args):
             key = self.chip if isinstance(self.chip, str) else id(self.chip)   # a name, or a Target
@@ -100,6 +102,12 @@ class GroupCompile:
             return graph(*args)
 
         return call
+
+    @property
+    def captured(self):
+        """The planner's capture of the last graph traced (node names as refusals give them), or None."""
+        c = self._captured
+        return c.value if c is not None and c.done and c.error is None else None
 
     def run(self, chip):
         """(result, plans, refusal or error) of the call on ``chip``: a Dynamo error (raised

@@ -125,11 +125,15 @@ def _refresh(self, stale_steps, stale_vals) -> None:
             if v.__class__ is DeviceTensor and not v.buffer.freed:
                 v.buffer.free()
             self._base[s] = None
-    preps = [p for p in self.preps if not p.static or p.step.index in stale_steps
-             or any(s in stale for s in p.outs)]
-    resident = {self.slots[v] for v in self.static_vals} - stale
-    self._refresh = self._program(preps, resident)
-    self._refresh_reads = frozenset(s for p in preps if p.static for s in p.ins)
+    key = (frozenset(stale_steps), frozenset(stale))
+    made = self.__dict__.setdefault("_refreshes", {})   # a decode refreshes the same steps every token
+    hit = made.get(key)
+    if hit is None:
+        preps = [p for p in self.preps if not p.static or p.step.index in stale_steps
+                 or any(s in stale for s in p.outs)]
+        resident = {self.slots[v] for v in self.static_vals} - stale
+        hit = made[key] = (self._program(preps, resident), frozenset(s for p in preps if p.static for s in p.ins))
+    self._refresh, self._refresh_reads = hit
     self._stale_slots = tuple(sorted(stale))
 
 
