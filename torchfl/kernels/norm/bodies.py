@@ -14,8 +14,8 @@ import numpy as np
 from numba import njit, prange
 
 from .. import taskcall
-from ..codecs import BF16, F16, decode, encode16, f2h_cvt, f16_to_f32, f32_to_bf16, f32_to_f16
-from ..staging import _flat, load_row
+from ..codecs import decode, encode16, f16_to_f32, f32_to_f16
+from ..staging import _flat, load_row, store_row
 
 
 # reassociation (vectorised sums) and FMA contraction only: NaN/inf semantics are kept
@@ -78,12 +78,8 @@ def _store(y, base, el, est, code, e0, e1, buf):
         else:
             for e in range(e0, e1):
                 y[base + el[e]] = buf[e - e0]
-    elif est == 1 and code == F16:      # one loop per code: a branch inside keeps it scalar
-        for e in range(e0, e1):
-            y[base + e] = f2h_cvt(buf[e - e0])
-    elif est == 1 and code == BF16:
-        for e in range(e0, e1):
-            y[base + e] = f32_to_bf16(buf[e - e0])
+    elif est == 1:      # a contiguous 16-bit row: the one row encoder (a vectorised loop per code)
+        store_row(y, base + e0, e1 - e0, code, buf)
     else:
         for e in range(e0, e1):
             o = base + (e * est if est >= 0 else el[e])
