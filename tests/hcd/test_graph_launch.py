@@ -85,3 +85,20 @@ def test_bundled_nvidia_chips_state_it_with_its_source(name):
     text = path.read_text()
     line = next(ln for ln in text.splitlines() if ln.startswith("  graph_launch_overhead_us:"))
     assert "[GL]" in line and "https://github.com/ahrefs/ocannl/issues/488" in text
+
+
+def test_hcd_show_and_registry_diff_name_the_field(tmp_path):
+    """What a user reads: `hcd show` prints the graph launch cost beside the eager ones, and a
+    registry diff gives its unit like the other execution fields."""
+    from click.testing import CliRunner
+
+    from torchfl.cli.main import cli
+    from torchfl.registry.diff import diff
+
+    path = tmp_path / "chip.hcd"
+    path.write_text(SEED + GRAPH)
+    out = CliRunner().invoke(cli, ["hcd", "show", str(path)], env={"COLUMNS": "240"})
+    assert out.exit_code == 0, out.output
+    assert "0.58 us per kernel in a submitted graph" in out.output
+    text = [str(c) for c in diff(load_hcd_text(SEED + EAGER).canonical(), load_hcd_text(SEED + GRAPH).canonical())]
+    assert "+ execution.graph_launch_overhead_us: 0.58 (us)" in text

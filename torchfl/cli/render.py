@@ -45,6 +45,8 @@ def hcd_table(h) -> None:
             parts.append(f"{ex.launch_overhead_us:g} us per kernel launch")
         if ex.matrix_launch_overhead_us is not None:
             parts.append(f"{ex.matrix_launch_overhead_us:g} us per matrix-unit launch")
+        if ex.graph_launch_overhead_us is not None:
+            parts.append(f"{ex.graph_launch_overhead_us:g} us per kernel in a submitted graph")
         if ex.concurrent_tiles is not None:
             parts.append(f"{ex.concurrent_tiles} tiles at once")
         if ex.tile_elements is not None:

@@ -13,7 +13,7 @@ import threading
 import numpy as np
 from numba import njit
 
-from .codecs import bf16_to_f32, decode, encode16, h2f_cvt
+from .codecs import bf16_to_f32, decode, encode16, f2h_cvt, f32_to_bf16, h2f_cvt
 
 
 def _flat(t):
@@ -92,6 +92,25 @@ def store_plain(acc, tc, th, tw, n, c0, h0, w0, y, t0, t1, t2, t3, ycode):
                 else:
                     y[b + (c0 + c) * t1] = encode16(ycode, v)
     return th * tw * tc
+
+
+@njit(cache=True)
+def store_row(Y, off, n, code, row):
+    """Y[off:off + n] = row[:n] encoded from float32 (RNE), contiguous; like :func:`load_row`,
+    one loop per code so that each vectorises."""
+    dst = Y[off:off + n]
+    if code == 0:
+        for i in range(n):
+            dst[i] = row[i]
+    elif code == 1:
+        for i in range(n):
+            dst[i] = f2h_cvt(row[i])
+    elif code == 2:
+        for i in range(n):
+            dst[i] = f32_to_bf16(row[i])
+    else:
+        for i in range(n):
+            dst[i] = encode16(code, row[i])
 
 
 @njit(cache=True)

@@ -43,6 +43,7 @@ _UNITS_11 = (
     (".sustained_fraction", "fraction of peak"),
     ("execution.launch_overhead_us", "us"),
     ("execution.matrix_launch_overhead_us", "us"),
+    ("execution.graph_launch_overhead_us", "us"),
     ("execution.concurrent_tiles", "tiles"),
     ("execution.tile_elements", "elements"),
     ("execution.row_resident_elements", "elements"),

@@ -9,23 +9,11 @@ import numpy as np
 from numba import njit
 
 from .. import dtypes as dt
-from ..codecs import decode, encode16
 from ..mathfn import erf32, exp32, gelu32, tanh32
+from ..staging import load_row, store_row
 from ..stream import Access, out_order
 from . import COND, INTS, OPS, _names, out_dtype
 from ..dtypes import ITEMSIZE
-
-
-@njit(cache=True)
-def decode_tile(code, src, dst):
-    for i in range(src.shape[0]):
-        dst[i] = decode(code, src[i])
-
-
-@njit(cache=True)
-def encode_tile(code, src, dst):
-    for i in range(src.shape[0]):
-        dst[i] = encode16(code, src[i])
 
 
 @njit(cache=True)
@@ -332,7 +320,7 @@ def run_elementwise(ctx):
                 vals.append(raw)
             else:
                 f = fbufs[i][:m]
-                decode_tile(code, raw, f)
+                load_row(raw, 0, 1, m, code, f)
                 vals.append(f)
         empty = _EI if is_int else _E32
         x = vals[0]
@@ -350,7 +338,7 @@ def run_elementwise(ctx):
         elif code == 0:
             oacc.store(s, e, r)
         else:
-            encode_tile(code, r, ob)
+            store_row(ob, 0, m, code, r)
         ctx.write(m * ITEMSIZE[odt])
         ctx.ops(m * cost)
     return [out]

@@ -15,7 +15,7 @@ from numba import njit, prange
 
 from .. import taskcall
 from ..codecs import decode, encode16, f16_to_f32, f32_to_f16
-from ..staging import _flat
+from ..staging import _flat, load_row, store_row
 
 
 # reassociation (vectorised sums) and FMA contraction only: NaN/inf semantics are kept
@@ -59,12 +59,8 @@ def _tables_of(ctx, t, seg_dims):
 
 @njit(cache=True, nogil=True, inline="always")
 def _load(x, base, el, est, code, e0, e1, buf):
-    if est == 1 and code == 0:        # contiguous float32: a plain copy
-        for e in range(e0, e1):
-            buf[e - e0] = x[base + e]
-    elif est >= 0:
-        for e in range(e0, e1):
-            buf[e - e0] = decode(code, x[base + e * est])
+    if est >= 0:    # a strided row: the one row decoder (a vectorised loop per code when contiguous)
+        load_row(x, base + e0 * est, est, e1 - e0, code, buf)
     else:
         for e in range(e0, e1):
             buf[e - e0] = decode(code, x[base + el[e]])
@@ -82,6 +78,8 @@ def _store(y, base, el, est, code, e0, e1, buf):
         else:
             for e in range(e0, e1):
                 y[base + el[e]] = buf[e - e0]
+    elif est == 1:      # a contiguous 16-bit row: the one row encoder (a vectorised loop per code)
+        store_row(y, base + e0, e1 - e0, code, buf)
     else:
         for e in range(e0, e1):
             o = base + (e * est if est >= 0 else el[e])
