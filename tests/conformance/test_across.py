@@ -43,9 +43,9 @@ def test_a_chip_that_refuses_splits_alone_and_a_trace_error_is_every_chips(regis
     _got, plans, exc = group.run("NPU-V3")
     assert exc is None and plans
     _got, _plans, exc = group.run("EDGE-C2")   # NCWH only: the channels-last input is refused before capture
-    from torchfl.conformance.execute import _is_refusal
+    from torchfl.conformance.execute import is_refusal
 
-    assert exc is not None and _is_refusal(exc), exc
+    assert exc is not None and is_refusal(exc), exc
 
     def untraceable(t):
         return torch.tensor(object())   # Dynamo cannot trace it

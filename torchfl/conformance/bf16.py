@@ -56,7 +56,7 @@ def check_native_bf16(chip, registry=None) -> list[Finding]:
     """Probe ``chip`` (a name, an HCD or a Target) if its HCD claims native bfloat16; one
     :class:`Finding` per probe whose result is not what a bfloat16 unit computes."""
     from torchfl.conformance.compare import compare
-    from torchfl.conformance.execute import _is_refusal
+    from torchfl.conformance.execute import is_refusal
     from torchfl.conformance.shared import GroupCompile
     from torchfl.planner.target import resolve_target
 
@@ -73,7 +73,7 @@ def check_native_bf16(chip, registry=None) -> list[Finding]:
             exact = fn(a.double(), b.double())
         got, _plans, exc = GroupCompile(fn, [a, b]).run(target)
         if exc is not None:
-            if _is_refusal(exc):
+            if is_refusal(exc):
                 continue      # the op is not the chip's in bf16: conformance reports that claim itself
             raise exc
         result = compare(got, want, exact)

@@ -38,7 +38,7 @@ class Outcome:
 
 
 
-def _is_refusal(exc) -> bool:
+def is_refusal(exc) -> bool:
     from torchfl.planner.errors import PlanError
     from torchfl.runtime.errors import FallbackNotAllowed
 
@@ -54,14 +54,14 @@ def _untraceable(exc) -> bool:
 
 def refusal_reason(exc) -> str:
     """The refusal's message, with the HCD field a hard constraint names (``.field``)."""
-    text = _first_lines(exc)
+    text = first_lines(exc)
     field = getattr(exc, "field", None)
     if field is None and type(exc).__name__ == "UnsupportedAttention":
         field = "compute_units.attention.supported_heads"
     return f"{text} [HCD field: {field}]" if field and field not in text else text
 
 
-def _first_lines(text: str, n: int = 6, width: int = 400) -> str:
+def first_lines(text: str, n: int = 6, width: int = 400) -> str:
     lines = [ln for ln in str(text).strip().splitlines() if ln.strip()][:n]
     out = "\n".join(lines)
     return out if len(out) <= width else out[: width - 3] + "..."
@@ -185,7 +185,7 @@ def _owners(captured, counts) -> dict | None:
     return owner
 
 
-class _Prepared:
+class Prepared:
     """A case with eager torch's answers: in its dtype, in float64, and the ATen ops it dispatched."""
 
     def __init__(self, case):
@@ -200,7 +200,7 @@ class _Prepared:
         return Outcome(self.case.label, self.case.variant, self.layout, status, inputs=self.inputs, **kw)
 
 
-def prepare(case) -> _Prepared:
+def prepare(case) -> Prepared:
     import torch
     from torch.utils._python_dispatch import TorchDispatchMode
 
@@ -213,13 +213,13 @@ def prepare(case) -> _Prepared:
             self.ops.add(str(func))
             return func(*args, **(kwargs or {}))
 
-    p = _Prepared(case)
+    p = Prepared(case)
     log = OpLog()
     try:
         with torch.no_grad(), log:
             p.expected = case.call()
     except Exception as exc:  # noqa: BLE001 - eager torch refuses a sample with any of its types: the case is skipped
-        p.skip = f"eager torch rejects it: {type(exc).__name__}: {_first_lines(exc, 1)}"
+        p.skip = f"eager torch rejects it: {type(exc).__name__}: {first_lines(exc, 1)}"
         return p
     p.eager_ops = frozenset(log.ops)
     p.exact = _exact(case)
@@ -230,7 +230,7 @@ def _plan_ops(plans) -> set:
     return {op for p in plans for s in p.steps for op in s.ops} | {f.op for p in plans for f in p.folded}
 
 
-def _judge(p: _Prepared, got, ops, bf16_emulated) -> Outcome:
+def judge(p: Prepared, got, ops, bf16_emulated) -> Outcome:
     from torchfl.conformance.compare import compare
 
     result = compare(got, p.expected, p.exact, bf16_emulated=bf16_emulated)
@@ -240,7 +240,7 @@ def _judge(p: _Prepared, got, ops, bf16_emulated) -> Outcome:
     return p.outcome("pass", ops=ops, max_abs_error=result.max_abs_error, max_rel_error=result.max_rel_error)
 
 
-def run_case(case, *, chip, registry=None, bf16_emulated: bool = False, prepared: _Prepared | None = None) -> Outcome:
+def run_case(case, *, chip, registry=None, bf16_emulated: bool = False, prepared: Prepared | None = None) -> Outcome:
     """Run ``case`` on ``chip`` (name or HCD) strictly, compare with eager torch."""
     p = prepared or prepare(case)
     if p.skip:
@@ -259,15 +259,15 @@ class Chip:
     bf16_emulated: bool = False
 
 
-def _single_outcome(p: _Prepared, got, plans, exc, bf16_emulated, graph_ops_of) -> Outcome:
+def _single_outcome(p: Prepared, got, plans, exc, bf16_emulated, graph_ops_of) -> Outcome:
     """One case's outcome from its own compiled call on one chip."""
     if exc is not None:
-        if _is_refusal(exc):
+        if is_refusal(exc):
             return p.outcome("refused", ops=graph_ops_of(), reason=refusal_reason(exc))
         if _untraceable(exc):
             return p.outcome("skipped", reason=f"Dynamo cannot trace this OpInfo sample's function: "
-                                               f"{_first_lines(exc, 1)}")
-        return p.outcome("fail", ops=graph_ops_of(), reason=f"error: {type(exc).__name__}: {_first_lines(exc, 3)}")
+                                               f"{first_lines(exc, 1)}")
+        return p.outcome("fail", ops=graph_ops_of(), reason=f"error: {type(exc).__name__}: {first_lines(exc, 3)}")
     if not plans:
         return p.outcome("skipped", reason="no graph reached the chip (Dynamo compiled nothing to run)")
     ops = tuple(sorted(_plan_ops(plans)))
@@ -275,10 +275,10 @@ def _single_outcome(p: _Prepared, got, plans, exc, bf16_emulated, graph_ops_of) 
     if fellback:
         return p.outcome("fail", ops=ops, reason="fell back to the CPU despite strict: " + ", ".join(
             f"{f.op} ({f.reason})" for f in fellback))
-    return _judge(p, got, ops, bf16_emulated)
+    return judge(p, got, ops, bf16_emulated)
 
 
-def _run_single(p: _Prepared, i: int, out: dict, chips: dict, registry, label: tuple | None = None) -> None:
+def _run_single(p: Prepared, i: int, out: dict, chips: dict, registry, label: tuple | None = None) -> None:
     """Case ``i`` alone, compiled once for every chip in ``chips``; its outcome per chip into ``out``
     (``label``: its :func:`graph_ops` where known already)."""
     from torchfl.conformance.shared import GroupCompile
@@ -462,74 +462,4 @@ def _judge_joint(idx, prepared, out: dict, got, ran: set, chip: Chip) -> None:
         if not ops:
             out[i] = p.outcome("skipped", reason="none of the overloads under test reached the chip for this case")
             continue
-        out[i] = _judge(p, got[k], ops, chip.bf16_emulated)
-
-
-# ---------------------------------------------------------------- eager mode: the npu device
-
-def npu_index(chip: str) -> int:
-    """The ``npu`` device index of ``chip`` in this process (``TORCHFL_DEVICES``), or a one-line error."""
-    from torchfl.runtime.eager import device as _dev
-
-    names = _dev.chip_names()
-    if chip not in names:
-        raise RuntimeError(f"chip {chip} is not an npu device in this process (devices: {', '.join(names)}); "
-                           f"set TORCHFL_DEVICES={chip} before the first use of the device")
-    return names.index(chip)
-
-
-def _to_device(tree, device):
-    """Every tensor of ``tree`` copied onto ``device`` with the same shape and strides."""
-    import torch
-    import torch.utils._pytree as pytree
-
-    def move(x):
-        if isinstance(x, torch.Tensor):
-            out = torch.empty_strided(x.shape, x.stride(), dtype=x.dtype, device=device)
-            out.copy_(x)
-            return out
-        return x
-
-    return pytree.tree_map(move, tree)
-
-
-def _to_host(tree):
-    import torch
-    import torch.utils._pytree as pytree
-
-    return pytree.tree_map(lambda x: x.cpu() if isinstance(x, torch.Tensor) else x, tree)
-
-
-def run_case_eager(case, *, chip, bf16_emulated: bool = False, targets=(), prepared: _Prepared | None = None) -> Outcome:
-    """``case`` on the ``npu`` device (the chip's index), op by op as a user's eager code runs,
-    with ``TORCHFL_STRICT`` on: an op the chip cannot run raises instead of falling back.
-    The case counts for the claimed ``targets`` eager torch dispatched for it."""
-    import os
-
-    import torch
-
-    p = prepared or prepare(case)
-    if p.skip:
-        return p.outcome("skipped", reason=p.skip)
-    ops = tuple(sorted(t for t in targets if t in p.eager_ops))
-    if not ops and len(targets) == 1:
-        ops = tuple(targets)   # a composite eager dispatch decomposes (linear -> addmm): its only target
-    if not ops:
-        return p.outcome("skipped", reason="none of the overloads under test reached the chip for this case")
-    device = torch.device("npu", npu_index(chip))
-    saved = os.environ.get("TORCHFL_STRICT")
-    os.environ["TORCHFL_STRICT"] = "1"
-    try:
-        args, kwargs = _to_device((case.args, case.kwargs), device)
-        with torch.no_grad():
-            got = _to_host(case.func(*args, **kwargs))
-    except Exception as exc:  # noqa: BLE001 - reported, not swallowed: a refusal, or a fail with the error
-        if _is_refusal(exc):
-            return p.outcome("refused", ops=ops, reason=refusal_reason(exc))
-        return p.outcome("fail", ops=ops, reason=f"error: {type(exc).__name__}: {_first_lines(exc, 3)}")
-    finally:
-        if saved is None:
-            os.environ.pop("TORCHFL_STRICT", None)
-        else:
-            os.environ["TORCHFL_STRICT"] = saved
-    return _judge(p, got, ops, bf16_emulated)
+        out[i] = judge(p, got[k], ops, chip.bf16_emulated)

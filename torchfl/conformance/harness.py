@@ -205,7 +205,7 @@ def run_unit(unit: Unit, chip: str, registry, settings: Settings, bf16_emulated:
                      reason=f"no OpInfo samples in {unit.dtype}: {type(exc).__name__}: {exc}"[:300],
                      max_abs_error=None, max_rel_error=None, inputs={})]
     if unit.mode == "eager":
-        from torchfl.conformance.execute import run_case_eager
+        from torchfl.conformance.eager_case import run_case_eager
 
         outcomes = [run_case_eager(c, chip=chip, bf16_emulated=bf16_emulated, targets=unit.targets) for c in cases]
         return [dict(o.as_dict(), layout=f"eager {o.layout}") for o in outcomes]
