@@ -147,8 +147,9 @@ def h2f(h):
 @intrinsic
 def _f16_to_f32_cvt(typingctx, h):
     """float16 bits -> float32 (a kernel typed for several storage types may call it on
-    others in branches it never takes: any number is accepted, cast to uint16 first)."""
-    if not isinstance(h, types.Number):
+    others in branches it never takes: any number or bool is accepted, cast to uint16 first;
+    a reduction's bool rows reach ``staging.load_row``'s fp16 loop that way)."""
+    if not isinstance(h, (types.Number, types.Boolean)):
         return None
 
     def codegen(context, builder, sig, args):
@@ -162,7 +163,7 @@ def _f16_to_f32_cvt(typingctx, h):
 @intrinsic
 def _f32_to_f16_cvt(typingctx, x):
     """float32 -> float16 bits, round to nearest even."""
-    if not isinstance(x, types.Number):
+    if not isinstance(x, (types.Number, types.Boolean)):
         return None
 
     def codegen(context, builder, sig, args):
