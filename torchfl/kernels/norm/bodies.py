@@ -68,18 +68,15 @@ def _load(x, base, el, est, code, e0, e1, buf):
 
 @njit(cache=True, nogil=True, inline="always")
 def _store(y, base, el, est, code, e0, e1, buf):
-    if code == 0:
-        if est == 1:
-            for e in range(e0, e1):
-                y[base + e] = buf[e - e0]
-        elif est >= 0:
+    if est == 1:        # a contiguous row: the one row encoder (a vectorised loop per code)
+        store_row(y, base + e0, e1 - e0, code, buf)
+    elif code == 0:
+        if est >= 0:
             for e in range(e0, e1):
                 y[base + e * est] = buf[e - e0]
         else:
             for e in range(e0, e1):
                 y[base + el[e]] = buf[e - e0]
-    elif est == 1:      # a contiguous 16-bit row: the one row encoder (a vectorised loop per code)
-        store_row(y, base + e0, e1 - e0, code, buf)
     else:
         for e in range(e0, e1):
             o = base + (e * est if est >= 0 else el[e])
