@@ -81,7 +81,7 @@ def _mm_store(slab, pix, m0, m1, taps, kc, tc, wpk, tk, R, S, p0, p1, acc, ybase
                                     h, rt, rr, lut)
 
 
-@njit(cache=True, nogil=True, inline="always")
+@njit(cache=True, nogil=True, forceinline=True)  # compiled once, inlined by LLVM (not re-typed per call site)
 def _epilogue_store(acc, mn, kn, kb, kl, mr, ybase, rbase, y, t1, ycode, ea, eb, lo, has_res, res, r1, rcode, h,
                     rt, rr, lut):
     """The epilogue of a 6 x 16 block (channels kb.. of the output, kl.. of this K block):
@@ -155,7 +155,7 @@ def _epilogue_store(acc, mn, kn, kb, kl, mr, ybase, rbase, y, t1, ycode, ea, eb,
     _scatter(h, mn, kn, kl, mr, ybase, y, t1)
 
 
-@njit(cache=True, nogil=True, inline="always")
+@njit(cache=True, nogil=True, forceinline=True)
 def _scatter(h, mn, kn, kl, mr, ybase, y, t1):
     """The encoded block h[m * 16 + j] -> y[ybase[mr + m] + (kl + j) * t1] (a whole block
     in vectors: scatter_rows / scatter_run)."""
@@ -181,7 +181,7 @@ def _scatter(h, mn, kn, kl, mr, ybase, y, t1):
                 y[ybase[mr + mi] + (kl + j) * t1] = h[mi * NR + j]
 
 
-@njit(cache=True, nogil=True, inline="always")
+@njit(cache=True, nogil=True, forceinline=True)
 def _run6(base, mr, mn):
     """Whether the micro-row's six pixels are consecutive elements (base[mr + i] ==
     base[mr] + i): then a channel's six values are one run (no per-pixel offsets)."""

@@ -115,7 +115,7 @@ def _pack_pixels(x, xoff, xc, code, C, HW, OW, sh, sw, W, slab, pp0, pp1, lut):
                                                 else np.float32(0.0))
 
 
-@njit(cache=True, nogil=True, inline="always")   # a call passes ~17 arrays' structs: ~100 cycles a block
+@njit(cache=True, nogil=True, forceinline=True)   # a call passes ~17 arrays' structs: ~100 cycles a block
 def _store_rows(blk, mn, kb, p0, pn, y, yoff, yc, ycode, ea, eb, lo, has_res, res, roff, rc, lut):
     """Epilogue of a 6 x 16 block: channels kb..kb+mn, pixels p0..p0+pn, one row a channel."""
     for mi in range(mn):

@@ -33,7 +33,7 @@ F16_LUT = _f16_table()
 of slab and weight loads do not vectorise, a lookup is one load)."""
 
 
-@njit(inline="always", cache=True)
+@njit(forceinline=True, cache=True)  # compiled once, inlined by LLVM (not re-typed per call site)
 def _dec(code, v, lut):
     if code == 1 and lut.size == 65536:
         return lut[np.intp(v)]     # (any storage type compiles; only uint16 bits take this branch)

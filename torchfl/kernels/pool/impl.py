@@ -20,7 +20,7 @@ MAX, AVG, ADAPTIVE = 0, 1, 2
 IDX_BYTES = 8     # int64 indices
 
 
-@njit(cache=True, nogil=True, inline="always")
+@njit(cache=True, nogil=True, forceinline=True)  # compiled once, inlined by LLVM (not re-typed per call site)
 def _win(kind, o, n_in, n_out, k, s, p):
     """(first index, end index, divisor-length) of output o along one axis; for max/avg
     the range is the full window (padding included), clipped by the caller."""
@@ -32,7 +32,7 @@ def _win(kind, o, n_in, n_out, k, s, p):
     return a, a + (k - 1) + 1, min(a + k, n_in + p) - a
 
 
-@njit(cache=True, nogil=True, inline="always")
+@njit(cache=True, nogil=True, forceinline=True)
 def _avg_window(kind, oh, ow, H, W, OH, OW, kh, kw, sh, sw, ph, pw, include_pad, divisor):
     """Clipped input window of output (oh, ow) and its divisor, as torch's avg/adaptive pooling
     defines it; forward and backward must agree, so both take it from here."""
