@@ -378,8 +378,12 @@ def captured_aot(gm, kind: str, weights=()) -> Captured:
     Parameters change at every optimiser step, so they stay inputs (never cached), but
     they carry no batch dimension: the forward's weight primals (``weights``: positions of
     the Dynamo graph's parameters, the same as the forward's) and every backward input
-    are exempt from the batch limit (``extra["unbatched"]``)."""
+    are exempt from the batch limit (``extra["unbatched"]``). Tensor constants the graph reads
+    with ``get_attr`` (a ``torch.tensor(...)`` made in forward) become its constants
+    (:func:`_constants_as_placeholders`), as torch.export lifts them on the inference path."""
     placeholders = [(n.name, "input", i) for i, n in enumerate(n for n in gm.graph.nodes if n.op == "placeholder")]
+    gm, constants = _constants_as_placeholders(gm)
+    placeholders += [(name, "constant", target) for name, target, _t in constants]
     if kind == "backward":
         unbatched = [name for name, _k, _i in placeholders]
     else:
@@ -387,9 +391,46 @@ def captured_aot(gm, kind: str, weights=()) -> Captured:
     out_node = next(n for n in gm.graph.nodes if n.op == "output")
     flat = out_node.args[0] if isinstance(out_node.args[0], (list, tuple)) else [out_node.args[0]]
     outputs = [getattr(a, "name", None) for a in flat]
-    return Captured(gm, placeholders, {}, outputs, training=True,
+    return Captured(gm, placeholders, {name: t for name, _target, t in constants}, outputs, training=True,
                     extra={"graph": kind, "unbatched": unbatched,
                            "weights": tuple(weights) if kind == "forward" else ()})
+
+
+def _constants_as_placeholders(gm):
+    """(graph module, [(name, attribute, tensor)]): ``gm`` with each ``get_attr`` of a tensor
+    turned into a placeholder of the same name (a copy; ``gm`` itself is left as it is), so the
+    planner sees what the exported path's lifted constants are: static inputs, uploaded once.
+    AOTAutograd keeps a forward's ``torch.tensor(...)`` this way (``_tensor_constant0``)."""
+    import copy
+
+    import torch
+
+    def tensor_of(node):
+        obj = gm
+        for part in str(node.target).split("."):
+            obj = getattr(obj, part, None)
+        return obj if isinstance(obj, torch.Tensor) else None
+
+    if not any(n.op == "get_attr" and tensor_of(n) is not None for n in gm.graph.nodes):
+        return gm, []
+    tensors = {n.name: (str(n.target), tensor_of(n)) for n in gm.graph.nodes if n.op == "get_attr"}
+    gm = copy.deepcopy(gm)
+    graph, constants = gm.graph, []
+    first = next(n for n in graph.nodes if n.op != "placeholder")
+    for node in [n for n in graph.nodes if n.op == "get_attr"]:
+        target, tensor = tensors[node.name]
+        if tensor is None:
+            continue
+        with graph.inserting_before(first):
+            ph = graph.placeholder(f"{node.name}_lifted")
+        ph.meta = dict(node.meta)
+        ph.meta.setdefault("val", torch.empty_strided(tensor.shape, tensor.stride(), dtype=tensor.dtype,
+                                                      device="meta"))
+        node.replace_all_uses_with(ph)
+        graph.erase_node(node)
+        constants.append((ph.name, target, tensor.detach()))
+    gm.recompile()
+    return gm, constants
 
 
 def concrete(gm, args):
