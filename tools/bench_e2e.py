@@ -102,7 +102,126 @@ def _profile(compiled, inputs, executors, runs):
     return {"total_wall_s": total_w, "total_cpu_s": total_c, "kernels": out}
 
 
-def run_case(name, runs, registry=None, profile=False):
+class _ThreadClocks:
+    """CPU time of each thread of this process, read through the thread's own CPU clock
+    (``clock_gettime`` of the clock id Linux derives from a thread id: exact, also for a thread
+    that is running). With ``OMP_WAIT_POLICY=passive`` the OpenMP workers sleep at once when a
+    parallel region ends, so a worker's CPU time is its busy time (no spinning); CPU time does
+    not grow when the host is loaded (the wall time does)."""
+
+    def __init__(self):
+        import os
+        import threading
+
+        self.main = threading.get_native_id()
+        self.clocks = [(~tid << 3) | 6 for tid in sorted(int(t) for t in os.listdir("/proc/self/task"))
+                       if tid != self.main]            # CPUCLOCK_SCHED | CPUCLOCK_PERTHREAD of each other thread
+
+    def others(self):
+        out = []
+        for c in self.clocks:
+            try:
+                out.append(time.clock_gettime_ns(c))
+            except OSError:                 # a thread that ended since: it runs nothing now
+                out.append(0)
+        return out
+
+
+def _parallel_dispatchers():
+    """(module, attribute, dispatcher) of every Numba function compiled with parallel=True that a
+    kernel module names (the drivers call them from Python)."""
+    from numba.core.registry import CPUDispatcher
+
+    found = []
+    for name, mod in list(sys.modules.items()):
+        if not name.startswith("torchfl.kernels") or mod is None:
+            continue
+        for attr, v in list(vars(mod).items()):
+            if isinstance(v, CPUDispatcher) and v.targetoptions.get("parallel"):
+                found.append((mod, attr, v))
+    return found
+
+
+def _balance(compiled, inputs, executors, runs):
+    """Per kernel, where its CPU time goes across threads, timed by the threads' CPU clocks (run with
+    OMP_WAIT_POLICY=passive: a worker's CPU time is then its work, whatever the host's load):
+    ``serial_s`` the calling thread's CPU outside Numba's parallel regions (Python, counters, serial
+    packing), per region the calling thread's and the workers' CPU; ``bound_s`` = serial + the sum
+    over regions of the busiest thread's CPU: the call's wall time on an idle host with instant
+    wake-ups. ``balance`` = region CPU / (threads x busiest thread's), 1.0 when every thread
+    worked as long as the busiest; ``one_thread_regions``: regions run on one thread
+    (``threads_for``: too small to split)."""
+    from collections import defaultdict
+
+    import numba
+
+    clocks = _ThreadClocks()
+    tcpu = time.thread_time_ns
+    stats = defaultdict(lambda: defaultdict(float))
+    current = [None]
+
+    def timed_step(call, kernel):
+        def run(inputs):
+            c0, w0 = tcpu(), time.perf_counter()
+            current[0] = st = stats[kernel]
+            out = call(inputs)
+            st["calls"] += 1
+            st["main_s"] += (tcpu() - c0) * 1e-9
+            st["wall_s"] += time.perf_counter() - w0
+            return out
+        return run
+
+    def timed_region(fn):
+        def run(*args, **kw):
+            st = current[0]
+            o0, c0 = clocks.others(), tcpu()
+            out = fn(*args, **kw)
+            c1, o1 = tcpu(), clocks.others()
+            if st is not None:
+                work = [(b - a) * 1e-9 for a, b in zip(o0, o1)]
+                main = (c1 - c0) * 1e-9
+                st["regions"] += 1
+                st["par_main_s"] += main
+                st["par_work_s"] += sum(work)
+                st["par_max_s"] += max([main] + work)
+                if numba.get_num_threads() == 1:
+                    st["one_thread_regions"] += 1
+            return out
+        return run
+
+    wrapped = {}
+    for e in executors:
+        for prog in (e._full, e._dynamic):
+            for step in (prog.steps if prog is not None else ()):
+                p = step[0]
+                if not step[1] and p.call is not None and id(p) not in wrapped:
+                    wrapped[id(p)] = (p, p.call)
+                    p.call = timed_step(p.call, p.kernel)
+    patched = _parallel_dispatchers()      # after the warm calls: every caller is compiled by now
+    for mod, attr, fn in patched:
+        setattr(mod, attr, timed_region(fn))
+    try:
+        for _ in range(runs):
+            compiled(*inputs)
+    finally:
+        for p, call in wrapped.values():
+            p.call = call
+        for mod, attr, fn in patched:
+            setattr(mod, attr, fn)
+    n = numba.get_num_threads()
+    out = {}
+    for k, st in stats.items():
+        serial = st["main_s"] - st["par_main_s"]
+        par = st["par_main_s"] + st["par_work_s"]
+        out[k] = {"calls": int(st["calls"]) // runs, "wall_s": st["wall_s"] / runs,
+                  "cpu_s": (serial + par) / runs, "serial_s": serial / runs, "parallel_cpu_s": par / runs,
+                  "bound_s": (serial + st["par_max_s"]) / runs,
+                  "balance": par / (n * st["par_max_s"]) if st["par_max_s"] > 0 else float("nan"),
+                  "regions": int(st["regions"]) // runs, "one_thread_regions": int(st["one_thread_regions"]) // runs}
+    return {"threads": n, "threading_layer": numba.threading_layer(), "kernels": out}
+
+
+def run_case(name, runs, registry=None, profile=False, balance=False):
     import torch
 
     from torchfl.planner.zoo import load_model
@@ -182,7 +301,8 @@ def run_case(name, runs, registry=None, profile=False):
             "torch_eager_alone_wall_s": statistics.median(w for w, _c in eager_both),
             "torch_eager_alone_cpu_s": statistics.median(c for _w, c in eager_both),
             "runs": runs, **extra,
-            **({"profile": _profile(compiled, inputs, executors, runs)} if profile else {})}
+            **({"profile": _profile(compiled, inputs, executors, runs)} if profile else {}),
+            **({"balance": _balance(compiled, inputs, executors, runs)} if balance else {})}
 
 
 def _spread(times):
@@ -205,6 +325,11 @@ def main(argv=None):
                          "loaded host where wall time swings with the other processes)")
     ap.add_argument("--profile", action="store_true",
                     help="per kernel: wall and CPU time of its calls (with --threads 1,2: each kernel's speed-up)")
+    ap.add_argument("--balance", action="store_true",
+                    help="per kernel: serial CPU, each thread's busy CPU per parallel region and the busiest "
+                         "thread's sum, by the threads' CPU clocks with OMP_WAIT_POLICY=passive (set for the "
+                         "run: workers sleep, not spin, between regions), so valid on a loaded host; with "
+                         "--threads 1,2: each kernel's CPU-bound speed-up")
     a = ap.parse_args(argv)
     try:
         counts = [int(t) for t in a.threads.split(",")]
@@ -216,10 +341,12 @@ def main(argv=None):
     global _clock
     if a.timer == "cpu":
         _clock = time.process_time
-    if a.threads:
-        import os
+    import os
 
+    if a.threads:
         os.environ["NUMBA_NUM_THREADS"] = str(a.threads)
+    if a.balance:       # before any OpenMP runtime starts (Numba's, torch's): workers sleep between regions
+        os.environ.setdefault("OMP_WAIT_POLICY", "passive")
     import warnings
 
     warnings.filterwarnings("ignore")
@@ -234,7 +361,7 @@ def main(argv=None):
         torch._dynamo.reset()
         try:
             with torch.no_grad():
-                results.append(run_case(name, a.runs, a.registry, a.profile))
+                results.append(run_case(name, a.runs, a.registry, a.profile, a.balance))
         except Exception as exc:  # report the case as failed, keep measuring the others
             results.append({"case": name, "error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"})
         if not a.json:
@@ -259,6 +386,7 @@ def scaling(a, counts):
         cmd = [sys.executable, __file__, "--json", "--runs", str(a.runs), "--cases", a.cases, "--threads", str(n),
                "--timer", "wall"] + (["--registry", a.registry] if a.registry else []) + (["--profile"] if a.profile
                                                                                           else [])
+        cmd += ["--balance"] if a.balance else []
         proc = subprocess.run(cmd, capture_output=True, text=True)
         if not proc.stdout.strip():
             sys.exit(f"bench_e2e --threads {n} failed:\n{proc.stderr[-2000:]}")
@@ -279,6 +407,8 @@ def scaling(a, counts):
                 row[f"{side}_speedup"] = base[f"{key}_wall_s"] / wall
             if a.profile:
                 row["profile"] = _kernel_speedups(base["profile"], r["profile"])
+            if a.balance:
+                row["balance"] = _kernel_balance(base["balance"], r["balance"])
             rows.append(row)
     out = {"threads": counts, "load_before": load0, "load_after": load1, "rows": rows}
     if a.json:
@@ -297,6 +427,10 @@ def scaling(a, counts):
             for k, v in r.get("profile", {}).items():
                 print(f"    {k:<28} {v['calls']:4d} calls  {v['wall_s'] * 1e3:8.1f} ms ({v['share']:5.1%})  "
                       f"x{v['speedup']:.2f}  cpu/wall {v['cpu_over_wall']:.2f}")
+            for k, v in r.get("balance", {}).items():
+                print(f"    {k:<28} cpu {v['cpu_s'] * 1e3:8.1f} ms ({v['share']:5.1%})  serial {v['serial_share']:5.1%}"
+                      f"  balance {v['balance']:.3f}  work x{v['work_growth']:.3f}  bound x{v['bound_speedup']:.2f}"
+                      f"  ({v['regions']} regions, {v['one_thread_regions']} on one thread)")
     return 0 if all("error" not in r for r in rows) else 1
 
 
@@ -309,6 +443,39 @@ def _kernel_speedups(base, prof):
         rows[k] = {"calls": v["calls"], "wall_s": v["wall_s"], "share": v["wall_s"] / prof["total_wall_s"],
                    "speedup": b["wall_s"] / v["wall_s"] if b and v["wall_s"] > 0 else float("nan"),
                    "cpu_over_wall": v["cpu_s"] / v["wall_s"] if v["wall_s"] > 0 else float("nan")}
+    return rows
+
+
+def _kernel_balance(base, bal):
+    """Per kernel, heaviest first (CPU at the base count), at this count: its share of the base's CPU,
+    the serial share of its CPU, the balance of its regions, work growth (CPU here / CPU at the base
+    count: > 1 when threads slow each other, memory bandwidth or shared caches) and the CPU-bound
+    speed-up (base CPU / busiest-thread bound here), plus a row ``all`` for the sums."""
+    rows = {}
+    tot = {"cpu_s": 0.0, "base": 0.0, "serial_s": 0.0, "bound_s": 0.0, "par": 0.0, "parmax": 0.0, "regions": 0,
+           "one": 0}
+    n = bal["threads"]
+    total = sum(v["cpu_s"] for v in base["kernels"].values())
+    for k, b in sorted(base["kernels"].items(), key=lambda kv: -kv[1]["cpu_s"]):
+        v = bal["kernels"].get(k)
+        if v is None:
+            continue
+        parmax = v["bound_s"] - v["serial_s"]
+        rows[k] = {"calls": v["calls"], "cpu_s": v["cpu_s"], "share": b["cpu_s"] / total if total else 0.0,
+                   "serial_share": v["serial_s"] / v["cpu_s"] if v["cpu_s"] else 0.0, "balance": v["balance"],
+                   "work_growth": v["cpu_s"] / b["cpu_s"] if b["cpu_s"] else float("nan"),
+                   "bound_speedup": b["cpu_s"] / v["bound_s"] if v["bound_s"] else float("nan"),
+                   "regions": v["regions"], "one_thread_regions": v["one_thread_regions"]}
+        for key, val in (("cpu_s", v["cpu_s"]), ("base", b["cpu_s"]), ("serial_s", v["serial_s"]),
+                         ("bound_s", v["bound_s"]), ("par", v["parallel_cpu_s"]), ("parmax", parmax),
+                         ("regions", v["regions"]), ("one", v["one_thread_regions"])):
+            tot[key] += val
+    rows["all"] = {"calls": sum(v["calls"] for v in rows.values()), "cpu_s": tot["cpu_s"], "share": 1.0,
+                   "serial_share": tot["serial_s"] / tot["cpu_s"] if tot["cpu_s"] else 0.0,
+                   "balance": tot["par"] / (n * tot["parmax"]) if tot["parmax"] else float("nan"),
+                   "work_growth": tot["cpu_s"] / tot["base"] if tot["base"] else float("nan"),
+                   "bound_speedup": tot["base"] / tot["bound_s"] if tot["bound_s"] else float("nan"),
+                   "regions": tot["regions"], "one_thread_regions": tot["one"]}
     return rows
 
 

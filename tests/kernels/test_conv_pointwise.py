@@ -68,3 +68,35 @@ def test_small_images_keep_the_tiled_path(monkeypatch):
     (y,), _ = run_checked("conv2d", chip, {"x": dev(x, mem, "NCHW"), "weight": dev(w, mem)}, {})
     assert not calls
     close(y.to_numpy(), F.conv2d(x, w).numpy(), "float32", scale=4)
+
+
+@pytest.mark.parametrize("stride", [1, 2])
+def test_pointwise_parts_span_chunks_and_images(stride, monkeypatch):
+    """C = 256 packs 32 panels a chunk: 3 images of 24 x 23 output pixels (35 panels: a full
+    chunk, then 3 panels, the last partial) split into equal parts over the host threads
+    cross chunk and image bounds; forced to 3 threads (one more than this machine's cores) and
+    to 1, the output is the tiled conv's bit for bit."""
+    import numba
+
+    chip = ChipModel()
+    mem = DeviceMemory(chip)
+    torch.manual_seed(3)
+    x = torch.randn(3, 256, 24 * stride, 23 * stride).half()
+    w = (torch.randn(20, 256, 1, 1) * 0.05).half()
+    r = torch.randn(3, 20, 24, 23).half()
+    gamma, beta, mean, var = (t.half() for t in _bn_params(20))
+    ref = F.relu(F.batch_norm(F.conv2d(x.float(), w.float(), stride=stride), mean.float(), var.float(),
+                              gamma.float(), beta.float(), False, 0.0, 1e-5) + r.float())
+    outs = {}
+    for layout, threads in (("NHWC", None), ("NCHW", None), ("NCHW", 1), ("NCHW", 3)):
+        if threads is not None:
+            monkeypatch.setattr(numba, "get_num_threads", lambda t=threads: t)
+        ins = {"x": dev(x, mem, layout), "weight": dev(w, mem), "bn_weight": dev(gamma, mem),
+               "bn_bias": dev(beta, mem), "running_mean": dev(mean, mem), "running_var": dev(var, mem),
+               "residual": dev(r, mem, layout)}
+        (y,), _ = run_checked("conv2d_bn_add_relu", chip, ins, {"stride": stride})
+        outs[(layout, threads)] = y.to_numpy()
+        monkeypatch.undo()
+    close(outs[("NCHW", None)], ref.numpy(), "float16", scale=8)
+    for key in (("NCHW", None), ("NCHW", 1), ("NCHW", 3)):
+        np.testing.assert_array_equal(outs[key], outs[("NHWC", None)])

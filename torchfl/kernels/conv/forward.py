@@ -13,7 +13,7 @@ from .. import frozen
 from ..staging import _code, _flat, _flat_view, _scratch
 from .fused import conv_tile_fused, conv_tiles, fold_epilogue
 from .microkernel import MR, NR, RB
-from .pointwise import conv1x1_rows, pack_weight_rows
+from .pointwise import conv1x1_rows, pack_weight_rows, rows_scratch
 from .tiles import F16_LUT, _slab_rows, compute, compute_int, exact_chunk, load_weights, pack_weights, store
 
 
@@ -245,16 +245,15 @@ def _run_pointwise(ctx, site, G, x, xs, xcode, y, ys, res, rs, ea, eb, es, ew, e
             return pack_weight_rows(_weight_rows(wt, K, C)[k0:k1], k1 - k0, C)
         blk = frozen.derived(wt.buffer, ("conv_rows", MR * RB, wt.offset, tuple(wst), K, C, k0, k1), make)
         blocks[k0] = blk if blk is not None else make()
-    slab = _scratch("pw_slab", -(-HW // NR) * NR * C)
+    slab = _scratch("pw_slab", rows_scratch(C, numba.get_num_threads()))
     relu, has_res = site.e["relu"], site.e["residual"]
     per_out = 2 * C + site.n_epi
     for k0, k1 in site.kblocks:
         tka = k1 - k0
         ctx.read(tka * C * ew)
-        for n in range(N):
-            conv1x1_rows(x, np.int64(n * xs[0]), np.int64(xs[1]), xcode, C, HW, G["OW"], G["sh"], G["sw"], G["W"],
-                         blocks[k0], k0, tka, y, np.int64(n * ys[0]), np.int64(ys[1]), ea, eb, relu, has_res, res,
-                         np.int64(n * rs[0]), np.int64(rs[1]), slab, F16_LUT)
+        conv1x1_rows(x, np.int64(0), xs[0], np.int64(xs[1]), xcode, C, HW, G["OW"], G["sh"], G["sw"], G["W"],
+                     blocks[k0], k0, tka, y, np.int64(0), ys[0], np.int64(ys[1]), ea, eb, relu, has_res, res,
+                     np.int64(0), rs[0], np.int64(rs[1]), N, slab, F16_LUT)
         ctx.read(site.window_reads * es)
         nout = N * HW * tka
         ctx.read(nout * er if has_res else 0)

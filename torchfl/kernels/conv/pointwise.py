@@ -85,8 +85,8 @@ def epi_row16_f16(typingctx, C, coff, a, b, R, roff, has_res, lo, Y, yoff):
 
 @njit(cache=True, nogil=True)
 def _pack_pixels(x, xoff, xc, code, C, HW, OW, sh, sw, W, slab, pp0, pp1, lut):
-    """Output pixels [16 pp0, 16 pp1) of every input channel -> slab[pp][c][16] (float32,
-    zero past HW): the micro-kernel's B panels. Output pixel (i, j) reads input pixel
+    """Output pixels [16 pp0, 16 pp1) of every input channel -> slab[pp - pp0][c][16]
+    (float32, zero past HW): the micro-kernel's B panels. Output pixel (i, j) reads input pixel
     (i sh, j sw) of a W wide image: with stride 1 a panel is 16 consecutive values. Channel
     by channel (each a sequential read): panel by panel, every channel's 32 bytes are a
     stream of their own, more than the prefetchers follow (a cold 256-channel input:
@@ -96,7 +96,7 @@ def _pack_pixels(x, xoff, xc, code, C, HW, OW, sh, sw, W, slab, pp0, pp1, lut):
             for pp in range(pp0, pp1):
                 p0 = pp * NR
                 src = xoff + c * xc + p0
-                dst = (pp * C + c) * NR
+                dst = ((pp - pp0) * C + c) * NR
                 if code == 1 and p0 + NR <= HW:
                     f16x16_to_f32(x, src, slab, dst)
                 else:
@@ -110,9 +110,8 @@ def _pack_pixels(x, xoff, xc, code, C, HW, OW, sh, sw, W, slab, pp0, pp1, lut):
         src[q] = xoff + (p // OW) * sh * W + (p % OW) * sw
     for c in range(C):
         for q in range(n):
-            pp = pp0 + q // NR
-            slab[(pp * C + c) * NR + q % NR] = (_dec(code, x[src[q] + c * xc], lut) if pp0 * NR + q < HW
-                                                else np.float32(0.0))
+            slab[((q // NR) * C + c) * NR + q % NR] = (_dec(code, x[src[q] + c * xc], lut) if pp0 * NR + q < HW
+                                                       else np.float32(0.0))
 
 
 @njit(cache=True, nogil=True, forceinline=True)   # a call passes ~17 arrays' structs: ~100 cycles a block
@@ -141,29 +140,47 @@ def _store_rows(blk, mn, kb, p0, pn, y, yoff, yc, ycode, ea, eb, lo, has_res, re
 
 
 @njit(cache=True, nogil=True)
-def _rows_chunk(ch, ppc, x, xoff, xc, code, C, HW, OW, sh, sw, W, wblk, k0, tk, y, yoff, yc, ea, eb, lo, has_res,
+def _rows_chunk(q0, q1, x, xoff, xc, code, C, HW, OW, sh, sw, W, wblk, k0, tk, y, yoff, yc, ea, eb, lo, has_res,
                 res, roff, rc, slab, lut):
-    """Chunk ``ch`` of :func:`conv1x1_rows` (pixel panels [ch ppc, (ch + 1) ppc)): its panels
-    packed, then every block of MB channels against them, with its epilogue."""
-    npp = (HW + NR - 1) // NR
+    """Pixel panels [q0, q1) of one image (q0 a multiple of PB): packed into ``slab`` (panel
+    q0 first), then every block of MB channels against them, with its epilogue."""
     taps = np.zeros(1, np.int64)
     pst = C * NR
-    p1 = min(npp, (ch + 1) * ppc)
-    _pack_pixels(x, xoff, xc, code, C, HW, OW, sh, sw, W, slab, ch * ppc, p1, lut)
+    _pack_pixels(x, xoff, xc, code, C, HW, OW, sh, sw, W, slab, q0, q1, lut)
     acc = np.empty((RB * PB, MR * NR), np.float32)
     for m in range(0, tk, MB):
-        for p in range(ch * ppc, p1, PB):
-            npan = 2 if PB == 2 and p + 1 < npp else 1
+        for p in range(q0, q1, PB):
+            npan = 2 if PB == 2 and p + 1 < q1 else 1
             if npan == 2:
-                mkp_p2(wblk, taps, m * C, taps, np.int64(1), slab, p * pst, pst, C, acc)
+                mkp_p2(wblk, taps, m * C, taps, np.int64(1), slab, (p - q0) * pst, pst, C, acc)
             else:
-                mkp_p1(wblk, taps, m * C, taps, np.int64(1), slab, p * pst, pst, C, acc)
+                mkp_p1(wblk, taps, m * C, taps, np.int64(1), slab, (p - q0) * pst, pst, C, acc)
             for i in range(RB):
                 mi0 = m + i * MR
                 for h in range(npan):
                     p0 = (p + h) * NR
                     _store_rows(acc[i * npan + h], min(MR, tk - mi0), k0 + mi0, p0, min(NR, HW - p0), y, yoff,
                                 yc, code, ea, eb, lo, has_res, res, roff, rc, lut)
+
+
+@njit(cache=True, nogil=True)
+def _rows_part(t, parts, ppc, N, x, xoff, xn, xc, code, C, HW, OW, sh, sw, W, wblk, k0, tk, y, yoff, yn, yc, ea,
+               eb, lo, has_res, res, roff, rn, rc, slab, lut):
+    """Part ``t`` of ``parts`` of :func:`conv1x1_rows`: the units (image, pair of pixel panels)
+    [t U / parts, (t + 1) U / parts) of all N images' U, in chunks of at most ``ppc`` panels
+    inside one image, packed into this part's own ``ppc`` panels of ``slab``."""
+    npp = (HW + NR - 1) // NR
+    npair = (npp + PB - 1) // PB
+    units = N * npair
+    u, u1 = t * units // parts, (t + 1) * units // parts
+    sl = slab[t * ppc * C * NR:(t + 1) * ppc * C * NR]
+    while u < u1:
+        n = u // npair
+        a = u % npair
+        b = min(npair, a + ppc // PB, a + u1 - u)
+        _rows_chunk(a * PB, min(npp, b * PB), x, xoff + n * xn, xc, code, C, HW, OW, sh, sw, W, wblk, k0, tk, y,
+                    yoff + n * yn, yc, ea, eb, lo, has_res, res, roff + n * rn, rc, sl, lut)
+        u += b - a
 
 
 def _chunk_pixels(C):
@@ -175,31 +192,45 @@ def _chunk_pixels(C):
     return np.int64(ppc - ppc % PB)
 
 
-def conv1x1_rows(x, xoff, xc, code, C, HW, OW, sh, sw, W, wblk, k0, tk, y, yoff, yc, ea, eb, relu, has_res,
-                 res, roff, rc, slab, lut):
-    """Output channels [k0, k0 + tk) of one image: x[c * xc + p] (from xoff) -> y[k * yc + p]
-    (from yoff), residual res[k * rc + p] (from roff), HW output pixels OW wide, read at
-    strides (sh, sw) of a W wide input; ``code`` is the storage of x, y and the residual
-    alike (0 float32, 1 float16); ``wblk`` the channels' weights packed by pack_weight_rows.
-    Per chunk of pixel panels (in parallel, :func:`_rows_chunk`, called through its address:
+def rows_scratch(C, nthreads):
+    """Floats of :func:`conv1x1_rows`' packed-panel scratch: ``_chunk_pixels(C)`` panels a thread."""
+    return int(nthreads * _chunk_pixels(C) * C * NR)
+
+
+def conv1x1_rows(x, xoff, xn, xc, code, C, HW, OW, sh, sw, W, wblk, k0, tk, y, yoff, yn, yc, ea, eb, relu,
+                 has_res, res, roff, rn, rc, N, slab, lut):
+    """Output channels [k0, k0 + tk) of N images: image n's x[c * xc + p] (from xoff + n xn) ->
+    y[k * yc + p] (from yoff + n yn), residual res[k * rc + p] (from roff + n rn), HW output
+    pixels OW wide, read at strides (sh, sw) of a W wide input; ``code`` is the storage of x,
+    y and the residual alike (0 float32, 1 float16); ``wblk`` the channels' weights packed
+    by pack_weight_rows; ``slab`` at least ``rows_scratch(C, threads)`` floats.
+    One parallel region for all images: the N x (pairs of 16-pixel panels) units split into
+    equal parts, one a host thread (:func:`_rows_part`, called through its address:
     :mod:`..taskcall`; linked in, the chunk's register blocks and epilogue were compiled
-    again in the parallel function's gufunc and outer library)."""
+    again in the parallel function's gufunc and outer library). Chunks of one image each
+    (1 or 2 a 56x56 image, of 196 and 128 panels) left a thread idle for 23-50 % of the
+    call at two threads (a thread's busy CPU per region, ``bench_e2e --balance``)."""
+    import numba
+
     ppc = _chunk_pixels(C)
+    npp = -(-HW // NR)
+    npair = -(-npp // PB)
+    parts = np.int64(max(1, min(numba.get_num_threads(), N * npair, slab.size // max(1, ppc * C * NR))))
     lo = np.float32(0.0) if relu else np.float32(-np.inf)
-    task = taskcall.address(_rows_chunk, (np.int64(0), ppc, x, xoff, xc, code, C, HW, OW, sh, sw, W, wblk, k0, tk,
-                                          y, yoff, yc, ea, eb, lo, has_res, res, roff, rc, slab, lut))
-    _conv1x1_rows(task, ppc, x, xoff, xc, code, C, HW, OW, sh, sw, W, wblk, k0, tk, y, yoff, yc, ea, eb, lo,
-                  has_res, res, roff, rc, slab, lut)
+    N, xn, yn, rn = np.int64(N), np.int64(xn), np.int64(yn), np.int64(rn)
+    args = (ppc, N, x, xoff, xn, xc, code, C, HW, OW, sh, sw, W, wblk, k0, tk, y, yoff, yn, yc, ea, eb, lo, has_res,
+            res, roff, rn, rc, slab, lut)
+    task = taskcall.address(_rows_part, (np.int64(0), parts) + args)
+    _conv1x1_rows(task, parts, *args)
 
 
 @njit(cache=True, nogil=True, parallel=True)
-def _conv1x1_rows(task, ppc, x, xoff, xc, code, C, HW, OW, sh, sw, W, wblk, k0, tk, y, yoff, yc, ea, eb, lo,
-                  has_res, res, roff, rc, slab, lut):
-    """:func:`conv1x1_rows`' chunks in parallel; ``task`` is ``_rows_chunk``'s address."""
-    npp = (HW + NR - 1) // NR
-    for ch in prange((npp + ppc - 1) // ppc):
-        taskcall.call(task, (np.int64(ch), ppc, x, xoff, xc, code, C, HW, OW, sh, sw, W, wblk, k0, tk, y, yoff, yc,
-                             ea, eb, lo, has_res, res, roff, rc, slab, lut))
+def _conv1x1_rows(task, parts, ppc, N, x, xoff, xn, xc, code, C, HW, OW, sh, sw, W, wblk, k0, tk, y, yoff, yn, yc,
+                  ea, eb, lo, has_res, res, roff, rn, rc, slab, lut):
+    """:func:`conv1x1_rows`' parts in parallel; ``task`` is ``_rows_part``'s address."""
+    for t in prange(parts):
+        taskcall.call(task, (np.int64(t), parts, ppc, N, x, xoff, xn, xc, code, C, HW, OW, sh, sw, W, wblk, k0, tk,
+                             y, yoff, yn, yc, ea, eb, lo, has_res, res, roff, rn, rc, slab, lut))
 
 
 def pack_weight_rows(w, K, C):

@@ -10,6 +10,8 @@ that shape; :class:`DirectRun` then takes the inputs' buffers, calls the same bo
 (``KernelSpec.bind``: its per-call signature and alignment checks still run) and wraps the
 outputs as npu tensors. Anything unusual on a call (a misaligned view, a buffer torch does
 not own) returns None before the kernel runs and the caller takes the executor's path.
+
+Parameters (and views of them) are kept frozen for the kernels' derived copies (``kept.py``).
 """
 from __future__ import annotations
 
@@ -20,6 +22,7 @@ from torchfl.kernels.tensor import DeviceTensor
 
 from . import device as _dev
 from .executor import as_device_tensor, as_npu_tensor, layout_strides
+from .kept import is_parameter, keep
 
 __all__ = ["DirectRun", "prepare"]
 
@@ -44,7 +47,7 @@ def prepare(executor, tensors):
         v = as_device_tensor(t, executor.chip.alignment)
         if v is None or v.layout != lay:
             return None
-        inputs.append((name, pos, v.shape, v.layout, v.dtype))
+        inputs.append((name, pos, v.shape, v.layout, v.dtype, is_parameter(t)))
     return DirectRun(form.call, tuple(inputs), form.n_out, executor)
 
 
@@ -102,12 +105,14 @@ class DirectRun:
         align = self.align
         inputs = {}
         new = DeviceTensor.__new__
-        for name, pos, shape, layout, dtype in self.inputs:
+        for name, pos, shape, layout, dtype, param in self.inputs:
             t = tensors[pos]
             offset = t.storage_offset() * t.element_size()
             buf = _LIVE.get(t.data_ptr() - offset)
             if buf is None or (buf.address + offset) % align:
                 return None
+            if param:
+                keep(t, buf)
             v = new(DeviceTensor)
             v.buffer, v.shape, v.layout, v.dtype, v.offset = buf, shape, layout, dtype, offset
             inputs[name] = v

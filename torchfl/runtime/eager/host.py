@@ -12,6 +12,7 @@ from torch.utils._pytree import tree_flatten, tree_map
 
 from . import device as _dev
 from .calls import device_of, is_random_op, label, strict
+from .kept import forget
 from .rng import rng_scope
 from .stats import ROUTES, STATS
 
@@ -59,7 +60,11 @@ def on_host(op, args, kwargs, index):
 
 
 def write_back(targets, results):
+    """Copy each result into its target (an in-place or out= op's), which drops whatever
+    kernels derived from the target's storage while it was a kept parameter (``direct.forget``)."""
     for t, r in zip(targets, results):
+        if t.device.type == "npu":
+            forget(t)
         if tuple(t.shape) != tuple(r.shape):
             t.resize_(r.shape)
         t.copy_(r)

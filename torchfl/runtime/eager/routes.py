@@ -11,11 +11,12 @@ from torch.utils._pytree import tree_flatten, tree_unflatten
 
 from . import device as _dev
 from .calls import distinct_positions, eager_precision, label as _label, strict as _strict
+from .kept import forget
 from .host import host_route
 from .rng import rng_scope
 from .stats import ROUTES, STATS
 from .trace import (decompositions, eval_batch_norm, functionalize_input_writes, is_random_graph,
-                    planning_examples, trace_op, unbatched_inputs)
+                    planning_examples, trace_op, transposed_operands, unbatched_inputs)
 
 __all__ = ["ChipRoute", "build_route"]
 
@@ -28,7 +29,7 @@ class ChipRoute:
     last_kernel_s = 0.0                # the last call's time in the kernel (tools/bench_eager.py)
 
     def __init__(self, plan, executor, out_spec, label, fallback: bool, writes=(), keep=None, random=False,
-                 empty_tail=0):
+                 empty_tail=0, transposed=()):
         self.plan, self.executor, self.out_spec, self.label = plan, executor, out_spec, label
         self.fallback = fallback
         self.writes = tuple(writes)    # input positions the op updates in place (extra outputs)
@@ -36,7 +37,8 @@ class ChipRoute:
         self.keep = keep               # positions of the distinct tensors when one is passed twice
         self.random = random           # draws random numbers (on the host): from the device's generator
         self._chip_key = (label, "chip")
-        self.plain = keep is None and not random
+        self.transposed = transposed  # inputs the plan takes as their transpose (trace.transposed_operands)
+        self.plain = keep is None and not random and not transposed
         self.empty_tail = empty_tail   # empty outputs the op returns after the planned one (eval batch-norm)
 
     def call(self, args, kwargs, tensors):
@@ -51,6 +53,8 @@ class ChipRoute:
                 return self._with_tail(result) if self.empty_tail else result
         if self.keep is not None:
             tensors = [tensors[i] for i in self.keep]
+        if self.transposed:
+            tensors = [t.t() if i in self.transposed else t for i, t in enumerate(tensors)]
         if self.random:
             with rng_scope(self.executor.index):
                 result = self.run(tensors)
@@ -102,6 +106,7 @@ class ChipRoute:
             n = len(flat) - len(self.writes)
             with torch.no_grad():
                 for i, value in zip(self.writes, flat[n:]):
+                    forget(tensors[i])
                     tensors[i].copy_(value)
             flat = flat[:n]
         return tree_unflatten(flat, self.out_spec)
@@ -120,8 +125,9 @@ def build_route(op, index, flat, spec, tensors, alias=None):
     target = dev.target
     table = decompositions(dev)
     stats_empty = eval_batch_norm(op, flat, spec)
+    transposed = transposed_operands(op, flat, spec, tensors, alias)
     try:
-        gm = trace_op(op, flat, spec, tensors, table, alias, first_only=stats_empty)
+        gm = trace_op(op, flat, spec, tensors, table, alias, first_only=stats_empty, transposed=transposed)
     except RuntimeError as exc:
         # what tracing an op alone refuses: no fake kernel (NotImplementedError), data it
         # would need (DataDependentOutputException, DynamicOutputShapeException,
@@ -138,6 +144,9 @@ def build_route(op, index, flat, spec, tensors, alias=None):
     if alias is not None:
         keep = distinct_positions(alias)
         tensors = [tensors[p] for p in keep]
+    as_called = tensors     # (``t.t()`` made here is no tracked view: a fallback runs below autograd)
+    if transposed:      # the plan's inputs: those operands in their storage order
+        tensors = [t.t() if i in transposed else t for i, t in enumerate(tensors)]
     if eager_precision() is None and tensors and all(t.dim() == 0 for t in tensors) \
             and any(t.dtype == torch.float64 for t in tensors):
         # no chip stores float64; a float64 scalar is bookkeeping (GradScaler's
@@ -151,7 +160,7 @@ def build_route(op, index, flat, spec, tensors, alias=None):
     out_flat = tree_flatten(out_node.args[0])[0]
     outputs = [a.name if isinstance(a, torch.fx.Node) else None for a in out_flat]
     captured = Captured(gm, placeholders, {}, outputs, training=False,
-                        extra={"unbatched": unbatched_inputs(placeholders, tensors)})
+                        extra={"unbatched": unbatched_inputs(placeholders, as_called)})
     strict = _strict()
     try:
         plan = plan_captured(captured, planning_examples(tensors, target.hcd), target, precision=eager_precision(),
@@ -161,7 +170,7 @@ def build_route(op, index, flat, spec, tensors, alias=None):
     executor = EagerExecutor(plan, target, index, graph_module=gm, strict=strict)
     STATS["plans"] += 1
     return ChipRoute(plan, executor, out_spec, label, fallback=bool(plan.fallbacks), writes=writes, keep=keep,
-                      random=is_random_graph(gm), empty_tail=2 if stats_empty else 0)
+                      random=is_random_graph(gm), empty_tail=2 if stats_empty else 0, transposed=transposed)
 
 
 def _prepare_direct(executor, tensors):
