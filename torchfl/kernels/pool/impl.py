@@ -13,6 +13,7 @@ from numba import njit, prange
 
 from .. import taskcall
 from ..codecs import decode, encode16, h2f as _h2f
+from ..optlevel import opt_level   # IR level 1: the hot loops are vector-IR micro-kernels (BENCHMARKS, cold5)
 from ..conv.tiles import load_slab
 from ..staging import _code, _flat, load_rows, store_plain
 
@@ -74,6 +75,7 @@ def pool_fwd(slab, cols, tc, lo_h, lo_w, H, W, kind, kh, kw, sh, sw, ph, pw, OH,
 
 
 # long: one channel's plane, row maxima and window maxima share its buffers; already the plain function the parallel loop calls to keep compile time down
+@opt_level(1)
 @njit(cache=True, nogil=True)
 def _max_pool_channel(x, s0, s1, s2, s3, code, n, ch, lo_h, lo_w, rows, cols, h0, h1, w0, w1, H, W, kh, kw, sh, sw,
                       dh, dw, oh0, th, ow0, tw, y, t0, t1, t2, t3, with_idx, yi, i0, i1, i2, i3):
@@ -213,6 +215,7 @@ def max_pool_tile(x, s0, s1, s2, s3, code, n, c0, tc, lo_h, hi_h, lo_w, hi_w, H,
                           dh, dw, oh0, th, ow0, tw, y, t0, t1, t2, t3, with_idx, yi, i0, i1, i2, i3)
 
 
+@opt_level(1)
 @njit(cache=True, nogil=True, parallel=True)
 def _max_pool_tile(task, x, s0, s1, s2, s3, code, n, c0, tc, lo_h, hi_h, lo_w, hi_w, H, W, kh, kw, sh, sw, dh, dw,
                    oh0, th, ow0, tw, y, t0, t1, t2, t3, with_idx, yi, i0, i1, i2, i3):
