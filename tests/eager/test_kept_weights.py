@@ -37,12 +37,19 @@ def _writes(p, dev):
     def swap():
         p.data = torch.randn(p.shape).to(p.dtype).to(dev)
 
+    def data_copy_from_host():     # the adapter's copy (C++), no version bump on p
+        p.data.copy_(torch.randn(p.shape).to(p.dtype))
+
+    def data_copy_on_device():
+        p.data.copy_(torch.randn(p.shape).to(p.dtype).to(dev))
+
     def state_dict():
         p.requires_grad_(False)
         torch.nn.utils.vector_to_parameters(torch.randn(p.numel()).to(p.dtype).to(dev), [p])
         p.requires_grad_(True)
 
     return {"sgd_step": step, "copy_": copy, "view": view, ".data write": through_data, ".data swap": swap,
+            ".data.copy_ from host": data_copy_from_host, ".data.copy_ on the device": data_copy_on_device,
             "vector_to_parameters": state_dict}
 
 
@@ -106,9 +113,10 @@ def test_linear_weight_kept_and_never_stale(fp16_dev):
     lin = torch.nn.Linear(256, 40).half().to(fp16_dev)
     x = torch.randn(1, 256).half().to(fp16_dev)
 
-    def fresh():
+    def fresh():       # new parameters of the same values: the same route (same sums), nothing kept
+        w, b = (torch.nn.Parameter(t.detach().clone()) for t in (lin.weight, lin.bias))
         with torch.no_grad():
-            return F.linear(x, lin.weight.detach().clone(), lin.bias.detach().clone()).cpu()
+            return F.linear(x, w, b).cpu()
 
     with torch.no_grad():
         prev = lin(x).cpu()

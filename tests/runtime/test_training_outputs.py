@@ -277,3 +277,35 @@ def test_tiny_llama_called_directly_with_gradients_on_matches_eager():
     want = m(ids).logits
     got = torch.compile(m, backend="torchfl", options={"chip": "TFL-X1", "strict": True})(ids).logits
     assert rel_err(got, want) < 1e-5     # float32 on TFL-X1: same products, other summation order
+
+
+class SharedLayers(nn.Module):
+    """One LayerNorm and one Linear applied twice (ALBERT shares its layers this way): the
+    backward adds the two uses' weight gradients, first the layer norm's (side outputs of
+    ``native_layer_norm_backward``), then the linear's bias gradients (plain rank-1 values)."""
+
+    def __init__(self):
+        super().__init__()
+        self.lin = nn.Linear(64, 64)
+        self.ln = nn.LayerNorm(64)
+
+    def forward(self, x):
+        return self.ln(self.lin(self.ln(self.lin(x))))
+
+
+def test_an_add_of_side_outputs_does_not_set_the_layouts_of_a_later_add_of_the_same_shapes():
+    """Was: KernelError "layout 'NCL' is not a permutation of 'A'" planning the backward (ALBERT,
+    Wav2Vec2 training): the first add read two side outputs of layer-norm backwards, which the
+    selection tracks by their node's rank-3 first output, and its cached outcome, needs
+    included, served the second add, whose rank-1 inputs are values of their own."""
+    torch.manual_seed(0)
+    m = SharedLayers()
+    ref = copy.deepcopy(m)
+    x, w = torch.randn(2, 16, 64), torch.randn(64)
+    out = torch.compile(m, backend="torchfl", options={"chip": "TFL-X1"})(x)
+    want = ref(x)
+    (out * w).sum().backward()     # not out.pow(2): a layer norm's output has a constant sum of
+    (want * w).sum().backward()    # squares, whose input gradient is zero up to cancellation noise
+    assert rel_err(out, want) < 1e-5
+    for p, q in zip(m.parameters(), ref.parameters()):
+        assert rel_err(p.grad, q.grad) < 1e-4   # float32; gradients summed in another order

@@ -343,14 +343,7 @@ class Generator:
             dtypes[kname] = info.dtype
             lay = layout if (layout and info.rank == 4 and not info.static) else None
             layouts[kname] = lay
-            need = lay or identity_layout(info.rank)
-            ir_value = self.ir.values.get(ir_name)
-            if ir_value is not None and ir_value.rank != info.rank:
-                # a side output of a multi-output node (batch norm's running mean): the selection
-                # tracks that node's layout by its first output, as it does for a fallback reading
-                # it; the side output itself is stored in its own identity layout
-                need = identity_layout(ir_value.rank)
-            inputs.append((kname, path, need))
+            inputs.append((kname, path, lay or identity_layout(info.rank)))   # side outputs: _tracked
         attrs = {k: v for k, v in match_attrs.items() if k in spec.attrs}
         dtype = match_dtype or (dtypes.get(spec.input_names[0]) if spec.input_names else None)
         try:
@@ -375,6 +368,25 @@ class Generator:
         return ("match", kernel, tuple(inputs), priced, layout_out, _jsonable(dict(problem.attrs)), problem.dtype,
                 rule_id, warnings, slots, tuple([k for k, _p, _l in inputs]), tuple([l for _k, _p, l in inputs]),
                 tuple([p for _k, p, _l in inputs]))
+
+    def _tracked(self, refs, lays) -> tuple:
+        """The layouts the selection needs these inputs in: a side output of a multi-output node
+        (batch norm's running mean, a layer-norm backward's weight gradient) is tracked by that
+        node's first output, as for a fallback reading it (the side output itself is stored in
+        its own identity layout). Per node, never in the cached outcome: a call of the same
+        signature elsewhere may read plain values of these shapes (ALBERT's backward adds two
+        layer-norm weight gradients, then two bias gradients)."""
+        out = None
+        side = self.ir.out_values
+        for k, (ir_name, fx) in enumerate(refs):
+            own = side.get(fx)
+            if own is None:
+                continue
+            tracked = self.ir.values.get(ir_name)
+            if tracked is not None and tracked.rank != own.rank:
+                out = out or list(lays)
+                out[k] = identity_layout(tracked.rank)
+        return tuple(out) if out else lays
 
     def _replay(self, nodes, outcomes, values, layout, kind):
         names = tuple(n.name for n in nodes)
@@ -402,6 +414,7 @@ class Generator:
                 fx_nodes, ops, static, label = (tuple(fx_nodes), tuple(n.op for n in nodes),
                                                 all(n.static for n in nodes), "+".join(names))
             refs = [values[path] for path in paths]
+            lays = self._tracked(refs, lays)
             payload = Payload(kind, kernel, fx_nodes, ops, tuple([f for _i, f in refs]), knames, attrs, dtype, priced,
                               outs, static, rule_id, warnings)
             options.append(Option(f"{kernel}@{label}:{layout_out}", names, tuple([i for i, _f in refs]), lays,

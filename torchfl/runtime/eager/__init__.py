@@ -151,8 +151,11 @@ def _init(mod) -> None:
 
     from . import device
 
+    from .kept import forget_address
+
     mod.init(device.malloc, device.free, device.device_count, DeviceOOMError, device.default_layout,
              _flush_lazy)
+    mod.set_written_callback(forget_address)
     _STATE["adapter"] = mod
     import sys
 

@@ -42,6 +42,7 @@
 #include <mutex>
 #include <string_view>
 #include <unordered_map>
+#include <unordered_set>
 #include <vector>
 
 namespace torchfl_npu {
@@ -59,6 +60,38 @@ PyObject* py_oom = nullptr;   // the Python exception type that means out of mem
 PyObject* py_layout = nullptr;  // default_layout(index) -> list of 4 ints (physical order) or []
 PyObject* py_sync = nullptr;    // lazy mode: run the recorded ops before the host reads a tensor
 std::atomic<bool> lazy_pending{false};
+// kept parameters (kept.py): storages whose bytes kernels keep derived copies of; a copy into
+// one (``p.data.copy_(...)``: no version bump on ``p``) tells Python first, which drops them
+PyObject* py_written = nullptr;
+std::mutex kept_mutex;
+std::unordered_set<uintptr_t> kept_storages;
+std::atomic<bool> any_kept{false};
+
+void notify_written(const at::Tensor& dst) {
+  if (!any_kept.load() || py_written == nullptr) return;
+  const auto address = reinterpret_cast<uintptr_t>(dst.storage().data_ptr().get());
+  {
+    std::lock_guard<std::mutex> lock(kept_mutex);
+    if (kept_storages.count(address) == 0) return;
+  }
+  py::gil_scoped_acquire gil;
+  py::reinterpret_borrow<py::object>(py_written)(static_cast<uint64_t>(address));
+}
+
+void set_kept(uint64_t address, bool kept) {
+  std::lock_guard<std::mutex> lock(kept_mutex);
+  if (kept) {
+    kept_storages.insert(static_cast<uintptr_t>(address));
+  } else {
+    kept_storages.erase(static_cast<uintptr_t>(address));
+  }
+  any_kept.store(!kept_storages.empty());
+}
+
+void set_written_callback(py::object fn) {
+  Py_XINCREF(fn.ptr());
+  py_written = fn.ptr();
+}
 
 void sync_if_lazy() {
   if (!lazy_pending.load() || py_sync == nullptr) return;
@@ -421,6 +454,7 @@ at::Tensor copy_from(const at::Tensor& self, const at::Tensor& dst, bool non_blo
   if (dst.numel() == 0) return dst;
   at::Tensor src = self.is_privateuseone() ? as_host(self) : self;
   if (dst.is_privateuseone()) {
+    notify_written(dst);
     at::Tensor target = as_host(dst);
     at::native::copy_(target, src, non_blocking);
   } else {
@@ -903,4 +937,6 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   m.def("fast_clear", &torchfl_npu::fast_clear);
   m.def("fast_stats", &torchfl_npu::fast_stats);
   m.def("set_bypass", &torchfl_npu::set_bypass);
+  m.def("set_kept", &torchfl_npu::set_kept);
+  m.def("set_written_callback", &torchfl_npu::set_written_callback);
 }

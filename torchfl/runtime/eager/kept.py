@@ -8,8 +8,10 @@ promise holds while the parameter's identity and version counter are the ones it
 with (:func:`keep`): an optimizer step, ``copy_``, a write through a view and
 ``load_state_dict`` bump the version, and the next call re-derives. A write through another
 tensor over the same storage (``p.data.mul_``: its own version counter) reaches
-``host.write_back``, which calls :func:`forget`. Imports nothing heavy (host and routes load
-it at registration).
+``host.write_back``, which calls :func:`forget`; a copy into it (``p.data.copy_(w)``,
+``load_state_dict`` of a ``.data`` alias), which the adapter runs in C++, calls
+:func:`forget_address` first (the adapter is told the kept storages: ``set_kept``). Imports
+nothing heavy (host and routes load it at registration).
 """
 from __future__ import annotations
 
@@ -21,7 +23,7 @@ from torchfl.kernels.frozen import freeze, thaw
 
 from . import device as _dev
 
-__all__ = ["is_parameter", "keep", "forget"]
+__all__ = ["is_parameter", "keep", "forget", "forget_address"]
 
 _KEPT: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()   # buffer -> (parameter id, version)
 _LIVE = _dev.DEVICES.live
@@ -41,12 +43,32 @@ def keep(t, buf) -> None:
     if _KEPT.get(buf) != ident:
         thaw(buf)
         freeze(buf)
+        if buf not in _KEPT:
+            _adapter().set_kept(buf.address, True)
         _KEPT[buf] = ident
 
 
 def forget(t) -> None:
     """``t``'s storage is about to be written: drop what kernels derived from it."""
-    buf = _LIVE.get(t.untyped_storage().data_ptr())
+    address = t.untyped_storage().data_ptr()
+    buf = _LIVE.get(address)
+    if buf is not None and buf in _KEPT:
+        forget_address(address)
+
+
+def forget_address(address: int) -> None:
+    """The storage at ``address`` is about to be written (the adapter's copy calls this for a
+    kept one): its buffer is no longer kept; the next call freezes it afresh."""
+    buf = _LIVE.get(address)
     if buf is not None and buf in _KEPT:
         del _KEPT[buf]
         thaw(buf)
+        _adapter().set_kept(address, False)
+    else:       # a kept storage freed since, its address reused: the adapter forgets it
+        _adapter().set_kept(address, False)
+
+
+def _adapter():
+    from . import _STATE
+
+    return _STATE["adapter"]
