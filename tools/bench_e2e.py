@@ -22,6 +22,12 @@ counters -- and the torch call of a host step), median over runs; divided by the
 (static steps cached: executor_overhead_per_executed_step_us). The backend's Dynamo guard
 and argument handling before ``Executor.run`` is in torchfl_s but in neither overhead figure.
 The machine is shared: compare only figures from one run.
+
+``--balance`` (with ``--threads 1,2``) says why two threads fall short of 2x, from CPU clocks, so it holds on
+a loaded host: per kernel the calling thread's CPU outside parallel regions (serial), each thread's busy CPU
+in each region, and the busiest thread's sum (``OMP_WAIT_POLICY=passive`` for the run, so a worker that waits
+sleeps instead of spinning into its CPU time). ``split xN`` = CPU / (serial + busiest thread's): the speed-up
+the split of the work allows; ``work xN`` = CPU at N threads / at 1 (> 1: the threads slow each other).
 """
 from __future__ import annotations
 
@@ -430,6 +436,7 @@ def scaling(a, counts):
             for k, v in r.get("balance", {}).items():
                 print(f"    {k:<28} cpu {v['cpu_s'] * 1e3:8.1f} ms ({v['share']:5.1%})  serial {v['serial_share']:5.1%}"
                       f"  balance {v['balance']:.3f}  work x{v['work_growth']:.3f}  bound x{v['bound_speedup']:.2f}"
+                      f"  split x{v['split_speedup']:.2f}"
                       f"  ({v['regions']} regions, {v['one_thread_regions']} on one thread)")
     return 0 if all("error" not in r for r in rows) else 1
 
@@ -450,7 +457,9 @@ def _kernel_balance(base, bal):
     """Per kernel, heaviest first (CPU at the base count), at this count: its share of the base's CPU,
     the serial share of its CPU, the balance of its regions, work growth (CPU here / CPU at the base
     count: > 1 when threads slow each other, memory bandwidth or shared caches) and the CPU-bound
-    speed-up (base CPU / busiest-thread bound here), plus a row ``all`` for the sums."""
+    speed-up (base CPU / busiest-thread bound here) and the split's own (CPU here / bound here: what the
+    split of this run's work over the threads allows, whatever the host's load did to the CPU times
+    of the two runs), plus a row ``all`` for the sums."""
     rows = {}
     tot = {"cpu_s": 0.0, "base": 0.0, "serial_s": 0.0, "bound_s": 0.0, "par": 0.0, "parmax": 0.0, "regions": 0,
            "one": 0}
@@ -465,6 +474,7 @@ def _kernel_balance(base, bal):
                    "serial_share": v["serial_s"] / v["cpu_s"] if v["cpu_s"] else 0.0, "balance": v["balance"],
                    "work_growth": v["cpu_s"] / b["cpu_s"] if b["cpu_s"] else float("nan"),
                    "bound_speedup": b["cpu_s"] / v["bound_s"] if v["bound_s"] else float("nan"),
+                   "split_speedup": v["cpu_s"] / v["bound_s"] if v["bound_s"] else float("nan"),
                    "regions": v["regions"], "one_thread_regions": v["one_thread_regions"]}
         for key, val in (("cpu_s", v["cpu_s"]), ("base", b["cpu_s"]), ("serial_s", v["serial_s"]),
                          ("bound_s", v["bound_s"]), ("par", v["parallel_cpu_s"]), ("parmax", parmax),
@@ -475,6 +485,7 @@ def _kernel_balance(base, bal):
                    "balance": tot["par"] / (n * tot["parmax"]) if tot["parmax"] else float("nan"),
                    "work_growth": tot["cpu_s"] / tot["base"] if tot["base"] else float("nan"),
                    "bound_speedup": tot["base"] / tot["bound_s"] if tot["bound_s"] else float("nan"),
+                   "split_speedup": tot["cpu_s"] / tot["bound_s"] if tot["bound_s"] else float("nan"),
                    "regions": tot["regions"], "one_thread_regions": tot["one"]}
     return rows
 
