@@ -14,7 +14,9 @@ under ``torch.no_grad()``, and ``TORCHFL_PRECISION`` set to that dtype, the eage
 compile mode's ``precision`` option (rotary embeddings compute in float32 on purpose, which
 a float16-only chip computes in float16). ``fallbacks`` are then host-fallback op calls of the run
 (``ops.ROUTES``), ``compile_s`` the first call (one-op plans and kernel loads). ``--train``
-(eager only) adds a forward, backward and SGD step of each model as the article trains:
+adds, in compile mode, one compiled forward and backward whose gradients are compared with eager
+torch's (:func:`train_compiled`; ``train_grad_error``), and in eager mode a forward, backward and
+SGD step of each model as the article trains:
 float32 weights on ``--train-chip`` (TFL-X1, which has float32 and float16 units; the
 last npu index), ``torch.autocast("npu", dtype=torch.float16)``, no precision policy
 (``train_ok``: it ran, every gradient finite, every parameter finite after the step;
@@ -260,7 +262,9 @@ def _build(build, rec):
         return None
 
 
-def run_one(name, chip, precision, runs, strict=False):
+def run_one(name, chip, precision, runs, strict=False, train=False):
+    """One (model, chip) compiled: fallbacks, error vs eager, times; ``train``: and its
+    gradients (:func:`train_compiled`)."""
     import torch
 
     from torchfl.runtime.backend import recording
@@ -311,6 +315,8 @@ def run_one(name, chip, precision, runs, strict=False):
                decomposed=sum(1 for p in plans for s in p.steps if "decomposed" in (s.note or "")),
                error=err, tolerance=TOLERANCE[precision], within_tolerance=bool(err <= TOLERANCE[precision]),
                run_s=round(statistics.median(times), 4), eager_s=round(statistics.median(eager), 4))
+    if train:
+        rec.update(train_compiled(name, chip, precision))
     return rec
 
 
@@ -388,6 +394,49 @@ def run_one_eager(name, chip, index, precision, runs, train_index=None):
     return rec
 
 
+def train_compiled(name, chip, precision):
+    """The gradients of one compiled forward and backward (``--mode compile --train``) against
+    eager torch float32's on the same model, inputs and loss ``sum(out * r)`` (``r`` a fixed
+    random tensor, its mean: a well-conditioned loss whose gradients fit float16; ``mean(out^2)`` after a layer norm is constant up
+    to rounding, so its input gradient is noise). Eval mode (dropout off: both sides must
+    compute the same function), gradients enabled: AOTAutograd's forward and backward graphs,
+    both planned and run on the chip. ``train_grad_error``: max |ours - eager| over every
+    parameter gradient / the largest |eager| gradient (one scale for the model: a parameter
+    whose gradient is ~0, an unused embedding row or a layer norm's invariant direction, has
+    only rounding noise to compare), within ``TOLERANCE[precision]``."""
+    import copy
+
+    import torch
+
+    rec = {}
+    built = _build(MODELS[name][1], rec)
+    if built is None:
+        return {"train_ok": False, "train_error": rec["error_message"]}
+    model, inputs, kwargs = built
+    model = model.eval()
+    ref = copy.deepcopy(model)
+    want = _first_tensor(ref(*inputs, **kwargs)).float()
+    r = torch.randn(want.shape, generator=torch.Generator().manual_seed(1))
+    (want * r).mean().backward()
+    torch._dynamo.reset()
+    try:
+        t0 = time.perf_counter()
+        compiled = torch.compile(model, backend="torchfl", options={"chip": chip, "precision": precision})
+        (_first_tensor(compiled(*inputs, **kwargs)).float() * r).mean().backward()
+        took = time.perf_counter() - t0
+    except Exception as exc:  # reported, as a forward failure is
+        return {"train_ok": False, "train_error": f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0][:300]}",
+                "traceback_tail": traceback.format_exc().splitlines()[-4:-1]}
+    pairs = [(p.grad, q.grad) for p, q in zip(model.parameters(), ref.parameters()) if q.grad is not None]
+    missing = sum(g is None for g, _w in pairs)
+    scale = max((float(w.abs().max()) for _g, w in pairs if w.numel()), default=0.0) or 1.0
+    err = max((float((g.float() - w).abs().max()) for g, w in pairs if g is not None and w.numel()), default=0.0)
+    err /= scale
+    ok = missing == 0 and bool(pairs) and err <= TOLERANCE[precision]
+    return {"train_ok": ok, "train_grads": len(pairs) - missing, "train_missing_grads": missing,
+            "train_grad_error": err, "train_s": round(took, 3)}
+
+
 def train_step(model, inputs, kwargs):
     """One forward (autocast float16), backward and SGD step of float32 ``model`` on its npu
     device with the loss ``mean(out^2)`` (float32): whether it ran with finite gradients
@@ -434,7 +483,8 @@ def _print_line(r):
     ops = ", ".join(f"{k.replace('aten.', '')} x{v}" for k, v in r["fallback_ops"].items())
     train = ""
     if "train_ok" in r:
-        train = (f" train {'ok' if r['train_ok'] else 'FAILED ' + r.get('train_error', '')}"
+        grad = f" (gradients {r['train_grad_error']:.1e})" if "train_grad_error" in r else ""
+        train = (f" train {'ok' if r['train_ok'] else 'FAILED ' + r.get('train_error', '')}{grad}"
                  f"{' fallbacks ' + str(r['train_fallbacks']) if r.get('train_fallbacks') else ''}")
     print(f"{m:13s} {c:7s} fallbacks {r['fallbacks']:3d} err {r['error']:.1e}"
           f"{'' if r['within_tolerance'] else ' (!)'} compile {r['compile_s']:6.2f}s "
@@ -474,7 +524,8 @@ def main(argv=None):
     ap.add_argument("--strict", action="store_true", help="compile with strict=True (fallbacks are errors)")
     ap.add_argument("--mode", choices=("compile", "eager"), default="compile",
                     help="torch.compile(backend='torchfl') (default), or the eager npu device")
-    ap.add_argument("--train", action="store_true", help="eager mode: also a forward, backward and SGD step")
+    ap.add_argument("--train", action="store_true", help="also train: eager mode a forward, backward and SGD step; "
+                                                         "compile mode the gradients against eager torch's")
     ap.add_argument("--lazy", action="store_true", help="eager mode in lazy mode (TORCHFL_LAZY=1: each forward one "
                                                         "recorded graph, planned with fusion)")
     ap.add_argument("--train-chip", default="TFL-X1", help="the chip of --train's step (float32 weights, "
@@ -495,8 +546,8 @@ def main(argv=None):
     bad = [m for m in models if m not in MODELS] + [c for c in chips if c not in CHIPS]
     if bad:
         ap.error(f"unknown model/chip {', '.join(bad)}; models: {', '.join(MODELS)}; chips: {', '.join(CHIPS)}")
-    if (a.train or a.lazy) and a.mode != "eager":
-        ap.error("--train and --lazy need --mode eager")
+    if a.lazy and a.mode != "eager":
+        ap.error("--lazy needs --mode eager")
     if a.lazy:
         os.environ["TORCHFL_LAZY"] = "1"
     swept = a.cluster is not None or a.resume is not None
@@ -530,7 +581,7 @@ def main(argv=None):
                 if a.mode == "eager":
                     r = run_one_eager(m, c, chips.index(c), CHIPS[c], a.runs, len(chips) if a.train else None)
                 else:
-                    r = run_one(m, c, CHIPS[c], a.runs, a.strict)
+                    r = run_one(m, c, CHIPS[c], a.runs, a.strict, a.train)
                 results.append(r)
                 if not a.json:
                     _print_line(r)

@@ -5,7 +5,8 @@ taking it for a single non-tensor output once crashed with "'int' object has no 
 import pytest
 import torch
 
-from torchfl.planner.capture import CaptureError, capture_training
+from torchfl.planner.capture import CaptureError
+from torchfl.planner.capture_training import capture_training
 
 
 class DictOut(torch.nn.Module):

@@ -34,7 +34,8 @@ def _prepared(chip, registry, precision, example_inputs):
 def plan_module(module, example_inputs, chip, precision=None, strict=False, registry=None, training=False):
     """Plan ``module(*example_inputs)`` (inference; ``training=True`` plans the forward graph
     AOTAutograd produces, see :func:`plan_training` for both graphs)."""
-    from torchfl.planner.capture import capture_module, capture_training
+    from torchfl.planner.capture import capture_module
+    from torchfl.planner.capture_training import capture_training
 
     example_inputs = tuple(example_inputs) if isinstance(example_inputs, (list, tuple)) else (example_inputs,)
     target = _prepared(chip, registry, precision, example_inputs)
@@ -47,7 +48,7 @@ def plan_module(module, example_inputs, chip, precision=None, strict=False, regi
 
 def plan_training(module, example_inputs, chip, precision=None, strict=False, registry=None):
     """(forward plan, backward plan) of the AOTAutograd graphs of ``module``."""
-    from torchfl.planner.capture import capture_training
+    from torchfl.planner.capture_training import capture_training
 
     target = _prepared(chip, registry, precision, ())
     fw, bw = capture_training(module, tuple(example_inputs), target.packs)
@@ -74,7 +75,8 @@ def plan_dynamo(gm, args, chip, kind="inference", weights=(), precision=None, st
     its inputs. ``kind="forward"|"backward"``: an AOTAutograd graph, re-traced on the
     concrete ``args`` if its shapes are symbolic; every arg is an input, and ``weights``
     (the forward's parameter primals) carry no batch dimension."""
-    from torchfl.planner.capture import capture_dynamo, captured_aot, concrete, lift_static
+    from torchfl.planner.capture import capture_dynamo, lift_static
+    from torchfl.planner.capture_training import captured_aot, concrete
 
     if kind == "inference":
         lifted, user = lift_static(gm, args)

@@ -28,6 +28,7 @@ import sys
 from dataclasses import dataclass
 
 from torchfl.planner.capture import is_static
+from torchfl.planner.capture_training import attention_as_math
 
 from .recording import active, recording
 
@@ -423,15 +424,16 @@ def _aot_compile(gm, example_inputs, opts, decompositions=None):
             return make_boxed_func(CompiledGraph(aot_gm, opts, kind, static if ok else ()))
         return compile_aot
 
-    return aot_autograd(fw_compiler=compiler("forward"), bw_compiler=compiler("backward"),
-                        inference_compiler=compiler("forward"),
-                        decompositions=decompositions)(gm, example_inputs)
+    with attention_as_math():   # the flash kernel's traced backward is wrong (capture_training.attention_as_math)
+        return aot_autograd(fw_compiler=compiler("forward"), bw_compiler=compiler("backward"),
+                            inference_compiler=compiler("forward"),
+                            decompositions=decompositions)(gm, example_inputs)
 
 
 def training_decompositions(opts):
     """AOTAutograd's decompositions for the chip and rule packs in ``opts``
-    (:func:`torchfl.planner.capture.training_decompositions`)."""
+    (:func:`torchfl.planner.capture_training.training_decompositions`)."""
     from torchfl.planner import resolve_target
-    from torchfl.planner.capture import training_decompositions as for_packs
+    from torchfl.planner.capture_training import training_decompositions as for_packs
 
     return for_packs(resolve_target(opts.chip, opts.registry).packs)

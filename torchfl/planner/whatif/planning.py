@@ -125,7 +125,8 @@ def example_error(module, inputs) -> str | None:
 
 def capture(module, inputs, training=False, packs=()):
     """(forward or inference capture, backward capture or None)."""
-    from torchfl.planner.capture import capture_module, capture_training
+    from torchfl.planner.capture import capture_module
+    from torchfl.planner.capture_training import capture_training
 
     if training:
         return capture_training(module, inputs, packs)

@@ -46,10 +46,19 @@ def _env_lazy() -> bool:
     return flag("TORCHFL_LAZY")
 
 
+def _autograd_engine_thread() -> bool:
+    """Is this a thread of torch's autograd engine (a device's backward runs on one)? A thread
+    Python did not start (threading's ``_DummyThread``) inside a backward pass. Its recording
+    would wait for a sync point of its own, which never comes (the caller's sync flushes the
+    caller's recording): its ops run as they come instead (as the forward's steps that build
+    the autograd graph do: :func:`_builds_autograd_graph`)."""
+    return isinstance(threading.current_thread(), threading._DummyThread) and torch._C._current_graph_task_id() != -1
+
+
 def active() -> bool:
     depth = getattr(_TLS, "depth", None)
     if depth is None:
-        depth = _TLS.depth = 1 if _env_lazy() else 0
+        depth = _TLS.depth = 1 if _env_lazy() and not _autograd_engine_thread() else 0
         set_fast_bypass(0, depth)       # the adapter's fast path leaves a lazy thread's ops to the router
     return depth > 0 and not getattr(_TLS, "flushing", False)
 
@@ -163,7 +172,7 @@ def record(op, args, kwargs):
     """Record ``op`` (returns its outputs, allocated, to be computed at the next flush).
     The outputs' shapes come from the op's meta kernel, run once per signature."""
     kind = _ops.op_kind(op)
-    if kind != "functional":     # writes: run now, in order
+    if kind != "functional" or _builds_autograd_graph(args, kwargs):   # writes: run now, in order
         fresh = _out_form(op, args, kwargs) if kind == "mutating" else None
         if fresh is not None:    # ``mul.out`` into a tensor a composite just made: its functional form
             functional, f_args, f_kwargs, out = fresh
@@ -171,6 +180,17 @@ def record(op, args, kwargs):
         flush_all()
         return _ops.run_eager(op, args, kwargs)
     return _record(op, args, kwargs)
+
+
+def _builds_autograd_graph(args, kwargs) -> bool:
+    """Does this call record a step of an autograd graph (grad mode on, an input that requires
+    grad)? Such an op runs now: its backward runs on the autograd engine's own thread
+    (:func:`_autograd_engine_thread`), which reads the saved values at once and cannot flush
+    this thread's recording; lazy mode fuses inference (``torch.no_grad()``)."""
+    if not torch.is_grad_enabled():
+        return False
+    flat, _spec = tree_flatten((args, kwargs))
+    return any(isinstance(t, torch.Tensor) and t.requires_grad for t in flat)
 
 
 def _out_form(op, args, kwargs):

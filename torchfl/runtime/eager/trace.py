@@ -166,7 +166,8 @@ def decompositions(dev) -> dict:
 def _decompositions(packs) -> dict:
     """Core ATen, except what a rule maps whole (the compile path's training table) and
     the ops the inference capture keeps (linear, conv2d, attention...)."""
-    from torchfl.planner.capture import KEEP_OPS, training_decompositions
+    from torchfl.planner.capture import KEEP_OPS
+    from torchfl.planner.capture_training import training_decompositions
 
     keep = {f"aten.{name}" for name in KEEP_OPS}
     return {op: fn for op, fn in training_decompositions(packs).items() if str(op) not in keep}
