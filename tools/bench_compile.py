@@ -2,6 +2,7 @@
 
     python tools/bench_compile.py [--json] [--cases resnet50_b1,bert_layer_s128]
                                   [--backends torchfl,inductor] [--runs 3] [--demo | --demo-quick]
+                                  [--profile]
 
 Each (case, backend) runs in a fresh Python process with empty caches of its own (a new
 ``NUMBA_CACHE_DIR`` for torchfl, a new ``TORCHINDUCTOR_CACHE_DIR`` for Inductor, a new
@@ -18,6 +19,12 @@ the same fp32 model. The registry is the caller's (its creation is not kernel co
 ``--demo`` / ``--demo-quick`` also time a cold ``torchfl demo`` (``--quick``) process, with
 an empty kernel cache, as a whole. The load average is recorded before and after: the
 machine this project runs on is shared, compare only figures from one run.
+
+``--profile`` adds, for torchfl, where this process's compile time went
+(``tools/compile_profile.py``): per jitted function, CPU seconds of Numba's passes and of
+LLVM's (function passes, module optimisation, machine code), and ``before_first_compile_s``
+(capture and planning: the first call's time before its first compile). Compiles in helper
+processes are not in it: run with ``TORCHFL_COMPILE_HELPERS=0`` to see every function.
 """
 from __future__ import annotations
 
@@ -49,7 +56,7 @@ def _tensor(out):
     return out[0] if isinstance(out, (tuple, list)) else out
 
 
-def child(case: str, backend: str, runs: int) -> dict:
+def child(case: str, backend: str, runs: int, profile: bool = False) -> dict:
     """One cold measurement, in this (fresh) process."""
     import warnings
 
@@ -63,6 +70,11 @@ def child(case: str, backend: str, runs: int) -> dict:
     model, inputs = load_model(zoo, **kw)
     import_s = time.perf_counter() - t_import
     compile_events = []
+    prof = None
+    if backend == "torchfl" and profile:
+        from compile_profile import Profile
+
+        prof = Profile().install()
     if backend == "torchfl":
         from torchfl.kernels.compiling import subscribe
 
@@ -71,7 +83,7 @@ def child(case: str, backend: str, runs: int) -> dict:
     else:
         compiled = torch.compile(model, backend="inductor")
     with torch.no_grad():
-        t0 = time.perf_counter()
+        t0 = t_call = time.perf_counter()
         y = _tensor(compiled(*inputs))
         first = time.perf_counter() - t0
         warm, eager = [], []
@@ -88,6 +100,10 @@ def child(case: str, backend: str, runs: int) -> dict:
            "eager_s": statistics.median(eager), "rel_err_vs_eager": rel, "setup_s": import_s}
     if backend == "torchfl":
         out.update(numba_compile_s=sum(compile_events), functions_compiled=len(compile_events))
+    if prof is not None:
+        out["profile"] = prof.report()
+        out["before_first_compile_s"] = None if prof.first_compile_wall is None else prof.first_compile_wall - t_call
+        out["compile_cpu_s"] = round(sum(r["cpu_s"] for r in out["profile"]), 3)
     return out
 
 
@@ -100,11 +116,12 @@ def _cold_env(tmp: Path) -> dict:
     return env
 
 
-def measure(case: str, backend: str, runs: int) -> dict:
+def measure(case: str, backend: str, runs: int, profile: bool = False) -> dict:
     tmp = Path(tempfile.mkdtemp(prefix="torchfl-bench-compile-"))
     try:
         t0 = time.perf_counter()
-        proc = subprocess.run([sys.executable, __file__, "--child", case, backend, "--runs", str(runs)],
+        proc = subprocess.run([sys.executable, __file__, "--child", case, backend, "--runs", str(runs)]
+                              + (["--profile"] if profile else []),
                               env=_cold_env(tmp), capture_output=True, text=True)
         wall = time.perf_counter() - t0
         if proc.returncode != 0:
@@ -148,6 +165,21 @@ def _line(r: dict) -> str:
             f"{r['rel_err_vs_eager']:.1e}{extra}")
 
 
+def _profile_lines(r: dict) -> list[str]:
+    """The profile of one torchfl run as a table (CPU seconds, largest first)."""
+    if "profile" not in r:
+        return []
+    first = r["before_first_compile_s"]
+    lines = [f"  compile CPU {r['compile_cpu_s']:.1f} s; before the first compile "
+             + ("(none)" if first is None else f"{first:.1f} s wall"),
+             f"  {'cpu s':>7} {'numba':>7} {'fn pass':>7} {'mod opt':>7} {'codegen':>7}  function"]
+    for p in r["profile"]:
+        lines.append(f"  {p['cpu_s']:7.2f} {p['numba_passes_s']:7.2f} {p['llvm_function_passes_s']:7.2f} "
+                     f"{p['llvm_module_opt_s']:7.2f} {p['llvm_codegen_s']:7.2f}  {p['function']}"
+                     + (f" x{p['compiles']}" if p["compiles"] > 1 else ""))
+    return lines
+
+
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", action="store_true", help="print the results as JSON")
@@ -156,10 +188,12 @@ def main(argv=None) -> int:
     ap.add_argument("--runs", type=int, default=3, help="warm calls after the first (median)")
     ap.add_argument("--demo", action="store_true", help="also time a cold `torchfl demo`")
     ap.add_argument("--demo-quick", action="store_true", help="also time a cold `torchfl demo --quick`")
+    ap.add_argument("--profile", action="store_true",
+                    help="per jitted function: compile CPU seconds, Numba's passes vs LLVM's (this process only)")
     ap.add_argument("--child", nargs=2, metavar=("CASE", "BACKEND"), help=argparse.SUPPRESS)
     a = ap.parse_args(argv)
     if a.child:
-        print(json.dumps(child(*a.child, a.runs)))
+        print(json.dumps(child(*a.child, a.runs, a.profile)))
         return 0
     cases, backends = a.cases.split(","), a.backends.split(",")
     for c in cases:
@@ -172,9 +206,9 @@ def main(argv=None) -> int:
     results = []
     for c in cases:
         for b in backends:
-            results.append(measure(c, b, a.runs))
+            results.append(measure(c, b, a.runs, a.profile))
             if not a.json:
-                print(_line(results[-1]), flush=True)
+                print("\n".join([_line(results[-1])] + _profile_lines(results[-1])), flush=True)
     for quick in [q for q, on in ((False, a.demo), (True, a.demo_quick)) if on]:
         results.append(measure_demo(quick))
         if not a.json:

@@ -207,7 +207,7 @@ def gemv_nk(a, tm, K, B, b_base, b_ns, N, bcode, C, crows, c_ns, ccode, alpha, b
             _store(C, crows[m], c_ns, n0, n1 - n0, acc[m], alpha, beta, bias, has_bias, act, ccode)
 
 
-@njit(inline="always", cache=True)
+@njit(forceinline=True, cache=True)  # compiled once, inlined by LLVM (not re-typed per call site)
 def _store(C, row, c_ns, n, w, out, alpha, beta, bias, has_bias, act, ccode):
     """C[row + (n + c) * c_ns] = act(alpha * out[c] + beta * bias[n + c]) for c < w: a chunk's epilogue,
     run once per row of a chunk from one call site. Inlined at every group of columns (two sites:

@@ -9,6 +9,7 @@ import numpy as np
 from numba import njit, prange
 
 from ..codecs import decode, encode16, h2f
+from ..optlevel import opt_level   # IR level 1: the hot loops are vector-IR micro-kernels (BENCHMARKS, cold5)
 from .microkernel import (MR, NR, PB, RB, epi6x16_f16, gather_rows, gather_run, mk_r1p1, mk_r1p2, mk_r2p1, mk_r2p2,
                           scatter_rows, scatter_run)
 from .tiles import _pack_panel, _slab_rows
@@ -31,6 +32,7 @@ def _taps(R, S, dh, dw, cols, tc):
     return taps, tc
 
 
+@opt_level(1)
 @njit(cache=True, nogil=True)
 def _mm_store(slab, pix, m0, m1, taps, kc, tc, wpk, tk, R, S, p0, p1, acc, ybase, rbase, y, t1,
               ycode, ea, eb, k0, lo, has_res, res, r1, rcode, lut):
@@ -81,7 +83,8 @@ def _mm_store(slab, pix, m0, m1, taps, kc, tc, wpk, tk, R, S, p0, p1, acc, ybase
                                     h, rt, rr, lut)
 
 
-@njit(cache=True, nogil=True, inline="always")
+@opt_level(1)
+@njit(cache=True, nogil=True, forceinline=True)  # compiled once, inlined by LLVM (not re-typed per call site)
 def _epilogue_store(acc, mn, kn, kb, kl, mr, ybase, rbase, y, t1, ycode, ea, eb, lo, has_res, res, r1, rcode, h,
                     rt, rr, lut):
     """The epilogue of a 6 x 16 block (channels kb.. of the output, kl.. of this K block):
@@ -155,7 +158,7 @@ def _epilogue_store(acc, mn, kn, kb, kl, mr, ybase, rbase, y, t1, ycode, ea, eb,
     _scatter(h, mn, kn, kl, mr, ybase, y, t1)
 
 
-@njit(cache=True, nogil=True, inline="always")
+@njit(cache=True, nogil=True, forceinline=True)
 def _scatter(h, mn, kn, kl, mr, ybase, y, t1):
     """The encoded block h[m * 16 + j] -> y[ybase[mr + m] + (kl + j) * t1] (a whole block
     in vectors: scatter_rows / scatter_run)."""
@@ -181,7 +184,7 @@ def _scatter(h, mn, kn, kl, mr, ybase, y, t1):
                 y[ybase[mr + mi] + (kl + j) * t1] = h[mi * NR + j]
 
 
-@njit(cache=True, nogil=True, inline="always")
+@njit(cache=True, nogil=True, forceinline=True)
 def _run6(base, mr, mn):
     """Whether the micro-row's six pixels are consecutive elements (base[mr + i] ==
     base[mr] + i): then a channel's six values are one run (no per-pixel offsets)."""
@@ -216,6 +219,7 @@ def _tile_pixels(th, tw, sh, sw, cols, tc, sbase, n, oh0, ow0, t0, t2, t3, k0t1,
             rbase[m] = n * r0 + (oh0 + i) * r2 + (ow0 + j) * r3 + k0r1
 
 
+@opt_level(1)
 @njit(cache=True, nogil=True, parallel=True)
 def conv_tile_fused(x, s0, s1, s2, s3, code, tc, H, W, w, w0, w1, w2, w3, wcode, wpk, pack, tk, R, S, sh, sw, ph,
                     pw, dh, dw, n, c0, oh0, oh1, ow0, ow1, slab, y, t0, t1, t2, t3, ycode, k0, ea, eb, relu,
@@ -266,6 +270,7 @@ def conv_tile_fused(x, s0, s1, s2, s3, code, tc, H, W, w, w0, w1, w2, w3, wcode,
     return nread, tk * tc * R * S
 
 
+@opt_level(1)
 @njit(cache=True, nogil=True, parallel=True)
 def conv_tiles(x, s0, s1, s2, s3, code, c0, tc, H, W, wpk, tk, R, S, sh, sw, ph, pw, dh, dw, tiles, groups,
                y, t0, t1, t2, t3, ycode, k0, ea, eb, relu, has_res, res, r0, r1, r2, r3, rcode, lut, nthreads):

@@ -20,6 +20,7 @@ from numba.extending import intrinsic
 from .. import taskcall
 from .microkernel import MR, NR, PB, RB, VW, make_block_kernel
 from ..codecs import encode16
+from ..optlevel import opt_level   # IR level 1: the hot loops are vector-IR micro-kernels (BENCHMARKS, cold5)
 from .tiles import _dec
 
 
@@ -83,6 +84,7 @@ def epi_row16_f16(typingctx, C, coff, a, b, R, roff, has_res, lo, Y, yoff):
     return sig, codegen
 
 
+@opt_level(1)
 @njit(cache=True, nogil=True)
 def _pack_pixels(x, xoff, xc, code, C, HW, OW, sh, sw, W, slab, pp0, pp1, lut):
     """Output pixels [16 pp0, 16 pp1) of every input channel -> slab[pp - pp0][c][16]
@@ -114,7 +116,7 @@ def _pack_pixels(x, xoff, xc, code, C, HW, OW, sh, sw, W, slab, pp0, pp1, lut):
                                                        else np.float32(0.0))
 
 
-@njit(cache=True, nogil=True, inline="always")   # a call passes ~17 arrays' structs: ~100 cycles a block
+@njit(cache=True, nogil=True, forceinline=True)   # a call passes ~17 arrays' structs: ~100 cycles a block
 def _store_rows(blk, mn, kb, p0, pn, y, yoff, yc, ycode, ea, eb, lo, has_res, res, roff, rc, lut):
     """Epilogue of a 6 x 16 block: channels kb..kb+mn, pixels p0..p0+pn, one row a channel."""
     for mi in range(mn):
@@ -139,6 +141,7 @@ def _store_rows(blk, mn, kb, p0, pn, y, yoff, yc, ycode, ea, eb, lo, has_res, re
                 y[yo + j] = v
 
 
+@opt_level(1)
 @njit(cache=True, nogil=True)
 def _rows_chunk(q0, q1, x, xoff, xc, code, C, HW, OW, sh, sw, W, wblk, k0, tk, y, yoff, yc, ea, eb, lo, has_res,
                 res, roff, rc, slab, lut):
@@ -224,6 +227,7 @@ def conv1x1_rows(x, xoff, xn, xc, code, C, HW, OW, sh, sw, W, wblk, k0, tk, y, y
     _conv1x1_rows(task, parts, *args)
 
 
+@opt_level(1)
 @njit(cache=True, nogil=True, parallel=True)
 def _conv1x1_rows(task, parts, ppc, N, x, xoff, xn, xc, code, C, HW, OW, sh, sw, W, wblk, k0, tk, y, yoff, yn, yc,
                   ea, eb, lo, has_res, res, roff, rn, rc, slab, lut):

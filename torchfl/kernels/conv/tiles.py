@@ -17,6 +17,7 @@ import numpy as np
 from numba import njit, prange
 
 from ..codecs import decode, encode16, f16_to_f32
+from ..optlevel import opt_level   # IR level 1: the hot loops are vector-IR micro-kernels (BENCHMARKS, cold5)
 from .microkernel import MR, NR, mk6x16_taps, tr16x8_f16
 
 
@@ -33,13 +34,14 @@ F16_LUT = _f16_table()
 of slab and weight loads do not vectorise, a lookup is one load)."""
 
 
-@njit(inline="always", cache=True)
+@njit(forceinline=True, cache=True)  # compiled once, inlined by LLVM (not re-typed per call site)
 def _dec(code, v, lut):
     if code == 1 and lut.size == 65536:
         return lut[np.intp(v)]     # (any storage type compiles; only uint16 bits take this branch)
     return decode(code, v)
 
 
+@opt_level(1)
 @njit(cache=True, nogil=True)
 def _slab_rows(x, s0, s1, s2, s3, code, zp, n, c0, tc, lo_h, lo_w, cols, H, W, slab, i0, i1, lut):
     """Rows [i0, i1) of a slab (see load_slab): the halo is written as zeros here, so the
@@ -116,6 +118,7 @@ def load_weights(w, s0, s1, s2, s3, code, zp, k0, tk, c0, tc, R, S, wpk):
     return tk * tc * R * S
 
 
+@opt_level(1)
 @njit(cache=True, nogil=True)
 def _pack_panel(w, s0, s1, s2, s3, code, k0, tk, c0, tc, R, S, wpk, p, lut):
     """Float weights of output channels [16p, 16p + 16) of the block -> packed panel p
@@ -157,6 +160,7 @@ def _pack_panel(w, s0, s1, s2, s3, code, k0, tk, c0, tc, R, S, wpk, p, lut):
                     wpk[o + j] = 0.0
 
 
+@opt_level(1)
 @njit(cache=True, nogil=True, parallel=True)
 def pack_weights(w, s0, s1, s2, s3, code, k0, tk, c0, tc, R, S, wpk, lut):
     """load_weights for float weights, the panels spread over host threads. Returns

@@ -57,7 +57,8 @@ def _tables_of(ctx, t, seg_dims):
     return (flat,) + hit
 
 
-@njit(cache=True, nogil=True, inline="always")
+# forceinline: compiled once (with its callers' fastmath: it does not inherit theirs), inlined by LLVM
+@njit(cache=True, nogil=True, forceinline=True, fastmath=_FM)
 def _load(x, base, el, est, code, e0, e1, buf):
     if est >= 0:    # a strided row: the one row decoder (a vectorised loop per code when contiguous)
         load_row(x, base + e0 * est, est, e1 - e0, code, buf)
@@ -66,7 +67,7 @@ def _load(x, base, el, est, code, e0, e1, buf):
             buf[e - e0] = decode(code, x[base + el[e]])
 
 
-@njit(cache=True, nogil=True, inline="always")
+@njit(cache=True, nogil=True, forceinline=True, fastmath=_FM)
 def _store(y, base, el, est, code, e0, e1, buf):
     if est == 1:        # a contiguous row: the one row encoder (a vectorised loop per code)
         store_row(y, base + e0, e1 - e0, code, buf)

@@ -13,6 +13,7 @@ from numba import njit, prange
 
 from .. import taskcall
 from ..codecs import decode, encode16, h2f as _h2f
+from ..optlevel import opt_level   # IR level 1: as fast warm as level 3, a third less LLVM work (BENCHMARKS, cold5)
 from ..conv.tiles import load_slab
 from ..staging import _code, _flat, load_rows, store_plain
 
@@ -20,7 +21,7 @@ MAX, AVG, ADAPTIVE = 0, 1, 2
 IDX_BYTES = 8     # int64 indices
 
 
-@njit(cache=True, nogil=True, inline="always")
+@njit(cache=True, nogil=True, forceinline=True)  # compiled once, inlined by LLVM (not re-typed per call site)
 def _win(kind, o, n_in, n_out, k, s, p):
     """(first index, end index, divisor-length) of output o along one axis; for max/avg
     the range is the full window (padding included), clipped by the caller."""
@@ -32,7 +33,7 @@ def _win(kind, o, n_in, n_out, k, s, p):
     return a, a + (k - 1) + 1, min(a + k, n_in + p) - a
 
 
-@njit(cache=True, nogil=True, inline="always")
+@njit(cache=True, nogil=True, forceinline=True)
 def _avg_window(kind, oh, ow, H, W, OH, OW, kh, kw, sh, sw, ph, pw, include_pad, divisor):
     """Clipped input window of output (oh, ow) and its divisor, as torch's avg/adaptive pooling
     defines it; forward and backward must agree, so both take it from here."""
@@ -74,6 +75,7 @@ def pool_fwd(slab, cols, tc, lo_h, lo_w, H, W, kind, kh, kw, sh, sw, ph, pw, OH,
 
 
 # long: one channel's plane, row maxima and window maxima share its buffers; already the plain function the parallel loop calls to keep compile time down
+@opt_level(1)
 @njit(cache=True, nogil=True)
 def _max_pool_channel(x, s0, s1, s2, s3, code, n, ch, lo_h, lo_w, rows, cols, h0, h1, w0, w1, H, W, kh, kw, sh, sw,
                       dh, dw, oh0, th, ow0, tw, y, t0, t1, t2, t3, with_idx, yi, i0, i1, i2, i3):
@@ -213,6 +215,7 @@ def max_pool_tile(x, s0, s1, s2, s3, code, n, c0, tc, lo_h, hi_h, lo_w, hi_w, H,
                           dh, dw, oh0, th, ow0, tw, y, t0, t1, t2, t3, with_idx, yi, i0, i1, i2, i3)
 
 
+@opt_level(1)
 @njit(cache=True, nogil=True, parallel=True)
 def _max_pool_tile(task, x, s0, s1, s2, s3, code, n, c0, tc, lo_h, hi_h, lo_w, hi_w, H, W, kh, kw, sh, sw, dh, dw,
                    oh0, th, ow0, tw, y, t0, t1, t2, t3, with_idx, yi, i0, i1, i2, i3):
