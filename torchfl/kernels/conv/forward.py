@@ -153,9 +153,9 @@ def _run_stationary_float(ctx, site):
     npanel = -(-site.tk // NR)
     wpk = _scratch("wpk", npanel * R * S * max(Cg, 1) * NR)
     slab = _scratch("slab", site.slab_n) if site.single else None
-    # the parallel loops hand their pieces out one at a time (uneven pieces; a host thread
-    # that starts late on a shared machine takes fewer); on one thread that dynamic schedule
-    # only costs (~2.5 us a piece, 0.3 ms a 56x56 conv), so it keeps the default
+    # the parallel loops' pieces one a chunk (meant to be handed out one at a time; under Numba's
+    # omp layer, this host's, `omp for` still gives each thread a contiguous half of them: the
+    # pieces must be even, as conv_tiles' are); on one thread it only costs (~2.5 us a piece)
     if numba.get_num_threads() == 1:
         _conv_blocks(ctx, site, G, x, xs, xcode, w, wst, wcode, y, ys, ycode, res, rs, rcode, ea, eb, wpk, slab,
                      es, ew, ey, er)
