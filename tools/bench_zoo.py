@@ -394,11 +394,18 @@ def run_one_eager(name, chip, index, precision, runs, train_index=None):
     return rec
 
 
+#: a static loss scale for float16 training (GradScaler's idea, without its search): a mean
+#: loss's gradients (1/numel each) underflow float16 in deep models (MobileNetV2's are 1e-7 ..
+#: 1e-12 in float32); 2^10 keeps them above float16's subnormals, below its overflow in the zoo
+LOSS_SCALE = {"float16": 1024.0}
+
+
 def train_compiled(name, chip, precision):
     """The gradients of one compiled forward and backward (``--mode compile --train``) against
-    eager torch float32's on the same model, inputs and loss ``sum(out * r)`` (``r`` a fixed
-    random tensor, its mean: a well-conditioned loss whose gradients fit float16; ``mean(out^2)`` after a layer norm is constant up
-    to rounding, so its input gradient is noise). Eval mode (dropout off: both sides must
+    eager torch float32's on the same model, inputs and loss ``mean(out * r)`` (``r`` a fixed
+    random tensor: a well-conditioned loss; ``mean(out^2)`` after a layer norm is constant up
+    to rounding, so its input gradient is noise), times :data:`LOSS_SCALE` on the chip and
+    divided out of its gradients. Eval mode (dropout off: both sides must
     compute the same function), gradients enabled: AOTAutograd's forward and backward graphs,
     both planned and run on the chip. ``train_grad_error``: max |ours - eager| over every
     parameter gradient / the largest |eager| gradient (one scale for the model: a parameter
@@ -422,16 +429,18 @@ def train_compiled(name, chip, precision):
     try:
         t0 = time.perf_counter()
         compiled = torch.compile(model, backend="torchfl", options={"chip": chip, "precision": precision})
-        (_first_tensor(compiled(*inputs, **kwargs)).float() * r).mean().backward()
+        scale = LOSS_SCALE.get(precision, 1.0)
+        (_first_tensor(compiled(*inputs, **kwargs)).float() * r).mean().mul(scale).backward()
         took = time.perf_counter() - t0
     except Exception as exc:  # reported, as a forward failure is
         return {"train_ok": False, "train_error": f"{type(exc).__name__}: {(str(exc).strip().splitlines() or [''])[0][:300]}",
                 "traceback_tail": traceback.format_exc().splitlines()[-4:-1]}
-    pairs = [(p.grad, q.grad) for p, q in zip(model.parameters(), ref.parameters()) if q.grad is not None]
+    pairs = [(None if p.grad is None else p.grad.float() / scale, q.grad)
+             for p, q in zip(model.parameters(), ref.parameters()) if q.grad is not None]
     missing = sum(g is None for g, _w in pairs)
-    scale = max((float(w.abs().max()) for _g, w in pairs if w.numel()), default=0.0) or 1.0
-    err = max((float((g.float() - w).abs().max()) for g, w in pairs if g is not None and w.numel()), default=0.0)
-    err /= scale
+    largest = max((float(w.abs().max()) for _g, w in pairs if w.numel()), default=0.0) or 1.0
+    err = max((float((g - w).abs().max()) for g, w in pairs if g is not None and w.numel()), default=0.0)
+    err /= largest
     ok = missing == 0 and bool(pairs) and err <= TOLERANCE[precision]
     return {"train_ok": ok, "train_grads": len(pairs) - missing, "train_missing_grads": missing,
             "train_grad_error": err, "train_s": round(took, 3)}
