@@ -33,11 +33,25 @@ class _Borrowed(DeviceBuffer):
 
 def _identity(t):
     """What a static input's cached state is valid for: the tensor (a view's base), its
-    version counter and the address of its data."""
+    version counter, the address of its data and its storage's write generation (a write
+    through another tensor over it, ``p.data.copy_``, bumps no version of ``t``: kept.py)."""
     if not isinstance(t, torch.Tensor):
         return id(t)
     base = t._base
-    return id(t if base is None else base), t._version, t.data_ptr()
+    return id(t if base is None else base), t._version, t.data_ptr(), _kept_generation(t)
+
+
+def _kept_generation(t) -> int:
+    """Keep ``t``'s npu storage (its writes reach kept.py) and return its write generation."""
+    from . import kept
+
+    if t.device.type != "npu":
+        return 0
+    address = t.untyped_storage().data_ptr()
+    buf = _dev.buffer_at(address)
+    if buf is not None and kept.is_parameter(t):
+        kept.keep(t, buf)
+    return kept.generation(address)
 
 
 def as_device_tensor(x, alignment: int):

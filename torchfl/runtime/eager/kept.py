@@ -27,6 +27,7 @@ __all__ = ["is_parameter", "keep", "forget", "forget_address"]
 
 _KEPT: "weakref.WeakKeyDictionary" = weakref.WeakKeyDictionary()   # buffer -> (parameter id, version)
 _LIVE = _dev.DEVICES.live
+_GENERATION: dict = {}     # storage address -> writes through another tensor seen while kept
 _PARAM = torch.nn.Parameter
 
 
@@ -56,9 +57,17 @@ def forget(t) -> None:
         forget_address(address)
 
 
+def generation(address: int) -> int:
+    """How many writes through another tensor the storage at ``address`` has had while kept:
+    part of lazy mode's static-input key (``executor._identity``), which a version counter
+    alone misses (``p.data`` has its own)."""
+    return _GENERATION.get(address, 0)
+
+
 def forget_address(address: int) -> None:
     """The storage at ``address`` is about to be written (the adapter's copy calls this for a
     kept one): its buffer is no longer kept; the next call freezes it afresh."""
+    _GENERATION[address] = _GENERATION.get(address, 0) + 1
     buf = _LIVE.get(address)
     if buf is not None and buf in _KEPT:
         del _KEPT[buf]
