@@ -4,6 +4,7 @@ result must be bit-identical to the router's path on the same inputs (the router
 the adapter's bypass, as in an optimizer step), and everything the fast path does not know
 (a tensor list, an argument it cannot key, lazy mode, a kernel error) behaves as before."""
 import gc
+import re
 
 import pytest
 import torch
@@ -193,14 +194,18 @@ def test_kernel_error_in_the_fast_path_is_the_routers_error(fp32_dev):
     errors = []
     for bypass in (0, 1):
         ad.set_bypass(1, bypass)
-        # tensors of earlier tests in this worker freed by a collection inside the block would put
-        # blocks in the allocator's cache, which the call would reuse instead of running out
+        # a tensor of an earlier test in this worker freed inside the block (a collection, a
+        # deferred free) would put a block in the allocator's cache or make room below the
+        # capacity, which the call would use instead of running out: no room at all, no cache
         gc.collect()
         gc.disable()
         empty_cache = getattr(mem, "empty_cache", None)
         if empty_cache is not None:
             empty_cache()
-        capacity, mem.capacity = mem.capacity, mem.memory_allocated()     # no room for one more buffer
+        capacity, mem.capacity = mem.capacity, 0
+        max_reserved = getattr(mem, "max_reserved", None)
+        if max_reserved is not None:
+            mem.max_reserved = 0
         allocated = mem.memory_allocated()
         hits = ad.fast_stats()["hits"]
         try:
@@ -208,11 +213,16 @@ def test_kernel_error_in_the_fast_path_is_the_routers_error(fp32_dev):
                 torch.relu(da)
         finally:
             mem.capacity = capacity
+            if max_reserved is not None:
+                mem.max_reserved = max_reserved
             ad.set_bypass(1, 0)
             gc.enable()
-        assert mem.memory_allocated() == allocated, "the failed call kept device memory"
+        # the failed call gave back what it took (an earlier test's tensor may have been freed meanwhile)
+        assert mem.memory_allocated() <= allocated, "the failed call kept device memory"
         errors.append((type(info.value), str(info.value), ad.fast_stats()["hits"] - hits))
     (fast_type, fast_msg, _), (slow_type, slow_msg, slow_hits) = errors
-    assert fast_type is slow_type and fast_msg == slow_msg and slow_hits == 0
+    # the same sentence; its byte counts (free, peak) move if another tensor was freed in between
+    assert fast_type is slow_type and re.sub(r"-?[\d.]+", "N", fast_msg) == re.sub(r"-?[\d.]+", "N", slow_msg)
+    assert slow_hits == 0
     assert "out of memory" in fast_msg
     torch.testing.assert_close(torch.relu(da).cpu(), torch.relu(a), rtol=0, atol=0)
