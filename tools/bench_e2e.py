@@ -64,6 +64,21 @@ def _tensor(out):
     return out.last_hidden_state if hasattr(out, "last_hidden_state") else out
 
 
+def _wrap_steps(executors, wrap) -> dict:
+    """Replace each kernel step's call with ``wrap(call, kernel)``; id -> (Prep, original call),
+    for the caller to restore. The full and the dynamic program share their steps' Preps:
+    each is wrapped once."""
+    wrapped = {}
+    for e in executors:
+        for prog in (e._full, e._dynamic):
+            for step in (prog.steps if prog is not None else ()):
+                p = step[0]
+                if not step[1] and p.call is not None and id(p) not in wrapped:
+                    wrapped[id(p)] = (p, p.call)
+                    p.call = wrap(p.call, p.kernel)
+    return wrapped
+
+
 def _profile(compiled, inputs, executors, runs):
     """Per kernel (a step's kernel name), the wall and CPU time of its calls over ``runs`` more calls of
     the compiled model, per model call; ``outside_kernels``: the rest of the call's wall time (executor,
@@ -85,14 +100,7 @@ def _profile(compiled, inputs, executors, runs):
             return out
         return run
 
-    wrapped = {}                # the full and the dynamic program share their steps' Preps: wrap each once
-    for e in executors:
-        for prog in (e._full, e._dynamic):
-            for step in (prog.steps if prog is not None else ()):
-                p = step[0]
-                if not step[1] and p.call is not None and id(p) not in wrapped:
-                    wrapped[id(p)] = (p, p.call)
-                    p.call = timed(p.call, p.kernel)
+    wrapped = _wrap_steps(executors, timed)
     try:
         w0, c0 = wall(), cpu()
         for _ in range(runs):
@@ -195,14 +203,7 @@ def _balance(compiled, inputs, executors, runs):
             return out
         return run
 
-    wrapped = {}
-    for e in executors:
-        for prog in (e._full, e._dynamic):
-            for step in (prog.steps if prog is not None else ()):
-                p = step[0]
-                if not step[1] and p.call is not None and id(p) not in wrapped:
-                    wrapped[id(p)] = (p, p.call)
-                    p.call = timed_step(p.call, p.kernel)
+    wrapped = _wrap_steps(executors, timed_step)
     patched = _parallel_dispatchers()      # after the warm calls: every caller is compiled by now
     for mod, attr, fn in patched:
         setattr(mod, attr, timed_region(fn))
