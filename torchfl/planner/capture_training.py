@@ -147,16 +147,15 @@ def _constants_as_placeholders(gm):
             obj = getattr(obj, part, None)
         return obj if isinstance(obj, torch.Tensor) else None
 
-    if not any(n.op == "get_attr" and tensor_of(n) is not None for n in gm.graph.nodes):
+    tensors = {n.name: (str(n.target), t) for n in gm.graph.nodes
+               if n.op == "get_attr" and (t := tensor_of(n)) is not None}
+    if not tensors:
         return gm, []
-    tensors = {n.name: (str(n.target), tensor_of(n)) for n in gm.graph.nodes if n.op == "get_attr"}
     gm = copy.deepcopy(gm)
     graph, constants = gm.graph, []
     first = next(n for n in graph.nodes if n.op != "placeholder")
-    for node in [n for n in graph.nodes if n.op == "get_attr"]:
+    for node in [n for n in graph.nodes if n.op == "get_attr" and n.name in tensors]:
         target, tensor = tensors[node.name]
-        if tensor is None:
-            continue
         with graph.inserting_before(first):
             ph = graph.placeholder(f"{node.name}_lifted")
         ph.meta = dict(node.meta)

@@ -16,6 +16,7 @@ from torchfl.planner.constraints import tensor_layout
 from torchfl.runtime.executor import Executor
 
 from . import device as _dev
+from . import kept
 from .stats import STATS
 
 __all__ = ["EagerExecutor", "as_device_tensor", "as_npu_tensor"]
@@ -43,8 +44,6 @@ def _identity(t):
 
 def _kept_generation(t) -> int:
     """Keep ``t``'s npu storage (its writes reach kept.py) and return its write generation."""
-    from . import kept
-
     if t.device.type != "npu":
         return 0
     address = t.untyped_storage().data_ptr()
