@@ -84,3 +84,24 @@ def test_one_target_per_chip_and_registry(registry_url):
     assert resolve_target("NPU-V3", registry_url) is a
     assert resolve_target(a) is a
     assert a.chip_hash == a.hcd.content_hash() and a.packs
+
+
+def test_a_variant_model_of_a_chip_never_replaces_the_chips_memory(registry_url):
+    """A ChipModel edited in place of its HCD (``dataclasses.replace``: same hash, other
+    numbers, as the bf16-emulation probe makes) gets a memory of its own; the chip's memory
+    stays the one its live tensors and the eager device hold. (It was replaced: the eager
+    device then allocated on one memory and reported another, and an out-of-memory test
+    that pinned the chip's capacity saw its allocation succeed.)"""
+    import dataclasses
+
+    from torchfl.planner.target import Target
+
+    honest = resolve_target("NPU-V3", registry_url)
+    mem = device.device_memory(honest)
+    buf = mem.alloc(256)
+    lying = Target(honest.hcd, honest.packs, dataclasses.replace(honest.model, bf16_emulation=True))
+    other = device.device_memory(lying)
+    assert other is not mem and other.chip == lying.model
+    assert device.device_memory(honest) is mem and device.device_memory(lying) is other
+    assert device.memory_allocated(honest) == buf.accounted and device.memory_allocated(lying) == 0
+    buf.free()

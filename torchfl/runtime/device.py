@@ -23,8 +23,8 @@ __all__ = ["device_memory", "caching_memory", "memory_allocated", "max_memory_al
            "memory_reserved", "empty_cache", "reset_peak_memory_stats"]
 
 _LOCK = threading.Lock()
-_MEMORY: dict[str, object] = {}   # chip key -> CachingDeviceMemory
-_LATEST: dict[str, str] = {}      # chip name -> key of its memory created last
+_MEMORY: dict[str, list] = {}     # chip key -> its CachingDeviceMemory, one per distinct model
+_LATEST: dict[str, object] = {}   # chip name -> its memory created last
 
 
 def _model(chip) -> ChipModel:
@@ -45,20 +45,31 @@ def device_memory(chip):
     a :class:`CachingDeviceMemory`, as a real device runtime keeps one caching allocator."""
     if isinstance(chip, str):
         with _LOCK:
-            mem = _MEMORY.get(_LATEST.get(chip, ""))
+            mem = _LATEST.get(chip)
         if mem is not None:
             return mem
         from torchfl.planner.target import resolve_target
 
         chip = resolve_target(chip)
     model = _model(chip)
-    key = _key(model)
     with _LOCK:
-        mem = _MEMORY.get(key)
-        if mem is None or mem.chip != model:   # a hand-built chip of that name with other numbers
-            mem = _MEMORY[key] = caching_memory(model)
-        _LATEST[model.name] = key
+        mem = _find(model)
+        if mem is None:
+            # a model edited from its HCD (``dataclasses.replace``: the same hash, other numbers)
+            # gets a memory beside the chip's, never in its place: live tensors and the eager
+            # device keep the memory they were allocated on
+            mem = caching_memory(model)
+            _MEMORY.setdefault(_key(model), []).append(mem)
+        _LATEST[model.name] = mem
         return mem
+
+
+def _find(model: ChipModel):
+    """The memory made for ``model`` (or an equal one), or None; under ``_LOCK``."""
+    for mem in _MEMORY.get(_key(model), ()):
+        if mem.chip is model or mem.chip == model:
+            return mem
+    return None
 
 
 def caching_memory(chip, max_reserved: int = 1 << 30):
@@ -111,8 +122,7 @@ def caching_memory(chip, max_reserved: int = 1 << 30):
 def _mem(chip):
     """The existing memory of ``chip`` (None when nothing was allocated on it yet)."""
     with _LOCK:
-        key = _LATEST.get(chip) if isinstance(chip, str) else _key(_model(chip))
-        return _MEMORY.get(key)
+        return _LATEST.get(chip) if isinstance(chip, str) else _find(_model(chip))
 
 
 def memory_allocated(chip) -> int:
