@@ -48,7 +48,7 @@ def _both(monkeypatch, name, chip, inputs, attrs=None):
 
 
 EW = [("add", {"alpha": 0.5}, 2), ("mul", {}, 2), ("gelu", {"approximate": "tanh"}, 1), ("relu", {}, 1),
-      ("gelu_backward", {}, 2), ("sub", {"scalar": 1.5}, 1), ("div", {}, 2)]
+      ("gelu_backward", {}, 2), ("sub", {"scalar": 1.5}, 1), ("div", {}, 2), ("maximum", {}, 2)]
 
 
 @pytest.mark.parametrize("dtype", ["float32", "float16", "bfloat16", "bfloat16_emulated"])
