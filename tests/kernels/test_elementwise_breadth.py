@@ -175,3 +175,53 @@ def test_int_where_with_broadcast_condition():
     b = torch.randint(0, 1 << 40, (3, 1), generator=g)
     (y,), _ = run_checked("where", chip, {"cond": dev(c, mem), "a": dev(a, mem, "int64"), "b": dev(b, mem, "int64")})
     assert torch.equal(torch.from_numpy(y.to_numpy()), torch.where(c, a, b))
+
+
+MINMAX = {"minimum": torch.minimum, "maximum": torch.maximum}
+
+
+@pytest.mark.parametrize("dtype", DT + ["int64", "int32"])
+@pytest.mark.parametrize("name", list(MINMAX))
+def test_minimum_maximum_propagate_nan_and_broadcast(dtype, name):
+    """torch.minimum / maximum: nan in either operand gives nan (unlike min/max of Python), a
+    tie gives the first operand (0.0 vs -0.0), operands broadcast; integers exact. Float
+    results are one of the inputs: exact, no rounding (tolerance 0)."""
+    chip = chip_for("float32", 4 << 10)
+    mem = DeviceMemory(chip)
+    g = torch.Generator().manual_seed(6)
+    if dtype in ("int64", "int32"):
+        a = torch.randint(-(1 << 30), 1 << 30, (3, 1, 40), generator=g).to(getattr(torch, dtype))
+        b = torch.randint(-(1 << 30), 1 << 30, (4, 40), generator=g).to(getattr(torch, dtype))
+    else:
+        a = _values((3, 1, 40), g)
+        b = _values((4, 40), g).flip(-1)
+    da, db = dev(a, mem, dtype), dev(b, mem, dtype)
+    (y,), _ = run_checked(name, chip, {"a": da, "b": db})
+    assert y.dtype == dtype and y.shape == (3, 4, 40)
+    ref = MINMAX[name](torch.from_numpy(da.to_numpy()) if dtype in ("int64", "int32") else as_f32(da),
+                       torch.from_numpy(db.to_numpy()) if dtype in ("int64", "int32") else as_f32(db))
+    got = torch.from_numpy(y.to_numpy()) if dtype in ("int64", "int32") else as_f32(y)
+    assert torch.equal(got.isnan(), ref.isnan())
+    assert torch.equal(torch.nan_to_num(got), torch.nan_to_num(ref))
+    if dtype not in ("int64", "int32"):
+        num = ~ref.isnan()                          # a nan's sign bit is not specified
+        assert torch.equal(torch.signbit(got)[num], torch.signbit(ref)[num])
+        za, zb = torch.tensor([0.0, -0.0, float("nan"), 1.0]), torch.tensor([-0.0, 0.0, 1.0, float("nan")])
+        (z,), _ = run_checked(name, chip, {"a": dev(za, mem, dtype), "b": dev(zb, mem, dtype)})
+        assert torch.signbit(as_f32(z))[:2].tolist() == [False, True]      # a tie keeps the first operand's zero
+        assert as_f32(z)[2:].isnan().all()
+
+
+@pytest.mark.parametrize("name", list(MINMAX))
+def test_minimum_maximum_on_a_permuted_layout_and_empty(name):
+    chip = chip_for("float16", 4 << 10)
+    mem = DeviceMemory(chip)
+    g = torch.Generator().manual_seed(7)
+    a, b = _values((2, 3, 4, 5), g), _values((2, 3, 4, 5), g).flip(0)
+    da, db = dev(a, mem, "float16", "NHWC"), dev(b, mem, "float16", "NHWC")
+    (y,), _ = run_checked(name, chip, {"a": da, "b": db})
+    assert y.layout == da.layout
+    ref = MINMAX[name](as_f32(da), as_f32(db))
+    assert torch.equal(torch.nan_to_num(as_f32(y)), torch.nan_to_num(ref))
+    (e,), _ = run_checked(name, chip, {"a": dev(torch.zeros(0, 3), mem, "float16"), "b": dev(torch.zeros(3), mem, "float16")})
+    assert e.shape == (0, 3)

@@ -1,5 +1,5 @@
 """The multi-threaded paths (small problems run serially, so force them here): N-split and
-M-split GEMM tiles, parallel attention tasks, parallel softmax rows — same results and
+M-split GEMM tiles, parallel attention tasks, parallel softmax rows, conv loops — same results and
 same counted bytes as the plan."""
 import pytest
 import torch
@@ -48,3 +48,33 @@ def test_softmax_parallel(cache):
     x = dev(torch.randn(301, 77), mem)
     (y,), _ = run_checked("softmax", chip, {"x": x}, {"dim": -1})
     assert_close(as_f32(y), torch.softmax(as_f32(x), -1), "float32")
+
+
+@pytest.mark.parametrize("shape", [(2, 16, 16, 24, 1, 1), (2, 16, 9, 16, 3, 16), (1, 8, 13, 16, 3, 1)],
+                         ids=["1x1", "depthwise", "3x3"])
+@pytest.mark.parametrize("dtype", ["float32", "float16"])
+def test_conv_parallel(shape, dtype):
+    """Small convs run serially (threads.conv_small): here their parallel loops run, with the
+    same results and counted bytes."""
+    n, c, hw, k, r, groups = shape
+    chip = chip_for(dtype)
+    mem = DeviceMemory(chip)
+    x, w = dev(torch.randn(n, c, hw, hw), mem, dtype), dev(torch.randn(k, c // groups, r, r), mem, dtype)
+    (y,), _ = run_checked("conv2d", chip, {"x": x, "weight": w}, {"padding": r // 2, "groups": groups})
+    ref = F.conv2d(as_f32(x), as_f32(w), padding=r // 2, groups=groups)
+    assert_close(as_f32(y), ref, dtype, scale=3)
+
+
+def test_conv_backward_parallel():
+    chip = chip_for("float32")
+    mem = DeviceMemory(chip)
+    x, w = torch.randn(2, 8, 6, 6, requires_grad=True), torch.randn(16, 8, 3, 3, requires_grad=True)
+    y = F.conv2d(x, w, padding=1)
+    gy = torch.randn_like(y)
+    y.backward(gy)
+    (dx,), _ = run_checked("conv2d_backward_input", chip, {"grad_out": dev(gy, mem), "weight": dev(w.detach(), mem)},
+                           {"padding": 1, "input_shape": tuple(x.shape)})
+    assert_close(as_f32(dx), x.grad, "float32", scale=3)
+    (dw,), _ = run_checked("conv2d_backward_weight", chip, {"grad_out": dev(gy, mem), "x": dev(x.detach(), mem)},
+                           {"padding": 1, "weight_shape": tuple(w.shape)})
+    assert_close(as_f32(dw), w.grad, "float32", scale=9)

@@ -12,6 +12,20 @@ SMALL_FLOPS = 1 << 26     # ~1.3 ms of one core at 50 GFLOP/s
 ELEMENT_WORK = 256        # memory-bound kernels count this per element: >= 256K elements go parallel
 
 
+def conv_small() -> int:
+    """The multiply-adds x2 under which a convolution runs on one thread: a quarter of
+    SMALL_FLOPS. Why lower than a GEMM's: a conv's parallel split is even (balance 0.98+),
+    and ResNet-50's 1x1 convs of 25-51 MFLOP (0.5-1 ms) still gain from a second core on an
+    idle host; the convs this keeps on one thread (MobileNet's, <= a few MFLOP) gain nothing
+    and cost tens of ms when a worker waits for a time slice."""
+    return SMALL_FLOPS // 4
+
+
+def conv_work(G: dict) -> int:
+    """A convolution's multiply-adds x2 from its geometry (forward or backward alike)."""
+    return 2 * G["N"] * G["K"] * G["OH"] * G["OW"] * G["Cg"] * G["R"] * G["S"]
+
+
 @contextmanager
 def threads_for(work: int, small: int | None = None):
     from numba import get_num_threads, set_num_threads
@@ -28,16 +42,17 @@ def threads_for(work: int, small: int | None = None):
         yield n
 
 
-def sized_by(elements_of):
-    """Decorator for a memory-bound kernel's ``run(ctx)``: its parallel loops run on one
-    thread when ``elements_of(problem)`` is under SMALL_FLOPS / ELEMENT_WORK (a 128 x 768
-    layer-norm took 8 ms on 2 threads of a loaded machine, 1 ms on one)."""
+def sized_by(elements_of, per_element: int = ELEMENT_WORK, small=None):
+    """Decorator for a kernel's ``run(ctx)``: its parallel loops run on one thread when
+    ``elements_of(problem) * per_element`` is under ``small()`` (SMALL_FLOPS by default;
+    memory-bound kernels count ELEMENT_WORK per element: a 128 x 768 layer-norm took 8 ms on
+    2 threads of a loaded machine, 1 ms on one)."""
     import functools
 
     def wrap(run):
         @functools.wraps(run)
         def sized(ctx):
-            with threads_for(elements_of(ctx.problem) * ELEMENT_WORK):
+            with threads_for(elements_of(ctx.problem) * per_element, None if small is None else small()):
                 return run(ctx)
         return sized
     return wrap

@@ -68,10 +68,13 @@ OPS = {
                     ("aten.masked_fill", "aten.where"),
                     "scalar where mask == fill_if, else a (mask bool, broadcast)"),
     "reciprocal": (39, ("a",), {}, 1, ("aten.reciprocal",), "1 / a"),
+    "minimum": (40, ("a", "b"), {}, 1, ("aten.minimum",), "the smaller of a and b; nan if either is nan, a on a tie"),
+    "maximum": (41, ("a", "b"), {}, 1, ("aten.maximum",), "the larger of a and b; nan if either is nan, a on a tie"),
 }
 # ops that also run on integer and bool tensors (index math, masks), on exact int64 tiles
 INDEX_OPS = frozenset({"add", "sub", "mul", "neg", "abs", "where", "eq", "ne", "lt", "le", "gt", "ge",
-                       "logical_and", "logical_or", "logical_not", "fill", "masked_fill", "hardtanh"})
+                       "logical_and", "logical_or", "logical_not", "fill", "masked_fill", "hardtanh",
+                       "minimum", "maximum"})
 BOOL_OUT = frozenset({"eq", "ne", "lt", "le", "gt", "ge", "logical_and", "logical_or", "logical_not"})
 COND = {"where": "cond", "masked_fill": "mask"}   # the bool input of each op that has one
 # float arithmetic whose second operand may be an integer or bool tensor: torch promotes it to

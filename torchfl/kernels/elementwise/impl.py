@@ -179,6 +179,10 @@ def _make_apply(OP):
         elif op == 39:
             for i in range(n):
                 out[i] = np.float32(1.0) / x[i]
+        elif op == 40 or op == 41:      # torch.minimum / maximum: nan wins, a tie keeps a (0.0 vs -0.0)
+            for i in range(n):
+                u, v = x[i], y[i]
+                out[i] = u if ((u <= v if op == 40 else u >= v) or u != u) else v
 
     apply_op.__qualname__ = "apply"     # its name in the cache and `torchfl kernels info`
     return njit(cache=True, error_model="numpy")(apply_op)
@@ -232,6 +236,12 @@ def apply_int(op, x, y, c, out, s0, s1, has_y):
     elif op == 38:
         for i in range(n):
             out[i] = s0 if c[i] == (s1 != 0) else x[i]
+    elif op == 40:
+        for i in range(n):
+            out[i] = min(x[i], y[i])
+    elif op == 41:
+        for i in range(n):
+            out[i] = max(x[i], y[i])
 
 
 _E32 = np.zeros(0, np.float32)
