@@ -2,7 +2,8 @@
 
 Numba's ``inline="always"`` copies a helper's IR into every call site and types it there again:
 ``conv.fused._mm_store`` spent 6 s of its 10 s compile in that pass (its epilogue, the epilogue's
-three scatters, each scatter's run checks), ``gemv.gemv_nk`` 5 s. With ``forceinline=True`` the
+three scatters, each scatter's run checks), ``gemv.gemv_nk`` 5 s, ``gemm._epilogue_row`` 1.9 s of 2.5
+(GELU twice, encode16 twice). With ``forceinline=True`` the
 helper is compiled once per signature and marked ``alwaysinline`` for LLVM, which inlines it at
 every call site all the same (a call left in a block loop costs ~100 cycles: the comment at
 ``conv.pointwise._store_rows``). Here each caller, compiled fresh, must hold no call to its
@@ -27,10 +28,11 @@ SCRIPT = textwrap.dedent("""
     run_checked("conv2d_bn_relu", chip, {"x": f16(1, 8, 12, 12), "weight": f16(16, 8, 3, 3), **bn}, {"padding": (1, 1)})
     run_checked("conv2d_bn_relu", chip, {"x": f16(1, 32, 12, 12), "weight": f16(16, 32, 1, 1), **bn})     # 1x1: rows path
     run_checked("linear_gelu", chip, {"x": f16(1, 61), "w": f16(300, 61), "bias": f16(300)})              # one row: gemv
+    run_checked("linear_gelu", chip, {"x": f16(16, 61), "w": f16(300, 61), "bias": f16(300)})             # rows: the tiled GEMM
     run_checked("avg_pool2d", chip, {"x": f16(1, 8, 16, 16)}, {"kernel_size": 3, "stride": 2, "padding": 1})
     run_checked("layer_norm", chip, {"x": f16(4, 128), "weight": f16(128), "bias": f16(128)}, {"normalized_shape": (128,)})
 
-    from torchfl.kernels import gemv
+    from torchfl.kernels import gemm, gemv
     from torchfl.kernels.conv import fused, pointwise, tiles
     from torchfl.kernels.norm import bodies
     from torchfl.kernels.pool import impl as pool
@@ -46,7 +48,8 @@ SCRIPT = textwrap.dedent("""
     PAIRS = [(fused._mm_store, [fused._epilogue_store, fused._scatter, fused._run6]),
              (pointwise._rows_chunk, [pointwise._store_rows, tiles._dec]),
              (gemv.gemv_nk, [gemv._store]),
-             (bodies._normalize_task, [bodies._load, bodies._store])]
+             (bodies._normalize_task, [bodies._load, bodies._store]),
+             (gemm._epilogue_row, [gemm._gelu_erf, gemm._gelu_tanh, gemm._enc16])]
     for caller, helpers in PAIRS:
         assert caller.signatures, f"{caller.__name__} did not compile here"
         left = [line.strip()[:160] for line in calls(caller) for h in helpers if mangled(h.py_func) in line]
@@ -71,7 +74,7 @@ def test_llvm_inlined_helpers_compile_once_and_leave_no_call(tmp_path):
     lines = r.stdout.splitlines()
     callers = [line for line in lines if line.startswith("CALLER")]
     helpers = [line.split() for line in lines if line.startswith("HELPER")]
-    assert len(callers) == 5 and len(helpers) == 10, r.stdout
+    assert len(callers) == 6 and len(helpers) == 13, r.stdout
     assert all(line.endswith("LEFT []") for line in callers), "\n".join(callers)
     # forceinline, and compiled as a function of its own (a Numba-IR-inlined helper has no signatures)
     assert all(h[2] == "True" and int(h[3]) >= 1 for h in helpers), "\n".join(map(" ".join, helpers))

@@ -118,6 +118,24 @@ def writable_dir() -> Path | None:
     return path if _read_only["dir"] is None else _read_only["fallback"]
 
 
+def holds_kernels() -> bool:
+    """Whether the kernel cache (or the read-only one it falls back from) holds any compiled
+    kernel of this installation: False for a new user's first run, whose first call compiles
+    every kernel (:func:`torchfl.kernels.precompile.prestart` starts the compile helpers early
+    then). One directory listing per source folder, stopping at the first index file."""
+    configure()
+    names = _source_dirs()
+    for top in {p for p in (_read_only["dir"], writable_dir()) if p is not None}:
+        for name in names:
+            try:
+                with os.scandir(top / name) as it:
+                    if any(e.name.endswith(".nbi") for e in it):
+                        return True
+            except OSError:         # no such folder yet (or unreadable): nothing cached there
+                continue
+    return False
+
+
 def location() -> tuple[Path, str]:
     """(the directory compiled kernels are cached in, where it comes from: ``NUMBA_CACHE_DIR``
     or the default; a read-only one says so, with where new kernels go)."""

@@ -14,9 +14,16 @@ paths). Scratch inputs are uninitialised (types, not values, decide what Numba c
 call that fails in the helper costs nothing, this process compiles it as usual. The helper
 imports numpy and numba, never torch.
 
+    prestart()                       # optional, before capture and planning (empty cache only)
     helper = start(chip, calls)      # the helpers as one (Helpers), None if none started
     ...
     helper.wait()                    # optional: the helper exits when done
+
+A helper spends its first ~0.6 s CPU (1-2 s wall on a loaded host) importing numba and the
+kernels and setting up Numba's target; started at the first compile, the large kernels it
+takes (a BERT layer's GEMM tile, the critical path of its first call) began that much later.
+:func:`prestart` starts the helpers when a graph reaches the backend, before capture and
+planning, where the cache holds no kernel yet: they import meanwhile and wait for their calls.
 """
 from __future__ import annotations
 
@@ -135,25 +142,72 @@ def order(calls, skip=()) -> tuple[list, list]:
     return first[::-1], later
 
 
+def _spawn():
+    """A helper process, reading its work from its stdin (None if it cannot start)."""
+    try:
+        return subprocess.Popen([sys.executable, "-m", "torchfl.kernels.precompile", str(os.getpid())],
+                                stdin=subprocess.PIPE, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    except OSError:
+        return None
+
+
+_waiting: list = []     # helpers started by prestart(), waiting for their calls
+_state = {"prestarted": False, "atexit": False}
+
+
+def prestart() -> int:
+    """Start the helpers now (:func:`count` of them, once per process) if the kernel cache holds
+    no kernel yet (:func:`jitcache.holds_kernels`): a first call will compile, and the helpers'
+    imports then overlap capture and planning instead of the first compiles. :func:`start` hands
+    them their calls; unused, they end with this process. Returns how many were started."""
+    if _waiting or _state["prestarted"] or not enabled():
+        return 0
+    _state["prestarted"] = True
+    from .jitcache import holds_kernels
+
+    if holds_kernels():
+        return 0
+    for _ in range(count()):
+        proc = _spawn()
+        if proc is None:
+            break
+        _waiting.append(proc)
+    if _waiting:
+        _at_exit()
+    return len(_waiting)
+
+
+def _at_exit() -> None:
+    if not _state["atexit"]:
+        atexit.register(_stop)
+        _state["atexit"] = True
+
+
 def start(chip, calls, skip=()):
     """Helper processes (:func:`count`) compiling ``calls`` (see :func:`order`), as one
     :class:`Helpers`; None if none started. Each takes the calls in the same order; claims
     (:mod:`compilelock`) make one skip what another is compiling, so they split the work.
     ``later``: whether there are calls for after the first call too (the caller lets them
-    run on past its first call)."""
+    run on past its first call). Helpers :func:`prestart` started are given the calls first."""
     first, later = order(calls, skip)
     todo = first + later
     if not todo:
         return None
-    procs = []
-    for _ in range(count() or 1):
-        try:
-            proc = subprocess.Popen([sys.executable, "-m", "torchfl.kernels.precompile", str(os.getpid())], stdin=subprocess.PIPE,
-                                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-            proc.stdin.write(pickle.dumps((chip, todo)))
-            proc.stdin.close()
-        except OSError:
+    work = pickle.dumps((chip, todo))
+    want, procs = count() or 1, []
+    for _ in range(2 * want):
+        if len(procs) == want:
             break
+        proc = _waiting.pop(0) if _waiting else _spawn()
+        if proc is None:
+            break
+        try:
+            proc.stdin.write(work)
+            proc.stdin.close()
+        except OSError:             # it ended meanwhile (a pre-started one killed): start another
+            proc.kill()
+            proc.wait()
+            continue
         procs.append(proc)
     if not procs:
         return None
@@ -161,8 +215,7 @@ def start(chip, calls, skip=()):
 
     compilelock.install("wait")
     helpers = Helpers(procs, bool(later))
-    if not _running:
-        atexit.register(_stop)
+    _at_exit()
     _running.append(helpers)
     return helpers
 
@@ -196,18 +249,36 @@ _running: list = []
 
 
 def _stop() -> None:
-    """At exit: a helper still compiling for later calls has no later call to serve."""
+    """At exit: a helper still compiling for later calls has no later call to serve, and a
+    pre-started one that was never given calls has none to wait for."""
     for proc in _running:
+        if proc.poll() is None:
+            proc.terminate()
+    while _waiting:
+        proc = _waiting.pop()
         if proc.poll() is None:
             proc.terminate()
 
 
+def _ready() -> None:
+    """In a helper, before its calls arrive: import numba and the kernel modules every call
+    needs, claim in ``skip`` mode, and set up Numba's CPU target (its first compile builds
+    it: ~0.2 s), so a pre-started helper starts compiling as soon as it is given work."""
+    from numba import njit
+
+    from torchfl.kernels import catalog, compilelock, frozen, memory, tensor  # noqa: F401 - imported ahead
+
+    compilelock.install("skip")
+    njit(lambda: 0)()
+
+
 if __name__ == "__main__":
-    from torchfl.kernels import compilelock
     from torchfl.kernels.lifetime import die_with_parent
 
     die_with_parent(int(sys.argv[1]) if len(sys.argv) > 1 else None)
 
-    _chip, _calls = pickle.loads(sys.stdin.buffer.read())
-    compilelock.install("skip")
-    run_calls(_chip, _calls)
+    _ready()
+    _work = sys.stdin.buffer.read()
+    if _work:                           # empty: pre-started, and its process had no call for it
+        _chip, _calls = pickle.loads(_work)
+        run_calls(_chip, _calls)

@@ -374,6 +374,19 @@ def _deferred(exc):
     return raise_it
 
 
+def _prestart_compile_helpers() -> None:
+    """With an empty kernel cache, start the compile helpers now (``kernels.precompile.prestart``),
+    so their imports overlap capture and planning instead of the first call's compiles. A bad
+    ``TORCHFL_COMPILE_HELPERS`` is left to the first compile, which names it."""
+    from torchfl.kernels import precompile
+    from torchfl.kernels.envvars import EnvError
+
+    try:
+        precompile.prestart()
+    except EnvError:
+        pass
+
+
 def torchfl_backend(gm, example_inputs, options=None, **kwargs):
     """Dynamo backend: plan each graph for the chip in ``options`` and run it there."""
     import torch
@@ -384,6 +397,7 @@ def torchfl_backend(gm, example_inputs, options=None, **kwargs):
         opts = Options.parse(options)
     except ValueError as exc:
         return _deferred(exc)
+    _prestart_compile_helpers()
     training = torch.is_grad_enabled() and any(
         isinstance(x, torch.Tensor) and x.requires_grad for x in example_inputs) and not _quantised(gm)
     if not training:

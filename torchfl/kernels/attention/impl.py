@@ -28,12 +28,21 @@ NK = 128    # keys per CPU sub-block (multiple of NR)
 
 
 @njit(cache=True, parallel=True)
-def _prepack(K, kst, V, vst, code, H, heads, Lk, D, Dv, npk, npv, Lkp, kp, vp):
+def _prepack(task, K, kst, V, vst, code, H, heads, Lk, D, Dv, npk, npv, Lkp, kp, vp):
     """K and V of each of the ``heads`` key/value heads (H per batch) into panels, the heads
     in parallel (one head on one thread, 0.8 ms of BERT-base's s512 attention, was 7 % of its
-    CPU on the calling thread alone while the other waited)."""
+    CPU on the calling thread alone while the other waited). Each head is a call of ``task``,
+    :func:`_prepack_head`'s address (:mod:`..taskcall`): linked in, the head's body and its
+    row decoder were optimised and code-generated again in the gufunc's library and in this
+    function's (1.7 s more compile CPU on a BERT layer's first call than the serial loop)."""
     for bh in prange(heads):
-        _prepack_head(np.int64(bh), K, kst, V, vst, code, H, Lk, D, Dv, npk, npv, Lkp, kp, vp)
+        taskcall.call(task, (np.int64(bh), K, kst, V, vst, code, H, Lk, D, Dv, npk, npv, Lkp, kp, vp))
+
+
+def _prepack_call(K, kst, V, vst, code, H, heads, Lk, D, Dv, npk, npv, Lkp, kp, vp):
+    """``_prepack`` with its task's address (the task's argument types as ``_prepack`` passes them)."""
+    task = taskcall.address(_prepack_head, (np.int64(0), K, kst, V, vst, code, H, Lk, D, Dv, npk, npv, Lkp, kp, vp))
+    _prepack(task, K, kst, V, vst, code, H, heads, Lk, D, Dv, npk, npv, Lkp, kp, vp)
 
 
 @njit(cache=True)
@@ -314,7 +323,7 @@ def run_attention(ctx):
     from ..threads import threads_for
 
     with threads_for(heads * Lq * Lk * (2 * D + 2 * Dv)):
-        _prepack(Kf, kst, Vf, vst, code, Hkv, B * Hkv, Lk, D, Dv, npk, npv, Lkp, kp, vp)
+        _prepack_call(Kf, kst, Vf, vst, code, Hkv, B * Hkv, Lk, D, Dv, npk, npv, Lkp, kp, vp)
         _attend_call(Qf, qst, kp, vp, Of, ost, Mf, mst, mkind, code, H, G, heads, Lq, Lk, D, Dv, npk, npv, Lkp,
                 Br, Bc, kv_once, bool(p.attrs["causal"]), scale, es, esm, cnt)
     tot = cnt.sum(axis=0)
