@@ -79,6 +79,7 @@ def test_elementwise_split_against_torch(monkeypatch):
     assert_close(as_f32(y), a.half().float() + b.half().float(), "float16")
 
 
+@pytest.mark.skipif(get_num_threads() == 1, reason="one thread: nothing splits")
 def test_small_calls_keep_the_tile_loop(monkeypatch):
     """Under PAR_BYTES no region is entered (eager's small ops pay no wake-up)."""
     calls = []
@@ -139,3 +140,15 @@ def test_each_op_task_has_a_symbol_of_its_own():
         fn.compile(sig)
         names.add(fn.overloads[sig].fndesc.llvm_func_name)
     assert len(names) == 4
+
+
+def test_one_thread_keeps_the_tile_loop(monkeypatch):
+    """On one thread nothing splits (the split's functions compile only where a call splits)."""
+    calls = []
+    real = ew_split._parts
+    monkeypatch.setattr(ew_split, "_parts", lambda *a: calls.append(1) or real(*a))
+    monkeypatch.setattr(ew_split, "PAR_BYTES", 0)
+    chip = chip_for("float32")
+    x = dev(torch.randn(128, 128), DeviceMemory(chip))
+    _run("relu", chip, {"a": x}, None, 1)
+    assert not calls

@@ -296,21 +296,27 @@ def _fill(ctx, out, T):
     return [out]
 
 
-def _splits(p, names, odt, oacc, n, is_int, cond) -> bool:
-    """The call runs as one parallel region of equal parts (``split.py``): float math on float
-    operands of the op's dtype, at most two of them, an output of ``PAR_BYTES`` or more."""
+def _split_parts(p, names, odt, oacc, n, is_int, cond) -> int:
+    """Parts of the host's split (``split.py``), one a thread, or 1: the tile loop. A call splits
+    when it is float math on float operands of the op's dtype, at most two of them, its output
+    ``PAR_BYTES`` or more, and it gets more than one thread (``threads``: a memory-bound call of
+    SMALL_FLOPS / ELEMENT_WORK elements or more). On one thread the loop stays: as fast, and the
+    split's functions compile only where a call splits (2.5 s of cold CPU for ``_part`` and its
+    op's ``apply_task``)."""
+    from numba import get_num_threads
+
+    from .. import threads
     from .split import PAR_BYTES
 
-    return (not is_int and cond is None and odt == p.dtype and len(names) <= 2 and oacc.contiguous
-            and n * ITEMSIZE[odt] >= PAR_BYTES and all(p.dtype_of(nm) == p.dtype for nm in names))
+    if (is_int or cond is not None or odt != p.dtype or len(names) > 2 or not oacc.contiguous
+            or n * ITEMSIZE[odt] < PAR_BYTES or n * threads.ELEMENT_WORK < threads.SMALL_FLOPS
+            or any(p.dtype_of(nm) != p.dtype for nm in names)):
+        return 1
+    return get_num_threads()
 
 
-def _run_split(ctx, names, accs, oacc, mask, code, out):
-    """The counters of the plan's tiles (the same sums as the tile loop's), then the parts: one a
-    thread, or one on the calling thread where the call gets one (``threads``: a memory-bound call
-    of fewer than SMALL_FLOPS / ELEMENT_WORK elements, or one thread set)."""
-    from numba import get_num_threads
-    from .. import threads
+def _run_split(ctx, names, accs, oacc, mask, code, out, parts):
+    """The counters of the plan's tiles (the same sums as the tile loop's), then the parts."""
     from .split import run_parts
 
     p = ctx.problem
@@ -322,7 +328,6 @@ def _run_split(ctx, names, accs, oacc, mask, code, out):
     ctx.ops(n * OPS[p.kernel][3])
     s0, s1 = _scalars(p, False)
     ya = accs[1] if len(accs) > 1 else None
-    parts = 1 if n * threads.ELEMENT_WORK < threads.SMALL_FLOPS else get_num_threads()
     run_parts(apply_task(OPS[p.kernel][0]), parts, n, accs[0], code, ya, code, oacc.flat, code, s0, s1,
               p.attrs.get("approximate", "none") == "tanh")
     return [out]
@@ -351,8 +356,9 @@ def run_elementwise(ctx):
     for i, nm in enumerate(names):
         if mask >> i & 1:
             ctx.read(ctx.inputs[nm].nbytes)
-    if _splits(p, names, odt, oacc, n, is_int, cond):
-        return _run_split(ctx, names, accs, oacc, mask, code, out)
+    parts = _split_parts(p, names, odt, oacc, n, is_int, cond)
+    if parts > 1:
+        return _run_split(ctx, names, accs, oacc, mask, code, out, parts)
     bufs = [None] * len(names)
     fbufs = [np.empty(min(T, n), np.int64 if is_int else np.float32) for _ in names]
     res = np.empty(min(T, n), np.int64 if is_int else np.float32)

@@ -8,8 +8,9 @@ chunk of the plan's whole tile, 393216 elements for BERT's residual add, made th
 buffers a call, 1.5 ms instead of 0.14), each chunk gathered, decoded, applied, encoded and
 stored exactly as the one-thread tile loop of ``impl.run_elementwise`` does it (the same
 ``apply``, ``load_row`` and ``store_row``: bit-identical results). The driver counts the plan's tiles as before; this split
-is the host's, not the emulated chip's. Smaller calls keep the Python tile loop: a region costs a
-fixed wake-up that a small eager op would pay on every call.
+is the host's, not the emulated chip's. Smaller calls, and calls on one thread, keep the Python
+tile loop: a region costs a fixed wake-up that a small eager op would pay on every call, and these
+functions compile only where a call splits (2.5 s of cold CPU for ``_part`` and its op's task).
 
 Float ops with float operands only (the paths BERT's and ResNet's adds, activations and their
 backward take); integer, bool and promoted operands, conditions and bool outputs keep the loop.
@@ -86,8 +87,5 @@ def run_parts(apply_fn, parts, n, xa, xcode, ya, ycode, oflat, ocode, s0, s1, ta
     args = (np.int64(parts), np.int64(n), np.int64(CHUNK), ap, xa.flat, xa.shape, xa.strides, bool(xa.contiguous),
             np.int64(xcode), ya.flat, ya.shape, ya.strides, bool(ya.contiguous), np.int64(ycode), has_y, oflat,
             np.int64(ocode), np.float32(s0), np.float32(s1), bool(tanh_form))
-    if parts == 1:          # one thread: the part on the calling thread, no region to launch
-        _part(np.int64(0), *args)
-        return
     task = taskcall.address(_part, (np.int64(0),) + args)
     _parts(task, *args)
