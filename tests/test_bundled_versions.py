@@ -45,8 +45,8 @@ PUBLISHED = {
     ("core", "1.8.0"): "d37aafb792bba53727957a7f55e7a00209a1cf14b14506a0e9918d76d30dae85",
     # 1.9.0: LLaMA-family fusions rms_norm, silu_mul, rope (issue 34, helper fuse3)
     ("core", "1.9.0"): "174b11dab8e1c4327f15d1ba850f9f6157fbac3137ef465ad749af8d87ee9345",
-    # 1.10.0: minimum, maximum, clamp with tensor bounds (T5 on the eager device)
-    ("core", "1.10.0"): "b08f1ff949d8091aa519a880de8f0401cca4e951a6021fe95f6ce0dc8d4ff92a",
+    # 1.10.0: minimum, maximum, clamp.Tensor, sum of bool/int, pow.Tensor_Tensor (the eager device's zoo fallbacks)
+    ("core", "1.10.0"): "9dccec93362ce919f5b239a38aa62dae2cb2b243f11868cbb3c0230907b9a206",
 }
 
 

@@ -36,6 +36,19 @@ SCRIPT = textwrap.dedent("""
     ms = DeviceMemory(small)
     run_checked("conv2d", small, {"x": dev(torch.randn(1, 16, 28, 28), ms, "float16"),
                                   "weight": dev(torch.randn(32, 16, 3, 3), ms, "float16")}, attrs)  # many tiles
+    import torchfl.kernels.elementwise.split as ew_split
+    import torchfl.kernels.layout.split as lay_split
+    for split in (False, True):     # the tile loops, then the host's one-region splits (issue 38)
+        ew_split.PAR_BYTES = lay_split.PAR_BYTES = 0 if split else 1 << 62
+        run_checked("add", chip, {"a": f16(3, 40, 16), "b": f16(3, 40, 16)})
+        run_checked("gelu", chip, {"a": f16(3, 40, 16)})
+        run_checked("layout_transform", chip, {"x": f16(1, 40, 2, 16)}, {"layout": [0, 2, 1, 3]})
+        run_checked("copy", chip, {"x": f16(3, 40, 16)})
+    run_checked("layer_norm", chip, {"x": f16(1, 40, 16), "weight": f16(16), "bias": f16(16)},
+                {"normalized_shape": [16], "eps": 1e-5})
+    from numba import get_num_threads
+    assert ew_split._part.signatures, "the elementwise split ran"
+    assert lay_split._gather_parts.signatures or get_num_threads() == 1, "the layout split ran"
     from torchfl.kernels.attention import impl as attention_impl
     from torchfl.kernels.conv import fused as conv_fused
     assert conv_fused.conv_tile_fused.signatures and conv_fused.conv_tiles.signatures, "both conv paths ran"

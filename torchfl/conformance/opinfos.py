@@ -30,6 +30,7 @@ OPINFOS: dict[str, tuple[str, ...]] = {
     "aten.rsqrt.default": ("rsqrt",),
     "aten.gelu.default": ("nn.functional.gelu",),
     "aten.pow.Tensor_Scalar": ("pow",),
+    "aten.pow.Tensor_Tensor": ("pow",),
     "aten.where.self": ("where",),
     "aten.minimum.default": ("minimum",),
     "aten.maximum.default": ("maximum",),

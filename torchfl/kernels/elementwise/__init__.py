@@ -78,8 +78,9 @@ INDEX_OPS = frozenset({"add", "sub", "mul", "neg", "abs", "where", "eq", "ne", "
 BOOL_OUT = frozenset({"eq", "ne", "lt", "le", "gt", "ge", "logical_and", "logical_or", "logical_not"})
 COND = {"where": "cond", "masked_fill": "mask"}   # the bool input of each op that has one
 # float arithmetic whose second operand may be an integer or bool tensor: torch promotes it to
-# the float dtype (BLOOM's ALiBi: float slopes * int64 positions); it is converted on load
-PROMOTE = frozenset({"add", "sub", "mul", "div"})
+# the float dtype (BLOOM's ALiBi: float slopes * int64 positions, base ** int32 powers); it is
+# converted on load
+PROMOTE = frozenset({"add", "sub", "mul", "div", "pow"})
 
 
 def broadcast_shape(shapes, kernel):

@@ -188,6 +188,21 @@ def _make_apply(OP):
     return njit(cache=True, error_model="numpy")(apply_op)
 
 
+@functools.lru_cache(maxsize=None)
+def apply_task(OP):
+    """``_make_apply(OP)``'s function under a name of its own (``apply_op<OP>``), for a caller that
+    calls it through its address (``taskcall``, the host split): every op's ``apply`` is named
+    ``apply``, and two ops compiled in different processes can carry one mangled symbol (Numba's
+    unique ids restart in each process), so an address looked up by symbol can be another op's
+    (relu ran add's code: tests/kernels/test_host_split.py). Compiled only where a call splits."""
+    import types
+
+    f = _make_apply(OP).py_func
+    g = types.FunctionType(f.__code__, f.__globals__, f.__name__, f.__defaults__, f.__closure__)
+    g.__qualname__ = f"apply_op{OP}"
+    return njit(cache=True, error_model="numpy")(g)
+
+
 def apply(op, x, y, z, c, out, s0, s1, has_y, tanh_form):
     """out = op(x, y, z) on float32 tiles (y/z unused by unary ops; c: bool condition),
     through op's own compiled function (:func:`_make_apply`)."""
@@ -281,6 +296,38 @@ def _fill(ctx, out, T):
     return [out]
 
 
+def _splits(p, names, odt, oacc, n, is_int, cond) -> bool:
+    """The call runs as one parallel region of equal parts (``split.py``): float math on float
+    operands of the op's dtype, at most two of them, an output of ``PAR_BYTES`` or more."""
+    from .split import PAR_BYTES
+
+    return (not is_int and cond is None and odt == p.dtype and len(names) <= 2 and oacc.contiguous
+            and n * ITEMSIZE[odt] >= PAR_BYTES and all(p.dtype_of(nm) == p.dtype for nm in names))
+
+
+def _run_split(ctx, names, accs, oacc, mask, code, out):
+    """The counters of the plan's tiles (the same sums as the tile loop's), then the parts: one a
+    thread, or one on the calling thread where the call gets one (``threads``: a memory-bound call
+    of fewer than SMALL_FLOPS / ELEMENT_WORK elements, or one thread set)."""
+    from numba import get_num_threads
+    from .. import threads
+    from .split import run_parts
+
+    p = ctx.problem
+    n, es = out.numel, ITEMSIZE[p.dtype]
+    for i in range(len(names)):
+        if not mask >> i & 1:
+            ctx.read(n * es)
+    ctx.write(n * es)
+    ctx.ops(n * OPS[p.kernel][3])
+    s0, s1 = _scalars(p, False)
+    ya = accs[1] if len(accs) > 1 else None
+    parts = 1 if n * threads.ELEMENT_WORK < threads.SMALL_FLOPS else get_num_threads()
+    run_parts(apply_task(OPS[p.kernel][0]), parts, n, accs[0], code, ya, code, oacc.flat, code, s0, s1,
+              p.attrs.get("approximate", "none") == "tanh")
+    return [out]
+
+
 def run_elementwise(ctx):
     p, plan = ctx.problem, ctx.plan
     (out,) = ctx.outputs()
@@ -304,6 +351,8 @@ def run_elementwise(ctx):
     for i, nm in enumerate(names):
         if mask >> i & 1:
             ctx.read(ctx.inputs[nm].nbytes)
+    if _splits(p, names, odt, oacc, n, is_int, cond):
+        return _run_split(ctx, names, accs, oacc, mask, code, out)
     bufs = [None] * len(names)
     fbufs = [np.empty(min(T, n), np.int64 if is_int else np.float32) for _ in names]
     res = np.empty(min(T, n), np.int64 if is_int else np.float32)

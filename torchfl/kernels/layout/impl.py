@@ -5,15 +5,20 @@ import numpy as np
 
 from ..stream import Access, out_order
 from ..tensor import DeviceTensor
-from . import MAXCAT
+from . import MAXCAT, split
 from ..dtypes import ITEMSIZE
 
 
 def _copy_tiles(ctx, src_accs, out, T):
-    """src_accs: list of (Access, count_bytes_per_elem). All walks are in out's physical order."""
+    """src_accs: list of (Access, count_bytes_per_elem). All walks are in out's physical order.
+    A large single-source copy gathers in one parallel region of equal parts (``split.py``)."""
     n = out.numel
     oflat = out.physical().reshape(-1)
     es = ITEMSIZE[out.dtype]
+    if len(src_accs) == 1 and n * es >= split.PAR_BYTES and split.gather_parts(src_accs[0][0], oflat, n):
+        ctx.read(n * src_accs[0][1])        # the plan's tiles' sums, as the loop below counts them
+        ctx.write(n * es)
+        return
     for s in range(0, n, T):
         e = min(n, s + T)
         dst = oflat[s:e]

@@ -64,6 +64,15 @@ def _bounds(tiles):
     return np.array([a for a, _ in tiles] + [tiles[-1][1]], np.int64)
 
 
+def _host_bounds(M):
+    """Rows [0, M) in as many equal parts as threads, for the one parallel call over all rows: the
+    host's split, apart from the plan's tiles (which the counters follow). Numba's OpenMP layer
+    splits a ``prange`` statically, so one part a thread is the even split (BERT-base's 512 x 768
+    layer norm is ONE tile: its rows ran on one thread)."""
+    P = max(1, min(get_num_threads(), M))
+    return np.array([t * M // P for t in range(P + 1)], np.int64)
+
+
 def _elements(p) -> int:
     from . import segments
 
@@ -320,7 +329,7 @@ def run_layer_norm(ctx):
         w = _vec(ctx, "weight", D, 1.0)
         b = _vec(ctx, "bias", D, 0.0)
         tiles = _seg_tiles(ctx, M)
-        seg_normalize(x, xseg, xel, xest, code, y, yseg, yel, yest, code, _bounds(tiles), D, eps, w, b, 1,
+        seg_normalize(x, xseg, xel, xest, code, y, yseg, yel, yest, code, _host_bounds(M), D, eps, w, b, 1,
                       mean, rstd)
         for s0, s1 in tiles:
             ctx.read((s1 - s0) * D * es)
