@@ -19,6 +19,7 @@ from . import taskcall
 from .codecs import decode, encode16, f2h_cvt, h2f_cvt
 from .gemv import run_gemv, uses_gemv
 from .mathfn import gelu32
+from .optlevel import opt_level
 from .ukernel import KC, MCP, MR, NR, ukernel_gemm   # MR x NR micro-kernel, KC x MCP*MR A blocks
 
 
@@ -138,6 +139,7 @@ def _epilogue_row(C, row, c_ns, acc, a0, c0, c1, alpha, beta, biasf, j0, has_bia
 
 
 # long: one parallel region per C tile: packing and the epilogue moved into helpers ran 7-30 % slower (see the docstring)
+@opt_level(1)   # hot loop: the LLVM-IR micro-kernel; BERT's GEMMs as fast, same bits, compile -2.2 s CPU
 @njit(cache=True, parallel=True)
 def _tile(A, rows, a_ks, B, b_base, b_ks, b_ns, j0, tm, tn, K, TK, code, esa, esc, esb,
           has_ln, mean, rstd, g, bb, has_g, has_b, pres, use_res, pre, pbase,
