@@ -6,13 +6,14 @@ import functools
 import math
 
 import numpy as np
-from numba import njit
+from numba import get_num_threads, njit
 
 from .. import dtypes as dt
+from .. import threads
 from ..mathfn import erf32, exp32, gelu32, tanh32
 from ..staging import load_row, store_row
 from ..stream import Access, out_order
-from . import COND, INTS, OPS, _names, out_dtype
+from . import COND, INTS, OPS, _names, out_dtype, split
 from ..dtypes import ITEMSIZE
 
 
@@ -303,22 +304,16 @@ def _split_parts(p, names, odt, oacc, n, is_int, cond) -> int:
     SMALL_FLOPS / ELEMENT_WORK elements or more). On one thread the loop stays: as fast, and the
     split's functions compile only where a call splits (2.5 s of cold CPU for ``_part`` and its
     op's ``apply_task``)."""
-    from numba import get_num_threads
-
-    from .. import threads
-    from .split import PAR_BYTES
-
+    if n * ITEMSIZE[odt] < split.PAR_BYTES:     # first: the one test an eager op's small call pays
+        return 1
     if (is_int or cond is not None or odt != p.dtype or len(names) > 2 or not oacc.contiguous
-            or n * ITEMSIZE[odt] < PAR_BYTES or n * threads.ELEMENT_WORK < threads.SMALL_FLOPS
-            or any(p.dtype_of(nm) != p.dtype for nm in names)):
+            or n * threads.ELEMENT_WORK < threads.SMALL_FLOPS or any(p.dtype_of(nm) != p.dtype for nm in names)):
         return 1
     return get_num_threads()
 
 
 def _run_split(ctx, names, accs, oacc, mask, code, out, parts):
     """The counters of the plan's tiles (the same sums as the tile loop's), then the parts."""
-    from .split import run_parts
-
     p = ctx.problem
     n, es = out.numel, ITEMSIZE[p.dtype]
     for i in range(len(names)):
@@ -328,7 +323,7 @@ def _run_split(ctx, names, accs, oacc, mask, code, out, parts):
     ctx.ops(n * OPS[p.kernel][3])
     s0, s1 = _scalars(p, False)
     ya = accs[1] if len(accs) > 1 else None
-    run_parts(apply_task(OPS[p.kernel][0]), parts, n, accs[0], code, ya, code, oacc.flat, code, s0, s1,
+    split.run_parts(apply_task(OPS[p.kernel][0]), parts, n, accs[0], code, ya, code, oacc.flat, code, s0, s1,
               p.attrs.get("approximate", "none") == "tanh")
     return [out]
 
