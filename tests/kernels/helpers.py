@@ -77,3 +77,51 @@ def bytes_monotone(name, inputs_shapes, attrs, dtype, caches=(4 << 10, 16 << 10,
             assert b <= last, f"{name}: cache {c} moves {b} B > {last} B with a smaller cache"
         last = b
     assert last is not None
+
+
+def conv_checked(shape, dtype="float32"):
+    """conv2d of a random (N, C, HW, HW) input by (K, C/groups, R, R) weights, padding R // 2,
+    run with its plan (counted == predicted) and checked against torch; ``shape`` is
+    (N, C, HW, K, R, groups)."""
+    import torch.nn.functional as F
+
+    n, c, hw, k, r, groups = shape
+    chip = chip_for(dtype)
+    mem = DeviceMemory(chip)
+    x, w = dev(torch.randn(n, c, hw, hw), mem, dtype), dev(torch.randn(k, c // groups, r, r), mem, dtype)
+    (y,), _ = run_checked("conv2d", chip, {"x": x, "weight": w}, {"padding": r // 2, "groups": groups})
+    assert_close(as_f32(y), F.conv2d(as_f32(x), as_f32(w), padding=r // 2, groups=groups), dtype, scale=3)
+
+
+def conv_backward_checked():
+    """The input and weight gradients of a 2x8x6x6 by 16x8x3x3 conv (padding 1), each run with
+    its plan and checked against autograd's."""
+    import torch.nn.functional as F
+
+    chip = chip_for("float32")
+    mem = DeviceMemory(chip)
+    x, w = torch.randn(2, 8, 6, 6, requires_grad=True), torch.randn(16, 8, 3, 3, requires_grad=True)
+    y = F.conv2d(x, w, padding=1)
+    gy = torch.randn_like(y)
+    y.backward(gy)
+    (dx,), _ = run_checked("conv2d_backward_input", chip, {"grad_out": dev(gy, mem), "weight": dev(w.detach(), mem)},
+                           {"padding": 1, "input_shape": tuple(x.shape)})
+    assert_close(as_f32(dx), x.grad, "float32", scale=3)
+    (dw,), _ = run_checked("conv2d_backward_weight", chip, {"grad_out": dev(gy, mem), "x": dev(x.detach(), mem)},
+                           {"padding": 1, "weight_shape": tuple(w.shape)})
+    assert_close(as_f32(dw), w.grad, "float32", scale=9)
+
+
+def run_fresh_cache(script, tmp_path, timeout):
+    """``script`` in a new interpreter at the project's root with an empty kernel cache (under
+    ``tmp_path``): its stdout, once it exits 0."""
+    import os
+    import subprocess
+    import sys
+
+    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path / "numba"))
+    r = subprocess.run([sys.executable, "-c", script], cwd=root, env=env, capture_output=True, text=True,
+                       timeout=timeout)
+    assert r.returncode == 0, r.stderr[-3000:]
+    return r.stdout

@@ -9,10 +9,9 @@ the GEMM (tiled and few-row), attention (tiled and decode) and both weight-stati
 forced, in a fresh process with an empty Numba cache (a function loaded from the cache
 never compiles its callees, so only a cold run shows them), then every compiled torchfl
 kernel function is checked."""
-import os
-import subprocess
-import sys
 import textwrap
+
+from .helpers import run_fresh_cache
 
 SCRIPT = textwrap.dedent("""
     import gc, re
@@ -72,11 +71,7 @@ SCRIPT = textwrap.dedent("""
 
 
 def test_no_kernel_compiled_twice_for_integer_spelling(tmp_path):
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path / "numba"))
-    r = subprocess.run([sys.executable, "-c", SCRIPT], cwd=root, env=env, capture_output=True, text=True,
-                       timeout=600)
-    assert r.returncode == 0, r.stderr[-3000:]
-    assert "checked" in r.stdout
-    dups = [line for line in r.stdout.splitlines() if line.startswith("DUPLICATE")]
+    out = run_fresh_cache(SCRIPT, tmp_path, timeout=600)
+    assert "checked" in out
+    dups = [line for line in out.splitlines() if line.startswith("DUPLICATE")]
     assert dups == [], "\n".join(dups)

@@ -8,10 +8,9 @@ helper is compiled once per signature and marked ``alwaysinline`` for LLVM, whic
 every call site all the same (a call left in a block loop costs ~100 cycles: the comment at
 ``conv.pointwise._store_rows``). Here each caller, compiled fresh, must hold no call to its
 helpers, and the helpers must have been compiled as functions of their own (not IR-copied)."""
-import os
-import subprocess
-import sys
 import textwrap
+
+from .helpers import run_fresh_cache
 
 SCRIPT = textwrap.dedent("""
     import re
@@ -66,15 +65,11 @@ SCRIPT = textwrap.dedent("""
 
 
 def test_llvm_inlined_helpers_compile_once_and_leave_no_call(tmp_path):
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path / "numba"))
-    r = subprocess.run([sys.executable, "-c", SCRIPT], cwd=root, env=env, capture_output=True, text=True,
-                       timeout=900)
-    assert r.returncode == 0, r.stderr[-3000:]
-    lines = r.stdout.splitlines()
+    out = run_fresh_cache(SCRIPT, tmp_path, timeout=900)
+    lines = out.splitlines()
     callers = [line for line in lines if line.startswith("CALLER")]
     helpers = [line.split() for line in lines if line.startswith("HELPER")]
-    assert len(callers) == 6 and len(helpers) == 13, r.stdout
+    assert len(callers) == 6 and len(helpers) == 13, out
     assert all(line.endswith("LEFT []") for line in callers), "\n".join(callers)
     # forceinline, and compiled as a function of its own (a Numba-IR-inlined helper has no signatures)
     assert all(h[2] == "True" and int(h[3]) >= 1 for h in helpers), "\n".join(map(" ".join, helpers))

@@ -8,7 +8,7 @@ import torch.nn.functional as F
 import torchfl.kernels.threads as threads
 from torchfl.kernels import DeviceMemory
 
-from .helpers import as_f32, assert_close, chip_for, dev, run_checked
+from .helpers import as_f32, assert_close, chip_for, conv_backward_checked, conv_checked, dev, run_checked
 
 
 @pytest.fixture(autouse=True)
@@ -56,25 +56,8 @@ def test_softmax_parallel(cache):
 def test_conv_parallel(shape, dtype):
     """Small convs run serially (threads.conv_small): here their parallel loops run, with the
     same results and counted bytes."""
-    n, c, hw, k, r, groups = shape
-    chip = chip_for(dtype)
-    mem = DeviceMemory(chip)
-    x, w = dev(torch.randn(n, c, hw, hw), mem, dtype), dev(torch.randn(k, c // groups, r, r), mem, dtype)
-    (y,), _ = run_checked("conv2d", chip, {"x": x, "weight": w}, {"padding": r // 2, "groups": groups})
-    ref = F.conv2d(as_f32(x), as_f32(w), padding=r // 2, groups=groups)
-    assert_close(as_f32(y), ref, dtype, scale=3)
+    conv_checked(shape, dtype)
 
 
 def test_conv_backward_parallel():
-    chip = chip_for("float32")
-    mem = DeviceMemory(chip)
-    x, w = torch.randn(2, 8, 6, 6, requires_grad=True), torch.randn(16, 8, 3, 3, requires_grad=True)
-    y = F.conv2d(x, w, padding=1)
-    gy = torch.randn_like(y)
-    y.backward(gy)
-    (dx,), _ = run_checked("conv2d_backward_input", chip, {"grad_out": dev(gy, mem), "weight": dev(w.detach(), mem)},
-                           {"padding": 1, "input_shape": tuple(x.shape)})
-    assert_close(as_f32(dx), x.grad, "float32", scale=3)
-    (dw,), _ = run_checked("conv2d_backward_weight", chip, {"grad_out": dev(gy, mem), "x": dev(x.detach(), mem)},
-                           {"padding": 1, "weight_shape": tuple(w.shape)})
-    assert_close(as_f32(dw), w.grad, "float32", scale=9)
+    conv_backward_checked()

@@ -4,18 +4,15 @@ Why: waking Numba's OpenMP workers for a region costs ~0.1 ms on an idle host an
 when the host is loaded (the worker waits for a time slice; measured: a 2x144x2x2 -> 24 1x1
 conv, 55 KFLOP, took 18-46 ms on 2 threads at load 4 and 0.24 ms on one, which made the
 compiled MobileNetV2 of the zoo 12-70x slower than torch). A conv's parallel loops are
-entered with one thread below ``threads.conv_small()`` multiply-adds x2, with all of them
+entered with one thread below ``threads.conv_small()`` FLOPs of their plan, with all of them
 above it."""
 import numba
 import pytest
-import torch
-import torch.nn.functional as F
 
-from torchfl.kernels import DeviceMemory
 from torchfl.kernels import threads
-from torchfl.kernels.conv import backward, forward, pointwise
+from torchfl.kernels.conv import backward, forward
 
-from .helpers import as_f32, assert_close, chip_for, dev, run_checked
+from .helpers import conv_backward_checked, conv_checked
 
 #: the module attributes the conv drivers call their parallel loops through
 PARALLEL = [(forward, "conv_tiles"), (forward, "conv_tile_fused"), (forward, "conv1x1_rows"),
@@ -36,36 +33,15 @@ def threads_seen(monkeypatch):
     return seen
 
 
-def _conv(n, c, hw, k, r, groups=1):
-    chip = chip_for("float32")
-    mem = DeviceMemory(chip)
-    x, w = torch.randn(n, c, hw, hw), torch.randn(k, c // groups, r, r)
-    attrs = {"padding": r // 2, "groups": groups}
-    (y,), _ = run_checked("conv2d", chip, {"x": dev(x, mem), "weight": dev(w, mem)}, attrs)
-    assert_close(as_f32(y), F.conv2d(x, w, padding=r // 2, groups=groups), "float32", scale=3)
-
-
 @pytest.mark.parametrize("shape", [(2, 144, 2, 24, 1, 1), (2, 32, 8, 32, 3, 32), (1, 8, 12, 16, 3, 1)],
                          ids=["1x1", "depthwise", "3x3"])
 def test_a_small_conv_enters_its_parallel_loops_with_one_thread(threads_seen, shape):
-    _conv(*shape)
+    conv_checked(shape)
     assert threads_seen and {n for _, n in threads_seen} == {1}, threads_seen
 
 
 def test_a_small_conv_backward_enters_its_parallel_loops_with_one_thread(threads_seen):
-    chip = chip_for("float32")
-    mem = DeviceMemory(chip)
-    x, w = torch.randn(2, 8, 6, 6, requires_grad=True), torch.randn(16, 8, 3, 3, requires_grad=True)
-    y = F.conv2d(x, w, padding=1)
-    gy = torch.randn_like(y)
-    y.backward(gy)
-    attrs = {"padding": 1}
-    (dx,), _ = run_checked("conv2d_backward_input", chip, {"grad_out": dev(gy, mem), "weight": dev(w.detach(), mem)},
-                           {**attrs, "input_shape": tuple(x.shape)})
-    assert_close(as_f32(dx), x.grad, "float32", scale=3)
-    (dw,), _ = run_checked("conv2d_backward_weight", chip, {"grad_out": dev(gy, mem), "x": dev(x.detach(), mem)},
-                           {**attrs, "weight_shape": tuple(w.shape)})
-    assert_close(as_f32(dw), w.grad, "float32", scale=9)
+    conv_backward_checked()
     assert {k for k, _ in threads_seen} == {"compute_bwd_input", "compute_bwd_weight"}, threads_seen
     assert {n for _, n in threads_seen} == {1}, threads_seen
 
@@ -74,6 +50,6 @@ def test_a_large_conv_keeps_every_thread(threads_seen):
     n = numba.get_num_threads()
     if n == 1:
         pytest.skip("this process runs Numba on one thread (NUMBA_NUM_THREADS=1)")
-    _conv(1, 64, 56, 64, 3)                  # 2 * 56*56 * 64*64*9 = 231 MFLOP
+    conv_checked((1, 64, 56, 64, 3, 1))      # 2 * 56*56 * 64*64*9 = 231 MFLOP
     assert threads_seen and {k for _, k in threads_seen} == {n}, threads_seen
     assert threads.conv_small() < 231e6

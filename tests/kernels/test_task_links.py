@@ -3,10 +3,9 @@ into their parallel callers: linked, a task's body is optimised and code-generat
 caller's gufunc library and in the caller's own (attention's parallel K/V pre-pack linked its
 per-head body and row decoder: 1.7 s more compile CPU on a BERT layer's first call). Here each
 caller, compiled fresh, must not name its task at all in its LLVM IR."""
-import os
-import subprocess
-import sys
 import textwrap
+
+from .helpers import run_fresh_cache
 
 SCRIPT = textwrap.dedent("""
     import torch
@@ -38,11 +37,7 @@ SCRIPT = textwrap.dedent("""
 
 
 def test_tasks_called_by_address_are_not_linked_into_their_callers(tmp_path):
-    root = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    env = dict(os.environ, NUMBA_CACHE_DIR=str(tmp_path / "numba"))
-    r = subprocess.run([sys.executable, "-c", SCRIPT], cwd=root, env=env, capture_output=True, text=True,
-                       timeout=900)
-    assert r.returncode == 0, r.stderr[-3000:]
-    callers = [line for line in r.stdout.splitlines() if line.startswith("CALLER")]
-    assert len(callers) == 2, r.stdout
+    out = run_fresh_cache(SCRIPT, tmp_path, timeout=900)
+    callers = [line for line in out.splitlines() if line.startswith("CALLER")]
+    assert len(callers) == 2, out
     assert all(line.endswith("NAMES []") for line in callers), "\n".join(callers)

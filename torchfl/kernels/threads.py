@@ -13,17 +13,12 @@ ELEMENT_WORK = 256        # memory-bound kernels count this per element: >= 256K
 
 
 def conv_small() -> int:
-    """The multiply-adds x2 under which a convolution runs on one thread: a quarter of
-    SMALL_FLOPS. Why lower than a GEMM's: a conv's parallel split is even (balance 0.98+),
-    and ResNet-50's 1x1 convs of 25-51 MFLOP (0.5-1 ms) still gain from a second core on an
-    idle host; the convs this keeps on one thread (MobileNet's, <= a few MFLOP) gain nothing
-    and cost tens of ms when a worker waits for a time slice."""
+    """The FLOPs under which a convolution runs on one thread: a quarter of SMALL_FLOPS. Why
+    lower than a GEMM's: a conv's parallel split is even (balance 0.98+), and
+    ResNet-50's 1x1 convs of 25-51 MFLOP (0.5-1 ms) still gain from a second core on an idle
+    host; the convs this keeps on one thread (MobileNet's, <= a few MFLOP) gain nothing and
+    cost tens of ms when a worker waits for a time slice."""
     return SMALL_FLOPS // 4
-
-
-def conv_work(G: dict) -> int:
-    """A convolution's multiply-adds x2 from its geometry (forward or backward alike)."""
-    return 2 * G["N"] * G["K"] * G["OH"] * G["OW"] * G["Cg"] * G["R"] * G["S"]
 
 
 @contextmanager
@@ -42,17 +37,31 @@ def threads_for(work: int, small: int | None = None):
         yield n
 
 
-def sized_by(elements_of, per_element: int = ELEMENT_WORK, small=None):
-    """Decorator for a kernel's ``run(ctx)``: its parallel loops run on one thread when
-    ``elements_of(problem) * per_element`` is under ``small()`` (SMALL_FLOPS by default;
-    memory-bound kernels count ELEMENT_WORK per element: a 128 x 768 layer-norm took 8 ms on
-    2 threads of a loaded machine, 1 ms on one)."""
+def sized_by(elements_of):
+    """Decorator for a memory-bound kernel's ``run(ctx)``: its parallel loops run on one
+    thread when ``elements_of(problem)`` is under SMALL_FLOPS / ELEMENT_WORK (a 128 x 768
+    layer-norm took 8 ms on 2 threads of a loaded machine, 1 ms on one)."""
     import functools
 
     def wrap(run):
         @functools.wraps(run)
         def sized(ctx):
-            with threads_for(elements_of(ctx.problem) * per_element, None if small is None else small()):
+            with threads_for(elements_of(ctx.problem) * ELEMENT_WORK):
+                return run(ctx)
+        return sized
+    return wrap
+
+
+def sized_by_plan(small):
+    """Decorator for a compute-bound kernel's ``run(ctx)``: its parallel loops run on one
+    thread when the plan's FLOPs (``ctx.plan.traffic``, the cost model's count) are under
+    ``small()``."""
+    import functools
+
+    def wrap(run):
+        @functools.wraps(run)
+        def sized(ctx):
+            with threads_for(ctx.plan.traffic.flops, small()):
                 return run(ctx)
         return sized
     return wrap

@@ -8,7 +8,7 @@ from numba import njit, prange
 
 from ..codecs import decode, encode16
 from ..staging import _code, _flat, load_rows, store_plain
-from ..threads import conv_small, conv_work, sized_by
+from ..threads import conv_small, sized_by_plan
 from .tiles import F16_LUT, _slab_rows
 
 
@@ -61,13 +61,7 @@ def compute_bwd_input(dys, lo_oh, lo_ow, rows, cols, tk, wt, tc, R, S, sh, sw, p
     return macs
 
 
-def _work(p) -> int:
-    from .geometry import conv_geometry
-
-    return conv_work(conv_geometry(p))
-
-
-@sized_by(_work, per_element=1, small=conv_small)     # a small conv's loops on one thread (threads.py)
+@sized_by_plan(conv_small)     # a small conv's loops on one thread (threads.py)
 def run_conv2d_backward_input(ctx):
     from .backward_tiling import _bwd_in_rows
     from .geometry import conv_geometry
@@ -144,7 +138,7 @@ def store_wgrad(acc, tk, tc, R, S, k0, c0, y, t0, t1, t2, t3, ycode):
     return tk * tc * R * S
 
 
-@sized_by(_work, per_element=1, small=conv_small)
+@sized_by_plan(conv_small)
 def run_conv2d_backward_weight(ctx):
     from .geometry import conv_geometry
     from .. import dtypes as _dt

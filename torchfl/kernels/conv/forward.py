@@ -10,7 +10,7 @@ import numba
 import numpy as np
 
 from .. import frozen
-from ..threads import conv_small, conv_work, threads_for
+from ..threads import conv_small, sized_by_plan
 from ..staging import _code, _flat, _flat_view, _scratch
 from .fused import conv_tile_fused, conv_tiles, fold_epilogue
 from .microkernel import MR, NR, RB
@@ -38,7 +38,6 @@ class _Site:
         from .geometry import tile_starts
 
         self.G = G = conv_geometry(p)
-        self.work = conv_work(G)
         self.e = e = _epilogue(p.kernel, p)
         self.is_int = p.dtype == "int8"
         self.stationary = cfg.strategy == "weight_stationary"
@@ -114,14 +113,14 @@ def _window_reads(G, tiles):
     return total * G["Cg"]
 
 
+@sized_by_plan(conv_small)     # a small conv's loops on one thread (threads.py)
 def run_conv2d(ctx):
     site = ctx.cache.get("conv")
     if site is None:
         site = ctx.cache["conv"] = _Site(ctx.problem, ctx.chip, ctx.plan.config)
-    with threads_for(site.work, conv_small()):    # a small conv's loops on one thread (threads.py)
-        if site.fast:
-            return _run_stationary_float(ctx, site)
-        return _run_conv2d_general(ctx)
+    if site.fast:
+        return _run_stationary_float(ctx, site)
+    return _run_conv2d_general(ctx)
 
 
 def _run_stationary_float(ctx, site):
