@@ -21,6 +21,15 @@ def conv_small() -> int:
     return SMALL_FLOPS // 4
 
 
+def parts_for(elements: int) -> int:
+    """The threads a memory-bound call of ``elements`` gets (``threads_for``'s rule at
+    ELEMENT_WORK a element): all of them from SMALL_FLOPS / ELEMENT_WORK elements on, else 1.
+    A host split (elementwise, layout) cuts its call into this many equal parts."""
+    from numba import get_num_threads
+
+    return get_num_threads() if elements * ELEMENT_WORK >= SMALL_FLOPS else 1
+
+
 @contextmanager
 def threads_for(work: int, small: int | None = None):
     from numba import get_num_threads, set_num_threads

@@ -6,7 +6,7 @@ import functools
 import math
 
 import numpy as np
-from numba import get_num_threads, njit
+from numba import njit
 
 from .. import dtypes as dt
 from .. import threads
@@ -307,9 +307,9 @@ def _split_parts(p, names, odt, oacc, n, is_int, cond) -> int:
     if n * ITEMSIZE[odt] < split.PAR_BYTES:     # first: the one test an eager op's small call pays
         return 1
     if (is_int or cond is not None or odt != p.dtype or len(names) > 2 or not oacc.contiguous
-            or n * threads.ELEMENT_WORK < threads.SMALL_FLOPS or any(p.dtype_of(nm) != p.dtype for nm in names)):
+            or any(p.dtype_of(nm) != p.dtype for nm in names)):
         return 1
-    return get_num_threads()
+    return threads.parts_for(n)
 
 
 def _run_split(ctx, names, accs, oacc, mask, code, out, parts):

@@ -10,7 +10,7 @@ a fixed wake-up a small eager op would pay on every call).
 from __future__ import annotations
 
 import numpy as np
-from numba import get_num_threads, njit, prange
+from numba import njit, prange
 
 from ..stream import gather
 
@@ -39,9 +39,7 @@ def gather_parts(acc, dst, n) -> bool:
     without a region's launch."""
     from .. import threads
 
-    if n * threads.ELEMENT_WORK < threads.SMALL_FLOPS:
-        return False
-    nt = get_num_threads()
+    nt = threads.parts_for(n)
     if nt == 1:
         return False
     _gather_parts(np.int64(nt), acc.flat, acc.shape, acc.strides, bool(acc.contiguous), np.int64(n), dst)
