@@ -43,7 +43,7 @@ def plan_module(module, example_inputs, chip, precision=None, strict=False, regi
         captured, _bw = capture_training(module, example_inputs, target.packs)
     else:
         captured = capture_module(module, example_inputs)
-    return _plan(captured, example_inputs, target, precision, strict)
+    return _plan(_compiled(captured), example_inputs, target, precision, strict)
 
 
 def plan_training(module, example_inputs, chip, precision=None, strict=False, registry=None):
@@ -52,7 +52,7 @@ def plan_training(module, example_inputs, chip, precision=None, strict=False, re
 
     target = _prepared(chip, registry, precision, ())
     fw, bw = capture_training(module, tuple(example_inputs), target.packs)
-    return _plan(fw, (), target, precision, strict), _plan(bw, (), target, precision, strict)
+    return _plan(_compiled(fw), (), target, precision, strict), _plan(_compiled(bw), (), target, precision, strict)
 
 
 def plan_graph(gm, example_inputs, chip, precision=None, strict=False, registry=None):
@@ -62,7 +62,7 @@ def plan_graph(gm, example_inputs, chip, precision=None, strict=False, registry=
 
     example_inputs = tuple(example_inputs)
     target = _prepared(chip, registry, precision, example_inputs)
-    return _plan(capture_dynamo(gm, example_inputs), example_inputs, target, precision, strict)
+    return _plan(_compiled(capture_dynamo(gm, example_inputs)), example_inputs, target, precision, strict)
 
 
 def plan_dynamo(gm, args, chip, kind="inference", weights=(), precision=None, strict=False, registry=None):
@@ -84,12 +84,20 @@ def plan_dynamo(gm, args, chip, kind="inference", weights=(), precision=None, st
         target = _prepared(chip, registry, precision, inputs)
         captured = capture_dynamo(lifted, inputs)
         _refuse_writes(gm, captured)
-        return _plan(captured, inputs, target, precision, strict), user
+        return _plan(_compiled(captured), inputs, target, precision, strict), user
     if kind not in ("forward", "backward"):
         raise ValueError(f"plan_dynamo: kind must be inference, forward or backward, not {kind!r}")
     target = _prepared(chip, registry, precision, ())
-    plan = _plan(captured_aot(concrete(gm, args), kind, weights), (), target, precision, strict)
+    plan = _plan(_compiled(captured_aot(concrete(gm, args), kind, weights)), (), target, precision, strict)
     return plan, tuple(range(len(args)))
+
+
+def _compiled(captured):
+    """``captured`` marked as a graph compiled whole: its clones may be elided (``elide.py``;
+    after ``fold_repeat_kv``, which reads Hugging Face's repeat_kv clone). The eager device's
+    plans (``plan_captured``) are never marked: their clones copy."""
+    captured.extra["compiled"] = True
+    return captured
 
 
 def _n_outputs(gm, nodes_only=False) -> int:
@@ -179,6 +187,10 @@ def _plan_uncollected(captured, example_inputs, target, precision, strict, decid
 
     hcd, packs, chip = target.hcd, target.packs, target.model
     captured = decompose.fold_repeat_kv(captured)
+    if captured.extra.get("compiled"):
+        from torchfl.planner.elide import elide_clones
+
+        elide_clones(captured)
     ir = build_ir(captured, precision)
     check_graph(hcd, ir, precision, unbatched=frozenset(captured.extra.get("unbatched", ())))
     check_weights(ir, hcd, chip)     # weights that cannot fit: refused before candidates and the search
@@ -219,6 +231,7 @@ def _plan_uncollected(captured, example_inputs, target, precision, strict, decid
     notes = [f"selection: {'exact' if selection.exact else 'beam-pruned (not proven optimal)'} dynamic "
              f"programming over {len(selection.order)} nodes, at most {selection.max_states} layout states"]
     notes += sorted(set(w for w in hcd.warnings for w in [str(w)]))
+    notes += captured.extra.get("notes", [])
     for opt in selection.chosen:
         notes.extend(opt.payload.warnings)
     notes = list(dict.fromkeys(notes))
