@@ -47,6 +47,8 @@ PUBLISHED = {
     ("core", "1.9.0"): "174b11dab8e1c4327f15d1ba850f9f6157fbac3137ef465ad749af8d87ee9345",
     # 1.10.0: minimum, maximum, clamp.Tensor, sum of bool/int, pow.Tensor_Tensor (the eager device's zoo fallbacks)
     ("core", "1.10.0"): "9dccec93362ce919f5b239a38aa62dae2cb2b243f11868cbb3c0230907b9a206",
+    # 1.11.0: linalg_vector_norm (weight norm: Wav2Vec2's last eager fallback; clip_grad_norm_)
+    ("core", "1.11.0"): "79b72ecd76c56ae0c2cf672f7d7eaf3f95d0969ec791adb83317dc9bd86e5940",
 }
 
 
