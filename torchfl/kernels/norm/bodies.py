@@ -128,29 +128,24 @@ def interleaved_affine(x, x0, xest, code, y, y0, yest, ycode, S, L, scale, shift
 
 
 @njit(cache=True, nogil=True, fastmath=_FM)
-def _normalize_rows_task(t, x, xseg, xel, xest, code, y, yseg, yel, yest, ycode, bounds, L, eps, w, b, wstride,
-                         mean_out, rstd_out):
-    """``seg_normalize``'s segments ``bounds[t]..bounds[t + 1]`` where they are contiguous float32 or
-    fp16 rows, in and out in one code, with per-element w/b (layer norm): load+sum, squares,
-    normalise+store. A task of its own, not a branch of :func:`_normalize_task`: a layer norm then
-    compiles no general row load/store (``_load``, ``_store`` and their row codecs, ~1.6 s of
-    compile CPU on a BERT layer's first call that never ran them). The same arithmetic as before the
-    split (bit-identical)."""
+def _normalize_rows16_task(t, x, xseg, xel, xest, code, y, yseg, yel, yest, ycode, bounds, L, eps, w, b, wstride,
+                           mean_out, rstd_out):
+    """``seg_normalize``'s segments ``bounds[t]..bounds[t + 1]`` where they are contiguous fp16 rows in
+    and out, with per-element w/b (a transformer's layer norm): decode, sum, squares, normalise and
+    encode, one loop each so that each vectorises. A task of its own, not a branch of
+    :func:`_normalize_task`: a layer norm then compiles no general row load/store (``_load``,
+    ``_store`` and their row codecs: ~1.6 s of compile CPU on a BERT layer's first call that never
+    ran them), and no float32 loops (:func:`_normalize_rows32_task`: ~0.25 s). The arithmetic of
+    the branch it was (bit-identical)."""
     buf = np.empty(L, np.float32)
     for s in range(bounds[t], bounds[t + 1]):
         xb, yb = xseg[s], yseg[s]
         a32 = np.float32(0.0)
-        if code == 0:
-            for i in range(L):
-                v = np.float32(x[xb + i])
-                buf[i] = v
-                a32 += v
-        else:   # one decode loop, then the sum: each vectorises (0.65 -> ~0.1 ms at 128 x 768)
-            xr = x[xb:xb + L]
-            for i in range(L):
-                buf[i] = f16_to_f32(xr[i])
-            for i in range(L):
-                a32 += buf[i]
+        xr = x[xb:xb + L]
+        for i in range(L):      # one decode loop, then the sum: each vectorises (0.65 -> ~0.1 ms at 128 x 768)
+            buf[i] = f16_to_f32(xr[i])
+        for i in range(L):
+            a32 += buf[i]
         mu = a32 / np.float32(L)
         q32 = np.float32(0.0)
         for i in range(L):
@@ -159,22 +154,44 @@ def _normalize_rows_task(t, x, xseg, xel, xest, code, y, yseg, yel, yest, ycode,
         r32 = np.float32(1.0 / math.sqrt(q32 / L + eps))
         mean_out[s] = mu
         rstd_out[s] = r32
-        if code == 0:
-            for i in range(L):
-                y[yb + i] = (buf[i] - mu) * r32 * w[i] + b[i]
-        else:
-            yr = y[yb:yb + L]
-            for i in range(L):
-                yr[i] = f32_to_f16((buf[i] - mu) * r32 * w[i] + b[i])
+        yr = y[yb:yb + L]
+        for i in range(L):
+            yr[i] = f32_to_f16((buf[i] - mu) * r32 * w[i] + b[i])
+
+
+@njit(cache=True, nogil=True, fastmath=_FM)
+def _normalize_rows32_task(t, x, xseg, xel, xest, code, y, yseg, yel, yest, ycode, bounds, L, eps, w, b, wstride,
+                           mean_out, rstd_out):
+    """:func:`_normalize_rows16_task` for float32 rows: load and sum in one loop, squares,
+    normalise and store."""
+    buf = np.empty(L, np.float32)
+    for s in range(bounds[t], bounds[t + 1]):
+        xb, yb = xseg[s], yseg[s]
+        a32 = np.float32(0.0)
+        for i in range(L):
+            v = np.float32(x[xb + i])
+            buf[i] = v
+            a32 += v
+        mu = a32 / np.float32(L)
+        q32 = np.float32(0.0)
+        for i in range(L):
+            d = buf[i] - mu
+            q32 += d * d
+        r32 = np.float32(1.0 / math.sqrt(q32 / L + eps))
+        mean_out[s] = mu
+        rstd_out[s] = r32
+        for i in range(L):
+            y[yb + i] = (buf[i] - mu) * r32 * w[i] + b[i]
 
 
 @njit(cache=True, nogil=True, fastmath=_FM)
 def _normalize_task(t, x, xseg, xel, xest, code, y, yseg, yel, yest, ycode, bounds, L, eps, w, b, wstride,
                     mean_out, rstd_out):
     """``seg_normalize``'s segments ``bounds[t]..bounds[t + 1]``, any layout and code (contiguous
-    rows take :func:`_normalize_rows_task`): a plain function its prange loop calls, so Numba's
-    parallel passes see a small body (the prange-body rule in docs/ARCHITECTURE.md): its cold
-    compile 5.3 -> 3.85 s CPU, warm 128 x 768 fp16 unchanged (84 us, 1 thread)."""
+    rows take :func:`_normalize_rows16_task` / :func:`_normalize_rows32_task`): a plain function
+    its prange loop calls, so Numba's parallel passes see a small body (the prange-body rule in
+    docs/ARCHITECTURE.md): its cold compile 5.3 -> 3.85 s CPU, warm 128 x 768 fp16 unchanged
+    (84 us, 1 thread)."""
     buf = np.empty(L, np.float32)
     e0 = np.int64(0)    # not a literal 0: _load/_store would compile a Literal[int](0) signature of their own
     for s in range(bounds[t], bounds[t + 1]):
@@ -204,7 +221,7 @@ def _normalize_task(t, x, xseg, xel, xest, code, y, yseg, yel, yest, ycode, boun
 @njit(cache=True, nogil=True, parallel=True)
 def _seg_normalize(task, x, xseg, xel, xest, code, y, yseg, yel, yest, ycode, bounds, L, eps, w, b, wstride,
                    mean_out, rstd_out):
-    """:func:`seg_normalize`'s parallel loop; ``task`` is the address of ``_normalize_rows_task`` or
+    """:func:`seg_normalize`'s parallel loop; ``task`` is the address of a rows task or of
     ``_normalize_task`` (:mod:`..taskcall`: called, not linked in and compiled again here; both take
     the same argument types, so this loop compiles once for both). The index is cast to int64 (a
     uint64 prange index would be a second task signature)."""
@@ -214,8 +231,9 @@ def _seg_normalize(task, x, xseg, xel, xest, code, y, yseg, yel, yest, ycode, bo
 
 
 def rows_fast(xest, yest, code, ycode, wstride) -> bool:
-    """Whether :func:`seg_normalize` takes :func:`_normalize_rows_task`: contiguous rows, one code
-    (float32 or fp16) in and out, per-element w/b."""
+    """Whether :func:`seg_normalize` takes a rows task (:func:`_normalize_rows16_task`,
+    :func:`_normalize_rows32_task`): contiguous rows, one code (float32 or fp16) in and out,
+    per-element w/b."""
     return xest == 1 and yest == 1 and code == ycode and (code == 0 or code == 1) and wstride == 1
 
 
@@ -223,7 +241,10 @@ def seg_normalize(x, xseg, xel, xest, code, y, yseg, yel, yest, ycode, bounds, L
                   mean_out, rstd_out):
     """Whole segments on chip: mean, biased variance (two passes over the on-chip copy),
     y = (x - mean) * rstd * w + b; w/b per segment (wstride 0) or per element (1)."""
-    task = _normalize_rows_task if rows_fast(xest, yest, code, ycode, wstride) else _normalize_task
+    if rows_fast(xest, yest, code, ycode, wstride):
+        task = _normalize_rows32_task if code == 0 else _normalize_rows16_task
+    else:
+        task = _normalize_task
     addr = taskcall.address(task, (np.int64(0), x, xseg, xel, xest, code, y, yseg, yel, yest, ycode,
                                    bounds, L, eps, w, b, wstride, mean_out, rstd_out))
     _seg_normalize(addr, x, xseg, xel, xest, code, y, yseg, yel, yest, ycode, bounds, L, eps, w, b, wstride,
