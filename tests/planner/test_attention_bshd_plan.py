@@ -60,3 +60,20 @@ def test_compiled_attention_with_folded_transposes_matches_torch(precision, tol,
         want = m(*args)
         got = torch.compile(m, backend="torchfl", options=opts)(*args)
     assert float((got - want).abs().max()) <= tol * float(want.abs().max())
+
+
+def test_analyze_counts_the_bytes_the_plan_predicts_for_the_folded_attention():
+    """explain --analyze: every step's measured bytes equal its predicted bytes, the fused
+    attention (bshd) included."""
+    import torchfl
+
+    m = SelfAttention(causal=True).eval()
+    x = torch.randn(2, 24, 64)
+    with torch.no_grad():
+        _text, analyses = torchfl.explain(m, x, chip="TFL-X1", precision="float16", analyze=True,
+                                          return_analysis=True)
+    kernels = [s.kernel for an in analyses for s in an.steps]
+    assert "attention" in kernels and "layout_transform" not in kernels
+    for an in analyses:
+        for s in an.steps:
+            assert int(round(s.predicted_bytes)) == s.measured_bytes, (s.index, s.kernel, s.label)
