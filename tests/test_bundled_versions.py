@@ -47,8 +47,10 @@ PUBLISHED = {
     ("core", "1.9.0"): "174b11dab8e1c4327f15d1ba850f9f6157fbac3137ef465ad749af8d87ee9345",
     # 1.10.0: minimum, maximum, clamp.Tensor, sum of bool/int, pow.Tensor_Tensor (the eager device's zoo fallbacks)
     ("core", "1.10.0"): "9dccec93362ce919f5b239a38aa62dae2cb2b243f11868cbb3c0230907b9a206",
-    # 1.11.0: attention_bshd, the transposes around attention folded into it (issue 38, helper steps4)
-    ("core", "1.11.0"): "0fe7a6e22a9356544a7c28c64d0a32d605f131319377b3009a6cff4d3c99ff26",
+    # 1.11.0: linalg_vector_norm (weight norm: Wav2Vec2's last eager fallback; clip_grad_norm_)
+    ("core", "1.11.0"): "79b72ecd76c56ae0c2cf672f7d7eaf3f95d0969ec791adb83317dc9bd86e5940",
+    # 1.12.0: attention_bshd, the transposes around attention folded into it (issue 38, helper steps4)
+    ("core", "1.12.0"): "472f2087c63ae1a771ea42be6d64344b9796e899a4952df44c545bb2609db11d",
 }
 
 

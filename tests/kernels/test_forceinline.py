@@ -30,6 +30,8 @@ SCRIPT = textwrap.dedent("""
     run_checked("linear_gelu", chip, {"x": f16(16, 61), "w": f16(300, 61), "bias": f16(300)})             # rows: the tiled GEMM
     run_checked("avg_pool2d", chip, {"x": f16(1, 8, 16, 16)}, {"kernel_size": 3, "stride": 2, "padding": 1})
     run_checked("layer_norm", chip, {"x": f16(4, 128), "weight": f16(128), "bias": f16(128)}, {"normalized_shape": (128,)})
+    run_checked("layer_norm", chip, {"x": dev(torch.randn(4, 5, 32), mem, "float16", "CLN"), "weight": f16(32), "bias": f16(32)},
+                {"normalized_shape": (32,)})   # strided rows: the general task, with _load/_store
 
     from torchfl.kernels import gemm, gemv
     from torchfl.kernels.conv import fused, pointwise, tiles

@@ -107,3 +107,55 @@ def test_sum_of_bools_and_integers_is_exact_int64(dtype, case):
     ref = x.sum() if dim is None else x.sum(dim=dim, keepdim=keep)
     (y,), _ = run_checked("sum", chip, {"x": dev(x, mem, layout)}, attrs)
     assert y.dtype == "int64" and torch.equal(torch.from_numpy(y.to_numpy()).reshape(ref.shape), ref)
+
+
+@pytest.mark.parametrize("case", CASES)
+@pytest.mark.parametrize("order", [2, 1, float("inf"), float("-inf"), 0, 3.5, -2.1])
+@pytest.mark.parametrize("cache", [8 << 20, 64])
+def test_vector_norm_matches_torch(case, order, cache):
+    """Every order over dims, layouts, a streamed (64 B) and a resident cache, counted == predicted
+    (run_checked). float64 accumulation: float32 within 1e-6 of torch's (also float64 on the CPU)."""
+    shape, dim, keep, layout = case
+    chip = ChipModel(cache_bytes=cache)
+    mem = DeviceMemory(chip)
+    g = torch.Generator().manual_seed(len(shape))
+    x = torch.randn(*shape, generator=g)
+    if x.numel() > 3:
+        x.view(-1)[:3] = torch.tensor([0.0, -0.0, 2.5])
+    attrs = {"dim": dim, "keepdim": keep, "ord": order}
+    reduced = range(len(shape)) if dim is None else [d % len(shape) for d in ((dim,) if isinstance(dim, int) else dim)]
+    n_red = int(np.prod([shape[d] for d in reduced]))
+    if n_red == 0 and x.numel() == 0 and len(reduced) < len(shape) and (order < 0 or order == float("inf")):
+        with pytest.raises(KernelError, match="empty dim"):   # outputs exist, each the norm of nothing
+            get("vector_norm").problem({"x": shape}, attrs, "float32")
+        return
+    ref = torch.linalg.vector_norm(x, order, dim=dim, keepdim=keep)
+    (y,), _ = run_checked("vector_norm", chip, {"x": dev(x, mem, layout)}, attrs)
+    assert y.shape == tuple(ref.shape)
+    np.testing.assert_allclose(y.to_numpy(), ref.numpy(), rtol=1e-6, atol=0, equal_nan=True)
+
+
+@pytest.mark.parametrize("dtype", ["float16", "bfloat16"])
+def test_vector_norm_half_nan_inf(dtype):
+    """16-bit inputs: one rounding of the float64 result (within one ulp of torch's); a NaN row stays
+    NaN for every order but 0 (NaN is nonzero: counted), an inf row is inf."""
+    chip = ChipModel()
+    mem = DeviceMemory(chip)
+    x = (torch.randn(5, 40) * 30).to(getattr(torch, dtype))
+    x[1, 3], x[2, 7] = float("nan"), float("inf")
+    eps = torch.finfo(x.dtype).eps
+    for order in (2, 1, float("inf"), 0, 3.0):
+        (y,), _ = run_checked("vector_norm", chip, {"x": dev(x, mem)}, {"dim": 1, "ord": order})
+        assert y.dtype == dtype
+        got = torch.from_numpy(np.asarray(y.to_numpy(), np.float32))
+        ref = torch.linalg.vector_norm(x.double(), order, dim=1).float()
+        torch.testing.assert_close(got, ref, rtol=eps, atol=0, equal_nan=True)
+
+
+def test_vector_norm_refuses_what_it_cannot_compute():
+    with pytest.raises(KernelError, match="order nan is not a number"):
+        get("vector_norm").problem({"x": (3, 4)}, {"dim": 1, "ord": float("nan")}, "float32")
+    with pytest.raises(KernelError, match="empty dim"):
+        get("vector_norm").problem({"x": (3, 0)}, {"dim": 1, "ord": float("inf")}, "float32")
+    p = get("vector_norm").problem({"x": (3, 0)}, {"dim": 1, "ord": 2}, "float32")   # 0: the sum of nothing
+    assert p.shapes["x"] == (3, 0)

@@ -58,6 +58,7 @@ OPINFOS: dict[str, tuple[str, ...]] = {
     "aten.sum.dim_IntList": ("sum",),
     "aten.sum.default": ("sum",),
     "aten.amax.default": ("amax",),
+    "aten.linalg_vector_norm.default": ("linalg.vector_norm", "nn.functional.normalize"),
     "aten.view.default": ("view", "reshape"),
     "aten._unsafe_view.default": ("reshape",),
     "aten.reshape.default": ("reshape",),

@@ -18,7 +18,7 @@ from numba import njit, prange
 from . import taskcall
 from .codecs import decode, encode16, f2h_cvt, h2f_cvt
 from .gemv import run_gemv, uses_gemv
-from .mathfn import gelu32
+from .mathfn import gelu32, gelu_erf32, gelu_tanh32
 from .optlevel import opt_level
 from .ukernel import KC, MCP, MR, NR, ukernel_gemm   # MR x NR micro-kernel, KC x MCP*MR A blocks
 
@@ -77,15 +77,16 @@ def _store_epilogue(C, i, v, bias, j, has_bias, beta, code, act):
 # each) instead of by Numba (``inline="always"`` copied and re-typed GELU's erf/tanh/exp chain and
 # encode16's codecs at each of the row's four call sites: 1.9 s of its 2.5 s compile). A compiled
 # helper keeps its own flags: these are _epilogue_row's (error_model="numpy", no fastmath), the
-# flags Numba's inlining lowered them with, so the bits are the same.
+# flags Numba's inlining lowered them with, so the bits are the same. Each wrapper copies its own
+# form's chain only (mathfn.gelu_erf32 / gelu_tanh32; gelu32(v, False) carried the tanh chain too).
 @njit(forceinline=True, cache=True, error_model="numpy")
 def _gelu_erf(v):
-    return gelu32(v, False)
+    return gelu_erf32(v)
 
 
 @njit(forceinline=True, cache=True, error_model="numpy")
 def _gelu_tanh(v):
-    return gelu32(v, True)
+    return gelu_tanh32(v)
 
 
 @njit(forceinline=True, cache=True, error_model="numpy")

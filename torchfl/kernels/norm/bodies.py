@@ -128,45 +128,57 @@ def interleaved_affine(x, x0, xest, code, y, y0, yest, ycode, S, L, scale, shift
 
 
 @njit(cache=True, nogil=True, fastmath=_FM)
-def _normalize_task(t, x, xseg, xel, xest, code, y, yseg, yel, yest, ycode, bounds, L, eps, w, b, wstride,
-                    mean_out, rstd_out, fast):
-    """``seg_normalize``'s segments ``bounds[t]..bounds[t + 1]``: a plain function its prange
-    loop calls, so Numba's parallel passes see a small body (the prange-body rule in
-    docs/ARCHITECTURE.md): its cold compile 5.3 -> 3.85 s CPU, warm 128 x 768 fp16 unchanged
-    (84 us, 1 thread)."""
+def _normalize_rows_task(t, x, xseg, xel, xest, code, y, yseg, yel, yest, ycode, bounds, L, eps, w, b, wstride,
+                         mean_out, rstd_out):
+    """``seg_normalize``'s segments ``bounds[t]..bounds[t + 1]`` where they are contiguous float32 or
+    fp16 rows, in and out in one code, with per-element w/b (layer norm): load+sum, squares,
+    normalise+store. A task of its own, not a branch of :func:`_normalize_task`: a layer norm then
+    compiles no general row load/store (``_load``, ``_store`` and their row codecs, ~1.6 s of
+    compile CPU on a BERT layer's first call that never ran them). The same arithmetic as before the
+    split (bit-identical)."""
     buf = np.empty(L, np.float32)
     for s in range(bounds[t], bounds[t + 1]):
-        if fast:   # contiguous fp32 / fp16 rows (layer-norm): load+sum, squares, normalise+store
-            xb, yb = xseg[s], yseg[s]
-            a32 = np.float32(0.0)
-            if code == 0:
-                for i in range(L):
-                    v = np.float32(x[xb + i])
-                    buf[i] = v
-                    a32 += v
-            else:   # one decode loop, then the sum: each vectorises (0.65 -> ~0.1 ms at 128 x 768)
-                xr = x[xb:xb + L]
-                for i in range(L):
-                    buf[i] = f16_to_f32(xr[i])
-                for i in range(L):
-                    a32 += buf[i]
-            mu = a32 / np.float32(L)
-            q32 = np.float32(0.0)
+        xb, yb = xseg[s], yseg[s]
+        a32 = np.float32(0.0)
+        if code == 0:
             for i in range(L):
-                d = buf[i] - mu
-                q32 += d * d
-            r32 = np.float32(1.0 / math.sqrt(q32 / L + eps))
-            mean_out[s] = mu
-            rstd_out[s] = r32
-            if code == 0:
-                for i in range(L):
-                    y[yb + i] = (buf[i] - mu) * r32 * w[i] + b[i]
-            else:
-                yr = y[yb:yb + L]
-                for i in range(L):
-                    yr[i] = f32_to_f16((buf[i] - mu) * r32 * w[i] + b[i])
-            continue
-        _load(x, xseg[s], xel, xest, code, 0, L, buf)
+                v = np.float32(x[xb + i])
+                buf[i] = v
+                a32 += v
+        else:   # one decode loop, then the sum: each vectorises (0.65 -> ~0.1 ms at 128 x 768)
+            xr = x[xb:xb + L]
+            for i in range(L):
+                buf[i] = f16_to_f32(xr[i])
+            for i in range(L):
+                a32 += buf[i]
+        mu = a32 / np.float32(L)
+        q32 = np.float32(0.0)
+        for i in range(L):
+            d = buf[i] - mu
+            q32 += d * d
+        r32 = np.float32(1.0 / math.sqrt(q32 / L + eps))
+        mean_out[s] = mu
+        rstd_out[s] = r32
+        if code == 0:
+            for i in range(L):
+                y[yb + i] = (buf[i] - mu) * r32 * w[i] + b[i]
+        else:
+            yr = y[yb:yb + L]
+            for i in range(L):
+                yr[i] = f32_to_f16((buf[i] - mu) * r32 * w[i] + b[i])
+
+
+@njit(cache=True, nogil=True, fastmath=_FM)
+def _normalize_task(t, x, xseg, xel, xest, code, y, yseg, yel, yest, ycode, bounds, L, eps, w, b, wstride,
+                    mean_out, rstd_out):
+    """``seg_normalize``'s segments ``bounds[t]..bounds[t + 1]``, any layout and code (contiguous
+    rows take :func:`_normalize_rows_task`): a plain function its prange loop calls, so Numba's
+    parallel passes see a small body (the prange-body rule in docs/ARCHITECTURE.md): its cold
+    compile 5.3 -> 3.85 s CPU, warm 128 x 768 fp16 unchanged (84 us, 1 thread)."""
+    buf = np.empty(L, np.float32)
+    e0 = np.int64(0)    # not a literal 0: _load/_store would compile a Literal[int](0) signature of their own
+    for s in range(bounds[t], bounds[t + 1]):
+        _load(x, xseg[s], xel, xest, code, e0, L, buf)
         acc = 0.0
         for i in range(L):
             acc += buf[i]
@@ -186,28 +198,35 @@ def _normalize_task(t, x, xseg, xel, xest, code, y, yseg, yel, yest, ycode, boun
         else:
             for i in range(L):
                 buf[i] = (buf[i] - m32) * r32 * w[i] + b[i]
-        _store(y, yseg[s], yel, yest, ycode, 0, L, buf)
+        _store(y, yseg[s], yel, yest, ycode, e0, L, buf)
 
 
 @njit(cache=True, nogil=True, parallel=True)
 def _seg_normalize(task, x, xseg, xel, xest, code, y, yseg, yel, yest, ycode, bounds, L, eps, w, b, wstride,
                    mean_out, rstd_out):
-    """:func:`seg_normalize`'s parallel loop; ``task`` is ``_normalize_task``'s address
-    (:mod:`..taskcall`: called, not linked in and compiled again here). The index is cast to
-    int64 (a uint64 prange index would be a second task signature)."""
-    fast = xest == 1 and yest == 1 and code == ycode and (code == 0 or code == 1) and wstride == 1
+    """:func:`seg_normalize`'s parallel loop; ``task`` is the address of ``_normalize_rows_task`` or
+    ``_normalize_task`` (:mod:`..taskcall`: called, not linked in and compiled again here; both take
+    the same argument types, so this loop compiles once for both). The index is cast to int64 (a
+    uint64 prange index would be a second task signature)."""
     for t in prange(bounds.size - 1):
         taskcall.call(task, (np.int64(t), x, xseg, xel, xest, code, y, yseg, yel, yest, ycode, bounds, L, eps, w, b,
-                             wstride, mean_out, rstd_out, fast))
+                             wstride, mean_out, rstd_out))
+
+
+def rows_fast(xest, yest, code, ycode, wstride) -> bool:
+    """Whether :func:`seg_normalize` takes :func:`_normalize_rows_task`: contiguous rows, one code
+    (float32 or fp16) in and out, per-element w/b."""
+    return xest == 1 and yest == 1 and code == ycode and (code == 0 or code == 1) and wstride == 1
 
 
 def seg_normalize(x, xseg, xel, xest, code, y, yseg, yel, yest, ycode, bounds, L, eps, w, b, wstride,
                   mean_out, rstd_out):
     """Whole segments on chip: mean, biased variance (two passes over the on-chip copy),
     y = (x - mean) * rstd * w + b; w/b per segment (wstride 0) or per element (1)."""
-    task = taskcall.address(_normalize_task, (np.int64(0), x, xseg, xel, xest, code, y, yseg, yel, yest, ycode,
-                                              bounds, L, eps, w, b, wstride, mean_out, rstd_out, False))
-    _seg_normalize(task, x, xseg, xel, xest, code, y, yseg, yel, yest, ycode, bounds, L, eps, w, b, wstride,
+    task = _normalize_rows_task if rows_fast(xest, yest, code, ycode, wstride) else _normalize_task
+    addr = taskcall.address(task, (np.int64(0), x, xseg, xel, xest, code, y, yseg, yel, yest, ycode,
+                                   bounds, L, eps, w, b, wstride, mean_out, rstd_out))
+    _seg_normalize(addr, x, xseg, xel, xest, code, y, yseg, yel, yest, ycode, bounds, L, eps, w, b, wstride,
                    mean_out, rstd_out)
 
 
@@ -231,7 +250,7 @@ def seg_sums(x, xseg, xel, xest, code, s0, s1, e0, e1, shift, s1_acc, s2_acc):
 @njit(cache=True, nogil=True)
 def seg_first(x, xseg, xel, xest, code, s, out):
     buf = np.empty(1, np.float32)
-    _load(x, xseg[s], xel, xest, code, 0, 1, buf)
+    _load(x, xseg[s], xel, xest, code, np.int64(0), np.int64(1), buf)
     out[s] = buf[0]
 
 
@@ -286,8 +305,8 @@ def bn_bwd_resident(g, gseg, gel, gest, x, xseg, xel, xest, code, y, yseg, yel, 
         for s in range(bounds[t], bounds[t + 1]):
             gb = np.empty(L, np.float32)
             xb = np.empty(L, np.float32)
-            _load(g, gseg[s], gel, gest, code, 0, L, gb)
-            _load(x, xseg[s], xel, xest, code, 0, L, xb)
+            _load(g, gseg[s], gel, gest, code, np.int64(0), L, gb)
+            _load(x, xseg[s], xel, xest, code, np.int64(0), L, xb)
             a = 0.0
             q = 0.0
             m = mean[s]
@@ -307,7 +326,7 @@ def bn_bwd_resident(g, gseg, gel, gest, x, xseg, xel, xest, code, y, yseg, yel, 
             m32 = np.float32(m)
             for i in range(L):
                 gb[i] = k1 * gb[i] - k2 - k3 * (xb[i] - m32)
-            _store(y, yseg[s], yel, yest, ycode, 0, L, gb)
+            _store(y, yseg[s], yel, yest, ycode, np.int64(0), L, gb)
 
 
 @njit(cache=True, nogil=True, parallel=True, fastmath=_FM)
@@ -322,8 +341,8 @@ def ln_bwd_rows(g, gseg, gel, gest, x, xseg, xel, xest, code, y, yseg, yel, yest
         gb = np.empty(D, np.float32)
         xb = np.empty(D, np.float32)
         for r in range(a0, a1):
-            _load(g, gseg[r], gel, gest, code, 0, D, gb)
-            _load(x, xseg[r], xel, xest, code, 0, D, xb)
+            _load(g, gseg[r], gel, gest, code, np.int64(0), D, gb)
+            _load(x, xseg[r], xel, xest, code, np.int64(0), D, xb)
             m, rs = np.float32(mean[r]), np.float32(rstd[r])
             s1 = 0.0
             s2 = 0.0
@@ -339,4 +358,4 @@ def ln_bwd_rows(g, gseg, gel, gest, x, xseg, xel, xest, code, y, yseg, yel, yest
             c2 = np.float32(s2 / D)
             for i in range(D):
                 gb[i] = rs * (gb[i] * w[i] - c1 - xb[i] * c2)
-            _store(y, yseg[r], yel, yest, ycode, 0, D, gb)
+            _store(y, yseg[r], yel, yest, ycode, np.int64(0), D, gb)

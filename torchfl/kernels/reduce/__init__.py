@@ -1,5 +1,5 @@
-"""Reductions: sum, mean, amax over dims (keepdim), and the boolean reductions any / all
-(truth of each element: nonzero or NaN; a bool result), any input layout (pure Python part).
+"""Reductions: sum, mean, amax and vector norms over dims (keepdim), and the boolean reductions
+any / all (truth of each element: nonzero or NaN; a bool result), any input layout (pure Python part).
 
 The one tiling function is :func:`reduce_tiling`: outputs are tiled ``TM`` at a time with
 their float accumulators resident; each output's inputs stream through double-buffered
@@ -11,13 +11,15 @@ index path's ints) and write one bool byte per output.
 """
 from __future__ import annotations
 
+import math
+
 from .. import dtypes as _dt
 from ..dtypes import DTYPES, FLOATS
 from ..errors import KernelError
 from ..spec import KernelSpec, TensorMeta
 from ..tiling import TileConfig, Traffic, make_plan
 
-__all__ = ["KERNELS", "reduce_dims", "reduce_tiling"]
+__all__ = ["KERNELS", "op_count", "reduce_dims", "reduce_tiling"]
 
 ACC = 8   # float64 accumulator per output
 BOOL_REDUCE = ("any", "all")   # kernels with a bool result
@@ -68,11 +70,35 @@ def _sizes(p):
     return M, R, dims
 
 
+def norm_order(p) -> float:
+    """The order of a ``vector_norm`` problem as a float (any, inf and -inf included)."""
+    return float(p.attrs["ord"])
+
+
+def op_count(p, n: int, R: int) -> int:
+    """Operations of ``n`` outputs reducing ``R`` elements each: what the tiling prices and the
+    run counts (one definition for both). A norm maps each element (|x|, x*x, |x|**p) before
+    adding or comparing, and roots each result for orders other than 1, inf, -inf and 0."""
+    if p.kernel == "vector_norm":
+        o = norm_order(p)
+        if o in (1.0, 0.0) or math.isinf(o):
+            return n * 2 * R
+        return n * ((2 if o == 2.0 else 3) * R + 1)
+    return n * (R + (1 if p.kernel == "mean" else 0))
+
+
 def _check(p):
     M, R, dims = _sizes(p)
     if p.kernel == "amax" and R == 0 and M:
         raise KernelError(f"kernel amax: cannot reduce over an empty dim of {p.shapes['x']} "
                           "(torch raises too: the maximum of nothing is undefined)")
+    if p.kernel == "vector_norm":
+        o = p.attrs["ord"]
+        if isinstance(o, bool) or not isinstance(o, (int, float)) or math.isnan(o):
+            raise KernelError(f"kernel vector_norm: order {o!r} is not a number (give a float, inf or -inf)")
+        if (o < 0 or math.isinf(o)) and R == 0 and M:
+            raise KernelError(f"kernel vector_norm: the {o} norm over an empty dim of {p.shapes['x']} has no value "
+                              "(torch raises too: the operation has no identity)")
 
 
 def _meta(p):
@@ -96,20 +122,19 @@ def reduce_tiling(p, chip):
     tr = max(1, min(R, (cache // 2) // (2 * es)))      # half the cache for the input stream
     tm = max(1, min(M, (cache - 2 * tr * es) // ACC))
     need = tm * ACC + 2 * min(tr, max(R, 1)) * es
-    extra = 1 if p.kernel == "mean" else 0
     full, rest = divmod(M, tm)
     groups = []
     for n, cnt in ((tm, full), (rest, 1 if rest else 0)):
         if cnt:
-            groups.append((cnt, Traffic(n * R * es, n * oes, n * (R + extra))))
+            groups.append((cnt, Traffic(n * R * es, n * oes, op_count(p, n, R))))
     strategy = "resident" if tm == M and tr >= R else "streamed"
     cfg = TileConfig(strategy, (("outputs", tm), ("chunk", tr)), strategy == "streamed",
                      f"{tm} accumulators resident, input streamed in chunks of {tr}; footprint {need} B")
     return make_plan(p.kernel, p.key, cfg, groups, need)
 
 
-def _spec(name, fuses, doc, dtypes=FLOATS):
-    return KernelSpec(name, "reduce", ("x",), {"dim": None, "keepdim": False}, dtypes, "any", fuses, doc,
+def _spec(name, fuses, doc, dtypes=FLOATS, **attrs):
+    return KernelSpec(name, "reduce", ("x",), {"dim": None, "keepdim": False, **attrs}, dtypes, "any", fuses, doc,
                       _check, _meta, reduce_tiling, "run_reduce")
 
 
@@ -119,6 +144,9 @@ KERNELS = [
           "exactly into int64, as torch), any input layout.", FLOATS + EXACT),
     _spec("mean", ("aten.mean.dim", "aten.mean.default"), "Mean over dims, any input layout."),
     _spec("amax", ("aten.amax.default",), "Maximum over dims (NaN propagates), any input layout."),
+    _spec("vector_norm", ("aten.linalg_vector_norm.default",),
+          "Vector norm of order ord over dims (float64 accumulation: (sum |x|**ord)**(1/ord); inf / -inf the "
+          "largest / smallest |x|, 0 the count of nonzeros), any input layout.", ord=2.0),
     _spec("any", ("aten.any.dim", "aten.any.dims", "aten.any.default"),
           "True where some element over dims is nonzero (NaN counts), any input dtype and layout; bool result.",
           tuple(DTYPES)),
