@@ -49,8 +49,10 @@ PUBLISHED = {
     ("core", "1.10.0"): "9dccec93362ce919f5b239a38aa62dae2cb2b243f11868cbb3c0230907b9a206",
     # 1.11.0: linalg_vector_norm (weight norm: Wav2Vec2's last eager fallback; clip_grad_norm_)
     ("core", "1.11.0"): "79b72ecd76c56ae0c2cf672f7d7eaf3f95d0969ec791adb83317dc9bd86e5940",
-    # 1.12.0: attention_bshd, the transposes around attention folded into it (issue 38, helper steps4)
-    ("core", "1.12.0"): "472f2087c63ae1a771ea42be6d64344b9796e899a4952df44c545bb2609db11d",
+    # 1.12.0: casts from an index-path integer or bool to a float (mixed-dtype elementwise operands, planner/promote.py)
+    ("core", "1.12.0"): "8d57d2d935b84c81283651e5807ba6ec28d4861c87f1654b472412034ad813a2",
+    # 1.13.0: attention_bshd, the transposes around attention folded into it (issue 38, helper steps4)
+    ("core", "1.13.0"): "3cfb8a6a9979ec51b71e008f32ea031698c9837bb7443343a28ac3b18f7a1282",
 }
 
 

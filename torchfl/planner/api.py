@@ -181,12 +181,14 @@ def _plan_uncollected(captured, example_inputs, target, precision, strict, decid
     from torchfl.planner.cost import Pricer
     from torchfl.planner.graph import build_ir
     from torchfl.planner.memory import check_weights
+    from torchfl.planner.promote import promote_operands
     from torchfl.planner.plan import Capture
     from torchfl.planner.records import identity_layout
     from torchfl.planner.select import CoverProblem, SelectionError, select
 
     hcd, packs, chip = target.hcd, target.packs, target.model
     captured = decompose.fold_repeat_kv(captured)
+    promote_operands(captured, precision)     # mixed-dtype elementwise operands: explicit casts
     if captured.extra.get("compiled"):
         from torchfl.planner.elide import elide_clones
 
