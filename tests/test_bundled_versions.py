@@ -51,6 +51,8 @@ PUBLISHED = {
     ("core", "1.11.0"): "79b72ecd76c56ae0c2cf672f7d7eaf3f95d0969ec791adb83317dc9bd86e5940",
     # 1.12.0: casts from an index-path integer or bool to a float (mixed-dtype elementwise operands, planner/promote.py)
     ("core", "1.12.0"): "8d57d2d935b84c81283651e5807ba6ec28d4861c87f1654b472412034ad813a2",
+    # 1.13.0: attention_bshd, the transposes around attention folded into it (issue 38, helper steps4)
+    ("core", "1.13.0"): "3cfb8a6a9979ec51b71e008f32ea031698c9837bb7443343a28ac3b18f7a1282",
 }
 
 

@@ -5,6 +5,13 @@ head h reads key/value head h // (H / Hkv) in place, as torch's enable_gqa), opt
 (bool keep-mask or additive float, broadcastable to [B,H,Lq,Lk]), ``causal`` (key j visible to query i iff j <= i, like
 torch's is_causal), ``scale`` (default 1/sqrt(D)).
 
+``bshd``: q, k, v arrive stored [B, L, H, D] (a model's projection viewed per head, before the
+transpose every attention makes) and the output is written [B, Lq, H, Dv] (as the transpose
+back wants it): the rule pack's ``attention_bshd`` fusion folds those four transposes into the
+kernel, which reads and writes rows of D (Dv) elements through the tensors' strides. The bytes
+are those of the [B, H, L, D] call (one strided DMA row per key, query or output row, counted
+at its size, as the layout family counts a strided gather); only the storage order differs.
+
 Tiling (``plan_attention``), per head: Q tiles of Br rows, K/V tiles of Bc rows; for each
 Q tile the needed K/V tiles are loaded (all of them; with causal, those starting at or
 before the tile's last row), scores S (Br x Bc, fp32), running max/sum and the fp32
@@ -29,10 +36,18 @@ from ..tiling import TileConfig, Traffic, make_plan
 SOFTMAX_OPS = 5   # scale/mask, max, exp, sum, rescale per score
 
 
+def heads_second(shape, bshd: bool) -> tuple:
+    """A q/k/v/output shape as [B, H, L, D]: a ``bshd`` tensor's [B, L, H, D] with L and H swapped."""
+    return (shape[0], shape[2], shape[1], shape[3]) if bshd else tuple(shape)
+
+
 def dims(p):
-    q, k, v = p.shapes["q"], p.shapes["k"], p.shapes["v"]
+    bshd = bool(p.attrs.get("bshd"))
+    q, k, v = (p.shapes[n] for n in ("q", "k", "v"))
     if len(q) != 4 or len(k) != 4 or len(v) != 4:
-        raise KernelError(f"attention: q, k, v must be [B, H, L, D]; got {list(q)}, {list(k)}, {list(v)}")
+        order = "[B, L, H, D] (bshd)" if bshd else "[B, H, L, D]"
+        raise KernelError(f"attention: q, k, v must be {order}; got {list(q)}, {list(k)}, {list(v)}")
+    q, k, v = (heads_second(t, bshd) for t in (q, k, v))
     B, H, Lq, D = q
     if k[0] != B or v[:2] != k[:2] or k[3] != D or v[2] != k[2]:
         raise KernelError(f"attention: shapes do not agree: q{list(q)} k{list(k)} v{list(v)} "
@@ -45,7 +60,7 @@ def dims(p):
 
 def kv_heads(p) -> int:
     """Key/value heads (H for plain attention, fewer for grouped-query attention)."""
-    return p.shapes["k"][1]
+    return p.shapes["k"][2 if p.attrs.get("bshd") else 1]
 
 
 def _check(p):
@@ -65,7 +80,7 @@ def _check(p):
 
 def _meta(p):
     B, H, Lq, Lk, D, Dv = dims(p)
-    return [TensorMeta((B, H, Lq, Dv), p.dtype, None)]
+    return [TensorMeta(heads_second((B, H, Lq, Dv), bool(p.attrs.get("bshd"))), p.dtype, None)]
 
 
 def _cands(n, lo=16):
@@ -173,13 +188,16 @@ def plan_attention(p, chip):
     notes = {"resident": "all heads' q, k, v fit the cache: each loaded once",
              "kv_resident": f"each head's K and V loaded once; Q tiles of {Br} double-buffered",
              "streamed": f"Q tiles of {Br}, K/V tiles of {Bc} double-buffered, online softmax"}[strategy]
+    if p.attrs.get("bshd"):
+        notes += (f"; q, k, v read and O written in [B, L, H, D] storage: strided rows of {D * es} B "
+                  "(the transposes around attention folded in)")
     cfg = TileConfig(strategy, (("q", Br), ("k", Bc), ("kv_once", int(kv_once))), strategy != "resident", notes)
     return make_plan(p.kernel, key, cfg, groups, fp)
 
 
 KERNELS = [KernelSpec(
     name="attention", family="attention", inputs=("q", "k", "v", "mask?"),
-    attrs={"causal": False, "scale": None}, dtypes=FLOATS, layouts="any",
+    attrs={"causal": False, "scale": None, "bshd": False}, dtypes=FLOATS, layouts="any",
     fuses=("aten.scaled_dot_product_attention",),
     doc="softmax(q k^T * scale + mask) v, flash-style tiles with an online softmax",
     check=_check, meta=_meta, tiler=plan_attention, impl="run_attention", mixed_dtypes=True,

@@ -260,9 +260,14 @@ def _attend_call(Q, qst, kp, vp, O, ost, M, mst, mkind, code, H, G, heads, Lq, L
             Br, Bc, kv_once, causal, scale, es, esm, cnt)
 
 
-def _acc(t):
+def _acc(t, bshd=False):
+    """A tensor's flat storage and its element strides in [B, H, L, D] order (a ``bshd`` tensor,
+    stored [B, L, H, D], has its L and H strides swapped: the loops walk it in place)."""
     lv = t.logical()
-    return t.physical().reshape(-1), np.array([s // lv.itemsize for s in lv.strides], np.int64)
+    st = [s // lv.itemsize for s in lv.strides]
+    if bshd:
+        st[1], st[2] = st[2], st[1]
+    return t.physical().reshape(-1), np.array(st, np.int64)
 
 
 def run_attention(ctx):
@@ -274,10 +279,11 @@ def run_attention(ctx):
     heads = B * H
     code = dt.code(p.dtype, ctx.chip.bf16_emulation)
     q, k, v = (ctx.inputs[n] for n in ("q", "k", "v"))
-    Qf, qst = _acc(q)
-    Kf, kst = _acc(k)
-    Vf, vst = _acc(v)
-    Of, ost = _acc(out)
+    bshd = bool(p.attrs.get("bshd"))
+    Qf, qst = _acc(q, bshd)
+    Kf, kst = _acc(k, bshd)
+    Vf, vst = _acc(v, bshd)
+    Of, ost = _acc(out, bshd)
     mask = ctx.inputs.get("mask")
     if mask is None:
         Mf = np.zeros(1, Qf.dtype)
