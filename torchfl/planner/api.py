@@ -179,7 +179,7 @@ def _plan_uncollected(captured, example_inputs, target, precision, strict, decid
     from torchfl.planner.candidates import Generator
     from torchfl.planner.constraints import check_graph, input_layouts
     from torchfl.planner.cost import Pricer
-    from torchfl.planner.graph import build_ir
+    from torchfl.planner.graph import build_ir, drop_unread_getitems
     from torchfl.planner.memory import check_weights
     from torchfl.planner.promote import promote_operands
     from torchfl.planner.plan import Capture
@@ -187,6 +187,7 @@ def _plan_uncollected(captured, example_inputs, target, precision, strict, decid
     from torchfl.planner.select import CoverProblem, SelectionError, select
 
     hcd, packs, chip = target.hcd, target.packs, target.model
+    drop_unread_getitems(captured.graph_module)
     captured = decompose.fold_repeat_kv(captured)
     promote_operands(captured, precision)     # mixed-dtype elementwise operands: explicit casts
     if captured.extra.get("compiled"):

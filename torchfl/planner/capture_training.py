@@ -27,6 +27,9 @@ def training_decompositions(packs) -> dict:
     if {"conv2d_backward_input", "conv2d_backward_weight"} <= {r.kernel for pack in packs for r in pack.rules
                                                                if r.op == str(conv_bwd)}:
         table[conv_bwd] = _split_convolution_backward
+    wn_bwd = torch.ops.aten._weight_norm_interface_backward.default
+    if str(wn_bwd) not in whole:
+        table[wn_bwd] = _weight_norm_backward
     return table
 
 
@@ -44,20 +47,36 @@ def attention_as_math():
 
 def _split_convolution_backward(grad_output, input, weight, bias_sizes, stride, padding, dilation,
                                 transposed, output_padding, groups, output_mask):
-    """``convolution_backward`` asked for the input gradient *and* the weight (or bias)
-    gradient, as two calls: the input gradient alone, then the weight and bias gradients.
+    """``convolution_backward`` of a 1-D convolution as the 2-D one with H = 1 (the backward
+    kernels are 2-D), then, asked for the input gradient *and* the weight (or bias) gradient, as two calls: the input gradient alone, then the weight and bias gradients.
     Each is one kernel's work (``conv2d_backward_input``, ``conv2d_backward_weight``), so
     both run on the chip; as one node no single kernel computes every output it returns.
     Any other call is left whole (``NotImplemented``: traced as it is)."""
     import torch
 
+    op = torch.ops.aten.convolution_backward.default
+    if input.dim() == 3 and weight.dim() == 3 and not transposed:    # 1-D: as 2-D with H = 1
+        lift = lambda v, first: [first, *v] if len(v) == 1 else list(v)
+        g4, i4, w4 = grad_output.unsqueeze(2), input.unsqueeze(2), weight.unsqueeze(2)
+        gi, gw, gb = op(g4, i4, w4, bias_sizes, lift(stride, 1), lift(padding, 0), lift(dilation, 1), transposed,
+                        lift(output_padding, 0), groups, output_mask)
+        return (gi.squeeze(2) if gi is not None else None, gw.squeeze(2) if gw is not None else None, gb)
     if not (output_mask[0] and (output_mask[1] or output_mask[2])):
         return NotImplemented
-    op = torch.ops.aten.convolution_backward.default
     args = (bias_sizes, stride, padding, dilation, transposed, output_padding, groups)
     grad_input = op(grad_output, input, weight, *args, [True, False, False])[0]
     _gi, grad_weight, grad_bias = op(grad_output, input, weight, *args, [False, output_mask[1], output_mask[2]])
     return grad_input, grad_weight, grad_bias
+
+
+def _weight_norm_backward(grad_w, saved_v, saved_g, saved_norms, dim):
+    """The gradients of ``w = g * v / ||v||`` (``_weight_norm_interface``; norms over every dim but
+    ``dim``, kept) as elementwise ops and sums, the formula of ATen's ``weight_norm_backward``:
+    grad_g = sum(grad_w * v) / norm, grad_v = (g / norm) * (grad_w - v * grad_g / norm)."""
+    dims = [d for d in range(saved_v.dim()) if d != dim % max(saved_v.dim(), 1)]
+    grad_g = (grad_w * saved_v).sum(dims, keepdim=True) / saved_norms
+    grad_v = (saved_g / saved_norms) * (grad_w - saved_v * (grad_g / saved_norms))
+    return grad_v, grad_g
 
 
 def capture_training(module, example_inputs, packs=None) -> tuple[Captured, Captured]:

@@ -149,6 +149,19 @@ def check_static_shapes(gm):
                     "or compute that part outside the captured module")
 
 
+def drop_unread_getitems(gm) -> None:
+    """Remove ``getitem`` nodes nobody reads. The IR folds a multi-output node's getitems into it
+    and expects each to be read; AOTAutograd can leave one unread (a first conv's input gradient
+    after an earlier ``torch.compile`` in the process), which would be a node with no rule."""
+    import operator
+
+    dead = [n for n in gm.graph.nodes if n.op == "call_function" and n.target is operator.getitem and not n.users]
+    for n in dead:
+        gm.graph.erase_node(n)
+    if dead:
+        gm.recompile()
+
+
 def build_ir(captured, precision: str | None) -> IRGraph:
     """The IR of a captured graph: its values with their on-chip dtypes under ``precision``,
     its op nodes (``getitem`` folded into their producer), its flattened outputs."""
