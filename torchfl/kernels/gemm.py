@@ -57,22 +57,6 @@ def _pack_b(B, base, ks, ns, k0, tk, j0, tn, code, pb):
                         pb[o + c] = 0.0
 
 
-@njit(inline="always", cache=True)
-def _store_epilogue(C, i, v, bias, j, has_bias, beta, code, act):
-    """C[i] = act(v + beta * bias[j]) in C's storage type (float32 or a 16-bit code)."""
-    if has_bias:
-        bv = bias[j]
-        v += beta * (np.float32(bv) if code == 0 else decode(code, bv))
-    if act == 1:
-        v = max(v, np.float32(0.0))
-    elif act >= 2:
-        v = gelu32(v, act == 3)
-    if code == 0:
-        C[i] = v
-    else:
-        C[i] = encode16(code, v)
-
-
 # GELU and the 16-bit encoder for _epilogue_row, inlined by LLVM (forceinline: compiled once
 # each) instead of by Numba (``inline="always"`` copied and re-typed GELU's erf/tanh/exp chain and
 # encode16's codecs at each of the row's four call sites: 1.9 s of its 2.5 s compile). A compiled
@@ -98,7 +82,7 @@ def _enc16(code, v):
 def _epilogue_row(C, row, c_ns, acc, a0, c0, c1, alpha, beta, biasf, j0, has_bias, act, code, rowv):
     """C[row + n*c_ns] = act(alpha * acc[a0 + n] + beta * biasf[j0 + n]) for n in [c0, c1), in
     C's storage type. One pass per stage over a row so each loop vectorises (the per-element
-    _store_epilogue, with its branches, ran GELU at ~8 ns an element; IEEE division, or
+    epilogue it replaced, with its branches, ran GELU at ~8 ns an element; IEEE division, or
     Numba's zero-division check in erf32 keeps the GELU loop scalar: 10 -> 0.7 ns an
     element); ``biasf`` is float32."""
     w = c1 - c0

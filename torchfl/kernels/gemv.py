@@ -24,7 +24,7 @@ from numba.extending import intrinsic, overload
 from .codecs import bits_f32, decode, encode16, f2h_cvt, h2f_cvt
 from .gemv_block import LANES, make_block
 from .hostcpu import has_feature
-from .mathfn import gelu32
+from .mathfn import gelu_erf32, gelu_tanh32
 from .staging import load_row
 
 GEMV_M = 2        # float32 (and emulated bf16) B: at most this many rows of A: from 3 rows on the tiled
@@ -165,9 +165,9 @@ def _finish(v, alpha, beta, bias, j, has_bias, act, code):
     if act == 1:
         v = max(v, np.float32(0.0))
     elif act == 2:
-        v = gelu32(v, False)
+        v = gelu_erf32(v)
     elif act == 3:
-        v = gelu32(v, True)
+        v = gelu_tanh32(v)
     return v
 
 

@@ -127,6 +127,18 @@ def interleaved_affine(x, x0, xest, code, y, y0, yest, ycode, S, L, scale, shift
                     y[yb + s] = encode16(ycode, buf[s])
 
 
+@njit(inline="always", cache=True)
+def _row_stats(buf, L, a32, eps):
+    """(mean, 1 / sqrt(biased variance + eps)) of a row's float32 copy ``buf[:L]`` whose sum is
+    ``a32``: the rows tasks' statistics (inlined: each task's loops keep its fastmath flags)."""
+    mu = a32 / np.float32(L)
+    q32 = np.float32(0.0)
+    for i in range(L):
+        d = buf[i] - mu
+        q32 += d * d
+    return mu, np.float32(1.0 / math.sqrt(q32 / L + eps))
+
+
 @njit(cache=True, nogil=True, fastmath=_FM)
 def _normalize_rows16_task(t, x, xseg, xel, xest, code, y, yseg, yel, yest, ycode, bounds, L, eps, w, b, wstride,
                            mean_out, rstd_out):
@@ -146,12 +158,7 @@ def _normalize_rows16_task(t, x, xseg, xel, xest, code, y, yseg, yel, yest, ycod
             buf[i] = f16_to_f32(xr[i])
         for i in range(L):
             a32 += buf[i]
-        mu = a32 / np.float32(L)
-        q32 = np.float32(0.0)
-        for i in range(L):
-            d = buf[i] - mu
-            q32 += d * d
-        r32 = np.float32(1.0 / math.sqrt(q32 / L + eps))
+        mu, r32 = _row_stats(buf, L, a32, eps)
         mean_out[s] = mu
         rstd_out[s] = r32
         yr = y[yb:yb + L]
@@ -172,12 +179,7 @@ def _normalize_rows32_task(t, x, xseg, xel, xest, code, y, yseg, yel, yest, ycod
             v = np.float32(x[xb + i])
             buf[i] = v
             a32 += v
-        mu = a32 / np.float32(L)
-        q32 = np.float32(0.0)
-        for i in range(L):
-            d = buf[i] - mu
-            q32 += d * d
-        r32 = np.float32(1.0 / math.sqrt(q32 / L + eps))
+        mu, r32 = _row_stats(buf, L, a32, eps)
         mean_out[s] = mu
         rstd_out[s] = r32
         for i in range(L):

@@ -23,6 +23,15 @@ def _norm_kind(order: float) -> int:
     return {2.0: L2, 1.0: L1, math.inf: LINF, -math.inf: LNEGINF, 0.0: L0}.get(order, LP)
 
 
+@njit(inline="always", cache=True)
+def _put(out, m, acc, ocode):
+    """Output m of a float reduction: float32, or the 16-bit code's bits."""
+    if ocode == 0:
+        out[m] = acc
+    else:
+        out[m] = encode16(ocode, np.float32(acc))
+
+
 @njit(cache=True, nogil=True, fastmath={"reassoc", "contract"})
 def reduce_tile(x, seg, el, est, code, m0, m1, R, tr, op, out, ocode):
     for m in prange(m0, m1):
@@ -44,12 +53,7 @@ def reduce_tile(x, seg, el, est, code, m0, m1, R, tr, op, out, ocode):
                     acc += buf[i]
         if op == MEAN:
             acc = acc / R if R else np.nan
-        if nan:
-            acc = np.nan
-        if ocode == 0:
-            out[m] = acc
-        else:
-            out[m] = encode16(ocode, np.float32(acc))
+        _put(out, m, np.nan if nan else acc, ocode)
 
 
 @njit(cache=True, nogil=True, fastmath={"reassoc", "contract"})
@@ -87,12 +91,7 @@ def norm_tile(x, seg, el, est, code, m0, m1, R, tr, kind, order, out, ocode):
             acc = math.sqrt(acc)
         elif kind == LP:
             acc = acc ** (1.0 / order)
-        if nan:
-            acc = np.nan
-        if ocode == 0:
-            out[m] = acc
-        else:
-            out[m] = encode16(ocode, np.float32(acc))
+        _put(out, m, np.nan if nan else acc, ocode)
 
 
 @njit(cache=True, nogil=True)
