@@ -82,9 +82,9 @@ def test_large_pack_of_unknown_fusion_ops_is_refused_fast():
         body += f"  - name: f{i}\n    kernel: linear_relu\n    pattern:\n" + "".join(
             f"      - {{id: s{j}, op: aten.fake{i}x{j}.default}}\n" for j in range(15))
         i += 1
-    start = time.process_time()
+    start = time.thread_time()      # this thread's CPU: a worker's spinning OpenMP threads are not the check's
     report = check_pack_text(head + body, "big.yaml")
-    spent = time.process_time() - start
+    spent = time.thread_time() - start
     assert not report.ok and len(errors(report)) > 4000
     assert spent < 2.0, spent  # 12.9 s CPU before (one difflib search per unknown op)
     assert "nearest:" in next(d.message for d in errors(report) if "has no rule" in d.message)
