@@ -114,9 +114,9 @@ def test_alias_bomb_refused_fast_and_small():
         levels.append(f"a{i}: &a{i} [{refs}]")
     bomb = "\n".join(levels) + "\n"
     before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    start = time.perf_counter()
+    start = time.thread_time()     # this thread's CPU: wall time swings with the host's load
     report = check_hcd_text(bomb, "bomb.hcd")
-    elapsed = time.perf_counter() - start
+    elapsed = time.thread_time() - start
     grown_kb = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss - before
     assert "aliases" in first_error(report).message
     assert elapsed < 0.1, elapsed
@@ -126,10 +126,10 @@ def test_alias_bomb_refused_fast_and_small():
 def test_alias_expansion_bounded_below_alias_limit():
     # 2-way branching over 30 levels: few aliases, 2**30 values if expanded
     lines = ["l0: &l0 [x, x]"] + [f"l{i}: &l{i} [*l{i - 1}, *l{i - 1}]" for i in range(1, 16)]
-    start = time.perf_counter()
+    start = time.thread_time()
     with pytest.raises(YAMLLoadError) as info:
         located_yaml("\n".join(lines) + "\n")
-    assert time.perf_counter() - start < 0.5
+    assert time.thread_time() - start < 0.5
     assert "expands to more than" in str(info.value) or "aliases" in str(info.value)
 
 
