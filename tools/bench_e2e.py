@@ -27,7 +27,9 @@ The machine is shared: compare only figures from one run.
 a loaded host: per kernel the calling thread's CPU outside parallel regions (serial), each thread's busy CPU
 in each region, and the busiest thread's sum (``OMP_WAIT_POLICY=passive`` for the run, so a worker that waits
 sleeps instead of spinning into its CPU time). ``split xN`` = CPU / (serial + busiest thread's): the speed-up
-the split of the work allows; ``work xN`` = CPU at N threads / at 1 (> 1: the threads slow each other).
+the split of the work allows; ``work xN`` = CPU at N threads / at 1 (> 1: the threads slow each other or
+duplicate work), both from one process (the largest count's), its model calls at each count alternating:
+CPU time per call is steady against the host's load only when taken at the same moments (_balance).
 """
 from __future__ import annotations
 
@@ -156,7 +158,7 @@ def _parallel_dispatchers():
     return found
 
 
-def _balance(compiled, inputs, executors, runs):
+def _balance(compiled, inputs, executors, runs, counts=None):
     """Per kernel, where its CPU time goes across threads, timed by the threads' CPU clocks (run with
     OMP_WAIT_POLICY=passive: a worker's CPU time is then its work, whatever the host's load):
     ``serial_s`` the calling thread's CPU outside Numba's parallel regions (Python, counters, serial
@@ -164,20 +166,30 @@ def _balance(compiled, inputs, executors, runs):
     over regions of the busiest thread's CPU: the call's wall time on an idle host with instant
     wake-ups. ``balance`` = region CPU / (threads x busiest thread's), 1.0 when every thread
     worked as long as the busiest; ``one_thread_regions``: regions run on one thread
-    (``threads_for``: too small to split)."""
+    (``threads_for``: too small to split).
+
+    ``counts``: thread counts (each at most the pool's) whose model calls alternate, one call each
+    per run, so that their figures (``by_threads``) share the host's moments. Why: the CPU a call
+    takes is not steady on a shared host: ResNet-50 b8's CPU at two threads over one, measured in
+    two processes a minute apart (how ``--threads 1,2`` ran until now), read 1.165, while calls
+    alternating in one process read 1.01-1.13 from one minute to the next, and a 64 MB stream on
+    both cores 0.98-1.55 (other processes' memory traffic)."""
     from collections import defaultdict
 
     import numba
 
+    pool = numba.get_num_threads()
+    counts = list(counts or [pool])
     clocks = _ThreadClocks()
     tcpu = time.thread_time_ns
-    stats = defaultdict(lambda: defaultdict(float))
+    stats = {c: defaultdict(lambda: defaultdict(float)) for c in counts}
+    now = [counts[0]]           # the thread count of the model call under way
     current = [None]
 
     def timed_step(call, kernel):
         def run(inputs):
             c0, w0 = tcpu(), time.perf_counter()
-            current[0] = st = stats[kernel]
+            current[0] = st = stats[now[0]][kernel]
             out = call(inputs)
             st["calls"] += 1
             st["main_s"] += (tcpu() - c0) * 1e-9
@@ -209,13 +221,24 @@ def _balance(compiled, inputs, executors, runs):
         setattr(mod, attr, timed_region(fn))
     try:
         for _ in range(runs):
-            compiled(*inputs)
+            for c in counts:
+                now[0] = c
+                numba.set_num_threads(c)
+                compiled(*inputs)
     finally:
+        numba.set_num_threads(pool)
         for p, call in wrapped.values():
             p.call = call
         for mod, attr, fn in patched:
             setattr(mod, attr, fn)
-    n = numba.get_num_threads()
+    by = {str(c): {"threads": c, "kernels": _balance_summary(stats[c], c, runs)} for c in counts}
+    last = by[str(counts[-1])]
+    return {"threads": last["threads"], "threading_layer": numba.threading_layer(), "kernels": last["kernels"],
+            "by_threads": by}
+
+
+def _balance_summary(stats, n, runs):
+    """Per kernel, ``_balance``'s figures per model call from one thread count's summed clocks."""
     out = {}
     for k, st in stats.items():
         serial = st["main_s"] - st["par_main_s"]
@@ -225,14 +248,25 @@ def _balance(compiled, inputs, executors, runs):
                   "bound_s": (serial + st["par_max_s"]) / runs,
                   "balance": par / (n * st["par_max_s"]) if st["par_max_s"] > 0 else float("nan"),
                   "regions": int(st["regions"]) // runs, "one_thread_regions": int(st["one_thread_regions"]) // runs}
-    return {"threads": n, "threading_layer": numba.threading_layer(), "kernels": out}
+    return out
 
 
-def run_case(name, runs, registry=None, profile=False, balance=False):
+def recorded_executors(compiled, inputs):
+    """The plan executors one call of the compiled model runs (the call is made, recorded)."""
+    from torchfl.runtime.backend import recording
+
+    with recording() as rec:
+        compiled(*inputs)
+    executors = []
+    for cg, plan, _r in rec.entries:
+        executors += [e.executor for e in cg.entries.values() if e.plan is plan]
+    return executors
+
+
+def run_case(name, runs, registry=None, profile=False, balance=False, balance_counts=None):
     import torch
 
     from torchfl.planner.zoo import load_model
-    from torchfl.runtime.backend import recording
 
     zoo, kw, chip, precision, note = CASES[name]
     model, inputs = load_model(zoo, **kw)
@@ -255,11 +289,7 @@ def run_case(name, runs, registry=None, profile=False, balance=False):
         t0 = _clock()
         y = _tensor(compiled(*inputs))
         first = _clock() - t0
-        with recording() as rec:
-            compiled(*inputs)
-        executors = []
-        for cg, plan, _r in rec.entries:
-            executors += [e.executor for e in cg.entries.values() if e.plan is plan]
+        executors = recorded_executors(compiled, inputs)
         n_steps = sum(len(e.plan.steps) for e in executors)
         n_exec = sum(len(e.dynamic_preps) for e in executors)
         ref = _tensor(model(*inputs))
@@ -309,7 +339,7 @@ def run_case(name, runs, registry=None, profile=False, balance=False):
             "torch_eager_alone_cpu_s": statistics.median(c for _w, c in eager_both),
             "runs": runs, **extra,
             **({"profile": _profile(compiled, inputs, executors, runs)} if profile else {}),
-            **({"balance": _balance(compiled, inputs, executors, runs)} if balance else {})}
+            **({"balance": _balance(compiled, inputs, executors, runs, balance_counts)} if balance else {})}
 
 
 def _spread(times):
@@ -336,7 +366,9 @@ def main(argv=None):
                     help="per kernel: serial CPU, each thread's busy CPU per parallel region and the busiest "
                          "thread's sum, by the threads' CPU clocks with OMP_WAIT_POLICY=passive (set for the "
                          "run: workers sleep, not spin, between regions), so valid on a loaded host; with "
-                         "--threads 1,2: each kernel's CPU-bound speed-up")
+                         "--threads 1,2: each kernel's CPU-bound speed-up, all counts' calls alternating in the "
+                         "largest count's process")
+    ap.add_argument("--balance-threads", default=None, help=argparse.SUPPRESS)   # scaling()'s: the counts to alternate
     a = ap.parse_args(argv)
     try:
         counts = [int(t) for t in a.threads.split(",")]
@@ -368,7 +400,8 @@ def main(argv=None):
         torch._dynamo.reset()
         try:
             with torch.no_grad():
-                results.append(run_case(name, a.runs, a.registry, a.profile, a.balance))
+                results.append(run_case(name, a.runs, a.registry, a.profile, a.balance,
+                                        [int(t) for t in a.balance_threads.split(",")] if a.balance_threads else None))
         except Exception as exc:  # report the case as failed, keep measuring the others
             results.append({"case": name, "error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"})
         if not a.json:
@@ -393,7 +426,8 @@ def scaling(a, counts):
         cmd = [sys.executable, __file__, "--json", "--runs", str(a.runs), "--cases", a.cases, "--threads", str(n),
                "--timer", "wall"] + (["--registry", a.registry] if a.registry else []) + (["--profile"] if a.profile
                                                                                           else [])
-        cmd += ["--balance"] if a.balance else []
+        # --balance in the largest count's process only, every count's calls alternating there (_balance)
+        cmd += ["--balance", "--balance-threads", ",".join(map(str, counts))] if a.balance and n == max(counts) else []
         proc = subprocess.run(cmd, capture_output=True, text=True)
         if not proc.stdout.strip():
             sys.exit(f"bench_e2e --threads {n} failed:\n{proc.stderr[-2000:]}")
@@ -415,7 +449,8 @@ def scaling(a, counts):
             if a.profile:
                 row["profile"] = _kernel_speedups(base["profile"], r["profile"])
             if a.balance:
-                row["balance"] = _kernel_balance(base["balance"], r["balance"])
+                by = runs[max(counts)][case]["balance"]["by_threads"]
+                row["balance"] = _kernel_balance(by[str(counts[0])], by[str(n)])
             rows.append(row)
     out = {"threads": counts, "load_before": load0, "load_after": load1, "rows": rows}
     if a.json:
@@ -459,8 +494,8 @@ def _kernel_balance(base, bal):
     the serial share of its CPU, the balance of its regions, work growth (CPU here / CPU at the base
     count: > 1 when threads slow each other, memory bandwidth or shared caches) and the CPU-bound
     speed-up (base CPU / busiest-thread bound here) and the split's own (CPU here / bound here: what the
-    split of this run's work over the threads allows, whatever the host's load did to the CPU times
-    of the two runs), plus a row ``all`` for the sums."""
+    split of this run's work over the threads allows), plus a row ``all`` for the sums. ``base`` and
+    ``bal``: one process's figures at two counts, their calls alternating (_balance)."""
     rows = {}
     tot = {"cpu_s": 0.0, "base": 0.0, "serial_s": 0.0, "bound_s": 0.0, "par": 0.0, "parmax": 0.0, "regions": 0,
            "one": 0}
