@@ -23,6 +23,13 @@ counters -- and the torch call of a host step), median over runs; divided by the
 and argument handling before ``Executor.run`` is in torchfl_s but in neither overhead figure.
 The machine is shared: compare only figures from one run.
 
+``--paired`` (with ``--threads 1,2``): the speed-up from pairs instead of fresh processes. One process
+(Numba's pool sized for the largest count) calls the compiled model and eager torch at each thread count
+in turn (``numba.set_num_threads`` and ``torch.set_num_threads`` between calls, the order reversed every
+round), so each round's calls meet the same moment of the host's load; the speed-up is the median of the
+rounds' ratios (one count's wall over the other's, same round). Two processes run minutes apart meet
+different loads: on this shared 2-core host the same code's sequential ratio spread 1.51-1.96.
+
 ``--balance`` (with ``--threads 1,2``) says why two threads fall short of 2x, from CPU clocks, so it holds on
 a loaded host: per kernel the calling thread's CPU outside parallel regions (serial), each thread's busy CPU
 in each region, and the busiest thread's sum (``OMP_WAIT_POLICY=passive`` for the run, so a worker that waits
@@ -342,10 +349,10 @@ def run_case(name, runs, registry=None, profile=False, balance=False, balance_co
             **({"balance": _balance(compiled, inputs, executors, runs, balance_counts)} if balance else {})}
 
 
-def _spread(times):
-    """min, quartiles and max in ms: the host's noise is bimodal at times, a median hides it."""
-    xs = sorted(times)
-    return [round(xs[round(q * (len(xs) - 1))] * 1e3, 1) for q in (0, 0.25, 0.5, 0.75, 1)]
+def _spread(values, scale=1e3, digits=1):
+    """min, quartiles and max (times in ms by default): the host's noise is bimodal at times, a median hides it."""
+    xs = sorted(values)
+    return [round(xs[round(q * (len(xs) - 1))] * scale, digits) for q in (0, 0.25, 0.5, 0.75, 1)]
 
 
 def main(argv=None):
@@ -362,6 +369,9 @@ def main(argv=None):
                          "loaded host where wall time swings with the other processes)")
     ap.add_argument("--profile", action="store_true",
                     help="per kernel: wall and CPU time of its calls (with --threads 1,2: each kernel's speed-up)")
+    ap.add_argument("--paired", action="store_true",
+                    help="with --threads 1,2: one process, the counts alternating call by call; the speed-up is "
+                         "the median of each round's ratio (steady while the host's load drifts)")
     ap.add_argument("--balance", action="store_true",
                     help="per kernel: serial CPU, each thread's busy CPU per parallel region and the busiest "
                          "thread's sum, by the threads' CPU clocks with OMP_WAIT_POLICY=passive (set for the "
@@ -375,7 +385,9 @@ def main(argv=None):
     except ValueError:
         ap.error(f"--threads takes a count or a list of counts (1,2), not {a.threads!r}")
     if len(counts) > 1:
-        return scaling(a, counts)
+        return paired(a, counts) if a.paired else scaling(a, counts)
+    if a.paired:
+        ap.error("--paired needs a list of thread counts (--threads 1,2)")
     a.threads = counts[0]
     global _clock
     if a.timer == "cpu":
@@ -474,6 +486,95 @@ def scaling(a, counts):
                       f"  balance {v['balance']:.3f}  work x{v['work_growth']:.3f}  bound x{v['bound_speedup']:.2f}"
                       f"  split x{v['split_speedup']:.2f}"
                       f"  ({v['regions']} regions, {v['one_thread_regions']} on one thread)")
+    return 0 if all("error" not in r for r in rows) else 1
+
+
+def run_case_paired(name, runs, counts, registry=None):
+    """One case, the compiled model and eager torch at each of ``counts`` threads in turn (this
+    process's Numba pool has max(counts) threads): per count the median wall and CPU time, and the
+    median over rounds of count[0]'s wall / this count's wall (a paired speed-up)."""
+    import numba
+    import torch
+
+    from torchfl.planner.zoo import load_model
+
+    zoo, kw, chip, precision, note = CASES[name]
+    model, inputs = load_model(zoo, **kw)
+    compiled = torch.compile(model, backend="torchfl", options={"chip": chip, "precision": precision,
+                                                                 "registry": registry})
+    sides = {"torchfl": compiled, "torch_eager": model}
+    times = {(side, n): [] for side in sides for n in counts}
+
+    def call(side, n, keep=True):
+        numba.set_num_threads(n)
+        torch.set_num_threads(n)
+        w0, c0 = time.perf_counter(), time.process_time()
+        sides[side](*inputs)
+        if keep:
+            times[side, n].append((time.perf_counter() - w0, time.process_time() - c0))
+
+    with torch.no_grad():
+        for n in counts:                    # compile, then one warm call per count and side
+            for side in sides:
+                call(side, n, keep=False)
+                call(side, n, keep=False)
+        for r in range(runs):
+            order = counts if r % 2 == 0 else counts[::-1]
+            for side in sides:
+                for n in order:
+                    call(side, n)
+    rows = []
+    for n in counts:
+        row = {"case": name, "threads": n, "model": note, "chip": chip}
+        for side in sides:
+            mine, base = times[side, n], times[side, counts[0]]
+            row[f"{side}_wall_s"] = statistics.median(w for w, _c in mine)
+            row[f"{side}_cpu_over_wall"] = statistics.median(c / w for w, c in mine)
+            row[f"{side}_speedup"] = statistics.median(b[0] / m[0] for b, m in zip(base, mine))
+            row[f"{side}_speedup_spread"] = _spread([b[0] / m[0] for b, m in zip(base, mine)], 1, 2)
+        rows.append(row)
+    return rows
+
+
+def paired(a, counts):
+    """``--paired``: every case in this process, the thread counts alternating (see the docstring)."""
+    import os
+
+    os.environ["NUMBA_NUM_THREADS"] = str(max(counts))
+    import warnings
+
+    warnings.filterwarnings("ignore")
+    import torch
+
+    load0 = os.getloadavg()
+    rows = []
+    for name in a.cases.split(","):
+        if name not in CASES:
+            sys.exit(f"unknown case {name!r}; choose from {', '.join(CASES)}")
+        torch._dynamo.reset()
+        try:
+            rows += run_case_paired(name, a.runs, counts, a.registry)
+        except Exception as exc:  # report the case as failed, keep measuring the others
+            rows.append({"case": name, "threads": counts[-1],
+                         "error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"})
+    load1 = os.getloadavg()
+    out = {"threads": counts, "paired": True, "runs": a.runs, "load_before": load0, "load_after": load1,
+           "rows": rows}
+    if a.json:
+        json.dump(out, sys.stdout, indent=2)
+        print()
+    else:
+        print(f"load average {load0[0]:.1f} -> {load1[0]:.1f}; paired: {a.runs} rounds, speed-up = median of "
+              f"each round's ratio (spread: min, quartiles, max)")
+        for r in rows:
+            if "error" in r:
+                print(f"{r['case']:<18} ERROR {r['error']}")
+                continue
+            print(f"{r['case']:<18} {r['threads']} threads  torchfl {r['torchfl_wall_s'] * 1e3:8.1f} ms "
+                  f"x{r['torchfl_speedup']:.2f} {r['torchfl_speedup_spread']} (cpu/wall "
+                  f"{r['torchfl_cpu_over_wall']:.2f})  eager {r['torch_eager_wall_s'] * 1e3:8.1f} ms "
+                  f"x{r['torch_eager_speedup']:.2f} {r['torch_eager_speedup_spread']} (cpu/wall "
+                  f"{r['torch_eager_cpu_over_wall']:.2f})")
     return 0 if all("error" not in r for r in rows) else 1
 
 
