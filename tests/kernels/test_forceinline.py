@@ -3,7 +3,8 @@
 Numba's ``inline="always"`` copies a helper's IR into every call site and types it there again:
 ``conv.fused._mm_store`` spent 6 s of its 10 s compile in that pass (its epilogue, the epilogue's
 three scatters, each scatter's run checks), ``gemv.gemv_nk`` 5 s, ``gemm._epilogue_row`` 1.9 s of 2.5
-(GELU twice, encode16 twice). With ``forceinline=True`` the
+(GELU twice, encode16 twice); encode16 (``codecs.enc16``) in a conv epilogue, pool, reduction and GEMV
+store, 0.6-1.2 s a caller (ResNet-50's first call -4.9 s of compile CPU). With ``forceinline=True`` the
 helper is compiled once per signature and marked ``alwaysinline`` for LLVM, which inlines it at
 every call site all the same (a call left in a block loop costs ~100 cycles: the comment at
 ``conv.pointwise._store_rows``). Here each caller, compiled fresh, must hold no call to its
@@ -33,7 +34,7 @@ SCRIPT = textwrap.dedent("""
     run_checked("layer_norm", chip, {"x": dev(torch.randn(4, 5, 32), mem, "float16", "CLN"), "weight": f16(32), "bias": f16(32)},
                 {"normalized_shape": (32,)})   # strided rows: the general task, with _load/_store
 
-    from torchfl.kernels import gemm, gemv
+    from torchfl.kernels import codecs, gemm, gemv
     from torchfl.kernels.conv import fused, pointwise, tiles
     from torchfl.kernels.norm import bodies
     from torchfl.kernels.pool import impl as pool
@@ -46,9 +47,9 @@ SCRIPT = textwrap.dedent("""
         mod = fn.__module__.rsplit(".", 1)[-1]
         return f"{len(mod)}{mod}{len(fn.__name__)}{fn.__name__}"
 
-    PAIRS = [(fused._mm_store, [fused._epilogue_store, fused._scatter, fused._run6]),
-             (pointwise._rows_chunk, [pointwise._store_rows, tiles._dec]),
-             (gemv.gemv_nk, [gemv._store]),
+    PAIRS = [(fused._mm_store, [fused._epilogue_store, fused._scatter, fused._run6, codecs.enc16]),
+             (pointwise._rows_chunk, [pointwise._store_rows, tiles._dec, codecs.enc16]),
+             (gemv.gemv_nk, [gemv._store, codecs.enc16]),
              (bodies._normalize_task, [bodies._load, bodies._store]),
              (gemm._epilogue_row, [gemm._gelu_erf, gemm._gelu_tanh, gemm._enc16])]
     for caller, helpers in PAIRS:
@@ -71,7 +72,7 @@ def test_llvm_inlined_helpers_compile_once_and_leave_no_call(tmp_path):
     lines = out.splitlines()
     callers = [line for line in lines if line.startswith("CALLER")]
     helpers = [line.split() for line in lines if line.startswith("HELPER")]
-    assert len(callers) == 6 and len(helpers) == 13, out
+    assert len(callers) == 6 and len(helpers) == 16, out
     assert all(line.endswith("LEFT []") for line in callers), "\n".join(callers)
     # forceinline, and compiled as a function of its own (a Numba-IR-inlined helper has no signatures)
     assert all(h[2] == "True" and int(h[3]) >= 1 for h in helpers), "\n".join(map(" ".join, helpers))

@@ -21,7 +21,7 @@ from numba import njit, prange, types
 from numba.core import cgutils
 from numba.extending import intrinsic, overload
 
-from .codecs import bits_f32, decode, encode16, f2h_cvt, h2f_cvt
+from .codecs import bits_f32, decode, enc16, f2h_cvt, h2f_cvt
 from .gemv_block import LANES, make_block
 from .hostcpu import has_feature
 from .mathfn import gelu_erf32, gelu_tanh32
@@ -178,7 +178,7 @@ def _put(C, i, v, code):
     elif code == 1:
         C[i] = f2h_cvt(v)
     else:
-        C[i] = encode16(code, v)
+        C[i] = enc16(code, v)
 
 
 @njit(cache=True, parallel=True)

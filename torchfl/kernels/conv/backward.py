@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from ..codecs import decode, encode16
+from ..codecs import decode, enc16
 from ..staging import _code, _flat, load_rows, store_plain
 from ..threads import conv_small, sized_by_plan
 from .tiles import F16_LUT, _slab_rows
@@ -134,7 +134,7 @@ def store_wgrad(acc, tk, tc, R, S, k0, c0, y, t0, t1, t2, t3, ycode):
                     if ycode == 0:
                         y[o] = v
                     else:
-                        y[o] = encode16(ycode, v)
+                        y[o] = enc16(ycode, v)
     return tk * tc * R * S
 
 

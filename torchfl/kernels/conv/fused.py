@@ -8,7 +8,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from ..codecs import decode, encode16, h2f
+from ..codecs import decode, enc16, h2f
 from ..optlevel import opt_level   # IR level 1: the hot loops are vector-IR micro-kernels (BENCHMARKS, cold5)
 from .microkernel import (MR, NR, PB, RB, epi6x16_f16, gather_rows, gather_run, mk_r1p1, mk_r1p2, mk_r2p1, mk_r2p2,
                           scatter_rows, scatter_run)
@@ -154,7 +154,7 @@ def _epilogue_store(acc, mn, kn, kb, kl, mr, ybase, rbase, y, t1, ycode, ea, eb,
                 y[ybase[mr + mi] + (kl + j) * t1] = acc[mi * NR + j]
         return
     for q in range(MR * NR):
-        h[q] = encode16(ycode, acc[q])
+        h[q] = enc16(ycode, acc[q])
     _scatter(h, mn, kn, kl, mr, ybase, y, t1)
 
 

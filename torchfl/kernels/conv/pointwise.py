@@ -19,7 +19,7 @@ from numba.extending import intrinsic
 
 from .. import taskcall
 from .microkernel import MR, NR, PB, RB, VW, make_block_kernel
-from ..codecs import encode16
+from ..codecs import enc16
 from ..optlevel import opt_level   # IR level 1: the hot loops are vector-IR micro-kernels (BENCHMARKS, cold5)
 from .tiles import _dec
 
@@ -136,7 +136,7 @@ def _store_rows(blk, mn, kb, p0, pn, y, yoff, yc, ycode, ea, eb, lo, has_res, re
                 v = v + _dec(ycode, res[ro + j], lut)
             v = max(v, lo)
             if ycode == 1:
-                y[yo + j] = encode16(ycode, v)
+                y[yo + j] = enc16(ycode, v)
             else:
                 y[yo + j] = v
 

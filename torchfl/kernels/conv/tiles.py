@@ -16,7 +16,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
-from ..codecs import decode, encode16, f16_to_f32
+from ..codecs import decode, enc16, f16_to_f32
 from ..optlevel import opt_level   # IR level 1: the hot loops are vector-IR micro-kernels (BENCHMARKS, cold5)
 from .microkernel import MR, NR, mk6x16_taps, tr16x8_f16
 
@@ -314,5 +314,5 @@ def store(acc, ldc, tk, toh, tow, n, k0, oh0, ow0, y, t0, t1, t2, t3, ycode, ea,
                 elif ycode == 0:
                     y[yb + k * t1] = v
                 else:
-                    y[yb + k * t1] = encode16(ycode, v)
+                    y[yb + k * t1] = enc16(ycode, v)
     return toh * tow * tk, (toh * tow * tk if has_res else 0)

@@ -12,7 +12,7 @@ import numpy as np
 from numba import njit, prange
 
 from .. import taskcall
-from ..codecs import decode, encode16, h2f as _h2f
+from ..codecs import decode, enc16, h2f as _h2f
 from ..optlevel import opt_level   # IR level 1: as fast warm as level 3, a third less LLVM work (BENCHMARKS, cold5)
 from ..conv.tiles import load_slab
 from ..staging import _code, _flat, load_rows, store_plain
@@ -190,10 +190,10 @@ def _max_pool_channel(x, s0, s1, s2, s3, code, n, ch, lo_h, lo_w, rows, cols, h0
         elif code == 1 and t3 == 1:
             yrow = y[yb:yb + tw]
             for j in range(tw):
-                yrow[j] = encode16(1, out[j])
+                yrow[j] = enc16(code, out[j])   # code == 1 here: one signature with the line below
         else:
             for j in range(tw):
-                y[yb + j * t3] = encode16(code, out[j])
+                y[yb + j * t3] = enc16(code, out[j])
 
 
 def max_pool_tile(x, s0, s1, s2, s3, code, n, c0, tc, lo_h, hi_h, lo_w, hi_w, H, W, kh, kw, sh, sw, dh, dw,

@@ -11,7 +11,7 @@ import math
 import numpy as np
 from numba import njit, prange
 
-from ..codecs import encode16
+from ..codecs import enc16
 from ..staging import _code
 from ..norm.bodies import _load, _tables
 
@@ -29,7 +29,7 @@ def _put(out, m, acc, ocode):
     if ocode == 0:
         out[m] = acc
     else:
-        out[m] = encode16(ocode, np.float32(acc))
+        out[m] = enc16(ocode, np.float32(acc))
 
 
 @njit(cache=True, nogil=True, fastmath={"reassoc", "contract"})
