@@ -12,7 +12,7 @@ import numpy as np
 from .. import frozen
 from ..threads import conv_small, sized_by_plan
 from ..staging import _code, _flat, _flat_view, _scratch
-from .fused import conv_tile_fused, conv_tiles, fold_epilogue
+from .fused import conv_tile_fused, conv_tiles, fold_epilogue, store_task
 from .microkernel import MR, NR, RB
 from .pointwise import conv1x1_rows, pack_weight_rows, rows_scratch
 from .tiles import F16_LUT, _slab_rows, compute, compute_int, exact_chunk, load_weights, pack_weights, store
@@ -181,17 +181,19 @@ def _conv_blocks(ctx, site, G, x, xs, xcode, w, wst, wcode, y, ys, ycode, res, r
             tka = k1 - k0
             kept = _kept_panels(ctx, w, wst, wcode, kg0, tka, Cg, R, S)
             bw = wpk if kept is None else kept
+            task = store_task(slab, bw, Cg, tka, R, S, y, ys[1], ycode, ea, eb, kg0, has_res, res, rs[1], rcode,
+                              F16_LUT)
             if site.single:
                 n, a0, a1, b0, b1 = site.tile0
-                nr, nw = conv_tile_fused(x, *xs, xcode, Cg, H, W, w, *wst, wcode, bw, kept is None, tka, R, S, sh,
-                                         sw, ph, pw, dh, dw, n, gi * Cg, a0, a1, b0, b1, slab, y, *ys, ycode, kg0,
-                                         ea, eb, relu, has_res, res, *rs, rcode, F16_LUT)
+                nr, nw = conv_tile_fused(task, x, *xs, xcode, Cg, H, W, w, *wst, wcode, bw, kept is None, tka, R, S,
+                                         sh, sw, ph, pw, dh, dw, n, gi * Cg, a0, a1, b0, b1, slab, y, *ys, ycode,
+                                         kg0, ea, eb, relu, has_res, res, *rs, rcode, F16_LUT)
                 ctx.read(nw * ew)
             else:
                 if kept is None:
                     pack_weights(w, *wst, wcode, kg0, tka, 0, Cg, R, S, wpk, F16_LUT)
                 ctx.read(tka * Cg * R * S * ew)
-                nr = conv_tiles(x, *xs, xcode, gi * Cg, Cg, H, W, bw, tka, R, S, sh, sw, ph, pw, dh, dw,
+                nr = conv_tiles(task, x, *xs, xcode, gi * Cg, Cg, H, W, bw, tka, R, S, sh, sw, ph, pw, dh, dw,
                                 site.tiles, site.groups, y, *ys, ycode, kg0, ea, eb, relu, has_res, res,
                                 *rs, rcode, F16_LUT, np.int64(numba.get_num_threads()))
             nout = N * OH * OW * tka

@@ -8,6 +8,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit, prange
 
+from .. import taskcall
 from ..codecs import decode, enc16, h2f
 from ..optlevel import opt_level   # IR level 1: the hot loops are vector-IR micro-kernels (BENCHMARKS, cold5)
 from .microkernel import (MR, NR, PB, RB, epi6x16_f16, gather_rows, gather_run, mk_r1p1, mk_r1p2, mk_r2p1, mk_r2p2,
@@ -81,6 +82,24 @@ def _mm_store(slab, pix, m0, m1, taps, kc, tc, wpk, tk, R, S, p0, p1, acc, ybase
                     _epilogue_store(acc[i * npan + hp], min(m1, mi0 + MR) - mi0, min(NR, tk - q * NR), k0 + q * NR,
                                     q * NR, mi0, ybase, rbase, y, t1, ycode, ea, eb, lo, has_res, res, r1, rcode,
                                     h, rt, rr, lut)
+
+
+def store_task(slab, wpk, tc, tk, R, S, y, t1, ycode, ea, eb, k0, has_res, res, r1, rcode, lut) -> int:
+    """Address of :func:`_mm_store` (:mod:`..taskcall`) for the argument types
+    :func:`conv_tile_fused` / :func:`conv_tiles` pass it: the values the caller hands those
+    kernels, int64 / float32 stand-ins for what they compute. ``slab`` None: conv_tiles'
+    own float32 slab. Called, not linked in, the block loop (the register-block variants
+    and the fused epilogue) is compiled once for itself instead of again inside each
+    kernel's gufunc and outer library: ResNet-50 b1's compile CPU 37.6 -> 32.7 s
+    (conv_tiles 9.7 -> 6.2 s, conv_tile_fused 7.4 -> 3.9 s). Tried at 2026-12-06 and
+    reverted: the compile helpers queued on this task, 8.8 s to compile then; 1.4-1.9 s
+    now that its epilogue and encoder are inlined by LLVM (BENCHMARKS.md)."""
+    z, i64 = np.int64(0), np.zeros(1, np.int64)
+    f32 = np.zeros(1, np.float32)
+    acc = np.zeros((RB * PB, MR * NR), np.float32)
+    return taskcall.address(_mm_store, (f32 if slab is None else slab, i64, z, z, i64, z, tc, wpk, tk, R, S, z, z,
+                                        acc, i64, i64, y, t1, ycode, ea, eb, k0, np.float32(0.0), has_res, res, r1,
+                                        rcode, lut))
 
 
 @opt_level(1)
@@ -221,13 +240,14 @@ def _tile_pixels(th, tw, sh, sw, cols, tc, sbase, n, oh0, ow0, t0, t2, t3, k0t1,
 
 @opt_level(1)
 @njit(cache=True, nogil=True, parallel=True)
-def conv_tile_fused(x, s0, s1, s2, s3, code, tc, H, W, w, w0, w1, w2, w3, wcode, wpk, pack, tk, R, S, sh, sw, ph,
+def conv_tile_fused(task, x, s0, s1, s2, s3, code, tc, H, W, w, w0, w1, w2, w3, wcode, wpk, pack, tk, R, S, sh, sw, ph,
                     pw, dh, dw, n, c0, oh0, oh1, ow0, ow1, slab, y, t0, t1, t2, t3, ycode, k0, ea, eb, relu,
                     has_res, res, r0, r1, r2, r3, rcode, lut):
     """One large weight-stationary float tile in two parallel phases: (1) the K block's
     weight panels and the tile's input slab rows are loaded (independent pieces, handed to
     host threads one by one), (2) compute + epilogue + store per 6-pixel micro-row.
     ``pack`` False: wpk already holds the block's panels (a frozen weight's, packed once).
+    ``task``: :func:`store_task` (``_mm_store`` called through its address).
     Returns (input elements read, weight elements read)."""
     lo_h = oh0 * sh - ph
     rows = (oh1 - oh0 - 1) * sh + (R - 1) * dh + 1
@@ -262,17 +282,17 @@ def conv_tile_fused(x, s0, s1, s2, s3, code, tc, H, W, w, w0, w1, w2, w3, wcode,
     per -= per % RB
     npc = (nmp + per - 1) // per
     for it in prange(nb * npc):
-        b, c = it // npc, it % npc
+        b, c = np.int64(it // npc), np.int64(it % npc)
         acc = np.empty((RB * PB, MR * NR), np.float32)
-        _mm_store(slab, pix, c * per * MR, min(M, (c + 1) * per * MR), taps, kc, tc, wpk, tk, R, S, b * pb,
-                  min(npanel, (b + 1) * pb), acc, ybase, rbase, y, t1, ycode, ea, eb, k0, lo, has_res, res, r1,
-                  rcode, lut)
+        taskcall.call(task, (slab, pix, np.int64(c * per * MR), np.int64(min(M, (c + 1) * per * MR)), taps,
+                             np.int64(kc), tc, wpk, tk, R, S, np.int64(b * pb), np.int64(min(npanel, (b + 1) * pb)),
+                             acc, ybase, rbase, y, t1, ycode, ea, eb, k0, lo, has_res, res, r1, rcode, lut))
     return nread, tk * tc * R * S
 
 
 @opt_level(1)
 @njit(cache=True, nogil=True, parallel=True)
-def conv_tiles(x, s0, s1, s2, s3, code, c0, tc, H, W, wpk, tk, R, S, sh, sw, ph, pw, dh, dw, tiles, groups,
+def conv_tiles(task, x, s0, s1, s2, s3, code, c0, tc, H, W, wpk, tk, R, S, sh, sw, ph, pw, dh, dw, tiles, groups,
                y, t0, t1, t2, t3, ycode, k0, ea, eb, relu, has_res, res, r0, r1, r2, r3, rcode, lut, nthreads):
     """Weight-stationary float tiles of one K block, spread over host threads in chunks.
     Each tile's slab is loaded as the chip loads it; tiles of one shape too small to fill
@@ -280,7 +300,8 @@ def conv_tiles(x, s0, s1, s2, s3, code, c0, tc, H, W, wpk, tk, R, S, sh, sw, ph,
     ``tiles``), their pixels side by side in one micro-row, and stored tile by tile. A chunk
     loads its tiles' slabs first, then streams them past one L2-sized block of weight
     panels after another. tiles[t] = (n, oh0, oh1, ow0, ow1); ``nthreads``: the host threads
-    (an argument: numba.get_num_threads() inside would make the function uncacheable).
+    (an argument: numba.get_num_threads() inside would make the function uncacheable);
+    ``task``: :func:`store_task` (``_mm_store`` called through its address).
     Returns input elements read."""
     ng = groups.size - 1
     # chunks: each streams every weight panel once, so a chunk of a few pixels is bound by
@@ -342,9 +363,9 @@ def conv_tiles(x, s0, s1, s2, s3, code, c0, tc, H, W, wpk, tk, R, S, sh, sw, ph,
         pb = _panel_block(t_any, kc)
         for b0 in range(0, npanel, pb):
             for gi in range(g1 - g0):
-                _mm_store(slab, pix, gmo[gi], gmo[gi] + gcnt[gi], gtaps[gi], kc, tc, wpk, tk, R, S, b0,
-                          min(npanel, b0 + pb), acc, ybase, rbase, y, t1, ycode, ea, eb, k0, lo, has_res, res, r1,
-                          rcode, lut)
+                taskcall.call(task, (slab, pix, np.int64(gmo[gi]), np.int64(gmo[gi] + gcnt[gi]), gtaps[gi],
+                                     np.int64(kc), tc, wpk, tk, R, S, np.int64(b0), np.int64(min(npanel, b0 + pb)),
+                                     acc, ybase, rbase, y, t1, ycode, ea, eb, k0, lo, has_res, res, r1, rcode, lut))
     return nread
 
 
