@@ -123,6 +123,17 @@ def encode16(code, x):
     return f32_to_bf16_trunc(f16_to_f32(f32_to_f16(x)))   # BF16E
 
 
+@njit(forceinline=True, cache=True)
+def enc16(code, x):
+    """:func:`encode16` compiled once per signature and inlined by LLVM (``alwaysinline``) where
+    it is called, instead of copied and re-typed by Numba at each call site (attention's task
+    spent 0.5 s of its compile on its one call site; the GEMM epilogue's four, 1.9 s with the
+    GELUs). One compile serves callers of any flags: the encoder is integer bit work and one
+    add of two positive floats, which no fast-math or error-model flag changes (bits checked
+    against the inlined encoder by the GEMM and attention tests)."""
+    return encode16(code, x)
+
+
 @njit(inline="always", cache=True)
 def h2f(h):
     """float16 bits -> float32, the codec's values, without a branch (both results are

@@ -16,7 +16,7 @@ import numpy as np
 from numba import njit, prange
 
 from . import taskcall
-from .codecs import decode, encode16, f2h_cvt, h2f_cvt
+from .codecs import decode, enc16, encode16, f2h_cvt, h2f_cvt
 from .gemv import run_gemv, uses_gemv
 from .mathfn import gelu32, gelu_erf32, gelu_tanh32
 from .optlevel import opt_level
@@ -57,7 +57,7 @@ def _pack_b(B, base, ks, ns, k0, tk, j0, tn, code, pb):
                         pb[o + c] = 0.0
 
 
-# GELU and the 16-bit encoder for _epilogue_row, inlined by LLVM (forceinline: compiled once
+# GELU and the 16-bit encoder (codecs.enc16) for _epilogue_row, inlined by LLVM (forceinline: compiled once
 # each) instead of by Numba (``inline="always"`` copied and re-typed GELU's erf/tanh/exp chain and
 # encode16's codecs at each of the row's four call sites: 1.9 s of its 2.5 s compile). A compiled
 # helper keeps its own flags: these are _epilogue_row's (error_model="numpy", no fastmath), the
@@ -71,11 +71,6 @@ def _gelu_erf(v):
 @njit(forceinline=True, cache=True, error_model="numpy")
 def _gelu_tanh(v):
     return gelu_tanh32(v)
-
-
-@njit(forceinline=True, cache=True, error_model="numpy")
-def _enc16(code, v):
-    return encode16(code, v)
 
 
 @njit(cache=True, error_model="numpy")
@@ -114,13 +109,13 @@ def _epilogue_row(C, row, c_ns, acc, a0, c0, c1, alpha, beta, biasf, j0, has_bia
                 out[n] = f2h_cvt(r[n])
         else:
             for n in range(w):
-                out[n] = _enc16(code, r[n])
+                out[n] = enc16(code, r[n])
         return
     for n in range(w):
         if code == 0:
             C[base + n * c_ns] = r[n]
         else:
-            C[base + n * c_ns] = _enc16(code, r[n])
+            C[base + n * c_ns] = enc16(code, r[n])
 
 
 # long: one thread's slice of a C tile: packing, micro-kernel and epilogue share its buffers and hot loops (see _tile)
@@ -244,6 +239,7 @@ def _tile_task(ch, nch, split_n, A, rows, a_ks, B, b_base, b_ks, b_ns, j0, tm, t
     cnt[ch, 2] = (r1 - r0) * (c1 - c0) * (2 * K + epi)
 
 
+@opt_level(1)   # its gufunc only calls the task: the IR level buys no speed here (compile -0.1-0.2 s CPU)
 @njit(cache=True, parallel=True)
 def _tile(task, nthreads, A, rows, a_ks, B, b_base, b_ks, b_ns, j0, tm, tn, K, TK, code, esa, esc, esb,
           has_ln, mean, rstd, g, bb, has_g, has_b, pres, use_res, pre, pbase,
