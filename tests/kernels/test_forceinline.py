@@ -3,8 +3,9 @@
 Numba's ``inline="always"`` copies a helper's IR into every call site and types it there again:
 ``conv.fused._mm_store`` spent 6 s of its 10 s compile in that pass (its epilogue, the epilogue's
 three scatters, each scatter's run checks), ``gemv.gemv_nk`` 5 s, ``gemm._epilogue_row`` 1.9 s of 2.5
-(GELU twice, encode16 twice); encode16 (``codecs.enc16``) in a conv epilogue, pool, reduction and GEMV
-store, 0.6-1.2 s a caller (ResNet-50's first call -4.9 s of compile CPU). With ``forceinline=True`` the
+(GELU twice, encode16 twice), attention's task 1.5 s (exp32 twice, encode16); encode16 (``codecs.enc16``)
+in a conv epilogue, pool, reduction and GEMV store, 0.6-1.2 s a caller (ResNet-50's first call -4.9 s of
+compile CPU). With ``forceinline=True`` the
 helper is compiled once per signature and marked ``alwaysinline`` for LLVM, which inlines it at
 every call site all the same (a call left in a block loop costs ~100 cycles: the comment at
 ``conv.pointwise._store_rows``). Here each caller, compiled fresh, must hold no call to its
@@ -33,8 +34,10 @@ SCRIPT = textwrap.dedent("""
     run_checked("layer_norm", chip, {"x": f16(4, 128), "weight": f16(128), "bias": f16(128)}, {"normalized_shape": (128,)})
     run_checked("layer_norm", chip, {"x": dev(torch.randn(4, 5, 32), mem, "float16", "CLN"), "weight": f16(32), "bias": f16(32)},
                 {"normalized_shape": (32,)})   # strided rows: the general task, with _load/_store
+    run_checked("attention", chip, {"q": f16(1, 2, 40, 16), "k": f16(1, 2, 40, 16), "v": f16(1, 2, 40, 16)})
 
     from torchfl.kernels import codecs, gemm, gemv
+    from torchfl.kernels.attention import impl as attention
     from torchfl.kernels.conv import fused, pointwise, tiles
     from torchfl.kernels.norm import bodies
     from torchfl.kernels.pool import impl as pool
@@ -51,7 +54,8 @@ SCRIPT = textwrap.dedent("""
              (pointwise._rows_chunk, [pointwise._store_rows, tiles._dec, codecs.enc16]),
              (gemv.gemv_nk, [gemv._store, codecs.enc16]),
              (bodies._normalize_task, [bodies._load, bodies._store]),
-             (gemm._epilogue_row, [gemm._gelu_erf, gemm._gelu_tanh, gemm._enc16])]
+             (gemm._epilogue_row, [gemm._gelu_erf, gemm._gelu_tanh, codecs.enc16]),
+             (attention._attend_task, [attention._exp, codecs.enc16])]
     for caller, helpers in PAIRS:
         assert caller.signatures, f"{caller.__name__} did not compile here"
         left = [line.strip()[:160] for line in calls(caller) for h in helpers if mangled(h.py_func) in line]
@@ -72,7 +76,7 @@ def test_llvm_inlined_helpers_compile_once_and_leave_no_call(tmp_path):
     lines = out.splitlines()
     callers = [line for line in lines if line.startswith("CALLER")]
     helpers = [line.split() for line in lines if line.startswith("HELPER")]
-    assert len(callers) == 6 and len(helpers) == 16, out
+    assert len(callers) == 7 and len(helpers) == 18, out
     assert all(line.endswith("LEFT []") for line in callers), "\n".join(callers)
     # forceinline, and compiled as a function of its own (a Numba-IR-inlined helper has no signatures)
     assert all(h[2] == "True" and int(h[3]) >= 1 for h in helpers), "\n".join(map(" ".join, helpers))

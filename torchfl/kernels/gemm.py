@@ -16,7 +16,7 @@ import numpy as np
 from numba import njit, prange
 
 from . import taskcall
-from .codecs import decode, encode16, f2h_cvt, h2f_cvt
+from .codecs import decode, enc16, encode16, f2h_cvt, h2f_cvt
 from .gemv import run_gemv, uses_gemv
 from .mathfn import gelu32, gelu_erf32, gelu_tanh32
 from .optlevel import opt_level
@@ -57,7 +57,7 @@ def _pack_b(B, base, ks, ns, k0, tk, j0, tn, code, pb):
                         pb[o + c] = 0.0
 
 
-# GELU and the 16-bit encoder for _epilogue_row, inlined by LLVM (forceinline: compiled once
+# GELU and the 16-bit encoder (codecs.enc16) for _epilogue_row, inlined by LLVM (forceinline: compiled once
 # each) instead of by Numba (``inline="always"`` copied and re-typed GELU's erf/tanh/exp chain and
 # encode16's codecs at each of the row's four call sites: 1.9 s of its 2.5 s compile). A compiled
 # helper keeps its own flags: these are _epilogue_row's (error_model="numpy", no fastmath), the
@@ -71,11 +71,6 @@ def _gelu_erf(v):
 @njit(forceinline=True, cache=True, error_model="numpy")
 def _gelu_tanh(v):
     return gelu_tanh32(v)
-
-
-@njit(forceinline=True, cache=True, error_model="numpy")
-def _enc16(code, v):
-    return encode16(code, v)
 
 
 @njit(cache=True, error_model="numpy")
@@ -114,32 +109,152 @@ def _epilogue_row(C, row, c_ns, acc, a0, c0, c1, alpha, beta, biasf, j0, has_bia
                 out[n] = f2h_cvt(r[n])
         else:
             for n in range(w):
-                out[n] = _enc16(code, r[n])
+                out[n] = enc16(code, r[n])
         return
     for n in range(w):
         if code == 0:
             C[base + n * c_ns] = r[n]
         else:
-            C[base + n * c_ns] = _enc16(code, r[n])
+            C[base + n * c_ns] = enc16(code, r[n])
 
 
-# long: one parallel region per C tile: packing and the epilogue moved into helpers ran 7-30 % slower (see the docstring)
+# long: one thread's slice of a C tile: packing, micro-kernel and epilogue share its buffers and hot loops (see _tile)
 @opt_level(1)   # hot loop: the LLVM-IR micro-kernel; BERT's GEMMs as fast, same bits, compile -2.2 s CPU
+@njit(cache=True)
+def _tile_task(ch, nch, split_n, A, rows, a_ks, B, b_base, b_ks, b_ns, j0, tm, tn, K, TK, code, esa, esc, esb,
+               has_ln, mean, rstd, g, bb, has_g, has_b, pres, use_res, pre, pbase,
+               acc, ldc, C, crows, c_ns, alpha, beta, bias, has_bias, act, cnt, epi_row):
+    """Thread ``ch`` of ``nch`` of :func:`_tile`: its slice of C (its NR panels when ``split_n``,
+    else its MR panels), the B panels and A blocks it needs packed (the tile loads), the
+    micro-kernel, its slice stored. cnt[ch] = (bytes read, bytes written, ops) as the chip
+    counts them: every tile element loaded once, however many CPU threads packed a copy."""
+    npa = (tm + MR - 1) // MR
+    npb = (tn + NR - 1) // NR
+    whole_b = use_res or pre
+    epi = int(has_bias) + int(act > 0)
+    if split_n:
+        jp0, jp1 = ch * npb // nch, (ch + 1) * npb // nch
+        ip0, ip1 = 0, npa
+    else:
+        jp0, jp1 = 0, npb
+        ip0, ip1 = ch * npa // nch, (ch + 1) * npa // nch
+    c0, c1 = jp0 * NR, min(tn, jp1 * NR)
+    r0, r1 = ip0 * MR, min(tm, ip1 * MR)
+    if K == 0:      # else the first K block's micro-kernel calls write every acc element
+        for r in range(r0, ip1 * MR):
+            for c in range(jp0 * NR, jp1 * NR):
+                acc[r * ldc + c] = 0.0
+    nj = jp1 - jp0
+    pbl = aligned_f32(np.int64(1 if (use_res or pre) else nj * min(TK, K) * NR))
+    pal = aligned_f32(np.int64(MCP * MR * KC))
+    rd = 0
+    for k0 in range(0, K, TK):
+        tk = min(TK, K - k0)
+        # --- tile loads (counted once per chip tile) ---
+        if split_n:
+            if ch == 0:
+                rd += tm * tk * esa
+            if not use_res:
+                rd += tk * (c1 - c0) * esa
+        else:
+            rd += tk * (r1 - r0) * esa
+            if ch == 0 and not use_res:
+                rd += tk * tn * esa
+    # --- compute: per chip K tile when B is packed per tile; with B's panels whole (resident
+    # or kept), the CPU's KC blocks run across the chip's K tiles (TK 256 capped KC at 256)
+    for seg in range(1 if whole_b else (K + TK - 1) // TK):
+        k0 = 0 if whole_b else seg * TK
+        tk = K if whole_b else min(TK, K - k0)
+        if not whole_b:
+            for jq in range(nj):
+                jp = jp0 + jq
+                full = (jp + 1) * NR <= tn
+                for k in range(tk):
+                    o = (jq * tk + k) * NR
+                    src = b_base + (k0 + k) * b_ks + (j0 + jp * NR) * b_ns
+                    for c in range(NR):
+                        if full or jp * NR + c < tn:
+                            v = B[src + c * b_ns]
+                            pbl[o + c] = np.float32(v) if code == 0 else decode(code, v)
+                        else:
+                            pbl[o + c] = 0.0
+        for kc0 in range(0, tk, KC):
+            kc = min(KC, tk - kc0)
+            for p0 in range(ip0, ip1, MCP):
+                p1 = min(ip1, p0 + MCP)
+                # pack the A block [p0, p1) x [k0+kc0, +kc), row m at (m - p0*MR)*kc: each row
+                # decoded contiguously (vectorised), layer-normalised; the kernel reads rows
+                for m in range(p0 * MR, p1 * MR):
+                    av = pal[(m - p0 * MR) * kc:(m - p0 * MR + 1) * kc]
+                    if m >= tm:
+                        for k in range(kc):
+                            av[k] = 0.0
+                        continue
+                    off = rows[m] + (k0 + kc0) * a_ks
+                    if a_ks == 1:
+                        src = A[off:off + kc]
+                        if code == 1:
+                            for k in range(kc):
+                                av[k] = h2f_cvt(src[k])
+                        else:
+                            for k in range(kc):
+                                av[k] = np.float32(src[k]) if code == 0 else decode(code, src[k])
+                    else:
+                        for k in range(kc):
+                            av[k] = decode(code, A[off + k * a_ks])
+                    if has_ln:
+                        mu = mean[m]
+                        rs = rstd[m]
+                        for k in range(kc):
+                            av[k] = (av[k] - mu) * rs
+                        if has_g:
+                            gs = g[k0 + kc0:k0 + kc0 + kc]
+                            for k in range(kc):
+                                av[k] = av[k] * gs[k]
+                        if has_b:
+                            bs = bb[k0 + kc0:k0 + kc0 + kc]
+                            for k in range(kc):
+                                av[k] = av[k] + bs[k]
+                bsrc = pres if whole_b else pbl
+                # each call prefetches its share of the next B panel (none after the last)
+                lines = kc * NR // 16
+                share = (lines + p1 - p0 - 1) // (p1 - p0)
+                for jp in range(jp0, jp1):
+                    boff = ((pbase + jp) * K + k0 + kc0) * NR if whole_b else ((jp - jp0) * tk + kc0) * NR
+                    nxt = boff + (K if whole_b else tk) * NR
+                    more = lines if jp + 1 < jp1 else 0
+                    for ip in range(p0, p1):
+                        q = (ip - p0) * share
+                        ukernel_gemm(kc, pal, (ip - p0) * MR * kc, kc, bsrc, boff, acc, ip * MR * ldc + jp * NR,
+                                     ldc, seg > 0 or kc0 > 0, bsrc, nxt + q * 16, max(0, min(share, more - q)))
+    # --- epilogue and store of this thread's slice ---
+    if has_bias and not use_res and ch == 0:
+        rd += tn * esb
+    rowv = np.empty(max(c1 - c0, 1), np.float32)
+    for m in range(r0, r1):
+        taskcall.call(epi_row, (C, np.int64(crows[m] + j0 * c_ns), c_ns, acc, np.int64(m * ldc), np.int64(c0),
+                                np.int64(c1), alpha, beta, bias, j0, has_bias, act, code, rowv))
+    cnt[ch, 0] = rd
+    cnt[ch, 1] = (r1 - r0) * (c1 - c0) * esc
+    cnt[ch, 2] = (r1 - r0) * (c1 - c0) * (2 * K + epi)
+
+
+@opt_level(1)   # its gufunc only calls the task: the IR level buys no speed here (compile -0.1-0.2 s CPU)
 @njit(cache=True, parallel=True)
-def _tile(A, rows, a_ks, B, b_base, b_ks, b_ns, j0, tm, tn, K, TK, code, esa, esc, esb,
+def _tile(task, nthreads, A, rows, a_ks, B, b_base, b_ks, b_ns, j0, tm, tn, K, TK, code, esa, esc, esb,
           has_ln, mean, rstd, g, bb, has_g, has_b, pres, use_res, pre, pbase,
-          acc, ldc, C, crows, c_ns, alpha, beta, bias, has_bias, act, nthreads, cnt, epi_row):
+          acc, ldc, C, crows, c_ns, alpha, beta, bias, has_bias, act, cnt, epi_row):
     """One C tile (all its K tiles) in ONE parallel region: each thread owns a slice of C
-    (its NR panels, or its MR panels when N is narrow or B is whole), packs the B panels and the A blocks
-    it needs (the tile loads), runs the micro-kernel and stores its slice. Threads never
-    wait for each other. cnt[ch] = (bytes read, bytes written, ops) as the chip counts
-    them: every tile element loaded once, however many CPU threads packed a copy.
-    Packing and the epilogue stay inline although a large prange body costs Numba compile
-    time: moved into helper functions they compiled 2.4 s faster (9.1 vs 11.5 s cold) but
+    (its NR panels, or its MR panels when N is narrow or B is whole) and runs
+    :func:`_tile_task` on it; threads never wait for each other.
+    Packing and the epilogue stay in the task's loops although a large body costs Numba
+    compile time: moved into helper functions they compiled 2.4 s faster (9.1 vs 11.5 s cold) but
     ran 7-30 % slower (A/B in one process: 128x1024x4096 GELU 23.1 vs 21.6 ms, resident-B
-    128x1024x1024 4.3 vs 3.8 ms, 784x256x64 1.46 vs 1.11 ms). The epilogue is called through
-    ``epi_row``, ``_epilogue_row``'s address (:mod:`taskcall`, see :func:`_epilogue_address`):
-    linked in, it was optimised and code-generated again in this function's library."""
+    128x1024x1024 4.3 vs 3.8 ms, 784x256x64 1.46 vs 1.11 ms). The task is called through
+    ``task``, its address (:mod:`taskcall`, see :func:`_task_addresses`), once per thread:
+    inside the prange loop, its body cost the parallel passes and was optimised and
+    code-generated twice (in the gufunc and in this function's library), as the
+    epilogue's ``epi_row`` was before it was called so."""
     npa = (tm + MR - 1) // MR
     npb = (tn + NR - 1) // NR
     # a whole B (resident, or kept packed): threads own rows, each packs only its A rows (owning
@@ -149,113 +264,10 @@ def _tile(A, rows, a_ks, B, b_base, b_ks, b_ns, j0, tm, tn, K, TK, code, esa, es
     even_m = (npa + nthreads - 1) // nthreads * npb <= (npb + nthreads - 1) // nthreads * npa
     split_n = npa < 2 * nthreads or (npb >= 2 * nthreads and not (whole_b and even_m))
     nch = max(1, min(npb if split_n else npa, nthreads))
-    epi = int(has_bias) + int(act > 0)
     for ch in prange(nch):
-        if split_n:
-            jp0, jp1 = ch * npb // nch, (ch + 1) * npb // nch
-            ip0, ip1 = 0, npa
-        else:
-            jp0, jp1 = 0, npb
-            ip0, ip1 = ch * npa // nch, (ch + 1) * npa // nch
-        c0, c1 = jp0 * NR, min(tn, jp1 * NR)
-        r0, r1 = ip0 * MR, min(tm, ip1 * MR)
-        if K == 0:      # else the first K block's micro-kernel calls write every acc element
-            for r in range(r0, ip1 * MR):
-                for c in range(jp0 * NR, jp1 * NR):
-                    acc[r * ldc + c] = 0.0
-        nj = jp1 - jp0
-        pbl = aligned_f32(np.int64(1 if (use_res or pre) else nj * min(TK, K) * NR))
-        pal = aligned_f32(np.int64(MCP * MR * KC))
-        rd = 0
-        for k0 in range(0, K, TK):
-            tk = min(TK, K - k0)
-            # --- tile loads (counted once per chip tile) ---
-            if split_n:
-                if ch == 0:
-                    rd += tm * tk * esa
-                if not use_res:
-                    rd += tk * (c1 - c0) * esa
-            else:
-                rd += tk * (r1 - r0) * esa
-                if ch == 0 and not use_res:
-                    rd += tk * tn * esa
-        # --- compute: per chip K tile when B is packed per tile; with B's panels whole (resident
-        # or kept), the CPU's KC blocks run across the chip's K tiles (TK 256 capped KC at 256)
-        for seg in range(1 if whole_b else (K + TK - 1) // TK):
-            k0 = 0 if whole_b else seg * TK
-            tk = K if whole_b else min(TK, K - k0)
-            if not whole_b:
-                for jq in range(nj):
-                    jp = jp0 + jq
-                    full = (jp + 1) * NR <= tn
-                    for k in range(tk):
-                        o = (jq * tk + k) * NR
-                        src = b_base + (k0 + k) * b_ks + (j0 + jp * NR) * b_ns
-                        for c in range(NR):
-                            if full or jp * NR + c < tn:
-                                v = B[src + c * b_ns]
-                                pbl[o + c] = np.float32(v) if code == 0 else decode(code, v)
-                            else:
-                                pbl[o + c] = 0.0
-            for kc0 in range(0, tk, KC):
-                kc = min(KC, tk - kc0)
-                for p0 in range(ip0, ip1, MCP):
-                    p1 = min(ip1, p0 + MCP)
-                    # pack the A block [p0, p1) x [k0+kc0, +kc), row m at (m - p0*MR)*kc: each row
-                    # decoded contiguously (vectorised), layer-normalised; the kernel reads rows
-                    for m in range(p0 * MR, p1 * MR):
-                        av = pal[(m - p0 * MR) * kc:(m - p0 * MR + 1) * kc]
-                        if m >= tm:
-                            for k in range(kc):
-                                av[k] = 0.0
-                            continue
-                        off = rows[m] + (k0 + kc0) * a_ks
-                        if a_ks == 1:
-                            src = A[off:off + kc]
-                            if code == 1:
-                                for k in range(kc):
-                                    av[k] = h2f_cvt(src[k])
-                            else:
-                                for k in range(kc):
-                                    av[k] = np.float32(src[k]) if code == 0 else decode(code, src[k])
-                        else:
-                            for k in range(kc):
-                                av[k] = decode(code, A[off + k * a_ks])
-                        if has_ln:
-                            mu = mean[m]
-                            rs = rstd[m]
-                            for k in range(kc):
-                                av[k] = (av[k] - mu) * rs
-                            if has_g:
-                                gs = g[k0 + kc0:k0 + kc0 + kc]
-                                for k in range(kc):
-                                    av[k] = av[k] * gs[k]
-                            if has_b:
-                                bs = bb[k0 + kc0:k0 + kc0 + kc]
-                                for k in range(kc):
-                                    av[k] = av[k] + bs[k]
-                    bsrc = pres if whole_b else pbl
-                    # each call prefetches its share of the next B panel (none after the last)
-                    lines = kc * NR // 16
-                    share = (lines + p1 - p0 - 1) // (p1 - p0)
-                    for jp in range(jp0, jp1):
-                        boff = ((pbase + jp) * K + k0 + kc0) * NR if whole_b else ((jp - jp0) * tk + kc0) * NR
-                        nxt = boff + (K if whole_b else tk) * NR
-                        more = lines if jp + 1 < jp1 else 0
-                        for ip in range(p0, p1):
-                            q = (ip - p0) * share
-                            ukernel_gemm(kc, pal, (ip - p0) * MR * kc, kc, bsrc, boff, acc, ip * MR * ldc + jp * NR,
-                                         ldc, seg > 0 or kc0 > 0, bsrc, nxt + q * 16, max(0, min(share, more - q)))
-        # --- epilogue and store of this thread's slice ---
-        if has_bias and not use_res and ch == 0:
-            rd += tn * esb
-        rowv = np.empty(max(c1 - c0, 1), np.float32)
-        for m in range(r0, r1):
-            taskcall.call(epi_row, (C, np.int64(crows[m] + j0 * c_ns), c_ns, acc, np.int64(m * ldc), np.int64(c0),
-                                    np.int64(c1), alpha, beta, bias, j0, has_bias, act, code, rowv))
-        cnt[ch, 0] = rd
-        cnt[ch, 1] = (r1 - r0) * (c1 - c0) * esc
-        cnt[ch, 2] = (r1 - r0) * (c1 - c0) * (2 * K + epi)
+        taskcall.call(task, (np.int64(ch), nch, split_n, A, rows, a_ks, B, b_base, b_ks, b_ns, j0, tm, tn, K, TK,
+                             code, esa, esc, esb, has_ln, mean, rstd, g, bb, has_g, has_b, pres, use_res, pre, pbase,
+                             acc, ldc, C, crows, c_ns, alpha, beta, bias, has_bias, act, cnt, epi_row))
 
 
 def run_float(A, a_rows, a_ks, B, b_base, b_ks, b_ns, C, c_rows, c_ns, *, M, N, K, TM, TN, TK,
@@ -340,7 +352,7 @@ def _run_float(A, a_rows, a_ks, B, b_base, b_ks, b_ns, C, c_rows, c_ns, M, N, K,
     ln_ops = 4 if has_ln else 0
     cnt = np.zeros((max(nthreads, 1), 3), np.int64)
     b_loaded = -1
-    epi_row = None
+    task = epi_row = None
     if uses_gemv(M, K, code, b_ks, has_ln):
         return run_gemv(A, a_rows, a_ks, B, b_base, b_ns, C, c_rows, c_ns, M, N, K, TM, TN, b_res, code, esa, esc,
                         esb, biasf, has_bias, alpha, beta, act, nthreads)
@@ -358,13 +370,14 @@ def _run_float(A, a_rows, a_ks, B, b_base, b_ks, b_ns, C, c_rows, c_ns, M, N, K,
             for j0 in range(0, N, TN):
                 tn = min(TN, N - j0)
                 cnt[:] = 0
-                if epi_row is None:
+                args = (A, rows_b[i0:i0 + tm], a_ks, B, b_base[bkey], b_ks, b_ns, j0, tm, tn, K, TK, code, esa, esc,
+                        esb, has_ln, mean[i0:i0 + tm] if has_ln else e32, rstd[i0:i0 + tm] if has_ln else e32, g, bb,
+                        has_g, has_b, pb, b_res, pre, (j0 // TN) * ppt if pre else 0, acc, ldc, C, crow_b[i0:i0 + tm],
+                        c_ns, np.float32(alpha), np.float32(beta), biasf, has_bias, act, cnt)
+                if task is None:
                     epi_row = _epilogue_address(C, c_ns, acc, alpha, beta, biasf, j0, has_bias, act, code)
-                _tile(A, rows_b[i0:i0 + tm], a_ks, B, b_base[bkey], b_ks, b_ns, j0, tm, tn, K, TK, code,
-                      esa, esc, esb, has_ln, mean[i0:i0 + tm] if has_ln else e32, rstd[i0:i0 + tm] if has_ln else e32,
-                      g, bb, has_g, has_b, pb, b_res, pre, (j0 // TN) * ppt if pre else 0, acc, ldc, C,
-                      crow_b[i0:i0 + tm], c_ns, np.float32(alpha), np.float32(beta), biasf, has_bias, act, nthreads,
-                      cnt, epi_row)
+                    task = taskcall.address(_tile_task, (np.int64(0), np.int64(1), False) + args + (epi_row,))
+                _tile(task, nthreads, *args, epi_row)
                 for r_, w_, o_ in cnt.tolist():   # a row a thread: summed in Python (numpy's sum: ~15 us)
                     rd += r_
                     wr += w_

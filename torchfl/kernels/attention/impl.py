@@ -14,7 +14,7 @@ from numba import njit, prange
 
 from .. import dtypes as dt
 from .. import taskcall
-from ..codecs import decode, encode16, h2f
+from ..codecs import decode, enc16, h2f
 from ..mathfn import exp32
 from ..ukernel import ukernel_6x16
 from . import SOFTMAX_OPS, _schedule, dims, kv_heads
@@ -94,6 +94,15 @@ def _decode_row(X, off, step, n, code, row):
 # flag LLVM dropped the `== -inf` tests, and a row with no visible key became NaN; without
 # no-NaN a NaN score (NaN in q, k or the mask) reaches the output row as in torch
 _FM = {"reassoc", "contract"}
+
+
+# exp32 for _attend_task, inlined by LLVM (forceinline: compiled once) instead of by Numba
+# (``inline="always"`` copied and re-typed it at both call sites). It keeps _attend_task's flags
+# (fastmath=_FM, Numba's default error model): the flags Numba's inlining lowered it with, so the
+# bits are the same (as gemm's _gelu_erf). Its encoder: codecs.enc16.
+@njit(forceinline=True, cache=True, fastmath=_FM)
+def _exp(x):
+    return exp32(x)
 
 
 # long: one Q tile's loads, scores, online softmax and store share its on-chip buffers; called through its address, so it compiles once, and jitted helpers would be linked and optimised again inside it
@@ -188,7 +197,7 @@ def _attend_task(t, nq, Q, qst, kp, vp, O, ost, M, mst, mkind, code, H, G, Lq, L
                     mx = mrow[r]
                     for c in range(nk):          # vectorised max (a NaN score reaches the row via exp32)
                         mx = max(mx, S[so + c])
-                    alpha = np.float32(0.0) if mrow[r] == -np.inf else exp32(mrow[r] - mx)
+                    alpha = np.float32(0.0) if mrow[r] == -np.inf else _exp(mrow[r] - mx)
                     ssum = np.float32(0.0)
                     if mx == -np.inf:            # no visible key so far; NaN scores stay NaN
                         for c in range(nk):
@@ -196,7 +205,7 @@ def _attend_task(t, nq, Q, qst, kp, vp, O, ost, M, mst, mkind, code, H, G, Lq, L
                             S[so + c] = np.float32(0.0) if v == -np.inf else v
                     else:
                         for c in range(nk):      # vectorised exp and sum, in place
-                            pv = exp32(S[so + c] - mx)
+                            pv = _exp(S[so + c] - mx)
                             S[so + c] = pv
                             ssum += pv
                     lrow[r] = lrow[r] * alpha + ssum
@@ -231,7 +240,7 @@ def _attend_task(t, nq, Q, qst, kp, vp, O, ost, M, mst, mkind, code, H, G, Lq, L
                 if code == 0:
                     O[off + e * ost[3]] = v
                 else:
-                    O[off + e * ost[3]] = encode16(code, v)
+                    O[off + e * ost[3]] = enc16(code, v)
 
 
 @njit(cache=True, parallel=True)
