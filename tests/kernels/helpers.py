@@ -60,6 +60,19 @@ def run_checked(name, chip, inputs, attrs=None):
     return outs, plan
 
 
+def run_weight_stationary_convs(chip):
+    """Both float weight-stationary conv paths in float16: one tile (``conv_tile_fused``) on
+    ``chip``, many tiles (``conv_tiles``) on a 16 KB cache; for tests that look at what they compiled."""
+    attrs = {"padding": (1, 1)}
+    mem = DeviceMemory(chip)
+    run_checked("conv2d", chip, {"x": dev(torch.randn(1, 8, 12, 12), mem, "float16"),
+                                 "weight": dev(torch.randn(16, 8, 3, 3), mem, "float16")}, attrs)
+    small = chip_for("float16", 16 << 10)
+    ms = DeviceMemory(small)
+    run_checked("conv2d", small, {"x": dev(torch.randn(1, 16, 28, 28), ms, "float16"),
+                                  "weight": dev(torch.randn(32, 16, 3, 3), ms, "float16")}, attrs)
+
+
 def bytes_monotone(name, inputs_shapes, attrs, dtype, caches=(4 << 10, 16 << 10, 64 << 10, 256 << 10, 1 << 20, 8 << 20),
                    layouts=None, dtypes=None):
     """A bigger cache never increases the predicted (= counted) off-chip bytes."""

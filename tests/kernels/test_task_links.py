@@ -13,7 +13,7 @@ SCRIPT = textwrap.dedent("""
     import torch
     import torchfl.kernels.threads as threads
     from torchfl.kernels import DeviceMemory
-    from tests.kernels.helpers import chip_for, dev, run_checked
+    from tests.kernels.helpers import chip_for, dev, run_checked, run_weight_stationary_convs
 
     threads.SMALL_FLOPS = 0
     chip = chip_for("float16")
@@ -22,12 +22,7 @@ SCRIPT = textwrap.dedent("""
     run_checked("attention", chip, {"q": f16(1, 2, 40, 16), "k": f16(1, 2, 40, 16), "v": f16(1, 2, 40, 16)},
                 {"causal": False})
     run_checked("linear_gelu", chip, {"x": f16(97, 61), "w": f16(300, 61), "bias": f16(300)})
-    attrs = {"padding": (1, 1)}
-    run_checked("conv2d", chip, {"x": f16(1, 8, 12, 12), "weight": f16(16, 8, 3, 3)}, attrs)      # one tile
-    small = chip_for("float16", 16 << 10)
-    ms = DeviceMemory(small)
-    run_checked("conv2d", small, {"x": dev(torch.randn(1, 16, 28, 28), ms, "float16"),
-                                  "weight": dev(torch.randn(32, 16, 3, 3), ms, "float16")}, attrs)  # many tiles
+    run_weight_stationary_convs(chip)                 # one tile, many tiles
 
     from torchfl.kernels import gemm
     from torchfl.kernels.attention import impl
