@@ -3,8 +3,6 @@ that crashed the loader, and a large bad pack that took minutes to refuse."""
 
 from __future__ import annotations
 
-import time
-
 import pytest
 
 from torchfl.resources import bundled_path
@@ -75,18 +73,28 @@ def test_registry_import_refuses_the_bad_decomposition(tmp_path):
     assert "Traceback" not in run.stdout + run.stderr
 
 
-def test_large_pack_of_unknown_fusion_ops_is_refused_fast():
+def test_large_pack_of_unknown_fusion_ops_is_refused_with_bounded_suggestions(monkeypatch):
+    """One difflib search per unknown op took 12.9 s of CPU on this pack; now the "nearest:"
+    suggestions are cached and budgeted (``PackDiagnostics.NEAR_BUDGET``). Counted, not timed:
+    the check's CPU time read 0.42-0.58 s alone, 0.8 s after tests/hcd and tests/rules in one
+    process, and 3.1-3.2 s in two clean-clone CI workers (against a 2.0 s bound), process or
+    thread clock alike, for no cause found in the check."""
+    import difflib
+
+    from torchfl.rules.packdiag import PackDiagnostics
+
     head = CORE[:CORE.index("\nfusions:")] + "\nfusions:\n"
     body, i = "", 0
     while len(head + body) < 255_000:
         body += f"  - name: f{i}\n    kernel: linear_relu\n    pattern:\n" + "".join(
             f"      - {{id: s{j}, op: aten.fake{i}x{j}.default}}\n" for j in range(15))
         i += 1
-    start = time.thread_time()      # this thread's CPU: a worker's spinning OpenMP threads are not the check's
+    searches = []
+    search = difflib.get_close_matches
+    monkeypatch.setattr(difflib, "get_close_matches", lambda *a, **k: searches.append(a[0]) or search(*a, **k))
     report = check_pack_text(head + body, "big.yaml")
-    spent = time.thread_time() - start
     assert not report.ok and len(errors(report)) > 4000
-    assert spent < 2.0, spent  # 12.9 s CPU before (one difflib search per unknown op)
+    assert 0 < len(searches) <= PackDiagnostics.NEAR_BUDGET, len(searches)
     assert "nearest:" in next(d.message for d in errors(report) if "has no rule" in d.message)
 
 
