@@ -355,6 +355,20 @@ def _spread(values, scale=1e3, digits=1):
     return [round(xs[round(q * (len(xs) - 1))] * scale, digits) for q in (0, 0.25, 0.5, 0.75, 1)]
 
 
+def _each_case(names, measure, failed):
+    """``measure(name)`` for each case, Dynamo reset before each; a case that raises yields
+    ``failed(name, why)`` (the exception in one line) and the others are still measured."""
+    import torch
+
+    for name in names:
+        torch._dynamo.reset()
+        try:
+            result = measure(name)
+        except Exception as exc:  # report the case as failed, keep measuring the others
+            result = failed(name, f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}")
+        yield result
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", action="store_true", help="print the results as JSON")
@@ -380,6 +394,9 @@ def main(argv=None):
                          "largest count's process")
     ap.add_argument("--balance-threads", default=None, help=argparse.SUPPRESS)   # scaling()'s: the counts to alternate
     a = ap.parse_args(argv)
+    unknown = [name for name in a.cases.split(",") if name not in CASES]
+    if unknown:
+        ap.error(f"unknown case {unknown[0]!r}; choose from {', '.join(CASES)}")
     try:
         counts = [int(t) for t in a.threads.split(",")]
     except ValueError:
@@ -405,19 +422,17 @@ def main(argv=None):
 
     if a.threads:
         torch.set_num_threads(a.threads)
+    counts_b = [int(t) for t in a.balance_threads.split(",")] if a.balance_threads else None
+
+    def measure(name):
+        with torch.no_grad():
+            return run_case(name, a.runs, a.registry, a.profile, a.balance, counts_b)
+
     results = []
-    for name in a.cases.split(","):
-        if name not in CASES:
-            ap.error(f"unknown case {name!r}; choose from {', '.join(CASES)}")
-        torch._dynamo.reset()
-        try:
-            with torch.no_grad():
-                results.append(run_case(name, a.runs, a.registry, a.profile, a.balance,
-                                        [int(t) for t in a.balance_threads.split(",")] if a.balance_threads else None))
-        except Exception as exc:  # report the case as failed, keep measuring the others
-            results.append({"case": name, "error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"})
+    for result in _each_case(a.cases.split(","), measure, lambda name, why: {"case": name, "error": why}):
+        results.append(result)
         if not a.json:
-            print(_line(results[-1]), flush=True)
+            print(_line(result), flush=True)
     if a.json:
         json.dump({"threads": torch.get_num_threads(), "timer": a.timer, "results": results}, sys.stdout, indent=2)
         print()
@@ -548,15 +563,9 @@ def paired(a, counts):
 
     load0 = os.getloadavg()
     rows = []
-    for name in a.cases.split(","):
-        if name not in CASES:
-            sys.exit(f"unknown case {name!r}; choose from {', '.join(CASES)}")
-        torch._dynamo.reset()
-        try:
-            rows += run_case_paired(name, a.runs, counts, a.registry)
-        except Exception as exc:  # report the case as failed, keep measuring the others
-            rows.append({"case": name, "threads": counts[-1],
-                         "error": f"{type(exc).__name__}: {str(exc).splitlines()[0][:300]}"})
+    for case_rows in _each_case(a.cases.split(","), lambda name: run_case_paired(name, a.runs, counts, a.registry),
+                                lambda name, why: [{"case": name, "threads": counts[-1], "error": why}]):
+        rows += case_rows
     load1 = os.getloadavg()
     out = {"threads": counts, "paired": True, "runs": a.runs, "load_before": load0, "load_after": load1,
            "rows": rows}
