@@ -83,7 +83,7 @@ def confidence_cells(r) -> tuple[str, str]:
 def confidence_legend(rows) -> list[str]:
     """What the two confidence columns and their marks mean (only what the rows show)."""
     text = ("assumed = share of the time priced from numbers of kind assumption or unstated (HCD "
-            "provenance); checked = out-of-sample mean error on that many published rows")
+            "provenance); checked = out-of-sample mean error on that many published rows (no: none)")
     if any((r.get("confidence") or {}).get("missing") for r in rows):
         text += ("; ! = the chip's file leaves out a number this time reads (a launch cost, a sustained fraction; "
                  "--json lists them), priced as nothing")
@@ -101,7 +101,7 @@ def _compare_text(model, res) -> str:
         if r["ok"]:
             cap = show_bytes(r["capacity_bytes"]) if r["capacity_bytes"] else "-"
             rows.append((r["chip"], r["version"], r["precision"] or "-", show_time(r["per_call_time_s"]),
-                         *confidence_cells(r), show_time(r["run_once_time_s"]), show_bytes(r["per_call_bytes"]),
+                         " ".join(confidence_cells(r)), show_time(r["run_once_time_s"]), show_bytes(r["per_call_bytes"]),
                          show_bytes(r["peak_bytes"]), cap, r["kernels"], r["fused_groups"], r["conversions"],
                          r["fallbacks"], f"{r['bound']} ({100 * r['bound_share']:.0f}%)"))
         else:
@@ -110,10 +110,10 @@ def _compare_text(model, res) -> str:
     what = "training step" if res["training"] else "inference"
     out = [f"{model} ({what}) on {len(res['rows'])} chips, planned in {res['planning_s']:.1f} s (fastest first)"]
     # "per call": what every call pays; "run once": parameter casts and layout copies kept on the chip
-    out += text_table(rows, ("chip", "version", "precision", "per call", "assumed", "checked", "run once",
+    out += text_table(rows, ("chip", "version", "precision", "per call", "assumed, checked", "run once",
                              "off-chip per call", "peak memory", "capacity", "kernels", "fused", "layout conversions",
                              "fallbacks", "bound by"),
-                      right=(3, 4, 6, 7, 8, 9, 10, 11, 12, 13), optional=(11, 10, 9, 1, 12, 7, 6))
+                      right=(3, 5, 6, 7, 8, 9, 10, 11, 12), optional=(10, 9, 8, 1, 6, 11, 5))
     if rows:
         out += confidence_legend([r for r in res["rows"] if r["ok"]])
     if errors:
