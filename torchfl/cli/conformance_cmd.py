@@ -97,6 +97,7 @@ def conformance(chips, all_chips, ops, dtypes, samples, mode, edge_from, jobs, n
         _fail(str(exc), 1)
     for name in names:
         reg.record(name)  # unknown chip: one line with near matches, before torch is imported
+    _require_opinfo()
     from torchfl.conformance.harness import Settings
 
     from torchfl.cluster.options import runner as make_runner
@@ -133,6 +134,17 @@ def conformance(chips, all_chips, ops, dtypes, samples, mode, edge_from, jobs, n
         click.echo(f"{len(reports)} chips together: {cases} chip-cases in {clock.wall:.0f} s, "
                    f"{clock.cpu:.0f} s of CPU (this process and its workers), load average "
                    f"{clock.load[0]:.1f} -> {clock.load[1]:.1f}")
+
+
+def _require_opinfo() -> None:
+    """Refuse a run before it starts when torch's OpInfo database cannot load: it imports
+    ``expecttest`` (a test-only package, not a dependency of torch), and without it every case
+    was reported skipped and the run recorded as "0 cases, unverified" with exit 0."""
+    try:
+        import torch.testing._internal.common_methods_invocations  # noqa: F401 - the import is the check
+    except ModuleNotFoundError as exc:
+        _fail(f"conformance runs PyTorch's OpInfo samples, which need the {exc.name} package: "
+              "pip install 'torchfl[conformance]' (nothing was run or recorded)", 1)
 
 
 class _Clock:
