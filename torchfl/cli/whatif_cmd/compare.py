@@ -84,6 +84,6 @@ def _compare_text(model, res) -> str:
                          "peak memory", "capacity", "kernels", "fused", "layout conversions", "fallbacks", "bound by"),
                   right=(3, 4, 5, 6, 7, 8, 9, 10, 11), optional=(9, 8, 7, 1, 10, 5))
     if errors:
-        out.append(f"Not plannable ({len(errors)}):")
+        out.append(f"Not plannable ({sum(not r['ok'] for r in res['rows'])}):")
         out += errors
     return "\n".join(out)
