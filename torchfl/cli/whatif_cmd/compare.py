@@ -117,6 +117,6 @@ def _compare_text(model, res) -> str:
     if rows:
         out += confidence_legend([r for r in res["rows"] if r["ok"]])
     if errors:
-        out.append(f"Not plannable ({len(errors)}):")
+        out.append(f"Not plannable ({sum(not r['ok'] for r in res['rows'])}):")
         out += errors
     return "\n".join(out)
