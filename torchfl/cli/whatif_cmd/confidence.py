@@ -37,17 +37,7 @@ def confidence_legend(rows) -> list[str]:
 
 
 def confidence_sentence(c: dict) -> str:
-    """``confidence: 62% of this time priced from assumed or unstated numbers (...); checked out
-    of sample on 84 rows, mean error 12%``."""
-    text = f"confidence: {100 * c['assumption_share']:.0f}% of this time priced from assumed or unstated numbers"
-    shares = ", ".join(f"{k} {100 * v:.0f}%" for k, v in sorted(c["shares"].items(), key=lambda kv: -kv[1]) if v >= 0.005)
-    if shares:
-        text += f" (time by term: {shares})"
-    if c["missing"]:
-        text += f"; not stated, priced as nothing: {', '.join(c['missing'])}"
-    if c["state"] == "checked" and c["checked_rows"] and c["out_of_sample_mae"] is not None:
-        text += f"; checked out of sample on {c['checked_rows']} rows, mean error {100 * c['out_of_sample_mae']:.0f}%"
-    else:
-        text += {"stale": "; its out-of-sample check is stale (the chip changed since)",
-                 "unknown": "; out-of-sample check not looked up"}.get(c["state"], "; not checked out of sample")
-    return text
+    """A row's confidence (its ``to_dict()``) as one sentence."""
+    from torchfl.planner.confidence import Confidence
+
+    return Confidence.from_dict(c).line()
