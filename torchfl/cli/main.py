@@ -27,6 +27,7 @@ _COMMANDS = (
     ("torchfl.cli.kernels_cmd", "kernels", None),
     ("torchfl.cli.conformance_cmd", "conformance", None),
     ("torchfl.cli.fidelity_cmd", "fidelity", None),
+    ("torchfl.cli.examples_cmd", "examples", None),
 )
 
 

@@ -6,7 +6,7 @@ measured call:
 
 - ``chip``: the chip name its HCD uses (``A100-SXM4-80GB``);
 - ``op``: an ATen overload (``aten.mm.default``) or an alias (:data:`ALIASES`: ``matmul``,
-  ``softmax``, ``layer_norm``, ``gelu``, ``conv2d``), which also names the default arguments;
+  ``softmax``, ``layer_norm``, ``gelu``, ``conv2d``, ``bmm``, ``linear``), which also names the default arguments;
   or a language model's serving step (:data:`LM_KINDS`: ``prefill``, ``decode``, ``generate``;
   ``shapes`` one ``BATCHxTOKENS``, ``args`` the model: :mod:`torchfl.fidelity.lm`);
 - ``shapes``: the input tensors' shapes, ``;`` between tensors, ``x`` between dims
@@ -52,6 +52,8 @@ ALIASES = {
     "layer_norm": ("aten.layer_norm.default", {}),      # normalized_shape: the last dim (oneop)
     "gelu": ("aten.gelu.default", {}),
     "conv2d": ("aten.conv2d.default", {}),
+    "bmm": ("aten.bmm.default", {}),
+    "linear": ("aten.linear.default", {}),             # input, weight (out x in), bias (out)
 }
 #: language-model rows (torchfl.fidelity.lm): op is the kind, args name the model
 LM_KINDS = ("prefill", "decode", "generate")

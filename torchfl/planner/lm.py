@@ -292,11 +292,15 @@ def rename_cache_inputs(captured, n_layers: int):
 
 # ---------------------------------------------------------------- models for the CLI (zoo names)
 
-# LLaMA-2 7B and 70B as their published configs give them (hidden, layers, heads, key/value
-# heads, MLP width); transformers' LlamaConfig() defaults are the 7B ones.
+# LLaMA-2 7B and 70B as their published configs give them (meta-llama/Llama-2-{7b,70b}-hf
+# config.json: hidden, layers, heads, key/value heads, MLP width, 4096 positions, RMS eps 1e-5,
+# float16 weights). transformers' LlamaConfig() defaults are LLaMA-1's (2048 positions, eps 1e-6):
+# a named model is the published one, so every field that differs is stated here.
+_LLAMA2 = dict(vocab_size=32000, max_position_embeddings=4096, rms_norm_eps=1e-5)
 _LLAMA = {
-    "7b": dict(),
-    "70b": dict(hidden_size=8192, intermediate_size=28672, num_hidden_layers=80, num_attention_heads=64,
+    "7b": dict(_LLAMA2, hidden_size=4096, intermediate_size=11008, num_hidden_layers=32, num_attention_heads=32,
+               num_key_value_heads=32),
+    "70b": dict(_LLAMA2, hidden_size=8192, intermediate_size=28672, num_hidden_layers=80, num_attention_heads=64,
                 num_key_value_heads=8),
     # four small layers (the twin of planner.repeat applies): fidelity's end-to-end test
     "tiny": dict(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=4, num_attention_heads=4,
@@ -305,8 +309,9 @@ _LLAMA = {
 
 
 def llama(size: str = "7b", batch: int = 1, seq_len: int = 8, layers: int | None = None, dtype=None):
-    """LLaMA-2 ``size`` with its default config (``use_cache=True``) built on the meta device in
-    ``dtype`` (float16 by default): no weights in RAM, so a 70B model plans on a laptop.
+    """LLaMA-2 ``size`` with its published config (4096 positions, ``use_cache=True``) built on the
+    meta device in ``dtype`` (float16 by default, the published weights' dtype): no weights in RAM,
+    so a 70B model plans on a laptop.
     (module, (input_ids,))."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM

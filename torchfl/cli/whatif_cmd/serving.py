@@ -67,6 +67,6 @@ def decode_text(model, res) -> str:
     out += text_table(rows, ("chip", "version", "precision", "prefill", "per token", "tokens/s", "KV cache",
                          "peak memory", "fallbacks", "decode bound by"), right=(3, 4, 5, 6, 8), optional=(1, 8))
     if errors:
-        out.append(f"Not plannable ({len(errors)}):")
+        out.append(f"Not plannable ({sum(not r['ok'] for r in res['rows'])}):")
         out += errors
     return "\n".join(out)
