@@ -112,6 +112,15 @@ def test_a_row_above_the_peak_is_capped_with_a_warning(files):
     assert len(cal.warnings) == 1 and "150.0% of the HCD's figure" in cal.warnings[0] and "fast.csv:3" in cal.warnings[0]
 
 
+def test_a_share_under_the_formats_floor_is_left_out_not_a_traceback():
+    slow = parse_table("chip,op,shapes,dtype,args,seconds,source\n"
+                       "TEST-GPU,matmul,64x64;64x64,float32,,100.0,x\nTEST-GPU,copy,1024,float32,,100.0,x\n", "slow.csv")
+    hcd = load_hcd_text(CHIP)
+    cal = calibrate(hcd, [slow])
+    assert not cal.numbers and len(cal.warnings) == 2 and all("under the format's floor" in w for w in cal.warnings)
+    assert cal.apply(hcd).content_hash() == hcd.content_hash()       # nothing to apply, nothing changed
+
+
 def test_rows_of_other_chips_and_ops_are_left_out(files):
     odd = parse_table("chip,op,shapes,dtype,args,seconds,source\nTEST-GPU,softmax,8x8,float16,,1e-05,x\n"
                       "OTHER,launch,1;1,float16,,1e-05,x\n", "odd.csv")

@@ -194,13 +194,22 @@ def _copy(cal: Calibration, hcd, rows, launch_s: float) -> float:
         return hcd.memory.off_chip_memory.sustained_fraction or 1.0
     rate, t, r, nbytes = best
     share = _capped(cal, r, rate / bw, f"{rate / 1e9:.1f} GB/s over the stated {bw / 1e9:g} GB/s")
+    if share is None:
+        return hcd.memory.off_chip_memory.sustained_fraction or 1.0
     cal.numbers["memory.off_chip_memory.sustained_fraction"] = Derived(
         "memory.off_chip_memory.sustained_fraction", share, stem(t.path), r.where,
         f"copy of {nbytes / 2 ** 30:.2f} GiB read+write: {rate / 1e9:.1f} GB/s, {share:.1%} of {bw / 1e9:g} GB/s")
     return share
 
 
-def _capped(cal: Calibration, r, share: float, what: str) -> float:
+def _capped(cal: Calibration, r, share: float, what: str) -> float | None:
+    """The share as a file states it; capped at 1 (warned), None under the format's floor."""
+    from torchfl.hcd.model import SUSTAINED_MIN
+
+    if share < SUSTAINED_MIN:
+        cal.warnings.append(f"{r.where}: {r.label()} reaches {share:.3%} of the HCD's figure ({what}), under the "
+                            f"format's floor {SUSTAINED_MIN:g}: the stated figure or the row is wrong; left out")
+        return None
     if share > 1.0:
         cal.warnings.append(f"{r.where}: {r.label()} reaches {share:.1%} of the HCD's figure ({what}): the stated "
                             "peak is too low; the share is capped at 1")
@@ -237,13 +246,15 @@ def _gemm(cal: Calibration, hcd, rows, matrix_s: float, *, record: bool) -> dict
         word = "TOPS" if unit == "int8" else "TFLOPS"
         if record:
             share = _capped(cal, r, rate / peak, f"{rate / 1e12:.1f} {word} over the stated {peak / 1e12:g}")
+            if share is None:
+                continue
             (m, k), (_k, n) = r.shapes
             path = f"compute_units.{unit}.sustained_fraction"
             cal.numbers[path] = Derived(path, share, stem(t.path), r.where,
                                         f"{r.dtype} {m}x{k}x{n}: {rate / 1e12:.1f} {word}, {share:.1%} of "
                                         f"{peak / 1e12:g}")
             shares[unit] = share
-        else:
+        elif rate / peak >= 1e-3:
             shares[unit] = min(rate / peak, 1.0)
     return shares
 
