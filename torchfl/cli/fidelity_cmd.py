@@ -2,7 +2,8 @@
 
 Default tables: the published ones bundled with torchfl (``measurements/*.csv``). Each row is
 planned as a one-op graph on the chip it names (resolved in the registry) and its per-call
-predicted time compared with the measured one; scores per chip and op family. ``--record``
+predicted time compared with the measured one; scores per chip and op family (``--by-source``:
+per row source), rows a chip number was fitted on (in-sample) apart from the others. ``--record``
 keeps each chip's run as evidence in the registry (``plan explain`` then says how well the
 chip's predictions are checked). torch and the planner are imported inside the command.
 """
@@ -30,6 +31,8 @@ def _pct(x) -> str:
 @click.option("--worst", type=click.IntRange(min=0), default=3, show_default=True,
               help="Worst rows listed per chip and family.")
 @click.option("--registry", default=None, help="Registry URL (default: TORCHFL_REGISTRY_URL or the user's).")
+@click.option("--by-source", "by_source", is_flag=True,
+              help="Group scores by each row's source id (the tables' header comments name them), not op family.")
 @click.option("--host", is_flag=True, help="Probe this machine (hcd probe), time torch's own eager ops on it "
               "(the ops of ResNet-50 b1 and a BERT layer, plain tables) and score the probe's HCD against them.")
 @click.option("--threads", type=click.IntRange(min=1), default=1, show_default=True,
@@ -39,7 +42,8 @@ def _pct(x) -> str:
               help="With --host: keep the probe's HCD and the host tables in this directory.")
 @cluster_option
 @resume_option
-def fidelity(tables, chip, as_json, record, worst, registry, host, threads, quick, out_dir, cluster, resume) -> None:
+def fidelity(tables, chip, as_json, record, worst, registry, by_source, host, threads, quick, out_dir, cluster,
+             resume) -> None:
     """Score predicted against measured op times, per chip and op family. With --cluster, each
     chip's rows are a unit on the Ray cluster, recorded in the registry (--resume RUN)."""
     import os
@@ -72,6 +76,9 @@ def fidelity(tables, chip, as_json, record, worst, registry, host, threads, quic
     try:
         result = _score(loaded, chip, registry, worst) if cluster is None and resume is None else \
             _swept(loaded, chip, registry, worst, cluster, resume)
+        if by_source:
+            result.by = "source"
+            result.finish(worst)
         runs = _record(result, registry) if record else {}
     except RegistryError as exc:
         click.echo(f"error: {exc}", err=True)
@@ -141,20 +148,30 @@ def _print(result, worst, runs) -> None:
 
     out = console()
     out.width = max(out.width, 120)      # a pipe or CI log: keep the table's columns whole
-    in_sample = {t.name for t in result.tables if t.in_sample}
-    t = Table(title="Predicted vs measured time per call (absolute relative error)")
-    for col in ("chip", "family", "rows", "mean", "median", "max", "bias", "rank corr.", "not planned"):
-        t.add_column(col, justify="left" if col in ("chip", "family") else "right")
-    for s in result.scores:
-        t.add_row(s.chip, s.family, str(s.rows), _pct(s.mean_abs_error), _pct(s.median_abs_error),
-                  _pct(s.max_abs_error), "-" if s.mean_error is None else f"{s.mean_error:+.1%}",
-                  "-" if s.spearman is None else f"{s.spearman:.3f}", str(s.unplanned) if s.unplanned else "")
-    out.print(t)
+    from torchfl.fidelity.score import IN_SAMPLE, OUT_OF_SAMPLE
+
+    group = "source" if result.by == "source" else "family"
+    titles = {OUT_OF_SAMPLE: "Out of sample: predicted vs measured time per call (absolute relative error)",
+              IN_SAMPLE: "In sample (a number of the chip was fitted on these rows: not a check)"}
+    for sample in (OUT_OF_SAMPLE, IN_SAMPLE):
+        scores = [s for s in result.scores if s.sample == sample]
+        if not scores:
+            continue
+        t = Table(title=titles[sample])
+        for col in ("chip", group, "rows", "mean", "median", "max", "bias", "rank corr.", "not planned"):
+            t.add_column(col, justify="left" if col in ("chip", group) else "right")
+        for s in scores:
+            t.add_row(s.chip, s.family, str(s.rows), _pct(s.mean_abs_error), _pct(s.median_abs_error),
+                      _pct(s.max_abs_error), "-" if s.mean_error is None else f"{s.mean_error:+.1%}",
+                      "-" if s.spearman is None else f"{s.spearman:.3f}", str(s.unplanned) if s.unplanned else "")
+        out.print(t)
+    if group == "source":
+        _print_sources(out, result)
     if worst:
         for s in result.scores:
             if s.family == "all" or not s.worst:
                 continue
-            out.print(f"worst {s.chip} {s.family}:")
+            out.print(f"worst {s.chip} {s.family}{' (in-sample)' if s.sample == IN_SAMPLE else ''}:")
             for p in s.worst:
                 out.print(f"  {p.row.where}: {p.row.label()}: measured {p.row.seconds * 1e6:.1f} us, predicted "
                           f"{p.predicted_s * 1e6:.1f} us ({p.error:+.0%})", soft_wrap=True)
@@ -167,10 +184,38 @@ def _print(result, worst, runs) -> None:
         if table.harness_s:
             out.print(f"{table.name}: every prediction includes the table's harness overhead "
                       f"{table.harness_s * 1e6:g} us")
-    if in_sample:
-        out.print(f"in-sample (a chip number was calibrated on a row of): {', '.join(sorted(in_sample))}")
+    held = sorted({_name(p.row.file) for p in result.predictions if result.is_in_sample(p)})
+    if held:
+        out.print(f"in-sample rows (a chip number was fitted or calibrated on them) from: {', '.join(held)}",
+                  soft_wrap=True)
     for name, run in sorted(runs.items()):
         out.print(f"recorded fidelity run {run} for {name}")
+
+
+def _name(path) -> str:
+    from pathlib import Path
+
+    return Path(path).name
+
+
+def _print_sources(out, result) -> None:
+    """Each source id with the tables that hold its rows and their first header comment."""
+    seen: dict = {}
+    for t in result.tables:
+        for r in t.rows:
+            seen.setdefault(r.source, {}).setdefault(t.name, _reference(t.comments, r.source))
+    for source in sorted(seen):
+        tables = seen[source]
+        ref = next((c for c in tables.values() if c), "")
+        out.print(f"source {source}: {', '.join(sorted(tables))}{': ' + ref if ref else ''}", soft_wrap=True)
+
+
+def _reference(comments, source: str) -> str:
+    """The header comment that names ``source``, else the one that starts with "source", else ""."""
+    for c in comments:
+        if source and source in c:
+            return c[:160]
+    return next((c[:160] for c in comments if c.lower().startswith(("source", "sources"))), "")
 
 
 def _host(tables, chip, as_json, record, worst, registry, threads, quick, out_dir) -> None:
