@@ -21,8 +21,11 @@ def partial(tmp_path_factory):
     url = f"sqlite:///{tmp_path_factory.mktemp('resume') / 'r.db'}"
     reg = Registry(url)
     reg.init(seed=True)
-    spec = dict(chip="TFL-X1", chip_hash="x", packs=None, harness_hash="h", tool_version=None,
-                sampling=dict(samples=1, edge_from=0, seed=0, modes=["compile"]), ops=OPS, dtypes=["float32"])
+    from torchfl.cluster.conformance import ConformanceSweep
+    from torchfl.conformance.harness import Settings
+
+    settings = Settings(samples=1, edge_from=0, ops=tuple(OPS), dtypes=("float32",), jobs=1)
+    spec = ConformanceSweep(None, registry=reg).spec("TFL-X1", settings, reg.identity("TFL-X1").chip_hash)
     run = Sweeps(reg).start("conformance", "conformance TFL-X1", spec, [f"{o} float32" for o in OPS], driver="test")
     return url, run.id
 
