@@ -58,11 +58,41 @@ def compare(model, chips, batch, seq_len, heads, layers, context, prompt, precis
         else:
             click.echo(decode_text(model, res))
         return
-    res = whatif.compare(module, inputs, targets, precision_of(precision), training)
+    res = whatif.compare(module, inputs, targets, precision_of(precision), training, registry)
     if as_json:
         emit_json(dict(res, model=model))
         return
     click.echo(_compare_text(model, res))
+
+
+def confidence_cells(r) -> tuple[str, str]:
+    """(assumed, checked) cells of a row's confidence: ``62%!`` (``!``: a number the chip's
+    file leaves out priced this time as nothing), ``12% on 84`` (out-of-sample mean error on
+    that many rows) or ``no``."""
+    c = r.get("confidence") or {}
+    if not c:
+        return "-", "-"
+    assumed = f"{100 * c['assumption_share']:.0f}%" + ("!" if c["missing"] else "")
+    if c["state"] == "checked" and c["checked_rows"] and c["out_of_sample_mae"] is not None:
+        checked = f"{100 * c['out_of_sample_mae']:.0f}% on {c['checked_rows']}"
+    else:
+        checked = {"stale": "stale", "unknown": "?"}.get(c["state"], "no")
+    return assumed, checked
+
+
+def confidence_legend(rows) -> list[str]:
+    """What the two confidence columns and their marks mean (only what the rows show)."""
+    text = ("assumed = share of the time priced from numbers of kind assumption or unstated (HCD "
+            "provenance); checked = out-of-sample mean error on that many published rows (no: none)")
+    if any((r.get("confidence") or {}).get("missing") for r in rows):
+        text += ("; ! = the chip's file leaves out a number this time reads (a launch cost, a sustained fraction; "
+                 "--json lists them), priced as nothing")
+    if any("rank_time_s" in r for r in rows):
+        from torchfl.planner.confidence import RANK_RULE
+
+        marked = ", ".join(f"{r['chip']} as {show_time(r['rank_time_s'])}" for r in rows if "rank_time_s" in r)
+        text += f"; {RANK_RULE}: {marked}"
+    return para(text)
 
 
 def _compare_text(model, res) -> str:
@@ -71,18 +101,21 @@ def _compare_text(model, res) -> str:
         if r["ok"]:
             cap = show_bytes(r["capacity_bytes"]) if r["capacity_bytes"] else "-"
             rows.append((r["chip"], r["version"], r["precision"] or "-", show_time(r["per_call_time_s"]),
-                         show_time(r["run_once_time_s"]), show_bytes(r["per_call_bytes"]), show_bytes(r["peak_bytes"]), cap, r["kernels"],
-                         r["fused_groups"], r["conversions"], r["fallbacks"],
-                         f"{r['bound']} ({100 * r['bound_share']:.0f}%)"))
+                         " ".join(confidence_cells(r)), show_time(r["run_once_time_s"]), show_bytes(r["per_call_bytes"]),
+                         show_bytes(r["peak_bytes"]), cap, r["kernels"], r["fused_groups"], r["conversions"],
+                         r["fallbacks"], f"{r['bound']} ({100 * r['bound_share']:.0f}%)"))
         else:
             errors += para(f"{r['chip']} {r['version']}: {r['error_kind']}: {r['error'].splitlines()[0]}",
                             indent="  ", subsequent="    ")
     what = "training step" if res["training"] else "inference"
     out = [f"{model} ({what}) on {len(res['rows'])} chips, planned in {res['planning_s']:.1f} s (fastest first)"]
     # "per call": what every call pays; "run once": parameter casts and layout copies kept on the chip
-    out += text_table(rows, ("chip", "version", "precision", "per call", "run once", "off-chip per call",
-                         "peak memory", "capacity", "kernels", "fused", "layout conversions", "fallbacks", "bound by"),
-                  right=(3, 4, 5, 6, 7, 8, 9, 10, 11), optional=(9, 8, 7, 1, 10, 5))
+    out += text_table(rows, ("chip", "version", "precision", "per call", "assumed, checked", "run once",
+                             "off-chip per call", "peak memory", "capacity", "kernels", "fused", "layout conversions",
+                             "fallbacks", "bound by"),
+                      right=(3, 5, 6, 7, 8, 9, 10, 11, 12), optional=(10, 9, 8, 1, 6, 11, 5))
+    if rows:
+        out += confidence_legend([r for r in res["rows"] if r["ok"]])
     if errors:
         out.append(f"Not plannable ({sum(not r['ok'] for r in res['rows'])}):")
         out += errors
