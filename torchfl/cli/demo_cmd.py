@@ -96,7 +96,9 @@ def demo(registry, quick, full_tables, parallel_compile, compile_only) -> None:
 
     from torchfl.planner.texttable import terminal_width
 
-    out = Console(highlight=False, soft_wrap=True, width=terminal_width())
+    # soft_wrap off: a sentence longer than the width wraps at spaces (100 columns in a pipe);
+    # the tables and explain texts are already fitted to it
+    out = Console(highlight=False, soft_wrap=False, width=terminal_width())
     t_start = time.perf_counter()
     # 1. the registry: created and migrated if needed; bundled chips and packs imported
     #    (re-importing identical content is a no-op, so this is safe on every run)
@@ -150,7 +152,9 @@ def _run_models(out, registry, quick: bool, parallel_compile: bool = True) -> li
 
     results = []
     jobs = [(chip, name, factory) for name, factory in _models(quick) for chip in CHIPS]
-    with Progress(sys.stdout, "compile + run on the emulated chips", total=len(jobs) * 3) as progress:
+    from torchfl.cli.render import PipeLines
+
+    with Progress(PipeLines(sys.stdout), "compile + run on the emulated chips", total=len(jobs) * 3) as progress:
         for chip, name, factory in jobs:
             progress.update(f"{name} on {chip}: building")
             module, inputs = factory()

@@ -31,6 +31,10 @@ def _pct(x) -> str:
 @click.option("--worst", type=click.IntRange(min=0), default=3, show_default=True,
               help="Worst rows listed per chip and family.")
 @click.option("--registry", default=None, help="Registry URL (default: TORCHFL_REGISTRY_URL or the user's).")
+@click.option("--calibrate-on", "calibrate_on", multiple=True, type=click.Path(exists=True),
+              help="Microbenchmark tables (files or directories of CSVs; repeat for several): derive each chip's "
+                   "sustained rates and launch costs from them, score the --table tables with the calibrated "
+                   "chips; the microbenchmark rows are scored in-sample.")
 @click.option("--by-source", "by_source", is_flag=True,
               help="Group scores by each row's source id (the tables' header comments name them), not op family.")
 @click.option("--host", is_flag=True, help="Probe this machine (hcd probe), time torch's own eager ops on it "
@@ -42,8 +46,8 @@ def _pct(x) -> str:
               help="With --host: keep the probe's HCD and the host tables in this directory.")
 @cluster_option
 @resume_option
-def fidelity(tables, chip, as_json, record, worst, registry, by_source, host, threads, quick, out_dir, cluster,
-             resume) -> None:
+def fidelity(tables, chip, as_json, record, worst, registry, calibrate_on, by_source, host, threads, quick, out_dir,
+             cluster, resume) -> None:
     """Score predicted against measured op times, per chip and op family. With --cluster, each
     chip's rows are a unit on the Ray cluster, recorded in the registry (--resume RUN)."""
     import os
@@ -52,6 +56,10 @@ def fidelity(tables, chip, as_json, record, worst, registry, by_source, host, th
     os.environ.setdefault("TORCHDYNAMO_VERBOSE", "0")
     warnings.filterwarnings("ignore")
     require_ray(cluster)
+    if calibrate_on and (host or record or cluster is not None or resume is not None):
+        click.echo("error: --calibrate-on scores calibrated copies of the registry's chips; --record, --host, "
+                   "--cluster and --resume go without it (record the published chips apart)", err=True)
+        sys.exit(2)
     if host and (cluster is not None or resume is not None):
         click.echo("error: --host times this machine; --cluster/--resume go without it", err=True)
         sys.exit(2)
@@ -64,7 +72,8 @@ def fidelity(tables, chip, as_json, record, worst, registry, by_source, host, th
     from torchfl.registry import RegistryError
 
     try:
-        loaded = load_tables(tables or bundled_tables())
+        calibration_tables = load_tables(_csv_files(calibrate_on)) if calibrate_on else []
+        loaded = calibration_tables + load_tables(tables or bundled_tables())
     except TableError as exc:
         for problem in exc.problems:
             click.echo(f"error: {problem}", err=True)
@@ -74,8 +83,8 @@ def fidelity(tables, chip, as_json, record, worst, registry, by_source, host, th
         click.echo(f"error: no row of the tables is for chip {chip!r}; their chips: {', '.join(names)}", err=True)
         sys.exit(1)
     try:
-        result = _score(loaded, chip, registry, worst) if cluster is None and resume is None else \
-            _swept(loaded, chip, registry, worst, cluster, resume)
+        result = _score(loaded, chip, registry, worst, calibration_tables) if cluster is None and resume is None \
+            else _swept(loaded, chip, registry, worst, cluster, resume)
         if by_source:
             result.by = "source"
             result.finish(worst)
@@ -83,18 +92,35 @@ def fidelity(tables, chip, as_json, record, worst, registry, by_source, host, th
     except RegistryError as exc:
         click.echo(f"error: {exc}", err=True)
         sys.exit(1)
+    calibrations = result.calibrations
     if as_json:
         out = result.as_dict()
         out["recorded_runs"] = runs
+        if calibrate_on:
+            out["calibration"] = {name: cal.as_dict(hcd) for name, (cal, hcd) in sorted(calibrations.items())}
         click.echo(json.dumps(out, indent=2, sort_keys=True))
     else:
+        if calibrate_on:
+            _print_calibration(calibrations)
         _print(result, worst, runs)
     if not any(s.rows for s in result.scores):
         sys.exit(1)
 
 
-def _score(loaded, chip, registry, worst):
+def _csv_files(paths) -> list:
+    """The CSV files of ``paths``: a file as given, a directory's ``*.csv`` sorted by name."""
+    from pathlib import Path
+
+    out = []
+    for p in map(Path, paths):
+        out.extend(sorted(p.glob("*.csv")) if p.is_dir() else [p])
+    return out
+
+
+def _score(loaded, chip, registry, worst, calibration_tables=()):
     from torchfl.cli.progress import Progress
+    from torchfl.fidelity.calibrate import calibrated_resolver
+    from torchfl.fidelity.sample import stem
     from torchfl.fidelity.run import score_tables
     from torchfl.planner.errors import ChoiceError
     from torchfl.planner.target import resolve_target
@@ -106,12 +132,34 @@ def _score(loaded, chip, registry, worst):
         except (NotFound, ChoiceError) as exc:      # the row's chip is not in the registry
             raise LookupError(str(exc)) from None
 
+    calibrations: dict = {}
+    if calibration_tables:
+        resolve, calibrations = calibrated_resolver(resolve, calibration_tables)
     total = sum(1 for t in loaded for r in t.rows if chip is None or r.chip == chip)
     with Progress(sys.stderr, "fidelity: planning rows", total=total, compiles=False) as p:
         def step(row):
             p.update(f"{row.chip}: {row.label()}")
             p.advance()
-        return score_tables(loaded, resolve, chip=chip, progress=step, worst=worst)
+        result = score_tables(loaded, resolve, chip=chip, progress=step, worst=worst,
+                              calibrated_on=frozenset(stem(t.path) for t in calibration_tables))
+    result.calibrations = calibrations
+    return result
+
+
+def _print_calibration(calibrations) -> None:
+    """Each calibrated chip's derived numbers: the file's value, the derived one, from where."""
+    for name, (cal, hcd) in sorted(calibrations.items()):
+        if not cal.numbers:
+            continue
+        click.echo(f"calibrated {name} on microbenchmarks (in memory; the registry's file is unchanged):")
+        before = hcd.performance_numbers()
+        for path, d in cal.numbers.items():
+            old = before.get(path)
+            was = "unset" if old is None else f"{old:g}"
+            click.echo(f"  {path}: {was} -> {d.value:g}")
+            click.echo(f"    {_name(d.row)}: {d.note}")
+        for w in cal.warnings:
+            click.echo(f"  warning: {w}")
 
 
 def _swept(loaded, chip, registry, worst, cluster, resume):

@@ -29,6 +29,7 @@ class FidelityResult:
     targets: dict = field(default_factory=dict)      # chip name -> Target (the chips that resolved)
     calibrated_on: frozenset = frozenset()           # table stems a chip number was derived from (in-sample)
     by: str = "family"                               # scores grouped by op family or by row source
+    calibrations: dict = field(default_factory=dict)  # chip -> (Calibration, the registry's HCD): --calibrate-on
 
     def chips(self) -> list[str]:
         return sorted({p.chip for p in self.predictions})

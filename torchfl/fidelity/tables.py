@@ -6,7 +6,8 @@ measured call:
 
 - ``chip``: the chip name its HCD uses (``A100-SXM4-80GB``);
 - ``op``: an ATen overload (``aten.mm.default``) or an alias (:data:`ALIASES`: ``matmul``,
-  ``softmax``, ``layer_norm``, ``gelu``, ``conv2d``, ``bmm``, ``linear``), which also names the default arguments;
+  ``softmax``, ``layer_norm``, ``gelu``, ``conv2d``, ``bmm``, ``linear``; the microbenchmark rows' ``copy``
+  and ``launch``), which also names the default arguments;
   or a language model's serving step (:data:`LM_KINDS`: ``prefill``, ``decode``, ``generate``;
   ``shapes`` one ``BATCHxTOKENS``, ``args`` the model: :mod:`torchfl.fidelity.lm`);
 - ``shapes``: the input tensors' shapes, ``;`` between tensors, ``x`` between dims
@@ -54,6 +55,8 @@ ALIASES = {
     "conv2d": ("aten.conv2d.default", {}),
     "bmm": ("aten.bmm.default", {}),
     "linear": ("aten.linear.default", {}),             # input, weight (out x in), bias (out)
+    "copy": ("aten.clone.default", {}),                 # a copy-bandwidth microbenchmark row: read + write
+    "launch": ("aten.add.Tensor", {}),                  # a launch-latency row: a one-element add, shapes 1;1
 }
 #: language-model rows (torchfl.fidelity.lm): op is the kind, args name the model
 LM_KINDS = ("prefill", "decode", "generate")
