@@ -107,3 +107,22 @@ def test_compare_json_carries_confidence_and_rank_rule():
     assert npu["rank_time_s"] > npu["per_call_time_s"]           # priced at the A100's launch costs to rank
     text = plan("compare", "mlp", "--chips", "A100-SXM4-80GB,NPU-V3").stdout
     assert "ranked as if" in text and max(map(len, text.splitlines())) <= 100
+
+
+def test_report_and_impact_show_confidence(tmp_path):
+    pytest.importorskip("matplotlib")
+    page = tmp_path / "r.html"
+    out = plan("report", "mlp", "--chips", "A100-SXM4-80GB,NPU-V3", "--chip", "NPU-V3", "-o", str(page))
+    assert out.exit_code == 0, out.output
+    text = page.read_text()
+    assert 'id="confidence"' in text and "Confidence: 100% of the per-call time priced" in text
+    assert "<th>confidence</th>" in text and "100% assumed;" in text
+    assert "Order: ranked as if each missing launch cost" in text        # NPU-V3 states no launch cost
+    # impact: each model's line says how much of its time assumed numbers priced, on both versions
+    out = plan("impact", "--chip", "NPU-V3", "--from", "1.0.0", "--to", "1.0.0", "--models", "mlp")
+    assert out.exit_code == 0, out.output
+    assert "100%! -> 100%! of the time priced from assumed or unstated numbers" in " ".join(out.stdout.split())
+    assert max(map(len, out.stdout.splitlines())) <= 100
+    out = plan("impact", "--chip", "NPU-V3", "--from", "1.0.0", "--to", "1.0.0", "--models", "mlp", "--json")
+    (m,) = json.loads(out.stdout)["models"]
+    assert m["after"]["confidence"]["assumption_share"] == 1.0
