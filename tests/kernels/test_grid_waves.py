@@ -56,3 +56,11 @@ def test_the_gemm_plan_states_its_grid_and_the_price_uses_it():
     assert terms.wave_efficiency == pytest.approx(waves(1, GPU, p.config.grid)[1])
     # padding 196 -> 256 costs compute time against the same GEMM without a grain
     assert terms.compute_s > time_terms(plan_gemm(_bmm(64, 196, 64, 196), BASE), BASE, "float32").compute_s * 1.5
+
+
+def test_a_skinny_side_is_not_padded_to_a_full_tile():
+    # a decode step's one row per plane: GEMV-like kernels, no 128-row padding
+    assert waves(1, GPU, (108, 1, 128, 4096)) == (1, 1.0)
+    # 16 rows (an eighth of 128) run on 16-row tiles; 17 rows are padded to a full tile
+    assert waves(1, GPU, (108, 16, 128, 4096)) == (1, 1.0)
+    assert waves(1, GPU, (108, 17, 128, 4096))[1] == pytest.approx(17 / 128)

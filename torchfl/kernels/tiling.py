@@ -103,8 +103,6 @@ class TileConfig:
             d["compute_util"] = self.compute_util
         if self.parallel_units:
             d["parallel_units"] = self.parallel_units
-        if self.grid:
-            d["grid"] = list(self.grid)
         return d
 
     def tile(self, axis: str, default=None):
@@ -239,21 +237,34 @@ def waves(outputs: int, chip, grid: tuple = ()) -> tuple[int, float]:
 def _grid_waves(grid: tuple, cores: int, tile_elements: int) -> tuple[int, float]:
     """:func:`waves` of a matrix kernel's ``(batch, M, N, K)`` output grid, cut into square
     tiles of ``tile_elements`` (the tile the HCD states; edges padded); a grid under one wave
-    splits K over the idle units in slices at least one tile side deep."""
+    splits K over the idle units in slices at least one tile side deep.
+
+    A skinny side (M or N at most an eighth of the tile's side: a decode step's one token, a
+    GEMV) is not padded to a full tile: libraries run such products with skinny or GEMV
+    kernels, so its tile side is the next power of two of that dimension."""
     from math import isqrt
 
     batch, m, n, k = (int(v) for v in grid)
     if min(batch, m, n) <= 0:
         return 0, 1.0
-    tm = max(1, isqrt(tile_elements))
-    tn = max(1, tile_elements // tm)
+    side = max(1, isqrt(tile_elements))
+    tm = _skinny(m, side)
+    tn = _skinny(n, max(1, tile_elements // side))
     tiles = batch * -(-m // tm) * -(-n // tn)
     fill = batch * m * n / (tiles * tm * tn)
     if tiles < cores:
-        split = max(1, min(cores // tiles, -(-k // tm)))
+        split = max(1, min(cores // tiles, -(-k // side)))
         return 1, fill * min(1.0, tiles * split / cores)
     w = -(-tiles // cores)
     return w, fill * tiles / (w * cores)
+
+
+def _skinny(dim: int, side: int) -> int:
+    """The tile side along a dimension: ``side``, or the next power of two of a dimension at
+    most ``side / 8`` long (see :func:`_grid_waves`)."""
+    if dim * 8 > side:
+        return side
+    return 1 << max(0, (dim - 1).bit_length())
 
 
 def simulated_time(plan_or_traffic, chip, dtype: str, *, flops_scale: float = 1.0,
