@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from torchfl.fidelity.tables import (ALIASES, TableError, bundled_tables, family_of, load_table, load_tables,
@@ -106,12 +108,14 @@ def test_make_row_takes_typed_fields_for_tools():
 
 def test_families_and_aliases():
     assert family_of("aten.convolution.default") == "conv2d" and family_of("aten.relu.default") == "relu"
-    assert set(ALIASES) == {"matmul", "softmax", "layer_norm", "gelu", "conv2d"}
+    assert set(ALIASES) >= {"matmul", "softmax", "layer_norm", "gelu", "conv2d", "bmm", "linear"}
+    assert family_of("aten.bmm.default") == "matmul" and family_of("aten.linear.default") == "matmul"
 
 
 def test_bundled_tables_load_and_name_their_source_and_licence():
-    """The op tables (LLMCompass's); the language-model tables are tests/fidelity/test_lm_rows.py's."""
-    tables = [t for t in load_tables(bundled_tables()) if not t.name.startswith("lm_")]
+    """LLMCompass's op tables; the language-model tables are tests/fidelity/test_lm_rows.py's, the issue-47
+    evaluation tables (NeuSight, Liger) tests/fidelity/test_bundled_sources.py's."""
+    tables = [t for t in load_tables(bundled_tables()) if Path(t.name).name.startswith("llmcompass_")]
     assert len(tables) >= 8
     for t in tables:
         text = "\n".join(t.comments)

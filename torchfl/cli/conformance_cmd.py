@@ -76,7 +76,9 @@ def conformance(chips, all_chips, ops, dtypes, samples, mode, edge_from, jobs, n
     if list_sweeps:
         return _list_sweeps(reg, as_json)
     if resume is not None:   # the run says what it tests; flags that disagree are refused when it opens
-        chips, all_chips, ops, dtypes, samples, edge_from, mode = _resumed(reg, resume, chips, all_chips, no_record)
+        given = _given(dict(ops=ops, dtypes=dtypes, samples=samples, edge_from=edge_from, mode=mode))
+        chips, all_chips, ops, dtypes, samples, edge_from, mode = _resumed(reg, resume, chips, all_chips, no_record,
+                                                                           given)
     if report:
         from torchfl.conformance import matrix
 
@@ -97,6 +99,10 @@ def conformance(chips, all_chips, ops, dtypes, samples, mode, edge_from, jobs, n
         _fail(str(exc), 1)
     for name in names:
         reg.record(name)  # unknown chip: one line with near matches, before torch is imported
+    names, wanted = _refuse_missing_dtypes(reg, names, wanted)
+    if not names:
+        return
+    _require_opinfo()
     from torchfl.conformance.harness import Settings
 
     from torchfl.cluster.options import runner as make_runner
@@ -133,6 +139,45 @@ def conformance(chips, all_chips, ops, dtypes, samples, mode, edge_from, jobs, n
         click.echo(f"{len(reports)} chips together: {cases} chip-cases in {clock.wall:.0f} s, "
                    f"{clock.cpu:.0f} s of CPU (this process and its workers), load average "
                    f"{clock.load[0]:.1f} -> {clock.load[1]:.1f}")
+
+
+def _refuse_missing_dtypes(reg, names, wanted):
+    """(chips, dtypes) left to run once the asked dtypes a chip cannot compute at all are
+    answered "refused" (the chip has no unit for them: every case would be refused, and the run
+    answered "0 cases" with no verdict). A chip with no asked dtype left is not run."""
+    if not wanted:
+        return names, wanted
+    from torchfl.cli.support_cmd import chip_lacks
+
+    left = []
+    for name in names:
+        hcd = reg.chip(name)
+        refused = {d: chip_lacks(hcd, d) for d in wanted if chip_lacks(hcd, d)}
+        for d, why in refused.items():
+            click.echo("\n".join(_paragraph(f"{name}: {d}: refused: {why}")))
+        if len(refused) < len(wanted):
+            left.append(name)
+        else:
+            click.echo(f"{name}: no asked dtype left to run; not recorded")
+    runnable = tuple(d for d in wanted if any(not chip_lacks(reg.chip(n), d) for n in left))
+    return left, runnable
+
+
+def _paragraph(text: str) -> list[str]:
+    from torchfl.planner.texttable import paragraph
+
+    return paragraph(text, indent="", subsequent="    ")
+
+
+def _require_opinfo() -> None:
+    """Refuse a run before it starts when torch's OpInfo database cannot load: it imports
+    ``expecttest`` (a test-only package, not a dependency of torch), and without it every case
+    was reported skipped and the run recorded as "0 cases, unverified" with exit 0."""
+    try:
+        import torch.testing._internal.common_methods_invocations  # noqa: F401 - the import is the check
+    except ModuleNotFoundError as exc:
+        _fail(f"conformance runs PyTorch's OpInfo samples, which need the {exc.name} package: "
+              "pip install 'torchfl[conformance]' (nothing was run or recorded)", 1)
 
 
 class _Clock:
@@ -221,8 +266,48 @@ def _run_harness(reg, name, settings, sweep):
     return run(name, registry=reg, settings=settings, progress=lines)
 
 
-def _resumed(reg, run_id, chips, all_chips, no_record):
-    """(chips, all_chips, ops, dtypes, samples, edge_from, mode) of the conformance sweep ``run_id``."""
+#: the options that decide a conformance sweep's units (parameter name -> its flag)
+_SWEEP_FLAGS = {"ops": "--ops", "dtypes": "--dtypes", "samples": "--samples", "edge_from": "--edge", "mode": "--mode"}
+
+
+def _given(values: dict) -> dict:
+    """Those of ``values`` the user gave (command line or environment), not click's defaults."""
+    from click.core import ParameterSource
+
+    ctx = click.get_current_context()
+    return {k: v for k, v in values.items()
+            if ctx.get_parameter_source(k) in (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT)}
+
+
+def _show(value) -> str:
+    if value is None:
+        return "all"
+    return ",".join(map(str, value)) if isinstance(value, (tuple, list)) else str(value)
+
+
+def _refuse_changed(run_id: int, given: dict, recorded: dict) -> None:
+    """A resumed run is the sweep it was started as (docs/CLUSTER.md): an option given with
+    another value than the run's is refused, naming each (it silently ran the run's before)."""
+    from torchfl.rules.support import SupportError, normalise_dtype
+
+    ours = dict(given)
+    if "ops" in ours:
+        ours["ops"] = _split(ours["ops"])
+    if "dtypes" in ours:
+        try:
+            ours["dtypes"] = tuple(normalise_dtype(d) for d in _split(ours["dtypes"]))
+        except SupportError as exc:
+            _fail(str(exc), 1)
+    changed = [f"{_SWEEP_FLAGS[k]} {_show(v)} (the run's: {_show(recorded[k])})" for k, v in ours.items()
+               if v != recorded[k]]
+    if changed:
+        _fail(f"sweep run {run_id} was started with other options: {'; '.join(changed)}; a resumed run finishes the "
+              f"same sweep: drop them (--resume {run_id} alone), or start a new run without --resume", 1)
+
+
+def _resumed(reg, run_id, chips, all_chips, no_record, given=None):
+    """(chips, all_chips, ops, dtypes, samples, edge_from, mode) of the conformance sweep ``run_id``;
+    ``given``: the sweep options the user gave, refused where they differ from the run's."""
     from torchfl.registry.sweeps import Sweeps
 
     if no_record:
@@ -239,8 +324,11 @@ def _resumed(reg, run_id, chips, all_chips, no_record):
         _fail(f"sweep run {run_id} tests {chip} only; resume it with --resume {run_id} (and no other chip)", 1)
     sampling = run.spec["sampling"]
     modes = tuple(sampling.get("modes", ("compile",)))
-    return ((chip,), False, tuple(run.spec["ops"]), tuple(run.spec["dtypes"]), sampling["samples"],
-            sampling["edge_from"], "both" if len(modes) > 1 else modes[0])
+    recorded = dict(ops=tuple(run.spec["ops"]), dtypes=tuple(run.spec["dtypes"]), samples=sampling["samples"],
+                    edge_from=sampling["edge_from"], mode="both" if len(modes) > 1 else modes[0])
+    _refuse_changed(run_id, given or {}, recorded)
+    return ((chip,), False, recorded["ops"], recorded["dtypes"], recorded["samples"], recorded["edge_from"],
+            recorded["mode"])
 
 
 def _list_sweeps(reg, as_json: bool) -> None:
@@ -252,14 +340,25 @@ def _list_sweeps(reg, as_json: bool) -> None:
     if not runs:
         click.echo(f"no sweep runs in {reg.display_url}")
         return
+    click.echo("\n".join(sweeps_table(runs)))
+
+
+def sweeps_table(runs) -> list[str]:
+    """The recorded sweep runs as a table with a header; a label that starts with its kind
+    ("conformance TFL-X1 ...") loses that word (the row read "conformance conformance TFL-X1")."""
+    from torchfl.planner.texttable import table
+
+    rows = []
     for r in runs:
+        what = r.label[len(r.kind):].strip() if r.label.startswith(r.kind + " ") else r.label
         if r.status == "finished":
-            tail = f"finished {r.finished_at:%Y-%m-%d %H:%M}"
+            state = f"finished {r.finished_at:%Y-%m-%d %H:%M}"
+            if r.outcome and "conformance_run" in r.outcome:
+                state += f" (conformance run {r.outcome['conformance_run']})"
         else:
-            tail = f"{r.status}: finish it with --resume {r.id}"
-        extra = f", conformance run {r.outcome['conformance_run']}" if r.outcome and "conformance_run" in r.outcome \
-            else ""
-        click.echo(f"{r.id:>4}  {r.kind:<11} {r.label:<40} {r.done}/{len(r.units)} units  {tail}{extra}")
+            state = f"{r.status}: finish it with --resume {r.id}"
+        rows.append((str(r.id), r.kind, what, f"{r.done}/{len(r.units)}", state))
+    return table(("run", "kind", "what", "units", "status"), rows, right=(0, 3), shrink_first=(2,))
 
 
 def _print_report(r) -> None:

@@ -96,7 +96,9 @@ def demo(registry, quick, full_tables, parallel_compile, compile_only) -> None:
 
     from torchfl.planner.texttable import terminal_width
 
-    out = Console(highlight=False, soft_wrap=True, width=terminal_width())
+    # soft_wrap off: a sentence longer than the width wraps at spaces (100 columns in a pipe);
+    # the tables and explain texts are already fitted to it
+    out = Console(highlight=False, soft_wrap=False, width=terminal_width())
     t_start = time.perf_counter()
     # 1. the registry: created and migrated if needed; bundled chips and packs imported
     #    (re-importing identical content is a no-op, so this is safe on every run)
@@ -150,7 +152,9 @@ def _run_models(out, registry, quick: bool, parallel_compile: bool = True) -> li
 
     results = []
     jobs = [(chip, name, factory) for name, factory in _models(quick) for chip in CHIPS]
-    with Progress(sys.stdout, "compile + run on the emulated chips", total=len(jobs) * 3) as progress:
+    from torchfl.cli.render import PipeLines
+
+    with Progress(PipeLines(sys.stdout), "compile + run on the emulated chips", total=len(jobs) * 3) as progress:
         for chip, name, factory in jobs:
             progress.update(f"{name} on {chip}: building")
             module, inputs = factory()
@@ -197,9 +201,21 @@ def _print_results(out, results, full_tables: bool) -> None:
             continue
         first_s, analyses, text = extra
         for an in analyses:
-            out.print(_short(an, full_tables), markup=False)
-        out.print(f"vs eager torch (float32): max |diff| {err:.3g}, relative to max |ref| {rel:.3g}; "
+            out.print(_short(an, full_tables), markup=False, soft_wrap=True)   # fitted by its renderer
+        out.print(f"vs eager torch (float32): {accuracy_text(err, rel)}; "
                   f"first call (plan + kernel compile + run) {first_s:.1f} s")
+
+
+def accuracy_text(err: float, rel: float) -> str:
+    """The largest difference from eager and its share of the largest reference value, said so
+    that neither number reads as the other ("relative to max |ref| 0.00053" read as if the
+    reference's largest value were 0.00053)."""
+    return f"largest |diff| {err:.3g} = {share(rel)} of the largest |output|"
+
+
+def share(rel: float) -> str:
+    """A ratio as a percentage, two significant digits (0.00053 -> 0.053%)."""
+    return f"{100 * rel:.2g}%"
 
 
 def _summary(out, results) -> list:
@@ -208,7 +224,7 @@ def _summary(out, results) -> list:
 
     out.rule("[bold]Summary")
     t = Table(show_header=True, header_style="bold")
-    for col in ("model", "chip", "nodes on chip / folded / CPU", "max |diff| vs eager", "relative", "outcome"):
+    for col in ("model", "chip", "nodes on chip / folded / CPU", "max |diff| vs eager", "of max |output|", "outcome"):
         t.add_column(col)
     bad = []
     for chip, name, err, rel, failure, extra in results:
@@ -222,7 +238,7 @@ def _summary(out, results) -> list:
             plans = [an.plan.summary for an in extra[1]]
             routes = (f"{sum(p.nodes_on_chip for p in plans)} / {sum(p.folded for p in plans)} / "
                       f"{sum(p.fallbacks for p in plans)}")
-            t.add_row(name, chip, routes, f"{err:.3g}", f"{rel:.3g}", outcome)
+            t.add_row(name, chip, routes, f"{err:.3g}", share(rel), outcome)
     out.print(t)
     return bad
 
@@ -284,5 +300,5 @@ def _short(an, full: bool) -> str:
     per_call = [s for s in an.steps if not an.static(s)]
     keep = {s.index for s in sorted(per_call, key=lambda s: -s.simulated_time_s)[:12]}
     return an.render(only=keep, omitted_note=(
-        f"... the 12 slowest of {len(per_call)} per-call steps; {len(an.steps) - len(keep)} more steps, "
-        f"{len(an.steps) - len(per_call)} of them run once (--full-tables shows all)"))
+        f"... the 12 slowest of {len(per_call)} per-call steps; {len(an.steps) - len(keep)} more, "
+        f"{len(an.steps) - len(per_call)} of them run once (--full-tables: all)"))

@@ -61,32 +61,54 @@ def schema() -> None:
 
 
 @hcd.command()
-@click.argument("file", type=click.Path(dir_okay=False))
+@click.argument("file", metavar="FILE|CHIP")
 @click.option("--json", "as_json", is_flag=True, help="Print the canonical form as JSON.")
-def show(file: str, as_json: bool) -> None:
-    """Show the canonical, unit-normalised form of an HCD FILE."""
-    from torchfl.hcd import check_hcd
-
-    report = check_hcd(file)
-    if not report.ok:
-        for d in report.diagnostics:
-            click.echo(str(d), err=True)
-        sys.exit(2 if not report.readable else 1)
-    h = report.hcd
+@click.option("--registry", default=None, help="Registry URL for a CHIP name (default: TORCHFL_REGISTRY_URL "
+                                               "or the user's).")
+def show(file: str, as_json: bool, registry: str | None) -> None:
+    """Show the canonical, unit-normalised form of an HCD FILE, or of a CHIP in the registry,
+    with the source (kind and reference) of every performance number."""
+    h = _shown_hcd(file, registry)
     if as_json:
+        numbers = {path: {"value": value, "kind": h.kind_of(path), "source": h.provenance.get(path)}
+                   for path, value in h.performance_numbers().items()}
         click.echo(json.dumps({**h.canonical(), "format_version": h.format_version,
-                               "content_hash": h.content_hash()}, indent=2))
+                               "content_hash": h.content_hash(), "performance_numbers": numbers}, indent=2))
         return
     from torchfl.cli.render import hcd_table
 
     hcd_table(h)
 
 
+def _shown_hcd(file: str, registry: str | None):
+    """The HCD of ``file`` when it names a file (exit 1/2 on bad input), else the registry's chip."""
+    import os
+
+    from torchfl.hcd import check_hcd
+
+    if os.path.exists(file) or os.sep in file or file.endswith((".hcd", ".yaml", ".yml")):
+        report = check_hcd(file)
+        if not report.ok:
+            for d in report.diagnostics:
+                click.echo(str(d), err=True)
+            sys.exit(2 if not report.readable else 1)
+        return report.hcd
+    from torchfl.registry import Registry, RegistryError
+
+    try:
+        with Registry(registry) as reg:
+            return reg.chip(file)
+    except RegistryError as exc:
+        click.echo(f"error: {file!r} is neither an HCD file nor a chip in the registry: {exc}", err=True)
+        sys.exit(2)
+
+
 @hcd.command()
 @click.option("-o", "--output", "output", type=click.Path(dir_okay=False), default=None,
               help="Write the HCD here (default: print it).")
 @click.option("--device", default="cpu", show_default=True, help="What to measure: cpu (this host) or cuda.")
-@click.option("--threads", type=int, default=None, help="torch threads while measuring (default: torch's).")
+@click.option("--threads", type=int, default=None,
+              help="torch threads while measuring, 1 to this host's CPUs (default: 1, timed by its CPU time).")
 @click.option("--timer", type=click.Choice(["wall", "cpu"]), default=None,
               help="wall clock, or one thread's CPU time (steady on a busy machine; needs --threads 1). "
                    "Default: cpu for one CPU thread, else wall.")
@@ -99,9 +121,13 @@ def probe(output, device, threads, timer, name, quick) -> None:
     from torchfl.fidelity.probe import ProbeError, probe as run_probe
     from torchfl.hcd import HCDError
 
+    from torchfl.fidelity.probe import check_name, check_options
+
     try:
-        path = writable_output(output, "host.hcd") if output else None   # checked before the minutes of probing
-    except OutputError as exc:
+        check_name(name)                     # every option checked before the minutes of probing
+        check_options(device, threads, timer)
+        path = writable_output(output, "host.hcd") if output else None
+    except (OutputError, ProbeError) as exc:
         click.echo(f"error: {exc}", err=True)
         sys.exit(2)
     try:
@@ -112,6 +138,8 @@ def probe(output, device, threads, timer, name, quick) -> None:
             bar.update(detail="done", completed=7)
         for w in result.warnings:
             click.echo(f"warning: {w}", err=True)
+        click.echo(f"spread: fp32 {_spread(result.figures['gemm_float32'], 1e-9)} GFLOP/s (every figure's is in "
+                   "the file)", err=True)
         text = result.hcd_text(name)
         result.hcd(name)              # validated before it is printed or written
         if path is not None:
@@ -132,3 +160,8 @@ def probe(output, device, threads, timer, name, quick) -> None:
                    f"{result.figures['launch'].value * 1e6:.2f} us)")
     else:
         click.echo(text, nl=False)
+
+
+def _spread(fig, k: float) -> str:
+    """``80.1-90.3 over 7 runs``: the range of the runs whose median is used."""
+    return f"{min(fig.runs) * k:.1f}-{max(fig.runs) * k:.1f} over {len(fig.runs)} runs"

@@ -60,4 +60,66 @@ def hcd_table(h) -> None:
     t.add_row("constraints", f"max_batch {c.max_batch_size}, max_seq {c.max_sequence_length}, "
                              f"alignment {c.memory_alignment_bytes} B, bf16 emulation {c.bfloat16_emulation}")
     t.add_row("content_hash", h.content_hash())
-    console().print(t)
+    out = console()
+    out.print(t)
+    out.print(provenance_table(h))
+
+
+def provenance_table(h):
+    """Each performance number with the kind and reference of its source (format 1.2;
+    ``unstated`` for a number whose file names none): what a prediction stands on."""
+    from rich.markup import escape
+    from rich.table import Table
+
+    t = Table(title="performance numbers and their sources")
+    t.add_column("number", no_wrap=True)
+    t.add_column("value", justify="right", no_wrap=True)
+    t.add_column("kind", no_wrap=True)
+    t.add_column("source: reference", overflow="fold")
+    for path, value in h.performance_numbers().items():
+        sid = h.provenance.get(path)
+        src = h.source_of(path)
+        ref = "-" if src is None else f"{sid}: {src.ref}"
+        if src is not None and src.benchmark:
+            ref += f" [{src.benchmark}{', table ' + src.table if src.table else ''}]"
+        if src is not None and src.rows:
+            ref += f" [fitted on {', '.join(src.rows)}]"
+        t.add_row(path.removeprefix("compute_units.").removeprefix("memory."), f"{value:g}", h.kind_of(path),
+                  escape(ref))
+    return t
+
+
+class PipeLines:
+    """A text stream for progress lines: in a pipe or a log, each line it is given is wrapped at
+    spaces to the pipe's width (100 columns), continuation lines indented; on a terminal it is
+    the stream itself (the progress bar draws there). Why: a heartbeat line ("[12:00:01] ResNet-50
+    (batch 1, 64x64) on NPU-V2: planning + compiling kernels (1/12): still working, 231 s;
+    compiling conv2d_bn_relu (float16) for 20 s") reached 150 columns in `make demo`'s log."""
+
+    def __init__(self, stream, width: int | None = None):
+        self.stream, self.width, self._pending = stream, width, ""
+
+    def isatty(self) -> bool:
+        return self.stream.isatty()
+
+    def write(self, text: str) -> int:
+        if self.stream.isatty():
+            return self.stream.write(text)
+        from torchfl.planner.texttable import paragraph, terminal_width
+
+        self._pending += text
+        *lines, self._pending = self._pending.split("\n")
+        width = self.width or terminal_width(self.stream)
+        for line in lines:                   # a line that fits is written as it is (tables keep their spaces)
+            wrapped = paragraph(line, width=width, subsequent="    ") if len(line) > width else [line]
+            self.stream.write("\n".join(wrapped) + "\n")
+        return len(text)
+
+    def flush(self) -> None:
+        if self._pending:
+            self.stream.write(self._pending)
+            self._pending = ""
+        self.stream.flush()
+
+    def __getattr__(self, name):                 # fileno, encoding, ...: the stream's own
+        return getattr(self.stream, name)

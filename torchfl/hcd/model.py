@@ -24,6 +24,7 @@ from typing import Annotated, Optional
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PrivateAttr, WithJsonSchema
 
 from torchfl.hcd.dtypes import MATRIX_UNITS, UNIT_OF_DTYPE, short_dtype
+from torchfl.hcd.provenance import MAX_SOURCES, ProvenanceView, Source
 
 SEMVER = re.compile(
     r"^(0|[1-9]\d*)\.(0|[1-9]\d*)\.(0|[1-9]\d*)"
@@ -114,7 +115,11 @@ class Chip(_Model):
         description="The device string users write for this chip, e.g. npu_v3.")
 
 
-SUSTAINED_UNIT = "Dimensionless, 0 < f <= 1; format 1.1, absent means 1."
+# the smallest sustained share a file may state: a chip that sustains under 0.1% of its peak has
+# a wrong peak, and a share of 5e-324 (a denormal) made every time infinite (issue 52)
+SUSTAINED_MIN = 1e-3
+SUSTAINED_UNIT = (f"Dimensionless, {SUSTAINED_MIN:g} <= f <= 1 (under {SUSTAINED_MIN:g} the peak itself is wrong); "
+                  "format 1.1, absent means 1.")
 
 
 class _Unit(_Model):
@@ -125,7 +130,7 @@ class _Unit(_Model):
         default=None, min_length=1, max_length=MAX_LIST,
         description="Tensor layouts this unit computes in (permutations of dimension letters).")
     sustained_fraction: Optional[float] = Field(
-        default=None, gt=0, le=1,
+        default=None, ge=SUSTAINED_MIN, le=1,
         description="Share of this unit's peak a large GEMM sustains, as measured. " + SUSTAINED_UNIT)
 
 
@@ -180,7 +185,7 @@ class OffChipMemory(_Model):
     size_gb: Optional[float] = Field(default=None, ge=1e-6, le=1_000_000,
                                      description="Off-chip memory capacity in GiB (2^30 bytes); unbounded if absent.")
     sustained_fraction: Optional[float] = Field(
-        default=None, gt=0, le=1,
+        default=None, ge=SUSTAINED_MIN, le=1,
         description="Share of bandwidth_gb_per_s a streaming kernel sustains, as measured. " + SUSTAINED_UNIT)
 
 
@@ -259,9 +264,10 @@ FORMAT_11_FIELDS = (
 )
 
 
-class HCD(_Model):
-    """Hardware Capability Descriptor, format version 1.0 or 1.1 (1.1: the optional
-    sustained fractions and the ``execution`` section)."""
+class HCD(ProvenanceView, _Model):
+    """Hardware Capability Descriptor, format version 1.0, 1.1 (the optional sustained
+    fractions and the ``execution`` section) or 1.2 (``sources`` and ``provenance``:
+    :mod:`torchfl.hcd.provenance`)."""
 
     chip: Chip
     compute_units: ComputeUnits
@@ -270,6 +276,12 @@ class HCD(_Model):
     constraints: Constraints
     execution: Optional[Execution] = Field(
         default=None, description="Format 1.1: launch cost and the grain of parallel work (optional).")
+    sources: dict[str, Source] = Field(
+        default_factory=dict, max_length=MAX_SOURCES,
+        description="Format 1.2: named references of the numbers (id -> kind, ref, benchmark, table, rows).")
+    provenance: dict[str, str] = Field(
+        default_factory=dict, max_length=256,
+        description="Format 1.2: dotted path of a number (compute_units.fp16.peak_tflops) -> source id.")
 
     _warnings: tuple = PrivateAttr(default=())
 
@@ -341,7 +353,10 @@ class HCD(_Model):
 
     @property
     def format_version(self) -> str:
-        """``"1.1"`` when any format-1.1 field is set, else ``"1.0"``."""
+        """``"1.2"`` with sources or provenance, ``"1.1"`` when any format-1.1 field is set,
+        else ``"1.0"``."""
+        if self.sources or self.provenance:
+            return "1.2"
         units = [getattr(self.compute_units, u) for u in MATRIX_UNITS]
         if any(u is not None and u.sustained_fraction is not None for u in units):
             return "1.1"
@@ -362,8 +377,14 @@ class HCD(_Model):
     # -- canonical form: what the registry hashes and stores --
 
     def canonical(self) -> dict:
-        """Canonical keys and units, absent optionals dropped; JSON-serialisable."""
-        return self.model_dump(mode="json", exclude_none=True)
+        """Canonical keys and units, absent optionals (and empty 1.2 sections) dropped;
+        JSON-serialisable. A 1.0/1.1 file's canonical form, hence its content hash, is the
+        one it had before format 1.2."""
+        out = self.model_dump(mode="json", exclude_none=True)
+        for section in ("sources", "provenance"):
+            if not out.get(section):
+                out.pop(section, None)
+        return out
 
     def canonical_json(self) -> str:
         return json.dumps(self.canonical(), sort_keys=True, separators=(",", ":"))

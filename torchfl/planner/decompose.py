@@ -366,8 +366,55 @@ def _is(node, *names) -> bool:
     return isinstance(node, torch.fx.Node) and node.op == "call_function" and str(node.target) in names
 
 
-def _new(graph, op, args, before, name):
-    """A node ``op(*args)`` inserted before ``before``, its meta value from meta tensors."""
+def _split_runs(val, groups) -> list:
+    """``groups`` (lists of adjacent dims of ``val``, in order) split where ``val``'s strides do
+    not let the dims merge into one view: a view merges dims ``j < k`` (size-1 dims between them
+    skipped) only when ``stride[j] == stride[k] * size[k]``, so a slice or a transposed input
+    keeps its dims apart, as eager's ``view`` would (GPT-J's rotary reads a split of its sin/cos
+    table: merging its rows with the half it reads raised ``view size is not compatible``)."""
+    shape, stride = tuple(val.shape), tuple(val.stride())
+    out = []
+    for g in groups:
+        run, last = [g[0]], g[0] if shape[g[0]] != 1 else None
+        for d in g[1:]:
+            if shape[d] != 1 and last is not None and stride[last] != stride[d] * shape[d]:
+                out.append(run)
+                run = []
+            run.append(d)
+            if shape[d] != 1:
+                last = d
+        out.append(run)
+    return out
+
+
+def _viewable(node, shape) -> bool:
+    """Whether ``view(node, shape)`` is one eager torch makes (checked on a meta tensor of
+    ``node``'s sizes and strides): a rewrite that is not is skipped, never raised."""
+    import torch
+
+    val = node.meta["val"]
+    try:
+        torch.empty_strided(tuple(val.shape), tuple(val.stride()), dtype=val.dtype, device="meta").view(shape)
+    except RuntimeError:
+        return False
+    return True
+
+
+def _viewed(graph, node, shape, before, name):
+    """``node`` where ``view(node, shape)`` is one eager torch makes, else a contiguous copy of
+    it inserted before ``before`` (what ``reshape`` does): rank lowering keeps a chip of
+    ``max_rank`` 4 running a chain whose input is a slice or a transpose (LLaMA's ``repeat_kv``
+    of a transposed key in float32), at the price of one planned copy."""
+    import torch
+
+    if _viewable(node, shape):
+        return node
+    return _new(graph, torch.ops.aten.clone.default, [node], before, name,
+                {"memory_format": torch.contiguous_format})
+
+
+def _new(graph, op, args, before, name, kwargs=None):
+    """A node ``op(*args, **kwargs)`` inserted before ``before``, its meta value from meta tensors."""
     import torch
 
     def meta(v):
@@ -377,8 +424,8 @@ def _new(graph, op, args, before, name):
         return v
 
     with graph.inserting_before(before):
-        new = graph.create_node("call_function", op, tuple(args), {}, name=name)
-    new.meta["val"] = op(*[meta(a) for a in args])
+        new = graph.create_node("call_function", op, tuple(args), dict(kwargs or {}), name=name)
+    new.meta["val"] = op(*[meta(a) for a in args], **(kwargs or {}))
     return new
 
 
@@ -412,9 +459,13 @@ def _lower_permute(graph, view) -> bool:
     if len(groups) > LOW_RANK:
         return False
     order = sorted(groups, key=lambda g: g[0])          # the groups in the input's order
+    runs = _split_runs(view.meta["val"], order)         # without a copy where the strides allow
+    if len(runs) <= LOW_RANK:
+        order, groups = runs, sorted(runs, key=lambda g: dims.index(g[0]))
     merged = [_prod(shape[d] for d in g) for g in order]
     new_dims = [order.index(g) for g in groups]
-    v2 = _new(graph, view.target, [view.args[0], merged], back, f"{view.name}_r{len(merged)}")
+    src = _viewed(graph, view.args[0], merged, back, f"{view.name}_c{len(merged)}")
+    v2 = _new(graph, view.target, [src, merged], back, f"{view.name}_r{len(merged)}")
     cur = _new(graph, aten.permute.default, [v2, new_dims], back, f"{perm.name}_r{len(merged)}")
     for c in chain:
         cur = _new(graph, aten.clone.default, [cur], back, f"{c.name}_r{len(merged)}")
@@ -440,7 +491,8 @@ def _lower_select(graph, view) -> bool:
     merged = ([_prod(shape[:d])] if d else []) + [shape[d]] + ([_prod(shape[d + 1:])] if d + 1 < len(shape) else [])
     nd = 1 if d else 0
     first = users[0]
-    v2 = _new(graph, view.target, [view.args[0], merged], first, f"{view.name}_r{len(merged)}")
+    src = _viewed(graph, view.args[0], merged, first, f"{view.name}_c{len(merged)}")
+    v2 = _new(graph, view.target, [src, merged], first, f"{view.name}_r{len(merged)}")
     for u in users:
         s = _new(graph, aten.select.int, [v2, nd, u.args[2]], u, f"{u.name}_r")
         back = _new(graph, aten.view.default, [s, list(u.meta["val"].shape)], u, f"{u.name}_v")
@@ -475,9 +527,14 @@ def _lower_expand(graph, unsq) -> bool:
             groups.append(([i], grown))
     if len(groups) > LOW_RANK:
         return False
+    # without a copy where the unsqueezed value's strides let the dims merge
+    runs = [(run, grown) for g, grown in groups for run in _split_runs(unsq.meta["val"], [g])]
+    if len(runs) <= LOW_RANK:
+        groups = runs
     small = [_prod(src[i] for i in g) for g, _grown in groups]
     big = [_prod(wide[i] for i in g) for g, _grown in groups]
-    v = _new(graph, aten.view.default, [unsq.args[0], small], back, f"{unsq.name}_r{len(small)}")
+    x = _viewed(graph, unsq.args[0], small, back, f"{unsq.name}_c{len(small)}")
+    v = _new(graph, aten.view.default, [x, small], back, f"{unsq.name}_r{len(small)}")
     e = _new(graph, aten.expand.default, [v, big], back, f"{exp.name}_r{len(small)}")
     c = _new(graph, aten.clone.default, [e], back, f"{clone.name}_r{len(small)}")
     back.args = (c,) + tuple(back.args[1:])

@@ -477,7 +477,7 @@ def _plan_graph(rec, alive, static, dev):
     out_node = next(n for n in gm.graph.nodes if n.op == "output")
     outputs = [a.name if isinstance(a, torch.fx.Node) else None for a in tree_flatten(out_node.args[0])[0]]
     captured = Captured(gm, placeholders, {}, outputs, training=False,
-                        extra={"unbatched": unbatched_inputs(placeholders, rec.inputs)})
+                        extra={"unbatched": unbatched_inputs(placeholders, rec.inputs, gm)})
     strict_ = strict()
     plan = plan_captured(captured, planning_examples(rec.inputs, target.hcd), target,
                          precision=eager_precision(), strict=strict_)

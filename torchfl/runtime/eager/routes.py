@@ -160,7 +160,7 @@ def build_route(op, index, flat, spec, tensors, alias=None):
     out_flat = tree_flatten(out_node.args[0])[0]
     outputs = [a.name if isinstance(a, torch.fx.Node) else None for a in out_flat]
     captured = Captured(gm, placeholders, {}, outputs, training=False,
-                        extra={"unbatched": unbatched_inputs(placeholders, as_called)})
+                        extra={"unbatched": unbatched_inputs(placeholders, as_called, gm)})
     strict = _strict()
     try:
         plan = plan_captured(captured, planning_examples(tensors, target.hcd), target, precision=eager_precision(),
