@@ -16,7 +16,7 @@ from click.testing import CliRunner
 
 from torchfl.cli.main import cli
 from torchfl.fidelity.microbench import Figure
-from torchfl.fidelity.probe import Probe, ProbeError, _check_figures, available_cpus, probe
+from torchfl.fidelity.probe import Probe, ProbeError, _check_figures, available_cpus
 
 
 def test_threads_beyond_the_cpus_are_refused_before_measuring():
@@ -44,10 +44,14 @@ def test_options_are_checked_before_any_measuring(tmp_path, args, words):
     assert not out.exists()
 
 
-def test_the_default_is_one_thread_timed_by_its_cpu_time():
-    res = probe("cpu", quick=True)
-    assert (res.threads, res.timer) == (1, "cpu")
-    assert "timer: cpu (thread CPU time)" in res.hcd_text()
+def test_the_default_is_one_thread_timed_by_its_cpu_time(tmp_path):
+    out = tmp_path / "host.hcd"
+    r = CliRunner().invoke(cli, ["hcd", "probe", "--quick", "-o", str(out)])
+    assert r.exit_code == 0, r.output
+    assert "1 thread(s); timer: cpu (thread CPU time)" in out.read_text()
+    (spread,) = [ln for ln in r.output.splitlines() if ln.startswith("spread: fp32 ")]
+    assert spread.endswith("runs GFLOP/s (every figure's is in the file)") and len(spread) < 100, spread
+    assert all(len(ln) <= 100 for ln in r.output.splitlines() if ln.startswith(("warning:", "spread:"))), r.output
 
 
 def _busy_probe(**figures) -> Probe:
@@ -73,5 +77,5 @@ def test_numbers_no_hcd_may_state_are_refused_not_written():
 def test_noisy_figures_are_said_with_their_spread():
     res = _busy_probe(gemm_float32=(2e10, 8e10, 9e10), cache_bw=(1e8, 2e8, 3e8))
     _check_figures(res)
-    assert any(w.startswith("gemm_float32: runs spread 4.5x") for w in res.warnings), res.warnings
-    assert any("on-chip copy" in w and "slower than the off-chip" in w for w in res.warnings), res.warnings
+    assert any(w.startswith("gemm_float32 runs spread 4.5x: a noisy host") for w in res.warnings), res.warnings
+    assert any(w.startswith("on-chip copy 0.2 < off-chip 1.1 GB/s: contention") for w in res.warnings), res.warnings

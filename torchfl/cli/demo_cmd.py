@@ -201,7 +201,7 @@ def _print_results(out, results, full_tables: bool) -> None:
             continue
         first_s, analyses, text = extra
         for an in analyses:
-            out.print(_short(an, full_tables), markup=False)
+            out.print(_short(an, full_tables), markup=False, soft_wrap=True)   # fitted by its renderer
         out.print(f"vs eager torch (float32): {accuracy_text(err, rel)}; "
                   f"first call (plan + kernel compile + run) {first_s:.1f} s")
 
@@ -300,5 +300,5 @@ def _short(an, full: bool) -> str:
     per_call = [s for s in an.steps if not an.static(s)]
     keep = {s.index for s in sorted(per_call, key=lambda s: -s.simulated_time_s)[:12]}
     return an.render(only=keep, omitted_note=(
-        f"... the 12 slowest of {len(per_call)} per-call steps; {len(an.steps) - len(keep)} more steps, "
-        f"{len(an.steps) - len(per_call)} of them run once (--full-tables shows all)"))
+        f"... the 12 slowest of {len(per_call)} per-call steps; {len(an.steps) - len(keep)} more, "
+        f"{len(an.steps) - len(per_call)} of them run once (--full-tables: all)"))

@@ -138,6 +138,8 @@ def probe(output, device, threads, timer, name, quick) -> None:
             bar.update(detail="done", completed=7)
         for w in result.warnings:
             click.echo(f"warning: {w}", err=True)
+        click.echo(f"spread: fp32 {_spread(result.figures['gemm_float32'], 1e-9)} GFLOP/s (every figure's is in "
+                   "the file)", err=True)
         text = result.hcd_text(name)
         result.hcd(name)              # validated before it is printed or written
         if path is not None:
@@ -153,7 +155,7 @@ def probe(output, device, threads, timer, name, quick) -> None:
         sys.exit(1)
     if output:
         click.echo(f"wrote {output}: {result.chip_name() if name is None else name} "
-                   f"(fp32 {_spread(result.figures['gemm_float32'], 1e-9)} GFLOP/s, off-chip "
+                   f"(fp32 {result.figures['gemm_float32'].value / 1e9:.1f} GFLOP/s, off-chip "
                    f"{result.figures['copy_bw'].value / 1e9:.1f} GB/s copy, launch "
                    f"{result.figures['launch'].value * 1e6:.2f} us)")
     else:
@@ -161,5 +163,5 @@ def probe(output, device, threads, timer, name, quick) -> None:
 
 
 def _spread(fig, k: float) -> str:
-    """``87.5 (runs 80.1-90.3)``: the median used and the runs' range."""
-    return f"{fig.value * k:.1f} (runs {min(fig.runs) * k:.1f}-{max(fig.runs) * k:.1f})"
+    """``80.1-90.3 over 7 runs``: the range of the runs whose median is used."""
+    return f"{min(fig.runs) * k:.1f}-{max(fig.runs) * k:.1f} over {len(fig.runs)} runs"

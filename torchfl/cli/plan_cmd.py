@@ -192,10 +192,16 @@ def _decode_step(model, module, target, batch, prompt, context, precision, fmt):
     if not row["ok"]:
         _fail(row["error_kind"], row["error"])
     if fmt == "text":
-        click.echo(f"Decoder {model}, batch {batch} (predicted): prefill of {prompt} tokens "
-                   f"{row['prefill_s'] * 1e3:.3g} ms (time to first token); decode at context {context}: {row['decode_s'] * 1e3:.3g} ms per token, "
-                   f"{row['tokens_per_s']:,.1f} tokens/s; KV cache {row['kv_cache_bytes'] / 2**20:.2f} MiB. "
-                   "The decode step's plan:")
+        speed = (f"{row['decode_s'] * 1e3:.3g} ms per token, {row['tokens_per_s']:,.1f} tokens/s"
+                 if row["tokens_per_s"] is not None else
+                 f"at least {row['decode_s'] * 1e3:.3g} ms per token ({row['decode_fallbacks']} CPU fallbacks a "
+                 "step: their host work is not priced, no tokens/s)")
+        from torchfl.planner.texttable import paragraph
+
+        click.echo("\n".join(paragraph(
+            f"Decoder {model}, batch {batch} (predicted; {row['assumes']}): prefill of {prompt} tokens "
+            f"{row['prefill_s'] * 1e3:.3g} ms (time to first token); decode at context {context}: {speed}; KV cache "
+            f"{row['kv_cache_bytes'] / 2**20:.2f} MiB. The decode step's plan:")))
     return plans["decode"], dec.step_inputs(batch, context, meta=False)
 
 

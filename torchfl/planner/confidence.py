@@ -120,12 +120,8 @@ class Confidence:
     state: str = "unchecked"
     shares: dict = field(default_factory=dict)
 
-    @property
-    def marked(self) -> bool:
-        """Worth a mark beside the time: half or more of it assumed, or a number missing."""
-        return bool(self.missing) or self.assumption_share >= 0.5
-
     def checked_text(self) -> str:
+        """How well the chip is checked out of sample, in words."""
         if self.state == "checked" and self.checked_rows and self.out_of_sample_mae is not None:
             return f"checked out of sample on {self.checked_rows} rows, mean error {self.out_of_sample_mae:.0%}"
         return {"stale": "out-of-sample check stale (the chip changed since)",
@@ -133,19 +129,22 @@ class Confidence:
                 "unknown": "out-of-sample check not looked up"}.get(self.state,
                                                                                      "not checked out of sample")
 
-    def cell(self) -> str:
-        """A table cell: ``37% assumed, 84 rows 12%`` / ``100% assumed, unchecked`` (+ ``!``)."""
-        checked = (f"{self.checked_rows} rows {self.out_of_sample_mae:.0%}" if self.state == "checked"
-                   and self.checked_rows and self.out_of_sample_mae is not None else
-                   self.state if self.state in ("stale", "unknown") else "unchecked")
-        return f"{self.assumption_share:.0%} assumed, {checked}" + (" !" if self.missing else "")
-
-    def line(self) -> str:
-        """One sentence: the share assumed, which numbers, the out-of-sample check."""
-        text = f"Confidence: {self.assumption_share:.0%} of this time priced from assumed or unstated numbers"
+    def line(self, checked: bool = True) -> str:
+        """One sentence: the share assumed, the time by term, the numbers left out, and (``checked``)
+        the out-of-sample check."""
+        text = f"confidence: {self.assumption_share:.0%} of this time priced from assumed or unstated numbers"
+        shares = ", ".join(f"{k} {v:.0%}" for k, v in sorted(self.shares.items(), key=lambda kv: -kv[1]) if v >= 0.005)
+        if shares:
+            text += f" (time by term: {shares})"
         if self.missing:
-            text += f" ({', '.join(self.missing)} not stated: priced as nothing)"
-        return text + f"; {self.checked_text()}"
+            text += f"; not stated, priced as nothing: {', '.join(self.missing)}"
+        return text + (f"; {self.checked_text()}" if checked else "")
+
+    @classmethod
+    def from_dict(cls, d: dict) -> "Confidence":
+        """Inverse of :meth:`to_dict` (a row's JSON back to the object that words it)."""
+        return cls(d["checked_rows"], d["out_of_sample_mae"], d["assumption_share"], tuple(d["unstated"]),
+                   tuple(d["assumed"]), tuple(d["missing"]), d["state"], dict(d["shares"]))
 
     def to_dict(self) -> dict:
         return {"checked_rows": self.checked_rows, "out_of_sample_mae": self.out_of_sample_mae,

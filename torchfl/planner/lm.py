@@ -261,9 +261,12 @@ def prefill_inputs(lm, batch: int, prompt: int, spec: CacheSpec | None = None):
     import torch
 
     _check_sizes("prefill", batch=batch, prompt=prompt)
-    _check_bytes(f"the prompt's token ids at batch {batch}, prompt {prompt}", batch * prompt * 8,
-                 "give a smaller --prompt or --batch")
     spec = spec or cache_spec(lm)
+    heads = getattr(getattr(lm, "config", None), "num_attention_heads", None) or spec.heads
+    item = torch.empty((), dtype=spec.dtype).element_size()
+    # the largest tensor of a prefill: one layer's attention scores, [batch, heads, prompt, prompt]
+    _check_bytes(f"the prompt's attention scores at batch {batch}, prompt {prompt}",
+                 batch * int(heads) * prompt * prompt * item, "give a smaller --prompt or --batch")
     return Prefill(lm), shapes_only([((batch, prompt), torch.long)], spec.device)
 
 

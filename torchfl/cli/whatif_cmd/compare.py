@@ -8,7 +8,8 @@ import click
 from torchfl.cli.whatif_cmd.common import (CONTEXT, PROMPT, check_batch, chip_names, common_options, decoder_of,
                                             emit_json, fail, guarded, load, model_options, para, precision_of,
                                             show_bytes, show_time, swept, text_table)
-from torchfl.cli.whatif_cmd.serving import decode_text
+from torchfl.cli.whatif_cmd.confidence import confidence_cells, confidence_legend
+from torchfl.cli.whatif_cmd.serving import ENGINE, KV_CACHE, decode_text, engine_of
 from torchfl.cluster.options import cluster_option, require_ray, resume_option
 
 
@@ -18,16 +19,20 @@ from torchfl.cluster.options import cluster_option, require_ray, resume_option
 @model_options
 @CONTEXT
 @PROMPT
+@ENGINE
+@KV_CACHE
 @common_options
 @cluster_option
 @resume_option
 @guarded
-def compare(model, chips, batch, seq_len, heads, layers, context, prompt, precision, training, registry, as_json,
-            cluster, resume):
+def compare(model, chips, batch, seq_len, heads, layers, context, prompt, engine, kv_cache, precision, training,
+            registry, as_json, cluster, resume):
     """MODEL planned on every chip (or --chips): predicted time, off-chip bytes, peak memory,
     kernels, fusions, fallbacks and the bound resource, fastest first; or what stops it.
     With --context, a causal LM's serving speed: prefill of --prompt tokens, per-token decode
-    latency and tokens/s at that context, most tokens/s first. With --cluster, each chip is a
+    latency and tokens/s at that context, most tokens/s first, under the engine behaviour
+    --engine and --kv-cache say. Each row says what share of its time assumed numbers priced
+    and how well the chip is checked out of sample. With --cluster, each chip is a
     unit on the Ray cluster, recorded in the registry (--resume RUN)."""
     from torchfl.planner import whatif
 
@@ -52,7 +57,8 @@ def compare(model, chips, batch, seq_len, heads, layers, context, prompt, precis
     module, inputs = load(model, 1 if context else batch, seq_len, heads, layers)
     if context:
         decoder_of(model, module, training)
-        res = whatif.compare_decode(module, targets, batch or 1, prompt, context, precision_of(precision))
+        res = whatif.compare_decode(module, targets, batch or 1, prompt, context, precision_of(precision),
+                                    engine_of(engine, kv_cache), registry)
         if as_json:
             emit_json(dict(res, model=model))
         else:
@@ -63,36 +69,6 @@ def compare(model, chips, batch, seq_len, heads, layers, context, prompt, precis
         emit_json(dict(res, model=model))
         return
     click.echo(_compare_text(model, res))
-
-
-def confidence_cells(r) -> tuple[str, str]:
-    """(assumed, checked) cells of a row's confidence: ``62%!`` (``!``: a number the chip's
-    file leaves out priced this time as nothing), ``12% on 84`` (out-of-sample mean error on
-    that many rows) or ``no``."""
-    c = r.get("confidence") or {}
-    if not c:
-        return "-", "-"
-    assumed = f"{100 * c['assumption_share']:.0f}%" + ("!" if c["missing"] else "")
-    if c["state"] == "checked" and c["checked_rows"] and c["out_of_sample_mae"] is not None:
-        checked = f"{100 * c['out_of_sample_mae']:.0f}% on {c['checked_rows']}"
-    else:
-        checked = {"stale": "stale", "unknown": "?"}.get(c["state"], "no")
-    return assumed, checked
-
-
-def confidence_legend(rows) -> list[str]:
-    """What the two confidence columns and their marks mean (only what the rows show)."""
-    text = ("assumed = share of the time priced from numbers of kind assumption or unstated (HCD "
-            "provenance); checked = out-of-sample mean error on that many published rows (no: none)")
-    if any((r.get("confidence") or {}).get("missing") for r in rows):
-        text += ("; ! = the chip's file leaves out a number this time reads (a launch cost, a sustained fraction; "
-                 "--json lists them), priced as nothing")
-    if any("rank_time_s" in r for r in rows):
-        from torchfl.planner.confidence import RANK_RULE
-
-        marked = ", ".join(f"{r['chip']} as {show_time(r['rank_time_s'])}" for r in rows if "rank_time_s" in r)
-        text += f"; {RANK_RULE}: {marked}"
-    return para(text)
 
 
 def _compare_text(model, res) -> str:
