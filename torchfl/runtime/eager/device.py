@@ -225,30 +225,17 @@ def default_layout(index: int) -> list:
     return [] if perm == [0, 1, 2, 3] else perm
 
 
-_ROUTED = [False]     # the functional overloads registered (at the first allocation)
-
-
-def _route_functional() -> None:
-    """Register the functional overloads the rule packs name (``ops.ensure_functional_routes``)
-    before the first op: until then a structured op reaches the device as its ``.out``
-    overload, with an output torch allocated before the op and the result copied into it
-    (issue 52 case 4: the process's first ``t + t`` held three tensors' memory, not two, and a
-    4 MiB chip refused a 1.43 MiB ``t``). A failure is left for the first op to raise."""
-    _ROUTED[0] = True
-    try:
-        from .ops import ensure_functional_routes
-
-        ensure_functional_routes()
-    except Exception as exc:   # noqa: BLE001 - the first op calls it again and raises it there
-        import logging
-
-        logging.getLogger("torchfl").debug("torchfl: functional routes not registered yet: %s", exc)
+#: called once, at the first allocation (the package sets it when the adapter loads: the
+#: functional overloads registered before the first op, ``_route_functional``); None after
+FIRST_ALLOC: list = [None]
 
 
 def malloc(index: int, nbytes: int) -> int:
     """Allocate ``nbytes`` on chip ``index`` for a torch storage; returns the address."""
-    if not _ROUTED[0]:
-        _route_functional()
+    first = FIRST_ALLOC[0]
+    if first is not None:
+        FIRST_ALLOC[0] = None
+        first()
     buf = handle(index).memory.alloc(nbytes)
     _LIVE[buf.address] = buf
     return buf.address
