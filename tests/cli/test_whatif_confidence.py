@@ -157,3 +157,21 @@ def test_out_of_sample_check_comes_from_the_registry(tmp_path):
     assert rows["NPU-V3"]["state"] == "unchecked" and rows["NPU-V3"]["checked_rows"] == 0
     text = plan("compare", "mlp", "--chips", "A100-SXM4-80GB,NPU-V3", "--registry", url).stdout
     assert f"{100 * s['out_of_sample_mean_abs_error']:.0f}% on {s['out_of_sample']}" in text
+
+
+def test_decode_with_cpu_fallbacks_has_no_tokens_per_second():
+    """float16 weights on a chip that stores only bfloat16 (GAUDI2; LLaMA-2 7B's 2,250 fallbacks a
+    token in the issue): the step's host work is not priced, so no tokens/s, a lower bound, and
+    the host link named as what bounds it."""
+    from torchfl.planner import whatif
+    from torchfl.planner.zoo import load_model
+
+    module, _inputs = load_model("tiny-llama")
+    keep = {}
+    r = whatif.decode_row(whatif.chip_of("GAUDI2"), whatif.Decoder(module.half()), 1, 8, 64, "bfloat16", keep=keep)
+    assert r["ok"] and r["decode_fallbacks"] == keep["decode"].summary.fallbacks > 0
+    assert r["tokens_per_s"] is None and r["decode_is_lower_bound"] and r["decode_s"] > 0
+    assert r["bound"] == "host"
+    from torchfl.cli.whatif_cmd.serving import decode_speed
+
+    assert "no tokens/s" in decode_speed(r) and decode_speed(r).startswith("at least ")
