@@ -53,6 +53,10 @@ PUBLISHED = {
     ("core", "1.12.0"): "8d57d2d935b84c81283651e5807ba6ec28d4861c87f1654b472412034ad813a2",
     # 1.13.0: attention_bshd, the transposes around attention folded into it (issue 38, helper steps4)
     ("core", "1.13.0"): "3cfb8a6a9979ec51b71e008f32ea031698c9837bb7443343a28ac3b18f7a1282",
+    # 1.14.0: the order family, argmax, argmin, topk, sort (issue 48: MoE routing, CLIP's pooling; helper arch)
+    ("core", "1.14.0"): "20e1af788c0c0cf138dff5c8b5ecd6ea8e04c531b93b7f3a7726554b17f09624",
+    # 1.15.0: histc (kernels/count; issue 48: MoE tokens per expert, int32 ids as CUDA counts them; helper arch)
+    ("core", "1.15.0"): "83be75f6f0c6c71e12acbd034a4829a7a467b7caf52b1d5d9c7c0e874eb3a2c6",
 }
 
 

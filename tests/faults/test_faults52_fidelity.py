@@ -108,3 +108,58 @@ def test_a_bad_row_prints_no_torch_traceback(capfd, npu):
     assert p.predicted_s is None and "does not run as given (Attempting to broadcast" in p.reason
     err = capfd.readouterr().err
     assert "Traceback" not in err and "fake_tensor.py" not in err, err[:2000]
+
+
+def test_any_row_text_loads_or_is_a_located_table_error():
+    """A fuzz of the seven fields (JSON-ish args, dims, numbers in every spelling): make_row
+    returns a row or raises TableError naming the line, never another exception."""
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    brackets = st.text(alphabet='[]{}":,0123456789-e. adimx', max_size=60)
+    number = st.one_of(st.floats(allow_nan=True, allow_infinity=True).map(repr), st.text(max_size=12),
+                       st.sampled_from(["5e-324", "1e-320", "-0", "0x10", "1_000", "nan", "1e309"]))
+    dims = st.lists(st.one_of(st.integers(0, 2 ** 62).map(str), st.text(max_size=4)), max_size=5).map("x".join)
+    shapes = st.lists(dims, max_size=3).map(";".join)
+    ops = st.sampled_from(["matmul", "softmax", "aten.mm.default", "aten._softmax.default", "bogus", "", "decode"])
+
+    @settings(max_examples=300, deadline=None, suppress_health_check=list(HealthCheck))
+    @given(op=ops, shapes=shapes, dtype=st.sampled_from(["float16", "torch.float32", "int4", ""]),
+           args=st.one_of(brackets, st.just('{"a": ' * 50 + "1" + "}" * 50)), seconds=number,
+           source=st.text(max_size=5))
+    def check(op, shapes, dtype, args, seconds, source):
+        try:
+            row = make_row("NPU-V3", op, shapes, dtype, args, seconds, source, file="f.csv", line=7)
+        except TableError as exc:
+            assert exc.problems and all(p.startswith("f.csv:7: ") for p in exc.problems), exc.problems
+        else:
+            assert math.isfinite(row.seconds) and 1e-9 <= row.seconds <= 86_400
+
+    check()
+
+
+def test_any_loadable_row_is_predicted_or_not_planned(npu):
+    """Rows that load, with shapes and args that may not fit their op: predict returns a
+    Prediction (a finite time, or none with the row's reason), never raises."""
+    from hypothesis import HealthCheck, given, settings
+    from hypothesis import strategies as st
+
+    from torchfl.fidelity.oneop import predict
+
+    shape = st.lists(st.integers(0, 6), min_size=0, max_size=4).map(lambda d: "x".join(map(str, d)))
+    ops = st.sampled_from(["matmul", "softmax", "layer_norm", "gelu", "aten.add.Tensor", "aten.sum.dim_IntList",
+                           "aten.transpose.int", "aten.mm.default"])
+    args = st.sampled_from(["", '{"dim": 99}', '{"dim": [0, 5]}', '{"dim0": 0, "dim1": -7}', '{"alpha": 2}',
+                            '{"dim": "x"}', '{"bogus": 1}', '{"dim": -1}'])
+
+    @settings(max_examples=25, deadline=None, suppress_health_check=list(HealthCheck))
+    @given(op=ops, shapes=st.lists(shape, min_size=1, max_size=2).map(";".join), args=args)
+    def check(op, shapes, args):
+        try:
+            row = make_row("NPU-V3", op, shapes, "float16", args, "1e-5", "fuzz", file="f.csv", line=3)
+        except TableError:
+            return
+        p = predict(row, npu)
+        assert (p.predicted_s is None and p.reason) or (math.isfinite(p.predicted_s) and p.predicted_s >= 0), p
+
+    check()

@@ -114,3 +114,45 @@ def test_a_chip_at_every_bound_plans_to_a_finite_time(text):
     plan = plan_module(model, (torch.randn(8, 64),), hcd)
     t = plan.summary.predicted_time_s
     assert math.isfinite(t) and 0 < t < 3.2e7, t
+
+
+def test_whatever_validates_plans_to_a_finite_time():
+    """Random numbers (any magnitude, written any way YAML reads) in every performance field:
+    either validation refuses the file, or a linear + relu plans to a finite positive time."""
+    from hypothesis import HealthCheck, example, given, settings
+    from hypothesis import strategies as st
+
+    from torchfl.hcd.diagnostics import HCDError
+    from torchfl.planner.api import plan_module
+
+    def spelled(x: float) -> str:
+        return repr(x) if "e" in repr(x) or x != x or x in (float("inf"), float("-inf")) else f"{x:e}"
+
+    num = st.one_of(st.floats(allow_nan=False, allow_infinity=False, min_value=1e-320, max_value=1e7),
+                    st.sampled_from([5e-324, 1e-300, 1e-3, 1.0, 1e5])).map(spelled)
+    model = torch.nn.Sequential(torch.nn.Linear(16, 16), torch.nn.ReLU())
+    x = torch.randn(4, 16)
+    planned = []
+
+    @settings(max_examples=30, deadline=None, suppress_health_check=list(HealthCheck))
+    @example(peak="1e-6", sf="1e-3", bw="1e-6", msf="1e-3", cache_bw="1e-6", launch="1e6")   # the slowest
+    @example(peak="1.0e5", sf="1", bw="1e6", msf="1", cache_bw="1e6", launch="0")        # the fastest
+    @given(peak=num, sf=num, bw=num, msf=num, cache_bw=num, launch=num)
+    def check(peak, sf, bw, msf, cache_bw, launch):
+        text = WORST.replace("fp32: {count: 1, peak_tflops: 1e-6, sustained_fraction: 1e-3}",
+                             f"fp32: {{count: 1, peak_tflops: {peak}, sustained_fraction: {sf}}}")
+        text = text.replace("on_chip_cache: {size_kb: 1, bandwidth_gb_per_s: 1e-6}",
+                            f"on_chip_cache: {{size_kb: 1, bandwidth_gb_per_s: {cache_bw}}}")
+        text = text.replace("off_chip_memory: {bandwidth_gb_per_s: 1e-6, sustained_fraction: 1e-3}",
+                            f"off_chip_memory: {{bandwidth_gb_per_s: {bw}, sustained_fraction: {msf}}}")
+        text = text.replace("launch_overhead_us: 1e6", f"launch_overhead_us: {launch}")
+        try:
+            hcd = load_hcd_text(text, "fuzz.hcd")
+        except HCDError:
+            return
+        planned.append(1)
+        t = plan_module(model, (x,), hcd).summary.predicted_time_s
+        assert math.isfinite(t) and t > 0, (t, peak, sf, bw, msf, cache_bw, launch)
+
+    check()
+    assert planned, "no example validated: the fuzz checked nothing"

@@ -1,4 +1,4 @@
-"""Issue 48, 3a: rank lowering (planner/decompose.lower_rank) must never make a view eager torch
+"""Issue 48, 3a: rank lowering (planner/lowrank.lower_rank) must never make a view eager torch
 would not make. GPT-J and CodeGen's rotary ``repeat_interleave(sin[:, :, None, :], 2, 3)`` reads
 a slice of the sin/cos table (``torch.split`` on the last dim: stride 8, size 4): merging every
 unexpanded dim into one view was ``RuntimeError: view size is not compatible with input

@@ -218,8 +218,8 @@ def predict(row: Row, target) -> Prediction:
         plan = plan_captured(captured, inputs, target)
     except PlanError as exc:
         return Prediction(row, target.name, None, str(exc).splitlines()[0])
-    except (ArithmeticError, RuntimeError, ValueError, TypeError, IndexError, MemoryError) as exc:
-        # one row the planner cannot take is that row's reason, not the end of the run
+    except Exception as exc:  # noqa: BLE001 - one row the planner cannot take is that row's reason (its
+        # error's type and first line), not the end of the run and the loss of the table's other rows
         first = (str(exc).strip().splitlines() or [""])[0]
         return Prediction(row, target.name, None, f"{row.where}: the planner failed on this row "
                                                   f"({type(exc).__name__}: {first})")
