@@ -75,7 +75,26 @@ def test_numbers_no_hcd_may_state_are_refused_not_written():
 
 
 def test_noisy_figures_are_said_with_their_spread():
-    res = _busy_probe(gemm_float32=(2e10, 8e10, 9e10), cache_bw=(1e8, 2e8, 3e8))
+    res = _busy_probe(gemm_float32=(2e10, 8e10, 9e10), cache_bw=(0.7e9, 0.8e9, 0.9e9))
     _check_figures(res)
     assert any(w.startswith("gemm_float32 runs spread 4.5x: a noisy host") for w in res.warnings), res.warnings
-    assert any(w.startswith("on-chip copy 0.2 < off-chip 1.1 GB/s: contention") for w in res.warnings), res.warnings
+    assert any(w.startswith("on-chip copy 0.8 < off-chip 1.1 GB/s: contention") for w in res.warnings), res.warnings
+
+
+def test_a_cache_far_slower_than_memory_is_refused():
+    """The busy host's wall-clock probe wrote on-chip 0.15 GB/s beside off-chip 5 GB/s (issue 53)."""
+    with pytest.raises(ProbeError, match=r"on-chip copy measured 0.2 GB/s, under half the off-chip 1.1 GB/s"):
+        _check_figures(_busy_probe(gemm_float32=(6e10,) * 3, cache_bw=(1e8, 2e8, 3e8)))
+
+
+def test_several_threads_far_below_one_threads_rate_are_refused():
+    """``--threads 2 --timer wall`` on a loaded 2-CPU host measured fp32 0.02 GFLOP/s (one thread
+    by its CPU time: 62) and wrote it; now that is refused against one thread measured then."""
+    import torch
+
+    from torchfl.fidelity.probe import _check_against_one_thread
+
+    res = _busy_probe(gemm_float32=(2e7,) * 3)
+    res.threads = 2
+    with pytest.raises(ProbeError, match=r"--threads 2 --timer wall measured fp32 0.02 GFLOP/s, but one thread"):
+        _check_against_one_thread(torch, res)

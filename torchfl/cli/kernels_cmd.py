@@ -50,9 +50,9 @@ def _echo(text: str) -> None:
               help="One line per jitted function, or one per kernel family.")
 def info(as_json, functions) -> None:
     """Where the kernel cache is, its size, and which kernels are compiled."""
-    from torchfl.kernels import jitcache
+    from torchfl.kernels import cacheinfo
 
-    ci = jitcache.info()
+    ci = cacheinfo.info()
     done = warmed_jobs(ci.path)
     if as_json:
         d = ci.to_dict()
@@ -241,6 +241,7 @@ def warmup(chips, workers, models, quick, force, registry) -> None:
     into the kernel cache, in parallel processes, with progress; resumable."""
     from torchfl.cli import workloads
     from torchfl.kernels import jitcache
+    from torchfl.kernels.cacheinfo import info as info_of
 
     cache = jitcache.configure()
     chips = chips or workloads.CHIPS
@@ -268,7 +269,7 @@ def warmup(chips, workers, models, quick, force, registry) -> None:
     t_start = time.perf_counter()
     failures = _run_jobs(todo, n, cache, registry, quick, models)
     click.echo(f"warmup finished in {time.perf_counter() - t_start:.1f} s; "
-               f"cache {_size(jitcache.info(read_index=False).bytes)} at {cache}")
+               f"cache {_size(info_of(read_index=False).bytes)} at {cache}")
     if failures:
         click.echo("failed: " + "; ".join(failures), err=True)
         sys.exit(1)

@@ -369,7 +369,41 @@ def probe(device: str = "cpu", threads: int | None = None, timer: str | None = N
     finally:
         torch.set_num_threads(old)
     _check_figures(res)
+    if res.timer == "wall" and res.device == "cpu" and res.threads > 1:
+        _check_against_one_thread(torch, res)
     return res
+
+
+def _one_thread_gflops(torch, n: int = 256, runs: int = 5) -> float:
+    """One thread's fp32 GEMM rate by its CPU time (a fraction of a second): the floor any
+    thread count reaches on an idle machine."""
+    import statistics
+    import time
+
+    old = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        a = torch.randn(n, n)
+        torch.mm(a, a)
+        times = []
+        for _ in range(runs):
+            t = time.thread_time()
+            torch.mm(a, a)
+            times.append(time.thread_time() - t)
+    finally:
+        torch.set_num_threads(old)
+    return 2 * n ** 3 / max(statistics.median(times), 1e-9) / 1e9
+
+
+def _check_against_one_thread(torch, res: Probe) -> None:
+    """Refuse a wall-clock GEMM rate of several threads far below one thread's own (the other
+    processes' time measured, not this machine: 0.02 GFLOP/s written where one core does 60)."""
+    got = res.figures["gemm_float32"].value / 1e9
+    alone = _one_thread_gflops(torch)
+    if got < alone / 4:
+        raise ProbeError(f"--threads {res.threads} --timer wall measured fp32 {got:.3g} GFLOP/s, but one thread does "
+                         f"{alone:.3g} by its CPU time: the wall clock measured the host's other load; nothing was "
+                         "written; rerun with --threads 1 (the default) or on a quieter host")
 
 
 #: a figure whose runs spread wider than this (largest / smallest) is reported as noisy
@@ -396,6 +430,10 @@ def _check_figures(res: Probe) -> None:
             res.warnings.append(f"{fig.name} runs spread {max(fig.runs) / min(fig.runs):.1f}x: a noisy host "
                                 "(the median is used)")
     f = res.figures
+    if "cache_bw" in f and "copy_bw" in f and f["cache_bw"].value < f["copy_bw"].value / 2:
+        raise ProbeError(f"the on-chip copy measured {f['cache_bw'].value / 1e9:.3g} GB/s, under half the off-chip "
+                         f"{f['copy_bw'].value / 1e9:.3g} GB/s: contention, not the cache; nothing was written; rerun "
+                         "with --threads 1 (the default) or on a quieter host")
     if "cache_bw" in f and "copy_bw" in f and f["cache_bw"].value < f["copy_bw"].value:
         res.warnings.append(f"on-chip copy {f['cache_bw'].value / 1e9:.3g} < off-chip {f['copy_bw'].value / 1e9:.3g} "
                             "GB/s: contention, not the cache")

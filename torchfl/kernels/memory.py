@@ -16,7 +16,7 @@ import threading
 
 import numpy as np
 
-from .errors import AlignmentError, DeviceOOMError
+from .errors import AlignmentError, out_of_memory
 from .units import fmt_bytes
 
 __all__ = ["DeviceMemory", "DeviceBuffer", "accounted_bytes", "check_alignment", "address_of"]
@@ -123,7 +123,7 @@ class DeviceMemory:
         DeviceOOMError."""
         if self.capacity is not None and self._allocated + acc > self.capacity:
             free = self.capacity - self._allocated
-            raise DeviceOOMError(
+            raise out_of_memory(
                 f"out of memory on {self.chip.name}: tried to allocate {_fmt(acc)}; "
                 f"{_fmt(free)} free of {_fmt(self.capacity)} (peak {_fmt(self._peak)}). "
                 "Free tensors you no longer need, use a smaller batch, or a chip with more "

@@ -119,6 +119,7 @@ def build_route(op, index, flat, spec, tensors, alias=None):
     from torchfl.planner.graph import check_static_shapes
 
     from .executor import EagerExecutor
+    from .oom import out_of_memory_as_torch
 
     label = _label(op)
     dev = _dev.get(index)
@@ -163,8 +164,9 @@ def build_route(op, index, flat, spec, tensors, alias=None):
                         extra={"unbatched": unbatched_inputs(placeholders, as_called, gm)})
     strict = _strict()
     try:
-        plan = plan_captured(captured, planning_examples(tensors, target.hcd), target, precision=eager_precision(),
-                             strict=strict)
+        with out_of_memory_as_torch():      # one type for out of memory (issue 52 case 14)
+            plan = plan_captured(captured, planning_examples(tensors, target.hcd), target,
+                                 precision=eager_precision(), strict=strict)
     except (PlanError, CaptureError):
         raise          # hard constraints, precision, strict: the compile path's own errors
     executor = EagerExecutor(plan, target, index, graph_module=gm, strict=strict)
