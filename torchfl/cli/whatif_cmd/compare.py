@@ -84,7 +84,9 @@ def _compare_text(model, res) -> str:
             errors += para(f"{r['chip']} {r['version']}: {r['error_kind']}: {r['error'].splitlines()[0]}",
                             indent="  ", subsequent="    ")
     what = "training step" if res["training"] else "inference"
-    out = [f"{model} ({what}) on {len(res['rows'])} chips, planned in {res['planning_s']:.1f} s (fastest first)"]
+    order = "fastest first" + ("; chips with numbers left out ranked by the rule below"
+                               if any("rank_time_s" in r for r in res["rows"]) else "")
+    out = para(f"{model} ({what}) on {len(res['rows'])} chips, planned in {res['planning_s']:.1f} s ({order})")
     # "per call": what every call pays; "run once": parameter casts and layout copies kept on the chip
     out += text_table(rows, ("chip", "version", "precision", "per call", "assumed, checked", "run once",
                              "off-chip per call", "peak memory", "capacity", "kernels", "fused", "layout conversions",
