@@ -106,7 +106,7 @@ class Confidence:
     ``checked_rows`` / ``out_of_sample_mae``: the chip's latest fidelity run, its planned rows no
     number was set from and their mean absolute error (0 / None: unchecked, stale or unknown:
     ``state`` says which). ``assumption_share`` in [0, 1]. ``unstated`` / ``assumed``: the numbers
-    of kind unstated / assumption that priced some of the time; ``missing``: numbers absent from the
+    of kind unstated / assumption that priced a term of this time (a launch priced as nothing too); ``missing``: numbers absent from the
     file that this prediction would read (priced as nothing); ``shares``: share of the time per
     term (launch, compute, off-chip, on-chip cache, host link)."""
 
@@ -125,8 +125,7 @@ class Confidence:
             return f"checked out of sample on {self.checked_rows} rows, mean error {self.out_of_sample_mae:.0%}"
         return {"stale": "out-of-sample check stale (the chip changed since)",
                 "checked": "no out-of-sample rows checked",
-                "unknown": "out-of-sample check not looked up"}.get(self.state,
-                                                                                     "not checked out of sample")
+                "unknown": "out-of-sample check not looked up"}.get(self.state, "not checked out of sample")
 
     def line(self, checked: bool = True) -> str:
         """One sentence: the share assumed, the time by term, the numbers left out, and (``checked``)
