@@ -175,3 +175,17 @@ def test_decode_with_cpu_fallbacks_has_no_tokens_per_second():
     from torchfl.cli.whatif_cmd.serving import decode_speed
 
     assert "no tokens/s" in decode_speed(r) and decode_speed(r).startswith("at least ")
+
+
+def test_compare_decode_names_chips_without_a_graph_cost():
+    from torchfl.cli.whatif_cmd.serving import decode_text
+    from torchfl.planner import whatif
+    from torchfl.planner.zoo import load_model
+
+    module, _inputs = load_model("tiny-llama")
+    chips = [whatif.chip_of(n) for n in ("A100-SXM4-80GB", "NPU-V3")]
+    res = whatif.compare_decode(module, chips, 1, 8, 64, "auto", whatif.Engine("graph"))
+    assert res["engine"]["submission"] == "graph"
+    text = " ".join(decode_text("tiny-llama", res).split())
+    bare = [c.name for c in chips if c.model.graph_launch_s is None]
+    assert ("graph submission asked, but " + ", ".join(bare)) in text if bare else "asked, but" not in text

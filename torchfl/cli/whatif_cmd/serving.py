@@ -102,6 +102,10 @@ def decode_text(model, res) -> str:
                       optional=(1, 9, 8))
     if rows:
         out += confidence_legend([r for r in res["rows"] if r["ok"]])
+    eager = [r["chip"] for r in res["rows"] if r["ok"] and "eager launch costs kept" in r["assumes"]]
+    if eager:
+        out += para(f"graph submission asked, but {', '.join(eager)} state no execution.graph_launch_overhead_us: "
+                    "their eager launch costs kept")
     if any(r["ok"] and r["tokens_per_s"] is None for r in res["rows"]):
         out += para(">= = a decode step with CPU fallbacks: their transfers priced, not their host work; no tokens/s")
     if errors:
