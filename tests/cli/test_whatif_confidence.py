@@ -4,6 +4,7 @@ step with CPU fallbacks gets no tokens/s; the bound named is the dominant term; 
 carries its confidence (JSON) and prints it within 100 columns. Real registry, real plans."""
 import json
 import re
+from pathlib import Path
 
 import pytest
 from click.testing import CliRunner
@@ -132,3 +133,45 @@ def test_report_and_impact_show_confidence(tmp_path):
     out = plan("impact", "--chip", "NPU-V3", "--from", "1.0.0", "--to", "1.0.0", "--models", "mlp", "--json")
     (m,) = json.loads(out.stdout)["models"]
     assert m["after"]["confidence"] == m["before"]["confidence"]           # the same version twice
+
+
+def test_out_of_sample_check_comes_from_the_registry(tmp_path):
+    """A recorded fidelity run is the chip's out-of-sample check in compare's rows and text."""
+    from torchfl.registry import Registry
+    from torchfl.registry.fidelity import fidelity_summary
+
+    url = f"sqlite:///{tmp_path / 'reg.sqlite3'}"
+    Registry(url).init(seed=True)
+    table = Path(__file__).resolve().parents[2] / "measurements" / "llmcompass_softmax_a100.csv"
+    out = CliRunner().invoke(cli, ["fidelity", "--table", str(table), "--chip",
+                                   "A100-SXM4-80GB", "--record", "--registry", url])
+    assert out.exit_code == 0, out.output
+    with Registry(url) as reg:
+        s = fidelity_summary(reg, "A100-SXM4-80GB")
+    assert s["state"] == "checked" and s["out_of_sample"] > 0
+    out = plan("compare", "mlp", "--chips", "A100-SXM4-80GB,NPU-V3", "--registry", url, "--json")
+    rows = {r["chip"]: r["confidence"] for r in json.loads(out.stdout)["rows"]}
+    assert rows["A100-SXM4-80GB"]["state"] == "checked"
+    assert rows["A100-SXM4-80GB"]["checked_rows"] == s["out_of_sample"]
+    assert rows["A100-SXM4-80GB"]["out_of_sample_mae"] == pytest.approx(s["out_of_sample_mean_abs_error"])
+    assert rows["NPU-V3"]["state"] == "unchecked" and rows["NPU-V3"]["checked_rows"] == 0
+    text = plan("compare", "mlp", "--chips", "A100-SXM4-80GB,NPU-V3", "--registry", url).stdout
+    assert f"{100 * s['out_of_sample_mean_abs_error']:.0f}% on {s['out_of_sample']}" in text
+
+
+def test_decode_with_cpu_fallbacks_has_no_tokens_per_second():
+    """float16 weights on a chip that stores only bfloat16 (GAUDI2; LLaMA-2 7B's 2,250 fallbacks a
+    token in the issue): the step's host work is not priced, so no tokens/s, a lower bound, and
+    the host link named as what bounds it."""
+    from torchfl.planner import whatif
+    from torchfl.planner.zoo import load_model
+
+    module, _inputs = load_model("tiny-llama")
+    keep = {}
+    r = whatif.decode_row(whatif.chip_of("GAUDI2"), whatif.Decoder(module.half()), 1, 8, 64, "bfloat16", keep=keep)
+    assert r["ok"] and r["decode_fallbacks"] == keep["decode"].summary.fallbacks > 0
+    assert r["tokens_per_s"] is None and r["decode_is_lower_bound"] and r["decode_s"] > 0
+    assert r["bound"] == "host"
+    from torchfl.cli.whatif_cmd.serving import decode_speed
+
+    assert "no tokens/s" in decode_speed(r) and decode_speed(r).startswith("at least ")
