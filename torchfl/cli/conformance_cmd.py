@@ -97,6 +97,9 @@ def conformance(chips, all_chips, ops, dtypes, samples, mode, edge_from, jobs, n
         _fail(str(exc), 1)
     for name in names:
         reg.record(name)  # unknown chip: one line with near matches, before torch is imported
+    names, wanted = _refuse_missing_dtypes(reg, names, wanted)
+    if not names:
+        return
     _require_opinfo()
     from torchfl.conformance.harness import Settings
 
@@ -134,6 +137,34 @@ def conformance(chips, all_chips, ops, dtypes, samples, mode, edge_from, jobs, n
         click.echo(f"{len(reports)} chips together: {cases} chip-cases in {clock.wall:.0f} s, "
                    f"{clock.cpu:.0f} s of CPU (this process and its workers), load average "
                    f"{clock.load[0]:.1f} -> {clock.load[1]:.1f}")
+
+
+def _refuse_missing_dtypes(reg, names, wanted):
+    """(chips, dtypes) left to run once the asked dtypes a chip cannot compute at all are
+    answered "refused" (the chip has no unit for them: every case would be refused, and the run
+    answered "0 cases" with no verdict). A chip with no asked dtype left is not run."""
+    if not wanted:
+        return names, wanted
+    from torchfl.cli.support_cmd import chip_lacks
+
+    left = []
+    for name in names:
+        hcd = reg.chip(name)
+        refused = {d: chip_lacks(hcd, d) for d in wanted if chip_lacks(hcd, d)}
+        for d, why in refused.items():
+            click.echo("\n".join(_paragraph(f"{name}: {d}: refused: {why}")))
+        if len(refused) < len(wanted):
+            left.append(name)
+        else:
+            click.echo(f"{name}: no asked dtype left to run; not recorded")
+    runnable = tuple(d for d in wanted if any(not chip_lacks(reg.chip(n), d) for n in left))
+    return left, runnable
+
+
+def _paragraph(text: str) -> list[str]:
+    from torchfl.planner.texttable import paragraph
+
+    return paragraph(text, indent="", subsequent="    ")
 
 
 def _require_opinfo() -> None:
@@ -264,14 +295,25 @@ def _list_sweeps(reg, as_json: bool) -> None:
     if not runs:
         click.echo(f"no sweep runs in {reg.display_url}")
         return
+    click.echo("\n".join(sweeps_table(runs)))
+
+
+def sweeps_table(runs) -> list[str]:
+    """The recorded sweep runs as a table with a header; a label that starts with its kind
+    ("conformance TFL-X1 ...") loses that word (the row read "conformance conformance TFL-X1")."""
+    from torchfl.planner.texttable import table
+
+    rows = []
     for r in runs:
+        what = r.label[len(r.kind):].strip() if r.label.startswith(r.kind + " ") else r.label
         if r.status == "finished":
-            tail = f"finished {r.finished_at:%Y-%m-%d %H:%M}"
+            state = f"finished {r.finished_at:%Y-%m-%d %H:%M}"
+            if r.outcome and "conformance_run" in r.outcome:
+                state += f" (conformance run {r.outcome['conformance_run']})"
         else:
-            tail = f"{r.status}: finish it with --resume {r.id}"
-        extra = f", conformance run {r.outcome['conformance_run']}" if r.outcome and "conformance_run" in r.outcome \
-            else ""
-        click.echo(f"{r.id:>4}  {r.kind:<11} {r.label:<40} {r.done}/{len(r.units)} units  {tail}{extra}")
+            state = f"{r.status}: finish it with --resume {r.id}"
+        rows.append((str(r.id), r.kind, what, f"{r.done}/{len(r.units)}", state))
+    return table(("run", "kind", "what", "units", "status"), rows, right=(0, 3), shrink_first=(2,))
 
 
 def _print_report(r) -> None:

@@ -198,8 +198,20 @@ def _print_results(out, results, full_tables: bool) -> None:
         first_s, analyses, text = extra
         for an in analyses:
             out.print(_short(an, full_tables), markup=False)
-        out.print(f"vs eager torch (float32): max |diff| {err:.3g}, relative to max |ref| {rel:.3g}; "
+        out.print(f"vs eager torch (float32): {accuracy_text(err, rel)}; "
                   f"first call (plan + kernel compile + run) {first_s:.1f} s")
+
+
+def accuracy_text(err: float, rel: float) -> str:
+    """The largest difference from eager and its share of the largest reference value, said so
+    that neither number reads as the other ("relative to max |ref| 0.00053" read as if the
+    reference's largest value were 0.00053)."""
+    return f"largest |diff| {err:.3g} = {share(rel)} of the largest |output|"
+
+
+def share(rel: float) -> str:
+    """A ratio as a percentage, two significant digits (0.00053 -> 0.053%)."""
+    return f"{100 * rel:.2g}%"
 
 
 def _summary(out, results) -> list:
@@ -208,7 +220,7 @@ def _summary(out, results) -> list:
 
     out.rule("[bold]Summary")
     t = Table(show_header=True, header_style="bold")
-    for col in ("model", "chip", "nodes on chip / folded / CPU", "max |diff| vs eager", "relative", "outcome"):
+    for col in ("model", "chip", "nodes on chip / folded / CPU", "max |diff| vs eager", "of max |output|", "outcome"):
         t.add_column(col)
     bad = []
     for chip, name, err, rel, failure, extra in results:
@@ -222,7 +234,7 @@ def _summary(out, results) -> list:
             plans = [an.plan.summary for an in extra[1]]
             routes = (f"{sum(p.nodes_on_chip for p in plans)} / {sum(p.folded for p in plans)} / "
                       f"{sum(p.fallbacks for p in plans)}")
-            t.add_row(name, chip, routes, f"{err:.3g}", f"{rel:.3g}", outcome)
+            t.add_row(name, chip, routes, f"{err:.3g}", share(rel), outcome)
     out.print(t)
     return bad
 

@@ -61,25 +61,46 @@ def schema() -> None:
 
 
 @hcd.command()
-@click.argument("file", type=click.Path(dir_okay=False))
+@click.argument("file", metavar="FILE|CHIP")
 @click.option("--json", "as_json", is_flag=True, help="Print the canonical form as JSON.")
-def show(file: str, as_json: bool) -> None:
-    """Show the canonical, unit-normalised form of an HCD FILE."""
-    from torchfl.hcd import check_hcd
-
-    report = check_hcd(file)
-    if not report.ok:
-        for d in report.diagnostics:
-            click.echo(str(d), err=True)
-        sys.exit(2 if not report.readable else 1)
-    h = report.hcd
+@click.option("--registry", default=None, help="Registry URL for a CHIP name (default: TORCHFL_REGISTRY_URL "
+                                               "or the user's).")
+def show(file: str, as_json: bool, registry: str | None) -> None:
+    """Show the canonical, unit-normalised form of an HCD FILE, or of a CHIP in the registry,
+    with the source (kind and reference) of every performance number."""
+    h = _shown_hcd(file, registry)
     if as_json:
+        numbers = {path: {"value": value, "kind": h.kind_of(path), "source": h.provenance.get(path)}
+                   for path, value in h.performance_numbers().items()}
         click.echo(json.dumps({**h.canonical(), "format_version": h.format_version,
-                               "content_hash": h.content_hash()}, indent=2))
+                               "content_hash": h.content_hash(), "performance_numbers": numbers}, indent=2))
         return
     from torchfl.cli.render import hcd_table
 
     hcd_table(h)
+
+
+def _shown_hcd(file: str, registry: str | None):
+    """The HCD of ``file`` when it names a file (exit 1/2 on bad input), else the registry's chip."""
+    import os
+
+    from torchfl.hcd import check_hcd
+
+    if os.path.exists(file) or os.sep in file or file.endswith((".hcd", ".yaml", ".yml")):
+        report = check_hcd(file)
+        if not report.ok:
+            for d in report.diagnostics:
+                click.echo(str(d), err=True)
+            sys.exit(2 if not report.readable else 1)
+        return report.hcd
+    from torchfl.registry import Registry, RegistryError
+
+    try:
+        with Registry(registry) as reg:
+            return reg.chip(file)
+    except RegistryError as exc:
+        click.echo(f"error: {file!r} is neither an HCD file nor a chip in the registry: {exc}", err=True)
+        sys.exit(2)
 
 
 @hcd.command()

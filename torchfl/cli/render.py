@@ -60,4 +60,30 @@ def hcd_table(h) -> None:
     t.add_row("constraints", f"max_batch {c.max_batch_size}, max_seq {c.max_sequence_length}, "
                              f"alignment {c.memory_alignment_bytes} B, bf16 emulation {c.bfloat16_emulation}")
     t.add_row("content_hash", h.content_hash())
-    console().print(t)
+    out = console()
+    out.print(t)
+    out.print(provenance_table(h))
+
+
+def provenance_table(h):
+    """Each performance number with the kind and reference of its source (format 1.2;
+    ``unstated`` for a number whose file names none): what a prediction stands on."""
+    from rich.markup import escape
+    from rich.table import Table
+
+    t = Table(title="performance numbers and their sources")
+    t.add_column("number", no_wrap=True)
+    t.add_column("value", justify="right", no_wrap=True)
+    t.add_column("kind", no_wrap=True)
+    t.add_column("source: reference", overflow="fold")
+    for path, value in h.performance_numbers().items():
+        sid = h.provenance.get(path)
+        src = h.source_of(path)
+        ref = "-" if src is None else f"{sid}: {src.ref}"
+        if src is not None and src.benchmark:
+            ref += f" [{src.benchmark}{', table ' + src.table if src.table else ''}]"
+        if src is not None and src.rows:
+            ref += f" [fitted on {', '.join(src.rows)}]"
+        t.add_row(path.removeprefix("compute_units.").removeprefix("memory."), f"{value:g}", h.kind_of(path),
+                  escape(ref))
+    return t

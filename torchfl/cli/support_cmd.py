@@ -120,11 +120,23 @@ def ops(chip_name, chip_version, registry_url, as_json):
         for f in fus:
             chain = " -> ".join("|".join(s) for s in f["pattern"])
             click.echo("\n".join(_para(f"{f['name']} -> {f['kernel']}: {chain}")))
+    from torchfl.rules.support import decompositions_on
+
+    packs = _packs(reg)
     for u in result["unsupported"]:
-        click.echo("\n".join(_para(f"not supported: {u['op']}: {u['reasons'][0]['message'] if u['reasons'] else ''}")))
+        why = u["reasons"][0]["message"] if u["reasons"] else "no rule serves it"
+        decs = decompositions_on(u["op"], hcd, packs)
+        if decs:   # the answer `registry why-not` gives, in its words: served, through the decomposition
+            click.echo("\n".join(_para(f"not supported directly: {u['op']}: {why}; "
+                                        + "; or ".join(_decomposition_text(d, guards=False) for d in decs))))
+        else:
+            click.echo("\n".join(_para(f"not supported: {u['op']}: {why}")))
+    missing: dict = {}                 # one line per reason: the fusions that need what the chip lacks
     for f in result["fusions"]:
         if not f["supported"]:
-            click.echo("\n".join(_para(f"fusion not available: {f['name']}: {f['reasons'][0]['message']}")))
+            missing.setdefault(f["reasons"][0]["message"], []).append(f["name"])
+    for why, names in missing.items():
+        click.echo("\n".join(_para(f"fusion groups not available: {', '.join(names)} ({why})")))
     from torchfl.planner.texttable import paragraph
 
     no_rule = sorted(u["op"] if isinstance(u, dict) else str(u) for u in result["no_rule"])
@@ -197,6 +209,8 @@ def why_not(op, chip_name, chip_version, dtype, layout, registry_url, as_json):
     from torchfl.registry.evidence import describe
 
     result = query(op, hcd, packs, dtype=dtype, layout=layout, known_layouts=others)
+    if not result["supported"] and result["dtype"]:
+        result["root_cause"] = chip_lacks(hcd, result["dtype"])
     rows = _evidence(reg, hcd, result["op"]).get(result["op"], [])
     if result["dtype"]:
         rows = [e for e in rows if e.dtype == result["dtype"]]
@@ -239,7 +253,12 @@ def _why_not_lines(result) -> list[str]:
         scope = "" if asked else f" in {_dtype_layouts({'layouts_by_dtype': _layouts_by_dtype(served)})}"
         ev = f"; evidence: {short(result['evidence'])}" if "evidence" in result else ""
         return [f"{head}: supported{scope}, by {how}{ev}"] + [f"  warning: {w}" for w in warnings]
-    lines = [f"{head}: {'supported' if result['supported'] else 'not supported'}"]
+    decs = result.get("decompositions", ())
+    verdict = ("supported" if result["supported"] else
+               "not supported directly" if decs and not result.get("root_cause") else "not supported")
+    lines = [f"{head}: {verdict}"]
+    if result.get("root_cause"):
+        lines.append(f"  root cause: {result['root_cause']}")
     if served:
         lines.append(f"  served: {_dtype_layouts({'layouts_by_dtype': _layouts_by_dtype(served)})}")
         for rule, (kernel, guards, units) in rules.items():
@@ -250,16 +269,40 @@ def _why_not_lines(result) -> list[str]:
     for g in gaps:
         what = " ".join(x for x in (g["dtype"], g["layout"]) if x) or "any"
         lines += [f"  not {what}: {r['message']}" for r in g["reasons"]]
-    for d in result.get("decompositions", ()):
-        parts = ", ".join(p.removeprefix("aten.").rsplit(".", 1)[0] for p in d["parts"])
-        lines.append(f"  decomposed instead by {d['rule']} into {parts} (each part by its own rule, "
-                     "planned when cheaper than a direct kernel, or when none takes the call)")
-        if d["guards"]:
-            lines.append(f"    if the call meets: {'; '.join(d['guards'])}")
+    if result.get("root_cause") and decs:
+        lines.append(f"  no decomposition helps: its parts would compute in {result['dtype']} too")
+    else:
+        lines += [f"  {_decomposition_text(d)}" for d in decs]
     if served and "evidence" in result:
         lines.append(f"  evidence: {short(result['evidence'])}")
         lines += [f"    {line}" for line in _problems(result["evidence"])]
     return lines
+
+
+def _decomposition_text(d: dict, guards: bool = True) -> str:
+    """How a decomposition serves an op, told the same way by `registry ops` and `why-not`;
+    its condition before its parts (one for unbatched inputs only must not read as general)."""
+    parts = ", ".join(p.removeprefix("aten.").rsplit(".", 1)[0] for p in d["parts"])
+    when = ""
+    if d["guards"]:
+        when = (f", only for calls that meet: {'; '.join(d['guards'])}," if guards else
+                f", only for calls that meet its {len(d['guards'])} guard(s) (`registry why-not` lists them),")
+    return (f"decomposed by {d['rule']}{when} into {parts} (each part by its own rule, planned when cheaper "
+            "than a direct kernel, or when none takes the call)")
+
+
+def chip_lacks(hcd, dtype: str) -> str | None:
+    """The root cause when the chip cannot compute ``dtype`` at all (no compute unit runs it):
+    said before any rule's dtype list, which would otherwise read as the reason. None when a
+    unit runs it, or for the integer and bool dtypes of the index path (no unit needed)."""
+    from torchfl.hcd.dtypes import UNIT_OF_DTYPE, unit_label
+
+    if dtype not in UNIT_OF_DTYPE or hcd.unit_for(dtype) is not None:
+        return None
+    units = [u for u in ("fp16", "bf16", "fp32", "int8") if getattr(hcd.compute_units, u, None) is not None]
+    stored = "" if dtype in hcd.stored_dtypes else f", and tensor.supported_dtypes lists no {dtype}"
+    return (f"{hcd.name} {hcd.version} has no {dtype}: compute_units.{unit_label(dtype)} is absent (its units: "
+            f"{', '.join(units) or 'none'}){stored}; no rule or decomposition can run {dtype} on it")
 
 
 def _problems(desc: dict) -> list[str]:

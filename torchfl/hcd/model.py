@@ -24,6 +24,7 @@ from typing import Annotated, Optional
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, PrivateAttr, WithJsonSchema
 
 from torchfl.hcd.dtypes import MATRIX_UNITS, UNIT_OF_DTYPE, short_dtype
+from torchfl.hcd.provenance import MAX_SOURCES, ProvenanceView, Source
 
 SEMVER = re.compile(
     r"^(0|[1-9]\d*)\.(0|[1-9]\d*)\.(0|[1-9]\d*)"
@@ -259,9 +260,10 @@ FORMAT_11_FIELDS = (
 )
 
 
-class HCD(_Model):
-    """Hardware Capability Descriptor, format version 1.0 or 1.1 (1.1: the optional
-    sustained fractions and the ``execution`` section)."""
+class HCD(ProvenanceView, _Model):
+    """Hardware Capability Descriptor, format version 1.0, 1.1 (the optional sustained
+    fractions and the ``execution`` section) or 1.2 (``sources`` and ``provenance``:
+    :mod:`torchfl.hcd.provenance`)."""
 
     chip: Chip
     compute_units: ComputeUnits
@@ -270,6 +272,12 @@ class HCD(_Model):
     constraints: Constraints
     execution: Optional[Execution] = Field(
         default=None, description="Format 1.1: launch cost and the grain of parallel work (optional).")
+    sources: dict[str, Source] = Field(
+        default_factory=dict, max_length=MAX_SOURCES,
+        description="Format 1.2: named references of the numbers (id -> kind, ref, benchmark, table, rows).")
+    provenance: dict[str, str] = Field(
+        default_factory=dict, max_length=256,
+        description="Format 1.2: dotted path of a number (compute_units.fp16.peak_tflops) -> source id.")
 
     _warnings: tuple = PrivateAttr(default=())
 
@@ -341,7 +349,10 @@ class HCD(_Model):
 
     @property
     def format_version(self) -> str:
-        """``"1.1"`` when any format-1.1 field is set, else ``"1.0"``."""
+        """``"1.2"`` with sources or provenance, ``"1.1"`` when any format-1.1 field is set,
+        else ``"1.0"``."""
+        if self.sources or self.provenance:
+            return "1.2"
         units = [getattr(self.compute_units, u) for u in MATRIX_UNITS]
         if any(u is not None and u.sustained_fraction is not None for u in units):
             return "1.1"
@@ -362,8 +373,14 @@ class HCD(_Model):
     # -- canonical form: what the registry hashes and stores --
 
     def canonical(self) -> dict:
-        """Canonical keys and units, absent optionals dropped; JSON-serialisable."""
-        return self.model_dump(mode="json", exclude_none=True)
+        """Canonical keys and units, absent optionals (and empty 1.2 sections) dropped;
+        JSON-serialisable. A 1.0/1.1 file's canonical form, hence its content hash, is the
+        one it had before format 1.2."""
+        out = self.model_dump(mode="json", exclude_none=True)
+        for section in ("sources", "provenance"):
+            if not out.get(section):
+                out.pop(section, None)
+        return out
 
     def canonical_json(self) -> str:
         return json.dumps(self.canonical(), sort_keys=True, separators=(",", ":"))

@@ -36,5 +36,5 @@ def hcd_json_schema() -> dict:
         "$schema": "https://json-schema.org/draft/2020-12/schema",
         "$id": SCHEMA_ID,
         **schema,
-        "title": "torchfl Hardware Capability Descriptor (HCD) v1.1 (every 1.0 file is valid 1.1)",
+        "title": "torchfl Hardware Capability Descriptor (HCD) v1.2 (every 1.0 and 1.1 file is valid 1.2)",
     }

@@ -24,6 +24,7 @@ from pydantic import BaseModel, ValidationError
 from torchfl.hcd.diagnostics import Diagnostic, HCDError, YAMLLoadError, errors
 from torchfl.hcd.dtypes import MATRIX_UNITS, UNIT_OF_DTYPE, short_dtype
 from torchfl.hcd.model import HCD, LAYOUT
+from torchfl.hcd.provenance import check_provenance
 from torchfl.hcd.source import LocatedDocument, located_yaml, read_source
 
 # legacy key -> (canonical key, unit kinds where it is legal)
@@ -152,7 +153,7 @@ def _unit_word(key: str) -> str:
 _TYPE_WORDS = {
     "int_type": "an integer", "int_parsing": "an integer", "int_from_float": "a whole number",
     "float_type": "a number", "float_parsing": "a number", "string_type": "a string",
-    "bool_type": "true or false", "bool_parsing": "true or false", "list_type": "a list",
+    "bool_type": "true or false", "bool_parsing": "true or false", "list_type": "a list", "tuple_type": "a list",
     "model_type": "a mapping", "dict_type": "a mapping", "model_attributes_type": "a mapping",
 }
 
@@ -202,14 +203,19 @@ def _show(value: Any) -> str:
 def _model_at(path: tuple) -> type[BaseModel] | None:
     """The pydantic model class that describes the mapping at ``path``."""
     model: Any = HCD
+    keyed = False     # the last field was a mapping of models (sources: id -> Source): skip the id
     for part in path:
+        if keyed:
+            keyed = False
+            continue
         if isinstance(part, int) or model is None:
             return None
         info = model.model_fields.get(part)
         if info is None:
             return None
+        keyed = getattr(info.annotation, "__origin__", None) is dict
         model = _inner_model(info.annotation)
-    return model
+    return None if keyed else model
 
 
 def _inner_model(annotation) -> type[BaseModel] | None:
@@ -281,6 +287,7 @@ def _consistency(doc: LocatedDocument, data: dict) -> list[Diagnostic]:
     out.extend(_layouts(doc, data, units, present))
     out.extend(_execution(doc, _get(data, "execution")))
     out.extend(_attention(doc, data, units))
+    out.extend(check_provenance(doc, data))
     return out
 
 

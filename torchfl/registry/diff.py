@@ -51,6 +51,8 @@ _UNITS_11 = (
 
 
 def _unit(path: str) -> str:
+    if path.startswith(("sources.", "provenance.")):   # format 1.2: names and ids, no unit
+        return ""
     for suffix, unit in _UNITS_11:
         if path.endswith(suffix):
             return f" ({unit})"

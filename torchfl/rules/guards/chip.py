@@ -45,9 +45,11 @@ def _record(model, path: str, skip=()) -> Type:
 
 _SCALARS = {bool: BOOL, int: INT, float: FLOAT, str: STR}
 
-#: ``chip.*``: every HCD section but ``chip:`` (identity), derived from the model, plus the
-#: derived lists ``dtypes`` and ``layouts``
-CHIP = record("chip", **dict(_record(HCD, "chip", skip=("chip",)).fields), dtypes=list_of(STR), layouts=list_of(STR))
+#: ``chip.*``: every HCD section but ``chip:`` (identity) and format 1.2's ``sources`` and
+#: ``provenance`` (where numbers come from, not what the chip can do), derived from the model,
+#: plus the derived lists ``dtypes`` and ``layouts``
+CHIP = record("chip", **dict(_record(HCD, "chip", skip=("chip", "sources", "provenance")).fields),
+              dtypes=list_of(STR), layouts=list_of(STR))
 
 
 def chip_view(hcd) -> dict:
