@@ -63,6 +63,8 @@ PUBLISHED = {
     ("core", "1.12.0"): "8d57d2d935b84c81283651e5807ba6ec28d4861c87f1654b472412034ad813a2",
     # 1.13.0: attention_bshd, the transposes around attention folded into it (issue 38, helper steps4)
     ("core", "1.13.0"): "3cfb8a6a9979ec51b71e008f32ea031698c9837bb7443343a28ac3b18f7a1282",
+    # 1.14.0: the order family, argmax, argmin, topk, sort (issue 48: MoE routing, CLIP's pooling; helper arch)
+    ("core", "1.14.0"): "20e1af788c0c0cf138dff5c8b5ecd6ea8e04c531b93b7f3a7726554b17f09624",
 }
 
 

@@ -1,6 +1,7 @@
-"""Every code block of README.md runs as printed (issue 36): what a user reads is true.
+"""Every code block of README.md and of the docs pages (docs/*.md) runs as printed (issue 36;
+issue 53 moved most of the README into docs/ pages): what a user reads is true.
 
-How README.md's blocks are run (whoever edits the README follows these rules):
+How the pages' blocks are run (whoever edits the README or a docs page follows these rules):
 
 - A fenced ``python`` block is a script: it runs verbatim in a fresh interpreter and must
   exit 0. It defines everything it uses (no hidden preamble).
@@ -43,6 +44,8 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 README = ROOT / "README.md"
+# the README and the pages it links: each block runs from the checkout's top, as the README's do
+PAGES = [README, *sorted((ROOT / "docs").glob("*.md"))]
 
 EXTRAS = {"models": "transformers", "report": "matplotlib", "quant": "torchao", "cluster": "ray"}
 RUN = {"python", "console", "sh", "bash"}
@@ -61,14 +64,15 @@ class Block:
     text: str
     line: int                                  # 1-based line of the opening fence
     marks: dict = field(default_factory=dict)
+    page: str = "README.md"                    # the file, relative to the checkout's top
 
     @property
     def id(self) -> str:
-        return f"{self.lang}@L{self.line}"
+        return f"{self.page}:{self.lang}@L{self.line}"
 
 
-def parse(text: str) -> tuple[list[Block], list[tuple[int, str]]]:
-    """(fenced blocks with their marks, indented code lines as (line, text))."""
+def parse(text: str, page: str = "README.md") -> tuple[list[Block], list[tuple[int, str]]]:
+    """(fenced blocks with their marks, indented code lines as (line, text)) of one page."""
     lines = text.splitlines()
     blocks, indented = [], []
     i = 0
@@ -82,13 +86,13 @@ def parse(text: str) -> tuple[list[Block], list[tuple[int, str]]]:
             while j < len(lines) and not lines[j].startswith("```"):
                 j += 1
             if j == len(lines):
-                raise AssertionError(f"README.md:{start + 1}: fence never closed")
+                raise AssertionError(f"{page}:{start + 1}: fence never closed")
             marks = {}
             k = start - 1
             while k >= 0 and MARK.match(lines[k]):      # marks sit on the lines just above
-                marks.update(_marks(MARK.match(lines[k]).group(1), k + 1))
+                marks.update(_marks(MARK.match(lines[k]).group(1), k + 1, page))
                 k -= 1
-            blocks.append(Block(m.group(1).lower(), "\n".join(lines[start + 1:j]) + "\n", start + 1, marks))
+            blocks.append(Block(m.group(1).lower(), "\n".join(lines[start + 1:j]) + "\n", start + 1, marks, page))
             i = j + 1
             in_list_or_para = False
             continue
@@ -102,24 +106,34 @@ def parse(text: str) -> tuple[list[Block], list[tuple[int, str]]]:
     return blocks, indented
 
 
-def _marks(spec: str, line: int) -> dict:
+def _marks(spec: str, line: int, page: str = "README.md") -> dict:
     out = {}
     for part in (p.strip() for p in spec.split(";") if p.strip()):
         word, _, rest = part.partition(" ")
         if word == "needs":
             extras = [e.strip() for e in rest.split(",") if e.strip()]
             unknown = [e for e in extras if e not in EXTRAS]
-            assert not unknown, (f"README.md:{line}: readme-test mark needs unknown extra(s) {unknown}; "
+            assert not unknown, (f"{page}:{line}: readme-test mark needs unknown extra(s) {unknown}; "
                                  f"known: {', '.join(EXTRAS)} (add one to EXTRAS in tests/test_readme.py)")
             out.setdefault("needs", []).extend(extras)
         elif word == "exit":
             out["exit"] = int(rest)
         else:
-            raise AssertionError(f"README.md:{line}: unknown readme-test mark {part!r}; use 'needs EXTRA' or 'exit N'")
+            raise AssertionError(f"{page}:{line}: unknown readme-test mark {part!r}; use 'needs EXTRA' or 'exit N'")
     return out
 
 
-BLOCKS, INDENTED = parse(README.read_text(encoding="utf-8"))
+def _parse_pages():
+    blocks, indented = [], []
+    for path in PAGES:
+        page = path.relative_to(ROOT).as_posix()
+        b, ind = parse(path.read_text(encoding="utf-8"), page)
+        blocks += b
+        indented += [(page, n, t) for n, t in ind]
+    return blocks, indented
+
+
+BLOCKS, INDENTED = _parse_pages()        # INDENTED: (page, line, text)
 RUNNABLE = [b for b in BLOCKS if b.lang in RUN]
 
 
@@ -147,7 +161,7 @@ def sandbox(tmp_path_factory):
 def _skip_missing(block: Block) -> None:
     missing = [e for e in block.marks.get("needs", []) if importlib.util.find_spec(EXTRAS[e]) is None]
     if missing:
-        pytest.skip(f"README.md:{block.line} needs the {', '.join(missing)} extra "
+        pytest.skip(f"{block.page}:{block.line} needs the {', '.join(missing)} extra "
                     f"(pip install 'torchfl[{','.join(missing)}]')")
 
 
@@ -174,7 +188,7 @@ def commands(block: Block) -> list[tuple[str, list[str]]]:
                 cmd += "\n" + lines[i]                # bash reads the backslash-newline
             out.append((cmd, []))
         else:
-            assert out, f"README.md:{block.line + 1 + i}: console block output before any `$ ` command"
+            assert out, f"{block.page}:{block.line + 1 + i}: console block output before any `$ ` command"
             out[-1][1].append(line)
         i += 1
     return out
@@ -215,7 +229,7 @@ def _run(args, cwd, env, **kw):
 def test_block_runs_as_printed(block: Block, sandbox, tmp_path):
     _skip_missing(block)
     cwd, env = sandbox
-    where = f"README.md:{block.line} ({block.lang} block)"
+    where = f"{block.page}:{block.line} ({block.lang} block)"
     if block.lang == "python":
         script = tmp_path / f"readme_{block.line}.py"
         script.write_text(block.text, encoding="utf-8")
@@ -244,28 +258,32 @@ def test_block_runs_as_printed(block: Block, sandbox, tmp_path):
 def test_every_fence_is_known_and_prompts_are_tested():
     """A transcript in an untested block (indented, ``text``) could say anything."""
     unknown = [b.id for b in BLOCKS if b.lang not in RUN | NOT_RUN]
-    assert not unknown, f"README.md: fences of unknown kind {unknown}; use one of {sorted(RUN | NOT_RUN)}"
-    untested = [(n, t) for n, t in INDENTED if t.lstrip().startswith(("$ ", ">>> "))]
-    untested += [(b.line, ln) for b in BLOCKS if b.lang in NOT_RUN
+    assert not unknown, f"fences of unknown kind {unknown}; use one of {sorted(RUN | NOT_RUN)}"
+    untested = [f"{p}:{n}" for p, n, t in INDENTED if t.lstrip().startswith(("$ ", ">>> "))]
+    untested += [f"{b.page}:{b.line}" for b in BLOCKS if b.lang in NOT_RUN
                  for ln in b.text.splitlines() if ln.lstrip().startswith(("$ ", ">>> "))]
-    assert not untested, ("README.md: prompts outside tested blocks (make them a ```console or ```python "
+    assert not untested, ("prompts outside tested blocks (make them a ```console or ```python "
                           f"block): {untested[:5]}")
-    assert any(b.lang == "console" for b in BLOCKS) and any(b.lang == "python" for b in BLOCKS)
+    readme = [b for b in BLOCKS if b.page == "README.md"]
+    assert any(b.lang == "console" for b in readme) and any(b.lang == "python" for b in readme)
 
 
 def test_marks_attach_to_a_block():
     """A mark separated from its fence by text would silently mark nothing."""
-    lines = README.read_text(encoding="utf-8").splitlines()
-    for n, line in enumerate(lines):
-        if MARK.match(line):
-            nxt = next((x for x in lines[n + 1:] if not MARK.match(x)), "")
-            assert nxt.startswith("```"), f"README.md:{n + 1}: a readme-test mark must sit on the line just above a fence"
+    for path in PAGES:
+        lines = path.read_text(encoding="utf-8").splitlines()
+        for n, line in enumerate(lines):
+            if MARK.match(line):
+                nxt = next((x for x in lines[n + 1:] if not MARK.match(x)), "")
+                assert nxt.startswith("```"), \
+                    f"{path.relative_to(ROOT)}:{n + 1}: a readme-test mark must sit on the line just above a fence"
 
 
-def _synopsis() -> list[tuple[int, list[str], list[str]]]:
-    """(line, command path, options) of each `torchfl ...` line of the command-line synopsis."""
+def _synopsis() -> list[tuple[str, list[str], list[str]]]:
+    """(page:line, command path, options) of each `torchfl ...` line of the command-line synopsis
+    (docs/COMMANDS.md; any page may show such lines)."""
     out = []
-    for n, text in INDENTED:
+    for page, n, text in INDENTED:
         words = re.split(r"\s{2,}", text.strip())[0].split()   # the description follows 2+ spaces
         if not words or words[0] != "torchfl":
             continue
@@ -276,7 +294,7 @@ def _synopsis() -> list[tuple[int, list[str], list[str]]]:
             else:
                 break
         opts = re.findall(r"(?<![\w-])(--?[a-z][a-z-]*)", " ".join(words[1 + len(path):]))
-        out.append((n, path, opts))
+        out.append((f"{page}:{n}", path, opts))
     return out
 
 
@@ -287,7 +305,7 @@ def test_synopsis_names_real_commands_and_options():
     from torchfl.cli.main import cli
 
     lines = _synopsis()
-    assert len(lines) >= 10, "README.md: the command-line synopsis was not found"
+    assert len(lines) >= 10, "docs/COMMANDS.md: the command-line synopsis was not found"
     for n, path, opts in lines:
         expanded = [[]]
         for w in path:
@@ -296,14 +314,52 @@ def test_synopsis_names_real_commands_and_options():
             cmd = cli
             for w in p:
                 assert isinstance(cmd, click.Group) and w in cmd.commands, \
-                    f"README.md:{n}: `torchfl {' '.join(p)}`: no command {w!r}"
+                    f"{n}: `torchfl {' '.join(p)}`: no command {w!r}"
                 cmd = cmd.commands[w]
             if len(expanded) > 1:
                 continue                         # options of `a|b|c` lines belong to several commands
             names = {o for prm in cmd.params for o in (*getattr(prm, "opts", ()), *getattr(prm, "secondary_opts", ()))}
             names |= {"--help", "-h"}
             missing = [o for o in opts if o not in names]
-            assert not missing, f"README.md:{n}: `torchfl {' '.join(p)}` has no option(s) {missing}"
+            assert not missing, f"{n}: `torchfl {' '.join(p)}` has no option(s) {missing}"
+
+
+def test_synopsis_lists_every_command():
+    """Every command a user can run is in the synopsis (issue 53: it left out plan decode, plan
+    max-context, fidelity and hcd probe)."""
+    import click
+
+    from torchfl.cli.main import cli
+
+    listed = set()
+    for _n, path, _opts in _synopsis():
+        expanded = [[]]
+        for w in path:
+            expanded = [p + [alt] for p in expanded for alt in w.split("|")]
+        listed |= {" ".join(p) for p in expanded}
+
+    def leaves(cmd, path):
+        if isinstance(cmd, click.Group):
+            return [x for name, sub in cmd.commands.items() for x in leaves(sub, [*path, name])]
+        return [" ".join(path)]
+
+    missing = sorted(set(leaves(cli, [])) - listed)
+    assert not missing, f"docs/COMMANDS.md: the synopsis leaves out `torchfl {'`, `torchfl '.join(missing)}`"
+
+
+def test_readme_is_short_and_links_the_pages():
+    """A newcomer reads the README in five minutes (issue 53: it was 538 lines); the rest is in
+    docs/ pages it links, each of which exists."""
+    text = README.read_text(encoding="utf-8")
+    assert len(text.splitlines()) <= 130, len(text.splitlines())
+    for cmd in ("make demo", "make test"):
+        assert cmd in text
+    links = re.findall(r"\]\((docs/[\w.-]+\.md)\)", text)
+    assert {"docs/COMMANDS.md", "docs/WHATIF.md", "docs/LM.md", "docs/EAGER.md", "docs/HCD.md"} <= set(links)
+    assert all((ROOT / link).is_file() for link in links), links
+    for path in PAGES[1:]:
+        for link in re.findall(r"\]\(([\w./-]+\.md)\)", path.read_text(encoding="utf-8")):
+            assert (path.parent / link).resolve().is_file(), f"{path.relative_to(ROOT)}: broken link {link}"
 
 
 def test_matcher_rules():

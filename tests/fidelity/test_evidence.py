@@ -41,8 +41,8 @@ def test_a_recorded_run_reads_back_with_its_errors(reg):
     assert summary["out_of_sample_mean_abs_error"] == pytest.approx((0.1 + 0.25) / 2)
     assert summary["tables"] == [["t.csv", "ab" * 32]]
     line = checked_line(fidelity_summary(reg, "A-1"))
-    assert line.startswith("A-1: predictions checked on 3 published measurements, mean error 12% "
-                           "(18% on the 2 rows no number was calibrated on)")
+    assert line.startswith("A-1: predictions checked on 2 published measurements, mean error 18% "
+                           "out of sample (1 in-sample row not counted)")      # the out-of-sample figure
     assert f"(run {run}, " in line
 
 

@@ -78,8 +78,8 @@ def test_11_fields_change_the_hash():
 
 @pytest.mark.parametrize("edit, where, words", [
     (dict(fp16_sf="1.5"), (11, 25), "must be <= 1"),
-    (dict(fp16_sf="0"), (11, 25), "must be > 0"),
-    (dict(mem_sf="-0.1"), (26, 25), "must be > 0"),
+    (dict(fp16_sf="0"), (11, 25), "must be >= 0.001"),
+    (dict(mem_sf="-0.1"), (26, 25), "must be >= 0.001"),
     (dict(mem_sf='"high"'), (26, 25), "expected a number"),
     (dict(extra="execution:\n  launch_overhead_us: -1\n"), (39, 23), "must be >= 0"),
     (dict(extra="execution:\n  concurrent_tiles: 1.5\n  tile_elements: 64\n"), (39, 21), "integer"),
@@ -114,7 +114,7 @@ def test_schema_documents_every_11_field_with_its_unit():
     assert "elements" in ex["tile_elements"]["description"]
     for unit in ("FloatUnit", "IntUnit", "OffChipMemory"):
         desc = defs[unit]["properties"]["sustained_fraction"]["anyOf"][0]
-        assert desc.get("exclusiveMinimum") == 0 and desc.get("maximum") == 1
+        assert desc.get("minimum") == 0.001 and desc.get("maximum") == 1   # issue 52: a floor
         assert "Dimensionless" in defs[unit]["properties"]["sustained_fraction"]["description"]
 
 

@@ -121,7 +121,7 @@ def test_sources_are_frozen():
 
 
 def test_a_fitted_source_no_path_uses_marks_no_row():
-    text = V12.replace("memory.off_chip_memory.sustained_fraction: fit", "memory.off_chip_memory.sustained_fraction: ds")
+    text = V12.replace("off_chip_memory.sustained_fraction: fit", "off_chip_memory.sustained_fraction: ds")
     h = load_hcd_text(text)
     assert h.fitted_rows() == frozenset()
     assert not [d for d in diags(text, "warning") if "fitted" in d.message]

@@ -186,11 +186,13 @@ def test_memory_max_batch_compare_text_and_json(registry):
     assert out.exit_code == 0, out.output
     rows = json.loads(out.stdout)["rows"]
     ok = [r for r in rows if r["ok"]]
-    assert [r["per_call_time_s"] for r in ok] == sorted(r["per_call_time_s"] for r in ok)
+    rank = [r.get("rank_time_s") or r["per_call_time_s"] for r in ok]   # the rank rule: confidence.rank_time
+    assert rank == sorted(rank)
     assert {r["chip"] for r in rows} >= {"NPU-V2", "NPU-V3", "TFL-X1"}
     bad = {r["chip"]: r for r in rows if not r["ok"]}
     assert "NPU-V2" in bad and "num_heads=16" in bad["NPU-V2"]["error"]        # NPU-V2: no 16 heads
-    assert all(r["bound"] in ("compute", "memory") for r in ok)
+    assert all(r["bound"] in ("launch", "compute", "memory", "cache", "host") for r in ok)
+    assert all(0 <= r["confidence"]["assumption_share"] <= 1 for r in ok)
     out = plan_cli("compare", f"{tiny}:conv", "--chips", "NPU-V3,TFL-X1", "--registry", url)
     assert out.exit_code == 0, out.output
     assert "fastest first" in out.stdout and "NPU-V3" in out.stdout and "TFL-X1" in out.stdout

@@ -76,7 +76,9 @@ def conformance(chips, all_chips, ops, dtypes, samples, mode, edge_from, jobs, n
     if list_sweeps:
         return _list_sweeps(reg, as_json)
     if resume is not None:   # the run says what it tests; flags that disagree are refused when it opens
-        chips, all_chips, ops, dtypes, samples, edge_from, mode = _resumed(reg, resume, chips, all_chips, no_record)
+        given = _given(dict(ops=ops, dtypes=dtypes, samples=samples, edge_from=edge_from, mode=mode))
+        chips, all_chips, ops, dtypes, samples, edge_from, mode = _resumed(reg, resume, chips, all_chips, no_record,
+                                                                           given)
     if report:
         from torchfl.conformance import matrix
 
@@ -264,8 +266,48 @@ def _run_harness(reg, name, settings, sweep):
     return run(name, registry=reg, settings=settings, progress=lines)
 
 
-def _resumed(reg, run_id, chips, all_chips, no_record):
-    """(chips, all_chips, ops, dtypes, samples, edge_from, mode) of the conformance sweep ``run_id``."""
+#: the options that decide a conformance sweep's units (parameter name -> its flag)
+_SWEEP_FLAGS = {"ops": "--ops", "dtypes": "--dtypes", "samples": "--samples", "edge_from": "--edge", "mode": "--mode"}
+
+
+def _given(values: dict) -> dict:
+    """Those of ``values`` the user gave (command line or environment), not click's defaults."""
+    from click.core import ParameterSource
+
+    ctx = click.get_current_context()
+    return {k: v for k, v in values.items()
+            if ctx.get_parameter_source(k) in (ParameterSource.COMMANDLINE, ParameterSource.ENVIRONMENT)}
+
+
+def _show(value) -> str:
+    if value is None:
+        return "all"
+    return ",".join(map(str, value)) if isinstance(value, (tuple, list)) else str(value)
+
+
+def _refuse_changed(run_id: int, given: dict, recorded: dict) -> None:
+    """A resumed run is the sweep it was started as (docs/CLUSTER.md): an option given with
+    another value than the run's is refused, naming each (it silently ran the run's before)."""
+    from torchfl.rules.support import SupportError, normalise_dtype
+
+    ours = dict(given)
+    if "ops" in ours:
+        ours["ops"] = _split(ours["ops"])
+    if "dtypes" in ours:
+        try:
+            ours["dtypes"] = tuple(normalise_dtype(d) for d in _split(ours["dtypes"]))
+        except SupportError as exc:
+            _fail(str(exc), 1)
+    changed = [f"{_SWEEP_FLAGS[k]} {_show(v)} (the run's: {_show(recorded[k])})" for k, v in ours.items()
+               if v != recorded[k]]
+    if changed:
+        _fail(f"sweep run {run_id} was started with other options: {'; '.join(changed)}; a resumed run finishes the "
+              f"same sweep: drop them (--resume {run_id} alone), or start a new run without --resume", 1)
+
+
+def _resumed(reg, run_id, chips, all_chips, no_record, given=None):
+    """(chips, all_chips, ops, dtypes, samples, edge_from, mode) of the conformance sweep ``run_id``;
+    ``given``: the sweep options the user gave, refused where they differ from the run's."""
     from torchfl.registry.sweeps import Sweeps
 
     if no_record:
@@ -282,8 +324,11 @@ def _resumed(reg, run_id, chips, all_chips, no_record):
         _fail(f"sweep run {run_id} tests {chip} only; resume it with --resume {run_id} (and no other chip)", 1)
     sampling = run.spec["sampling"]
     modes = tuple(sampling.get("modes", ("compile",)))
-    return ((chip,), False, tuple(run.spec["ops"]), tuple(run.spec["dtypes"]), sampling["samples"],
-            sampling["edge_from"], "both" if len(modes) > 1 else modes[0])
+    recorded = dict(ops=tuple(run.spec["ops"]), dtypes=tuple(run.spec["dtypes"]), samples=sampling["samples"],
+                    edge_from=sampling["edge_from"], mode="both" if len(modes) > 1 else modes[0])
+    _refuse_changed(run_id, given or {}, recorded)
+    return ((chip,), False, recorded["ops"], recorded["dtypes"], recorded["samples"], recorded["edge_from"],
+            recorded["mode"])
 
 
 def _list_sweeps(reg, as_json: bool) -> None:

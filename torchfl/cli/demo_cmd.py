@@ -96,7 +96,9 @@ def demo(registry, quick, full_tables, parallel_compile, compile_only) -> None:
 
     from torchfl.planner.texttable import terminal_width
 
-    out = Console(highlight=False, soft_wrap=True, width=terminal_width())
+    # soft_wrap off: a sentence longer than the width wraps at spaces (100 columns in a pipe);
+    # the tables and explain texts are already fitted to it
+    out = Console(highlight=False, soft_wrap=False, width=terminal_width())
     t_start = time.perf_counter()
     # 1. the registry: created and migrated if needed; bundled chips and packs imported
     #    (re-importing identical content is a no-op, so this is safe on every run)
@@ -150,7 +152,9 @@ def _run_models(out, registry, quick: bool, parallel_compile: bool = True) -> li
 
     results = []
     jobs = [(chip, name, factory) for name, factory in _models(quick) for chip in CHIPS]
-    with Progress(sys.stdout, "compile + run on the emulated chips", total=len(jobs) * 3) as progress:
+    from torchfl.cli.render import PipeLines
+
+    with Progress(PipeLines(sys.stdout), "compile + run on the emulated chips", total=len(jobs) * 3) as progress:
         for chip, name, factory in jobs:
             progress.update(f"{name} on {chip}: building")
             module, inputs = factory()
@@ -197,7 +201,7 @@ def _print_results(out, results, full_tables: bool) -> None:
             continue
         first_s, analyses, text = extra
         for an in analyses:
-            out.print(_short(an, full_tables), markup=False)
+            out.print(_short(an, full_tables), markup=False, soft_wrap=True)   # fitted by its renderer
         out.print(f"vs eager torch (float32): {accuracy_text(err, rel)}; "
                   f"first call (plan + kernel compile + run) {first_s:.1f} s")
 
@@ -296,5 +300,5 @@ def _short(an, full: bool) -> str:
     per_call = [s for s in an.steps if not an.static(s)]
     keep = {s.index for s in sorted(per_call, key=lambda s: -s.simulated_time_s)[:12]}
     return an.render(only=keep, omitted_note=(
-        f"... the 12 slowest of {len(per_call)} per-call steps; {len(an.steps) - len(keep)} more steps, "
-        f"{len(an.steps) - len(per_call)} of them run once (--full-tables shows all)"))
+        f"... the 12 slowest of {len(per_call)} per-call steps; {len(an.steps) - len(keep)} more, "
+        f"{len(an.steps) - len(per_call)} of them run once (--full-tables: all)"))

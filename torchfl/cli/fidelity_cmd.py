@@ -2,7 +2,8 @@
 
 Default tables: the published ones bundled with torchfl (``measurements/*.csv``). Each row is
 planned as a one-op graph on the chip it names (resolved in the registry) and its per-call
-predicted time compared with the measured one; scores per chip and op family. ``--record``
+predicted time compared with the measured one; scores per chip and op family (``--by-source``:
+per row source), rows a chip number was fitted on (in-sample) apart from the others. ``--record``
 keeps each chip's run as evidence in the registry (``plan explain`` then says how well the
 chip's predictions are checked). torch and the planner are imported inside the command.
 """
@@ -30,6 +31,12 @@ def _pct(x) -> str:
 @click.option("--worst", type=click.IntRange(min=0), default=3, show_default=True,
               help="Worst rows listed per chip and family.")
 @click.option("--registry", default=None, help="Registry URL (default: TORCHFL_REGISTRY_URL or the user's).")
+@click.option("--calibrate-on", "calibrate_on", multiple=True, type=click.Path(exists=True),
+              help="Microbenchmark tables (files or directories of CSVs; repeat for several): derive each chip's "
+                   "sustained rates and launch costs from them, score the --table tables with the calibrated "
+                   "chips; the microbenchmark rows are scored in-sample.")
+@click.option("--by-source", "by_source", is_flag=True,
+              help="Group scores by each row's source id (the tables' header comments name them), not op family.")
 @click.option("--host", is_flag=True, help="Probe this machine (hcd probe), time torch's own eager ops on it "
               "(the ops of ResNet-50 b1 and a BERT layer, plain tables) and score the probe's HCD against them.")
 @click.option("--threads", type=click.IntRange(min=1), default=1, show_default=True,
@@ -39,7 +46,8 @@ def _pct(x) -> str:
               help="With --host: keep the probe's HCD and the host tables in this directory.")
 @cluster_option
 @resume_option
-def fidelity(tables, chip, as_json, record, worst, registry, host, threads, quick, out_dir, cluster, resume) -> None:
+def fidelity(tables, chip, as_json, record, worst, registry, calibrate_on, by_source, host, threads, quick, out_dir,
+             cluster, resume) -> None:
     """Score predicted against measured op times, per chip and op family. With --cluster, each
     chip's rows are a unit on the Ray cluster, recorded in the registry (--resume RUN)."""
     import os
@@ -48,6 +56,10 @@ def fidelity(tables, chip, as_json, record, worst, registry, host, threads, quic
     os.environ.setdefault("TORCHDYNAMO_VERBOSE", "0")
     warnings.filterwarnings("ignore")
     require_ray(cluster)
+    if calibrate_on and (host or record or cluster is not None or resume is not None):
+        click.echo("error: --calibrate-on scores calibrated copies of the registry's chips; --record, --host, "
+                   "--cluster and --resume go without it (record the published chips apart)", err=True)
+        sys.exit(2)
     if host and (cluster is not None or resume is not None):
         click.echo("error: --host times this machine; --cluster/--resume go without it", err=True)
         sys.exit(2)
@@ -60,7 +72,8 @@ def fidelity(tables, chip, as_json, record, worst, registry, host, threads, quic
     from torchfl.registry import RegistryError
 
     try:
-        loaded = load_tables(tables or bundled_tables())
+        calibration_tables = load_tables(_csv_files(calibrate_on)) if calibrate_on else []
+        loaded = calibration_tables + load_tables(tables or bundled_tables())
     except TableError as exc:
         for problem in exc.problems:
             click.echo(f"error: {problem}", err=True)
@@ -70,24 +83,44 @@ def fidelity(tables, chip, as_json, record, worst, registry, host, threads, quic
         click.echo(f"error: no row of the tables is for chip {chip!r}; their chips: {', '.join(names)}", err=True)
         sys.exit(1)
     try:
-        result = _score(loaded, chip, registry, worst) if cluster is None and resume is None else \
-            _swept(loaded, chip, registry, worst, cluster, resume)
+        result = _score(loaded, chip, registry, worst, calibration_tables) if cluster is None and resume is None \
+            else _swept(loaded, chip, registry, worst, cluster, resume)
+        if by_source:
+            result.by = "source"
+            result.finish(worst)
         runs = _record(result, registry) if record else {}
     except RegistryError as exc:
         click.echo(f"error: {exc}", err=True)
         sys.exit(1)
+    calibrations = result.calibrations
     if as_json:
         out = result.as_dict()
         out["recorded_runs"] = runs
+        if calibrate_on:
+            out["calibration"] = {name: cal.as_dict(hcd) for name, (cal, hcd) in sorted(calibrations.items())}
         click.echo(json.dumps(out, indent=2, sort_keys=True))
     else:
+        if calibrate_on:
+            _print_calibration(calibrations)
         _print(result, worst, runs)
     if not any(s.rows for s in result.scores):
         sys.exit(1)
 
 
-def _score(loaded, chip, registry, worst):
+def _csv_files(paths) -> list:
+    """The CSV files of ``paths``: a file as given, a directory's ``*.csv`` sorted by name."""
+    from pathlib import Path
+
+    out = []
+    for p in map(Path, paths):
+        out.extend(sorted(p.glob("*.csv")) if p.is_dir() else [p])
+    return out
+
+
+def _score(loaded, chip, registry, worst, calibration_tables=()):
     from torchfl.cli.progress import Progress
+    from torchfl.fidelity.calibrate import calibrated_resolver
+    from torchfl.fidelity.sample import stem
     from torchfl.fidelity.run import score_tables
     from torchfl.planner.errors import ChoiceError
     from torchfl.planner.target import resolve_target
@@ -99,12 +132,34 @@ def _score(loaded, chip, registry, worst):
         except (NotFound, ChoiceError) as exc:      # the row's chip is not in the registry
             raise LookupError(str(exc)) from None
 
+    calibrations: dict = {}
+    if calibration_tables:
+        resolve, calibrations = calibrated_resolver(resolve, calibration_tables)
     total = sum(1 for t in loaded for r in t.rows if chip is None or r.chip == chip)
     with Progress(sys.stderr, "fidelity: planning rows", total=total, compiles=False) as p:
         def step(row):
             p.update(f"{row.chip}: {row.label()}")
             p.advance()
-        return score_tables(loaded, resolve, chip=chip, progress=step, worst=worst)
+        result = score_tables(loaded, resolve, chip=chip, progress=step, worst=worst,
+                              calibrated_on=frozenset(stem(t.path) for t in calibration_tables))
+    result.calibrations = calibrations
+    return result
+
+
+def _print_calibration(calibrations) -> None:
+    """Each calibrated chip's derived numbers: the file's value, the derived one, from where."""
+    for name, (cal, hcd) in sorted(calibrations.items()):
+        if not cal.numbers:
+            continue
+        click.echo(f"calibrated {name} on microbenchmarks (in memory; the registry's file is unchanged):")
+        before = hcd.performance_numbers()
+        for path, d in cal.numbers.items():
+            old = before.get(path)
+            was = "unset" if old is None else f"{old:g}"
+            click.echo(f"  {path}: {was} -> {d.value:g}")
+            click.echo(f"    {_name(d.row)}: {d.note}")
+        for w in cal.warnings:
+            click.echo(f"  warning: {w}")
 
 
 def _swept(loaded, chip, registry, worst, cluster, resume):
@@ -141,20 +196,30 @@ def _print(result, worst, runs) -> None:
 
     out = console()
     out.width = max(out.width, 120)      # a pipe or CI log: keep the table's columns whole
-    in_sample = {t.name for t in result.tables if t.in_sample}
-    t = Table(title="Predicted vs measured time per call (absolute relative error)")
-    for col in ("chip", "family", "rows", "mean", "median", "max", "bias", "rank corr.", "not planned"):
-        t.add_column(col, justify="left" if col in ("chip", "family") else "right")
-    for s in result.scores:
-        t.add_row(s.chip, s.family, str(s.rows), _pct(s.mean_abs_error), _pct(s.median_abs_error),
-                  _pct(s.max_abs_error), "-" if s.mean_error is None else f"{s.mean_error:+.1%}",
-                  "-" if s.spearman is None else f"{s.spearman:.3f}", str(s.unplanned) if s.unplanned else "")
-    out.print(t)
+    from torchfl.fidelity.score import IN_SAMPLE, OUT_OF_SAMPLE
+
+    group = "source" if result.by == "source" else "family"
+    titles = {OUT_OF_SAMPLE: "Out of sample: predicted vs measured time per call (absolute relative error)",
+              IN_SAMPLE: "In sample (a number of the chip was fitted on these rows: not a check)"}
+    for sample in (OUT_OF_SAMPLE, IN_SAMPLE):
+        scores = [s for s in result.scores if s.sample == sample]
+        if not scores:
+            continue
+        t = Table(title=titles[sample])
+        for col in ("chip", group, "rows", "mean", "median", "max", "bias", "rank corr.", "not planned"):
+            t.add_column(col, justify="left" if col in ("chip", group) else "right")
+        for s in scores:
+            t.add_row(s.chip, s.family, str(s.rows), _pct(s.mean_abs_error), _pct(s.median_abs_error),
+                      _pct(s.max_abs_error), "-" if s.mean_error is None else f"{s.mean_error:+.1%}",
+                      "-" if s.spearman is None else f"{s.spearman:.3f}", str(s.unplanned) if s.unplanned else "")
+        out.print(t)
+    if group == "source":
+        _print_sources(out, result)
     if worst:
         for s in result.scores:
             if s.family == "all" or not s.worst:
                 continue
-            out.print(f"worst {s.chip} {s.family}:")
+            out.print(f"worst {s.chip} {s.family}{' (in-sample)' if s.sample == IN_SAMPLE else ''}:")
             for p in s.worst:
                 out.print(f"  {p.row.where}: {p.row.label()}: measured {p.row.seconds * 1e6:.1f} us, predicted "
                           f"{p.predicted_s * 1e6:.1f} us ({p.error:+.0%})", soft_wrap=True)
@@ -167,10 +232,38 @@ def _print(result, worst, runs) -> None:
         if table.harness_s:
             out.print(f"{table.name}: every prediction includes the table's harness overhead "
                       f"{table.harness_s * 1e6:g} us")
-    if in_sample:
-        out.print(f"in-sample (a chip number was calibrated on a row of): {', '.join(sorted(in_sample))}")
+    held = sorted({_name(p.row.file) for p in result.predictions if result.is_in_sample(p)})
+    if held:
+        out.print(f"in-sample rows (a chip number was fitted or calibrated on them) from: {', '.join(held)}",
+                  soft_wrap=True)
     for name, run in sorted(runs.items()):
         out.print(f"recorded fidelity run {run} for {name}")
+
+
+def _name(path) -> str:
+    from pathlib import Path
+
+    return Path(path).name
+
+
+def _print_sources(out, result) -> None:
+    """Each source id with the tables that hold its rows and their first header comment."""
+    seen: dict = {}
+    for t in result.tables:
+        for r in t.rows:
+            seen.setdefault(r.source, {}).setdefault(t.name, _reference(t.comments, r.source))
+    for source in sorted(seen):
+        tables = seen[source]
+        ref = next((c for c in tables.values() if c), "")
+        out.print(f"source {source}: {', '.join(sorted(tables))}{': ' + ref if ref else ''}", soft_wrap=True)
+
+
+def _reference(comments, source: str) -> str:
+    """The header comment that names ``source``, else the one that starts with "source", else ""."""
+    for c in comments:
+        if source and source in c:
+            return c[:160]
+    return next((c[:160] for c in comments if c.lower().startswith(("source", "sources"))), "")
 
 
 def _host(tables, chip, as_json, record, worst, registry, threads, quick, out_dir) -> None:

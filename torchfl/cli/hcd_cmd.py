@@ -107,7 +107,8 @@ def _shown_hcd(file: str, registry: str | None):
 @click.option("-o", "--output", "output", type=click.Path(dir_okay=False), default=None,
               help="Write the HCD here (default: print it).")
 @click.option("--device", default="cpu", show_default=True, help="What to measure: cpu (this host) or cuda.")
-@click.option("--threads", type=int, default=None, help="torch threads while measuring (default: torch's).")
+@click.option("--threads", type=int, default=None,
+              help="torch threads while measuring, 1 to this host's CPUs (default: 1, timed by its CPU time).")
 @click.option("--timer", type=click.Choice(["wall", "cpu"]), default=None,
               help="wall clock, or one thread's CPU time (steady on a busy machine; needs --threads 1). "
                    "Default: cpu for one CPU thread, else wall.")
@@ -120,9 +121,13 @@ def probe(output, device, threads, timer, name, quick) -> None:
     from torchfl.fidelity.probe import ProbeError, probe as run_probe
     from torchfl.hcd import HCDError
 
+    from torchfl.fidelity.probe import check_name, check_options
+
     try:
-        path = writable_output(output, "host.hcd") if output else None   # checked before the minutes of probing
-    except OutputError as exc:
+        check_name(name)                     # every option checked before the minutes of probing
+        check_options(device, threads, timer)
+        path = writable_output(output, "host.hcd") if output else None
+    except (OutputError, ProbeError) as exc:
         click.echo(f"error: {exc}", err=True)
         sys.exit(2)
     try:
@@ -133,6 +138,8 @@ def probe(output, device, threads, timer, name, quick) -> None:
             bar.update(detail="done", completed=7)
         for w in result.warnings:
             click.echo(f"warning: {w}", err=True)
+        click.echo(f"spread: fp32 {_spread(result.figures['gemm_float32'], 1e-9)} GFLOP/s (every figure's is in "
+                   "the file)", err=True)
         text = result.hcd_text(name)
         result.hcd(name)              # validated before it is printed or written
         if path is not None:
@@ -153,3 +160,8 @@ def probe(output, device, threads, timer, name, quick) -> None:
                    f"{result.figures['launch'].value * 1e6:.2f} us)")
     else:
         click.echo(text, nl=False)
+
+
+def _spread(fig, k: float) -> str:
+    """``80.1-90.3 over 7 runs``: the range of the runs whose median is used."""
+    return f"{min(fig.runs) * k:.1f}-{max(fig.runs) * k:.1f} over {len(fig.runs)} runs"

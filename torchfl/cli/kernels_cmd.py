@@ -50,20 +50,32 @@ def _echo(text: str) -> None:
               help="One line per jitted function, or one per kernel family.")
 def info(as_json, functions) -> None:
     """Where the kernel cache is, its size, and which kernels are compiled."""
-    from torchfl.kernels import jitcache
+    from torchfl.kernels import cacheinfo
 
-    ci = jitcache.info()
+    ci = cacheinfo.info()
     done = warmed_jobs(ci.path)
     if as_json:
         d = ci.to_dict()
         d["warmup_jobs_done"] = sorted(done)
         click.echo(json.dumps(d, indent=2, sort_keys=True))
         return
-    click.echo(f"kernel cache: {ci.path}")          # a path: one line, whole
-    _echo(f"  chosen by:  {ci.source}")
+    new = f"go to {ci.writes_to}" if ci.writes_to else "are compiled in memory, for each process"
+    if ci.ignored:      # issue 52: "read-only (its kernels are loaded from it)" of a plain file before
+        click.echo(f"kernel cache: {ci.writes_to or 'none (kernels are compiled in memory, for each process)'}")
+        if ci.writes_to:
+            _echo("  chosen by:  the user cache directory, in place of $NUMBA_CACHE_DIR")
+        _echo(f"  ignored:    {ci.ignored}: no kernels are loaded from it or saved in it (set $NUMBA_CACHE_DIR "
+              "to a directory)")
+    else:
+        click.echo(f"kernel cache: {ci.path}")          # a path: one line, whole
+        _echo(f"  chosen by:  {ci.source}")
     if ci.read_only:
-        _echo(f"  read-only:  its kernels are loaded; new ones "
-              + (f"go to {ci.writes_to}" if ci.writes_to else "are compiled in memory, for each process"))
+        _echo(f"  read-only:  its kernels are loaded; new ones {new}")
+    if ci.full:
+        _echo("  full:       no space left on the file system where new kernels go: they are compiled in memory, "
+              "for each process (free space there, or set $NUMBA_CACHE_DIR to a directory with room)")
+    if not ci.exists and ci.ignored and not ci.writes_to:
+        return
     if not ci.exists:
         _echo("  empty: nothing compiled yet (`torchfl kernels warmup` compiles the demo's kernels)")
         return
@@ -229,6 +241,7 @@ def warmup(chips, workers, models, quick, force, registry) -> None:
     into the kernel cache, in parallel processes, with progress; resumable."""
     from torchfl.cli import workloads
     from torchfl.kernels import jitcache
+    from torchfl.kernels.cacheinfo import info as info_of
 
     cache = jitcache.configure()
     chips = chips or workloads.CHIPS
@@ -256,7 +269,7 @@ def warmup(chips, workers, models, quick, force, registry) -> None:
     t_start = time.perf_counter()
     failures = _run_jobs(todo, n, cache, registry, quick, models)
     click.echo(f"warmup finished in {time.perf_counter() - t_start:.1f} s; "
-               f"cache {_size(jitcache.info(read_index=False).bytes)} at {cache}")
+               f"cache {_size(info_of(read_index=False).bytes)} at {cache}")
     if failures:
         click.echo("failed: " + "; ".join(failures), err=True)
         sys.exit(1)

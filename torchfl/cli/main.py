@@ -16,6 +16,13 @@ os.environ.setdefault("PYDANTIC_DISABLE_PLUGINS", "__all__")
 
 import click  # noqa: E402
 
+from torchfl.cli.quiet import silence_import_noise  # noqa: E402
+
+# at import, not only in main(): the worker processes `kernels warmup` and the demo spawn run
+# the console script again as their __mp_main__ (so they import this module, never call main())
+# and import transformers, whose torchao logs "Failed to load ..." lines 230-280 columns wide
+silence_import_noise()
+
 # (module, attribute, parent group or None for the root)
 _COMMANDS = (
     ("torchfl.cli.hcd_cmd", "hcd", None),
@@ -50,8 +57,6 @@ _attach()
 
 
 def main() -> None:
-    from torchfl.cli.quiet import silence_import_noise
-
     silence_import_noise()
     cli(prog_name="torchfl")
 

@@ -45,15 +45,22 @@ def plan() -> None:
                    "then the plan of the decode step (KV cache as its inputs and outputs).")
 @click.option("--prompt", type=click.IntRange(min=1), default=128, show_default=True,
               help="With --context: the prompt length whose prefill is timed.")
+@click.option("--top", type=click.IntRange(min=1), default=None, metavar="N",
+              help="The summary first, then only the N slowest per-call steps (a big model's plan has thousands).")
 def explain(model, chip, batch, seq_len, heads, layers, precision, strict, fmt, registry, analyze, record, context,
-            prompt) -> None:
-    """Show the plan of MODEL (a zoo name: mlp, resnet18, resnet50, bert-base, bert-large,
-    gpt2; or path/to/file.py:factory returning (module, example_inputs)) on --chip."""
+            prompt, top) -> None:
+    """Show the plan of MODEL on --chip: a zoo name (mlp, resnet18, resnet50, bert-base,
+    bert-large, gpt2; causal LMs: llama-7b, llama-70b, the published LLaMA-2 configs with
+    float16 weights on the meta device, and tiny-llama, 2 small layers with weights) or
+    path/to/file.py:factory returning (module, example_inputs). --top N: the summary and the
+    N slowest steps only."""
     import os
     import warnings
 
     if record and not analyze:
         _fail("Error", "--record stores what a run measured: add --analyze")
+    if top is not None and (fmt != "text" or analyze):
+        _fail("Error", "--top shortens the text plan; leave out --format json|dot and --analyze")
     os.environ.setdefault("TORCHDYNAMO_VERBOSE", "0")
     warnings.filterwarnings("ignore")
     from torchfl.cli.usermodel import load_user_model
@@ -94,9 +101,64 @@ def explain(model, chip, batch, seq_len, heads, layers, precision, strict, fmt, 
             click.echo(_checked(result, registry))
             click.echo(analysed.render())
         return
-    click.echo(result.explain(fmt), nl=False)
+    click.echo(top_text(result, top) if top is not None else result.explain(fmt), nl=False)
     if fmt == "text":
         click.echo(_checked(result, registry))
+
+
+def top_text(plan, n: int, width: int | None = None) -> str:
+    """A long plan read from the top: the summary (headline, policy, per-call and run-once
+    totals, memory, fallbacks) first, then the ``n`` per-call steps with the largest predicted
+    time, slowest first, and what was left out. Why: `plan explain bert-base` is thousands of
+    lines; the steps that cost the time are a handful of them."""
+    from torchfl.planner.explain import _covers, _layout, human_time, memory_line, tiling_text
+    from torchfl.planner.texttable import paragraph, table, terminal_width
+
+    width = terminal_width() if width is None else width
+    s = plan.summary
+    per_call = [st for st in plan.steps if not st.static]
+    once = len(plan.steps) - len(per_call)
+    pol = f"precision policy {plan.precision}" if plan.precision else "no precision policy (graph dtypes as written)"
+    lines = paragraph(s.headline(plan.chip), width=width)
+    lines += paragraph(f"Plan for {plan.chip} {plan.chip_version}; {pol}; {len(plan.steps)} steps "
+                       f"({len(per_call)} per call, {once} run once)", width=width)
+    lines += paragraph(f"Per call: predicted {human_time(s.per_call_time_s)}, {_mib(s.per_call_bytes)} off-chip; "
+                       f"run once: {human_time(s.run_once_time_s)}, {_mib(s.run_once_bytes)}", width=width)
+    if plan.memory is not None:
+        lines += paragraph(memory_line(plan), width=width)
+    if plan.fallbacks:
+        lines += paragraph(f"Fallbacks to CPU ({len(plan.fallbacks)}): "
+                           + ", ".join(f"{f.node} ({f.op})" for f in plan.fallbacks[:5])
+                           + (" ..." if len(plan.fallbacks) > 5 else ""), width=width)
+    total = s.per_call_time_s or 1.0
+    by_kernel: dict = {}
+    for st in per_call:
+        k = st.kernel or ("host" if st.kind == "fold" else "cpu")
+        t, c = by_kernel.get(k, (0.0, 0))
+        by_kernel[k] = (t + st.predicted_time_s, c + 1)
+    ranked = sorted(by_kernel.items(), key=lambda kv: -kv[1][0])
+    lines += paragraph("Per-call time by kernel: " + ", ".join(
+        f"{k} {100 * t / total:.0f}% ({c} steps)" for k, (t, c) in ranked[:6])
+        + (f", {len(ranked) - 6} more kernels" if len(ranked) > 6 else ""), width=width)
+    slow = sorted(per_call, key=lambda st: -st.predicted_time_s)[:n]
+    share = sum(st.predicted_time_s for st in slow) / total
+    lines += paragraph(f"The {len(slow)} slowest of {len(per_call)} per-call steps, {100 * share:.0f}% of the "
+                       "per-call time:", width=width)
+    rows = [(str(st.index), st.kind, st.kernel or ("host" if st.kind == "fold" else "cpu"), _covers(st), _layout(st),
+             st.dtype, tiling_text(st.tile), human_time(st.predicted_time_s),
+             f"{100 * st.predicted_time_s / total:.1f}%") for st in slow]
+    lines += table(("#", "kind", "kernel", "covers", "layout", "dtype", "tiling", "time", "share"), rows,
+                   right=(0, 7, 8), shrink_first=(3, 4), width=width)
+    left = len(plan.steps) - len(slow)
+    lines += paragraph(f"... {left} more steps (without --top: every step, the legend, the rejected alternatives; "
+                       "--format json: all of it)", width=width)
+    return "\n".join(lines) + "\n"
+
+
+def _mib(n) -> str:
+    from torchfl.planner.explain import _bytes
+
+    return _bytes(n)
 
 
 def _checked(plan, registry) -> str:
@@ -130,10 +192,16 @@ def _decode_step(model, module, target, batch, prompt, context, precision, fmt):
     if not row["ok"]:
         _fail(row["error_kind"], row["error"])
     if fmt == "text":
-        click.echo(f"Decoder {model}, batch {batch} (predicted): prefill of {prompt} tokens "
-                   f"{row['prefill_s'] * 1e3:.3g} ms (time to first token); decode at context {context}: {row['decode_s'] * 1e3:.3g} ms per token, "
-                   f"{row['tokens_per_s']:,.1f} tokens/s; KV cache {row['kv_cache_bytes'] / 2**20:.2f} MiB. "
-                   "The decode step's plan:")
+        speed = (f"{row['decode_s'] * 1e3:.3g} ms per token, {row['tokens_per_s']:,.1f} tokens/s"
+                 if row["tokens_per_s"] is not None else
+                 f"at least {row['decode_s'] * 1e3:.3g} ms per token ({row['decode_fallbacks']} CPU fallbacks a "
+                 "step: their host work is not priced, no tokens/s)")
+        from torchfl.planner.texttable import paragraph
+
+        click.echo("\n".join(paragraph(
+            f"Decoder {model}, batch {batch} (predicted; {row['assumes']}): prefill of {prompt} tokens "
+            f"{row['prefill_s'] * 1e3:.3g} ms (time to first token); decode at context {context}: {speed}; KV cache "
+            f"{row['kv_cache_bytes'] / 2**20:.2f} MiB. The decode step's plan:")))
     return plans["decode"], dec.step_inputs(batch, context, meta=False)
 
 

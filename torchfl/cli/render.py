@@ -87,3 +87,39 @@ def provenance_table(h):
         t.add_row(path.removeprefix("compute_units.").removeprefix("memory."), f"{value:g}", h.kind_of(path),
                   escape(ref))
     return t
+
+
+class PipeLines:
+    """A text stream for progress lines: in a pipe or a log, each line it is given is wrapped at
+    spaces to the pipe's width (100 columns), continuation lines indented; on a terminal it is
+    the stream itself (the progress bar draws there). Why: a heartbeat line ("[12:00:01] ResNet-50
+    (batch 1, 64x64) on NPU-V2: planning + compiling kernels (1/12): still working, 231 s;
+    compiling conv2d_bn_relu (float16) for 20 s") reached 150 columns in `make demo`'s log."""
+
+    def __init__(self, stream, width: int | None = None):
+        self.stream, self.width, self._pending = stream, width, ""
+
+    def isatty(self) -> bool:
+        return self.stream.isatty()
+
+    def write(self, text: str) -> int:
+        if self.stream.isatty():
+            return self.stream.write(text)
+        from torchfl.planner.texttable import paragraph, terminal_width
+
+        self._pending += text
+        *lines, self._pending = self._pending.split("\n")
+        width = self.width or terminal_width(self.stream)
+        for line in lines:                   # a line that fits is written as it is (tables keep their spaces)
+            wrapped = paragraph(line, width=width, subsequent="    ") if len(line) > width else [line]
+            self.stream.write("\n".join(wrapped) + "\n")
+        return len(text)
+
+    def flush(self) -> None:
+        if self._pending:
+            self.stream.write(self._pending)
+            self._pending = ""
+        self.stream.flush()
+
+    def __getattr__(self, name):                 # fileno, encoding, ...: the stream's own
+        return getattr(self.stream, name)

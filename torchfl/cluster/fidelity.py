@@ -44,7 +44,6 @@ def sweep_fidelity(tables, chip: str | None, worst: int, *, registry, runner, re
     """The FidelityResult of ``tables`` (only ``chip``'s rows when given), one unit per chip."""
     from torchfl.fidelity.oneop import Prediction
     from torchfl.fidelity.run import FidelityResult
-    from torchfl.fidelity.score import score
 
     chips = sorted({r.chip for t in tables for r in t.rows if chip is None or r.chip == chip})
     paths = [str(Path(t.path).resolve()) for t in tables]
@@ -69,5 +68,4 @@ def sweep_fidelity(tables, chip: str | None, worst: int, *, registry, runner, re
             result.targets[c] = resolve(c)
         except LookupError:
             pass
-    result.scores = score(result.predictions, worst=worst)
-    return result
+    return result.finish(worst)      # in-sample rows scored apart (fidelity.sample)

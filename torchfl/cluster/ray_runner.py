@@ -42,6 +42,38 @@ def probe(expect) -> dict:
                 cached_functions=functions)
 
 
+#: seconds a Ray head's GCS has to answer its first request before the address is refused
+GCS_TIMEOUT_S = 5.0
+
+
+def gcs_silence(address: str, timeout: float = GCS_TIMEOUT_S) -> str | None:
+    """None when the listener at ``address`` (HOST:PORT) answers as a Ray head's GCS does (a gRPC
+    server: HTTP/2, whose first frame is its SETTINGS), else what it did instead. Why: ``ray.init``
+    retries a listener that is not Ray for minutes (>= 300 s, issue 52); a gRPC server sends its
+    SETTINGS within milliseconds of the client's preface. Plain sockets: Ray's own client is C++."""
+    import socket
+
+    host, _, port = address.rpartition(":")
+    preface = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n" + bytes([0, 0, 0, 4, 0, 0, 0, 0, 0])  # + empty SETTINGS
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout) as sock:
+            sock.settimeout(timeout)
+            sock.sendall(preface)
+            head = b""
+            while len(head) < 9:
+                chunk = sock.recv(9 - len(head))
+                if not chunk:
+                    return "it closed the connection" if not head else "it answered, but not in HTTP/2 (gRPC)"
+                head += chunk
+    except socket.timeout:
+        return "no answer"
+    except OSError as exc:
+        return f"connection failed: {exc.strerror or exc}"
+    if head[3] != 4 or int.from_bytes(head[5:9], "big") & 0x7FFFFFFF != 0:
+        return "it answered, but not in HTTP/2 (gRPC)"
+    return None
+
+
 class RayRunner:
     """Ray tasks on the cluster at ``address`` (``auto`` or ``HOST:PORT``)."""
 
@@ -77,6 +109,13 @@ class RayRunner:
             raise ClusterError(
                 f"no Ray cluster at {address}: cannot connect ({exc.strerror or exc}); start one with `ray start "
                 "--head --port PORT` on the head node and `ray start --address HEAD:PORT` on each worker") from None
+        if not address.startswith("ray://"):
+            why = gcs_silence(address)
+            if why is not None:
+                raise ClusterError(
+                    f"no Ray cluster at {address}: something listens there but does not answer as a Ray head ({why} "
+                    f"within {GCS_TIMEOUT_S:g} s); give the head's GCS port (`ray start --head --port PORT`, 6379 by "
+                    "default), or auto on a node of the cluster")
 
     def connect(self) -> None:
         ray = self.ray

@@ -8,6 +8,8 @@ row's ``file:line``. One capture serves every chip a row is planned on.
 """
 from __future__ import annotations
 
+import contextlib
+import math
 from dataclasses import dataclass
 
 from torchfl.fidelity.tables import Row
@@ -79,6 +81,7 @@ def _call_plan(row: Row, fn):
                        f"{', '.join(a.name for a in schema.arguments)}")
     given = [a.name for a in tensor_args[:len(row.shapes)]]
     args = dict(row.args)
+    _check_dims(row, args)
     if row.alias == "layer_norm" and "normalized_shape" not in args and row.shapes:
         args["normalized_shape"] = [row.shapes[0][-1]] if row.shapes[0] else []
     plan = []
@@ -100,6 +103,25 @@ def _call_plan(row: Row, fn):
             raise RowError(f"{row.where}: args: {row.op} needs the argument {a.name}; give it by schema name, "
                            f"e.g. {{\"{a.name}\": ...}}")
     return plan
+
+
+#: arguments that index the first input's dimensions (checked against its rank: a meta kernel
+#: does not, so softmax {"dim": 99} on a 2-D tensor was planned and scored)
+DIM_ARGS = ("dim", "dims", "dim0", "dim1", "start_dim", "end_dim")
+
+
+def _check_dims(row: Row, args: dict) -> None:
+    if not row.shapes:
+        return
+    rank = len(row.shapes[0])
+    bound = max(rank, 1)
+    for name in DIM_ARGS:
+        value = args.get(name)
+        for d in (value if isinstance(value, (list, tuple)) else [value]):
+            if isinstance(d, int) and not isinstance(d, bool) and not -bound <= d < bound:
+                shape = "x".join(map(str, row.shapes[0])) or "a 0-d tensor"
+                raise RowError(f"{row.where}: args: {name} {d} is out of range for the {rank}-D input {shape}; "
+                               f"give a dim from {-bound} to {bound - 1}")
 
 
 def _module(row: Row):
@@ -142,16 +164,39 @@ def capture_row(row: Row):
 
     module = _module(row)
     dtype = getattr(torch, row.dtype)
-    inputs = tuple(torch.empty(s, dtype=dtype, device="meta") for s in row.shapes)
     try:
-        captured = capture_module(module, inputs)
-    except (CaptureError, RuntimeError, TypeError, ValueError) as exc:
-        raise RowError(f"{row.where}: {row.label()} does not run as given ({str(exc).splitlines()[0]}); check "
+        inputs = tuple(torch.empty(s, dtype=dtype, device="meta") for s in row.shapes)
+        with _quiet_torch():
+            captured = capture_module(module, inputs)
+    except (CaptureError, RuntimeError, TypeError, ValueError, OverflowError, IndexError) as exc:
+        cause = exc.__cause__ if isinstance(exc, CaptureError) and exc.__cause__ is not None else exc
+        first = (str(cause).strip().splitlines() or [type(cause).__name__])[0]
+        raise RowError(f"{row.where}: {row.label()} does not run as given ({first}); check "
                        "shapes, dtype and args against the op's schema") from None
     if len(_CAPTURES) >= 4096:
         _CAPTURES.pop(next(iter(_CAPTURES)))
     _CAPTURES[row.key] = hit = (captured, inputs)
     return hit
+
+
+#: torch loggers that print a traceback (19 ``E...`` lines) for a row whose op does not run on
+#: its shapes, before the exception the row's RowError reports in one line
+_NOISY_LOGGERS = ("torch._subclasses.fake_tensor", "torch._dynamo", "torch.export", "torch._export")
+
+
+@contextlib.contextmanager
+def _quiet_torch():
+    import logging
+
+    loggers = [logging.getLogger(name) for name in _NOISY_LOGGERS]
+    saved = [lg.disabled for lg in loggers]
+    for lg in loggers:
+        lg.disabled = True
+    try:
+        yield
+    finally:
+        for lg, was in zip(loggers, saved):
+            lg.disabled = was
 
 
 def predict(row: Row, target) -> Prediction:
@@ -173,9 +218,17 @@ def predict(row: Row, target) -> Prediction:
         plan = plan_captured(captured, inputs, target)
     except PlanError as exc:
         return Prediction(row, target.name, None, str(exc).splitlines()[0])
+    except Exception as exc:  # noqa: BLE001 - one row the planner cannot take is that row's reason (its
+        # error's type and first line), not the end of the run and the loss of the table's other rows
+        first = (str(exc).strip().splitlines() or [""])[0]
+        return Prediction(row, target.name, None, f"{row.where}: the planner failed on this row "
+                                                  f"({type(exc).__name__}: {first})")
     per_call = [s for s in plan.steps if not s.static]
     notes = tuple(s.note for s in per_call if s.note)
     if row.harness_s:
         notes += (f"+{row.harness_s * 1e6:.3g} us the table's harness",)
-    return Prediction(row, target.name, float(sum(s.predicted_time_s for s in per_call)) + row.harness_s, "",
-                      len(per_call), sum(s.kind == "fallback" for s in per_call), notes)
+    total = float(sum(s.predicted_time_s for s in per_call)) + row.harness_s
+    if not math.isfinite(total) or total < 0:
+        return Prediction(row, target.name, None, f"{row.where}: the plan's time is {total} s, not a finite "
+                                                  f"time; check {target.name}'s HCD numbers")
+    return Prediction(row, target.name, total, "", len(per_call), sum(s.kind == "fallback" for s in per_call), notes)

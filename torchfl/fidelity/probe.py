@@ -29,7 +29,8 @@ from pathlib import Path
 from torchfl.fidelity.machine import CacheLevel, cpu_model, memory_bytes, os_caches, vector_bytes
 from torchfl.fidelity.microbench import Figure, ProbeError, Timer, gemm, number_text as _g, stream, tiny_ops
 
-__all__ = ["ProbeError", "Figure", "CacheLevel", "Probe", "probe", "Timer", "os_caches", "cpu_model"]
+__all__ = ["ProbeError", "Figure", "CacheLevel", "Probe", "probe", "Timer", "os_caches", "cpu_model", "check_name",
+           "check_options", "available_cpus"]
 
 #: per-dtype GEMM probe: torch dtype name -> (HCD unit, HCD dtype)
 GEMM_DTYPES = (("float32", "fp32"), ("bfloat16", "bf16"), ("float16", "fp16"), ("int8", "int8"))
@@ -220,17 +221,49 @@ def _short(name: str) -> str:
 
 # -- the probe ----------------------------------------------------------------------------------
 
-def _settings(torch, device: str, threads, timer) -> tuple:
-    """(threads, timer) checked and defaulted, or :class:`ProbeError` saying what to change."""
+def available_cpus() -> int:
+    """CPUs this process may run on (its affinity mask, else the machine's count)."""
+    try:
+        return len(os.sched_getaffinity(0)) or 1
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def check_name(name: str | None) -> None:
+    """Refuse a chip name the HCD would refuse, before minutes of measuring (issue 52)."""
+    from torchfl.hcd.model import CHIP_NAME
+
+    if name is not None and not CHIP_NAME.fullmatch(name):
+        raise ProbeError(f"--name {name!r} is not a valid chip name; use letters, digits, '.', '_' or '-' (at most "
+                         "64, starting with a letter or digit), e.g. HOST-LAPTOP")
+
+
+def check_options(device: str, threads, timer) -> None:
+    """Every option bounded before torch is touched: ``--threads 100000`` made torch's thread pool
+    segfault (exit 139, no message)."""
     if device not in ("cpu", "cuda"):
         raise ProbeError(f"unknown device {device!r}: hcd probe measures 'cpu' (this host) or 'cuda' (its GPU)")
+    if threads is not None:
+        cpus = available_cpus()
+        if not isinstance(threads, int) or isinstance(threads, bool) or threads < 1:
+            raise ProbeError(f"--threads must be a positive integer, got {threads!r}")
+        if threads > cpus:
+            raise ProbeError(f"--threads {threads} is more than the {cpus} CPU(s) this process may use; give 1 to "
+                             f"{cpus} (1, the default, times one thread's CPU time: steady on a shared host)")
+    if timer not in (None, "wall", "cpu"):
+        raise ProbeError(f"unknown timer {timer!r}; use wall or cpu")
+
+
+def _settings(torch, device: str, threads, timer) -> tuple:
+    """(threads, timer) checked and defaulted, or :class:`ProbeError` saying what to change.
+    Default: one thread timed by its CPU time, the figure that holds on a shared host (the wall
+    clock with every thread measured fp32 at 15.8 then 0.02 GFLOP/s in two runs, issue 52)."""
+    check_options(device, threads, timer)
     if device == "cuda" and not torch.cuda.is_available():
         raise ProbeError("--device cuda: torch sees no CUDA device here (torch "
                          f"{torch.__version__}, cuda available: False); probe the host with --device cpu")
     if threads is None:
-        threads = torch.get_num_threads()
-    if not isinstance(threads, int) or threads < 1:
-        raise ProbeError(f"--threads must be a positive integer, got {threads!r}")
+        threads = 1
     if timer is None:
         timer = "cpu" if device == "cpu" and threads == 1 else "wall"
     if timer == "cpu" and threads != 1:
@@ -307,9 +340,9 @@ def probe(device: str = "cpu", threads: int | None = None, timer: str | None = N
           progress=None) -> Probe:
     """Run the microbenchmarks on ``device`` (``cpu`` or ``cuda``) and return a :class:`Probe`.
 
-    ``threads``: torch's intra-op threads for the probe (default: torch's current count; the
+    ``threads``: torch's intra-op threads for the probe, 1 to this process's CPUs (default: 1; the
     previous count is restored); ``timer``: ``wall`` or ``cpu`` (default: ``cpu`` for one CPU
-    thread, else ``wall``); ``quick``: smaller sizes and fewer runs (tests: a few seconds);
+    thread, else ``wall``); a result no HCD may state is a :class:`ProbeError`; ``quick``: smaller sizes and fewer runs (tests: a few seconds);
     ``progress(step, i, n)`` is called before each step."""
     import torch
 
@@ -335,4 +368,72 @@ def probe(device: str = "cpu", threads: int | None = None, timer: str | None = N
         _measure(torch, res, clock, 3 if quick else 7, step)
     finally:
         torch.set_num_threads(old)
+    _check_figures(res)
+    if res.timer == "wall" and res.device == "cpu" and res.threads > 1:
+        _check_against_one_thread(torch, res)
     return res
+
+
+def _one_thread_gflops(torch, n: int = 256, runs: int = 5) -> float:
+    """One thread's fp32 GEMM rate by its CPU time (a fraction of a second): the floor any
+    thread count reaches on an idle machine."""
+    import statistics
+    import time
+
+    old = torch.get_num_threads()
+    try:
+        torch.set_num_threads(1)
+        a = torch.randn(n, n)
+        torch.mm(a, a)
+        times = []
+        for _ in range(runs):
+            t = time.thread_time()
+            torch.mm(a, a)
+            times.append(time.thread_time() - t)
+    finally:
+        torch.set_num_threads(old)
+    return 2 * n ** 3 / max(statistics.median(times), 1e-9) / 1e9
+
+
+def _check_against_one_thread(torch, res: Probe) -> None:
+    """Refuse a wall-clock GEMM rate of several threads far below one thread's own (the other
+    processes' time measured, not this machine: 0.02 GFLOP/s written where one core does 60)."""
+    got = res.figures["gemm_float32"].value / 1e9
+    alone = _one_thread_gflops(torch)
+    if got < alone / 4:
+        raise ProbeError(f"--threads {res.threads} --timer wall measured fp32 {got:.3g} GFLOP/s, but one thread does "
+                         f"{alone:.3g} by its CPU time: the wall clock measured the host's other load; nothing was "
+                         "written; rerun with --threads 1 (the default) or on a quieter host")
+
+
+#: a figure whose runs spread wider than this (largest / smallest) is reported as noisy
+NOISY_SPREAD = 2.0
+
+
+def _check_figures(res: Probe) -> None:
+    """Refuse what no HCD may state (a rate the host's load pushed below the schema's bounds: the
+    probe wrote a file its own validator rejected, after 124 s), and warn where runs spread
+    widely or the cache measured slower than off-chip memory (contention, not the machine)."""
+    from torchfl.hcd import HCDError, load_hcd_text
+
+    try:
+        load_hcd_text(res.hcd_text(), filename="<probe>")
+    except HCDError as exc:
+        bad = [d for d in exc.diagnostics if d.severity == "error"]
+        what = "; ".join(f"{d.path}: {d.message}" for d in bad[:3]) or str(exc).splitlines()[0]
+        raise ProbeError(f"the measured numbers are not a valid HCD ({what}): the host was too busy to measure; "
+                         "nothing was written; rerun on a quieter host, with --threads 1 (the default) and "
+                         "--timer cpu") from None
+    for fig in res.figures.values():
+        # matrix_launch's values are three different calls (their median is used), sms a count
+        if fig.name not in ("sms", "matrix_launch") and min(fig.runs) > 0 and max(fig.runs) / min(fig.runs) > NOISY_SPREAD:
+            res.warnings.append(f"{fig.name} runs spread {max(fig.runs) / min(fig.runs):.1f}x: a noisy host "
+                                "(the median is used)")
+    f = res.figures
+    if "cache_bw" in f and "copy_bw" in f and f["cache_bw"].value < f["copy_bw"].value / 2:
+        raise ProbeError(f"the on-chip copy measured {f['cache_bw'].value / 1e9:.3g} GB/s, under half the off-chip "
+                         f"{f['copy_bw'].value / 1e9:.3g} GB/s: contention, not the cache; nothing was written; rerun "
+                         "with --threads 1 (the default) or on a quieter host")
+    if "cache_bw" in f and "copy_bw" in f and f["cache_bw"].value < f["copy_bw"].value:
+        res.warnings.append(f"on-chip copy {f['cache_bw'].value / 1e9:.3g} < off-chip {f['copy_bw'].value / 1e9:.3g} "
+                            "GB/s: contention, not the cache")

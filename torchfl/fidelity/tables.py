@@ -6,7 +6,8 @@ measured call:
 
 - ``chip``: the chip name its HCD uses (``A100-SXM4-80GB``);
 - ``op``: an ATen overload (``aten.mm.default``) or an alias (:data:`ALIASES`: ``matmul``,
-  ``softmax``, ``layer_norm``, ``gelu``, ``conv2d``, ``bmm``, ``linear``), which also names the default arguments;
+  ``softmax``, ``layer_norm``, ``gelu``, ``conv2d``, ``bmm``, ``linear``; the microbenchmark rows' ``copy``
+  and ``launch``), which also names the default arguments;
   or a language model's serving step (:data:`LM_KINDS`: ``prefill``, ``decode``, ``generate``;
   ``shapes`` one ``BATCHxTOKENS``, ``args`` the model: :mod:`torchfl.fidelity.lm`);
 - ``shapes``: the input tensors' shapes, ``;`` between tensors, ``x`` between dims
@@ -54,6 +55,8 @@ ALIASES = {
     "conv2d": ("aten.conv2d.default", {}),
     "bmm": ("aten.bmm.default", {}),
     "linear": ("aten.linear.default", {}),             # input, weight (out x in), bias (out)
+    "copy": ("aten.clone.default", {}),                 # a copy-bandwidth microbenchmark row: read + write
+    "launch": ("aten.add.Tensor", {}),                  # a launch-latency row: a one-element add, shapes 1;1
 }
 #: language-model rows (torchfl.fidelity.lm): op is the kind, args name the model
 LM_KINDS = ("prefill", "decode", "generate")
@@ -69,6 +72,11 @@ OVERLOAD = re.compile(r"^aten\.[A-Za-z_][A-Za-z0-9_]*\.[A-Za-z_][A-Za-z0-9_]*$")
 MAX_BYTES = 8 << 20
 MAX_ROWS = 100_000
 MAX_DIM = 1 << 40
+MAX_NUMEL = 1 << 48          # elements of one tensor (a 512 TiB float16 tensor): 2**40 x 2**40 overflowed torch
+MAX_ARGS_DEPTH = 8           # nesting of a row's args JSON: an overload's arguments are a level or two deep
+#: a measured time of one call: at least a nanosecond (no chip runs a call in less than a clock
+#: cycle; 5e-324 made every error inf%), at most a day (a language model's whole generation fits)
+MIN_SECONDS, MAX_SECONDS = 1e-9, 86_400.0
 
 
 class TableError(ValueError):
@@ -302,6 +310,10 @@ def make_row(chip, op, shapes, dtype, args, seconds, source, *, file="<row>", li
     except (TypeError, ValueError):
         bad("seconds", f"{seconds!r} is not a positive number of seconds (one call's measured time, e.g. 2.96e-05)")
         secs = 0.0
+    else:
+        if not MIN_SECONDS <= secs <= MAX_SECONDS:
+            bad("seconds", f"{seconds!r} is outside the plausible time of one call ({MIN_SECONDS:g} to "
+                           f"{MAX_SECONDS:g} s); check the unit (seconds, e.g. 2.96e-05 for 29.6 us)")
     source = str(source).strip()
     if not source:
         bad("source", "empty; give a short id of where the number comes from (the header comments give the full "
@@ -330,8 +342,13 @@ def _shapes(value, bad) -> tuple:
             pieces.append([int(d) for d in dims])
     out = []
     for dims in pieces:
-        if len(dims) > 16 or not all(isinstance(d, int) and 0 <= d <= MAX_DIM for d in dims):
+        if len(dims) > 16 or not all(isinstance(d, int) and not isinstance(d, bool) and 0 <= d <= MAX_DIM
+                                     for d in dims):
             bad("shapes", f"{dims} is not a plausible shape (at most 16 dims, each 0 to 2**40)")
+            return ()
+        if math.prod(dims) > MAX_NUMEL:
+            bad("shapes", f"{'x'.join(map(str, dims))} has {math.prod(dims):.3g} elements, above the 2**48 that one "
+                          "tensor may have here; check the shape")
             return ()
         out.append(tuple(dims))
     return tuple(out)
@@ -342,6 +359,10 @@ def _args(value, bad) -> dict:
         return dict(value)
     text = str(value).strip()
     if not text:
+        return {}
+    if _depth(text) > MAX_ARGS_DEPTH:
+        bad("args", f"JSON nested deeper than {MAX_ARGS_DEPTH} levels; an overload's arguments are a flat object "
+                    "such as {\"dim\": -1} or {\"stride\": [2, 2]}")
         return {}
     try:
         parsed = json.loads(text)
@@ -354,3 +375,26 @@ def _args(value, bad) -> dict:
                     "e.g. {\"dim\": -1}")
         return {}
     return parsed
+
+
+def _depth(text: str) -> int:
+    """The deepest nesting of ``[``/``{`` in JSON text, outside strings (read before parsing:
+    the parser recurses, and 10,000 levels raised RecursionError)."""
+    depth = deepest = 0
+    in_string = escaped = False
+    for ch in text:
+        if in_string:
+            if escaped:
+                escaped = False
+            elif ch == "\\":
+                escaped = True
+            elif ch == '"':
+                in_string = False
+        elif ch == '"':
+            in_string = True
+        elif ch in "[{":
+            depth += 1
+            deepest = max(deepest, depth)
+        elif ch in "]}":
+            depth -= 1
+    return deepest

@@ -115,7 +115,11 @@ class Chip(_Model):
         description="The device string users write for this chip, e.g. npu_v3.")
 
 
-SUSTAINED_UNIT = "Dimensionless, 0 < f <= 1; format 1.1, absent means 1."
+# the smallest sustained share a file may state: a chip that sustains under 0.1% of its peak has
+# a wrong peak, and a share of 5e-324 (a denormal) made every time infinite (issue 52)
+SUSTAINED_MIN = 1e-3
+SUSTAINED_UNIT = (f"Dimensionless, {SUSTAINED_MIN:g} <= f <= 1 (under {SUSTAINED_MIN:g} the peak itself is wrong); "
+                  "format 1.1, absent means 1.")
 
 
 class _Unit(_Model):
@@ -126,7 +130,7 @@ class _Unit(_Model):
         default=None, min_length=1, max_length=MAX_LIST,
         description="Tensor layouts this unit computes in (permutations of dimension letters).")
     sustained_fraction: Optional[float] = Field(
-        default=None, gt=0, le=1,
+        default=None, ge=SUSTAINED_MIN, le=1,
         description="Share of this unit's peak a large GEMM sustains, as measured. " + SUSTAINED_UNIT)
 
 
@@ -181,7 +185,7 @@ class OffChipMemory(_Model):
     size_gb: Optional[float] = Field(default=None, ge=1e-6, le=1_000_000,
                                      description="Off-chip memory capacity in GiB (2^30 bytes); unbounded if absent.")
     sustained_fraction: Optional[float] = Field(
-        default=None, gt=0, le=1,
+        default=None, ge=SUSTAINED_MIN, le=1,
         description="Share of bandwidth_gb_per_s a streaming kernel sustains, as measured. " + SUSTAINED_UNIT)
 
 

@@ -177,8 +177,8 @@ def check_provenance(doc: "LocatedDocument", data: dict) -> list["Diagnostic"]:
             if path in PERFORMANCE_FIELDS:
                 msg = f"{path} names no number present in the file; set the number or remove this line"
             else:
-                msg = (f"{path} names no number of the file{_close(path, numbers)}"
-                       + ("" if _close(path, numbers) else "; write a dotted path such as compute_units.fp16.peak_tflops"))
+                hint = _close(path, numbers) or "; write a dotted path such as compute_units.fp16.peak_tflops"
+                msg = f"{path} names no number of the file{hint}"
             out.append(doc.diagnostic(where, msg, key=True))
         if not isinstance(sid, str):
             continue  # pass 2: expected a string

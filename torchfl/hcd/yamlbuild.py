@@ -9,6 +9,7 @@ unreadable scalars as located problems. ``hcd/source.py`` reads the text and cal
 from __future__ import annotations
 
 import copy
+import re
 from typing import TYPE_CHECKING
 
 import yaml
@@ -103,6 +104,9 @@ _TAG = "tag:yaml.org,2002:"
 _RESOLVER = yaml.resolver.Resolver()
 _IMPLICIT = {tag: regexp for regexps in yaml.resolver.Resolver.yaml_implicit_resolvers.values()
              for tag, regexp in regexps}
+# a plain scalar YAML 1.2 (core schema) reads as a float and YAML 1.1 as a string: an exponent
+# without a dot (1e-3, 2E+5); PyYAML resolves 1.1 only, so `sustained_fraction: 1e-3` was text
+_YAML12_FLOAT = re.compile(r"[-+]?(?:[0-9]+(?:\.[0-9]*)?|\.[0-9]+)[eE][-+]?[0-9]+")
 _SCALAR_WORDS = {"int": "an integer", "float": "a number", "bool": "true or false", "null": "null (~)",
                  "timestamp": "a date"}
 
@@ -289,7 +293,10 @@ class Builder:
     @staticmethod
     def _scalar_tag(event) -> str:
         if event.tag is None or event.tag == "!":
-            return _RESOLVER.resolve(yaml.ScalarNode, event.value, event.implicit)
+            tag = _RESOLVER.resolve(yaml.ScalarNode, event.value, event.implicit)
+            if tag == _TAG + "str" and event.implicit[0] and _YAML12_FLOAT.fullmatch(event.value):
+                return _TAG + "float"    # YAML 1.2's number (1e-3): YAML 1.1 wants a dot (1.0e-3)
+            return tag
         return event.tag
 
     def scalar(self, event, path: tuple):

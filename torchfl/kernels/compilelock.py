@@ -112,8 +112,11 @@ def _take(path: Path) -> int | None:
         if not current:                 # released (unlinked) between our open and lock
             os.close(fd)
             continue
-        os.ftruncate(fd, 0)
-        os.write(fd, f"{os.getpid()}\n".encode())
+        try:                            # the pid is for people reading the directory only:
+            os.ftruncate(fd, 0)         # a full disk (ENOSPC) or a file-size limit (EFBIG)
+            os.write(fd, f"{os.getpid()}\n".encode())   # leaves the claim (the lock) as good
+        except OSError:
+            pass
         return fd
 
 
@@ -169,10 +172,14 @@ def _compile(self, sig):
     from numba.core import sigutils
     from numba.core.caching import NullCache
 
+    from .jitcache import saving
+
     original = _state["original"]
     args, _ret = sigutils.normalize_signature(sig)
     if (_state["mode"] is None or _state["dir"] is None or tuple(args) in self.overloads
-            or isinstance(self._cache, NullCache)):
+            or isinstance(self._cache, NullCache) or not saving()):
+        # (a cache that saves nothing, a full disk: no other process will find this kernel
+        # there, so no one waits for it)
         return original(self, sig)
     held = getattr(_local, "held", None)
     if held is None:

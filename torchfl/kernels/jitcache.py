@@ -10,15 +10,14 @@ one (Numba also drops entries whose source changed or that another Numba wrote).
 Numba reads ``NUMBA_CACHE_DIR`` at import and binds a cache to a function when the module
 defining it is imported, so :func:`configure` runs when ``torchfl.kernels`` is imported,
 before any kernel module; if numba was imported earlier it reloads Numba's configuration.
-This module imports neither numba nor torch (``info`` unpickles Numba's index files, which
-imports numba: only ``torchfl kernels info`` does that).
+This module imports neither numba nor torch. What the cache holds (``torchfl kernels info``)
+is :mod:`torchfl.kernels.cacheinfo`.
 """
 from __future__ import annotations
 
 import hashlib
 import os
 import sys
-from dataclasses import dataclass, field
 from pathlib import Path
 
 ENV = "NUMBA_CACHE_DIR"
@@ -27,6 +26,9 @@ _from_env = False          # the user (or a parent process) chose the directory
 #: a read-only kernel cache (a shared install): what it holds is loaded, what it lacks is
 #: compiled into ``fallback`` (the user cache), or in memory when that is read-only too
 _read_only: dict = {"dir": None, "fallback": None}
+#: set when a compiled kernel could not be saved (a full disk, out of inodes, a file-size
+#: limit): from then on this process compiles in memory and saves nothing (issue 52 case 2)
+_save_failed: dict = {"reason": None}
 LOG_NAME = "torchfl"
 
 
@@ -118,6 +120,22 @@ def writable_dir() -> Path | None:
     return path if _read_only["dir"] is None else _read_only["fallback"]
 
 
+def saving() -> bool:
+    """Whether compiled kernels are still saved to the cache in this process (False after a
+    save failed: a full disk; the compile claims are off then, nobody would find the kernel)."""
+    return _save_failed["reason"] is None
+
+
+def _stop_saving(where, exc: OSError) -> None:
+    """A kernel could not be saved under ``where``: keep every kernel of this process in memory
+    from now on, said once (one warning per process, however many kernels follow)."""
+    if _save_failed["reason"] is None:
+        _save_failed["reason"] = exc.strerror or str(exc)
+    _warn_once("save", f"torchfl: cannot save compiled kernels in {where} ({exc.strerror or exc}): "
+                       "new kernels are compiled in memory for this process only (free space there, or set "
+                       f"{ENV} to a writable directory with room)")
+
+
 def holds_kernels() -> bool:
     """Whether the kernel cache (or the read-only one it falls back from) holds any compiled
     kernel of this installation: False for a new user's first run, whose first call compiles
@@ -136,13 +154,32 @@ def holds_kernels() -> bool:
     return False
 
 
+def not_a_directory(path: Path) -> str | None:
+    """Why an unwritable cache path holds no kernels at all, in words ("is not a directory (it
+    is a file)"), or None for a read-only directory (whose kernels are loaded)."""
+    if path.is_dir():
+        return None
+    if path.exists():
+        return "is not a directory (it is a file)"
+    probe = path.parent
+    while not probe.exists() and probe.parent != probe:
+        probe = probe.parent
+    return f"cannot be created ({probe} is {'read-only' if probe.is_dir() else 'a file'})"
+
+
 def location() -> tuple[Path, str]:
     """(the directory compiled kernels are cached in, where it comes from: ``NUMBA_CACHE_DIR``
-    or the default; a read-only one says so, with where new kernels go)."""
+    or the default; a read-only one says so, with where new kernels go; a path that is no
+    directory says that nothing is loaded from it)."""
     path = configure()
     ro = _read_only["dir"]
     if ro is not None:
         fallback = _read_only["fallback"]
+        why = not_a_directory(ro)
+        if why is not None:
+            if fallback is None:
+                return ro, f"none: ${ENV} {ro} {why}; kernels are compiled in memory for each process"
+            return fallback, f"the user cache directory, in place of ${ENV} {ro}, which {why}"
         if fallback is None:
             return ro, f"${ENV} (read-only: its kernels are loaded, new ones compiled in memory for each process)"
         return fallback, f"the user cache directory: ${ENV} {ro} is read-only (its kernels are loaded from it)"
@@ -234,13 +271,41 @@ def _read_only_locator(base):
             where = "compiled in memory for each process" if self.in_memory else \
                 f"compiled into {_read_only['fallback']}"
             ro = _read_only["dir"]
-            what = "is not a directory: new kernels are" if ro.exists() and not ro.is_dir() else \
+            why = not_a_directory(ro)
+            what = f"{why}: no kernels are loaded from it, new ones are" if why else \
                 "is read-only: the kernels it holds are loaded from it, the others are"
             _warn_once("read-only", f"torchfl: the kernel cache {ro} {what} {where} (set {ENV} to a "
                                     "writable directory to keep them)")
             return self
 
     return ReadOnlyCacheLocator
+
+
+def _unwritable_locator(base):
+    """Numba's cache locator for a cache directory in which no file can be created (a full
+    file system, out of inodes): Numba's own locator then gave up silently and compiled into
+    the source tree's ``__pycache__``; this one loads what the directory holds and saves
+    nothing (:func:`_stop_saving`)."""
+
+    class UnwritableCacheLocator(base):
+        in_memory = True
+
+        def ensure_cache_path(self):
+            raise OSError(28, "kernel cache cannot be written", self.get_cache_path())
+
+        @classmethod
+        def from_function(cls, py_func, py_file):
+            if _read_only["dir"] is not None or not os.path.exists(py_file):
+                return None
+            self = cls(py_func, py_file)
+            try:
+                base.ensure_cache_path(self)        # what the user-provided locator tried
+            except OSError as exc:
+                _stop_saving(configure(), exc)
+                return self
+            return base.from_function(py_func, py_file)     # writable again (freed meanwhile)
+
+    return UnwritableCacheLocator
 
 
 def _guard(caching) -> None:
@@ -253,7 +318,11 @@ def _guard(caching) -> None:
     - A read-only cache directory is read: what it holds is loaded, what it lacks is compiled
       into the user cache directory (or in memory), said once; Numba silently compiled into
       another directory (the source tree's ``__pycache__``) instead.
-    - A save that fails (a full disk) keeps the kernel in memory, said once.
+    - A save that fails (a full disk, out of inodes, a file-size limit) stops saving for the
+      process: that kernel and every later one stay in memory, said once (one warning per
+      process), and the compile claims are off (no other process will find the kernel). A
+      cache directory in which no file can be created is loaded and never written (Numba
+      compiled into the source tree's ``__pycache__`` instead).
     """
     if getattr(caching, "_torchfl_guarded", False):
         return
@@ -262,6 +331,10 @@ def _guard(caching) -> None:
 
     ReadOnlyCacheLocator = _read_only_locator(base)
     caching.CacheImpl._locator_classes.insert(0, ReadOnlyCacheLocator)
+    # right after the user-provided locator (NUMBA_CACHE_DIR, always set by configure): what
+    # takes over when that one finds no file can be created there
+    at = caching.CacheImpl._locator_classes.index(base) + 1
+    caching.CacheImpl._locator_classes.insert(at, _unwritable_locator(base))
     load, save = caching.Cache.load_overload, caching.Cache.save_overload
 
     def load_overload(self, sig, target_context):
@@ -285,14 +358,12 @@ def _guard(caching) -> None:
         return data
 
     def save_overload(self, sig, data):
-        locator = self._impl.locator
-        if isinstance(locator, ReadOnlyCacheLocator) and locator.in_memory:
+        if getattr(self._impl.locator, "in_memory", False) or _save_failed["reason"] is not None:
             return
         try:
             save(self, sig, data)
-        except OSError as exc:
-            _warn_once(("save", self._cache_path), f"torchfl: could not save a compiled kernel in {self._cache_path} "
-                       f"({exc.strerror or exc}); it is kept in memory for this process")
+        except OSError as exc:       # ENOSPC, EDQUOT, EFBIG...: Numba removed its partial file
+            _stop_saving(writable_dir() or self._cache_path, exc)
 
     caching.Cache.load_overload, caching.Cache.save_overload = load_overload, save_overload
 
@@ -326,137 +397,3 @@ def _source_dirs() -> dict[str, Path]:
     root = Path(__file__).resolve().parent
     dirs = [root] + [p for p in root.iterdir() if p.is_dir() and (p / "__init__.py").exists()]
     return {f"{d.name}_{hashlib.sha1(str(d).encode()).hexdigest()}": d for d in dirs}
-
-
-@dataclass
-class CachedFunction:
-    """One jitted function's entries in the cache."""
-
-    family: str               # kernel family (``shared``: gemm, codecs, ... used by several)
-    module: str               # source file stem
-    function: str             # qualified name
-    line: int
-    specialisations: int      # signatures compiled (Numba's index), or .nbc files if unreadable
-    bytes: int
-    stale: bool = False       # written for another version of the source file
-    broken: list = field(default_factory=list)  # files that cannot be read (recompiled on next use)
-
-
-@dataclass
-class CacheInfo:
-    path: Path
-    source: str
-    exists: bool
-    bytes: int = 0
-    functions: list = field(default_factory=list)        # CachedFunction of this installation
-    other_bytes: int = 0                                 # other checkouts' kernels, stray files
-    other_dirs: int = 0
-    read_only: bool = False                              # the directory cannot be written
-    writes_to: str | None = None                         # where new kernels go (None: in memory)
-
-    def to_dict(self) -> dict:
-        return {"path": str(self.path), "source": self.source, "exists": self.exists, "bytes": self.bytes,
-                "other_checkouts_bytes": self.other_bytes, "other_checkouts_dirs": self.other_dirs,
-                "read_only": self.read_only, "new_kernels_go_to": self.writes_to,
-                "broken_files": [f"{x.family}/{name}" for x in self.functions for name in x.broken],
-                "functions": [vars(f) for f in self.functions]}
-
-
-class _Broken(Exception):
-    """A cache file that cannot be read (truncated, overwritten, corrupted)."""
-
-
-def _index(nbi: Path):
-    """(source stamp, overloads: key -> data file name) from a Numba index file; None if
-    another Numba wrote it (counted by files instead); :class:`_Broken` if it cannot be read."""
-    import pickle
-
-    try:
-        with open(nbi, "rb") as f:
-            version = pickle.load(f)            # the numba version that wrote it
-            rest = f.read()
-    except Exception as exc:  # noqa: BLE001 - untrusted bytes: any failure means unreadable
-        raise _Broken(f"{type(exc).__name__}: {exc}") from None
-    if version != _numba_version():
-        return None
-    try:
-        stamp, overloads = pickle.loads(rest)
-        return stamp, dict(overloads)
-    except Exception as exc:  # noqa: BLE001 - as above
-        raise _Broken(f"{type(exc).__name__}: {exc}") from None
-
-
-def _readable(nbc: Path) -> bool:
-    """Whether a data file unpickles (what Numba does before it rebuilds the kernel; corruption
-    inside the compiled code itself shows only then, and is discarded at that load)."""
-    import pickle
-
-    try:
-        pickle.loads(nbc.read_bytes())
-    except Exception:  # noqa: BLE001 - untrusted bytes
-        return False
-    return True
-
-
-def _stamp_of(source: Path):
-    import functools
-
-    @functools.lru_cache(maxsize=None)
-    def digest(path: str, _mtime: float, _size: int) -> bytes:
-        return hashlib.sha256(Path(path).read_bytes()).digest()
-
-    st = source.stat()
-    return digest(str(source), st.st_mtime, st.st_size), (st.st_mtime, st.st_size)
-
-
-def info(path: Path | None = None, read_index: bool = True) -> CacheInfo:
-    """What the kernel cache holds: per jitted function of this installation, the number of
-    compiled specialisations and their size; the rest (other checkouts) in one sum."""
-    if path is not None:
-        where, source = path, "argument"
-    else:
-        configure()
-        where, source = _read_only["dir"] or location()[0], location()[1]
-    out = CacheInfo(where, source, where.is_dir(), read_only=not _writable(where))
-    target = writable_dir() if path is None else (where if not out.read_only else None)
-    out.writes_to = None if target is None else str(target)
-    if not out.exists:
-        return out
-    ours = _source_dirs()
-    # dot-folders (``.claims``: compilelock's claim files) are the cache's own bookkeeping, not
-    # another checkout's kernels
-    for sub in sorted(p for p in where.iterdir() if p.is_dir() and not p.name.startswith(".")):
-        files = [f for f in sub.iterdir() if f.is_file()]
-        size = sum(f.stat().st_size for f in files)
-        out.bytes += size
-        src_dir = ours.get(sub.name)
-        if src_dir is None:
-            out.other_bytes += size
-            out.other_dirs += 1
-            continue
-        for nbi in sorted(f for f in files if f.suffix == ".nbi"):
-            base = nbi.name[: -len(".nbi")]                      # impl._tile-123.py311
-            stem_qual, _, _py = base.rpartition(".")
-            qual_line, _, line = stem_qual.rpartition("-")
-            module, _, qual = qual_line.partition(".")
-            data = [f for f in files if f.name.startswith(base + ".") and f.suffix == ".nbc"]
-            family = "shared" if src_dir == Path(__file__).resolve().parent else src_dir.name
-            fn = CachedFunction(family=family, module=module, function=qual,
-                                line=int(line) if line.isdigit() else 0, specialisations=len(data),
-                                bytes=nbi.stat().st_size + sum(f.stat().st_size for f in data))
-            src = src_dir / f"{module}.py"
-            try:
-                idx = _index(nbi) if read_index else None
-            except _Broken:
-                idx = None
-                fn.broken.append(nbi.name)
-            if idx is not None:
-                stamp, overloads = idx
-                fn.specialisations = len(overloads)
-                if src.exists():
-                    fn.stale = stamp not in _stamp_of(src)
-                if not fn.stale:
-                    fn.broken += [name for name in sorted(overloads.values())
-                                  if not (sub / name).is_file() or not _readable(sub / name)]
-            out.functions.append(fn)
-    return out

@@ -3,13 +3,20 @@
 Every buffer's numpy array really starts at a multiple of the chip's alignment (we
 over-allocate by ``alignment`` bytes and offset into it, then verify the address).
 Allocations are accounted in whole alignment granules, like a real device allocator.
+
+Thread safety (issue 52: two Python threads running new ops on one npu device died): the
+accounting and the block policy run under the memory's ``lock`` (re-entrant: a garbage
+collection inside ``alloc`` may free a tensor, whose deleter frees here), and the scope of
+:meth:`DeviceMemory.returned_on_error` is per thread, so a failing op in one thread frees
+only what that thread allocated.
 """
 from __future__ import annotations
 
+import threading
 
 import numpy as np
 
-from .errors import AlignmentError, DeviceOOMError
+from .errors import AlignmentError, out_of_memory
 from .units import fmt_bytes
 
 __all__ = ["DeviceMemory", "DeviceBuffer", "accounted_bytes", "check_alignment", "address_of"]
@@ -66,22 +73,30 @@ class DeviceMemory:
         self.capacity = chip.memory_bytes
         self._allocated = 0
         self._peak = 0
-        self._scope: list | None = None  # buffers allocated inside returned_on_error()
+        self.lock = threading.RLock()    # the accounting and the block policy (_obtain, _recycle)
+        self._local = threading.local()  # .scope: buffers allocated inside returned_on_error(), per thread
 
     def alloc(self, nbytes: int) -> DeviceBuffer:
         nbytes = int(nbytes)
         if nbytes < 0:
             raise ValueError(f"cannot allocate a negative size ({nbytes} B)")
         acc = accounted_bytes(nbytes, self.alignment)
-        block = self._obtain(acc)
-        self._allocated += acc
-        if self._allocated > self._peak:
-            self._peak = self._allocated
+        with self.lock:
+            block = self._obtain(acc)
+            self._allocated += acc
+            if self._allocated > self._peak:
+                self._peak = self._allocated
         # an empty slice would not keep its address: an empty buffer still views one byte
         buf = DeviceBuffer(self, block, block[1][:max(nbytes, 1)], nbytes, acc, block[2])
-        if self._scope is not None:
-            self._scope.append(buf)
+        scope = getattr(self._local, "scope", None)
+        if scope is not None:
+            scope.append(buf)
         return buf
+
+    @property
+    def _scope(self) -> list | None:
+        """This thread's innermost returned_on_error() scope (None outside one)."""
+        return getattr(self._local, "scope", None)
 
     def returned_on_error(self) -> "_ReturnedOnError":
         """Every buffer allocated inside the block and still live is freed if the block
@@ -92,13 +107,14 @@ class DeviceMemory:
     def free(self, buf: DeviceBuffer):
         if buf.memory is not self:
             raise ValueError("buffer belongs to another device memory")
-        if buf.freed:
-            raise ValueError(f"double free of device buffer at 0x{buf.address:x}")
-        buf.freed = True
-        self._allocated -= buf.accounted
-        block, buf._raw = buf._raw, None
-        if block is not None:
-            self._recycle(block, buf.accounted)
+        with self.lock:
+            if buf.freed:
+                raise ValueError(f"double free of device buffer at 0x{buf.address:x}")
+            buf.freed = True
+            self._allocated -= buf.accounted
+            block, buf._raw = buf._raw, None
+            if block is not None:
+                self._recycle(block, buf.accounted)
 
     # -- the block policy: a subclass (the runtime's caching allocator) overrides these two --
 
@@ -107,7 +123,7 @@ class DeviceMemory:
         DeviceOOMError."""
         if self.capacity is not None and self._allocated + acc > self.capacity:
             free = self.capacity - self._allocated
-            raise DeviceOOMError(
+            raise out_of_memory(
                 f"out of memory on {self.chip.name}: tried to allocate {_fmt(acc)}; "
                 f"{_fmt(free)} free of {_fmt(self.capacity)} (peak {_fmt(self._peak)}). "
                 "Free tensors you no longer need, use a smaller batch, or a chip with more "
@@ -133,7 +149,8 @@ class DeviceMemory:
         return self._peak
 
     def reset_peak_memory_stats(self):
-        self._peak = self._allocated
+        with self.lock:
+            self._peak = self._allocated
 
 
 def check_alignment(address: int, alignment: int, where: str):
@@ -147,8 +164,10 @@ def check_alignment(address: int, alignment: int, where: str):
 
 
 class _ReturnedOnError:
-    """The context of :meth:`DeviceMemory.returned_on_error`: a scope of the buffers allocated
-    inside it, freed on an exception; nested scopes hand theirs to the enclosing one."""
+    """The context of :meth:`DeviceMemory.returned_on_error`: a scope of the buffers this
+    thread allocated inside it, freed on an exception; nested scopes hand theirs to the
+    enclosing one. (The scope lives in the memory's thread-local: one context object may be
+    entered by one thread only, which every caller's ``with memory.returned_on_error()`` is.)"""
 
     __slots__ = ("memory", "outer")
 
@@ -156,12 +175,14 @@ class _ReturnedOnError:
         self.memory = memory
 
     def __enter__(self):
-        memory = self.memory
-        self.outer, memory._scope = memory._scope, []
+        local = self.memory._local
+        self.outer = getattr(local, "scope", None)
+        local.scope = []
 
     def __exit__(self, exc_type, exc, tb):
         memory, outer = self.memory, self.outer
-        scope = memory._scope
+        local = memory._local
+        scope = local.scope
         try:
             if exc_type is not None:
                 for buf in scope:
@@ -170,5 +191,5 @@ class _ReturnedOnError:
         finally:
             if outer is not None:
                 outer.extend(scope)
-            memory._scope = outer
+            local.scope = outer
         return False

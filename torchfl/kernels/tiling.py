@@ -92,6 +92,9 @@ class TileConfig:
     #: independent units (rows of a row-wise reduction) that a many-core chip runs one per core;
     #: fewer than its ``concurrent_tiles`` leave cores idle (0: not stated, no effect)
     parallel_units: int = 0
+    #: a matrix kernel's output grid ``(batch, M, N, K)``: a many-core chip cuts it into
+    #: ``tile_elements`` tiles per (M, N) plane (edges padded), see :func:`waves` (() : not stated)
+    grid: tuple = ()
 
     def as_dict(self) -> dict:
         d = {"strategy": self.strategy, "tiles": {a: s for a, s in self.tiles},
@@ -202,23 +205,66 @@ class TimeTerms:
         return out
 
 
-def waves(outputs: int, chip) -> tuple[int, float]:
+def waves(outputs: int, chip, grid: tuple = ()) -> tuple[int, float]:
     """Wave quantisation of a kernel with ``outputs`` output elements (format 1.1): its tiles
     are ceil(outputs / chip.tile_elements), run ``chip.concurrent_tiles`` at once, so it takes
     ceil(tiles / concurrent_tiles) waves and the units are busy tiles / (waves x
     concurrent_tiles) of that time: 109 tiles on 108 units take two waves at 50%.
 
-    A kernel with fewer tiles than one wave is not charged for the idle units: GEMM and
-    convolution libraries split such a kernel's reduction (split-K, stream-K) or shrink its
-    tiles until the chip is full, and a kernel too small for that is bound by its launch.
-    ``(0, 1.0)`` where the chip states no grain."""
-    if not getattr(chip, "concurrent_tiles", 0) or outputs <= 0:
+    A matrix kernel that states its output ``grid`` ``(batch, M, N, K)`` is cut as a GPU
+    library cuts it: every (M, N) plane of the batch into square tiles of ``tile_elements``
+    (side ``isqrt``), the edge tiles padded (M = 196 on 128-row tiles computes 256 rows: 77 %
+    of the work is useful). Fewer tiles than one wave leave units idle unless the library
+    splits the reduction (split-K): each tile's K is cut into at most ``concurrent_tiles //
+    tiles`` slices of at least one tile side, so a GEMM with 8 tiles and K = 4096 fills
+    the chip while one with K = 64 runs on 8 units.
+
+    A kernel that states no grid and has fewer tiles than one wave is not charged for the idle
+    units (a streaming kernel spreads its elements over every unit). ``(0, 1.0)`` where the
+    chip states no grain."""
+    cores = getattr(chip, "concurrent_tiles", 0)
+    if not cores or outputs <= 0:
         return 0, 1.0
+    if grid:
+        return _grid_waves(grid, cores, chip.tile_elements)
     tiles = -(-int(outputs) // chip.tile_elements)
-    if tiles <= chip.concurrent_tiles:
+    if tiles <= cores:
         return 1, 1.0
-    n = -(-tiles // chip.concurrent_tiles)
-    return n, tiles / (n * chip.concurrent_tiles)
+    n = -(-tiles // cores)
+    return n, tiles / (n * cores)
+
+
+def _grid_waves(grid: tuple, cores: int, tile_elements: int) -> tuple[int, float]:
+    """:func:`waves` of a matrix kernel's ``(batch, M, N, K)`` output grid, cut into square
+    tiles of ``tile_elements`` (the tile the HCD states; edges padded); a grid under one wave
+    splits K over the idle units in slices at least one tile side deep.
+
+    A skinny side (M or N at most an eighth of the tile's side: a decode step's one token, a
+    GEMV) is not padded to a full tile: libraries run such products with skinny or GEMV
+    kernels, so its tile side is the next power of two of that dimension."""
+    from math import isqrt
+
+    batch, m, n, k = (int(v) for v in grid)
+    if min(batch, m, n) <= 0:
+        return 0, 1.0
+    side = max(1, isqrt(tile_elements))
+    tm = _skinny(m, side)
+    tn = _skinny(n, max(1, tile_elements // side))
+    tiles = batch * -(-m // tm) * -(-n // tn)
+    fill = batch * m * n / (tiles * tm * tn)
+    if tiles < cores:
+        split = max(1, min(cores // tiles, -(-k // side)))
+        return 1, fill * min(1.0, tiles * split / cores)
+    w = -(-tiles // cores)
+    return w, fill * tiles / (w * cores)
+
+
+def _skinny(dim: int, side: int) -> int:
+    """The tile side along a dimension: ``side``, or the next power of two of a dimension at
+    most ``side / 8`` long (see :func:`_grid_waves`)."""
+    if dim * 8 > side:
+        return side
+    return 1 << max(0, (dim - 1).bit_length())
 
 
 def simulated_time(plan_or_traffic, chip, dtype: str, *, flops_scale: float = 1.0,
@@ -263,7 +309,7 @@ def time_terms(plan_or_traffic, chip, dtype: str, *, flops_scale: float = 1.0,
         util = cfg.compute_util
         written = plan_or_traffic.traffic.bytes_written
     sustained = chip.sustained_for(dtype) if hasattr(chip, "sustained_for") else 1.0
-    n_waves, wave_eff = waves(written // ITEMSIZE.get(dtype, 1), chip)
+    n_waves, wave_eff = waves(written // ITEMSIZE.get(dtype, 1), chip, cfg.grid if cfg is not None else ())
     rate = chip.peak_for(dtype)
     if sustained != 1.0:
         rate = rate * sustained

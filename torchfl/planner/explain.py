@@ -93,6 +93,9 @@ def _text(plan, width: int) -> str:
 
     s = plan.summary
     lines = paragraph(s.headline(plan.chip))
+    trust = confidence_line(plan)
+    if trust:
+        lines += paragraph(trust)
     pol = f"precision policy {plan.precision} (fp32 accumulation, outputs in the caller's dtype)" \
         if plan.precision else "no precision policy (graph dtypes as written)"
     lines += paragraph(f"Plan for {plan.chip} {plan.chip_version}; {pol}; {len(plan.steps)} steps, {s.casts} casts")
@@ -155,6 +158,20 @@ def _text(plan, width: int) -> str:
     for note in plan.notes:
         lines += paragraph(f"Note: {note}")
     return "\n".join(lines) + "\n"
+
+
+def confidence_line(plan) -> str:
+    """``Confidence: 100% of this time priced from assumed or unstated numbers (time by term: launch
+    67%, ...)``: what the per-call time stands on (:mod:`torchfl.planner.confidence`), for a plan made
+    in this process (its target known); "" for a plan read from JSON. How well the chip is checked
+    out of sample is the registry's to say (``plan explain`` prints it as its Fidelity line)."""
+    target = getattr(plan, "target", None)
+    if target is None:
+        return ""
+    from torchfl.planner.confidence import confidence
+
+    text = confidence(plan, target).line(checked=False)
+    return "C" + text[1:].replace("this time", "the per-call time", 1)
 
 
 def memory_line(plan) -> str:

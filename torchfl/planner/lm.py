@@ -20,8 +20,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from torchfl.planner.errors import PlanError
+
 __all__ = ["is_causal_lm", "CacheSpec", "cache_spec", "DecodeStep", "Prefill", "decode_inputs", "prefill_inputs",
-           "KV_NAME"]
+           "KV_NAME", "ShapeTooLarge", "shapes_only"]
 
 KV_NAME = "past_key_values_{layer}_{kind}"
 
@@ -198,27 +200,74 @@ def Prefill(lm):  # noqa: N802
     return _classes()[1](lm)
 
 
-def decode_inputs(lm, batch: int, context: int, spec: CacheSpec | None = None):
-    """(DecodeStep(lm), its inputs) for the step that brings the cache to ``context`` positions."""
+class ShapeTooLarge(PlanError, ValueError):
+    """A what-if size (context, batch, prompt) whose tensors no tensor could hold: refused
+    before any shape is built (the CLI prints it as one line)."""
+
+    kind = "Error"
+
+
+# the largest tensor torch can describe: its byte size must fit a signed 64-bit integer
+MAX_TENSOR_BYTES = 2 ** 63 - 1
+
+
+def _check_sizes(what: str, **sizes) -> None:
+    for name, v in sizes.items():
+        if not isinstance(v, int) or isinstance(v, bool) or v < 1:
+            raise ShapeTooLarge(f"{what}: {name} must be a positive integer, got {v!r}")
+
+
+def _check_bytes(what: str, nbytes: int, fix: str) -> None:
+    if nbytes > MAX_TENSOR_BYTES:
+        raise ShapeTooLarge(f"{what} would be {nbytes:.3e} bytes, more than any tensor can describe "
+                            f"(2**63 bytes); {fix}")
+
+
+def shapes_only(shapes_dtypes, device) -> tuple:
+    """Tensors with these (shape, dtype)s and no storage: meta tensors for a model on the meta
+    device, else fake tensors on ``device`` (torch.export traces them with the model's real
+    weights). Why: a what-if answer describes a KV cache of gigabytes or terabytes; it must
+    never allocate one (issue 52: ``--context 10**12`` asked the allocator for 128 TB)."""
     import torch
 
+    if torch.device(device).type == "meta":
+        return tuple(torch.empty(s, dtype=d, device="meta") for s, d in shapes_dtypes)
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    with FakeTensorMode(allow_non_fake_inputs=True):
+        return tuple(torch.empty(s, dtype=d, device=device) for s, d in shapes_dtypes)
+
+
+def decode_inputs(lm, batch: int, context: int, spec: CacheSpec | None = None):
+    """(DecodeStep(lm), its inputs) for the step that brings the cache to ``context`` positions.
+    The inputs are shapes without storage (:func:`shapes_only`): callers that run the step
+    make their own tensors of these shapes. Sizes are checked before anything is built."""
+    import torch
+
+    _check_sizes("decode step", batch=batch, context=context)
     if context < 2:
-        raise ValueError(f"context must be at least 2 (one cached position and the new token), got {context}")
+        raise ShapeTooLarge(f"context must be at least 2 (one cached position and the new token), got {context}")
     spec = spec or cache_spec(lm)
-    ids = torch.zeros((batch, 1), dtype=torch.long, device=spec.device)
-    past = []
-    for _layer in range(spec.layers):
-        for _kind in ("key", "value"):
-            past.append(torch.zeros(spec.shape(batch, context - 1), dtype=spec.dtype, device=spec.device))
-    return DecodeStep(lm), (ids, *past)
+    item = torch.empty((), dtype=spec.dtype).element_size()
+    _check_bytes(f"one layer's cached keys at batch {batch}, context {context}",
+                 batch * spec.heads * (context - 1) * spec.head_dim * item, "give a smaller --context or --batch")
+    layout = [((batch, 1), torch.long)] + [(spec.shape(batch, context - 1), spec.dtype)] * (2 * spec.layers)
+    return DecodeStep(lm), shapes_only(layout, spec.device)
 
 
 def prefill_inputs(lm, batch: int, prompt: int, spec: CacheSpec | None = None):
-    """(Prefill(lm), its inputs): the forward pass over a ``prompt``-token prompt."""
+    """(Prefill(lm), its inputs): the forward pass over a ``prompt``-token prompt (shapes
+    without storage, as :func:`decode_inputs`)."""
     import torch
 
+    _check_sizes("prefill", batch=batch, prompt=prompt)
     spec = spec or cache_spec(lm)
-    return Prefill(lm), (torch.zeros((batch, prompt), dtype=torch.long, device=spec.device),)
+    heads = getattr(getattr(lm, "config", None), "num_attention_heads", None) or spec.heads
+    item = torch.empty((), dtype=spec.dtype).element_size()
+    # the largest tensor of a prefill: one layer's attention scores, [batch, heads, prompt, prompt]
+    _check_bytes(f"the prompt's attention scores at batch {batch}, prompt {prompt}",
+                 batch * int(heads) * prompt * prompt * item, "give a smaller --prompt or --batch")
+    return Prefill(lm), shapes_only([((batch, prompt), torch.long)], spec.device)
 
 
 def kv_input_names(n_layers: int) -> list[str]:

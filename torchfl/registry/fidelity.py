@@ -109,17 +109,22 @@ def fidelity_summary(registry, chip: str) -> dict:
 
 
 def checked_line(summary: dict) -> str:
-    """One line for ``plan explain``: ``A100-SXM4-80GB: predictions checked on 84 published
-    measurements, mean error 12% (run 3, 2026-12-06)`` or ``...: predictions unchecked``."""
+    """One line for ``plan explain``, quoting the out-of-sample figure: ``A100-SXM4-80GB:
+    predictions checked on 84 published measurements, mean error 12% (run 3, 2026-12-06)``;
+    rows a chip number was fitted on are named apart and never counted as a check."""
     chip = summary["chip"]
     if summary["state"] == "unchecked" or not summary.get("planned"):
         return (f"{chip}: predictions unchecked (no fidelity run: `torchfl fidelity --table FILE --chip {chip} "
                 "--record` scores them against measured times)")
-    text = (f"{chip}: predictions checked on {summary['planned']} published measurements, mean error "
-            f"{summary['mean_abs_error']:.0%}")
-    if summary["out_of_sample"] != summary["planned"]:
-        text += (f" ({summary['out_of_sample_mean_abs_error']:.0%} on the {summary['out_of_sample']} rows no "
-                 "number was calibrated on)" if summary["out_of_sample"] else " (all rows in-sample)")
+    held = summary["planned"] - summary["out_of_sample"]
+    if not summary["out_of_sample"]:
+        text = (f"{chip}: predictions checked in-sample only: {held} published measurements a chip number was "
+                f"fitted on, mean error {summary['mean_abs_error']:.0%}; no out-of-sample check")
+    else:
+        text = (f"{chip}: predictions checked on {summary['out_of_sample']} published measurements, mean error "
+                f"{summary['out_of_sample_mean_abs_error']:.0%}")
+        if held:
+            text += f" out of sample ({held} in-sample row{'s' if held != 1 else ''} not counted)"
     text += f" (run {summary['run']}, {summary['recorded_at'][:10]})"
     if summary["state"] == "stale":
         text += f"; stale: {summary['stale']}"

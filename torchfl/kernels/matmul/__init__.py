@@ -200,7 +200,8 @@ def plan_gemm(p, chip):
         t = Traffic(B_ * a_bytes + (b_bytes if g.b_shared else B_ * b_bytes) + bias_b + ln_b,
                     B_ * c_bytes, B_ * (flops_tile(M, N) + ln_ops * M * K))
         cfg = TileConfig("resident", (("m", M), ("n", N), ("k", K)), False,
-                         "A, B and the fp32 accumulator fit the on-chip cache: each operand loaded once")
+                         "A, B and the fp32 accumulator fit the on-chip cache: each operand loaded once",
+                         grid=(B_, M, N, K))
         best = ((t.bytes, 1, 0), cfg, ((1, t),), foot, (M, N, K, False))
 
     def consider(tm, tn, tk, b_res):
@@ -223,7 +224,7 @@ def plan_gemm(p, chip):
         if best is None or score < best[0]:
             note = (f"B ({b_bytes} B) resident, A row tiles of {tm} double-buffered" if b_res else
                     f"double-buffered {tm}x{tk} A and {tk}x{tn} B tiles, fp32 {tm}x{tn} accumulator")
-            cfg = TileConfig("streamed", (("m", tm), ("n", tn), ("k", tk)), True, note)
+            cfg = TileConfig("streamed", (("m", tm), ("n", tn), ("k", tk)), True, note, grid=(B_, M, N, K))
             best = (score, cfg, glist, fp, (tm, tn, tk, b_res))
 
     for tk in _cands(K):
@@ -244,7 +245,7 @@ def plan_gemm(p, chip):
                           f"{cache} B on-chip cache of {chip.name}: even an 8x8 tile needs more")
     _, cfg, groups, fp, _ = best
     if cfg.strategy == "streamed" and best[4][3]:
-        cfg = TileConfig(cfg.strategy, cfg.tiles + (("b_resident", 1),), True, cfg.notes)
+        cfg = TileConfig(cfg.strategy, cfg.tiles + (("b_resident", 1),), True, cfg.notes, grid=cfg.grid)
     return make_plan(p.kernel, key, cfg, groups, fp)
 
 

@@ -23,10 +23,10 @@ from torchfl.planner.whatif.context import Decoder, MaxContext, max_batch_at_con
 from torchfl.planner.whatif.impact import Impact, ModelImpact, diff_plans, impact
 from torchfl.planner.whatif.planning import (Planned, auto_precision, capture, chip_of, example_error, plan_everywhere,
                                              plan_on, training_peak)
-from torchfl.planner.whatif.serving import compare_decode, decode_row, prefill_capture
+from torchfl.planner.whatif.serving import CACHES, Engine, compare_decode, decode_row, prefill_capture
 
 __all__ = ["LIMIT_FIELDS", "MaxBatch", "Probe", "batched", "max_batch", "bound_resource", "compare",
            "rank_compare_rows", "row", "Decoder", "MaxContext", "max_batch_at_context", "max_context", "plan_decode",
            "Impact", "ModelImpact", "diff_plans", "impact", "Planned", "auto_precision", "capture", "chip_of",
-           "example_error", "plan_everywhere", "plan_on", "training_peak", "compare_decode", "decode_row",
+           "example_error", "plan_everywhere", "plan_on", "training_peak", "compare_decode", "decode_row", "CACHES", "Engine",
            "prefill_capture"]

@@ -146,6 +146,21 @@ def _flush_lazy() -> None:
     flush_all()
 
 
+def _route_functional() -> None:
+    """Register the functional overloads the rule packs name (``ops.ensure_functional_routes``)
+    at the device's first allocation, before the first op: until then a structured op reaches
+    the device as its ``.out`` overload, with an output torch allocated before the op and the
+    result copied into it (issue 52 case 4: the process's first ``t + t`` held three tensors'
+    memory, not two, and a 4 MiB chip refused a 1.43 MiB ``t``). A failure is left for the
+    first op, which calls it again, to raise."""
+    try:
+        from .ops import ensure_functional_routes
+
+        ensure_functional_routes()
+    except Exception as exc:   # noqa: BLE001 - raised again, by the first op
+        LOG.debug("torchfl: functional routes not registered yet: %s", exc)
+
+
 def _init(mod) -> None:
     from torchfl.kernels.errors import DeviceOOMError
 
@@ -153,6 +168,7 @@ def _init(mod) -> None:
 
     from .kept import forget_address
 
+    device.FIRST_ALLOC[0] = _route_functional
     mod.init(device.malloc, device.free, device.device_count, DeviceOOMError, device.default_layout,
              _flush_lazy)
     mod.set_written_callback(forget_address)

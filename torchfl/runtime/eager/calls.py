@@ -13,7 +13,7 @@ from . import device as _dev
 
 __all__ = ["env_flags", "eager_precision", "strict", "in_optimizer_step", "install_optimizer_hooks",
            "device_of", "arg_key", "alias_pattern", "distinct_positions", "tensor_layout_of", "label",
-           "is_random_op", "OPTIMIZER"]
+           "is_random_op", "OPTIMIZER", "promote_host_scalars"]
 
 
 # TORCHFL_STRICT and TORCHFL_PRECISION are read at every op (a program or a test may set
@@ -121,6 +121,58 @@ def _check_host_operands(flat, index, op) -> None:
                 f"Expected all tensors to be on the same device, but found at least two devices, npu:{index} and "
                 f"{a.device}! ({label(op) if op is not None else 'this op'} got a {a.device} tensor of shape "
                 f"{tuple(a.shape)}: move it with .to('npu:{index}'); only 0-dim CPU tensors mix with npu ones)")
+
+
+def promote_host_scalars(op, args, kwargs):
+    """``args``/``kwargs`` with each 0-dim CPU floating tensor the op reads cast to the floating
+    dtype of its tensors with dimensions, when that differs: torch's type promotion (a 0-dim
+    tensor of the same category does not widen the result, ``torch.result_type``) and what its
+    TensorIterator does to such an operand (cast to the common dtype before the op). Issue 52
+    case 13: ``half_npu + torch.tensor(2.0)`` was planned in float32 (refused by a float16-only
+    chip); torch's result is float16. The same (args, kwargs) objects when nothing changes;
+    written arguments and host index tensors are never touched."""
+    tensor = torch.Tensor
+    scalars = []
+    wide = None
+    for name, a in _read_arguments(op, args, kwargs):
+        for t in (a if isinstance(a, (list, tuple)) else (a,)):
+            if not isinstance(t, tensor) or not t.is_floating_point():
+                continue
+            if t.dim():
+                wide = t.dtype if wide is None or wide == t.dtype else torch.promote_types(wide, t.dtype)
+            elif t.device.type == "cpu":
+                scalars.append(name)
+    if wide is None or not scalars:
+        return args, kwargs
+    if op._schema.name.split("::")[-1] in _HOST_INDICES:
+        return args, kwargs
+    args, kwargs = list(args), dict(kwargs)
+    for name in scalars:
+        box, key = (args, name) if isinstance(name, int) else (kwargs, name)
+        t = box[key]
+        if t.dtype != wide:
+            box[key] = t.to(wide)
+    return tuple(args), kwargs
+
+
+def _read_arguments(op, args, kwargs):
+    """(position or name, value) of each argument ``op`` reads and does not write."""
+    schema = op._schema.arguments
+    for i, a in enumerate(args):
+        if i < len(schema) and _written(schema[i]):
+            continue
+        yield i, a
+    by_name = {s.name: s for s in schema}
+    for name, a in kwargs.items():
+        s = by_name.get(name)
+        if s is not None and _written(s):
+            continue
+        yield name, a
+
+
+def _written(arg) -> bool:
+    info = arg.alias_info
+    return info is not None and info.is_write
 
 
 def arg_key(a):

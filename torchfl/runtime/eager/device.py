@@ -225,8 +225,17 @@ def default_layout(index: int) -> list:
     return [] if perm == [0, 1, 2, 3] else perm
 
 
+#: called once, at the first allocation (the package sets it when the adapter loads: the
+#: functional overloads registered before the first op, ``_route_functional``); None after
+FIRST_ALLOC: list = [None]
+
+
 def malloc(index: int, nbytes: int) -> int:
     """Allocate ``nbytes`` on chip ``index`` for a torch storage; returns the address."""
+    first = FIRST_ALLOC[0]
+    if first is not None:
+        FIRST_ALLOC[0] = None
+        first()
     buf = handle(index).memory.alloc(nbytes)
     _LIVE[buf.address] = buf
     return buf.address

@@ -4,6 +4,7 @@ whose signature was seen before finds its route by the fast key, inline.
 """
 from __future__ import annotations
 
+from .calls import promote_host_scalars
 from .lazy import active as _lazy_active, record as _lazy_record
 from .ops import fast_key, op_kind, run_eager
 
@@ -12,7 +13,7 @@ __all__ = ["dispatch", "dispatch_fast"]
 
 def dispatch(op, args, kwargs):
     if _lazy_active():
-        return _lazy_record(op, args, kwargs)
+        return _lazy_record(op, *promote_host_scalars(op, args, kwargs))
     if not kwargs and op_kind(op) == "functional":      # the warm path: a known signature
         fast = fast_key(op, args)
         if fast is not None:
@@ -22,7 +23,9 @@ def dispatch(op, args, kwargs):
                 route = None
             if route is not None:
                 return route.call(args, kwargs, fast[1])
-    return run_eager(op, args, kwargs)
+    # off the warm path: a 0-dim CPU operand of another float dtype takes the dtype torch's
+    # promotion gives the op (its route is then found by the promoted arguments' key)
+    return run_eager(op, *promote_host_scalars(op, args, kwargs))
 
 
 def dispatch_fast(op, args, kwargs, want):

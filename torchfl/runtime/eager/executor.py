@@ -1,11 +1,17 @@
 """The plan executor, reading and writing npu tensors in place.
 
+One executor runs one call at a time (its ``_temps``, ``_owners``, cached static values and
+bound steps are per executor; issue 52: threads running one route at once): ``run`` holds the
+executor's lock. Different routes (other shapes, other ops) run at once in other threads.
+
 Inputs: an npu tensor whose dtype and layout are the ones the plan takes is the kernel's
 input as it is (a :class:`DeviceTensor` over the tensor's own buffer). Outputs: each
 kernel's output buffer becomes an npu tensor's storage; an output that views an input's
 buffer (or another output's) becomes a view of that tensor, so no buffer has two owners.
 """
 from __future__ import annotations
+
+import threading
 
 import torch
 
@@ -137,6 +143,7 @@ class EagerExecutor(Executor):
         self.index = index
         self._temps = []
         self._owners = {}
+        self._lock = threading.RLock()    # one run at a time (re-entrant: a conversion inside a run)
 
     def _upload(self, x, layout, dtype):
         if not isinstance(x, torch.Tensor):
@@ -165,6 +172,10 @@ class EagerExecutor(Executor):
         return as_npu_tensor(v, self.index, self._owners)
 
     def run(self, args, record=None):
+        with self._lock:
+            return self._run_locked(args, record)
+
+    def _run_locked(self, args, record):
         try:
             out = super().run(args, record)
             # host values (a complex fallback's result) come back as npu tensors, like the rest

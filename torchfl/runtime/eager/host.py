@@ -52,10 +52,31 @@ def _to_device(x, index):
     return x
 
 
+#: ops an accelerator's torch runs on integer tensors whose CPU kernel refuses them: the host
+#: runs them on float64 copies (exact for every int32, and int64 below 2^53) and returns the
+#: input's integer dtype, as CUDA does. transformers' MoE routing calls ``torch.histc`` on
+#: ``expert_ids.int()`` on any device but CPU and MPS (CPU: "histogram_cpu" not implemented for 'Int').
+INTEGERS_AS_FLOAT64 = frozenset({"aten.histc.default"})
+
+
+def _widened(op, h_args, h_kwargs):
+    """``op`` on the host where CPU torch refuses its integer inputs (:data:`INTEGERS_AS_FLOAT64`)."""
+    ints = [t.dtype for t in tree_flatten((h_args, h_kwargs))[0]
+            if isinstance(t, torch.Tensor) and not t.is_floating_point() and not t.is_complex()]
+    if str(op) not in INTEGERS_AS_FLOAT64 or not ints:
+        return None
+    wide = tree_map(lambda t: t.double() if isinstance(t, torch.Tensor) and t.dtype in ints else t,
+                    (h_args, h_kwargs))
+    out = op(*wide[0], **wide[1])
+    return tree_map(lambda t: t.to(ints[0]) if isinstance(t, torch.Tensor) else t, out)
+
+
 def on_host(op, args, kwargs, index):
     h_args, h_kwargs = tree_map(_to_host, (args, kwargs))
     with torch.no_grad():
-        out = op(*h_args, **h_kwargs)
+        out = _widened(op, h_args, h_kwargs)
+        if out is None:
+            out = op(*h_args, **h_kwargs)
     return tree_map(lambda x: _to_device(x, index), out)
 
 

@@ -465,6 +465,7 @@ def _plan_graph(rec, alive, static, dev):
     from torchfl.planner.capture import Captured
 
     from .executor import EagerExecutor
+    from .oom import out_of_memory_as_torch
 
     target = dev.target
     examples = [torch.empty_strided(tuple(t.shape), tuple(t.stride()), dtype=t.dtype) for t in rec.inputs]
@@ -477,9 +478,10 @@ def _plan_graph(rec, alive, static, dev):
     out_node = next(n for n in gm.graph.nodes if n.op == "output")
     outputs = [a.name if isinstance(a, torch.fx.Node) else None for a in tree_flatten(out_node.args[0])[0]]
     captured = Captured(gm, placeholders, {}, outputs, training=False,
-                        extra={"unbatched": unbatched_inputs(placeholders, rec.inputs)})
+                        extra={"unbatched": unbatched_inputs(placeholders, rec.inputs, gm)})
     strict_ = strict()
-    plan = plan_captured(captured, planning_examples(rec.inputs, target.hcd), target,
-                         precision=eager_precision(), strict=strict_)
+    with out_of_memory_as_torch():          # one type for out of memory (issue 52 case 14)
+        plan = plan_captured(captured, planning_examples(rec.inputs, target.hcd), target,
+                             precision=eager_precision(), strict=strict_)
     executor = EagerExecutor(plan, target, rec.index, graph_module=gm, strict=strict_, static_inputs=static)
     return plan, executor, writes, is_random_graph(gm)

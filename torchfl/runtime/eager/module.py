@@ -142,7 +142,9 @@ def empty_cache() -> None:
     """Return every chip's cached free blocks (like ``torch.cuda.empty_cache``)."""
     for h in list(_dev.DEVICES.handles.values()):
         if h.has_memory():
-            h.memory.empty_cache()
+            mem = h.memory
+            with mem.lock:          # not while another thread takes a block from the cache
+                mem.empty_cache()
 
 
 def synchronize(index=None) -> None:

@@ -138,21 +138,31 @@ _COMPOSED = {"_amp_foreach_non_finite_check_and_unscale_": _amp_unscale_,
 
 
 _ROUTES_READY = threading.Event()
+_ROUTES_STARTED: list = []        # the thread registering them (its own ops inside go on)
 
 
 def ensure_functional_routes() -> None:
-    """Once: register the functional overloads the bundled rule packs name (see routing)."""
+    """Once: register the functional overloads the bundled rule packs name (see routing).
+    Other threads wait until it is done (they went on with half the overloads registered)."""
     if _ROUTES_READY.is_set():
         return
-    _ROUTES_READY.set()
-    from torchfl.planner.target import bundled_packs
+    with _LOCK:
+        if _ROUTES_READY.is_set() or _ROUTES_STARTED:
+            return
+        _ROUTES_STARTED.append(threading.get_ident())
+        from torchfl.planner.target import bundled_packs
 
-    from . import _STATE
-    from .routing import register_functional
+        from . import _STATE
+        from .routing import register_functional
 
-    names = sorted({r.op for pack in bundled_packs() for r in pack.rules})
-    register_functional(names, _STATE["adapter"])
-    install_optimizer_hooks()
+        names = sorted({r.op for pack in bundled_packs() for r in pack.rules})
+        try:
+            register_functional(names, _STATE["adapter"])
+            install_optimizer_hooks()
+        except BaseException:
+            _ROUTES_STARTED.clear()
+            raise
+        _ROUTES_READY.set()
 
 
 # ---------------------------------------------------------------- functional ops

@@ -9,6 +9,7 @@ use the device.
 from __future__ import annotations
 
 import contextlib
+import threading
 
 from . import device as _dev
 
@@ -27,21 +28,26 @@ def generator(index=None):
     return gen
 
 
+_SWAP = threading.RLock()     # the CPU default generator is one per process: one swap at a time
+
+
 @contextlib.contextmanager
 def rng_scope(index):
     """Run host random draws of device ``index`` from its generator: the CPU default
-    generator holds the device's state inside the block, and its own again after."""
+    generator holds the device's state inside the block, and its own again after. One thread
+    at a time (two interleaved swaps left the CPU generator holding a device's state)."""
     import torch
 
-    gen = generator(index)
-    cpu = torch.default_generator
-    saved = cpu.get_state()
-    cpu.set_state(gen.get_state())
-    try:
-        yield
-    finally:
-        gen.set_state(cpu.get_state())
-        cpu.set_state(saved)
+    with _SWAP:
+        gen = generator(index)
+        cpu = torch.default_generator
+        saved = cpu.get_state()
+        cpu.set_state(gen.get_state())
+        try:
+            yield
+        finally:
+            gen.set_state(cpu.get_state())
+            cpu.set_state(saved)
 
 
 def manual_seed(seed: int) -> None:

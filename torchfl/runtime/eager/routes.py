@@ -119,6 +119,7 @@ def build_route(op, index, flat, spec, tensors, alias=None):
     from torchfl.planner.graph import check_static_shapes
 
     from .executor import EagerExecutor
+    from .oom import out_of_memory_as_torch
 
     label = _label(op)
     dev = _dev.get(index)
@@ -160,11 +161,12 @@ def build_route(op, index, flat, spec, tensors, alias=None):
     out_flat = tree_flatten(out_node.args[0])[0]
     outputs = [a.name if isinstance(a, torch.fx.Node) else None for a in out_flat]
     captured = Captured(gm, placeholders, {}, outputs, training=False,
-                        extra={"unbatched": unbatched_inputs(placeholders, as_called)})
+                        extra={"unbatched": unbatched_inputs(placeholders, as_called, gm)})
     strict = _strict()
     try:
-        plan = plan_captured(captured, planning_examples(tensors, target.hcd), target, precision=eager_precision(),
-                             strict=strict)
+        with out_of_memory_as_torch():      # one type for out of memory (issue 52 case 14)
+            plan = plan_captured(captured, planning_examples(tensors, target.hcd), target,
+                                 precision=eager_precision(), strict=strict)
     except (PlanError, CaptureError):
         raise          # hard constraints, precision, strict: the compile path's own errors
     executor = EagerExecutor(plan, target, index, graph_module=gm, strict=strict)

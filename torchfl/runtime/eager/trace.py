@@ -173,16 +173,35 @@ def _decompositions(packs) -> dict:
     return {op: fn for op, fn in training_decompositions(packs).items() if str(op) not in keep}
 
 
-def unbatched_inputs(placeholders, tensors) -> list:
+#: ops whose first operand is a table rows are looked up in: its rows are no batch, the
+#: indices carry it (GPT-J's sin/cos buffer of 2048 positions, read by ``table[position_ids]``)
+LOOKUPS = frozenset({"aten.index.Tensor", "aten._unsafe_index.Tensor", "aten.embedding.default",
+                     "aten.index_select.default"})
+
+
+def lookup_tables(gm) -> set:
+    """Names of ``gm``'s placeholders read only as the table of a lookup (:data:`LOOKUPS`)."""
+    out = set()
+    for n in gm.graph.nodes:
+        if n.op == "placeholder" and n.users and all(
+                u.op == "call_function" and str(u.target) in LOOKUPS and u.args[0] is n
+                and n not in u.args[1:] for u in n.users):
+            out.add(n.name)
+    return out
+
+
+def unbatched_inputs(placeholders, tensors, gm=None) -> list:
     """Placeholders exempt from ``max_batch_size``, as the compile path exempts its lifted
     weights and every input of a backward graph: parameters (and views of them: ``w.t()``
     of a linear layer), vectors (biases, a batch-norm's running statistics: an eager op
-    cannot tell a module's buffer from an activation, and a batch is never 1-D here) and,
-    inside the autograd engine, every input of a backward op."""
+    cannot tell a module's buffer from an activation, and a batch is never 1-D here),
+    tables a lookup reads (``max_batch_size`` is the model's batch, which the indices carry;
+    with ``gm``, the traced graph) and, inside the autograd engine, every input of a backward op."""
     if torch._C._current_autograd_node() is not None or in_optimizer_step():
         return [name for name, _k, _i in placeholders]
+    tables = lookup_tables(gm) if gm is not None else set()
     return [name for (name, _k, _i), t in zip(placeholders, tensors)
-            if t.dim() <= 1 or isinstance(t, torch.nn.Parameter)
+            if t.dim() <= 1 or isinstance(t, torch.nn.Parameter) or name in tables
             or isinstance(getattr(t, "_base", None), torch.nn.Parameter)]
 
 
