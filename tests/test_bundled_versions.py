@@ -65,6 +65,14 @@ PUBLISHED = {
     ("core", "1.13.0"): "3cfb8a6a9979ec51b71e008f32ea031698c9837bb7443343a28ac3b18f7a1282",
     # 1.14.0: the order family, argmax, argmin, topk, sort (issue 48: MoE routing, CLIP's pooling; helper arch)
     ("core", "1.14.0"): "20e1af788c0c0cf138dff5c8b5ecd6ea8e04c531b93b7f3a7726554b17f09624",
+    # 1.15.0: histc (kernels/count; issue 48: MoE tokens per expert, int32 ids as CUDA counts them; helper arch)
+    ("core", "1.15.0"): "83be75f6f0c6c71e12acbd034a4829a7a467b7caf52b1d5d9c7c0e874eb3a2c6",
+    # 1.16.0: div with a rounding mode, floor_divide (kernels/rounding; issue 48: MoE's perm // top_k; helper arch)
+    ("core", "1.16.0"): "d1ad113f90388ccd7cea0a61ea2576ffb593176edb2502520ed58cd10283c394",
+    # 1.17.0: log1p as Goldberg's corrected log(1 + x) (issue 48: Mamba; helper arch)
+    ("core", "1.17.0"): "03e57c418b781f6648bd3001ca46ac8d9ce346ced3c2ed92c6d24db6b69ef879",
+    # 1.18.0: attention with one key/value head broadcast over the query heads (issue 48: Falcon; helper arch)
+    ("core", "1.18.0"): "8b168987fbbf9f33e653b7dde00af19c7e5167f5b3c4c84edd076461d75d8e6d",
 }
 
 

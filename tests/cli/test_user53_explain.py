@@ -56,3 +56,15 @@ def test_top_shows_the_summary_then_the_slowest_steps_of_bert_base(tmp_path):
 def test_top_refuses_json_and_analyze():
     res = CliRunner().invoke(cli, ["plan", "explain", "mlp", "--chip", "NPU-V3", "--top", "3", "--format", "json"])
     assert res.exit_code == 1 and "--top shortens the text plan" in res.output
+
+
+@pytest.mark.slow
+def test_a_long_plan_ends_with_the_hint_to_top(tmp_path):
+    url = f"sqlite:///{tmp_path / 'reg.db'}"
+    assert CliRunner().invoke(cli, ["registry", "init", "--registry", url]).exit_code == 0
+    res = CliRunner().invoke(cli, ["plan", "explain", "resnet50", "--chip", "NPU-V3", "--registry", url])
+    assert res.exit_code == 0, res.output
+    last = res.output.splitlines()[-1]
+    assert last.startswith("(") and "steps: `--top 20` shows the summary first" in last, last
+    short = CliRunner().invoke(cli, ["plan", "explain", "mlp", "--chip", "NPU-V3", "--registry", url])
+    assert "--top 20" not in short.output                      # 14 steps: no hint

@@ -33,6 +33,7 @@ FP32 = 2 * 4096 ** 3 / (0.50 * 20e12) + MATRIX_US * 1e-6       # fp32 at 50%
 COPY = 2 * 4 * 2 ** 28 / (0.80 * 2000e9) + 12e-6               # 1 GiB float32 read + write at 80%, plus the launch
 
 GEMM = f"""# microbenchmark: gemm-sweep
+# timing: call (one call timed from the host: each row holds a launch)
 # source: a synthetic sweep (tests)
 chip,op,shapes,dtype,args,seconds,source
 TEST-GPU,matmul,8192x8192;8192x8192,float16,,{BIG!r},syn-gemm
@@ -42,6 +43,7 @@ TEST-GPU,matmul,64x64;64x64,float16,,2.5e-05,syn-gemm
 OTHER-GPU,matmul,8192x8192;8192x8192,float16,,1e-03,syn-other
 """
 COPY_TABLE = f"""# microbenchmark: copy-bandwidth
+# timing: call
 # source: a synthetic copy test (tests)
 chip,op,shapes,dtype,args,seconds,source
 TEST-GPU,copy,268435456,float32,,{COPY!r},syn-copy
@@ -90,7 +92,7 @@ def test_the_numbers_come_out_of_the_arithmetic(files):
                       "execution.matrix_launch_overhead_us", "compute_units.fp16.sustained_fraction",
                       "compute_units.fp32.sustained_fraction"}
     d = cal.numbers["compute_units.fp16.sustained_fraction"]
-    assert d.table == "syn_gemm" and d.row.endswith("syn_gemm.csv:4") and "70.0% of 100" in d.note
+    assert d.table == "syn_gemm" and d.row.endswith("syn_gemm.csv:5") and "70.0% of 100" in d.note
     assert not cal.warnings
 
 
@@ -111,6 +113,22 @@ def test_a_row_above_the_peak_is_capped_with_a_warning(files):
     assert cal.numbers["compute_units.fp32.sustained_fraction"].value == 1.0
     (warning,) = cal.warnings
     assert "150.0% of the HCD's figure" in warning and "fast.csv:3" in warning
+
+
+def test_a_kernel_timed_table_takes_no_launch_off(files):
+    """The default (``# timing: kernel``, a device-timed or back-to-back harness): the row is
+    the kernel's time; neither the launch nor a matrix launch is taken off or derived."""
+    kernel = GEMM.replace("# timing: call (one call timed from the host: each row holds a launch)\n", "")
+    copy = COPY_TABLE.replace("# timing: call\n", "# timing: kernel (CUDA events)\n")
+    cal = calibrate(load_hcd_text(CHIP), [parse_table(kernel, "k.csv"), parse_table(copy, "c.csv"),
+                                          *_tables(files, "syn_launch")])
+    n = {p: d.value for p, d in cal.numbers.items()}
+    assert n["compute_units.fp16.sustained_fraction"] == pytest.approx(2 * 8192 ** 3 / BIG / 100e12, rel=1e-3)
+    assert n["compute_units.fp16.sustained_fraction"] < 0.70
+    assert n["memory.off_chip_memory.sustained_fraction"] == pytest.approx(2 * 4 * 2 ** 28 / COPY / 2000e9, rel=1e-3)
+    assert "execution.matrix_launch_overhead_us" not in n and not cal.warnings
+    odd = calibrate(load_hcd_text(CHIP), [parse_table(GEMM.replace("# timing: call", "# timing: sometimes"), "o.csv")])
+    assert any("write '# timing: kernel'" in w for w in odd.warnings)
 
 
 def test_a_share_under_the_formats_floor_is_left_out_not_a_traceback():
@@ -186,7 +204,7 @@ def test_calibrate_on_scores_other_tables_with_the_calibrated_chip(files, url):
         if p["chip"] == "TEST-GPU":
             by_file.setdefault(p["row"]["where"].rsplit("/", 1)[-1].split(":")[0], set()).add(p["in_sample"])
     assert by_file == {"syn_gemm.csv": {True}, "syn_copy.csv": {True}, "syn_launch.csv": {True}, "held.csv": {False}}
-    big = next(p for p in out["predictions"] if p["row"]["where"].endswith("syn_gemm.csv:4"))
+    big = next(p for p in out["predictions"] if p["row"]["where"].endswith("syn_gemm.csv:5"))
     assert abs(big["error"]) < 0.02                     # the calibrated chip prices its own best row
     other = next(p for p in out["predictions"] if p["chip"] == "OTHER-GPU")
     assert other["predicted_s"] is None and other["in_sample"]   # not in the registry: unplanned, never scored

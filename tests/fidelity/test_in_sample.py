@@ -38,7 +38,7 @@ chip,op,shapes,dtype,args,seconds,source
 TEST-GPU,softmax,4096x1024,float16,,2.0e-05,fit-src
 TEST-GPU,softmax,8192x1024,float16,,3.0e-05,fit-src
 """
-HELD = """# source: held-out rows (synthetic)
+HELD = """# source: held-out rows (synthetic) [see the header]
 chip,op,shapes,dtype,args,seconds,source
 TEST-GPU,matmul,4096x4096;4096x4096,float16,,6.0e-04,held-a
 TEST-GPU,softmax,16384x1024,float16,,5.0e-05,held-b
@@ -178,4 +178,5 @@ def test_by_source_groups_by_the_row_source_and_names_its_reference(setup):
     assert all(s["by"] == "source" for s in out["scores"])
     text = _run(url, [files["held_out"]], "--by-source")
     assert text.exit_code == 0, text.output
-    assert "source held-a: held_out.csv: source: held-out rows (synthetic)" in text.output
+    assert "source held-a: held_out.csv: source: held-out rows (synthetic) [see the header]" in text.output
+    assert "fit-src" not in text.output.split("source held-a")[1]      # only the sources scored are named

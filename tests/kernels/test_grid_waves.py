@@ -64,3 +64,16 @@ def test_a_skinny_side_is_not_padded_to_a_full_tile():
     # 16 rows (an eighth of 128) run on 16-row tiles; 17 rows are padded to a full tile
     assert waves(1, GPU, (108, 16, 128, 4096)) == (1, 1.0)
     assert waves(1, GPU, (108, 17, 128, 4096))[1] == pytest.approx(17 / 128)
+
+
+def test_a_matrix_kernel_on_a_many_core_chip_stores_its_tiles_after_the_reduction():
+    # head-dim 64 attention scores: short K, the output store is not hidden behind the math
+    p = plan_gemm(_bmm(128, 512, 64, 512), GPU)
+    terms = time_terms(p, GPU, "float32")
+    bw = GPU.offchip_bw
+    reads = sum(c * t.bytes_read for c, t in p.groups) / bw
+    writes = sum(c * t.bytes_written for c, t in p.groups) / bw
+    assert terms.total_s == pytest.approx(max(terms.compute_s, reads) + writes, rel=1e-9)
+    # without a grain (a 1.0 chip) the same plan overlaps its stores: the roofline's max
+    flat = time_terms(plan_gemm(_bmm(128, 512, 64, 512), BASE), BASE, "float32")
+    assert flat.total_s < terms.total_s

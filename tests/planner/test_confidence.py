@@ -56,7 +56,10 @@ def test_unstated_numbers_price_the_whole_time(chips):
     """A format-1.0/1.1 chip states no provenance: every number is unstated, share 1.0."""
     from torchfl.planner.confidence import confidence
 
-    plan, target = _plan(chips["A100-SXM4-80GB"], "resnet18", None, image=32)
+    def strip(d):
+        d.pop("sources", None)
+        d.pop("provenance", None)
+    plan, target = _plan(hcd_variant(chips["A100-SXM4-80GB"], strip), "resnet18", None, image=32)
     c = confidence(plan, target)
     assert c.assumption_share == 1.0
     assert "execution.matrix_launch_overhead_us" in c.unstated and "execution.launch_overhead_us" in c.unstated
@@ -78,6 +81,7 @@ def test_missing_launch_is_listed_and_ranked_by_the_peers_cost(chips):
         d["chip"]["name"] = "A100-NO-LAUNCH"
         for k in ("launch_overhead_us", "matrix_launch_overhead_us", "graph_launch_overhead_us"):
             d["execution"].pop(k, None)
+            d.get("provenance", {}).pop(f"execution.{k}", None)
     bare = hcd_variant(a100, drop_launch)
     plan, target = _plan(bare, "mlp", None, width=64, depth=2)
     c = confidence(plan, target)
@@ -92,3 +96,64 @@ def test_missing_launch_is_listed_and_ranked_by_the_peers_cost(chips):
     assert rank_time(plan.summary.per_call_time_s, plan, target, [target]) == plan.summary.per_call_time_s
     own, t100 = _plan(a100, "mlp", None, width=64, depth=2)
     assert rank_time(own.summary.per_call_time_s, own, t100, [t100, target]) == own.summary.per_call_time_s
+
+
+def _sourced(hcd, kinds: dict, default: str = "datasheet", fill_sustained: bool = False):
+    """``hcd`` as format 1.2: every number it states sourced ``default``, the paths in ``kinds``
+    (a prefix matches) with that kind; ``fill_sustained``: state the sustained fractions too."""
+    refs = {"datasheet": {"kind": "datasheet", "ref": "vendor datasheet (test)"},
+            "microbenchmark": {"kind": "microbenchmark", "benchmark": "launch-latency", "ref": "a launch test"},
+            "assumption": {"kind": "assumption", "ref": "class default (test)"}}
+
+    def edit(d):
+        d["chip"]["name"] = d["chip"]["name"] + "-SOURCED"
+        if fill_sustained:
+            for unit in d["compute_units"].values():
+                if isinstance(unit, dict) and ("peak_tflops" in unit or "peak_tops" in unit):
+                    unit.setdefault("sustained_fraction", 0.8)
+            d["memory"]["off_chip_memory"].setdefault("sustained_fraction", 0.9)
+    base = hcd_variant(hcd, edit)
+    prov = {}
+    for path in base.performance_numbers():
+        kind = next((k for p, k in kinds.items() if path.startswith(p)), default)
+        prov[path] = kind
+
+    def add(d):
+        d["sources"] = {k: refs[k] for k in sorted(set(prov.values()))}
+        d["provenance"] = prov
+    return hcd_variant(base, add)
+
+
+def test_every_number_an_assumption_gives_share_one(chips):
+    from torchfl.planner.confidence import confidence
+
+    hcd = _sourced(chips["A100-SXM4-80GB"], {}, default="assumption", fill_sustained=True)
+    assert hcd.format_version == "1.2"
+    plan, target = _plan(hcd, "resnet18", None, image=32)
+    c = confidence(plan, target)
+    assert c.assumption_share == 1.0 and not c.unstated and not c.missing
+    assert "execution.launch_overhead_us" in c.assumed
+
+
+def test_datasheet_chip_with_a_measured_launch_has_nothing_assumed(chips):
+    """Datasheet numbers and a launch-latency microbenchmark: share 0. The launch's numbers made
+    assumptions instead: the share is exactly the launch term's share of the time."""
+    from torchfl.planner.confidence import confidence
+
+    launch = {"execution.launch_overhead_us": "microbenchmark", "execution.matrix_launch_overhead_us": "microbenchmark",
+              "execution.graph_launch_overhead_us": "microbenchmark"}
+    hcd = _sourced(chips["A100-SXM4-80GB"], launch, fill_sustained=True)
+    plan, target = _plan(hcd, "resnet18", None, image=32)
+    c = confidence(plan, target)
+    assert c.assumption_share == 0.0 and not c.unstated and not c.assumed and not c.missing
+    assert c.shares["launch"] > 0.5
+    assumed = _sourced(chips["A100-SXM4-80GB"], {k: "assumption" for k in launch}, fill_sustained=True)
+    plan, target = _plan(assumed, "resnet18", None, image=32)
+    c = confidence(plan, target)
+    assert c.assumption_share == pytest.approx(c.shares["launch"], rel=1e-12)
+    assert set(c.assumed) == {"execution.launch_overhead_us", "execution.matrix_launch_overhead_us"}
+    # a sustained fraction left out: the compute term is unstated, and the number listed as missing
+    bare = _sourced(chips["A100-SXM4-80GB"], launch)
+    c = confidence(*_plan(bare, "resnet18", None, image=32))
+    missing = [p for p in c.missing if p.endswith("sustained_fraction")]
+    assert missing and set(missing) <= set(c.unstated) and c.assumption_share > 0

@@ -8,6 +8,8 @@ downloaded), in both modes against eager torch float32 with the zoo's tolerances
   batch of 2048 (max_batch_size 512).
 - LLaMA in float32 (TFL-X1, no precision policy): ``repeat_kv`` of a transposed key crashed the
   same way.
+- Falcon (multi-query attention fell back: core 1.18.0) and CLIP's text encoder (argmax fell back:
+  core 1.14.0) whole on the chip.
 """
 import sys
 from pathlib import Path
@@ -27,6 +29,13 @@ FAMILIES = {
              bench_zoo._text("GPTJConfig", "GPTJModel", **ROTARY)),
     "codegen": ("decoder, interleaved rotary from a 2048-row sin/cos buffer",
                 bench_zoo._text("CodeGenConfig", "CodeGenModel", **ROTARY, n_ctx=2048)),
+    "falcon": ("decoder, multi-query attention (one key/value head broadcast)",
+               bench_zoo._text("FalconConfig", "FalconModel", vocab_size=512, hidden_size=64, num_hidden_layers=2,
+                               num_attention_heads=4)),
+    "clip_text": ("text encoder, pooled at the end-of-text token (argmax of the ids)",
+                  bench_zoo._text("CLIPTextConfig", "CLIPTextModel", vocab_size=512, hidden_size=64,
+                                  num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
+                                  max_position_embeddings=128)),
 }
 
 

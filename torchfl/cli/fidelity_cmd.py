@@ -247,15 +247,20 @@ def _name(path) -> str:
 
 
 def _print_sources(out, result) -> None:
-    """Each source id with the tables that hold its rows and their first header comment."""
+    """Each scored source id with the tables that hold its rows and the header comment that
+    names it (cut to the 100 columns of a pipe: the table's header has the whole reference)."""
+    from rich.markup import escape
+
+    comments = {t.path: t.comments for t in result.tables}
     seen: dict = {}
-    for t in result.tables:
-        for r in t.rows:
-            seen.setdefault(r.source, {}).setdefault(t.name, _reference(t.comments, r.source))
+    for p in result.predictions:
+        r = p.row
+        seen.setdefault(r.source, {}).setdefault(_name(r.file), _reference(comments.get(r.file, ()), r.source))
     for source in sorted(seen):
         tables = seen[source]
         ref = next((c for c in tables.values() if c), "")
-        out.print(f"source {source}: {', '.join(sorted(tables))}{': ' + ref if ref else ''}", soft_wrap=True)
+        line = f"source {source}: {', '.join(sorted(tables))}{': ' + ref if ref else ''}"
+        out.print(escape(line if len(line) <= 100 else line[:97] + "..."), soft_wrap=True)
 
 
 def _reference(comments, source: str) -> str:

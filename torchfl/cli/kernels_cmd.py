@@ -37,6 +37,13 @@ def _size(n: int) -> str:
     return fmt_bytes(n, compact=True)
 
 
+def _wrapped(text: str, err: bool = False) -> None:
+    """A sentence wrapped at spaces (100 columns in a pipe), continuation lines indented."""
+    from torchfl.planner.texttable import paragraph
+
+    click.echo("\n".join(paragraph(text, subsequent="    ")), err=err)
+
+
 def _echo(text: str) -> None:
     """A ``  label:      value`` line wrapped at spaces under its value (100 columns in a pipe)."""
     from torchfl.planner.texttable import paragraph
@@ -256,10 +263,10 @@ def warmup(chips, workers, models, quick, force, registry) -> None:
     done = set() if force else warmed_jobs(cache)
     skipped = [j for j in todo if job_name(*j, quick) in done]
     todo = [j for j in todo if j not in skipped]
-    click.echo(f"kernel cache: {cache}")
+    click.echo(f"kernel cache: {cache}")          # a path: one line, whole
     if skipped:
-        click.echo(f"already warmed up (kernel sources unchanged): "
-                   f"{', '.join(job_name(*j, quick) for j in skipped)}; --force reruns them")
+        _wrapped(f"already warmed up (kernel sources unchanged): "
+                 f"{', '.join(job_name(*j, quick) for j in skipped)}; --force reruns them")
     if not todo:
         return
     # all jobs queued at once: a worker done with its job takes the next chip's, which on 2
@@ -271,15 +278,13 @@ def warmup(chips, workers, models, quick, force, registry) -> None:
     click.echo(f"warmup finished in {time.perf_counter() - t_start:.1f} s; "
                f"cache {_size(info_of(read_index=False).bytes)} at {cache}")
     if failures:
-        click.echo("failed: " + "; ".join(failures), err=True)
+        _wrapped("failed: " + "; ".join(failures), err=True)
         sys.exit(1)
 
 
 def _run_jobs(todo, n, cache, registry, quick, models) -> list:
     """The warmup jobs in ``n`` spawned worker processes, with progress; returns the failures."""
     import multiprocessing
-
-    from torchfl.cli.progress import Progress
 
     ctx = multiprocessing.get_context("spawn")
     jobs, events = ctx.Queue(), ctx.Queue()
@@ -290,8 +295,7 @@ def _run_jobs(todo, n, cache, registry, quick, models) -> list:
     procs = [ctx.Process(target=_worker, args=(jobs, events, registry, quick, models, os.getpid()), daemon=True)
              for _ in range(n)]
     failures = []
-    with Progress(sys.stdout, f"warmup: {len(todo)} job(s) in {n} process(es)", total=len(todo),
-                  compiles=False) as p:
+    with progress_of(sys.stdout, len(todo), n) as p:
         for proc in procs:
             proc.start()
         try:
@@ -302,6 +306,16 @@ def _run_jobs(todo, n, cache, registry, quick, models) -> list:
                 if proc.is_alive():
                     proc.terminate()
     return failures
+
+
+def progress_of(stream, jobs: int, workers: int, **options):
+    """The warmup's progress on ``stream``: in a pipe its lines wrapped at spaces to 100 columns,
+    as the demo's (a heartbeat naming every running job, or a job's error, ran past 100)."""
+    from torchfl.cli.progress import Progress
+    from torchfl.cli.render import PipeLines
+
+    return Progress(PipeLines(stream), f"warmup: {jobs} job(s) in {workers} process(es)", total=jobs,
+                    compiles=False, **options)
 
 
 def _follow(p, events, procs, total, cache, quick, failures) -> None:

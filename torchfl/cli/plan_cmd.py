@@ -104,6 +104,13 @@ def explain(model, chip, batch, seq_len, heads, layers, precision, strict, fmt, 
     click.echo(top_text(result, top) if top is not None else result.explain(fmt), nl=False)
     if fmt == "text":
         click.echo(_checked(result, registry))
+        if top is None and len(result.steps) > LONG_PLAN_STEPS:   # the last line a terminal shows
+            click.echo(f"({len(result.steps)} steps: `--top 20` shows the summary first and the 20 slowest "
+                       "steps only)")
+
+
+# a plan longer than this many steps ends with the hint to --top
+LONG_PLAN_STEPS = 100
 
 
 def top_text(plan, n: int, width: int | None = None) -> str:

@@ -6,14 +6,20 @@ launch-latency`` header, rows ``matmul`` / ``copy`` / ``launch``) and derives:
 
 - ``execution.launch_overhead_us``: the median ``launch`` row (a one-element op's call);
 - ``compute_units.<unit>.sustained_fraction``: per unit, the best GEMM row's achieved rate
-  over the unit's peak, its matrix launch taken off (``2*M*N*K / (seconds - launch) / peak``);
-- ``execution.matrix_launch_overhead_us``: from the smallest GEMM row when it is latency-bound
-  (its roofline time at the derived rates under half the measured time): the rest of its time;
-  the sustained rates are then derived again with it (one pass: the best rows are large, the
-  launch a small share of them);
+  over the unit's peak (``2*M*N*K / (seconds - launch) / peak``);
+- ``execution.matrix_launch_overhead_us``: from the smallest GEMM row of a call-timed table
+  when it is latency-bound (its roofline time at the derived rates under half the measured
+  time): the rest of its time; the sustained rates are then derived again with it (one pass);
 - ``memory.off_chip_memory.sustained_fraction``: the best ``copy`` row's bytes
-  (``2 * numel * itemsize``: read and write) per second over the off-chip bandwidth, the launch
-  taken off.
+  (``2 * numel * itemsize``: read and write) per second over the off-chip bandwidth.
+
+Which launch is taken off depends on how the table's harness timed a row, stated in a header
+line ``# timing: kernel | call``. ``kernel`` (the default: GEMM sweeps and bandwidth tests time
+back-to-back calls between device events, the launch hidden behind the previous kernel): a row
+is the kernel's time and nothing is taken off. ``call`` (one call timed from the host around a
+synchronise, as LLMCompass's tables are): a row holds one launch, which is taken off (the
+matrix launch from GEMM rows, the launch from copy rows). Taking a launch off a kernel-timed row
+would overstate the rate (MAMF's H100 bf16 row, 141 us: 0.80 of peak, 0.94 with 21 us off).
 
 Each number is rounded to 4 significant digits (what a file states). A share above 1 (a row
 faster than the stated peak) is capped at 1 with a warning: the peak is the wrong number.
@@ -30,7 +36,7 @@ from dataclasses import dataclass, field
 from torchfl.fidelity.sample import stem
 from torchfl.hcd.dtypes import ITEMSIZE
 
-__all__ = ["Derived", "Calibration", "calibrate", "calibrated_resolver", "benchmark_of"]
+__all__ = ["Derived", "Calibration", "calibrate", "calibrated_resolver", "benchmark_of", "timing_of", "TIMINGS"]
 
 GEMM_OPS = {"aten.mm.default"}
 COPY_OPS = {"aten.clone.default", "aten.copy.default"}
@@ -108,6 +114,22 @@ def benchmark_of(table) -> str | None:
     return None
 
 
+TIMINGS = ("kernel", "call")
+
+
+def timing_of(table, warnings: list | None = None) -> str:
+    """``kernel`` or ``call``: the ``# timing:`` header of a microbenchmark table (default kernel)."""
+    for c in table.comments:
+        if c.lower().startswith("timing:"):
+            words = c.split(":", 1)[1].split()
+            if words and words[0] in TIMINGS:
+                return words[0]
+            if warnings is not None:
+                warnings.append(f"{table.name}: '# {c}': write '# timing: kernel' (device-timed, launch hidden) or "
+                                "'# timing: call' (one call timed from the host); read as kernel")
+    return "kernel"
+
+
 def _reference(table) -> str:
     for c in table.comments:
         if c.lower().startswith(("source:", "sources:")):
@@ -149,6 +171,7 @@ def calibrate(hcd, tables) -> Calibration:
                 rows[kind].append((t, r))
                 kinds.append(kind)
         if kinds:   # the header's benchmark, else the one its rows are
+            timing_of(t, cal.warnings)
             cal.benchmarks[stem(t.path)] = (benchmark_of(t) or BENCHMARK_OF_KIND[kinds[0]], _reference(t))
     ex = hcd.execution
     launch_s = (ex.launch_overhead_us or 0.0) * 1e-6 if ex is not None else 0.0
@@ -183,7 +206,7 @@ def _copy(cal: Calibration, hcd, rows, launch_s: float) -> float:
     best = None
     for t, r in rows:
         nbytes = 2 * sum(_numel(s) for s in r.shapes[:1]) * ITEMSIZE.get(r.dtype, 4)
-        kernel = r.seconds - launch_s
+        kernel = r.seconds - (launch_s if timing_of(t) == "call" else 0.0)
         if kernel <= 0:
             cal.warnings.append(f"{r.where}: copy row faster than the launch ({r.seconds * 1e6:g} us): left out")
             continue
@@ -234,7 +257,7 @@ def _gemm(cal: Calibration, hcd, rows, matrix_s: float, *, record: bool) -> dict
                 cal.warnings.append(f"{r.where}: no compute unit of {hcd.chip.name} runs {r.dtype}: left out")
             continue
         ops, _ = _gemm_work(r)
-        kernel = r.seconds - matrix_s
+        kernel = r.seconds - (matrix_s if timing_of(t) == "call" else 0.0)
         if kernel <= 0:
             continue
         rate = ops / kernel
@@ -261,7 +284,7 @@ def _gemm(cal: Calibration, hcd, rows, matrix_s: float, *, record: bool) -> dict
 
 def _matrix_launch(cal: Calibration, hcd, rows, shares: dict, mem_share: float) -> float | None:
     """Seconds of the matrix launch from the smallest GEMM row, when it is latency-bound."""
-    usable = [(t, r) for t, r in rows if hcd.unit_for(r.dtype) in shares]
+    usable = [(t, r) for t, r in rows if hcd.unit_for(r.dtype) in shares and timing_of(t) == "call"]
     if not usable:
         return None
     t, r = min(usable, key=lambda tr: (_gemm_work(tr[1])[0], tr[1].seconds))

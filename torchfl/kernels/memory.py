@@ -74,21 +74,25 @@ class DeviceMemory:
         self._allocated = 0
         self._peak = 0
         self.lock = threading.RLock()    # the accounting and the block policy (_obtain, _recycle)
-        self._local = threading.local()  # .scope: buffers allocated inside returned_on_error(), per thread
+        self._local = _Scope()           # .scope: buffers allocated inside returned_on_error(), per thread
 
     def alloc(self, nbytes: int) -> DeviceBuffer:
         nbytes = int(nbytes)
         if nbytes < 0:
             raise ValueError(f"cannot allocate a negative size ({nbytes} B)")
         acc = accounted_bytes(nbytes, self.alignment)
-        with self.lock:
+        lock = self.lock
+        lock.acquire()              # (acquire/release, not ``with``: every eager op allocates)
+        try:
             block = self._obtain(acc)
             self._allocated += acc
             if self._allocated > self._peak:
                 self._peak = self._allocated
+        finally:
+            lock.release()
         # an empty slice would not keep its address: an empty buffer still views one byte
         buf = DeviceBuffer(self, block, block[1][:max(nbytes, 1)], nbytes, acc, block[2])
-        scope = getattr(self._local, "scope", None)
+        scope = self._local.scope
         if scope is not None:
             scope.append(buf)
         return buf
@@ -96,7 +100,7 @@ class DeviceMemory:
     @property
     def _scope(self) -> list | None:
         """This thread's innermost returned_on_error() scope (None outside one)."""
-        return getattr(self._local, "scope", None)
+        return self._local.scope
 
     def returned_on_error(self) -> "_ReturnedOnError":
         """Every buffer allocated inside the block and still live is freed if the block
@@ -107,7 +111,9 @@ class DeviceMemory:
     def free(self, buf: DeviceBuffer):
         if buf.memory is not self:
             raise ValueError("buffer belongs to another device memory")
-        with self.lock:
+        lock = self.lock
+        lock.acquire()
+        try:
             if buf.freed:
                 raise ValueError(f"double free of device buffer at 0x{buf.address:x}")
             buf.freed = True
@@ -115,6 +121,8 @@ class DeviceMemory:
             block, buf._raw = buf._raw, None
             if block is not None:
                 self._recycle(block, buf.accounted)
+        finally:
+            lock.release()
 
     # -- the block policy: a subclass (the runtime's caching allocator) overrides these two --
 
@@ -153,6 +161,12 @@ class DeviceMemory:
             self._peak = self._allocated
 
 
+class _Scope(threading.local):
+    """Per thread: the buffers allocated inside the innermost returned_on_error() block."""
+
+    scope: list | None = None
+
+
 def check_alignment(address: int, alignment: int, where: str):
     """Raise AlignmentError naming the pointer, its misalignment and the requirement."""
     mis = address % alignment
@@ -176,7 +190,7 @@ class _ReturnedOnError:
 
     def __enter__(self):
         local = self.memory._local
-        self.outer = getattr(local, "scope", None)
+        self.outer = local.scope
         local.scope = []
 
     def __exit__(self, exc_type, exc, tb):

@@ -329,12 +329,20 @@ def time_terms(plan_or_traffic, chip, dtype: str, *, flops_scale: float = 1.0,
     busy = units if cores and 0 < units < cores else 0
     if busy:
         bw = bw * busy / cores
+    # a matrix kernel on a many-core chip (its grid cut into tiles, :func:`waves`) stores each
+    # output tile after the tile's reduction: the loads overlap the math, the store does not
+    store_after = bool(cfg is not None and cfg.grid and cores)
     steady = comp = mem = serial = 0.0
     n = 0
     for c, t in groups:
         tc, tm = t.flops / peak, t.bytes / bw
-        steady += c * max(tc, tm)
-        serial += c * min(tc, tm)
+        if store_after:
+            tr = t.bytes_read / bw
+            steady += c * (max(tc, tr) + (tm - tr))
+            serial += c * min(tc, tr)
+        else:
+            steady += c * max(tc, tm)
+            serial += c * min(tc, tm)
         comp += c * tc
         mem += c * tm
         n += c

@@ -78,6 +78,24 @@ _TARGET_NAMES: dict = {}  # FX node target (an ATen op) -> its name
 _PLAIN = (int, float, bool, str, type(None))  # argument types that stand for themselves in a signature
 
 
+def _not_a_tensor(nodes, rule, kernel, kname, value) -> str:
+    """Why a kernel input bound to a non-tensor rejects the rule, in a user's words: the op,
+    its argument (the rule's binding), what the program passed there (``1 - x`` passes the
+    Python number 1 as ``sub``'s ``self``) and what the kernel needed. Was: "input a is bound to
+    something that is not a graph value", which named neither the argument nor the value."""
+    from torchfl.planner.errors import aten_name
+
+    bind = next((b for b in getattr(rule, "bind", ()) if b.name == kname), None)
+    arg = bind.expr.text.strip() if bind is not None and bind.expr is not None else kname
+    op = aten_name(nodes[0].op) if len(nodes) == 1 else "the group"
+    if isinstance(value, bool) or not isinstance(value, (int, float, complex)):
+        what = "absent (None)" if value is None else f"a {type(value).__name__} ({value!r:.40}), not a tensor"
+    else:
+        what = f"the Python number {value!r}, not a tensor on the device"
+    return (f"argument '{arg}' of {op} is {what}: kernel {kernel} needs a tensor there (its input {kname}), "
+            "so the call runs on the host")
+
+
 class CallBuilder:
     """FX nodes -> rules Calls. Every TensorMeta gets a *path* (step, arg position, list
     index) so that a match found for one call can be replayed on another call with the same
@@ -311,7 +329,7 @@ class Generator:
                     continue
                 path = builder.path_of.get(id(tm))
                 if path is None:
-                    why = f"{kernel}: input {kname} is bound to something that is not a graph value"
+                    why = _not_a_tensor(nodes, r.rule, kernel, kname, tm)
                 elif builder.values[path][1] in inside:
                     why = (f"{kernel}: input {kname} is bound to {builder.values[path][1]}, a value computed inside "
                            f"the group ({getattr(r.rule, 'id', kernel)}: bind it to a value from outside)")

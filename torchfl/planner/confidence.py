@@ -47,8 +47,7 @@ def _value(hcd, path: str):
 def number_kind(hcd, path: str) -> str:
     """The provenance kind of the number at ``path`` (``hcd.kind_of``; ``unstated`` for a file
     that states none, HCD 1.0 / 1.1)."""
-    kind_of = getattr(hcd, "kind_of", None)
-    return kind_of(path) if kind_of is not None else "unstated"
+    return hcd.kind_of(path)
 
 
 def _unit(hcd, chip, dtype: str) -> str | None:

@@ -23,6 +23,9 @@ _FAMILY_COLOURS = ("#4e79a7", "#f28e2b", "#59a14f", "#b07aa1", "#edc948", "#76b7
 _KIND_COLOURS = {"input": "#a0cbe8", "parameter": "#4e79a7", "weight": "#f28e2b", "folded": "#bab0ac",
                  "activation": "#59a14f", "output": "#b07aa1", "scratch": "#e15759", "kv_cache": "#d37295"}
 FALLBACK = "#e15759"
+#: the term that takes most of a plan's time (``whatif.bound_resource``'s words)
+_BOUND_COLOURS = {"memory": "#f28e2b", "compute": "#4e79a7", "launch": "#b07aa1", "cache": "#59a14f",
+                  "host": "#e15759"}
 FOLD = "#c7c7c7"
 
 
@@ -212,12 +215,13 @@ def compare_fig(rows):
     ok = [r for r in rows if r["ok"]]
     fig, (a, b) = plt.subplots(1, 2, figsize=(10, 1.4 + 0.4 * max(1, len(ok))), layout="constrained")
     names = [f"{r['chip']} {r['version']}" for r in ok]
-    a.barh(names, [r["per_call_time_s"] * 1e3 for r in ok], color=[
-        "#f28e2b" if r["bound"] == "memory" else "#4e79a7" for r in ok])
+    a.barh(names, [r["per_call_time_s"] * 1e3 for r in ok], color=[_BOUND_COLOURS.get(r["bound"], "#bab0ac")
+                                                                    for r in ok])
     a.set_title("per call (ms)", fontsize=9)
     a.invert_yaxis()
-    a.legend(handles=[Patch(color="#f28e2b", label="memory-bound"), Patch(color="#4e79a7", label="compute-bound")],
-             fontsize=7, loc="lower right")
+    shown = [b for b in _BOUND_COLOURS if any(r["bound"] == b for r in ok)]
+    a.legend(handles=[Patch(color=_BOUND_COLOURS[b], label=f"{b}-bound") for b in shown], fontsize=7,
+             loc="lower right")
     b.barh(names, [r["peak_bytes"] / (1 << 20) for r in ok], color="#59a14f")
     for i, r in enumerate(ok):
         if r["capacity_bytes"]:
@@ -266,7 +270,7 @@ def _figure(fig_id: str, svg: str, caption: str) -> str:
 def render_report(plan, chip_model, title: str, comparison: dict | None = None) -> str:
     """The HTML page for ``plan`` on ``chip_model`` (and, if given, the rows of a compare).
     Every figure has its numbers beside it as an HTML table (readable printed, searchable)."""
-    from torchfl.planner.explain import memory_line
+    from torchfl.planner.explain import confidence_line, memory_line
     from torchfl.kernels.units import fmt_bytes
 
     s = plan.summary
@@ -276,27 +280,34 @@ def render_report(plan, chip_model, title: str, comparison: dict | None = None) 
              f"{_e(fmt_bytes(int(s.per_call_bytes)))} off-chip; run once {_e(_time(s.run_once_time_s))}, "
              f"{_e(fmt_bytes(int(s.run_once_bytes)))} off-chip (parameter casts and layout copies kept on the chip). "
              f"{_e(memory_line(plan))}</p>"]
+    trust = confidence_line(plan)
+    if trust:
+        parts.append(f'<p class="meta" id="confidence">{_e(trust)}</p>')
     if comparison is not None:
         rows, classes = [], []
         for r in comparison["rows"]:
             if r["ok"]:
                 rows.append((r["chip"], r["version"], r["precision"] or "-", _time(r["per_call_time_s"]),
-                             _time(r["run_once_time_s"]), fmt_bytes(r["per_call_bytes"]), fmt_bytes(r["peak_bytes"]),
+                             _assumed(r), _time(r["run_once_time_s"]), fmt_bytes(r["per_call_bytes"]), fmt_bytes(r["peak_bytes"]),
                              fmt_bytes(r["capacity_bytes"]) if r["capacity_bytes"] else "unbounded", r["kernels"],
                              r["fused_groups"], r["conversions"], r["fallbacks"],
                              f"{r['bound']} ({100 * r['bound_share']:.0f}%)"))
                 classes.append("")
             else:
                 rows.append((r["chip"], r["version"], r["precision"] or "-", f"{r['error_kind']}: {r['error']}",
-                             "", "", "", "", "", "", "", "", ""))
+                             "", "", "", "", "", "", "", "", "", ""))
                 classes.append("err")
         parts += ["<h2>Chips side by side</h2>",
                   _figure("fig-compare", compare_figure(comparison["rows"]),
                           "Per-call time and peak device memory per chip, from the plans (nothing ran); the table "
                           "has the numbers."),
-                  _table(("chip", "version", "precision", "per call", "run once", "off-chip per call", "peak memory",
-                          "capacity", "kernels", "fused", "layout conversions", "fallbacks", "bound by"), rows,
-                         numeric=(3, 4, 5, 6, 7, 8, 9, 10, 11), classes=classes, table_id="tab-compare")]
+                  _table(("chip", "version", "precision", "per call", "confidence", "run once", "off-chip per call",
+                          "peak memory", "capacity", "kernels", "fused", "layout conversions", "fallbacks", "bound by"),
+                         rows, numeric=(3, 5, 6, 7, 8, 9, 10, 11, 12), classes=classes, table_id="tab-compare")]
+        if comparison.get("rank_rule") and any("rank_time_s" in r for r in comparison["rows"]):
+            parts.append(f'<p class="meta">Order: {_e(comparison["rank_rule"])}: ' + _e(", ".join(
+                f"{r['chip']} as {_time(r['rank_time_s'])}" for r in comparison["rows"] if "rank_time_s" in r))
+                + ".</p>")
     parts += [f"<h2>The plan on {_e(plan.chip)}</h2>",
               _figure("fig-graph", graph_figure(plan),
                       "Each dot is a step; colour is the kernel family (red: CPU fallback, grey: folded on the host)."),
@@ -341,18 +352,34 @@ def _family_table(plan) -> str:
                   rows, numeric=(1, 2, 3, 4, 5), table_id="tab-families")
 
 
+def _assumed(r) -> str:
+    """A compare row's confidence in the page's words."""
+    c = r.get("confidence")
+    if not c:
+        return "-"
+    from torchfl.planner.confidence import Confidence
+
+    conf = Confidence.from_dict(c)
+    text = f"{conf.assumption_share:.0%} assumed; {conf.checked_text()}"
+    return text + (f"; not stated: {', '.join(conf.missing)}" if conf.missing else "")
+
+
 def _roofline_table(plan, chip_model) -> str:
-    """The roofline's points: each chip step's intensity, rate and what bounds it."""
+    """The roofline's points: each chip step's intensity, rate and what bounds it (the larger of
+    its launch and the term that bound its body, :mod:`torchfl.planner.terms`)."""
+    from torchfl.planner.terms import step_terms
+    from torchfl.planner.whatif.compare import BOUND_WORDS
+
     rows = []
     for st in plan.steps:
         if st.kind in ("fallback", "fold") or st.predicted_time_s <= 0 or st.predicted_bytes <= 0 \
                 or st.predicted_flops <= 0:
             continue
-        t_mem = st.predicted_bytes / chip_model.offchip_bw
-        t_comp = st.predicted_flops / chip_model.peak_for(st.dtype) if st.dtype in chip_model.peak else 0.0
+        t = step_terms(st, plan, chip_model)
+        bound = "launch" if t.launch_s > t.body_s else BOUND_WORDS.get(t.bound, t.bound)
         rows.append((st.index, st.kernel, _family(st), st.dtype, f"{st.predicted_flops / st.predicted_bytes:.3g}",
                      f"{st.predicted_flops / st.predicted_time_s / 1e9:.3g}", _time(st.predicted_time_s),
-                     "memory" if t_mem >= t_comp else "compute", "run once" if st.static else "per call"))
+                     bound, "run once" if st.static else "per call"))
     return _table(("step", "kernel", "family", "dtype", "ops per byte", "Gops/s", "time", "bound by", "runs"),
                   rows, numeric=(0, 4, 5, 6), table_id="tab-roofline")
 

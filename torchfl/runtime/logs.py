@@ -94,10 +94,18 @@ def announce_compiles() -> None:
         if ev.kind != "start" or _notice["said"] or compiling.displayed():
             return
         _notice["said"] = True
-        LOG.warning("torchfl: compiling the emulator's kernels for this model (%s first); a one-off cost "
-                    "of seconds per kernel, up to minutes per model, cached in %s for every later process. "
-                    "`torchfl kernels warmup` compiles the bundled chips' kernels ahead of time.",
-                    ev.label, jitcache.location()[0])
+        LOG.warning(compile_notice(ev.label, jitcache.location()[0]))
 
     compiling.subscribe(on_compile)
     _notice["subscribed"] = True
+
+
+def compile_notice(label: str, cache) -> str:
+    """The one-off compile notice, wrapped at spaces to 100 columns (a pipe's width; it was one
+    line of 250+ columns), continuation lines indented; the cache path stays whole."""
+    from torchfl.planner.texttable import PIPE_WIDTH, paragraph
+
+    text = (f"torchfl: compiling the emulator's kernels for this model ({label} first); a one-off cost of "
+            f"seconds per kernel, up to minutes per model, cached in {cache} for every later process. "
+            "`torchfl kernels warmup` compiles the bundled chips' kernels ahead of time.")
+    return "\n".join(paragraph(text, width=PIPE_WIDTH, subsequent="  "))

@@ -56,6 +56,11 @@ def impact(chip, v1, v2, models, precision, training, registry, as_json, cluster
         sys.exit(1)
 
 
+def _assumed(r) -> str:
+    c = r.get("confidence")
+    return "-" if not c else f"{100 * c['assumption_share']:.0f}%" + ("!" if c["missing"] else "")
+
+
 def _impact_text(res) -> str:
     out = [f"{res.chip} {res.v1} -> {res.v2}: {len(res.changes)} field change(s)"]
     for c in res.changes:
@@ -84,7 +89,8 @@ def _impact_text(res) -> str:
                      f"({pct:+.1f}%), run once {show_time(b['run_once_time_s'])} -> {show_time(a['run_once_time_s'])}, "
                      f"off-chip per call {show_bytes(b['per_call_bytes'])} -> {show_bytes(a['per_call_bytes'])}, peak memory "
                      f"{show_bytes(b['peak_bytes'])} -> {show_bytes(a['peak_bytes'])}, fallbacks {b['fallbacks']} -> "
-                     f"{a['fallbacks']}, {len(m.changed_steps)} op group(s) planned differently")
+                     f"{a['fallbacks']}, {len(m.changed_steps)} op group(s) planned differently; "
+                     f"{_assumed(b)} -> {_assumed(a)} of the time priced from assumed or unstated numbers")
         for c in m.changed_steps[:12]:
             what = "; ".join(f"{k} {x} -> {y}" for k, (x, y) in c["changed"].items())
             out += para(f"{c['nodes']}: {what}", indent="    ", subsequent="      ")
@@ -94,6 +100,10 @@ def _impact_text(res) -> str:
             out += para(f"new fallback: {f['node']} ({f['op']}): {f['reason']}", indent="    ", subsequent="      ")
         for g in m.fusions_lost:
             out += para(f"fusion lost: {g}", indent="    ", subsequent="      ")
+    if any(m.before.get("confidence") and m.after.get("confidence") for m in res.models):
+        out.append("")
+        out += para("assumed = share of the per-call time priced from numbers of kind assumption or unstated (HCD "
+                    "provenance); ! = a number the chip's file leaves out, priced as nothing (--json lists them)")
     if res.broken:
         out.append("")
         out += para(f"BROKEN on {res.v2}: {', '.join(res.broken)} (exit status 1)")

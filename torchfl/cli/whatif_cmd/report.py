@@ -40,9 +40,14 @@ def report(model, chip, chips, output, batch, seq_len, heads, layers, precision,
     by_name = {t.name: t for t in targets}
     comparison = None
     if chips:
-        rows = [whatif.row(p, by_name[p.chip]) for p in results]
-        rows.sort(key=lambda r: (not r["ok"], r.get("per_call_time_s") or 0.0, r["chip"]))
-        comparison = {"rows": rows}
+        from torchfl.planner.confidence import RANK_RULE, fidelity_evidence
+        from torchfl.planner.whatif.compare import ranked_by_rule
+
+        evidence = fidelity_evidence(registry, list(by_name))
+        rows = [whatif.row(p, by_name[p.chip], evidence) for p in results]
+        ranked_by_rule(rows, results, targets)
+        whatif.rank_compare_rows(rows)          # the order plan compare shows, the rank rule included
+        comparison = {"rows": rows, "rank_rule": RANK_RULE}
     shown = next((p for p in results if p.chip == chip), None) if chip else \
         next((p for p in results if p.chip == comparison["rows"][0]["chip"]), None)
     if shown is None or not shown.ok:

@@ -62,15 +62,17 @@ def _assignments(plan) -> dict:
     return out
 
 
-def _summary(p: Planned, chip) -> dict:
-    r = row(p, chip)
+def _summary(p: Planned, chip, evidence: dict | None = None) -> dict:
+    r = row(p, chip, evidence)
     r.pop("planning_s", None)
     return r
 
 
-def diff_plans(before: Planned, after: Planned, model: str, chip1: Target, chip2: Target) -> ModelImpact:
-    """What changed for one model between two chips' plans."""
-    b, a = _summary(before, chip1), _summary(after, chip2)
+def diff_plans(before: Planned, after: Planned, model: str, chip1: Target, chip2: Target,
+               evidence: dict | None = None) -> ModelImpact:
+    """What changed for one model between two chips' plans (each summary with its confidence;
+    ``evidence``: chip name -> fidelity summary)."""
+    b, a = _summary(before, chip1, evidence), _summary(after, chip2, evidence)
     if not (before.ok and after.ok):
         return ModelImpact(model, b, a, [], [], [], [], broke=before.ok and not after.ok)
     x, y = _assignments(before.plan), _assignments(after.plan)
@@ -100,15 +102,17 @@ def diff_plans(before: Planned, after: Planned, model: str, chip1: Target, chip2
 def impact(chip_name: str, v1: str, v2: str, models, registry=None, precision="auto", training=False,
            progress=None) -> Impact:
     """``models``: (label, module, inputs). Each is captured once and planned on both versions."""
+    from torchfl.planner.confidence import fidelity_evidence
     from torchfl.planner.target import open_registry
 
     reg = open_registry(registry)
+    evidence = fidelity_evidence(reg, [chip_name])
     changes = [c.as_dict() for c in reg.diff(chip_name, v1, v2)]
     c1, c2 = chip_of(chip_name, reg, v1), chip_of(chip_name, reg, v2)
     out = []
     for label, module, inputs in models:
         before, after = plan_everywhere(module, inputs, [c1, c2], precision, training)
-        out.append(diff_plans(before, after, label, c1, c2))
+        out.append(diff_plans(before, after, label, c1, c2, evidence))
         if progress is not None:
             progress(out[-1])
     return Impact(chip_name, v1, v2, changes, out)

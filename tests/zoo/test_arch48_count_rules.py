@@ -1,0 +1,39 @@
+"""core 1.15.0's histc rule: MoE tokens per expert planned on NPU-V3 with no fallback (strict),
+compiled and on the eager device (float ids, as transformers passes them on CPU). int32 ids (as
+it passes them on any other device: CUDA's histc counts integers) run on the host on ``npu``:
+torch's meta kernel of histc refuses integers, so the op cannot be traced; before, that crashed
+(issue 48, 3c)."""
+import torch
+
+from torchfl.planner import plan_module
+from torchfl.runtime.executor import Executor
+
+
+class TokensPerExpert(torch.nn.Module):
+    def forward(self, expert_ids):
+        return torch.histc(expert_ids.float(), bins=8, min=0, max=7) * 1
+
+
+def test_tokens_per_expert_planned_whole_on_npu_v3():
+    ids = torch.randint(0, 8, (24, 2), generator=torch.Generator().manual_seed(0))
+    plan = plan_module(TokensPerExpert(), (ids,), chip="NPU-V3", precision="float16", strict=True)
+    assert "histc" in {s.kernel for s in plan.steps}
+    (got,) = Executor(plan).run((ids,))
+    assert torch.equal(got.float(), TokensPerExpert()(ids))
+
+
+def test_expert_counts_on_the_eager_device(fp16_dev, monkeypatch):
+    monkeypatch.setenv("TORCHFL_STRICT", "1")
+    ids = torch.randint(0, 8, (24, 2), generator=torch.Generator().manual_seed(0))
+    got = torch.histc(ids.half().to(fp16_dev), bins=8, min=0, max=7)
+    assert got.dtype == torch.float16
+    assert torch.equal(got.cpu().float(), torch.histc(ids.float(), bins=8, min=0, max=7))
+
+
+def test_int_expert_ids_on_the_eager_device(fp16_dev):
+    """int32 ids: torch's meta kernel of histc refuses integers, so the op cannot be traced
+    alone and runs on the host, counted as CUDA counts them (test_arch48_host_fallback)."""
+    ids = torch.randint(0, 8, (24, 2), generator=torch.Generator().manual_seed(0)).int()
+    got = torch.histc(ids.to(fp16_dev), bins=8, min=0, max=7)
+    assert got.dtype == torch.int32
+    assert torch.equal(got.cpu(), torch.histc(ids.float(), bins=8, min=0, max=7).int())

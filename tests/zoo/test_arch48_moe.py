@@ -1,0 +1,67 @@
+"""Issue 48's mixture-of-experts families (tiny configs from transformers: 4 experts, 2 per
+token, random weights, nothing downloaded) in both modes on NPU-V3 float16, against eager torch
+float32 within the zoo's float16 tolerance (tools/bench_zoo.TOLERANCE, 2e-2 of the largest
+output magnitude).
+
+Before: on ``npu`` each crashed (``NotImplementedError: "histogram_cpu" not implemented for
+'Int'``: transformers passes int32 expert ids to histc on any device but CPU); compiled, 16 ops
+fell back each (topk, sort, histc, cumsum, index_put, div.Tensor_mode, transformers'
+grouped-GEMM). Still on the host, at most these counts per forward (a new fallback fails):
+compiled, transformers' ``grouped_mm_fallback`` (4: the experts' GEMMs, issue 48 item 1), the
+float cumsum into int32 of the counts (2: the scan kernel sums floats into floats only) and
+``index_put`` (2: no scatter kernel); on ``npu``, ``index_put`` (2) and histc of int32 ids (2:
+torch's meta kernel refuses integers, so it cannot be traced alone; the host counts them as
+CUDA does). topk, sort, histc (compiled) and the rounding divisions run on the chip (core
+1.14.0-1.16.0)."""
+import sys
+from pathlib import Path
+
+import pytest
+
+pytest.importorskip("transformers")
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
+
+import bench_zoo  # noqa: E402
+
+_MOE = dict(bench_zoo.DEC, num_experts_per_tok=2)
+FAMILIES = {
+    "mixtral": ("MoE decoder", bench_zoo._text("MixtralConfig", "MixtralModel", **_MOE, num_local_experts=4)),
+    "qwen2_moe": ("MoE decoder, shared expert",
+                  bench_zoo._text("Qwen2MoeConfig", "Qwen2MoeModel", **_MOE, num_experts=4, moe_intermediate_size=64,
+                                  shared_expert_intermediate_size=64)),
+    "olmoe": ("MoE decoder", bench_zoo._text("OlmoeConfig", "OlmoeModel", **_MOE, num_experts=4)),
+}
+COMPILED_HOST = {"transformers.grouped_mm_fallback.default": 4, "aten.cumsum.default": 2,
+                 "aten.index_put.default": 2}
+EAGER_HOST = {"aten::_index_put_impl": 2, "aten::histc": 2}
+
+
+@pytest.fixture
+def families(monkeypatch):
+    for name, entry in FAMILIES.items():
+        monkeypatch.setitem(bench_zoo.MODELS, name, entry)
+
+
+def _within(counts, allowed):
+    return all(n <= allowed.get(op, 0) for op, n in counts.items())
+
+
+@pytest.mark.parametrize("name", list(FAMILIES))
+def test_moe_compiled_on_npu_v3(families, name):
+    r = bench_zoo.run_one(name, "NPU-V3", "float16", runs=1)
+    assert "error_message" not in r, r
+    assert r["within_tolerance"], (r["error"], r["tolerance"])
+    assert _within(r["fallback_ops"], COMPILED_HOST), r["fallback_reasons"]
+
+
+@pytest.mark.parametrize("name", list(FAMILIES))
+def test_moe_on_the_eager_device(families, fp16_dev, name, monkeypatch):
+    import torch
+
+    monkeypatch.setenv("TORCHFL_PRECISION", "float16")
+    index = [torch.npu.get_device_name(i) for i in range(torch.npu.device_count())].index("NPU-V3")
+    r = bench_zoo.run_one_eager(name, "NPU-V3", index, "float16", runs=0)
+    assert "error_message" not in r, r
+    assert r["within_tolerance"], (r["error"], r["tolerance"])
+    assert _within(r["fallback_ops"], EAGER_HOST), r["fallback_ops"]
