@@ -138,7 +138,7 @@ def test_every_performance_number_of_a_real_chip_states_its_source_and_none_is_f
 
 def _derived(hcd, path, table):
     """What a microbenchmark table says for one number (the rows hide no launch: see each table's
-    ``launch_in_rows``): best GEMM row over the unit's peak, best copy over the off-chip peak,
+    ``timing``): best GEMM row over the unit's peak, best copy over the off-chip peak,
     median launch row."""
     rows = [r for r in _rows(MICRO / f"{table}.csv") if r["chip"] == hcd.chip.name]
     if path.endswith("sustained_fraction") and path.startswith("compute_units."):
