@@ -73,6 +73,8 @@ PUBLISHED = {
     ("core", "1.17.0"): "03e57c418b781f6648bd3001ca46ac8d9ce346ced3c2ed92c6d24db6b69ef879",
     # 1.18.0: attention with one key/value head broadcast over the query heads (issue 48: Falcon; helper arch)
     ("core", "1.18.0"): "8b168987fbbf9f33e653b7dde00af19c7e5167f5b3c4c84edd076461d75d8e6d",
+    # 1.19.0: cumsum of float counts into an integer dtype (kernels/count offsets; issue 48: MoE offsets; helper arch)
+    ("core", "1.19.0"): "ceaaf62186c771515b4d6ec40c98a5a889b9e699161762a20dbcce466b6a573c",
 }
 
 

@@ -4,7 +4,10 @@ Importing the package is cheap: torch and numba are loaded only by the layers th
 execute or capture graphs (planner, runtime, kernels' compiled modules).
 """
 
+from torchfl import import_noise
 from torchfl.version import __version__
+
+import_noise.install()   # drops two known torchao import messages, nothing else (see import_noise)
 
 __all__ = ["__version__", "explain"]
 

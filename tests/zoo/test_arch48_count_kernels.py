@@ -56,3 +56,22 @@ def test_histc_empty_and_refusals():
         get("histc").problem({"x": (4,)}, {"bins": 4, "lo": 2.0, "hi": 1.0})
     with pytest.raises(KernelError, match="use fewer bins"):
         get("histc").tile(get("histc").problem({"x": (4,)}, {"bins": 1000}), ChipModel(cache_bytes=4096))
+
+
+@pytest.mark.parametrize("cache", (1 << 20, 200, 48))
+@pytest.mark.parametrize("dtype", ("float32", "float16", "bfloat16"))
+@pytest.mark.parametrize("to", ("int32", "int64"))
+def test_offsets_match_torch_cumsum_into_ints(dtype, to, cache):
+    """cumsum(x, dtype=int): torch casts first (toward zero), then sums exactly; each strategy."""
+    chip = ChipModel(cache_bytes=cache)
+    mem = DeviceMemory(chip)
+    x = torch.tensor([[3.0, 0.0, 5.7, -2.5, 8.0, 1.0], [2.9, -0.9, 4.0, 6.0, 0.0, 7.0]])
+    xt = x.to(getattr(torch, dtype))
+    strategies = set()
+    for dim in (1, 0):
+        (y,), plan = run_checked("offsets", chip, {"x": dev(x, mem, dtype, layout=(1, 0))}, {"dim": dim, "to": to})
+        assert y.dtype == to
+        assert torch.equal(y.to_torch(), torch.cumsum(xt, dim, dtype=getattr(torch, to)))
+        strategies.add(plan.config.strategy)
+    if cache == 48:
+        assert "line_split" in strategies, strategies

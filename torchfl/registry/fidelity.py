@@ -26,6 +26,12 @@ ROW_KEYS = ("table_name", "line", "op", "family", "shapes", "dtype", "args", "so
             "predicted_s", "reason", "in_sample")
 
 
+# The plausible time of one call, as torchfl.fidelity.tables' MIN_SECONDS..MAX_SECONDS (the
+# registry layer does not import fidelity; a test checks both agree): 5e-324 s passed the old
+# "positive" check and made every error it entered infinite.
+MEASURED_S_RANGE = (1e-9, 86_400.0)
+
+
 def check_row(row: dict) -> dict:
     """A row as stored, or ValueError naming the bad field (the scorer's contract)."""
     missing = [k for k in ROW_KEYS if k not in row and k not in ("predicted_s", "reason", "in_sample")]
@@ -34,9 +40,10 @@ def check_row(row: dict) -> dict:
                          f"{', '.join(missing)}")
     out = {k: row.get(k) for k in ROW_KEYS}
     measured = float(out["measured_s"])
-    if not (math.isfinite(measured) and measured > 0):
-        raise ValueError(f"fidelity row {out['table_name']}:{out['line']}: measured_s must be a positive time, "
-                         f"got {out['measured_s']!r}")
+    low, high = MEASURED_S_RANGE
+    if not low <= measured <= high:                  # NaN fails both comparisons
+        raise ValueError(f"fidelity row {out['table_name']}:{out['line']}: measured_s must be a positive time "
+                         f"of one call, {low:g} to {high:g} s, got {out['measured_s']!r}; check the unit (seconds)")
     predicted = out["predicted_s"]
     if predicted is not None and not (math.isfinite(float(predicted)) and float(predicted) >= 0):
         raise ValueError(f"fidelity row {out['table_name']}:{out['line']}: predicted_s must be a time >= 0 or "
@@ -86,7 +93,11 @@ def fidelity_runs(registry, *, chip: str | None = None) -> list[dict]:
 
 
 def _stats(rows) -> dict:
-    planned = [(m, p, bool(s)) for m, p, s in rows if p is not None]
+    """Counts and mean errors of a run's rows; ``planned`` counts the rows with a prediction and
+    a finite error (a row recorded before measured_s was bounded, such as 5e-324 s, has an
+    infinite one: averaged, it made every mean ``inf``; it is left out of the means)."""
+    planned = [(m, p, bool(s)) for m, p, s in rows
+               if p is not None and m and math.isfinite(abs(p - m) / m)]
     errs = [abs(p - m) / m for m, p, _ in planned]
     held = [abs(p - m) / m for m, p, s in planned if not s]
     return dict(rows=len(rows), planned=len(planned), mean_abs_error=sum(errs) / len(errs) if errs else None,

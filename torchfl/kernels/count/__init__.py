@@ -1,4 +1,4 @@
-"""Count family: ``histc`` (pure Python part).
+"""Count family: ``histc`` and ``offsets`` (pure Python part).
 
 A mixture-of-experts router counts the tokens each expert receives (transformers' MoE
 integration: ``torch.histc(expert_ids, bins=E, min=0, max=E - 1)``, then a ``cumsum`` of the
@@ -10,6 +10,11 @@ empty is widened by 1 on each side. Counts
 are exact (int64 on chip) and stored in the input's dtype, as torch returns them. Values are
 compared in float32 (exact for float16 and bfloat16 inputs, and integers below 2^24: CUDA's
 histc counts int32 expert ids, which transformers passes on any device but CPU).
+
+``offsets`` is ``cumsum(counts, dtype=int32|int64)`` of float counts (the experts' offsets
+from histc's float result): torch casts the input to ``dtype`` first (truncation toward zero),
+then sums exactly; the scan family sums floats into floats only. Its lines are tiled by the
+scan family's ``scan_tiling`` (the same lines, the same bytes).
 
 Tiling (``count_tiling``): the ``bins`` int64 counters stay on chip the whole call; the
 elements stream through in double-buffered tiles, once, or twice when the range comes from
@@ -68,9 +73,32 @@ def count_tiling(p, chip):
     return make_plan(p.kernel, p.key, cfg, groups, 2 * t * ei + counters)
 
 
+def _offsets_check(p):
+    from ..scan import geometry
+
+    geometry(p)
+    if p.attrs["to"] not in ("int32", "int64"):
+        raise KernelError(f"offsets: sums into int32 or int64, not {p.attrs['to']}")
+
+
+def _offsets_meta(p):
+    return [TensorMeta(tuple(p.shapes["x"]), p.attrs["to"], None)]
+
+
+def offsets_tiling(p, chip):
+    """The scan family's tiling: whole lines streamed, long lines cut into carried chunks."""
+    from ..scan import scan_tiling
+
+    return scan_tiling(p, chip)
+
+
 KERNELS = [
     KernelSpec("histc", "count", ("x",), {"bins": 100, "lo": 0.0, "hi": 0.0}, FLOATS + ("int32", "int64"),
                doc="histogram of bins equal-width bins over [lo, hi] (lo == hi: the data's range), counts in "
                    "the input's dtype; NaN and values outside not counted",
                check=_check, meta=_meta, tiler=count_tiling, impl="run_histc"),
+    KernelSpec("offsets", "count", ("x",), {"dim": 0, "to": "int32"}, FLOATS,
+               doc="running sum along dim of float counts cast to `to` (int32/int64) first, as torch's "
+                   "cumsum(dtype=...): truncated toward zero, then exact",
+               check=_offsets_check, meta=_offsets_meta, tiler=offsets_tiling, impl="run_offsets"),
 ]

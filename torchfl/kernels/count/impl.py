@@ -116,3 +116,40 @@ def run_histc(ctx):
         out.physical().reshape(-1)[:] = counts.astype(out.physical().dtype)
     ctx.write(p.attrs["bins"] * ei)
     return [out]
+
+
+@njit(cache=True, nogil=True)
+def offsets_lines(src, dst, l0, l1, inner, code):
+    """Lines [l0, l1) of src (outer, L, inner): each value truncated to int64, summed exactly."""
+    L = src.shape[1]
+    for line in range(l0, l1):
+        o = line // inner
+        i = line - o * inner
+        acc = np.int64(0)
+        for t in range(L):
+            acc += np.int64(decode(code, src[o, t, i]))
+            dst[o, t, i] = acc
+
+
+def run_offsets(ctx):
+    from ..scan import geometry
+
+    p, cfg = ctx.problem, ctx.plan.config
+    (out,) = ctx.outputs()
+    outer, L, inner = geometry(p)
+    if out.numel == 0:
+        return [out]
+    src = np.ascontiguousarray(ctx.inputs["x"].logical()).reshape(outer, L, inner)
+    dst = out.physical().reshape(outer, L, inner)
+    ei, eo = ITEMSIZE[p.dtype], ITEMSIZE[out.dtype]
+    lines = outer * inner
+    T = cfg.tile("lines") if cfg.strategy != "line_split" else 1
+    code = _dt.code(p.dtype, ctx.chip.bf16_emulation)
+    for l0 in range(0, lines, T):
+        l1 = min(lines, l0 + T)
+        offsets_lines(src, dst, np.int64(l0), np.int64(l1), np.int64(inner), code)
+        m = (l1 - l0) * L
+        ctx.read(m * ei)
+        ctx.write(m * eo)
+        ctx.ops(m)
+    return [out]
