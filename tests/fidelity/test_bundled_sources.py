@@ -92,6 +92,13 @@ def test_evaluation_table_loads_and_states_source_licence_harness(path):
     assert not table.calibrates and table.harness_s == 0.0
 
 
+def test_no_bundled_op_table_calibrates_a_chip():
+    """Issue 47: no bundled number is fitted to an op table, so none may claim to be (the legacy
+    ``# calibrates:`` header marks a table in-sample)."""
+    tables = [load_table(p) for p in MEASUREMENTS.glob("*.csv") if not p.name.startswith("lm_")]
+    assert tables and not [t.name for t in tables if t.calibrates or t.in_sample]
+
+
 def test_bmm_and_linear_aliases_resolve_to_their_overloads():
     ops = {r.alias: r.op for p in EVAL_TABLES for r in load_table(p).rows}
     assert ops["bmm"] == "aten.bmm.default" and ops["linear"] == "aten.linear.default"
