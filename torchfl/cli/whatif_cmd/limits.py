@@ -7,7 +7,8 @@ import sys
 import click
 
 from torchfl.cli.whatif_cmd.common import (CONTEXT, check_batch, common_options, decoder_of, echo_wrapped, emit_json,
-                                            guarded, load, para, precision_of, progress_notes, show_bytes, text_table)
+                                            guarded, load, para, precision_of, precision_text, progress_notes,
+                                            show_bytes, text_table)
 from torchfl.hcd.dtypes import PRECISION_CHOICES
 
 
@@ -46,7 +47,7 @@ def max_batch(model, chip, seq_len, heads, layers, context, precision, training,
         click.echo("\n".join(para(res.reason, indent="  ")))
         sys.exit(1)
     peak = f", peak {show_bytes(res.peak_bytes)}" + (f" of {show_bytes(res.capacity_bytes)}" if res.capacity_bytes else "")
-    click.echo("\n".join(para(f"max batch of {model} ({what}, precision {res.precision or 'as captured'}) on "
+    click.echo("\n".join(para(f"max batch of {model} ({what}, precision {precision_text(res.precision, module)}) on "
                                f"{res.chip} {res.version}: {res.batch}{peak}")))
     click.echo(f"limited by: {res.limit}")
     click.echo("\n".join(para(res.reason.splitlines()[0], indent="  ")))
@@ -71,12 +72,15 @@ def max_context(model, chip, batch, precision, registry, as_json):
     from torchfl.planner import whatif
 
     module, _inputs = load(model)
-    dec = decoder_of(model, module, False)
+    dec = decoder_of(model, module, False, asked_by="plan max-context")
     target = whatif.chip_of(chip, registry)
     res = whatif.max_context(module, target, batch, precision_of(precision),
                              None if as_json else _context_progress, dec)
     if as_json:
-        emit_json(dict(res.to_dict(), model=model))
+        data = res.to_dict()
+        # a probe is a context length here (the planner's shared Probe calls it batch)
+        data["probes"] = [{("context" if k == "batch" else k): v for k, v in p.items()} for p in data["probes"]]
+        emit_json(dict(data, model=model))
         return
     if res.context == 0:
         echo_wrapped(f"{model} does not fit {res.chip} {res.version} at batch {batch} even with a short context: "
@@ -84,7 +88,7 @@ def max_context(model, chip, batch, precision, registry, as_json):
         echo_wrapped(res.reason.splitlines()[0], indent="  ")
         sys.exit(1)
     peak = f", peak {show_bytes(res.peak_bytes)}" + (f" of {show_bytes(res.capacity_bytes)}" if res.capacity_bytes else "")
-    echo_wrapped(f"max context of {model} (batch {batch}, precision {res.precision or 'as captured'}) on {res.chip} "
+    echo_wrapped(f"max context of {model} (batch {batch}, precision {precision_text(res.precision, module)}) on {res.chip} "
           f"{res.version}: {res.context} tokens{peak}, KV cache {show_bytes(res.kv_cache_bytes)}")
     click.echo(f"limited by: {res.limit}")
     echo_wrapped(res.reason.splitlines()[0], indent="  ")

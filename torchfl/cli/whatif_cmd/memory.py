@@ -5,7 +5,8 @@ from __future__ import annotations
 import click
 
 from torchfl.cli.whatif_cmd.common import (CONTEXT, check_batch, common_options, decoder_of, emit_json, fail, guarded,
-                                            load, model_options, para, precision_of, show_bytes, text_table)
+                                            load, model_options, para, precision_of, precision_text, show_bytes,
+                                            text_table)
 
 
 @click.command("memory")
@@ -41,7 +42,7 @@ def memory(model, chip, batch, seq_len, heads, layers, context, precision, train
                 "graphs": [_memory_json(x.memory, x) for x in plans] if p.ok else [_memory_json(mp, None)]}
         emit_json(data)
     else:
-        click.echo(f"{model} on {p.chip} {p.version} (precision {p.precision or 'as captured'}"
+        click.echo(f"{model} on {p.chip} {p.version} (precision {precision_text(p.precision, module)}"
                    f"{', training step' if training else ''})")
         if p.ok:
             for name, x in zip(("forward", "backward") if training else ("inference",), plans):

@@ -7,7 +7,7 @@ import sys
 import click
 
 from torchfl.cli.whatif_cmd.common import (PROMPT, decoder_of, echo_wrapped, emit_json, fail, guarded, load, para,
-                                            precision_of, show_bytes, show_time, text_table)
+                                            precision_of, precision_text, show_bytes, show_time, text_table)
 from torchfl.cli.whatif_cmd.confidence import confidence_cells, confidence_legend, confidence_sentence
 from torchfl.hcd.dtypes import PRECISION_CHOICES
 
@@ -50,7 +50,7 @@ def decode(model, chip, context, prompt, batch, precision, engine, kv_cache, reg
     from torchfl.planner.confidence import fidelity_evidence
 
     module, _inputs = load(model)
-    dec = decoder_of(model, module, False)
+    dec = decoder_of(model, module, False, asked_by="plan decode")
     target = whatif.chip_of(chip, registry)
     r = whatif.decode_row(target, dec, batch, prompt, context, precision_of(precision),
                           engine=engine_of(engine, kv_cache), evidence=fidelity_evidence(registry, [target.name]))
@@ -62,7 +62,7 @@ def decode(model, chip, context, prompt, batch, precision, engine, kv_cache, reg
     if not r["ok"]:
         fail(r["error_kind"], r["error"])
     cap = f" of {show_bytes(r['capacity_bytes'])}" if r["capacity_bytes"] else ""
-    echo_wrapped(f"{model} on {r['chip']} {r['version']} (precision {r['precision'] or 'as captured'}, batch {batch}; "
+    echo_wrapped(f"{model} on {r['chip']} {r['version']} (precision {precision_text(r['precision'], module)}, batch {batch}; "
                  f"{r['assumes']}; predicted by the plans' cost model)")
     echo_wrapped(f"prefill of {prompt} tokens (time to first token): {show_time(r['prefill_s'])}", indent="  ")
     echo_wrapped(f"decode at context {context}: {decode_speed(r)}", indent="  ")
