@@ -19,5 +19,5 @@ def test_compare_counts_chips_not_lines():
 
 def test_decode_counts_chips_not_lines():
     res = {"rows": [_failed("NPU-V3"), _failed("NPU-V2"), _failed("EDGE-C2")], "batch": 1, "prompt": 8,
-           "context": 64, "planning_s": 1.0}
+           "context": 64, "planning_s": 1.0, "assumes": "engine eager, KV cache copied each step"}
     assert "Not plannable (3):" in decode_text("llama-7b", res)

@@ -67,6 +67,9 @@ def gcs_silence(address: str, timeout: float = GCS_TIMEOUT_S) -> str | None:
                 head += chunk
     except socket.timeout:
         return "no answer"
+    except (ConnectionResetError, BrokenPipeError):
+        # a listener that closes with our preface unread resets the connection (a race with close)
+        return "it closed the connection"
     except OSError as exc:
         return f"connection failed: {exc.strerror or exc}"
     if head[3] != 4 or int.from_bytes(head[5:9], "big") & 0x7FFFFFFF != 0:

@@ -39,7 +39,10 @@ def compare_unit(model: str, size: dict, chip: str, registry: str | None, precis
     module, inputs = _load(model, size)
     target = whatif.chip_of(chip, registry)
     (planned,) = whatif.plan_everywhere(module, inputs, [target], precision, training)
-    return whatif.row(planned, target)
+    from torchfl.planner.confidence import fidelity_evidence
+
+    # the chip's out-of-sample check read from the same registry as the local compare reads it
+    return whatif.row(planned, target, fidelity_evidence(registry, [chip]))
 
 
 def impact_unit(chip: str, v1: str, v2: str, model: str, registry: str | None, precision, training: bool) -> dict:
