@@ -52,7 +52,9 @@ def impact_unit(chip: str, v1: str, v2: str, model: str, registry: str | None, p
     module, inputs = _load(model, {})
     c1, c2 = whatif.chip_of(chip, registry, v1), whatif.chip_of(chip, registry, v2)
     before, after = whatif.plan_everywhere(module, inputs, [c1, c2], precision, training)
-    return whatif.diff_plans(before, after, model, c1, c2).to_dict()
+    from torchfl.planner.confidence import fidelity_evidence
+
+    return whatif.diff_plans(before, after, model, c1, c2, fidelity_evidence(registry, [chip])).to_dict()
 
 
 def _chip_hashes(reg, names, versions=None) -> dict:
