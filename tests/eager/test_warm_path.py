@@ -263,7 +263,10 @@ def test_eval_batch_norm_is_one_direct_kernel_with_empty_statistics(fp16_dev):
         got = torch.ops.aten.native_batch_norm.default(*dargs, False, 0.1, 1e-5)
         assert [(tuple(t.shape), t.dtype) for t in got] == [(tuple(t.shape), t.dtype) for t in ref]
         torch.testing.assert_close(got[0].cpu().float(), ref[0].float(), rtol=0, atol=4e-3)
-    route = _route_of(ops, torch.ops.aten.native_batch_norm.default)
+    # this call's own route (by its fast key): another test on this worker may have left a
+    # training-mode batch-norm route on the same device, which _route_of could pick first
+    key, _, dev = ops.fast_key(torch.ops.aten.native_batch_norm.default, [*dargs, False, 0.1, 1e-5])
+    route = dev.fast_routes[key]
     assert [s.kernel for s in route.plan.steps] == ["batch_norm_infer"]
     assert isinstance(route.direct, direct.DirectRun)
     with torch.no_grad():                                  # the module path reads output 0
