@@ -24,6 +24,9 @@ from ..spec import numel as _prod
 from ..tiling import TileConfig, Traffic, make_plan
 
 DTYPES = FLOATS + ("int8",)
+# trans_a / trans_b (core 1.20.0's transposed-operand fusions): the operand is the tensor before a
+# transpose of its last two axes, read in place; the tiling prices the same bytes per tile
+TRANS = {"trans_a": False, "trans_b": False}
 QUANT = {"a_scale": 1.0, "a_zero": 0, "b_scale": 1.0, "b_zero": 0, "out_scale": 0.0, "out_zero": 0}
 # qlinear (quantised graphs: dequantize -> linear [-> relu] [-> quantize]): per-tensor scales and
 # zero points as attributes, per-output-channel weight ones as the w_scales / w_zero_points
@@ -31,6 +34,23 @@ QUANT = {"a_scale": 1.0, "a_zero": 0, "b_scale": 1.0, "b_zero": 0, "out_scale": 
 QLINEAR = {"x_scale": 1.0, "x_zero_point": 0, "w_scale": 1.0, "w_zero_point": 0, "out_scale": None,
            "out_zero_point": 0, "out_min": -128, "out_max": 127, "relu": False, "out_dtype": "float32"}
 QVECS = ("bias", "w_scales", "w_zero_points")   # qlinear's per-output-channel epilogue vectors
+
+
+def _flags(ta, tb):
+    """The transposed operands of a call, as its shape error states them."""
+    said = [f for f, on in (("trans_a: a given as [...,K,M]", ta), ("trans_b: b given as [...,N,K]", tb)) if on]
+    return f" ({'; '.join(said)})" if said else ""
+
+
+def _operand(shape, trans, rank):
+    """(batch, rows, cols) of a batched GEMM operand as the GEMM reads it: ``rank``-D as stored,
+    or, transposed (``trans_*``: the tensor before a transpose the kernel folds), its last two
+    axes swapped and any leading axes (rank >= ``rank``; a view merged them) multiplied into the
+    batch; (None, None, None) for a rank that does not fit."""
+    if len(shape) != rank and not (trans and len(shape) >= rank):
+        return None, None, None
+    r, c = (shape[-1], shape[-2]) if trans else (shape[-2], shape[-1])
+    return _prod(shape[:-2]), r, c
 
 
 class Gemm:
@@ -42,19 +62,27 @@ class Gemm:
     def __init__(self, p):
         name = p.kernel
         s = p.shapes
+        ta, tb = bool(p.attrs.get("trans_a")), bool(p.attrs.get("trans_b"))
         if name == "bmm":
             a, b = s["a"], s["b"]
-            if len(a) != 3 or len(b) != 3 or a[0] != b[0] or a[2] != b[1]:
-                raise KernelError(f"bmm: expects a[B,M,K] and b[B,K,N], got a{list(a)} b{list(b)}")
-            self.batch, self.M, self.K, self.N, self.b_shared = a[0], a[1], a[2], b[2], False
-            self.out_shape = (a[0], a[1], b[2])
+            ba, m, ka = _operand(a, ta, 3)
+            bb, kb, n = _operand(b, tb, 3)
+            if ba is None or bb is None or ba != bb or ka != kb:
+                raise KernelError(f"bmm: expects a[B,M,K] and b[B,K,N], got a{list(a)} b{list(b)}{_flags(ta, tb)}")
+            self.batch, self.M, self.K, self.N, self.b_shared = ba, m, ka, n, False
+            self.out_shape = (ba, m, n)
         elif name in ("matmul", "matmul_gelu"):
             a, b = s["a"], s["b"]
-            if len(a) < 1 or len(b) != 2 or a[-1] != b[0]:
+            if len(a) < 1 or len(b) != 2 or (ta and len(a) != 2) or (a[0] if ta else a[-1]) != b[int(tb)]:
                 raise KernelError(f"{name}: expects a[...,M,K] and b[K,N], got a{list(a)} b{list(b)}"
-                                  " (for batched b use bmm)")
-            self.batch, self.M, self.K, self.N, self.b_shared = 1, _prod(a[:-1]), a[-1], b[1], True
-            self.out_shape = tuple(a[:-1]) + (b[1],)
+                                  f"{_flags(ta, tb)} (for batched b use bmm{'; a transposed a is 2-D' if ta else ''})")
+            n = b[0] if tb else b[1]
+            if ta:
+                self.batch, self.M, self.K, self.N, self.b_shared = 1, a[1], a[0], n, True
+                self.out_shape = (a[1], n)
+            else:
+                self.batch, self.M, self.K, self.N, self.b_shared = 1, _prod(a[:-1]), a[-1], n, True
+                self.out_shape = tuple(a[:-1]) + (n,)
         else:
             x, w = s["x"], s["w"]
             if len(x) < 1 or len(w) != 2 or x[-1] != w[1]:
@@ -251,6 +279,9 @@ def plan_gemm(p, chip):
 
 _DOC_Q = " int8: int32 accumulation of (a-a_zero)(b-b_zero), scaled by a_scale*b_scale (float32 out, or int8 when out_scale is set)."
 _LIN_IN = ("x", "w", "bias?")
+_DOC_T = (" trans_a / trans_b: that operand is given as stored before a transpose (a[K,M], b[N,K]; for bmm"
+          " b[...,N,K] and a[...,K,M], the leading axes a view merges into B) and read in place through"
+          " its strides, as a GEMM library's op(B) = T: the same bytes per tile, no copy.")
 
 
 def _spec(name, inputs, attrs, doc, fuses=()):
@@ -260,12 +291,14 @@ def _spec(name, inputs, attrs, doc, fuses=()):
 
 
 KERNELS = [
-    _spec("matmul", ("a", "b", "bias?"), {"alpha": 1.0, "beta": 1.0, **QUANT},
-          "a[...,M,K] @ b[K,N] (mm), alpha*(a@b) + beta*bias[N] (addmm)." + _DOC_Q, ("aten.mm", "aten.addmm", "aten.matmul")),
+    _spec("matmul", ("a", "b", "bias?"), {"alpha": 1.0, "beta": 1.0, **TRANS, **QUANT},
+          "a[...,M,K] @ b[K,N] (mm), alpha*(a@b) + beta*bias[N] (addmm)." + _DOC_T + _DOC_Q,
+          ("aten.mm", "aten.addmm", "aten.matmul")),
     _spec("matmul_gelu", ("a", "b", "bias?"), {"alpha": 1.0, "beta": 1.0, "approximate": "none"},
           "gelu(alpha*(a@b) + beta*bias[N]) (approximate none=erf or tanh), fused epilogue: addmm with "
           "an un-transposed weight (GPT-2's Conv1D) then GELU.", ("aten.addmm", "aten.gelu")),
-    _spec("bmm", ("a", "b"), {"alpha": 1.0, **QUANT}, "a[B,M,K] @ b[B,K,N]." + _DOC_Q, ("aten.bmm",)),
+    _spec("bmm", ("a", "b"), {"alpha": 1.0, **TRANS, **QUANT}, "a[B,M,K] @ b[B,K,N]." + _DOC_T + _DOC_Q,
+          ("aten.bmm",)),
     _spec("linear", _LIN_IN, dict(QUANT), "x[...,K] @ w[N,K]^T + bias[N]." + _DOC_Q, ("aten.linear",)),
     _spec("linear_relu", _LIN_IN, dict(QUANT), "relu(linear(x, w, bias)), fused epilogue.",
           ("aten.linear", "aten.relu")),

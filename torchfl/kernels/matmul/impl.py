@@ -47,21 +47,38 @@ class _Site:
         self.b_res = bool(cfg.tile("b_resident", 0))
         self.code = dt.code(p.dtype, ctx.chip.bf16_emulation)
         bst, _ = _estrides(b)
+        ta, tb = bool(p.attrs.get("trans_a")), bool(p.attrs.get("trans_b"))
         if p.kernel == "bmm":
-            ar, self.aks = _row_offsets(a, 2)
-            self.a_rows = ar.reshape(Bt, M)
-            self.b_base = np.arange(Bt, dtype=np.int64) * bst[0]
-            self.b_ks, self.b_ns = bst[1], bst[2]
+            if ta:                     # a stored [..., K, M]: A[b, m, k] at base_b + m*s[-1] + k*s[-2]
+                self.a_rows, self.aks = _transposed_rows(a, M)
+            else:
+                ar, self.aks = _row_offsets(a, 2)
+                self.a_rows = ar.reshape(Bt, M)
+            self.b_base = _row_offsets(b, b.ndim - 2)[0] if b.ndim > 2 else np.zeros(1, np.int64)
+            self.b_ks, self.b_ns = (bst[-1], bst[-2]) if tb else (bst[-2], bst[-1])
             self.c_rows = (np.arange(Bt * M, dtype=np.int64) * N).reshape(Bt, M)
         else:
-            ar, self.aks = _row_offsets(a, a.ndim - 1)
-            self.a_rows = ar.reshape(1, M)
+            if ta:                     # a stored [K, M]
+                self.a_rows, self.aks = _transposed_rows(a, M)
+            else:
+                ar, self.aks = _row_offsets(a, a.ndim - 1)
+                self.a_rows = ar.reshape(1, M)
             self.b_base = np.zeros(1, np.int64)
-            if p.kernel in ("matmul", "matmul_gelu"):
+            if p.kernel in ("matmul", "matmul_gelu") and not tb:
                 self.b_ks, self.b_ns = bst[0], bst[1]
-            else:                      # w[N, K]: B[k, n] = w[n, k]
+            else:                      # w[N, K] (or a trans_b b): B[k, n] = w[n, k]
                 self.b_ks, self.b_ns = bst[1], bst[0]
             self.c_rows = (np.arange(M, dtype=np.int64) * N).reshape(1, M)
+
+
+def _transposed_rows(a, M):
+    """([batch, M] row offsets, K stride) of A read from its transpose ``a`` (stored [..., K, M]):
+    row m of a batch starts at the batch's base + m * (a's last stride) and walks K along a's
+    second-to-last stride, so no transposed copy of ``a`` is ever made."""
+    st, _ = _estrides(a)
+    base = _row_offsets(a, a.ndim - 2)[0] if a.ndim > 2 else np.zeros(1, np.int64)
+    rows = base[:, None] + np.arange(M, dtype=np.int64)[None, :] * st[-1]
+    return rows, st[-2]
 
 
 def run_gemm(ctx):
