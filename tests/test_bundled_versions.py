@@ -75,6 +75,8 @@ PUBLISHED = {
     ("core", "1.18.0"): "8b168987fbbf9f33e653b7dde00af19c7e5167f5b3c4c84edd076461d75d8e6d",
     # 1.19.0: cumsum of float counts into an integer dtype (kernels/count offsets; issue 48: MoE offsets; helper arch)
     ("core", "1.19.0"): "ceaaf62186c771515b4d6ec40c98a5a889b9e699161762a20dbcce466b6a573c",
+    # 1.20.0: a transposed GEMM operand read in place (bmm/mm/addmm trans_a/trans_b fusions; issue 47; helper bmmnt)
+    ("core", "1.20.0"): "98a74af0f18f81772a94be27d3150c424db427afad0aa2fc667c696a87ae7b77",
 }
 
 
