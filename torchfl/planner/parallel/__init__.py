@@ -14,7 +14,8 @@ Emulated multi-device execution is not here (issue 49 item 3).
 
 from torchfl.planner.parallel.collectives import all_gather_s, all_reduce_s, p2p_s
 from torchfl.planner.parallel.shard import ShardError, shard_config, shard_lm
-from torchfl.planner.parallel.split import Chips, ParallelError, Split, candidates, parse_chips, plan_parallel
+from torchfl.planner.parallel.split import (Chips, ParallelError, Split, candidates, collective_seconds, parse_chips,
+                                            plan_parallel)
 
 __all__ = ["all_gather_s", "all_reduce_s", "p2p_s", "ShardError", "shard_config", "shard_lm", "Chips",
-           "ParallelError", "Split", "candidates", "parse_chips", "plan_parallel"]
+           "ParallelError", "Split", "candidates", "collective_seconds", "parse_chips", "plan_parallel"]

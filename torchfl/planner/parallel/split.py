@@ -68,8 +68,8 @@ def candidates(chips: int, config, tp: int | None = None, pp: int | None = None)
 
     layers = config.num_hidden_layers
     if tp is not None or pp is not None:
-        t = tp or chips // (pp or 1)
-        p = pp or chips // t
+        t = tp or max(1, chips // (pp or 1))
+        p = pp or max(1, chips // t)
         if t * p != chips:
             raise ParallelError(f"--tp {t} x --pp {p} = {t * p} chips, but --chips gives {chips}; "
                                 f"choose tp x pp = {chips}")
@@ -102,11 +102,11 @@ def _itemsize(lm, precision) -> int:
     return torch.empty((), dtype=next(iter(lm.parameters())).dtype).element_size()
 
 
-def _collectives(lm, split: Split, batch: int, tokens: int, item: int, ic) -> dict:
-    """Seconds of one forward's collectives over the whole pipeline (module docstring)."""
+def collective_seconds(cfg, split: Split, batch: int, tokens: int, item: int, ic) -> dict:
+    """Seconds of one forward's collectives over the whole pipeline (module docstring) of a model
+    with config ``cfg``: ``batch`` x ``tokens`` activations of ``item`` bytes an element."""
     from torchfl.planner.parallel.collectives import all_gather_s, all_reduce_s, p2p_s
 
-    cfg = lm.config
     act = batch * tokens * cfg.hidden_size * item
     reduces = 2 * cfg.num_hidden_layers + 1 if split.tp > 1 else 0
     ar = reduces * all_reduce_s(act, split.tp, ic)
@@ -134,7 +134,7 @@ def _decode_split(lm, target, split: Split, batch: int, context: int, precision,
     stage = step.plan.summary.per_call_time_s
     if engine.cache == "paged":
         stage -= paged_saving(step.plan, target.model)
-    comm = _collectives(lm, split, batch, 1, _itemsize(lm, step.precision), target.hcd.interconnect)
+    comm = collective_seconds(lm.config, split, batch, 1, _itemsize(lm, step.precision), target.hcd.interconnect)
     compute = split.pp * stage
     total = compute + comm["collective_s"]
     bound, share = bound_resource(step.plan, target.model)
@@ -164,7 +164,7 @@ def _prefill(lm, target, row: dict, batch: int, prompt: int, precision) -> None:
         row.update(prefill_error=str(p.error).splitlines()[0])
         return
     split = Split(row["tp"], row["pp"])
-    comm = _collectives(lm, split, batch, prompt, _itemsize(lm, p.precision), target.hcd.interconnect)
+    comm = collective_seconds(lm.config, split, batch, prompt, _itemsize(lm, p.precision), target.hcd.interconnect)
     row.update(prefill_s=split.pp * p.plan.summary.per_call_time_s + comm["collective_s"],
                prefill_collective_s=comm["collective_s"], prefill_fallbacks=p.plan.summary.fallbacks)
 
