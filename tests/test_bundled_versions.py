@@ -81,6 +81,8 @@ PUBLISHED = {
     ("core", "1.18.0"): "8b168987fbbf9f33e653b7dde00af19c7e5167f5b3c4c84edd076461d75d8e6d",
     # 1.19.0: cumsum of float counts into an integer dtype (kernels/count offsets; issue 48: MoE offsets; helper arch)
     ("core", "1.19.0"): "ceaaf62186c771515b4d6ec40c98a5a889b9e699161762a20dbcce466b6a573c",
+    # 1.20.0: index_put / _index_put_impl (kernels/index/put; issue 48: MoE's inverse permutation; helper moe)
+    ("core", "1.20.0"): "465af328e667d2a5ea4086b1c5f39e9bfb46146a2e882eb80c30e7c26256ec10",
 }
 
 
