@@ -45,6 +45,12 @@ PUBLISHED = {
     ("MI210", "1.2.0"): "3501ec269e5174b3d10a7944df6e6bc376287a78a287fae86434041efd4d98a8",
     ("MI300X", "1.1.0"): "3a81699f03f158f7016d9fcafdbdea2a3eebbfefd838bdc3c4aa0c7511ef02da",
     ("TPU-V5E", "1.1.0"): "96694a4f5305b840c26c924924a2bb9d1b61ba146ac5c99641537dd733b4dbee",
+    # format 1.2 interconnect: chip-to-chip links with their sources (issue 49, helper multichip)
+    ("A100-SXM4-80GB", "1.4.0"): "3bac1b8e07c094b1a45f606da0bf183b7656a2661e69c019619a300edd2b827b",
+    ("H100-SXM5-80GB", "1.3.0"): "4a947f11f2b2f1033b3ef9e6a96a9c4fc68c3a0994c46663ec0120c834bb05be",
+    ("MI300X", "1.2.0"): "b1c346109da5842f04c11cd7fa5e940d4903362e34e98f0124d9d83f4c2010a7",
+    ("GAUDI2", "1.2.0"): "d947d10f63b0c94347e2e685c4459fc0522ea7f5c8ce939a549b2d9f53426080",
+    ("TPU-V5E", "1.2.0"): "b1db88f48c369d722e48fbfda4907b530800fab941799a56741c075177945533",
     ("core", "1.1.0"): "c15736687fbf9c6d338ee2193ad39a6d79876ac13502aaa81e6c1f3270708664",
     ("core", "1.2.0"): "56e9e7a1e3cf288b344fd8e8cadd3edb0f9063048cf58e6fa7be7a289681456d",
     ("core", "1.3.0"): "4bf2811c4fe2574b9bdfe6539edf3013d49e5153d1d829f48acf3cfe8e0bfce0",
@@ -75,8 +81,10 @@ PUBLISHED = {
     ("core", "1.18.0"): "8b168987fbbf9f33e653b7dde00af19c7e5167f5b3c4c84edd076461d75d8e6d",
     # 1.19.0: cumsum of float counts into an integer dtype (kernels/count offsets; issue 48: MoE offsets; helper arch)
     ("core", "1.19.0"): "ceaaf62186c771515b4d6ec40c98a5a889b9e699161762a20dbcce466b6a573c",
-    # 1.20.0: a transposed GEMM operand read in place (bmm/mm/addmm trans_a/trans_b fusions; issue 47; helper bmmnt)
-    ("core", "1.20.0"): "98a74af0f18f81772a94be27d3150c424db427afad0aa2fc667c696a87ae7b77",
+    # 1.20.0: index_put / _index_put_impl (kernels/index/put; issue 48: MoE's inverse permutation; helper moe)
+    ("core", "1.20.0"): "465af328e667d2a5ea4086b1c5f39e9bfb46146a2e882eb80c30e7c26256ec10",
+    # 1.21.0: a transposed GEMM operand read in place (bmm/mm/addmm trans_a/trans_b fusions; issue 47; helper bmmnt)
+    ("core", "1.21.0"): "aae6627cba79664161d2e199e03f32eff49e6ec0dfd4ef5cb40acf629d635e48",
 }
 
 

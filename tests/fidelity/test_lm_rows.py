@@ -115,7 +115,8 @@ def test_unknown_op_is_still_refused_at_load():
 def test_bundled_language_model_tables_cite_their_source():
     """Each published LLaMA-2 7B table names where its numbers come from, its terms and the
     engine's per-token overhead; the A100 and H100 both have rows."""
-    lm = [t for t in load_tables(bundled_tables()) if {r.family for r in t.rows} <= {"prefill", "decode", "generate"}]
+    lm = [t for t in load_tables(bundled_tables()) if {r.family for r in t.rows} <= {"prefill", "decode", "generate"}
+          and "_tp" not in str(t.path).rsplit("/", 1)[-1]]    # tensor-parallel tables: tests/parallel/test_tp_fidelity.py
     assert len(lm) == 4
     chips = set()
     for t in lm:
@@ -129,3 +130,37 @@ def test_bundled_language_model_tables_cite_their_source():
         chips |= {r.chip for r in t.rows}
     assert chips == {"A100-SXM4-80GB", "H100-SXM5-80GB"}
     assert {r.family for t in lm for r in t.rows} == {"prefill", "decode", "generate"}
+
+
+def test_paged_cache_rows_leave_out_the_cache_copies_as_plan_decode_does(a100):
+    """A row stating ``"kv_cache": "paged"`` (an engine writing the new token's keys and values in
+    place: vLLM, TensorRT-LLM, LMDeploy, gpt-fast's static cache) is priced as ``plan decode
+    --kv-cache paged`` prices it: the captured step without its whole-cache copies (``paged_saving``,
+    the same Engine); "copied" is the default; any other value is refused with the choices."""
+    from torchfl.fidelity.lm import _decoder
+    from torchfl.planner.whatif import plan_decode
+    from torchfl.planner.whatif.serving import Engine, paged_saving
+
+    head = "chip,op,shapes,dtype,args,seconds,source\n"
+    text = (head + 'A100-SXM4-80GB,decode,2x300,float16,"{""model"": ""tiny-llama""}",0.0004,c\n'
+            'A100-SXM4-80GB,decode,2x300,float16,"{""model"": ""tiny-llama"", ""kv_cache"": ""copied""}",0.0004,c2\n'
+            'A100-SXM4-80GB,decode,2x300,float16,"{""model"": ""tiny-llama"", ""kv_cache"": ""paged""}",0.0004,p\n'
+            'A100-SXM4-80GB,generate,2x300,float16,"{""model"": ""tiny-llama"", ""kv_cache"": ""paged"", '
+            '""new_tokens"": 4}",0.01,gp\n'
+            'A100-SXM4-80GB,generate,2x300,float16,"{""model"": ""tiny-llama"", ""new_tokens"": 4}",0.01,gc\n')
+    copied, copied2, paged, gen_paged, gen_copied = score_tables([parse_table(text, "kv.csv")],
+                                                                 lambda name: a100).predictions
+    assert copied.predicted_s == copied2.predicted_s
+    step = plan_decode(a100, _decoder("tiny", "float16"), 2, 300, None).plan
+    saved = paged_saving(step, a100.model)
+    assert saved > 0 and paged.predicted_s == pytest.approx(copied.predicted_s - saved)
+    assert "KV cache paged" in paged.notes[0] and "KV cache paged" not in copied.notes[0]
+    # a request saves it on each of its new_tokens - 1 steps (at the mean context 302), not on the prefill
+    mean_step = plan_decode(a100, _decoder("tiny", "float16"), 2, 302, None).plan
+    assert gen_copied.predicted_s - gen_paged.predicted_s == pytest.approx(3 * paged_saving(mean_step, a100.model))
+    assert Engine("eager", "paged").cache == "paged"
+    bad = parse_table(head + 'A100-SXM4-80GB,decode,2x300,float16,"{""model"": ""tiny-llama"", '
+                             '""kv_cache"": ""ring""}",0.0004,r\n', "bad.csv")
+    (refused,) = score_tables([bad], lambda name: a100).predictions
+    assert refused.predicted_s is None
+    assert "kv_cache" in refused.reason and "copied, paged" in refused.reason and "'ring'" in refused.reason

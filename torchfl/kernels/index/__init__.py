@@ -9,6 +9,9 @@
 - ``gather``: ``torch.gather(x, dim, index)``; ``index_select``: whole slices along dim;
 - ``as_strided``: the window ``size``/``stride``/``storage_offset`` over x's row-major
   elements (x as a contiguous tensor, as capture gives it).
+- ``index_put``: the scatter ``x[i0, i1, ...] = values`` (or ``+=`` with ``accumulate``),
+  ``aten.index_put`` / ``aten._index_put_impl``: the same addresses as ``index``, written
+  instead of read (module ``put``: its own tiling).
 
 Every output element reads one element of x at an address the chip's address generator
 computes from the indices: one body, one tiling. Out-of-range indices are an error that
@@ -38,13 +41,13 @@ IDS = ("int32", "int64")
 
 def index_names(p):
     """The index inputs of a call (in the order of the dims they index)."""
-    if p.kernel == "index":
+    if p.kernel in ("index", "index_put"):
         return [f"i{d}" for d in range(MAXIDX) if f"i{d}" in p.shapes]
     return ["index"] if p.kernel in ("gather", "index_select") else []
 
 
 def index_dims(p):
-    return [int(n[1:]) for n in index_names(p)] if p.kernel == "index" else []
+    return [int(n[1:]) for n in index_names(p)] if p.kernel in ("index", "index_put") else []
 
 
 def _dim(p):
@@ -59,7 +62,7 @@ def out_shape(p):
     from ..elementwise import broadcast_shape
 
     xs, k = tuple(p.shapes["x"]), p.kernel
-    if k == "index":
+    if k in ("index", "index_put"):     # index_put: the shape of the addressed elements
         dims = index_dims(p)
         B = broadcast_shape([p.shapes[f"i{d}"] for d in dims], "index")
         if dims == list(range(dims[0], dims[-1] + 1)):
@@ -79,12 +82,12 @@ def _check(p):
         if p.dtype_of(n) not in IDS:
             raise KernelError(f"{k}: index {n} must be int32 or int64, got {p.dtype_of(n)} (a bool mask index "
                               "has a data-dependent shape: no kernel)")
-    if k == "index":
+    if k in ("index", "index_put"):
         dims = index_dims(p)
         if not dims:
-            raise KernelError("index: at least one index tensor (i0..i5) is required")
+            raise KernelError(f"{k}: at least one index tensor (i0..i5) is required")
         if dims[-1] >= len(xs):
-            raise KernelError(f"index: too many indices for x of rank {len(xs)} (index on dim {dims[-1]})")
+            raise KernelError(f"{k}: too many indices for x of rank {len(xs)} (index on dim {dims[-1]})")
     elif k == "gather":
         d, ix = _dim(p), p.shapes["index"]
         if len(ix) != len(xs) and _n(ix):
@@ -140,6 +143,8 @@ def _spec(name, inputs, attrs, doc):
                       mixed_dtypes=True, dtype_input="x")
 
 
+from .put import PUT_SPEC  # noqa: E402  (uses the helpers above)
+
 KERNELS = [
     _spec("index", ("x",) + IDX, {}, "x[i0, i1, ...]: advanced indexing by int index tensors on the dims "
           "they are named after (broadcast together; negative indices from the end)"),
@@ -147,4 +152,5 @@ KERNELS = [
     _spec("index_select", ("x", "index"), {"dim": 0}, "the slices of x at a 1-D index along dim"),
     _spec("as_strided", ("x",), {"size": (), "stride": (), "storage_offset": None},
           "the strided window over x's row-major elements"),
+    PUT_SPEC,
 ]

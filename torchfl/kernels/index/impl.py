@@ -7,7 +7,9 @@ import numpy as np
 from numba import njit
 
 from . import _dim, index_dims, index_names, out_shape
-from ..dtypes import ITEMSIZE
+from .. import dtypes as _dt
+from ..codecs import decode, enc16
+from ..dtypes import FLOATS, ITEMSIZE
 
 
 @njit(cache=True, nogil=True)
@@ -114,4 +116,91 @@ def run_index(ctx):
         ctx.read((e - s) * per)
         ctx.write((e - s) * es)
         ctx.ops((e - s) * len(names))
+    return [out]
+
+
+# ---------------------------------------------------------------- index_put (module put)
+
+@njit(cache=True, nogil=True)
+def scatter_elems(src, offs, dst):
+    """dst[offs[i]] = src[i] in order: a repeated address keeps the last value (torch's CPU kernel)."""
+    for i in range(offs.shape[0]):
+        dst[offs[i]] = src[i]
+
+
+@njit(cache=True, nogil=True)
+def scatter_add_floats(src, offs, dst, code):
+    """dst[offs[i]] += src[i] in order, each sum rounded to the storage dtype (code: codecs)."""
+    for i in range(offs.shape[0]):
+        o = offs[i]
+        s = decode(code, dst[o]) + decode(code, src[i])
+        if code == 0:
+            dst[o] = s
+        else:
+            dst[o] = enc16(code, s)
+
+
+@njit(cache=True, nogil=True)
+def scatter_add_ints(src, offs, dst):
+    for i in range(offs.shape[0]):
+        dst[offs[i]] = dst[offs[i]] + src[i]
+
+
+@njit(cache=True, nogil=True)
+def scatter_or(src, offs, dst):
+    """bool accumulate: torch adds booleans as a logical or."""
+    for i in range(offs.shape[0]):
+        dst[offs[i]] = dst[offs[i]] or src[i]
+
+
+def run_index_put(ctx):
+    from . import put
+
+    p, cfg = ctx.problem, ctx.plan.config
+    (out,) = ctx.outputs()
+    x, values = ctx.inputs["x"], ctx.inputs["values"]
+    es = ITEMSIZE[x.dtype]
+    out.logical()[...] = x.logical()                 # phase 1: the copy, streamed tile by tile
+    ctx.read(x.numel * es)
+    ctx.write(x.numel * es)
+    vshape = out_shape(p)
+    nv = int(np.prod(vshape)) if vshape else 1
+    if nv == 0:
+        return [out]
+    acc = bool(p.attrs["accumulate"])
+    names = index_names(p)
+    mask = cfg.tile("resident_mask", 0)
+    per = es * acc + (0 if mask & put.VALUES_BIT else es)
+    per += sum(ITEMSIZE[p.dtype_of(nm)] for i, nm in enumerate(names) if not mask >> i & 1)
+    for i, nm in enumerate(names):
+        if mask >> i & 1:
+            ctx.read(ctx.inputs[nm].nbytes)          # resident: loaded once
+    if mask & put.VALUES_BIT:
+        ctx.read(values.nbytes)
+    vl = values.logical()
+    vb = np.broadcast_to(vl.reshape((1,) * (len(vshape) - vl.ndim) + vl.shape), vshape)
+    dst = out.physical().reshape(-1)
+    ost = _strides(out)
+    floats = x.dtype in FLOATS
+    code = _dt.code(x.dtype, ctx.chip.bf16_emulation) if floats else 0
+    T = cfg.tile("elements")
+    for s in range(0, nv, T):
+        e = min(nv, s + T)
+        coords = np.unravel_index(np.arange(s, e, dtype=np.int64), vshape) if vshape else ()
+        xc = _x_coords(ctx, p, list(coords), vshape)
+        offs = np.zeros(e - s, np.int64)
+        for c, st in zip(xc, ost):
+            offs += c * st
+        src = np.ascontiguousarray(vb[tuple(coords)] if vshape else vb.reshape(1))
+        if not acc:
+            scatter_elems(src, offs, dst)
+        elif floats:
+            scatter_add_floats(src, offs, dst, code)
+        elif x.dtype == "bool":
+            scatter_or(src, offs, dst)
+        else:
+            scatter_add_ints(src, offs, dst)
+        ctx.read((e - s) * per)
+        ctx.write((e - s) * es)
+        ctx.ops((e - s) * (len(names) + acc))
     return [out]
