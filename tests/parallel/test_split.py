@@ -41,3 +41,25 @@ def test_a_chip_without_links_or_too_many_chips_is_refused(lm):
         plan_parallel(lm, chip_of("NPU-V3"), 2, context=64)
     with pytest.raises(ParallelError, match="exceed A100-SXM4-80GB's fabric domain of 8"):
         plan_parallel(lm, chip_of("A100-SXM4-80GB"), 16, context=64)
+
+
+def test_the_two_plan_estimate_equals_the_full_plan_for_identical_layers():
+    """The split search prices each candidate from its shard's 1- and 2-layer plans: a decode step's
+    time is affine in its identical layers, so the estimate equals the full plan's time."""
+    from torchfl.planner.lm import llama
+    from torchfl.planner.parallel.split import Split, _decode_split, _estimate_split
+    from torchfl.planner.whatif.serving import Engine
+
+    lm4 = llama("tiny")[0]                  # 4 layers, float16, meta
+    a100 = chip_of("A100-SXM4-80GB")
+    for split in (Split(2, 1), Split(1, 2)):
+        est = _estimate_split(lm4, a100, split, 1, 64, None, Engine())
+        full = _decode_split(lm4, a100, split, 1, 64, None, Engine())
+        assert est["estimated"] and not full["estimated"]
+        assert est["decode_s"] == pytest.approx(full["decode_s"], rel=1e-9)
+        assert est["peak_bytes"] == pytest.approx(full["peak_bytes"], rel=0.05)
+
+
+def test_the_chosen_split_is_planned_in_full_the_others_estimated(lm):
+    r = plan_parallel(lm, chip_of("A100-SXM4-80GB"), 2, context=64, precision=None)
+    assert r["rows"][0]["estimated"] is False and all(x["estimated"] for x in r["rows"][1:])

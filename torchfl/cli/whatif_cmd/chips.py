@@ -75,10 +75,14 @@ def _table(r) -> str:
     rows = []
     for x in r["rows"]:
         if x["ok"]:
-            rows.append((f"{x['tp']}x{x['pp']}", show_time(x["decode_s"]), show_time(x["collective_s"]),
-                         show_bytes(x["peak_bytes"]), x["bound"]))
+            est = "~" if x["estimated"] else ""
+            rows.append((f"{x['tp']}x{x['pp']}", est + show_time(x["decode_s"]), show_time(x["collective_s"]),
+                         est + show_bytes(x["peak_bytes"]), x["bound"]))
         else:
             rows.append((f"{x['tp']}x{x['pp']}", "-", "-", "-", f"{x['error_kind']}: {x['error'][:70]}"))
-    return "\n".join(["  " + line for line in text_table(rows, ("tp x pp", "per token", "collectives",
-                                                                "peak per chip", "bound"), right=(1, 2, 3),
-                                                         indent=2)])
+    lines = ["  " + line for line in text_table(rows, ("tp x pp", "per token", "collectives", "peak per chip",
+                                                      "bound"), right=(1, 2, 3), indent=2)]
+    if any(x["ok"] and x["estimated"] for x in r["rows"]):
+        lines += para("~ = estimated from the stage shard's plans at 1 and 2 layers (time and memory affine in "
+                      "the layers); the chosen split is planned in full", indent="  ")
+    return "\n".join(lines)

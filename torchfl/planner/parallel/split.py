@@ -16,7 +16,12 @@ Per split (tp x pp = N chips, all in one fabric domain of the chip's HCD ``inter
   overlap them with: each needs the previous kernel's output).
 
 The split chosen is the one with the smallest per-token decode latency whose plan fits every
-chip's memory, or the one the user fixes (``--tp``, ``--pp``).
+chip's memory, or the one the user fixes (``--tp``, ``--pp``). To choose, each candidate is first
+*estimated* from the plans of its shard with one and with two decoder layers: the layers are
+identical, so a stage's time and peak memory are affine in its layer count (exact for the time:
+tests/parallel/test_split.py), and a 70B shard of 80 layers is priced from two small plans. The
+chosen split (and the next, if its full plan does not fit) is then planned in full: the figures
+shown for it are the full plan's; the other rows are marked estimated.
 """
 
 from __future__ import annotations
@@ -116,28 +121,44 @@ def collective_seconds(cfg, split: Split, batch: int, tokens: int, item: int, ic
             "p2p_s": hand, "collective_s": ar + ag + hand}
 
 
-def _decode_split(lm, target, split: Split, batch: int, context: int, precision, engine) -> dict:
+def _stage(lm, target, split: Split, layers: int, batch: int, context: int, precision, engine, direct=False):
+    """(Decoder, Planned, stage seconds) of one stage's shard with ``layers`` layers. ``direct``:
+    captured at this (batch, context) only (one torch.export; the Decoder's symbolic capture, which
+    serves later probes at other contexts, costs about twice as much: an estimate needs none)."""
     from torchfl.planner.parallel.shard import shard_lm
-    from torchfl.planner.whatif.compare import bound_resource
     from torchfl.planner.whatif.context import Decoder, plan_decode
     from torchfl.planner.whatif.serving import paged_saving
 
-    t0 = time.perf_counter()
-    layers = lm.config.num_hidden_layers // split.pp
     dec = Decoder(shard_lm(lm, split.tp, layers))
-    step = plan_decode(target, dec, batch, context, precision)
-    row = {"tp": split.tp, "pp": split.pp, "layers_per_stage": layers}
+    if direct:
+        from torchfl.planner.capture import capture_module
+        from torchfl.planner.lm import decode_inputs, rename_cache_inputs
+        from torchfl.planner.whatif.planning import plan_on
+
+        module, inputs = decode_inputs(dec.lm, batch, context, dec.spec)
+        captured = rename_cache_inputs(capture_module(module, inputs), dec.spec.layers)
+        step = plan_on(target, captured, dec.step_inputs(batch, context), precision)
+    else:
+        step = plan_decode(target, dec, batch, context, precision)
     if not step.ok:
-        row.update(ok=False, error_kind=step.error.kind, error=str(step.error).splitlines()[0],
-                   planning_s=round(time.perf_counter() - t0, 3))
-        return row
+        return dec, step, None
     stage = step.plan.summary.per_call_time_s
     if engine.cache == "paged":
         stage -= paged_saving(step.plan, target.model)
-    comm = collective_seconds(lm.config, split, batch, 1, _itemsize(lm, step.precision), target.hcd.interconnect)
+    return dec, step, stage
+
+
+def _failed(row: dict, step, t0: float) -> dict:
+    row.update(ok=False, error_kind=step.error.kind, error=str(step.error).splitlines()[0],
+               planning_s=round(time.perf_counter() - t0, 3))
+    return row
+
+
+def _priced(lm, target, row: dict, split: Split, batch: int, stage: float, bound: str, share: float,
+            precision, t0: float) -> dict:
+    comm = collective_seconds(lm.config, split, batch, 1, _itemsize(lm, precision), target.hcd.interconnect)
     compute = split.pp * stage
     total = compute + comm["collective_s"]
-    bound, share = bound_resource(step.plan, target.model)
     bound_s = share * compute
     if comm["collective_s"] > bound_s:
         bound, bound_s = "link", comm["collective_s"]
@@ -145,11 +166,54 @@ def _decode_split(lm, target, split: Split, batch: int, context: int, precision,
                tokens_per_s=batch / total if total > 0 else float("inf"),
                collective_share=comm["collective_s"] / total if total else 0.0,
                bound=bound, bound_share=round(bound_s / total, 3) if total else 0.0,
-               peak_bytes=step.peak_bytes, kv_cache_bytes=dec.cache_bytes(batch, context),
-               fallbacks=step.plan.summary.fallbacks, precision=step.precision,
-               planning_s=round(time.perf_counter() - t0, 3))
+               precision=precision, planning_s=round(time.perf_counter() - t0, 3))
+    return row
+
+
+def _decode_split(lm, target, split: Split, batch: int, context: int, precision, engine) -> dict:
+    """One split priced from the full plan of its stage's shard."""
+    from torchfl.planner.whatif.compare import bound_resource
+
+    t0 = time.perf_counter()
+    layers = lm.config.num_hidden_layers // split.pp
+    row = {"tp": split.tp, "pp": split.pp, "layers_per_stage": layers, "estimated": False}
+    dec, step, stage = _stage(lm, target, split, layers, batch, context, precision, engine)
+    if stage is None:
+        return _failed(row, step, t0)
+    bound, share = bound_resource(step.plan, target.model)
+    row.update(peak_bytes=step.peak_bytes, kv_cache_bytes=dec.cache_bytes(batch, context),
+               fallbacks=step.plan.summary.fallbacks)
+    _priced(lm, target, row, split, batch, stage, bound, share, step.precision, t0)
     row["_dec"] = dec
     return row
+
+
+def _estimate_split(lm, target, split: Split, batch: int, context: int, precision, engine) -> dict:
+    """One split estimated from its stage shard's plans at one and two layers (module docstring):
+    time and peak memory affine in the layer count."""
+    from torchfl.planner.whatif.compare import bound_resource
+
+    t0 = time.perf_counter()
+    layers = lm.config.num_hidden_layers // split.pp
+    row = {"tp": split.tp, "pp": split.pp, "layers_per_stage": layers, "estimated": True}
+    d1, p1, s1 = _stage(lm, target, split, 1, batch, context, precision, engine, direct=True)
+    if s1 is None:
+        return _failed(row, p1, t0)
+    d2, p2, s2 = _stage(lm, target, split, 2, batch, context, precision, engine, direct=True)
+    if s2 is None:
+        return _failed(row, p2, t0)
+    k = layers - 1
+    peak = p1.peak_bytes + k * (p2.peak_bytes - p1.peak_bytes)
+    bound, share = bound_resource(p2.plan, target.model)
+    row.update(peak_bytes=peak, kv_cache_bytes=d1.cache_bytes(batch, context) * layers,
+               fallbacks=p2.plan.summary.fallbacks)
+    cap = target.model.memory_bytes
+    if cap is not None and peak > cap:
+        row.update(ok=False, error_kind="MemoryError", planning_s=round(time.perf_counter() - t0, 3),
+                   error=f"one stage's shard needs about {peak / (1 << 30):.2f} GiB per chip (estimated from its "
+                         f"1- and 2-layer plans), more than the chip's {cap / (1 << 30):.2f} GiB")
+        return row
+    return _priced(lm, target, row, split, batch, s1 + k * (s2 - s1), bound, share, p2.precision, t0)
 
 
 def _prefill(lm, target, row: dict, batch: int, prompt: int, precision) -> None:
@@ -187,9 +251,18 @@ def plan_parallel(lm, target, chips: int, batch: int = 1, context: int = 1024, p
     engine = engine or Engine()
     target = engine.on(target)
     splits = candidates(chips, lm.config, tp, pp)
-    rows = [_decode_split(lm, target, s, batch, context, precision, engine) for s in splits]
-    ok = sorted((r for r in rows if r["ok"]), key=lambda r: (r["decode_s"], -r["tp"]))
-    chosen = ok[0] if ok else None
+    if len(splits) == 1:
+        rows = [_decode_split(lm, target, splits[0], batch, context, precision, engine)]
+    else:
+        rows = [_estimate_split(lm, target, s, batch, context, precision, engine) for s in splits]
+    chosen = None
+    for est in sorted((r for r in rows if r["ok"]), key=lambda r: (r["decode_s"], -r["tp"])):
+        full = est if not est["estimated"] else _decode_split(lm, target, Split(est["tp"], est["pp"]), batch,
+                                                              context, precision, engine)
+        rows[rows.index(est)] = full
+        if full["ok"]:
+            chosen = full
+            break
     if chosen is not None and prompt:
         _prefill(lm, target, chosen, batch, prompt, precision)
     for r in rows:
