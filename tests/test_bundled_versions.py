@@ -45,6 +45,12 @@ PUBLISHED = {
     ("MI210", "1.2.0"): "3501ec269e5174b3d10a7944df6e6bc376287a78a287fae86434041efd4d98a8",
     ("MI300X", "1.1.0"): "3a81699f03f158f7016d9fcafdbdea2a3eebbfefd838bdc3c4aa0c7511ef02da",
     ("TPU-V5E", "1.1.0"): "96694a4f5305b840c26c924924a2bb9d1b61ba146ac5c99641537dd733b4dbee",
+    # format 1.2 interconnect: chip-to-chip links with their sources (issue 49, helper multichip)
+    ("A100-SXM4-80GB", "1.4.0"): "3bac1b8e07c094b1a45f606da0bf183b7656a2661e69c019619a300edd2b827b",
+    ("H100-SXM5-80GB", "1.3.0"): "4a947f11f2b2f1033b3ef9e6a96a9c4fc68c3a0994c46663ec0120c834bb05be",
+    ("MI300X", "1.2.0"): "b1c346109da5842f04c11cd7fa5e940d4903362e34e98f0124d9d83f4c2010a7",
+    ("GAUDI2", "1.2.0"): "d947d10f63b0c94347e2e685c4459fc0522ea7f5c8ce939a549b2d9f53426080",
+    ("TPU-V5E", "1.2.0"): "b1db88f48c369d722e48fbfda4907b530800fab941799a56741c075177945533",
     ("core", "1.1.0"): "c15736687fbf9c6d338ee2193ad39a6d79876ac13502aaa81e6c1f3270708664",
     ("core", "1.2.0"): "56e9e7a1e3cf288b344fd8e8cadd3edb0f9063048cf58e6fa7be7a289681456d",
     ("core", "1.3.0"): "4bf2811c4fe2574b9bdfe6539edf3013d49e5153d1d829f48acf3cfe8e0bfce0",

@@ -11,7 +11,7 @@ from pathlib import Path
 ORDER = ["hcd", "kernels", "rules", "registry", "planner", "runtime", "conformance", "fidelity",
          "cluster", "cli"]
 #: leaf modules of the package every layer may import (they import nothing of torchfl)
-LEAVES = {"version", "resources"}
+LEAVES = {"version", "resources", "import_noise"}
 ROOT = Path(__file__).resolve().parent.parent / "torchfl"
 #: earlier layers a layer still must not import: the runtime executes a Target, never the registry
 FORBIDDEN = {("runtime", "registry")}
@@ -78,3 +78,17 @@ def test_the_check_sees_a_violation(tmp_path, monkeypatch):
         assert "registry/z.py:2 imports the package face torchfl" in str(exc)
     else:
         raise AssertionError("runtime -> registry was not reported")
+
+
+def test_the_layers_are_the_packages_and_the_architecture_page_names_them():
+    """One statement of the layering: every package under torchfl/ is a layer of ORDER (a new
+    package is placed in it, not left outside the check), every top-level module is a leaf, and
+    docs/ARCHITECTURE.md's diagram names the same layers in the same order."""
+    packages = {p.name for p in ROOT.iterdir() if p.is_dir() and (p / "__init__.py").is_file()}
+    assert packages == set(ORDER), (f"packages not in ORDER: {sorted(packages - set(ORDER))}; "
+                                    f"in ORDER but absent: {sorted(set(ORDER) - packages)}")
+    modules = {p.stem for p in ROOT.glob("*.py")} - {"__init__"}
+    assert modules == LEAVES, f"top-level modules that are not leaves: {sorted(modules - LEAVES)}"
+    page = (ROOT.parent / "docs" / "ARCHITECTURE.md").read_text(encoding="utf-8")
+    diagram = next(line for line in page.splitlines() if line.strip().startswith("hcd →"))
+    assert [w.strip() for w in diagram.split("→")] == ORDER

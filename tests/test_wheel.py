@@ -11,22 +11,16 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
+from tests.wheel_install import build_and_install
+
 
 
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory):
-    out = tmp_path_factory.mktemp("wheel")
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
-                    "-w", str(out / "dist"), str(ROOT)], check=True)
-    wheel = next((out / "dist").glob("torchfl-*.whl"))
-    subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target",
-                    str(out / "site"), str(wheel)], check=True)
-    return out
+    return build_and_install(tmp_path_factory.mktemp("wheel"))
 
 
 def run_installed(installed, code: str):

@@ -23,6 +23,12 @@ counters -- and the torch call of a host step), median over runs; divided by the
 and argument handling before ``Executor.run`` is in torchfl_s but in neither overhead figure.
 The machine is shared: compare only figures from one run.
 
+``--inductor``: each model is also compiled with torch's Inductor (CPU, ``backend="inductor"``) in the
+same process; after its first call (``inductor_first_s``) and one warm call it is timed in the same
+alternating rounds as the compiled model and eager torch (``inductor_s``; ``ratio_vs_inductor`` =
+inductor_s / torchfl_s: above 1, the torchfl path is the faster), so the comparison with the peer
+compiler is one table measured under one load.
+
 ``--paired`` (with ``--threads 1,2``): the speed-up from pairs instead of fresh processes. One process
 (Numba's pool sized for the largest count) calls the compiled model and eager torch at each thread count
 in turn (``numba.set_num_threads`` and ``torch.set_num_threads`` between calls, the order reversed every
@@ -270,7 +276,7 @@ def recorded_executors(compiled, inputs):
     return executors
 
 
-def run_case(name, runs, registry=None, profile=False, balance=False, balance_counts=None):
+def run_case(name, runs, registry=None, profile=False, balance=False, balance_counts=None, inductor=False):
     import torch
 
     from torchfl.planner.zoo import load_model
@@ -300,13 +306,20 @@ def run_case(name, runs, registry=None, profile=False, balance=False, balance_co
         n_steps = sum(len(e.plan.steps) for e in executors)
         n_exec = sum(len(e.dynamic_preps) for e in executors)
         ref = _tensor(model(*inputs))
+        peer, peer_first = None, None
+        if inductor:            # the peer compiler on the same inputs, warm before the timed rounds
+            peer = torch.compile(model, backend="inductor")
+            t0 = _clock()
+            peer(*inputs)
+            peer_first = _clock() - t0
+            peer(*inputs)
         ours_alone, ours_both = [], []
         for _ in range(runs):
             t0, w0, c0 = _clock(), time.perf_counter(), time.process_time()
             compiled(*inputs)
             ours_alone.append(_clock() - t0)
             ours_both.append((time.perf_counter() - w0, time.process_time() - c0))
-        ours, eager, overhead = [], [], []
+        ours, eager, overhead, theirs = [], [], [], []
         for _ in range(runs):
             t0 = _clock()
             compiled(*inputs)
@@ -315,6 +328,10 @@ def run_case(name, runs, registry=None, profile=False, balance=False, balance_co
             t0 = _clock()
             model(*inputs)
             eager.append(_clock() - t0)
+            if peer is not None:    # the same round: the three meet the same moment of the host's load
+                t0 = _clock()
+                peer(*inputs)
+                theirs.append(_clock() - t0)
     rel = float((y.float() - ref.float()).abs().max() / ref.float().abs().max())
     extra = {}
     if quantised is not None:
@@ -325,6 +342,10 @@ def run_case(name, runs, registry=None, profile=False, balance=False, balance_co
                                                                / ref.float().abs().max()),
                  "int8_steps": sum(1 for e in executors for st in e.plan.steps if st.dtype == "int8"
                                    and st.kind == "fused")}
+    if peer is not None:
+        extra.update(inductor_s=statistics.median(theirs), inductor_first_s=peer_first,
+                     ratio_vs_inductor=statistics.median(theirs) / statistics.median(ours),
+                     inductor_ratio_vs_eager=statistics.median(eager) / statistics.median(theirs))
     fb = sum(len(e.plan.fallbacks) for e in executors)
     t_ours, t_eager = statistics.median(ours), statistics.median(eager)
     return {"case": name, "model": note, "chip": chip, "precision": precision,
@@ -334,6 +355,7 @@ def run_case(name, runs, registry=None, profile=False, balance=False, balance_co
             "torchfl_alone_s": statistics.median(ours_alone),
             "ratio_alone": statistics.median(alone) / statistics.median(ours_alone),
             "spread_ms": {"torchfl": _spread(ours), "torch_eager": _spread(eager),
+                          **({"inductor": _spread(theirs)} if theirs else {}),
                           "torchfl_alone": _spread(ours_alone), "torch_eager_alone": _spread(alone)},
             "first_compile_s": first, "executor_overhead_per_step_us": statistics.median(overhead) * 1e6,
             "executor_overhead_per_executed_step_us": statistics.median(overhead) * n_steps / max(1, n_exec) * 1e6,
@@ -381,6 +403,9 @@ def main(argv=None):
     ap.add_argument("--timer", choices=("wall", "cpu"), default="wall",
                     help="cpu: the process's CPU time (with --threads 1, the work each side does, steady on a "
                          "loaded host where wall time swings with the other processes)")
+    ap.add_argument("--inductor", action="store_true",
+                    help="also compile each model with torch's Inductor (CPU) in the same process and time it in "
+                         "the same alternating rounds: inductor_s, ratio_vs_inductor = inductor_s / torchfl_s")
     ap.add_argument("--profile", action="store_true",
                     help="per kernel: wall and CPU time of its calls (with --threads 1,2: each kernel's speed-up)")
     ap.add_argument("--paired", action="store_true",
@@ -426,7 +451,7 @@ def main(argv=None):
 
     def measure(name):
         with torch.no_grad():
-            return run_case(name, a.runs, a.registry, a.profile, a.balance, counts_b)
+            return run_case(name, a.runs, a.registry, a.profile, a.balance, counts_b, a.inductor)
 
     results = []
     for result in _each_case(a.cases.split(","), measure, lambda name, why: {"case": name, "error": why}):
@@ -644,7 +669,9 @@ def _line(r):
             f"{r['executor_overhead_per_step_us']:.1f} us/step ({r['steps']} steps; "
             f"{r['executor_overhead_per_executed_step_us']:.1f} us per executed step, {r['executed_steps']} executed; "
             f"{r['graphs']} graphs, "
-            f"{r['fallbacks']} fallbacks)  rel err {r['rel_err_vs_eager']:.2e}")
+            f"{r['fallbacks']} fallbacks)  rel err {r['rel_err_vs_eager']:.2e}"
+            + (f"  inductor {r['inductor_s'] * 1e3:.1f} ms (ours {r['ratio_vs_inductor']:.3f}x its speed, "
+               f"first {r['inductor_first_s']:.1f} s)" if "inductor_s" in r else ""))
 
 
 if __name__ == "__main__":

@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.wheel_install import build_and_install
+
 ROOT = Path(__file__).resolve().parents[2]
 # (rules/*.py of ARCHITECTURE.md are modules of torchfl/rules/, not data)
 NAMED = re.compile(r"(?<![\w/.-])((?:examples/[\w./-]*\w\.(?:hcd|py)|measurements/[\w./-]*\w\.csv"
@@ -29,13 +31,7 @@ def named_files() -> set[str]:
 
 @pytest.fixture(scope="module")
 def installed(tmp_path_factory):
-    out = tmp_path_factory.mktemp("wheel53")
-    subprocess.run([sys.executable, "-m", "pip", "wheel", "--no-deps", "--no-build-isolation", "-q",
-                    "-w", str(out / "dist"), str(ROOT)], check=True)
-    wheel = next((out / "dist").glob("torchfl-*.whl"))
-    subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "-q", "--target",
-                    str(out / "site"), str(wheel)], check=True)
-    return out
+    return build_and_install(tmp_path_factory.mktemp("wheel53"))
 
 
 def _torchfl(installed, args, cwd):

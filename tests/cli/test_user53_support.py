@@ -44,7 +44,7 @@ def test_ops_and_why_not_tell_the_decomposition_one_way(url):
     assert f"not supported directly: {SDPA}: compute_units.attention is absent" in ops, ops
     assert f"not supported: {SDPA}" not in ops and "fusion not available" not in ops
     assert "fusion groups not available: attention_decomposed, attention_bshd (compute_units.attention" in ops
-    assert f"{SDPA} on A100-SXM4-80GB 1.3.0: not supported directly" in why, why
+    assert f"{SDPA} on A100-SXM4-80GB 1.4.0: not supported directly" in why, why
     for text in (ops, why):
         assert "decomposed by core:decompositions[0] sdpa_gemm_softmax, only for calls that meet" in text
         assert "into reshape, expand, clone, transpose, bmm" in text

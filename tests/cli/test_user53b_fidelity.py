@@ -7,10 +7,9 @@ from __future__ import annotations
 
 import pytest
 from sqlalchemy import insert
-from tests.registry.registry_gen import hcd_text, pack_text
+from tests.registry.registry_gen import one_chip_registry
 
 from torchfl.fidelity.tables import MAX_SECONDS, MIN_SECONDS
-from torchfl.registry import Registry
 from torchfl.registry.fidelity import (MEASURED_S_RANGE, check_row, checked_line, fidelity_runs, fidelity_summary,
                                        record_fidelity)
 from torchfl.registry.schema import fidelity_rows
@@ -18,12 +17,7 @@ from torchfl.registry.schema import fidelity_rows
 
 @pytest.fixture
 def reg(registry_url, tmp_path):
-    r = Registry(registry_url)
-    r.init()
-    r.import_texts([("a.hcd", hcd_text("A-1"))])
-    pack = tmp_path / "mini.yaml"
-    pack.write_text(pack_text())
-    r.import_files([pack])
+    r = one_chip_registry(registry_url, tmp_path)
     yield r
     r.close()
 

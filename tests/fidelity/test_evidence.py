@@ -5,7 +5,7 @@ PostgreSQL server (the ``registry_url`` fixture runs both)."""
 from __future__ import annotations
 
 import pytest
-from tests.registry.registry_gen import hcd_text, pack_text
+from tests.registry.registry_gen import hcd_text, one_chip_registry
 
 from torchfl.registry import Registry
 from torchfl.registry.fidelity import checked_line, check_row, fidelity_runs, fidelity_summary, record_fidelity
@@ -13,12 +13,7 @@ from torchfl.registry.fidelity import checked_line, check_row, fidelity_runs, fi
 
 @pytest.fixture
 def reg(registry_url, tmp_path):
-    r = Registry(registry_url)
-    r.init()
-    r.import_texts([("a.hcd", hcd_text("A-1"))])
-    pack = tmp_path / "mini.yaml"
-    pack.write_text(pack_text())
-    r.import_files([pack])
+    r = one_chip_registry(registry_url, tmp_path)
     yield r
     r.close()
 

@@ -78,3 +78,17 @@ rules:
 
 def pack_text(version: str = "1.0.0", note: str = "first") -> str:
     return MINI_PACK.format(version=version, note=note)
+
+
+def one_chip_registry(url: str, tmp_path: Path):
+    """An initialised Registry at ``url`` holding chip ``A-1`` and the mini rule pack (the
+    smallest registry a fidelity run can be recorded in); the caller closes it."""
+    from torchfl.registry import Registry
+
+    r = Registry(url)
+    r.init()
+    r.import_texts([("a.hcd", hcd_text("A-1"))])
+    pack = tmp_path / "mini.yaml"
+    pack.write_text(pack_text())
+    r.import_files([pack])
+    return r

@@ -101,6 +101,9 @@ def explain(model, chip, batch, seq_len, heads, layers, precision, strict, fmt, 
             click.echo(_checked(result, registry))
             click.echo(analysed.render())
         return
+    if fmt == "json" and top is None:
+        click.echo(_json_with_confidence(result, registry))
+        return
     click.echo(top_text(result, top) if top is not None else result.explain(fmt), nl=False)
     if fmt == "text":
         click.echo(_checked(result, registry))
@@ -166,6 +169,22 @@ def _mib(n) -> str:
     from torchfl.planner.explain import _bytes
 
     return _bytes(n)
+
+
+def _json_with_confidence(plan, registry) -> str:
+    """The plan's JSON with its ``confidence`` beside it (what the text's Confidence and Fidelity
+    lines say: the share of the per-call time priced from assumed or unstated numbers, and the
+    chip's out-of-sample check in ``registry``), as the what-if commands' JSON carries it. The
+    plan's own keys are unchanged (``Plan.from_dict`` reads them back)."""
+    import json
+
+    from torchfl.planner.confidence import confidence, fidelity_evidence
+
+    data = json.loads(plan.explain("json"))
+    target = getattr(plan, "target", None)
+    if target is not None:
+        data["confidence"] = confidence(plan, target, fidelity_evidence(registry, [plan.chip])[plan.chip]).to_dict()
+    return json.dumps(data, sort_keys=True, indent=2)
 
 
 def _checked(plan, registry) -> str:

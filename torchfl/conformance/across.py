@@ -147,9 +147,9 @@ def run_chips(chips, *, registry=None, settings: Settings = Settings(), progress
     """One conformance run per chip of ``chips`` (names in ``registry``), made together; see
     the module docstring. ``progress(done, total, unit, outcomes)`` after each unit (a
     :class:`CrossUnit` or an eager :class:`~torchfl.conformance.harness.Unit`)."""
-    from torchfl.registry import Registry
+    from torchfl.registry import open_registry
 
-    reg = registry if isinstance(registry, Registry) else Registry(registry)
+    reg = open_registry(registry)
     t0 = time.perf_counter()
     runs = {chip: _start(reg, chip, settings) for chip in chips}
     work = cross_units(runs, settings.modes, settings)

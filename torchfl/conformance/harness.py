@@ -275,9 +275,9 @@ def run(chip: str, *, registry=None, settings: Settings = Settings(), progress=N
     them on Ray or records each unit once for ``--resume``."""
     import time
 
-    from torchfl.registry import Registry
+    from torchfl.registry import open_registry
 
-    reg = registry if isinstance(registry, Registry) else Registry(registry)
+    reg = open_registry(registry)
     url = reg.url
     identity = reg.identity(chip)
     hcd = reg.chip(chip, identity.chip_version)

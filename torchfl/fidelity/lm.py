@@ -22,7 +22,9 @@ captured) or ``"paged"`` (written in place, only the new token's keys and values
 cache, TensorRT-LLM's and LMDeploy's block caches, gpt-fast's static cache). These are the
 engine behaviours ``plan decode`` takes as ``--engine`` / ``--kv-cache``, priced by the same
 :class:`~torchfl.planner.whatif.serving.Engine`. A table states in its header comments where it
-read them. The model is built on
+read them. ``"tp"`` (an integer, default 1) is the measurement's tensor-parallel degree: the row
+is priced on ``tp`` chips of the row's kind (``torchfl.planner.parallel``: one shard of the model
+planned on one chip, plus its ring all-reduces priced from the HCD's ``interconnect``). The model is built on
 the meta device in the row's dtype with its default config (no weights: a 70B model plans here),
 captured once per shape (``planner.whatif.Decoder``: the decode step symbolic in the context)
 and planned on each chip; the prediction is the plan's per-call time (``Prediction``'s rule,
@@ -57,10 +59,10 @@ def check_lm_row(row: Row) -> tuple[str, int, int, int]:
     from torchfl.kernels.chip import SUBMISSIONS
     from torchfl.planner.whatif.serving import CACHES
 
-    unknown = sorted(set(row.args) - {"model", "new_tokens", *ENGINE_ARGS})
+    unknown = sorted(set(row.args) - {"model", "new_tokens", "tp", *ENGINE_ARGS})
     if unknown or (row.op != "generate" and "new_tokens" in row.args):
         raise RowError(f"{row.where}: args: {row.op} takes model{', new_tokens' if row.op == 'generate' else ''}, "
-                       f"submission and kv_cache; remove {', '.join(unknown or ['new_tokens'])}")
+                       f"submission, kv_cache and tp; remove {', '.join(unknown or ['new_tokens'])}")
     if row.args.get("submission", "eager") not in SUBMISSIONS:
         raise RowError(f"{row.where}: args: submission is how the engine measured submits its kernels, one of "
                        f"{', '.join(SUBMISSIONS)} (\"graph\": the whole step enqueued at once, e.g. CUDA "
@@ -69,6 +71,10 @@ def check_lm_row(row: Row) -> tuple[str, int, int, int]:
         raise RowError(f"{row.where}: args: kv_cache is how the engine measured grows its KV cache, one of "
                        f"{', '.join(CACHES)} (\"paged\": written in place, only the new token's keys and values); "
                        f"got {row.args['kv_cache']!r}")
+    tp = row.args.get("tp", 1)
+    if not isinstance(tp, int) or isinstance(tp, bool) or tp < 1:
+        raise RowError(f"{row.where}: args: tp is the measurement's tensor-parallel degree, an integer >= 1; "
+                       f"got {tp!r}")
     if len(row.shapes) != 1 or len(row.shapes[0]) != 2 or min(row.shapes[0]) < 1:
         raise RowError(f"{row.where}: shapes: a {row.op} row has one shape BATCHxTOKENS (1x128), got "
                        f"{';'.join('x'.join(map(str, s)) for s in row.shapes)}")
@@ -82,8 +88,9 @@ def check_lm_row(row: Row) -> tuple[str, int, int, int]:
     return MODELS[model], batch, tokens, new
 
 
-def _decoder(size: str, dtype: str):
-    key = (size, dtype)
+def _decoder(size: str, dtype: str, tp: int = 1):
+    """The Decoder of LLaMA-2 ``size`` in ``dtype``, or of one of its ``tp`` tensor-parallel shards."""
+    key = (size, dtype, tp)
     if key not in _DECODERS:
         import torch
 
@@ -91,17 +98,36 @@ def _decoder(size: str, dtype: str):
         from torchfl.planner.whatif import Decoder
 
         model, _inputs = llama(size, dtype=getattr(torch, dtype))
+        if tp > 1:
+            from torchfl.planner.parallel import shard_lm
+
+            model = shard_lm(model, tp)
         _DECODERS[key] = Decoder(model)
     return _DECODERS[key]
 
 
-def _prefill(size: str, dtype: str, batch: int, prompt: int):
-    key = (size, dtype, batch, prompt)
+def _prefill(size: str, dtype: str, batch: int, prompt: int, tp: int = 1):
+    key = (size, dtype, batch, prompt, tp)
     if key not in _PREFILLS:
         from torchfl.planner.whatif import prefill_capture
 
-        _PREFILLS[key] = prefill_capture(_decoder(size, dtype), batch, prompt)
+        _PREFILLS[key] = prefill_capture(_decoder(size, dtype, tp), batch, prompt)
     return _PREFILLS[key]
+
+
+def _collectives(size: str, tp: int, batch: int, tokens: int, dtype: str, target) -> float:
+    """Seconds of one forward's tensor-parallel collectives over ``tp`` chips of ``target``."""
+    if tp == 1:
+        return 0.0
+    from torchfl.hcd.dtypes import ITEMSIZE
+    from torchfl.planner.parallel import Split, collective_seconds
+
+    ic = target.hcd.interconnect
+    if ic is None:
+        raise RowError(f"tp {tp}: {target.name} states no interconnect (HCD section interconnect:); "
+                       "add its links to price the collectives")
+    cfg = _decoder(size, dtype, 1).lm.config
+    return collective_seconds(cfg, Split(tp, 1), batch, tokens, ITEMSIZE.get(dtype, 2), ic)["collective_s"]
 
 
 _LAUNCH = re.compile(r"\+(\d+(?:\.\d+)?) us launch")
@@ -133,14 +159,18 @@ def predict_lm(row: Row, target) -> Prediction:
         size, batch, tokens, new = check_lm_row(row)
         engine = engine_of(row)
         target = engine.on(target)
-        dec = _decoder(size, row.dtype)
-        parts = []
+        tp = row.args.get("tp", 1)
+        dec = _decoder(size, row.dtype, tp)
+        parts, comm = [], 0.0
         if row.op in ("prefill", "generate"):
-            captured, inputs = _prefill(size, row.dtype, batch, tokens)
+            captured, inputs = _prefill(size, row.dtype, batch, tokens, tp)
             parts.append((1, plan_on(target, captured, inputs, None)))
+            comm += _collectives(size, tp, batch, tokens, row.dtype, target)
         if row.op == "decode" or (row.op == "generate" and new > 1):
             context = tokens if row.op == "decode" else tokens + new // 2
-            parts.append((1 if row.op == "decode" else new - 1, plan_decode(target, dec, batch, context, None)))
+            count = 1 if row.op == "decode" else new - 1
+            parts.append((count, plan_decode(target, dec, batch, context, None)))
+            comm += count * _collectives(size, tp, batch, 1, row.dtype, target)
     except RowError as exc:
         return Prediction(row, target.name, None, str(exc))
     except (CaptureError, ValueError) as exc:
@@ -165,6 +195,10 @@ def predict_lm(row: Row, target) -> Prediction:
                      "(execution.graph_launch_overhead_us)" if target.model.graph_priced else
                      "graph submission asked, but the HCD states no execution.graph_launch_overhead_us: "
                      "eager launch costs used")
+    if comm:
+        total += comm
+        notes.append(f"tensor parallel {tp}: one shard planned per chip, +{comm * 1e3:.3g} ms of ring all-reduces "
+                     "and the logits' all-gather (interconnect)")
     if row.harness_s:
         notes.append(f"+{row.harness_s * 1e6:.3g} us the table's harness")
     return Prediction(row, target.name, total, "", steps, fallbacks, tuple(notes))

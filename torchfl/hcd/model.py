@@ -250,6 +250,57 @@ class Execution(_Model):
                     "fill the whole on_chip_cache (format 1.0).")
 
 
+#: chip-to-chip link fabrics an ``interconnect`` section may name
+FABRICS = ("nvlink", "nvswitch", "xgmi", "ici", "pcie", "hccs", "roce", "infiniband", "ethernet")
+
+
+def _fabric(value: str) -> str:
+    if value not in FABRICS:
+        import difflib
+
+        close = difflib.get_close_matches(value, FABRICS, n=1, cutoff=0.5)
+        hint = f"; did you mean {close[0]!r}?" if close else "."
+        raise ValueError(f"unknown fabric {value!r}{hint} Write one of: {', '.join(FABRICS)}")
+    return value
+
+
+class Links(_Model):
+    """The chip's links to its peers: how many, and each one's rate in one direction."""
+
+    count: int = Field(ge=1, le=1024, description="Links from this chip to its peers (integer, e.g. 18 NVLink4 "
+                                                  "links on an H100 SXM5).")
+    bandwidth_gb_per_s: float = Field(ge=1e-3, le=100_000, description="One link's bandwidth in ONE direction, "
+                                                                        "GB/s (10^9 B/s): 25 for an NVLink3/4 link.")
+
+
+class Interconnect(_Model):
+    """Format 1.2 (optional): the chip-to-chip fabric, read only by multi-chip plans
+    (``torchfl.planner.parallel``); a single-chip prediction never reads it."""
+
+    fabric: Annotated[str, AfterValidator(_fabric), WithJsonSchema({"type": "string", "enum": list(FABRICS)})] = Field(
+        description="The link technology and topology: " + " | ".join(FABRICS) + ".")
+    links: Links
+    domain_chips: int = Field(ge=2, le=1 << 20, description="Chips one fabric domain connects (an NVSwitch "
+                                                            "node: 8); a plan over more chips is refused.")
+    sustained_fraction: Optional[float] = Field(
+        default=None, ge=SUSTAINED_MIN, le=1,
+        description="Share of links x bandwidth (one direction) a large ring all-reduce sustains as bus "
+                    "bandwidth (nccl-tests busbw / line rate). " + SUSTAINED_UNIT)
+    latency_us: Optional[float] = Field(
+        default=None, ge=0, le=1_000_000,
+        description="Latency of one ring step (a chunk to the next chip and its flag), microseconds; "
+                    "a ring all-reduce over p chips takes 2(p-1) steps. Absent: 0.")
+    collective_overhead_us: Optional[float] = Field(
+        default=None, ge=0, le=1_000_000,
+        description="Fixed cost of one collective call (launch and set-up), microseconds. Absent: 0.")
+
+    @property
+    def bus_bytes_per_s(self) -> float:
+        """Sustained bus bandwidth of a ring collective, bytes/s: links x rate x share."""
+        share = 1.0 if self.sustained_fraction is None else float(self.sustained_fraction)
+        return self.links.count * self.links.bandwidth_gb_per_s * 1e9 * share
+
+
 #: Format 1.1's optional fields, as canonical dotted paths (``hcd show``, ``format_version``).
 FORMAT_11_FIELDS = (
     "compute_units.{unit}.sustained_fraction",
@@ -276,6 +327,8 @@ class HCD(ProvenanceView, _Model):
     constraints: Constraints
     execution: Optional[Execution] = Field(
         default=None, description="Format 1.1: launch cost and the grain of parallel work (optional).")
+    interconnect: Optional[Interconnect] = Field(
+        default=None, description="Format 1.2: the chip-to-chip links multi-chip plans price (optional).")
     sources: dict[str, Source] = Field(
         default_factory=dict, max_length=MAX_SOURCES,
         description="Format 1.2: named references of the numbers (id -> kind, ref, benchmark, table, rows).")
@@ -355,7 +408,7 @@ class HCD(ProvenanceView, _Model):
     def format_version(self) -> str:
         """``"1.2"`` with sources or provenance, ``"1.1"`` when any format-1.1 field is set,
         else ``"1.0"``."""
-        if self.sources or self.provenance:
+        if self.sources or self.provenance or self.interconnect is not None:
             return "1.2"
         units = [getattr(self.compute_units, u) for u in MATRIX_UNITS]
         if any(u is not None and u.sustained_fraction is not None for u in units):

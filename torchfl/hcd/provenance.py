@@ -26,7 +26,7 @@ if TYPE_CHECKING:
     from torchfl.hcd.source import LocatedDocument
 
 SOURCE_KINDS = ("datasheet", "microbenchmark", "assumption", "fitted")
-BENCHMARKS = ("gemm-sweep", "copy-bandwidth", "launch-latency", "cache-bandwidth", "other")
+BENCHMARKS = ("gemm-sweep", "copy-bandwidth", "launch-latency", "cache-bandwidth", "collective-bandwidth", "other")
 SOURCE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,63}$")
 UNSTATED = "unstated"
 MAX_SOURCES = 256
@@ -37,6 +37,11 @@ _FLOAT_UNITS = ("fp16", "bf16", "fp32")
 EXECUTION_FIELDS = ("launch_overhead_us", "matrix_launch_overhead_us", "graph_launch_overhead_us",
                     "concurrent_tiles", "tile_elements", "row_resident_elements")
 
+#: ``interconnect`` numbers (format 1.2, read by multi-chip plans only)
+INTERCONNECT_FIELDS = ("interconnect.links.count", "interconnect.links.bandwidth_gb_per_s",
+                       "interconnect.sustained_fraction", "interconnect.latency_us",
+                       "interconnect.collective_overhead_us")
+
 #: Every number the cost model reads, as dotted canonical paths (``<unit>`` expanded).
 PERFORMANCE_FIELDS: tuple[str, ...] = (
     *(f"compute_units.{u}.{f}" for u in _FLOAT_UNITS for f in ("peak_tflops", "sustained_fraction", "count")),
@@ -46,6 +51,7 @@ PERFORMANCE_FIELDS: tuple[str, ...] = (
     "memory.off_chip_memory.bandwidth_gb_per_s",
     "memory.off_chip_memory.sustained_fraction",
     *(f"execution.{f}" for f in EXECUTION_FIELDS),
+    *INTERCONNECT_FIELDS,
 )
 
 

@@ -202,12 +202,12 @@ def confidence(plans, target, summary: dict | None = None) -> Confidence:
 def fidelity_evidence(registry, names) -> dict[str, dict]:
     """chip name -> ``fidelity_summary`` of the chip in ``registry`` (a URL, a Registry or None:
     the default); a registry that cannot be read gives ``{"state": "unknown"}`` for each."""
-    from torchfl.registry import Registry, RegistryError
+    from torchfl.registry import RegistryError, open_registry
     from torchfl.registry.fidelity import fidelity_summary
 
     out = {}
     try:
-        reg = registry if isinstance(registry, Registry) else Registry(registry)
+        reg = open_registry(registry)
         for name in names:
             try:
                 out[name] = fidelity_summary(reg, name)

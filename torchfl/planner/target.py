@@ -32,7 +32,7 @@ from functools import lru_cache
 from torchfl.planner.errors import ChoiceError
 
 __all__ = ["Target", "ChipMismatch", "resolve_target", "resolve_errors", "bundled_packs", "registry_key",
-           "registered_chips", "open_registry"]
+           "registered_chips"]
 
 
 class ChipMismatch(ChoiceError):
@@ -143,6 +143,8 @@ def resolve_errors() -> tuple:
 
 def registered_chips(registry=None) -> list:
     """The names of the chips ``registry`` holds (None: the default registry), sorted."""
+    from torchfl.registry import open_registry
+
     return sorted(s.name for s in open_registry(registry).chips())
 
 
@@ -163,13 +165,6 @@ def _cached(key, build) -> Target:
     return hit
 
 
-def open_registry(registry):
-    """``registry`` itself when it is a Registry, else the Registry of that URL (None: the default)."""
-    from torchfl.registry import Registry
-
-    return registry if isinstance(registry, Registry) else Registry(registry)
-
-
 def _packs_of(reg, key: str) -> tuple:
     with _LOCK:
         hit = _PACKS.get(key)
@@ -181,7 +176,7 @@ def _packs_of(reg, key: str) -> tuple:
 
 
 def _from_registry(name: str, registry, key: str, version: str | None = None) -> Target:
-    from torchfl.registry import NotFound
+    from torchfl.registry import NotFound, open_registry
 
     reg = open_registry(registry)
     try:
@@ -196,7 +191,7 @@ def _from_registry(name: str, registry, key: str, version: str | None = None) ->
 
 
 def _given_hcd(hcd, registry, key: str) -> Target:
-    from torchfl.registry import NotFound
+    from torchfl.registry import NotFound, open_registry
 
     reg = open_registry(registry)
     try:

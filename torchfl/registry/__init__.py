@@ -8,7 +8,7 @@
 Schema changes go through Alembic only (``migrations/``); see ``api.py`` for the rules.
 """
 
-from torchfl.registry.api import Registry
+from torchfl.registry.api import Registry, open_registry
 from torchfl.registry.diff import Change
 from torchfl.registry.errors import ImportRefused, NotFound, RegistryError, RegistryUnavailable, SchemaMismatch
 from torchfl.registry.records import ImportResult, Listing, StoredVersion, VersionInfo
@@ -17,4 +17,5 @@ from torchfl.registry.results import Conflict, Outcome
 __all__ = [
     "Change", "Conflict", "ImportRefused", "ImportResult", "Listing", "NotFound", "Outcome", "Registry",
     "RegistryError", "RegistryUnavailable", "SchemaMismatch", "StoredVersion", "VersionInfo",
+    "open_registry",
 ]

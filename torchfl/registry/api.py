@@ -472,3 +472,9 @@ class Registry:
         """SQLite's ``PRAGMA integrity_check`` (``"ok"``); on PostgreSQL, ``"ok"`` after reading every table."""
         with self._read() as r:
             return r.integrity_check(TABLE_NAMES.values())
+
+
+def open_registry(registry) -> Registry:
+    """``registry`` itself when it is a Registry, else the Registry of that URL (None: the
+    default). The one place a layer above turns "a Registry or a URL" into a Registry."""
+    return registry if isinstance(registry, Registry) else Registry(registry)

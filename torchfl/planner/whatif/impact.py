@@ -103,7 +103,7 @@ def impact(chip_name: str, v1: str, v2: str, models, registry=None, precision="a
            progress=None) -> Impact:
     """``models``: (label, module, inputs). Each is captured once and planned on both versions."""
     from torchfl.planner.confidence import fidelity_evidence
-    from torchfl.planner.target import open_registry
+    from torchfl.registry import open_registry
 
     reg = open_registry(registry)
     evidence = fidelity_evidence(reg, [chip_name])

@@ -1,0 +1,88 @@
+"""``--chips NxCHIP`` (with ``--tp``/``--pp``) on ``plan decode`` and ``plan memory``: a decoder LM
+split over N identical chips (:mod:`torchfl.planner.parallel`), formatted."""
+
+from __future__ import annotations
+
+import click
+
+from torchfl.cli.whatif_cmd.common import echo_wrapped, emit_json, fail, para, show_bytes, show_time, text_table
+
+CHIPS = click.option("--chips", default=None, metavar="NxCHIP",
+                     help="N identical chips of one fabric domain, e.g. 8xH100-SXM5-80GB (the links from the "
+                          "chip's HCD interconnect section); the model is split tensor/pipeline parallel.")
+TP = click.option("--tp", type=click.IntRange(min=1), default=None, help="With --chips: tensor-parallel ways "
+                                                                          "(default: chosen by cost).")
+PP = click.option("--pp", type=click.IntRange(min=1), default=None, help="With --chips: pipeline stages "
+                                                                          "(default: chosen by cost).")
+
+
+def chip_or_chips(chip, chips, tp, pp) -> None:
+    """Exactly one of --chip / --chips; --tp/--pp only with --chips."""
+    if bool(chip) == bool(chips):
+        fail("Error", "give --chip NAME (one chip) or --chips NxNAME (several), not both or neither")
+    if not chips and (tp or pp):
+        fail("Error", "--tp and --pp split a model over --chips NxCHIP; add --chips")
+
+
+def run_parallel(model, module, chips, tp, pp, batch, context, prompt, precision, engine, registry):
+    """The multi-chip plan of a decoder MODEL (plain data)."""
+    from torchfl.cli.whatif_cmd.common import decoder_of
+    from torchfl.planner import whatif
+    from torchfl.planner.parallel import parse_chips, plan_parallel
+
+    spec = parse_chips(chips)
+    decoder_of(model, module, False, asked_by="--chips")
+    target = whatif.chip_of(spec.chip, registry)
+    return plan_parallel(module, target, spec.count, batch, context, prompt, precision, engine, tp, pp)
+
+
+def emit(model, r, as_json: bool, what: str) -> None:
+    """Print a :func:`plan_parallel` result (``what``: decode or memory)."""
+    if as_json:
+        emit_json(dict(r, model=model))
+        if not r["ok"]:
+            raise SystemExit(1)
+        return
+    best = r["rows"][0]
+    if not r["ok"]:
+        click.echo("\n".join(para(f"{model} on {r['chips']}x {r['chip']} {r['version']}: no split fits")))
+        click.echo(_table(r))
+        fail(best.get("error_kind", "Error"), best.get("error", "no split fits"))
+    cap = f" of {show_bytes(r['capacity_bytes'])}" if r["capacity_bytes"] else ""
+    how = "chosen by cost: smallest per-token latency that fits" if r["chosen_by"] == "cost" else "fixed by --tp/--pp"
+    echo_wrapped(f"{model} on {r['chips']}x {r['chip']} {r['version']} ({r['fabric']}, ring bus bandwidth "
+                 f"{r['bus_gb_per_s']:.0f} GB/s; batch {r['batch']}, context {r['context']}; {r['assumes']}; "
+                 "predicted by the plans' cost model)")
+    echo_wrapped(f"split: tensor parallel {best['tp']} x pipeline parallel {best['pp']} ({how})", indent="  ")
+    echo_wrapped(f"memory per chip: peak {show_bytes(best['peak_bytes'])}{cap} (one stage's shard: "
+                 f"{best['layers_per_stage']} layers, 1/{best['tp']} of each; KV cache {show_bytes(best['kv_cache_bytes'])} "
+                 "per chip)", indent="  ")
+    if what == "decode":
+        if best.get("prefill_s") is not None:
+            echo_wrapped(f"prefill of {r['prompt']} tokens (time to first token): {show_time(best['prefill_s'])}",
+                         indent="  ")
+        echo_wrapped(f"decode at context {r['context']}: {show_time(best['decode_s'])} per token, "
+                     f"{best['tokens_per_s']:,.1f} tokens/s ({best['bound']}-bound, {100 * best['bound_share']:.0f}% "
+                     f"of the step); collectives {show_time(best['collective_s'])} = "
+                     f"{100 * best['collective_share']:.1f}% ({best['all_reduces']} all-reduces of "
+                     f"{show_bytes(best['all_reduce_bytes'])}); {best['fallbacks']} fallbacks", indent="  ")
+    if len(r["rows"]) > 1:
+        click.echo(_table(r))
+    click.echo(f"  planned in {r['planning_s']:.1f} s")
+
+
+def _table(r) -> str:
+    rows = []
+    for x in r["rows"]:
+        if x["ok"]:
+            est = "~" if x["estimated"] else ""
+            rows.append((f"{x['tp']}x{x['pp']}", est + show_time(x["decode_s"]), show_time(x["collective_s"]),
+                         est + show_bytes(x["peak_bytes"]), x["bound"]))
+        else:
+            rows.append((f"{x['tp']}x{x['pp']}", "-", "-", "-", f"{x['error_kind']}: {x['error'][:70]}"))
+    lines = ["  " + line for line in text_table(rows, ("tp x pp", "per token", "collectives", "peak per chip",
+                                                      "bound"), right=(1, 2, 3), indent=2)]
+    if any(x["ok"] and x["estimated"] for x in r["rows"]):
+        lines += para("~ = estimated from the stage shard's plans at 1 and 2 layers (time and memory affine in "
+                      "the layers); the chosen split is planned in full", indent="  ")
+    return "\n".join(lines)
