@@ -30,14 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
 
 import bench_zoo  # noqa: E402
 
-_MOE = dict(bench_zoo.DEC, num_experts_per_tok=2)
-FAMILIES = {
-    "mixtral": ("MoE decoder", bench_zoo._text("MixtralConfig", "MixtralModel", **_MOE, num_local_experts=4)),
-    "qwen2_moe": ("MoE decoder, shared expert",
-                  bench_zoo._text("Qwen2MoeConfig", "Qwen2MoeModel", **_MOE, num_experts=4, moe_intermediate_size=64,
-                                  shared_expert_intermediate_size=64)),
-    "olmoe": ("MoE decoder", bench_zoo._text("OlmoeConfig", "OlmoeModel", **_MOE, num_experts=4)),
-}
+FAMILIES = {name: bench_zoo.MOE[name] for name in ("mixtral", "qwen2_moe", "olmoe")}   # tools/bench_zoo.MOE
 COMPILED_HOST = {"transformers.grouped_mm_fallback.default": 4}
 EAGER_HOST = {"aten::histc": 2}
 
@@ -72,25 +65,12 @@ def test_moe_on_the_eager_device(families, fp16_dev, name, monkeypatch):
     assert _within(r["fallback_ops"], EAGER_HOST), r["fallback_ops"]
 
 
-def _bfloat16(build):
-    """The family with bfloat16 weights (Mixtral's and OLMoE's published dtype): transformers then
-    calls torch._grouped_mm for the experts, compiled or not (core 1.21.0's grouped_mm kernel)."""
-    def built():
-        import torch
-
-        model, args, kwargs = build()
-        return model.to(torch.bfloat16), args, kwargs
-    return built
-
-
 @pytest.mark.parametrize("name", list(FAMILIES))
 def test_moe_bfloat16_compiled_whole_on_tfl_x1(name, monkeypatch):
     from torchfl.kernels.grouped.torchop import register
 
     register()      # a session that loaded the kernel catalog before torch (see torchop)
-    what, build = FAMILIES[name]
-    monkeypatch.setitem(bench_zoo.MODELS, name, (what, _bfloat16(build)))
-    r = bench_zoo.run_one(name, "TFL-X1", "bfloat16", runs=1)
+    r = bench_zoo.run_one(f"{name}_bf16", "TFL-X1", "bfloat16", runs=1)
     assert "error_message" not in r, r
     assert r["within_tolerance"], (r["error"], r["tolerance"])
     assert r["fallbacks"] == 0, r["fallback_reasons"]
@@ -101,10 +81,8 @@ def test_moe_bfloat16_on_the_eager_device(fp16_dev, monkeypatch):
     loop: one mm per expert with tokens, each on the chip (no host fallback beyond histc)."""
     import torch
 
-    what, build = FAMILIES["mixtral"]
-    monkeypatch.setitem(bench_zoo.MODELS, "mixtral", (what, _bfloat16(build)))
     index = [torch.npu.get_device_name(i) for i in range(torch.npu.device_count())].index("TFL-X1")
-    r = bench_zoo.run_one_eager("mixtral", "TFL-X1", index, "bfloat16", runs=0)
+    r = bench_zoo.run_one_eager("mixtral_bf16", "TFL-X1", index, "bfloat16", runs=0)
     assert "error_message" not in r, r
     assert r["within_tolerance"], (r["error"], r["tolerance"])
     assert _within(r["fallback_ops"], EAGER_HOST), r["fallback_ops"]

@@ -1,6 +1,6 @@
 """Grouped GEMM execution: the offsets read first, then per expert with tokens its rows
-multiplied tile by tile (``TM`` rows x ``TN`` columns, fp32 accumulation over all of K,
-rounded once), every tile counted; rows past the last offset written as zeros."""
+multiplied (fp32 accumulation over all of K, rounded once; one BLAS call per expert, the
+plan's ``TM x TN`` tiles counted one by one); rows past the last offset written as zeros."""
 from __future__ import annotations
 
 import numpy as np
@@ -41,14 +41,12 @@ def run_grouped_mm(ctx):
             end = int(o[e])
             if end > start:
                 we = dt.decode(np.ascontiguousarray(wl[e].T if p.attrs["w_nk"] else wl[e]), w.dtype)  # K x N
-                for r0 in range(start, end, TM):
-                    r1 = min(end, r0 + TM)
-                    ctx.read(K * N * es)                               # the weight, once per row tile
-                    for c0 in range(0, N, TN):
-                        c1 = min(N, c0 + TN)
-                        res[r0:r1, c0:c1] = xs[r0:r1] @ we[:, c0:c1]
-                        ctx.read((r1 - r0) * K * es)
-                        ctx.ops(2 * (r1 - r0) * (c1 - c0) * K)
+                res[start:end] = xs[start:end] @ we          # the expert's row tiles, one BLAS call
+                for r0 in range(start, end, TM):               # ... counted tile by tile
+                    rows = min(end, r0 + TM) - r0
+                    ctx.read(K * N * es)                       # the weight, once per row tile
+                    ctx.read(rows * K * es * -(-N // TN))      # the rows, once per column tile
+                    ctx.ops(2 * rows * N * K)
             start = max(start, end)
     out.logical()[...] = dt.encode(res, out.dtype)
     ctx.write(S * N * es)
