@@ -164,3 +164,18 @@ def test_torch_operator_is_the_loop():
     _close(got.float(), loop_reference(x, w, offs), torch.float16)
     meta = torch.ops.torchfl.grouped_mm(x.to("meta"), w.to("meta"), offs.to("meta"))
     assert meta.shape == (7, 4) and meta.dtype == torch.float16
+
+
+def test_torchfl_operator_resolves_when_the_catalog_loaded_before_torch():
+    """A process that loads the kernel catalog before torch (a rule query, then a plan) found no
+    ``torch.ops.torchfl.grouped_mm``: the decomposition's part op stopped the plan with "not an
+    ATen overload". The planner registers torchfl's own operators when it resolves one."""
+    import subprocess
+    import sys
+
+    code = ("import sys\nimport torchfl.kernels.catalog, torchfl.kernels.grouped\n"
+            "from torchfl.planner.decompose import _overload\n"
+            "print(_overload('torchfl.grouped_mm.default'))\n")
+    res = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True)
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert res.stdout.strip() == "torchfl.grouped_mm.default"
