@@ -52,3 +52,30 @@ def test_decode_step_planned_whole_holding_every_expert():
     row = res["rows"][0] if "rows" in res else res
     assert row.get("decode_fallbacks", 0) == 0 and row.get("fallbacks", 0) == 0, row
     assert row["peak_bytes"] >= 32 * EXPERT_BYTES          # every expert of every layer is resident
+
+
+def test_decode_says_every_expert_is_held_and_how_many_a_step_reads(tmp_path):
+    """`plan decode` of an MoE model says both halves (issue 48 item 1: "memory holds every
+    expert; decode reads the active ones: say both"): all 8 experts of each layer held, a one-token
+    step reads at most its top-2 per layer, a batch of 8 tokens at most all 8. Before, the text
+    said neither; a dense model gets no such line."""
+    from torchfl.planner.lm import experts_of
+    from torchfl.planner.whatif.serving import experts_read
+    from torchfl.planner.zoo import load_model
+
+    model, _ids = load_model("mixtral-8x7b", layers=1)
+    ex = experts_of(model)
+    assert ex == {"per_layer": 8, "active_per_token": 2, "expert_bytes": EXPERT_BYTES}
+    one, eight = experts_read(model, 1), experts_read(model, 8)
+    assert (one["read_per_layer"], one["read_bytes"]) == (2, EXPERT_BYTES // 4)
+    assert (eight["read_per_layer"], eight["read_bytes"]) == (8, EXPERT_BYTES)
+    dense, _ = load_model("tiny-llama")
+    assert experts_of(dense) is None
+    factory = tmp_path / "one_layer.py"          # the published config, one layer (a model file: seconds)
+    factory.write_text("from torchfl.planner.zoo import load_model\n\n\ndef make():\n"
+                       "    return load_model('mixtral-8x7b', layers=1)\n")
+    out = plan("decode", f"{factory}:make", "--chip", "MI300X", "--context", "64", "--prompt", "8")
+    assert out.exit_code == 0, out.output
+    text = " ".join(out.output.split())
+    assert "experts: all 8 of each layer held in memory (2.62 GiB); a step of 1 token reads at most 2 of them " \
+           "per layer (672.00 MiB, top-2 routing)" in text
