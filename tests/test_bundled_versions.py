@@ -83,8 +83,10 @@ PUBLISHED = {
     ("core", "1.19.0"): "ceaaf62186c771515b4d6ec40c98a5a889b9e699161762a20dbcce466b6a573c",
     # 1.20.0: index_put / _index_put_impl (kernels/index/put; issue 48: MoE's inverse permutation; helper moe)
     ("core", "1.20.0"): "465af328e667d2a5ea4086b1c5f39e9bfb46146a2e882eb80c30e7c26256ec10",
-    # 1.21.0: a transposed GEMM operand read in place (bmm/mm/addmm trans_a/trans_b fusions; issue 47; helper bmmnt)
-    ("core", "1.21.0"): "aae6627cba79664161d2e199e03f32eff49e6ec0dfd4ef5cb40acf629d635e48",
+    # 1.21.0: torchfl.grouped_mm and the aten._grouped_mm decomposition (kernels/grouped; issue 48: MoE experts in bfloat16 and on the meta device; helper moe)
+    ("core", "1.21.0"): "a2b29d542bf4e09686ec3a11323cb7440eea354819bcb1be98bad65f4551d3c7",
+    # 1.22.0: a transposed GEMM operand read in place (bmm/mm/addmm trans_a/trans_b fusions; issue 47; helper bmmnt)
+    ("core", "1.22.0"): "88080374440ee7fd480bf2a0a96de3181ae8114010f32018ccd02eddb06c8cc4",
 }
 
 

@@ -12,6 +12,7 @@ Cases whose kernel is not in the catalog are skipped with a note on stderr.
     python tools/bench_kernels.py --json [--runs 7] [--cases gemm_f32_1024,softmax_f32] [--cold]
     python tools/bench_kernels.py --json --threads 1 --timer cpu --no-peak   # on a shared machine
     python tools/bench_kernels.py --threads 1 --timer cpu --no-peak --cases 'decode*'   # decode shapes
+    python tools/bench_kernels.py --moe --threads 1 --timer cpu     # grouped GEMM vs one GEMM per expert
 """
 from __future__ import annotations
 
@@ -248,6 +249,100 @@ def host_scaling(as_json, runs=7):
 _clock = time.perf_counter     # --timer cpu: time.process_time (steady on a shared machine)
 
 
+MOE_SHAPES = ((8, 1024, 2048, 8), (256, 1024, 2048, 8))    # (tokens, K, N, experts), top-2 routing
+MOE_CHIP = "H100-SXM5-80GB"
+
+
+def moe_compare(as_json, runs, shapes=MOE_SHAPES, chip_name=MOE_CHIP):
+    """The grouped GEMM (kernels/grouped) against the same experts run as one GEMM each (the
+    ``matmul`` kernel on each expert's rows, as transformers' loop does) on one random top-2
+    routing: emulator seconds (medians), predicted seconds on ``chip_name`` (its launch paid once
+    against once per expert with tokens), counted bytes of both, and torch's loop for scale."""
+    import torch
+
+    from torchfl.hcd import load_hcd
+    from torchfl.kernels import ChipModel, DeviceMemory, DeviceTensor
+    from torchfl.kernels.catalog import CATALOG
+    from torchfl.kernels.tiling import simulated_time
+    from torchfl.resources import bundled_hcds
+
+    path = next(p for p in bundled_hcds() if load_hcd(p).name == chip_name)
+    chip = ChipModel.from_hcd(load_hcd(path))
+    g = torch.Generator().manual_seed(0)
+    grouped, mm = CATALOG["grouped_mm"], CATALOG["matmul"]
+    for tokens, K, N, E in shapes:
+        ids = torch.stack([torch.randperm(E, generator=g)[:2] for _ in range(tokens)]).reshape(-1)
+        counts = torch.bincount(ids, minlength=E)
+        offs = counts.cumsum(0).to(torch.int32)
+        S = int(offs[-1])
+        x = torch.randn(S, K, generator=g).half()
+        w = (torch.randn(E, K, N, generator=g) / K ** 0.5).half()
+        mem = DeviceMemory(chip)
+        dx, dw, do = (DeviceTensor.from_torch(t, mem) for t in (x, w, offs))
+        gin = {"x": dx, "w": dw, "offs": do}
+        gplan = grouped.tile(grouped.problem({k: t.shape for k, t in gin.items()}, {}, None, {},
+                                             {k: t.dtype for k, t in gin.items()}), chip)
+        experts = []
+        start = 0
+        for e, end in enumerate(offs.tolist()):
+            if end > start:
+                a, b = DeviceTensor.from_torch(x[start:end], mem), DeviceTensor.from_torch(w[e], mem)
+                ins = {"a": a, "b": b}
+                experts.append((ins, mm.tile(mm.problem({k: t.shape for k, t in ins.items()}, {}, None, {},
+                                                        {k: t.dtype for k, t in ins.items()}), chip)))
+            start = end
+
+        def run_grouped():
+            outs, counted = grouped.run(chip, gin, {}, plan=gplan)
+            for o in outs:
+                o.free()
+            return counted
+
+        def run_experts():
+            total = None
+            for ins, plan in experts:
+                outs, counted = mm.run(chip, ins, {}, plan=plan)
+                for o in outs:
+                    o.free()
+                total = counted if total is None else total + counted
+            return total
+
+        def torch_loop():
+            out, st = torch.zeros(S, N, dtype=torch.float16), 0
+            for e, end in enumerate(offs.tolist()):
+                if end > st:
+                    torch.mm(x[st:end], w[e], out=out[st:end])
+                st = end
+            return out
+
+        cg, ce = run_grouped(), run_experts()
+        tg, te, tt = [], [], []
+        for _ in range(runs):
+            t = _clock()
+            run_grouped()
+            tg.append(_clock() - t)
+            t = _clock()
+            run_experts()
+            te.append(_clock() - t)
+            t = _clock()
+            torch_loop()
+            tt.append(_clock() - t)
+        pg = simulated_time(gplan, chip, "float16")
+        pe = sum(simulated_time(plan, chip, "float16") for _, plan in experts)
+        res = {"case": f"moe_grouped_f16_{tokens}tok_top2_{E}x{K}x{N}", "experts_with_tokens": len(experts),
+               "grouped_s": round(_median(tg), 6), "per_expert_s": round(_median(te), 6),
+               "torch_loop_s": round(_median(tt), 6), "grouped_bytes": cg.bytes, "per_expert_bytes": ce.bytes,
+               "grouped_planned_bytes": gplan.traffic.bytes,
+               "weight_passes": [gplan.config.tile("weight_passes_min"), gplan.config.tile("weight_passes_max")],
+               f"predicted_grouped_s_{chip_name}": pg, f"predicted_per_expert_s_{chip_name}": pe}
+        if as_json:
+            print(json.dumps(res), flush=True)
+        else:
+            print(f"{res['case']:40s} grouped {res['grouped_s'] * 1e3:8.2f} ms  per-expert "
+                  f"{res['per_expert_s'] * 1e3:8.2f} ms  torch loop {res['torch_loop_s'] * 1e3:8.2f} ms  "
+                  f"predicted on {chip_name}: {pg * 1e6:.1f} us vs {pe * 1e6:.1f} us", flush=True)
+
+
 def _median(xs):
     xs = sorted(xs)
     return xs[len(xs) // 2]
@@ -313,6 +408,8 @@ def main(argv=None):
                     help="only probe first-call time per family (use with --cold for compile time)")
     ap.add_argument("--host-scaling", action="store_true",
                     help="only measure what a second thread gives on this host (compute, memory, torch's matmul)")
+    ap.add_argument("--moe", action="store_true",
+                    help="only compare the grouped GEMM with one GEMM per expert (mixture-of-experts shapes)")
     ap.add_argument("--no-peak", action="store_true", help="skip tools/peak.py's fp32 peak measurement")
     ap.add_argument("--timer", choices=("wall", "cpu"), default="wall",
                     help="cpu: the process's CPU time (with --threads 1: steady on a loaded machine)")
@@ -338,6 +435,9 @@ def main(argv=None):
         return
     if a.host_scaling:
         host_scaling(a.json, a.runs)
+        return
+    if a.moe:
+        moe_compare(a.json, a.runs)
         return
     peak = None
     if not a.no_peak:

@@ -209,6 +209,31 @@ DEFAULT = [m for m in MODELS if m != "resnet50"]
 HF = [m for m in MODELS if not m.startswith("resnet") or m == "resnet_hf"]   # the Hugging Face families
 
 
+def _bfloat16(build):
+    """The model with bfloat16 weights (Mixtral's and OLMoE's published dtype): transformers then
+    runs its experts through torch._grouped_mm, compiled or not."""
+    def built():
+        import torch
+
+        model, args, kwargs = build()
+        return model.to(torch.bfloat16), args, kwargs
+    return built
+
+
+# mixture of experts (issue 48): 4 experts, 2 per token, the decoders' sizes; ``*_bf16``: the
+# same in bfloat16 (run them with --chips TFL-X1). Named with --models moe, not in the default sweep.
+_MOE = dict(DEC, num_experts_per_tok=2)
+MOE = {
+    "mixtral": ("MoE decoder", _text("MixtralConfig", "MixtralModel", **_MOE, num_local_experts=4)),
+    "qwen2_moe": ("MoE decoder, shared expert",
+                  _text("Qwen2MoeConfig", "Qwen2MoeModel", **_MOE, num_experts=4, moe_intermediate_size=64,
+                        shared_expert_intermediate_size=64)),
+    "olmoe": ("MoE decoder", _text("OlmoeConfig", "OlmoeModel", **_MOE, num_experts=4)),
+}
+MOE.update({f"{k}_bf16": (f"{w}, bfloat16 weights", _bfloat16(b)) for k, (w, b) in list(MOE.items())})
+MODELS.update(MOE)
+
+
 def _float_tensors(out) -> list:
     """Every floating tensor of a model's output (ModelOutput, tuple, cache objects skipped)."""
     import torch
@@ -526,8 +551,9 @@ def _swept(models, chips, a):
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--models", help=f"comma-separated subset, or 'hf' for the {len(HF)} Hugging Face families "
-                                     f"(default: all but resnet50): {', '.join(MODELS)}")
+    ap.add_argument("--models", help=f"comma-separated subset, or 'hf' for the {len(HF)} Hugging Face families, "
+                                     f"'moe' for the {len(MOE)} mixture-of-experts ones "
+                                     f"(default: all but resnet50 and those): {', '.join(MODELS)}")
     ap.add_argument("--chips", help=f"comma-separated subset of {', '.join(CHIPS)}")
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--strict", action="store_true", help="compile with strict=True (fallbacks are errors)")
@@ -550,7 +576,8 @@ def main(argv=None):
         for k, (what, _b) in MODELS.items():
             print(f"{k:14s} {what}")
         return 0
-    models = HF if a.models == "hf" else (a.models.split(",") if a.models else DEFAULT)
+    models = HF if a.models == "hf" else list(MOE) if a.models == "moe" else (
+        a.models.split(",") if a.models else DEFAULT)
     chips = a.chips.split(",") if a.chips else list(CHIPS)
     bad = [m for m in models if m not in MODELS] + [c for c in chips if c not in CHIPS]
     if bad:

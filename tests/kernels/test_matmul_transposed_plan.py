@@ -1,4 +1,4 @@
-"""core 1.21.0's transposed-operand fusions in real plans: HF attention's ``q @ k.transpose(-1, -2)``
+"""core 1.22.0's transposed-operand fusions in real plans: HF attention's ``q @ k.transpose(-1, -2)``
 (export's permute), the sdpa_gemm_softmax decomposition's transpose of K (DSP-M4 has no attention
 unit), training's mm(t(x), g) and addmm(b, x, t(w)) become one bmm / matmul reading the operand
 in place (``trans_a`` / ``trans_b``), priced as the GEMM alone: the layout_transform copy is gone.

@@ -47,3 +47,18 @@ def test_one_line_refusals(tmp_path):
         res = CliRunner().invoke(cli, ["plan", "decode", "tiny-llama", "--context", "64", "--registry", url, *args])
         assert res.exit_code == 1, (args, res.output)
         assert words in res.output and len(res.output.strip().splitlines()) == 1, res.output
+
+
+def test_compare_systems_ranks_by_tokens_per_second(tmp_path):
+    args = ["plan", "compare", "tiny-llama", "--systems", "2xA100-SXM4-80GB,2xNPU-V3", "--context", "64",
+            "--prompt", "8", "--registry", _reg(tmp_path)]
+    res = CliRunner().invoke(cli, args + ["--json"])
+    assert res.exit_code == 0, res.output
+    rows = json.loads(res.stdout)["rows"]
+    assert [r["system"] for r in rows] == ["2xA100-SXM4-80GB", "2xNPU-V3"]
+    assert rows[0]["ok"] and rows[0]["tokens_per_s_per_chip"] == rows[0]["tokens_per_s"] / 2
+    assert not rows[1]["ok"] and "states no interconnect" in rows[1]["error"]
+    text = " ".join(CliRunner().invoke(cli, args).output.split())
+    assert "Not plannable (1):" in text and "2xA100-SXM4-80GB 2x1" in text
+    bad = CliRunner().invoke(cli, args[:5] + ["--registry", args[-1]])
+    assert bad.exit_code == 1 and "give --context" in bad.output

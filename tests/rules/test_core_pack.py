@@ -99,6 +99,9 @@ def _schema_types(schema) -> dict[str, str]:
 def test_args_match_the_aten_schemas():
     torch = pytest.importorskip("torch")
     import torch.ao.quantization.fx._decomposed  # noqa: F401  (registers the quantized_decomposed ops)
+    from torchfl.kernels.grouped.torchop import register
+
+    register()                                   # torchfl.grouped_mm (the catalog may load before torch)
 
     pack = check_pack(CORE).pack
     problems = []

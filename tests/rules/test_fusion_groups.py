@@ -179,7 +179,7 @@ def test_views_between_steps_are_covered():
     # the un-transposed form (matmul_gelu) also covers addmm -> view -> gelu: the planner prices both
     (other,) = named(groups, "addmm_gelu_untransposed")
     assert other.nodes == (fc.name, v.name, act.name)
-    # and core 1.21.0's addmm reading the transposed weight in place (trans_b) covers permute -> addmm
+    # and core 1.22.0's addmm reading the transposed weight in place (trans_b) covers permute -> addmm
     (inplace,) = named(groups, "addmm_permuted_b")
     assert inplace.nodes == (wt.name, fc.name) and len(groups) == 3
 

@@ -11,7 +11,14 @@ compiled, transformers' ``grouped_mm_fallback`` (4: the experts' GEMMs, issue 48
 ``npu``, histc of int32 ids (2:
 torch's meta kernel refuses integers, so it cannot be traced alone; the host counts them as
 CUDA does). topk, sort, histc (compiled), the offsets' cumsum and the rounding divisions run on
-the chip (core 1.14.0-1.19.0), the tokens' inverse permutation (index_put) too (core 1.20.0)."""
+the chip (core 1.14.0-1.19.0), the tokens' inverse permutation (index_put) too (core 1.20.0).
+
+In bfloat16 (the published dtype of Mixtral and OLMoE) transformers calls ``torch._grouped_mm``
+for the experts, compiled or not: compiled, core 1.21.0 decomposes it into the grouped_mm kernel
+and the three families compile whole (0 fallbacks) on TFL-X1; on ``npu`` torch's per-group loop
+runs one mm per expert on the chip. In float16/float32 the compiled graph holds the opaque
+``transformers.grouped_mm_fallback`` instead, which no rule may name yet (rules/format's op
+namespaces)."""
 import sys
 from pathlib import Path
 
@@ -23,14 +30,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
 
 import bench_zoo  # noqa: E402
 
-_MOE = dict(bench_zoo.DEC, num_experts_per_tok=2)
-FAMILIES = {
-    "mixtral": ("MoE decoder", bench_zoo._text("MixtralConfig", "MixtralModel", **_MOE, num_local_experts=4)),
-    "qwen2_moe": ("MoE decoder, shared expert",
-                  bench_zoo._text("Qwen2MoeConfig", "Qwen2MoeModel", **_MOE, num_experts=4, moe_intermediate_size=64,
-                                  shared_expert_intermediate_size=64)),
-    "olmoe": ("MoE decoder", bench_zoo._text("OlmoeConfig", "OlmoeModel", **_MOE, num_experts=4)),
-}
+FAMILIES = {name: bench_zoo.MOE[name] for name in ("mixtral", "qwen2_moe", "olmoe")}   # tools/bench_zoo.MOE
 COMPILED_HOST = {"transformers.grouped_mm_fallback.default": 4}
 EAGER_HOST = {"aten::histc": 2}
 
@@ -60,6 +60,29 @@ def test_moe_on_the_eager_device(families, fp16_dev, name, monkeypatch):
     monkeypatch.setenv("TORCHFL_PRECISION", "float16")
     index = [torch.npu.get_device_name(i) for i in range(torch.npu.device_count())].index("NPU-V3")
     r = bench_zoo.run_one_eager(name, "NPU-V3", index, "float16", runs=0)
+    assert "error_message" not in r, r
+    assert r["within_tolerance"], (r["error"], r["tolerance"])
+    assert _within(r["fallback_ops"], EAGER_HOST), r["fallback_ops"]
+
+
+@pytest.mark.parametrize("name", list(FAMILIES))
+def test_moe_bfloat16_compiled_whole_on_tfl_x1(name, monkeypatch):
+    from torchfl.kernels.grouped.torchop import register
+
+    register()      # a session that loaded the kernel catalog before torch (see torchop)
+    r = bench_zoo.run_one(f"{name}_bf16", "TFL-X1", "bfloat16", runs=1)
+    assert "error_message" not in r, r
+    assert r["within_tolerance"], (r["error"], r["tolerance"])
+    assert r["fallbacks"] == 0, r["fallback_reasons"]
+
+
+def test_moe_bfloat16_on_the_eager_device(fp16_dev, monkeypatch):
+    """On ``npu`` in bfloat16, aten::_grouped_mm reaches the device through torch's own per-group
+    loop: one mm per expert with tokens, each on the chip (no host fallback beyond histc)."""
+    import torch
+
+    index = [torch.npu.get_device_name(i) for i in range(torch.npu.device_count())].index("TFL-X1")
+    r = bench_zoo.run_one_eager("mixtral_bf16", "TFL-X1", index, "bfloat16", runs=0)
     assert "error_message" not in r, r
     assert r["within_tolerance"], (r["error"], r["tolerance"])
     assert _within(r["fallback_ops"], EAGER_HOST), r["fallback_ops"]

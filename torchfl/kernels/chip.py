@@ -10,7 +10,7 @@ from dataclasses import dataclass, field
 __all__ = ["ChipModel", "MATRIX_FAMILIES", "SUBMISSIONS", "reference_chip"]
 
 #: kernel families that run on the matrix units and are launched as a library call
-MATRIX_FAMILIES = frozenset({"matmul", "conv", "conv1d", "attention"})
+MATRIX_FAMILIES = frozenset({"matmul", "conv", "conv1d", "attention", "grouped"})
 #: how a plan's kernels reach the chip: one host call (and sync) per kernel, or the whole plan
 #: enqueued at once as a graph (CUDA Graphs, an engine's fused C++ loop)
 SUBMISSIONS = ("eager", "graph")

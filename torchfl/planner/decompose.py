@@ -289,6 +289,10 @@ def _overload(name: str):
     import torch
 
     ns, op, overload = name.split(".")
+    if ns == "torchfl":        # torchfl's own operators exist once registered (whatever was imported first)
+        from torchfl.kernels.grouped.torchop import register
+
+        register()
     try:
         return getattr(getattr(getattr(torch.ops, ns), op), overload)
     except AttributeError as exc:

@@ -22,7 +22,7 @@ from dataclasses import dataclass
 
 from torchfl.planner.errors import PlanError
 
-__all__ = ["is_causal_lm", "CacheSpec", "cache_spec", "DecodeStep", "Prefill", "decode_inputs", "prefill_inputs",
+__all__ = ["is_causal_lm", "experts_of", "CacheSpec", "cache_spec", "DecodeStep", "Prefill", "decode_inputs", "prefill_inputs",
            "KV_NAME", "ShapeTooLarge", "shapes_only"]
 
 KV_NAME = "past_key_values_{layer}_{kind}"
@@ -57,6 +57,21 @@ class CacheSpec:
 
         item = torch.empty((), dtype=self.dtype).element_size()
         return 2 * self.layers * batch * self.heads * positions * self.head_dim * item
+
+
+def experts_of(lm) -> dict | None:
+    """A mixture-of-experts LM's experts, for the what-if answers that must say both what memory
+    holds (every expert) and what a token reads (its top-k per layer): ``{"per_layer": E,
+    "active_per_token": k, "expert_bytes": B}`` (B: the bytes of every parameter under an
+    ``experts`` module, as stored), or None for a dense model. Read from the Hugging Face config
+    (``num_local_experts`` for Mixtral, ``num_experts`` for Qwen2-MoE and OLMoE)."""
+    config = getattr(lm, "config", None)
+    per_layer = getattr(config, "num_local_experts", None) or getattr(config, "num_experts", None)
+    active = getattr(config, "num_experts_per_tok", None)
+    if not per_layer or not active:
+        return None
+    held = sum(p.numel() * p.element_size() for name, p in lm.named_parameters() if ".experts." in f".{name}.")
+    return {"per_layer": int(per_layer), "active_per_token": int(active), "expert_bytes": int(held)}
 
 
 def _device(module):

@@ -181,6 +181,25 @@ def _tiny_llama(batch=1, seq_len=8, layers=None):
     return tiny_llama(batch=batch, seq_len=seq_len, layers=layers)
 
 
+def _mixtral(batch=1, seq_len=8, layers=None):
+    """Mixtral 8x7B: transformers' default MixtralConfig (the published mistralai/Mixtral-8x7B
+    sizes: hidden 4096, 32 layers, 8 experts of MLP width 14336, 2 per token, 32 query and 8
+    key/value heads), bfloat16 weights (the published dtype; transformers' grouped experts then
+    capture as torch._grouped_mm, core's grouped_mm kernel), on the meta device: no weights in RAM.
+    Memory holds all 8 experts of each layer; a decode step reads at most 2 (the plan explain of a
+    grouped_mm step gives the range of experts and bytes over the routings)."""
+    import torch
+
+    from torchfl.kernels.grouped.torchop import register
+
+    register()      # torch.ops.torchfl.grouped_mm: the catalog may have loaded before torch
+    tf = _transformers("mixtral-8x7b")
+    config = tf.MixtralConfig(**({"num_hidden_layers": layers} if layers else {}))
+    with torch.device("meta"):
+        model = tf.MixtralForCausalLM(config).to(torch.bfloat16).eval()
+    return model, (torch.zeros((batch, seq_len), dtype=torch.long, device="meta"),)
+
+
 ZOO = {
     "mlp": _mlp,
     "resnet18": functools.partial(_resnet, 18),
@@ -196,6 +215,7 @@ LM_ZOO = {
     "llama-7b": functools.partial(_llama, "7b"),
     "llama-70b": functools.partial(_llama, "70b"),
     "tiny-llama": _tiny_llama,
+    "mixtral-8x7b": _mixtral,       # mixture of experts (issue 48)
 }
 
 

@@ -86,3 +86,61 @@ def _table(r) -> str:
         lines += para("~ = estimated from the stage shard's plans at 1 and 2 layers (time and memory affine in "
                       "the layers); the chosen split is planned in full", indent="  ")
     return "\n".join(lines)
+
+
+SYSTEMS = click.option("--systems", default=None, metavar="NxCHIP,...",
+                       help="Comma-separated multi-chip systems (8xA100-SXM4-80GB,8xH100-SXM5-80GB): a decoder "
+                            "(--context) split over each, ranked by tokens/s; mutually exclusive with --chips.")
+
+
+def compare_systems(model, module, systems, batch, context, prompt, precision, engine, registry) -> dict:
+    """Each system of ``systems`` (comma-separated NxCHIP) planned by :func:`run_parallel`, most
+    tokens/s first (tokens/s per chip beside it); a system that cannot plan keeps its error."""
+    import time
+
+    from torchfl.planner.errors import PlanError
+
+    t0 = time.perf_counter()
+    rows = []
+    for spec in [s.strip() for s in systems.split(",") if s.strip()]:
+        try:
+            r = run_parallel(model, module, spec, None, None, batch, context, prompt, precision, engine, registry)
+        except PlanError as exc:
+            rows.append({"system": spec, "ok": False, "error_kind": exc.kind, "error": str(exc).splitlines()[0]})
+            continue
+        best = r["rows"][0]
+        row = {"system": spec, "ok": r["ok"], "chip": r["chip"], "version": r["version"], "chips": r["chips"],
+               "split": r["split"], "result": r}
+        if r["ok"]:
+            row.update(decode_s=best["decode_s"], tokens_per_s=best["tokens_per_s"],
+                       tokens_per_s_per_chip=best["tokens_per_s"] / r["chips"], prefill_s=best.get("prefill_s"),
+                       collective_share=best["collective_share"], peak_bytes=best["peak_bytes"],
+                       bound=best["bound"], bound_share=best["bound_share"])
+        else:
+            row.update(error_kind=best.get("error_kind", "Error"), error=best.get("error", "no split fits"))
+        rows.append(row)
+    rows.sort(key=lambda x: (not x["ok"], -(x.get("tokens_per_s") or 0.0)))
+    return {"rows": rows, "batch": batch, "context": context, "prompt": prompt,
+            "planning_s": round(time.perf_counter() - t0, 3)}
+
+
+def systems_text(model, res) -> str:
+    rows, errors = [], []
+    for r in res["rows"]:
+        if r["ok"]:
+            s = r["split"]
+            rows.append((r["system"], f"{s['tp']}x{s['pp']}", show_time(r["prefill_s"]) if r["prefill_s"] else "-",
+                         show_time(r["decode_s"]), f"{r['tokens_per_s']:,.1f}", f"{r['tokens_per_s_per_chip']:,.2f}",
+                         f"{100 * r['collective_share']:.1f}%", show_bytes(r["peak_bytes"]),
+                         f"{r['bound']} ({100 * r['bound_share']:.0f}%)"))
+        else:
+            errors += para(f"{r['system']}: {r['error_kind']}: {r['error']}", indent="  ", subsequent="    ")
+    out = para(f"{model}: batch {res['batch']}, prefill of {res['prompt']} tokens, decode at context {res['context']} "
+               f"on {len(res['rows'])} systems, planned in {res['planning_s']:.1f} s (most tokens/s first; predicted; "
+               "each system's split chosen by cost)")
+    out += text_table(rows, ("system", "tp x pp", "prefill", "per token", "tokens/s", "tokens/s per chip",
+                             "collectives", "peak per chip", "bound by"), right=(2, 3, 4, 5, 6, 7))
+    if errors:
+        out.append(f"Not plannable ({sum(not r['ok'] for r in res['rows'])}):")
+        out += errors
+    return "\n".join(out)

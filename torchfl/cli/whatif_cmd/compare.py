@@ -8,6 +8,7 @@ import click
 from torchfl.cli.whatif_cmd.common import (CONTEXT, PROMPT, check_batch, chip_names, common_options, decoder_of,
                                             emit_json, fail, guarded, load, model_options, para, precision_of,
                                             show_bytes, show_time, swept, text_table)
+from torchfl.cli.whatif_cmd.chips import SYSTEMS, compare_systems, systems_text
 from torchfl.cli.whatif_cmd.confidence import confidence_cells, confidence_legend
 from torchfl.cli.whatif_cmd.serving import ENGINE, KV_CACHE, decode_text, engine_of
 from torchfl.cluster.options import cluster_option, require_ray, resume_option
@@ -16,6 +17,7 @@ from torchfl.cluster.options import cluster_option, require_ray, resume_option
 @click.command("compare")
 @click.argument("model")
 @click.option("--chips", default=None, help="Comma-separated chip names (default: every chip in the registry).")
+@SYSTEMS
 @model_options
 @CONTEXT
 @PROMPT
@@ -25,7 +27,7 @@ from torchfl.cluster.options import cluster_option, require_ray, resume_option
 @cluster_option
 @resume_option
 @guarded
-def compare(model, chips, batch, seq_len, heads, layers, context, prompt, engine, kv_cache, precision, training,
+def compare(model, chips, systems, batch, seq_len, heads, layers, context, prompt, engine, kv_cache, precision, training,
             registry, as_json, cluster, resume):
     """MODEL planned on every chip (or --chips): predicted time, off-chip bytes, peak memory,
     kernels, fusions, fallbacks and the bound resource, fastest first; or what stops it.
@@ -33,9 +35,24 @@ def compare(model, chips, batch, seq_len, heads, layers, context, prompt, engine
     latency and tokens/s at that context, most tokens/s first, under the engine behaviour
     --engine and --kv-cache say. Each row says what share of its time assumed numbers priced
     and how well the chip is checked out of sample. With --cluster, each chip is a
-    unit on the Ray cluster, recorded in the registry (--resume RUN)."""
+    unit on the Ray cluster, recorded in the registry (--resume RUN). With --systems
+    8xA100-SXM4-80GB,8xH100-SXM5-80GB and --context: the decoder split over each system's chips,
+    ranked by tokens/s (and tokens/s per chip)."""
     from torchfl.planner import whatif
 
+    if systems:
+        if chips or cluster is not None or resume is not None or not context or training:
+            fail("Error", "--systems compares a decoder's serving speed on multi-chip systems: give --context, "
+                          "without --chips, --cluster, --resume or --training")
+        module, _inputs = load(model, 1, seq_len, heads, layers)
+        decoder_of(model, module, False, asked_by="--systems")
+        res = compare_systems(model, module, systems, batch or 1, context, prompt, precision_of(precision),
+                              engine_of(engine, kv_cache), registry)
+        if as_json:
+            emit_json(dict(res, model=model))
+        else:
+            click.echo(systems_text(model, res))
+        return
     require_ray(cluster)
     names = chip_names(chips, registry)
     targets = [whatif.chip_of(n, registry) for n in names]

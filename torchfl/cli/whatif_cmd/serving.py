@@ -79,6 +79,11 @@ def decode(model, chip, chips, tp, pp, context, prompt, batch, precision, engine
     echo_wrapped(f"decode at context {context}: {decode_speed(r)}", indent="  ")
     echo_wrapped(f"decode step memory: peak {show_bytes(r['peak_bytes'])}{cap}, KV cache {show_bytes(r['kv_cache_bytes'])}; "
                  f"{r['decode_fallbacks']} fallbacks to CPU per token", indent="  ")
+    if r.get("experts"):
+        ex = r["experts"]
+        echo_wrapped(f"experts: all {ex['per_layer']} of each layer held in memory ({show_bytes(ex['expert_bytes'])}); "
+                     f"a step of {batch} token{'s' if batch != 1 else ''} reads at most {ex['read_per_layer']} of them "
+                     f"per layer ({show_bytes(ex['read_bytes'])}, top-{ex['active_per_token']} routing)", indent="  ")
     echo_wrapped(confidence_sentence(r["confidence"]), indent="  ")
 
 

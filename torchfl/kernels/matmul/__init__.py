@@ -24,7 +24,7 @@ from ..spec import numel as _prod
 from ..tiling import TileConfig, Traffic, make_plan
 
 DTYPES = FLOATS + ("int8",)
-# trans_a / trans_b (core 1.21.0's transposed-operand fusions): the operand is the tensor before a
+# trans_a / trans_b (core 1.22.0's transposed-operand fusions): the operand is the tensor before a
 # transpose of its last two axes, read in place; the tiling prices the same bytes per tile
 TRANS = {"trans_a": False, "trans_b": False}
 QUANT = {"a_scale": 1.0, "a_zero": 0, "b_scale": 1.0, "b_zero": 0, "out_scale": 0.0, "out_zero": 0}

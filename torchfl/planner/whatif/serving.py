@@ -104,6 +104,20 @@ from torchfl.planner.whatif.context import Decoder, plan_decode
 from torchfl.planner.whatif.planning import auto_precision, plan_on
 
 
+def experts_read(lm, batch: int) -> dict | None:
+    """A mixture-of-experts model's experts in a decode step of ``batch`` tokens: every expert is
+    held in memory, at most ``min(E, batch * k)`` of each layer's E are read (``read_bytes``, the
+    expert bytes in that proportion: the bound the grouped GEMM's price takes for the worst
+    routing); None for a dense model (:func:`torchfl.planner.lm.experts_of`)."""
+    from torchfl.planner.lm import experts_of
+
+    ex = experts_of(lm)
+    if ex is None:
+        return None
+    read = min(ex["per_layer"], batch * ex["active_per_token"])
+    return dict(ex, read_per_layer=read, read_bytes=ex["expert_bytes"] * read // ex["per_layer"])
+
+
 def prefill_capture(dec: Decoder, batch: int, prompt: int):
     """(Captured prefill of a ``prompt``-token prompt, its inputs): captured once, planned on
     every chip."""
@@ -139,7 +153,7 @@ def decode_row(chip, dec: Decoder, batch: int, prompt: int, context: int, precis
         keep.update(decode=step.plan, prefill=pre.plan)
     out = {"chip": chip.name, "version": chip.version, "precision": auto_precision(chip.hcd, precision),
            "batch": batch, "prompt": prompt, "context": context, "engine": engine.to_dict(),
-           "assumes": engine.describe(chip)}
+           "assumes": engine.describe(chip), "experts": experts_read(dec.lm, batch)}
     bad = next((p for p in (step, pre) if not p.ok), None)
     if bad is not None:
         out.update(ok=False, error_kind=bad.error.kind, error=str(bad.error), field=getattr(bad.error, "field", None),
