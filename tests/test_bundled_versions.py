@@ -87,6 +87,8 @@ PUBLISHED = {
     ("core", "1.21.0"): "a2b29d542bf4e09686ec3a11323cb7440eea354819bcb1be98bad65f4551d3c7",
     # 1.22.0: a transposed GEMM operand read in place (bmm/mm/addmm trans_a/trans_b fusions; issue 47; helper bmmnt)
     ("core", "1.22.0"): "88080374440ee7fd480bf2a0a96de3181ae8114010f32018ccd02eddb06c8cc4",
+    # 1.23.0: transformers.grouped_mm_fallback as the grouped_mm kernel (issue 48: MoE experts compiled in float16/float32)
+    ("core", "1.23.0"): "e1ae4a6fe7c97b84b4f64086560b89ef255f50790f8ef07a067c0c9fc6842b99",
 }
 
 

@@ -6,8 +6,9 @@ output magnitude).
 Before: on ``npu`` each crashed (``NotImplementedError: "histogram_cpu" not implemented for
 'Int'``: transformers passes int32 expert ids to histc on any device but CPU); compiled, 16 ops
 fell back each (topk, sort, histc, cumsum, index_put, div.Tensor_mode, transformers'
-grouped-GEMM). Still on the host, at most these counts per forward (a new fallback fails):
-compiled, transformers' ``grouped_mm_fallback`` (4: the experts' GEMMs, issue 48 item 1); on
+grouped-GEMM). Compiled, none is left: transformers' ``grouped_mm_fallback`` (the experts'
+GEMMs in float16/float32; 4 host steps each before core 1.23.0) runs as the grouped_mm kernel.
+Still on the host, at most these counts per forward (a new fallback fails): on
 ``npu``, histc of int32 ids (2:
 torch's meta kernel refuses integers, so it cannot be traced alone; the host counts them as
 CUDA does). topk, sort, histc (compiled), the offsets' cumsum and the rounding divisions run on
@@ -17,8 +18,7 @@ In bfloat16 (the published dtype of Mixtral and OLMoE) transformers calls ``torc
 for the experts, compiled or not: compiled, core 1.21.0 decomposes it into the grouped_mm kernel
 and the three families compile whole (0 fallbacks) on TFL-X1; on ``npu`` torch's per-group loop
 runs one mm per expert on the chip. In float16/float32 the compiled graph holds the opaque
-``transformers.grouped_mm_fallback`` instead, which no rule may name yet (rules/format's op
-namespaces)."""
+``transformers.grouped_mm_fallback`` instead, which core 1.23.0 decomposes into the same kernel."""
 import sys
 from pathlib import Path
 
@@ -31,7 +31,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
 import bench_zoo  # noqa: E402
 
 FAMILIES = {name: bench_zoo.MOE[name] for name in ("mixtral", "qwen2_moe", "olmoe")}   # tools/bench_zoo.MOE
-COMPILED_HOST = {"transformers.grouped_mm_fallback.default": 4}
+COMPILED_HOST: dict = {}          # compiled: every op on the chip
 EAGER_HOST = {"aten::histc": 2}
 
 
@@ -51,6 +51,7 @@ def test_moe_compiled_on_npu_v3(families, name):
     assert "error_message" not in r, r
     assert r["within_tolerance"], (r["error"], r["tolerance"])
     assert _within(r["fallback_ops"], COMPILED_HOST), r["fallback_reasons"]
+    assert r["fallbacks"] == 0, r["fallback_reasons"]
 
 
 @pytest.mark.parametrize("name", list(FAMILIES))

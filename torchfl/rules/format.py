@@ -48,7 +48,7 @@ from torchfl.hcd.dtypes import MATRIX_UNITS, STORAGE
 from torchfl.rules.guards.syntax import MAX_CHARS, MAX_INT
 
 SEMVER = r"^(0|[1-9]\d*)\.(0|[1-9]\d*)\.(0|[1-9]\d*)(-[0-9A-Za-z.-]+)?(\+[0-9A-Za-z.-]+)?$"
-OP_NAME = r"^(aten|prims|torchfl|quantized_decomposed)\.[A-Za-z0-9_]+\.[A-Za-z0-9_]+$"
+OP_NAME = r"^(aten|prims|torchfl|quantized_decomposed|transformers)\.[A-Za-z0-9_]+\.[A-Za-z0-9_]+$"
 IDENT = r"^[A-Za-z][A-Za-z0-9_]*$"
 STEP_ARG = r"^[A-Za-z][A-Za-z0-9_]*\.[A-Za-z_][A-Za-z0-9_]*$"     # a fusion step's argument: step.arg
 UNITS = Literal[MATRIX_UNITS + ("attention",)]
