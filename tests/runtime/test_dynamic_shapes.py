@@ -45,3 +45,22 @@ def test_training_on_three_batch_sizes_replans_each():
         planned.append(max(i.shape[0] for i in fw_plan.inputs if len(i.shape) == 3))
         assert not any(f.op for pl in (rec.entries[0][1], rec.entries[1][1]) for f in pl.fallbacks)
     assert planned == [2, 3, 5]
+
+
+def test_a_module_without_parameters_recompiled_for_new_sizes():
+    """A module with no parameters called at a second size: Dynamo recompiles it with symbolic
+    sizes and hands the backend its lazily compiled GraphModule, whose forward is
+    ``(*args, **kwargs)``; torch.export read that as one input and the symbolic capture failed
+    ("`inputs` has 1 elements, but `dynamic_shapes` has 5"), so the second call raised instead
+    of running. Every size now runs on the chip, equal to eager."""
+
+    class Scores(nn.Module):
+        def forward(self, a, b, c):
+            return torch.bmm(a, b.transpose(1, 2)) + c
+
+    torch.manual_seed(0)
+    model = Scores()
+    compiled = torch.compile(model, backend="torchfl", options={"chip": "TFL-X1"})
+    for n in (4, 6, 8):
+        a, b, c = torch.randn(2, n, 8), torch.randn(2, n, 8), torch.randn(2, n, n)
+        torch.testing.assert_close(compiled(a, b, c), model(a, b, c), rtol=1e-5, atol=1e-5)

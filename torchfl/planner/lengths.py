@@ -92,6 +92,12 @@ class Symbolic:
         return True
 
 
+def _takes_varargs(module) -> bool:
+    import inspect
+
+    return any(p.kind is inspect.Parameter.VAR_POSITIONAL for p in inspect.signature(module.forward).parameters.values())
+
+
 def capture_symbolic(gm, inputs, dynamic_shapes=None) -> Symbolic | None:
     """Capture a (weights-lifted) Dynamo graph, or any module, once, with symbolic sizes.
 
@@ -123,6 +129,11 @@ def capture_symbolic(gm, inputs, dynamic_shapes=None) -> Symbolic | None:
     if not any(torch.utils._pytree.tree_leaves(dynamic_shapes, is_leaf=lambda x: isinstance(x, dict))):
         return None
     shapes = dynamic_shapes
+    if isinstance(gm, torch.fx.GraphModule) and _takes_varargs(gm):
+        # Dynamo hands a lazily compiled GraphModule whose forward is ``(*args, **kwargs)``:
+        # torch.export reads that as one input and refuses one entry per placeholder. The same
+        # graph in a plain GraphModule has its generated, one-parameter-per-placeholder forward.
+        gm = torch.fx.GraphModule(gm, gm.graph)
     try:
         captured, ep = export_captured(gm, tuple(inputs), tuple(shapes))
     except Exception as exc:  # noqa: BLE001 - torch.export raises a dozen types of its own: one CaptureError, raised
