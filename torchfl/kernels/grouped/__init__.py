@@ -34,6 +34,7 @@ import sys
 
 from ..dtypes import FLOATS, ITEMSIZE
 from ..errors import KernelError
+from ..matmul import _cands, _cdiv     # each expert's GEMM takes the GEMM's tile candidates
 from ..spec import KernelSpec, TensorMeta
 from ..tiling import TileConfig, Traffic, make_plan
 
@@ -68,18 +69,6 @@ def _check(p):
 def _meta(p):
     S, _, N, _ = dims(p)
     return [TensorMeta((S, N), p.dtype_of("x"), None)]
-
-
-def _cands(n):
-    c, t = {n}, 8
-    while t < n:
-        c.add(t)
-        t *= 2
-    return sorted(c)
-
-
-def _cdiv(a, b):
-    return -(-a // b)
 
 
 def weight_passes(S, E, tm):

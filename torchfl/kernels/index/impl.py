@@ -12,6 +12,14 @@ from ..codecs import decode, enc16
 from ..dtypes import FLOATS, ITEMSIZE
 
 
+def _element_offsets(coords, strides, n: int):
+    """Element offsets of ``n`` elements in a strided tensor, from their per-axis coordinates."""
+    offs = np.zeros(n, np.int64)
+    for c, st in zip(coords, strides):
+        offs += c * st
+    return offs
+
+
 @njit(cache=True, nogil=True)
 def gather_elems(src, offs, dst):
     """dst[i] = src[offs[i]]: the one body of the family (a gather of raw storage elements)."""
@@ -109,9 +117,7 @@ def run_index(ctx):
         e = min(n, s + T)
         coords = np.unravel_index(np.arange(s, e, dtype=np.int64), oshape) if oshape else ()
         xc = _x_coords(ctx, p, list(coords), oshape)
-        offs = np.zeros(e - s, np.int64)
-        for c, st in zip(xc, xst):
-            offs += c * st
+        offs = _element_offsets(xc, xst, e - s)
         gather_elems(src, offs, dst[s:e])
         ctx.read((e - s) * per)
         ctx.write((e - s) * es)
@@ -188,9 +194,7 @@ def run_index_put(ctx):
         e = min(nv, s + T)
         coords = np.unravel_index(np.arange(s, e, dtype=np.int64), vshape) if vshape else ()
         xc = _x_coords(ctx, p, list(coords), vshape)
-        offs = np.zeros(e - s, np.int64)
-        for c, st in zip(xc, ost):
-            offs += c * st
+        offs = _element_offsets(xc, ost, e - s)
         src = np.ascontiguousarray(vb[tuple(coords)] if vshape else vb.reshape(1))
         if not acc:
             scatter_elems(src, offs, dst)
