@@ -36,11 +36,12 @@ def bundled_rule_packs() -> list[Path]:
 
 
 def bundled_fingerprint() -> str:
-    """A hash of the bundled chips and rule packs (names and bytes): it changes when an
-    upgrade of torchfl ships new or changed ones, so the default registry can take them in."""
+    """A hash of the bundled chips, rule packs and fidelity runs (names and bytes): it changes
+    when an upgrade of torchfl ships new or changed ones, so the default registry can take them in."""
     import hashlib
 
     h = hashlib.blake2b(digest_size=16)
-    for path in bundled_hcds() + bundled_rule_packs():
+    evidence = bundled_path("measurements") / "evidence" / "fidelity_runs.json"
+    for path in bundled_hcds() + bundled_rule_packs() + ([evidence] if evidence.is_file() else []):
         h.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
     return h.hexdigest()

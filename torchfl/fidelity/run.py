@@ -16,7 +16,7 @@ from torchfl.fidelity.oneop import Prediction, predict
 from torchfl.fidelity.sample import in_sample, stem
 from torchfl.fidelity.score import Score, score
 
-__all__ = ["FidelityResult", "score_tables", "record"]
+__all__ = ["FidelityResult", "score_tables", "run_rows", "record"]
 
 
 @dataclass
@@ -92,6 +92,18 @@ def _table_hash(path: str) -> str:
         return ""
 
 
+def run_rows(result: FidelityResult, name: str) -> tuple[list, list[dict]]:
+    """``(tables, rows)`` of chip ``name``'s run as the registry stores them: ``[[file name,
+    sha256], ...]`` and one dict per row (:data:`torchfl.registry.fidelity.ROW_KEYS`)."""
+    mine = [p for p in result.predictions if p.chip == name]
+    tables = sorted({(Path(p.row.file).name, _table_hash(p.row.file)) for p in mine})
+    rows = [dict(table_name=Path(p.row.file).name, line=p.row.line, op=p.row.op, family=p.row.family,
+                 shapes=[list(s) for s in p.row.shapes], dtype=p.row.dtype, args=p.row.args,
+                 source=p.row.source, measured_s=p.row.seconds, predicted_s=p.predicted_s,
+                 reason=p.reason or None, in_sample=result.is_in_sample(p)) for p in mine]
+    return [list(t) for t in tables], rows
+
+
 def record(result: FidelityResult, registry) -> dict:
     """Store one fidelity run per chip that resolved (its rows, planned or not); returns
     ``{chip: run id}``. The chip's published version in ``registry`` must be the one scored."""
@@ -103,11 +115,6 @@ def record(result: FidelityResult, registry) -> dict:
         if identity.chip_hash != target.chip_hash:
             raise LookupError(f"{name} {target.version} in {registry.display_url} has other numbers than the chip "
                               "scored; record against the registry the chip was resolved from")
-        mine = [p for p in result.predictions if p.chip == name]
-        tables = sorted({(Path(p.row.file).name, _table_hash(p.row.file)) for p in mine})
-        rows = [dict(table_name=Path(p.row.file).name, line=p.row.line, op=p.row.op, family=p.row.family,
-                     shapes=[list(s) for s in p.row.shapes], dtype=p.row.dtype, args=p.row.args,
-                     source=p.row.source, measured_s=p.row.seconds, predicted_s=p.predicted_s,
-                     reason=p.reason or None, in_sample=result.is_in_sample(p)) for p in mine]
-        runs[name] = record_fidelity(registry, identity, tables=[list(t) for t in tables], rows=rows)
+        tables, rows = run_rows(result, name)
+        runs[name] = record_fidelity(registry, identity, tables=tables, rows=rows)
     return runs

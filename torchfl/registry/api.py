@@ -245,7 +245,8 @@ class Registry:
         return before
 
     def seed(self) -> ImportResult:
-        """Import the chips and rule packs bundled with torchfl.
+        """Import the chips and rule packs bundled with torchfl, and the fidelity runs that
+        check them (``bundled_evidence``).
 
         A bundled file that fails validation is a packaging bug; it is skipped with an
         error-severity entry in ``warnings`` rather than keeping the registry unusable.
@@ -259,6 +260,9 @@ class Registry:
         broken = {d.file for d in errors(diagnostics)}
         result = self._store([d for d in docs if d.file not in broken],
                              [d for d in diagnostics if d.file not in broken])
+        from torchfl.registry.bundled_evidence import seed_fidelity
+
+        seed_fidelity(self)   # the bundled chips' fidelity runs: their out-of-sample check, once
         return ImportResult(result.outcomes, result.warnings + [d for d in diagnostics if d.file in broken])
 
     # ------------------------------------------------------------------ import
