@@ -239,6 +239,9 @@ SSM = {
     "mamba": ("state-space decoder (selective scan), logits",
               _text("MambaConfig", "MambaForCausalLM", vocab_size=128, hidden_size=64, state_size=8,
                     num_hidden_layers=2)),
+    "falcon_mamba": ("state-space decoder (selective scan, RMS-normed B, C, dt), logits",
+                     _text("FalconMambaConfig", "FalconMambaForCausalLM", vocab_size=128, hidden_size=64,
+                           state_size=8, num_hidden_layers=2)),
 }
 MODELS.update(SSM)
 

@@ -10,7 +10,8 @@ fell back to the host (``aten::cat``: the concat kernel joins 2 to 8 tensors), 2
 Now transformers' ``mamba_selective_scan`` reaches ``torch.ops.torchfl.selective_scan``
 (torchfl/runtime/hf_mamba) and the ``selective_scan`` kernel (kernels/ssm, core 1.24.0) in
 both modes: one kernel a layer, the state on chip; the causal conv1d before it is conv2d's
-depthwise kernel (kernels/conv1d)."""
+depthwise kernel (kernels/conv1d). FalconMamba (its own copy of the scan function, B, C and dt
+RMS-normed first) is routed the same way."""
 import sys
 from pathlib import Path
 
@@ -23,14 +24,15 @@ sys.path.insert(0, str(Path(__file__).resolve().parents[2] / "tools"))
 import bench_zoo  # noqa: E402
 
 
-def test_mamba_compiled_on_npu_v3():
+@pytest.mark.parametrize("name", list(bench_zoo.SSM))
+def test_mamba_compiled_on_npu_v3(name):
     from torchfl.runtime.backend import recording  # noqa: F401  (the backend: routes captures, see hf_mamba)
 
-    r = bench_zoo.run_one("mamba", "NPU-V3", "float16", runs=1)
+    r = bench_zoo.run_one(name, "NPU-V3", "float16", runs=1)
     assert "error_message" not in r, r
     assert r["within_tolerance"], (r["error"], r["tolerance"])
     assert r["fallbacks"] == 0, r["fallback_reasons"]
-    assert r["nodes"] < 120, r["nodes"]          # 299 with the unrolled associative scan
+    assert r["nodes"] < 140, r["nodes"]          # Mamba: 313 with the unrolled associative scan
 
 
 def test_mamba_plan_prices_the_scan():
@@ -56,7 +58,8 @@ def test_mamba_plan_prices_the_scan():
     assert "selective_scan" in plan.explain()
 
 
-def test_mamba_on_the_eager_device(fp16_dev, monkeypatch):
+@pytest.mark.parametrize("name", list(bench_zoo.SSM))
+def test_mamba_on_the_eager_device(fp16_dev, monkeypatch, name):
     import torch
 
     from torchfl.runtime.eager import ops
@@ -64,7 +67,7 @@ def test_mamba_on_the_eager_device(fp16_dev, monkeypatch):
     monkeypatch.setenv("TORCHFL_PRECISION", "float16")
     index = [torch.npu.get_device_name(i) for i in range(torch.npu.device_count())].index("NPU-V3")
     before = ops.ROUTES.get(("torchfl::selective_scan", "chip"), 0)
-    r = bench_zoo.run_one_eager("mamba", "NPU-V3", index, "float16", runs=0)
+    r = bench_zoo.run_one_eager(name, "NPU-V3", index, "float16", runs=0)
     assert "error_message" not in r, r
     assert r["within_tolerance"], (r["error"], r["tolerance"])
     assert r["fallbacks"] == 0, r["fallback_ops"]
@@ -114,3 +117,25 @@ def test_copy_into_a_new_buffer_runs_on_the_chip(dtype, kernel):
     assert got.dtype == ref.dtype and torch.equal(got, ref)
     wide = plan_module(Write((5, 2, 3, 4)), (x,), chip="TFL-X1")
     assert [f.reason for f in wide.fallbacks if f.op == "aten.copy.default"], wide.fallbacks
+
+
+def test_training_keeps_the_differentiable_path(fp32_dev):
+    """The operator has no backward: a call autograd records runs transformers' own loop (on the chip)."""
+    import torch
+    from transformers.models.mamba import modeling_mamba as mm
+
+    from torchfl.runtime.eager import ops
+
+    g = torch.Generator().manual_seed(0)
+    cpu = [torch.randn(1, 4, 5, generator=g), torch.rand(1, 4, 5, generator=g), -torch.rand(4, 3, generator=g),
+           torch.randn(1, 3, 5, generator=g), torch.randn(1, 3, 5, generator=g)]
+    args = [t.to(fp32_dev).requires_grad_() for t in cpu]
+    before = ops.ROUTES.get(("torchfl::selective_scan", "chip"), 0)
+    y = mm.mamba_selective_scan(*args)
+    y.sum().backward()
+    assert ops.ROUTES.get(("torchfl::selective_scan", "chip"), 0) == before
+    assert args[0].grad is not None
+    with torch.no_grad():
+        torch.testing.assert_close(mm.mamba_selective_scan(*[a.detach() for a in args]).cpu(), y.detach().cpu(),
+                                   rtol=1e-5, atol=1e-5)
+    assert ops.ROUTES.get(("torchfl::selective_scan", "chip"), 0) == before + 1

@@ -1,4 +1,4 @@
-"""Transformers' Mamba scan routed to torchfl's ``selective_scan`` kernel, in both modes.
+"""Transformers' Mamba (and FalconMamba) scan routed to torchfl's ``selective_scan`` kernel, in both modes.
 
 Why here and not a graph fusion: without mamba_ssm, transformers runs the scan as a Python
 loop over time in eager mode (per step a multiply-add of ``[B, D, N]``, a matmul with ``C``,
@@ -16,17 +16,19 @@ swaps in ``torch.ops.torchfl.selective_scan`` the same way, and only:
   :func:`for_compile`). Another backend compiling in that same process also gets the operator:
   its CPU body is the reference recurrence in float32 (same numbers, one loop).
 
-Anything else (CPU eager, processes that never use torchfl's backend) calls transformers'
-own function. The swap is installed when ``modeling_mamba`` is imported (a ``sys.meta_path``
-finder for that one module, set up with the ``npu`` device at ``import torch``), or at once
-when it is already imported.
+Anything else (CPU eager, processes that never use torchfl's backend, and any call that
+autograd records: the operator has no backward yet) calls transformers' own function. The
+swap is installed when ``modeling_mamba`` is imported (a ``sys.meta_path`` finder for that
+one module, set up with the ``npu`` device at ``import torch``), or at once when it is
+already imported.
 """
 from __future__ import annotations
 
 import importlib.abc
 import sys
 
-MODULE = "transformers.models.mamba.modeling_mamba"
+#: the modules whose ``mamba_selective_scan`` is routed (FalconMamba's is a copy of Mamba's)
+MODULES = ("transformers.models.mamba.modeling_mamba", "transformers.models.falcon_mamba.modeling_falcon_mamba")
 _COMPILE = [False]       # set by for_compile(): the torchfl backend was looked up in this process
 
 
@@ -47,6 +49,9 @@ def _route(original):
     def mamba_selective_scan(hidden_states, dt, A, B, C, D=None, z=None, delta_bias=None, delta_softplus=False,
                              return_last_state=False, **kwargs):
         ours = hidden_states.device.type == "npu" or (_COMPILE[0] and torch.compiler.is_compiling())
+        if ours and torch.is_grad_enabled() and any(
+                t is not None and t.requires_grad for t in (hidden_states, dt, A, B, C, D, z, delta_bias)):
+            ours = False       # the operator has no backward: training keeps transformers' differentiable path
         if not ours:
             return original(hidden_states, dt, A, B, C, D=D, z=z, delta_bias=delta_bias,
                             delta_softplus=delta_softplus, return_last_state=return_last_state, **kwargs)
@@ -69,7 +74,7 @@ class _Finder(importlib.abc.MetaPathFinder):
     """Patches ``modeling_mamba`` right after it executes; every other import passes through."""
 
     def find_spec(self, name, path, target=None):
-        if name != MODULE:
+        if name not in MODULES:
             return None
         for finder in sys.meta_path:
             if finder is self or not hasattr(finder, "find_spec"):
@@ -95,9 +100,10 @@ _FINDER = _Finder()
 
 
 def install() -> None:
-    """Patch now if transformers' Mamba is imported, else when it is (idempotent)."""
-    mod = sys.modules.get(MODULE)
-    if mod is not None:
-        _patch(mod)
-    elif _FINDER not in sys.meta_path:
+    """Patch the modules already imported now, the others when they are (idempotent)."""
+    for name in MODULES:
+        mod = sys.modules.get(name)
+        if mod is not None:
+            _patch(mod)
+    if _FINDER not in sys.meta_path and not all(name in sys.modules for name in MODULES):
         sys.meta_path.insert(0, _FINDER)
