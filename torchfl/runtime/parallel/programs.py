@@ -29,7 +29,9 @@ from torch import nn
 class _Embed(nn.Module):
     def __init__(self, embedding, first: int):
         super().__init__()
-        self.embedding, self.first, self.rows = embedding, first, embedding.weight.shape[0]
+        self.embedding, self.rows = embedding, embedding.weight.shape[0]
+        # a tensor, not an int: Dynamo specialises on int attributes (one graph per rank)
+        self.register_buffer("first", torch.tensor(first), persistent=False)
 
     def forward(self, ids):
         local = ids - self.first

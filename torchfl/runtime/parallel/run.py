@@ -37,7 +37,9 @@ class SplitRun:
     logits: torch.Tensor                     # [batch, vocab], every chip's copy equal
     links: dict                              # Links.report()
     planned: dict                            # collective_bytes(...)["link_bytes"]
-    copies_equal: bool = field(default=True)
+    copies_equal: bool = field(default=True)   # every chip of the last stage gathered the same logits
+    programs_run: int = 0                       # compiled chip programs executed (the recorder's entries)
+    fallbacks: int = 0                          # ops of those programs' plans that ran on the host
 
     @property
     def counted(self) -> dict:
@@ -90,6 +92,7 @@ def run_split(model, input_ids, chips: str = "2xH100-SXM5-80GB", tp: int | None 
     model's up to the sums' order, and the bytes every link carried against the plan's."""
     from torchfl.planner.parallel.split import Split, collective_bytes
     from torchfl.runtime.parallel.weights import shard_weights
+    from torchfl.runtime.recording import recording
 
     chip, tp, pp = _check(model, chips, tp, pp)
     model = model.eval()
@@ -99,7 +102,7 @@ def run_split(model, input_ids, chips: str = "2xH100-SXM5-80GB", tp: int | None 
     links = Links()
     positions = torch.arange(tokens).expand(batch, tokens)
     mask = causal_mask(tokens, dtype)
-    with torch.no_grad():
+    with torch.no_grad(), recording() as rec:
         stages = [[ChipProgram(shard_weights(model, tp, r, pp, s), chip, r, precision) for r in range(tp)]
                   for s in range(pp)]
         delta = links.all_reduce(groups[0], [p.embed(input_ids) for p in stages[0]])
@@ -114,4 +117,5 @@ def run_split(model, input_ids, chips: str = "2xH100-SXM5-80GB", tp: int | None 
         gathered = links.all_gather(groups[-1], blocks)
     planned = collective_bytes(model.config, Split(tp, pp), batch, tokens, dtype.itemsize)["link_bytes"]
     same = all(torch.equal(g, gathered[0]) for g in gathered)
-    return SplitRun(chip, tp, pp, gathered[0], links.report(), planned, same)
+    fallbacks = sum(plan.summary.fallbacks for _graph, plan, _record in rec.entries)
+    return SplitRun(chip, tp, pp, gathered[0], links.report(), planned, same, len(rec.entries), fallbacks)
