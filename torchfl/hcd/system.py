@@ -196,6 +196,27 @@ class System(ProvenanceView, _Model):
                              f"the system file must give {', '.join(missing)} (with their sources)")
         return Interconnect.model_validate(merged)
 
+    def link_numbers(self, hcd) -> dict[str, tuple[float, str, str]]:
+        """Each link number the planner prices for this system -> (value, ``"system"`` or
+        ``"chip"``: whose file states it, the kind of its source): the audit trail of a plan."""
+        ic = self.interconnect_for(hcd)
+        out = {}
+        for path in SYSTEM_NUMBERS:
+            if not path.startswith("interconnect."):
+                continue
+            keys = path.split(".")[1:]
+            value, mine = ic, self.interconnect
+            for k in keys:
+                value = getattr(value, k, None)
+                mine = getattr(mine, k, None) if mine is not None else None
+            if value is None:
+                continue
+            if mine is not None:
+                out[path] = (float(value), "system", self.kind_of(path))
+            else:
+                out[path] = (float(value), "chip", hcd.kind_of(path))
+        return out
+
     def canonical(self) -> dict:
         out = self.model_dump(mode="json", exclude_none=True)
         for section in ("sources", "provenance"):
