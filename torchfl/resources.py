@@ -35,12 +35,17 @@ def bundled_rule_packs() -> list[Path]:
     return sorted(bundled_path("rules").glob("*.yaml"))
 
 
+def bundled_systems() -> list[Path]:
+    """The system descriptors shipped with torchfl (``hcd_registry/systems/*.system.yaml``)."""
+    return sorted((bundled_path("hcd_registry") / "systems").glob("*.system.yaml"))
+
+
 def bundled_fingerprint() -> str:
     """A hash of the bundled chips and rule packs (names and bytes): it changes when an
     upgrade of torchfl ships new or changed ones, so the default registry can take them in."""
     import hashlib
 
     h = hashlib.blake2b(digest_size=16)
-    for path in bundled_hcds() + bundled_rule_packs():
+    for path in bundled_hcds() + bundled_rule_packs() + bundled_systems():
         h.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
     return h.hexdigest()

@@ -158,13 +158,15 @@ _TYPE_WORDS = {
 }
 
 
-def _structure_diagnostics(doc: LocatedDocument, exc: ValidationError) -> list[Diagnostic]:
+def _structure_diagnostics(doc: LocatedDocument, exc: ValidationError, root: type[BaseModel] = HCD) -> list[Diagnostic]:
+    """Pydantic's errors of ``root`` (the HCD, or another descriptor of the hcd package such as a
+    system) as located diagnostics: what, where, how to fix, with did-you-mean for unknown keys."""
     out = []
     for err in exc.errors(include_url=False):
         loc = tuple(err["loc"])
         kind = err["type"]
         value = err.get("input")
-        model = _model_at(loc[:-1])
+        model = _model_at(loc[:-1], root)
         if kind == "missing":
             desc = _describe(model, loc[-1])
             out.append(doc.diagnostic(loc, f"required field {loc[-1]!r} is missing; add it{desc}"))
@@ -200,9 +202,9 @@ def _show(value: Any) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-def _model_at(path: tuple) -> type[BaseModel] | None:
+def _model_at(path: tuple, root: type[BaseModel] = HCD) -> type[BaseModel] | None:
     """The pydantic model class that describes the mapping at ``path``."""
-    model: Any = HCD
+    model: Any = root
     keyed = False     # the last field was a mapping of models (sources: id -> Source): skip the id
     for part in path:
         if keyed:
