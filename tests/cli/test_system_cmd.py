@@ -30,7 +30,7 @@ def test_validate_import_list_show_history(tmp_path):
     assert res.exit_code == 0, res.output
     assert "added     system HGX-H100-8 1.0.0" in res.output
     assert _run("validate", hgx, "--registry", url).output.strip().endswith(
-        "valid: system HGX-H100-8 1.0.0: 8x H100-SXM5-80GB, nvswitch all-to-all")
+        "hgx_h100_8.system.yaml: valid: HGX-H100-8 1.0.0")
     listed = json.loads(_run("list", "--registry", url, "--json").stdout)["systems"]
     assert [(s["name"], s["chip"], s["count"]) for s in listed] == [("HGX-H100-8", "H100-SXM5-80GB", 8)]
     assert "8x H100-SXM5-80GB" in _run("list", "--registry", url).output

@@ -50,7 +50,7 @@ def validate_cmd(files, offline, registry_url, as_json):
             if r.ok:
                 n = len(r.diagnostics)
                 extra = f" ({n} warning{'s' if n != 1 else ''})" if n else ""
-                click.echo(f"{r.file}: valid: {r.system.describe()}{extra}")
+                click.echo(f"{r.file}: valid: {r.system.name} {r.system.version}{extra}")
             else:
                 n = sum(d.severity == "error" for d in r.diagnostics)
                 click.echo(f"{r.file}: {'unreadable' if not r.readable else f'invalid, {n} error' + 's' * (n != 1)}",
