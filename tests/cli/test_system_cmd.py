@@ -54,3 +54,11 @@ def test_validate_reports_every_problem_located(tmp_path):
     assert f"{bad}:16:17: error: topology.domain_chips: 12 chips (chips.count) do not fill fabric domains of 8" \
         in res.output
     assert _run("validate", str(tmp_path / "none.system.yaml"), "--offline").exit_code == 2
+
+
+def test_schema_is_the_models():
+    schema = json.loads(_run("schema").stdout)
+    assert schema["$id"].endswith("system-v1.json")
+    assert set(schema["required"]) == {"system", "chips", "topology"}
+    topo = schema["$defs"]["Topology"]["properties"]["kind"]
+    assert topo["enum"] == ["all-to-all", "ring", "torus-2d", "torus-3d", "mesh-2d"]

@@ -61,6 +61,14 @@ def validate_cmd(files, offline, registry_url, as_json):
         sys.exit(1)
 
 
+@system.command("schema")
+def schema_cmd():
+    """Print the JSON Schema (draft 2020-12) of the system format."""
+    from torchfl.hcd.system import system_json_schema
+
+    click.echo(json.dumps(system_json_schema(), indent=2))
+
+
 @system.command("import")
 @click.argument("files", nargs=-1, required=True, type=click.Path(dir_okay=True, path_type=str))
 @registry_option
@@ -149,4 +157,4 @@ def history_cmd(name, registry_url, as_json):
                   for i in infos])
 
 
-__all__ = ["system", "json"]
+__all__ = ["system"]
