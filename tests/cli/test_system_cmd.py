@@ -30,7 +30,7 @@ def test_validate_import_list_show_history(tmp_path):
     assert res.exit_code == 0, res.output
     assert "added     system HGX-H100-8 1.0.0" in res.output
     assert _run("validate", hgx, "--registry", url).output.strip().endswith(
-        "valid: system HGX-H100-8 1.0.0: 8x H100-SXM5-80GB, nvswitch all-to-all")
+        "hgx_h100_8.system.yaml: valid: HGX-H100-8 1.0.0")
     listed = json.loads(_run("list", "--registry", url, "--json").stdout)["systems"]
     assert [(s["name"], s["chip"], s["count"]) for s in listed] == [("HGX-H100-8", "H100-SXM5-80GB", 8)]
     assert "8x H100-SXM5-80GB" in _run("list", "--registry", url).output
@@ -54,3 +54,23 @@ def test_validate_reports_every_problem_located(tmp_path):
     assert f"{bad}:16:17: error: topology.domain_chips: 12 chips (chips.count) do not fill fabric domains of 8" \
         in res.output
     assert _run("validate", str(tmp_path / "none.system.yaml"), "--offline").exit_code == 2
+
+
+def test_schema_is_the_models():
+    schema = json.loads(_run("schema").stdout)
+    assert schema["$id"].endswith("system-v1.json")
+    assert set(schema["required"]) == {"system", "chips", "topology"}
+    topo = schema["$defs"]["Topology"]["properties"]["kind"]
+    assert topo["enum"] == ["all-to-all", "ring", "torus-2d", "torus-3d", "mesh-2d"]
+
+
+def test_diff_of_two_versions(tmp_path):
+    url = f"sqlite:///{tmp_path / 'r.sqlite3'}"
+    assert CliRunner().invoke(cli, ["registry", "init", "--registry", url]).exit_code == 0
+    newer = tmp_path / "npu.system.yaml"
+    newer.write_text((SYSTEMS / "npu_v3_board4.system.yaml").read_text().replace("version: 1.0.0", "version: 1.1.0")
+                     .replace("bandwidth_gb_per_s: 50", "bandwidth_gb_per_s: 40"))
+    assert _run("import", str(newer), "--registry", url).exit_code == 0
+    res = _run("diff", "NPU-V3-BOARD4", "1.0.0", "1.1.0", "--registry", url)
+    assert res.exit_code == 0 and "2 change(s)" in res.output
+    assert "interconnect.links.bandwidth_gb_per_s: 50.0 -> 40.0" in res.output

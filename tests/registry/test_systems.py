@@ -112,3 +112,19 @@ def test_published_rows_refuse_update(reg, tmp_path):
         with reg._eng().begin() as conn:
             conn.execute(text("UPDATE system_versions SET chip_count = 5"))
     assert reg.system("BOARD-4").chips.count == 4
+
+
+def test_the_transaction_checks_the_chip_again(reg, tmp_path):
+    """The store refuses a system whose chip is missing even when the check before the
+    transaction was passed (a chip gone in between): nothing of the import is written."""
+    from torchfl.registry import store
+    from torchfl.registry.documents import load_document
+
+    (path,) = _files(tmp_path, [("s.system.yaml", system_text())])
+    doc, _ = load_document(path)
+    with pytest.raises(ImportRefused, match="names chip A-1, which the registry lacks"):
+        with reg._write() as conn:
+            store.write(conn, [doc], tool_version="test")
+    assert reg.systems() == []
+    with reg._read() as r:
+        assert r.rows("SELECT COUNT(*) FROM imports") == [(0,)]

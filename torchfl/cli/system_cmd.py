@@ -50,7 +50,7 @@ def validate_cmd(files, offline, registry_url, as_json):
             if r.ok:
                 n = len(r.diagnostics)
                 extra = f" ({n} warning{'s' if n != 1 else ''})" if n else ""
-                click.echo(f"{r.file}: valid: {r.system.describe()}{extra}")
+                click.echo(f"{r.file}: valid: {r.system.name} {r.system.version}{extra}")
             else:
                 n = sum(d.severity == "error" for d in r.diagnostics)
                 click.echo(f"{r.file}: {'unreadable' if not r.readable else f'invalid, {n} error' + 's' * (n != 1)}",
@@ -59,6 +59,14 @@ def validate_cmd(files, offline, registry_url, as_json):
         sys.exit(2)
     if any(not r.ok for r in reports):
         sys.exit(1)
+
+
+@system.command("schema")
+def schema_cmd():
+    """Print the JSON Schema (draft 2020-12) of the system format."""
+    from torchfl.hcd.system import system_json_schema
+
+    click.echo(json.dumps(system_json_schema(), indent=2))
 
 
 @system.command("import")
@@ -149,4 +157,23 @@ def history_cmd(name, registry_url, as_json):
                   for i in infos])
 
 
-__all__ = ["system", "json"]
+@system.command("diff")
+@click.argument("name")
+@click.argument("v1")
+@click.argument("v2")
+@registry_option
+@json_option
+@handles_errors
+def diff_cmd(name, v1, v2, registry_url, as_json):
+    """Field-level changes between two published versions of a system (dotted paths)."""
+    reg = open_registry(registry_url)
+    changes = reg.diff(name, v1, v2, kind="system")
+    if as_json:
+        return _emit_json({"url": reg.display_url, "name": name, "kind": "system", "from": v1, "to": v2,
+                           "changes": [c.as_dict() for c in changes]})
+    click.echo(f"system {name} {v1} -> {v2}: {len(changes)} change(s)")
+    for c in changes:
+        click.echo(str(c))
+
+
+__all__ = ["system"]

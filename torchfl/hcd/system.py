@@ -313,6 +313,14 @@ def load_system_text(text: str, filename: str = "<string>", catalog: Catalog | N
     return report.system
 
 
+def system_json_schema() -> dict:
+    """JSON Schema (draft 2020-12) of the system format, for editors and yaml-language-server."""
+    return {"$schema": "https://json-schema.org/draft/2020-12/schema",
+            "$id": "https://torchfl.dev/schema/system-v1.json",
+            **System.model_json_schema(mode="validation"),
+            "title": "torchfl system descriptor (N chips of one HCD, topology, host links, link overrides)"}
+
+
 def is_system_data(data: object) -> bool:
     """Whether a parsed YAML top level is a system descriptor (the registry's dispatch)."""
     return isinstance(data, dict) and "system" in data and "chips" in data

@@ -57,7 +57,7 @@ def run_parallel(model, module, chips, tp, pp, batch, context, prompt, precision
 def _on(model, r) -> str:
     """The first words of an answer: which system it assumes."""
     if r.get("system"):
-        return f"{model} on {r['system']['describe']} (chip {r['chip']} {r['version']})"
+        return f"{model} on {r['system']['describe']}"
     return f"{model} on {r['chips']}x {r['chip']} {r['version']}"
 
 

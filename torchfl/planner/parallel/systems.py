@@ -20,8 +20,11 @@ class SystemTarget:
 
     @property
     def label(self) -> str:
-        """What a what-if answer's first line names: ``system HGX-H100-8 1.0.0: 8x H100-SXM5-80GB, ...``."""
-        return self.system.describe()
+        """What a what-if answer's first line names: ``system HGX-H100-8 1.0.0: 8x H100-SXM5-80GB 1.3.0,
+        all-to-all`` (the chip version resolved; the fabric follows in the answer)."""
+        s, hcd = self.system, self.target.hcd
+        nodes = f", {s.domains} domains of {s.topology.domain_chips}" if s.domains > 1 else ""
+        return f"system {s.name} {s.version}: {self.count}x {hcd.chip.name} {hcd.chip.version}, {s.topology.kind}{nodes}"
 
 
 def system_target(spec: str, registry=None) -> SystemTarget:
@@ -44,6 +47,10 @@ def system_target(spec: str, registry=None) -> SystemTarget:
         raise ParallelError(f"--system {spec}: {bad[0]}{more}" if bad else f"--system {spec}: {exc}") from None
     except OSError as exc:
         raise ParallelError(f"--system {spec}: cannot be read ({exc.strerror or exc}); check the path") from None
+    if system.domains > 1:
+        raise ParallelError(f"system {system.name} has {system.domains} fabric domains of {system.topology.domain_chips} "
+                            "chips: plans across domains (scale-out links) are not built yet; plan one domain "
+                            f"(--chips {system.topology.domain_chips}x{system.chips.name})")
     target = whatif.chip_of(system.chips.name, reg, version=system.chips.version)
     try:
         ic = system.interconnect_for(target.hcd)
