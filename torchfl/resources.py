@@ -35,13 +35,19 @@ def bundled_rule_packs() -> list[Path]:
     return sorted(bundled_path("rules").glob("*.yaml"))
 
 
+def bundled_systems() -> list[Path]:
+    """The system descriptors shipped with torchfl (``hcd_registry/systems/*.system.yaml``)."""
+    return sorted((bundled_path("hcd_registry") / "systems").glob("*.system.yaml"))
+
+
 def bundled_fingerprint() -> str:
-    """A hash of the bundled chips, rule packs and fidelity runs (names and bytes): it changes
+    """A hash of the bundled chips, rule packs, systems and fidelity runs (names and bytes): it changes
     when an upgrade of torchfl ships new or changed ones, so the default registry can take them in."""
     import hashlib
 
     h = hashlib.blake2b(digest_size=16)
     evidence = bundled_path("measurements") / "evidence" / "fidelity_runs.json"
-    for path in bundled_hcds() + bundled_rule_packs() + ([evidence] if evidence.is_file() else []):
+    for path in (bundled_hcds() + bundled_rule_packs() + bundled_systems()
+                 + ([evidence] if evidence.is_file() else [])):
         h.update(path.name.encode() + b"\0" + path.read_bytes() + b"\0")
     return h.hexdigest()

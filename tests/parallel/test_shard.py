@@ -65,3 +65,13 @@ def test_chips_are_parsed_or_refused():
     assert parse_chips("8xH100-SXM5-80GB").count == 8 and parse_chips(" 2 X A100 ").chip == "A100"
     with pytest.raises(ParallelError, match="COUNTxCHIP"):
         parse_chips("H100")
+
+
+def test_a_tp_that_is_not_a_multiple_of_fewer_kv_heads_is_refused():
+    """12 query heads, 3 key/value heads, tp 4: chip 1's query heads 3-5 read key/value heads 0 and 1."""
+    from transformers import LlamaConfig
+
+    cfg = LlamaConfig(hidden_size=96, num_attention_heads=12, num_key_value_heads=3, intermediate_size=96,
+                      vocab_size=96)
+    with pytest.raises(ShardError, match="not a multiple of the 3 key/value heads"):
+        shard_config(cfg, 4)

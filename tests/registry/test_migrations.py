@@ -12,9 +12,10 @@ from torchfl.registry.schema import metadata
 
 TABLES = {"alembic_version", "imports", "chip_versions", "pack_versions", "conformance_runs", "conformance_results",
           "route_runs", "route_counts", "fidelity_runs", "fidelity_rows", "sweep_runs", "sweep_units",
-          "sweep_finishes"}
+          "sweep_finishes", "system_versions"}
 FIDELITY = {"fidelity_runs", "fidelity_rows"}     # revision 0006
 SWEEPS = {"sweep_runs", "sweep_units", "sweep_finishes"}     # revision 0007
+SYSTEMS = {"system_versions"}     # revision 0008
 EVIDENCE = {"conformance_runs", "conformance_results", "route_runs", "route_counts"} | FIDELITY | SWEEPS
 
 
@@ -44,14 +45,16 @@ def test_upgrade_downgrade_upgrade(registry_url, engine):
     with Registry(registry_url) as r:
         r.import_texts([("a.hcd", hcd_text("A-1"))])
         assert r.schema_revision() == HEAD
+    _migrate(engine, migrate.downgrade, "0007")
+    assert _tables(engine) == TABLES - SYSTEMS
     _migrate(engine, migrate.downgrade, "0006")
-    assert _tables(engine) == TABLES - SWEEPS
+    assert _tables(engine) == TABLES - SWEEPS - SYSTEMS
     _migrate(engine, migrate.downgrade, "0005")
-    assert _tables(engine) == TABLES - FIDELITY - SWEEPS
+    assert _tables(engine) == TABLES - FIDELITY - SWEEPS - SYSTEMS
     _migrate(engine, migrate.downgrade, "0002")
-    assert _tables(engine) == TABLES - EVIDENCE
+    assert _tables(engine) == TABLES - EVIDENCE - SYSTEMS
     _migrate(engine, migrate.downgrade, "0001")
-    assert _tables(engine) == TABLES - EVIDENCE - {"pack_versions"}
+    assert _tables(engine) == TABLES - EVIDENCE - SYSTEMS - {"pack_versions"}
     _migrate(engine, migrate.downgrade, "base")
     assert _tables(engine) <= {"alembic_version"}
     _migrate(engine, migrate.upgrade, "head")

@@ -36,9 +36,11 @@ def test_installed_wheel_inits_and_upgrades_a_registry(site, registry_url, tmp_p
         "print(r.init(seed=True)['seeded']['added'])\n"
         "print(r.upgrade())\n"
         "print(r.chip('NPU-V3').chip.version)\n"
+        "print(','.join(s.name for s in r.systems()))\n"
     )
     env = {**os.environ, "PYTHONPATH": str(site)}
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=tmp_path, env=env)
     assert proc.returncode == 0, proc.stderr
-    added, before, version = proc.stdout.split()
+    added, before, version, systems = proc.stdout.split()
     assert int(added) >= 6 and before == HEAD and version == "1.0.0"
+    assert "HGX-H100-8" in systems.split(",")      # hcd_registry/systems/ travels in the wheel

@@ -27,6 +27,7 @@ silence_import_noise()
 _COMMANDS = (
     ("torchfl.cli.hcd_cmd", "hcd", None),
     ("torchfl.cli.registry_cmd", "registry", None),
+    ("torchfl.cli.system_cmd", "system", None),
     ("torchfl.cli.support_cmd", "COMMANDS", "registry"),
     ("torchfl.cli.plan_cmd", "plan", None),
     ("torchfl.cli.whatif_cmd", "COMMANDS", "plan"),

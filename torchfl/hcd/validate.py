@@ -94,6 +94,9 @@ def _validate_document(doc: LocatedDocument) -> tuple[HCD | None, list[Diagnosti
         out.append(doc.diagnostic((), f"the document is a {kind}; an HCD is a mapping with sections "
                                       "chip, compute_units, memory, tensor and constraints"))
         return None, out
+    if "system" in doc.data and "chips" in doc.data and "chip" not in doc.data:
+        return None, [doc.diagnostic(("system",), "this is a system descriptor (N chips of an HCD), not an HCD: check "
+                                                  "it with `torchfl system validate FILE`", key=True)]
     data = _normalise_units(doc, out)
     hcd = None
     try:
@@ -158,13 +161,15 @@ _TYPE_WORDS = {
 }
 
 
-def _structure_diagnostics(doc: LocatedDocument, exc: ValidationError) -> list[Diagnostic]:
+def _structure_diagnostics(doc: LocatedDocument, exc: ValidationError, root: type[BaseModel] = HCD) -> list[Diagnostic]:
+    """Pydantic's errors of ``root`` (the HCD, or another descriptor of the hcd package such as a
+    system) as located diagnostics: what, where, how to fix, with did-you-mean for unknown keys."""
     out = []
     for err in exc.errors(include_url=False):
         loc = tuple(err["loc"])
         kind = err["type"]
         value = err.get("input")
-        model = _model_at(loc[:-1])
+        model = _model_at(loc[:-1], root)
         if kind == "missing":
             desc = _describe(model, loc[-1])
             out.append(doc.diagnostic(loc, f"required field {loc[-1]!r} is missing; add it{desc}"))
@@ -200,9 +205,9 @@ def _show(value: Any) -> str:
     return text if len(text) <= 60 else text[:57] + "..."
 
 
-def _model_at(path: tuple) -> type[BaseModel] | None:
+def _model_at(path: tuple, root: type[BaseModel] = HCD) -> type[BaseModel] | None:
     """The pydantic model class that describes the mapping at ``path``."""
-    model: Any = HCD
+    model: Any = root
     keyed = False     # the last field was a mapping of models (sources: id -> Source): skip the id
     for part in path:
         if keyed:

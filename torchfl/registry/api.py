@@ -253,9 +253,9 @@ class Registry:
         """
         from torchfl.hcd.diagnostics import errors
         from torchfl.registry.documents import load_documents
-        from torchfl.resources import bundled_hcds, bundled_rule_packs
+        from torchfl.resources import bundled_hcds, bundled_rule_packs, bundled_systems
 
-        files = [str(p) for p in bundled_hcds()] + [str(p) for p in bundled_rule_packs()]
+        files = [str(p) for p in bundled_hcds() + bundled_rule_packs() + bundled_systems()]
         docs, diagnostics = load_documents(files)
         broken = {d.file for d in errors(diagnostics)}
         result = self._store([d for d in docs if d.file not in broken],
@@ -309,6 +309,14 @@ class Registry:
                                 diagnostics=sorted(diagnostics))
         if not docs:
             return ImportResult([], sorted(diagnostics))
+        if any(d.kind == "system" for d in docs):
+            from torchfl.registry.systems import check_system_documents
+
+            located = check_system_documents(self, docs)   # each system's chip: in the registry or this import
+            if errors(located):
+                files = sorted({d.file for d in errors(located)})
+                raise ImportRefused(f"nothing imported: {len(files)} system(s) name a chip the registry lacks: "
+                                    f"{', '.join(files)}", diagnostics=sorted(diagnostics + located))
         for attempt in range(3):
             try:
                 with self._write() as conn:
@@ -329,7 +337,7 @@ class Registry:
 
     def _summaries(self, kind: str) -> list[Listing]:
         table = TABLE_NAMES[kind]
-        extra_cols = ", device_type, vendor" if kind == "chip" else ""
+        extra_cols = {"chip": ", device_type, vendor", "system": ", chip_name, chip_version, chip_count"}.get(kind, "")
         by_name: dict[str, list] = {}
         with self._read() as r:
             for row in r.rows(f"SELECT name, version, imported_at{extra_cols} FROM {table}"):
@@ -339,6 +347,8 @@ class Registry:
             rows = sorted(by_name[name], key=lambda row: semver_key(row[1]))
             top = rows[-1]
             extra = {"device_type": top[3], "vendor": top[4]} if kind == "chip" else {}
+            if kind == "system":
+                extra = {"chip": top[3], "chip_version": top[4], "count": top[5]}
             out.append(Listing(kind, name, top[1], tuple(row[1] for row in rows), timestamp(top[2]), **extra))
         return out
 
@@ -349,6 +359,26 @@ class Registry:
     def packs(self) -> list[Listing]:
         """Every rule pack with its latest version, sorted by name."""
         return self._summaries("pack")
+
+    def systems(self) -> list[Listing]:
+        """Every system descriptor with its latest version, sorted by name."""
+        return self._summaries("system")
+
+    def system(self, name: str, version: str | None = None):
+        """A :class:`~torchfl.hcd.system.System` (latest by semver when ``version`` is None)."""
+        from torchfl.hcd.system import System
+
+        rec = self.record(name, version, kind="system")
+        return System.model_validate_json(json.dumps(rec.canonical))
+
+    def chip_catalog(self) -> dict[str, dict[str, bool]]:
+        """chip name -> {version: whether its HCD states an interconnect}, versions oldest first
+        (what a system descriptor is checked against)."""
+        by_name: dict[str, list] = {}
+        with self._read() as r:
+            for name, version, canonical in r.rows(f"SELECT name, version, canonical_json FROM {TABLE_NAMES['chip']}"):
+                by_name.setdefault(name, []).append((version, "interconnect" in json.loads(canonical)))
+        return {n: dict(sorted(v, key=lambda x: semver_key(x[0]))) for n, v in by_name.items()}
 
     def history(self, name: str, *, kind: str = "chip") -> list[VersionInfo]:
         """The published versions of a chip (or pack), oldest first by semver."""

@@ -1,7 +1,9 @@
-"""Turn files into validated documents (chips and rule packs) before anything is written.
+"""Turn files into validated documents (chips, rule packs, systems) before anything is written.
 
 Dispatch: ``*.hcd`` is an HCD; ``*.yaml``/``*.yml`` is a rule pack when its top level has
-``pack:``, an HCD when it has ``chip:``. Every file is checked and every problem is
+``pack:``, a system descriptor (``*.system.yaml``) when it has ``system:`` and ``chips:``, an
+HCD when it has ``chip:``. A system's chip is checked against the registry by the import
+(``Registry._store``), which alone knows what the registry holds. Every file is checked and every problem is
 collected, so one import reports all of them at once.
 """
 
@@ -17,7 +19,7 @@ from torchfl.hcd.diagnostics import Diagnostic
 class Document:
     """One valid chip or rule pack, ready to store."""
 
-    kind: str  # "chip" | "pack"
+    kind: str  # "chip" | "pack" | "system"
     file: str
     name: str
     version: str
@@ -53,6 +55,18 @@ def _pack_document(path: str, source: str):
                     pack.content_hash()), list(report.diagnostics)
 
 
+def _system_document(path: str, source: str):
+    from torchfl.hcd.system import check_system_text
+
+    report = check_system_text(source, path)
+    if not report.ok or report.system is None:
+        return None, list(report.diagnostics)
+    system = report.system
+    return Document("system", path, system.name, system.version, source, system.canonical_json(),
+                    system.content_hash(), {"chip_name": system.chips.name, "chip_version": system.chips.version,
+                                            "chip_count": system.chips.count}), list(report.diagnostics)
+
+
 def load_document(path: str | Path):
     """(Document | None, diagnostics) for one file. Never raises for bad input."""
     from torchfl.hcd import YAMLLoadError, check_hcd, check_hcd_text, located_yaml, read_text
@@ -86,9 +100,14 @@ def load_document(path: str | Path):
         return None, exc.diagnostics
     if isinstance(top, dict) and "pack" in top:
         return _pack_document(name, source)
+    from torchfl.hcd.system import is_system_data
+
+    if is_system_data(top) or name.lower().endswith(".system.yaml"):
+        return _system_document(name, source)
     if isinstance(top, dict) and "chip" in top:
         return _from_hcd_report(check_hcd_text(source, name), name, source)
-    return None, [_error(name, "is neither a rule pack (top-level `pack:`) nor an HCD (top-level `chip:`)")]
+    return None, [_error(name, "is neither a rule pack (top-level `pack:`), a system (top-level `system:` and "
+                               "`chips:`) nor an HCD (top-level `chip:`)")]
 
 
 SUFFIXES = (".hcd", ".yaml", ".yml")

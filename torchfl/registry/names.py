@@ -5,13 +5,13 @@ with the Alembic scripts' head.
 """
 
 #: Alembic revisions this code knows, oldest first; the last is the one it writes.
-REVISIONS = ("0001", "0002", "0003", "0004", "0005", "0006", "0007")
+REVISIONS = ("0001", "0002", "0003", "0004", "0005", "0006", "0007", "0008")
 HEAD = REVISIONS[-1]
 #: what a registry migrated down to base stores: an empty version table
 BASE = ""
 
 #: kind -> table of published versions
-TABLE_NAMES = {"chip": "chip_versions", "pack": "pack_versions"}
+TABLE_NAMES = {"chip": "chip_versions", "pack": "pack_versions", "system": "system_versions"}
 
 #: evidence tables (revision 0003): conformance runs and their verdicts, model route counts
 EVIDENCE_TABLES = ("conformance_runs", "conformance_results", "route_runs", "route_counts")

@@ -48,12 +48,17 @@ class Listing:
     imported_at: datetime
     device_type: str | None = None
     vendor: str | None = None
+    chip: str | None = None       # a system's chip name, and its version (None: the latest)
+    chip_version: str | None = None
+    count: int | None = None      # a system's number of chips
 
     def as_dict(self) -> dict:
         out = dict(kind=self.kind, name=self.name, latest=self.latest, versions=list(self.versions),
                    imported_at=self.imported_at.isoformat())
         if self.kind == "chip":
             out.update(device_type=self.device_type, vendor=self.vendor)
+        if self.kind == "system":
+            out.update(chip=self.chip, chip_version=self.chip_version, count=self.count)
         return out
 
 

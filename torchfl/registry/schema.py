@@ -65,7 +65,28 @@ pack_versions = Table(
     UniqueConstraint("name", "version"),
 )
 
-TABLES = {"chip": chip_versions, "pack": pack_versions}
+#: Published system descriptors (revision 0008): N chips of one HCD, the topology, host links
+#: and link overrides (torchfl/hcd/system.py); same rules as chips. ``chip_version`` is NULL when
+#: the system takes the registry's latest version of its chip.
+system_versions = Table(
+    TABLE_NAMES["system"], metadata,
+    Column("id", Integer, primary_key=True, autoincrement=True),
+    Column("name", String(64), nullable=False),
+    Column("version", String(128), nullable=False),
+    Column("chip_name", String(64), nullable=False, index=True),
+    Column("chip_version", String(128), nullable=True),
+    Column("chip_count", Integer, nullable=False),
+    Column("source_name", String(1024), nullable=False),
+    Column("source_text", Text, nullable=False),
+    Column("canonical_json", Text, nullable=False),
+    Column("content_hash", String(64), nullable=False),
+    Column("imported_at", DateTime(timezone=True), nullable=False),
+    Column("import_id", Integer, ForeignKey("imports.id"), nullable=False),
+    UniqueConstraint("name", "version"),
+)
+
+#: kind -> table; the store writes them in this order (a system's chip before the system)
+TABLES = {"chip": chip_versions, "pack": pack_versions, "system": system_versions}
 
 
 def _run_identity():

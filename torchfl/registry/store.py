@@ -41,6 +41,8 @@ def write(conn, docs, *, tool_version: str, progress=None) -> tuple[list[Outcome
         mine = sorted((d for d in docs if d.kind == kind), key=lambda d: (d.name, d.version))
         if not mine:
             continue
+        if kind == "system":
+            _require_chips(conn, mine)
         rows = [dict(name=d.name, version=d.version, source_name=d.file, source_text=d.source,
                      canonical_json=d.canonical_json, content_hash=d.content_hash, imported_at=now,
                      import_id=import_id, **d.extra) for d in mine]
@@ -70,3 +72,23 @@ def write(conn, docs, *, tool_version: str, progress=None) -> tuple[list[Outcome
 
         conn.execute(delete(imports).where(imports.c.id == import_id))
     return outcomes, conflicts
+
+
+def _require_chips(conn, systems) -> None:
+    """Each system's chip (and version, when it names one) is published, in this transaction:
+    the check before the transaction (``registry.systems``) cannot see a chip deleted or a
+    registry swapped in between. Raises ImportRefused, which rolls the import back."""
+    from sqlalchemy import select
+
+    from torchfl.registry.errors import ImportRefused
+    from torchfl.registry.schema import chip_versions
+
+    for d in systems:
+        name, version = d.extra["chip_name"], d.extra["chip_version"]
+        q = select(chip_versions.c.version).where(chip_versions.c.name == name)
+        if version is not None:
+            q = q.where(chip_versions.c.version == version)
+        if conn.execute(q.limit(1)).first() is None:
+            chip = f"{name} {version}" if version else name
+            raise ImportRefused(f"nothing imported: system {d.name} {d.version} ({d.file}) names chip {chip}, which "
+                                "the registry lacks; import its HCD first (torchfl registry import FILE.hcd)")

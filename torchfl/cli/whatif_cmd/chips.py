@@ -1,5 +1,7 @@
-"""``--chips NxCHIP`` (with ``--tp``/``--pp``) on ``plan decode`` and ``plan memory``: a decoder LM
-split over N identical chips (:mod:`torchfl.planner.parallel`), formatted."""
+"""``--chips NxCHIP`` or ``--system NAME|FILE`` (with ``--tp``/``--pp``) on ``plan decode`` and
+``plan memory``: a decoder LM split over N identical chips (:mod:`torchfl.planner.parallel`),
+formatted. A system descriptor gives the chips and their links (``planner.parallel.systems``);
+``--chips`` is its shorthand with the chip HCD's own links."""
 
 from __future__ import annotations
 
@@ -16,24 +18,47 @@ PP = click.option("--pp", type=click.IntRange(min=1), default=None, help="With -
                                                                           "(default: chosen by cost).")
 
 
-def chip_or_chips(chip, chips, tp, pp) -> None:
-    """Exactly one of --chip / --chips; --tp/--pp only with --chips."""
-    if bool(chip) == bool(chips):
+SYSTEM = click.option("--system", default=None, metavar="NAME|FILE",
+                      help="A system descriptor: a published system (torchfl system list), NAME@VERSION, or a "
+                           "*.system.yaml file; its chips, topology and links (the system's overrides win). "
+                           "--chips NxCHIP is the shorthand with the chip's own links.")
+
+
+def chip_or_chips(chip, chips, tp, pp, system=None) -> None:
+    """Exactly one of --chip / --chips / --system; --tp/--pp only with several chips."""
+    if sum(bool(x) for x in (chip, chips, system)) != 1:
+        if system:
+            fail("Error", "give --chip NAME (one chip), --chips NxNAME or --system NAME|FILE (several), exactly one")
         fail("Error", "give --chip NAME (one chip) or --chips NxNAME (several), not both or neither")
-    if not chips and (tp or pp):
+    if not (chips or system) and (tp or pp):
         fail("Error", "--tp and --pp split a model over --chips NxCHIP; add --chips")
 
 
-def run_parallel(model, module, chips, tp, pp, batch, context, prompt, precision, engine, registry):
-    """The multi-chip plan of a decoder MODEL (plain data)."""
+def run_parallel(model, module, chips, tp, pp, batch, context, prompt, precision, engine, registry, system=None):
+    """The multi-chip plan of a decoder MODEL (plain data) over ``chips`` (NxCHIP) or ``system``
+    (a system name or file); with a system, ``system`` in the result names it."""
     from torchfl.cli.whatif_cmd.common import decoder_of
     from torchfl.planner import whatif
     from torchfl.planner.parallel import parse_chips, plan_parallel
 
+    if system:
+        from torchfl.planner.parallel.systems import system_target
+
+        st = system_target(system, registry)
+        decoder_of(model, module, False, asked_by="--system")
+        r = plan_parallel(module, st.target, st.count, batch, context, prompt, precision, engine, tp, pp)
+        return dict(r, system={"name": st.system.name, "version": st.system.version, "describe": st.label})
     spec = parse_chips(chips)
     decoder_of(model, module, False, asked_by="--chips")
     target = whatif.chip_of(spec.chip, registry)
     return plan_parallel(module, target, spec.count, batch, context, prompt, precision, engine, tp, pp)
+
+
+def _on(model, r) -> str:
+    """The first words of an answer: which system it assumes."""
+    if r.get("system"):
+        return f"{model} on {r['system']['describe']}"
+    return f"{model} on {r['chips']}x {r['chip']} {r['version']}"
 
 
 def emit(model, r, as_json: bool, what: str) -> None:
@@ -45,12 +70,12 @@ def emit(model, r, as_json: bool, what: str) -> None:
         return
     best = r["rows"][0]
     if not r["ok"]:
-        click.echo("\n".join(para(f"{model} on {r['chips']}x {r['chip']} {r['version']}: no split fits")))
+        click.echo("\n".join(para(f"{_on(model, r)}: no split fits")))
         click.echo(_table(r))
         fail(best.get("error_kind", "Error"), best.get("error", "no split fits"))
     cap = f" of {show_bytes(r['capacity_bytes'])}" if r["capacity_bytes"] else ""
     how = "chosen by cost: smallest per-token latency that fits" if r["chosen_by"] == "cost" else "fixed by --tp/--pp"
-    echo_wrapped(f"{model} on {r['chips']}x {r['chip']} {r['version']} ({r['fabric']}, ring bus bandwidth "
+    echo_wrapped(f"{_on(model, r)} ({r['fabric']}, ring bus bandwidth "
                  f"{r['bus_gb_per_s']:.0f} GB/s; batch {r['batch']}, context {r['context']}; {r['assumes']}; "
                  "predicted by the plans' cost model)")
     echo_wrapped(f"split: tensor parallel {best['tp']} x pipeline parallel {best['pp']} ({how})", indent="  ")
@@ -88,29 +113,40 @@ def _table(r) -> str:
     return "\n".join(lines)
 
 
-SYSTEMS = click.option("--systems", default=None, metavar="NxCHIP,...",
-                       help="Comma-separated multi-chip systems (8xA100-SXM4-80GB,8xH100-SXM5-80GB): a decoder "
-                            "(--context) split over each, ranked by tokens/s; mutually exclusive with --chips.")
+SYSTEMS = click.option("--systems", default=None, metavar="SYSTEM,...",
+                       help="Comma-separated multi-chip systems, each a published system name (HGX-H100-8), a "
+                            "*.system.yaml file or NxCHIP (8xA100-SXM4-80GB): a decoder (--context) split over "
+                            "each, ranked by tokens/s; mutually exclusive with --chips.")
 
 
 def compare_systems(model, module, systems, batch, context, prompt, precision, engine, registry) -> dict:
-    """Each system of ``systems`` (comma-separated NxCHIP) planned by :func:`run_parallel`, most
-    tokens/s first (tokens/s per chip beside it); a system that cannot plan keeps its error."""
+    """Each system of ``systems`` (comma-separated: system names or files, or NxCHIP) planned by
+    :func:`run_parallel`, most tokens/s first (tokens/s per chip beside it); a system that cannot
+    plan keeps its error."""
     import time
 
+    from torchfl.hcd import TorchflInputError
     from torchfl.planner.errors import PlanError
+    from torchfl.planner.parallel.split import _CHIPS
+    from torchfl.registry.errors import NotFound
 
     t0 = time.perf_counter()
     rows = []
     for spec in [s.strip() for s in systems.split(",") if s.strip()]:
+        is_chips = bool(_CHIPS.match(spec))
         try:
-            r = run_parallel(model, module, spec, None, None, batch, context, prompt, precision, engine, registry)
+            r = run_parallel(model, module, spec if is_chips else None, None, None, batch, context, prompt, precision,
+                             engine, registry, system=None if is_chips else spec)
         except PlanError as exc:
             rows.append({"system": spec, "ok": False, "error_kind": exc.kind, "error": str(exc).splitlines()[0]})
             continue
+        except (NotFound, TorchflInputError) as exc:
+            rows.append({"system": spec, "ok": False, "error_kind": "SystemError",
+                         "error": str(exc).splitlines()[0]})
+            continue
         best = r["rows"][0]
         row = {"system": spec, "ok": r["ok"], "chip": r["chip"], "version": r["version"], "chips": r["chips"],
-               "split": r["split"], "result": r}
+               "split": r["split"], "result": r, "describe": (r.get("system") or {}).get("describe")}
         if r["ok"]:
             row.update(decode_s=best["decode_s"], tokens_per_s=best["tokens_per_s"],
                        tokens_per_s_per_chip=best["tokens_per_s"] / r["chips"], prefill_s=best.get("prefill_s"),

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from torchfl.cli.whatif_cmd.chips import CHIPS, PP, TP, chip_or_chips, emit, run_parallel
+from torchfl.cli.whatif_cmd.chips import CHIPS, PP, SYSTEM, TP, chip_or_chips, emit, run_parallel
 from torchfl.cli.whatif_cmd.common import (CONTEXT, check_batch, common_options, decoder_of, emit_json, fail, guarded,
                                             load, model_options, para, precision_of, precision_text, show_bytes,
                                             text_table)
@@ -14,25 +14,27 @@ from torchfl.cli.whatif_cmd.common import (CONTEXT, check_batch, common_options,
 @click.argument("model")
 @click.option("--chip", default=None, help="Chip name in the registry, e.g. NPU-V3 (or --chips).")
 @CHIPS
+@SYSTEM
 @TP
 @PP
 @model_options
 @CONTEXT
 @common_options
 @guarded
-def memory(model, chip, chips, tp, pp, batch, seq_len, heads, layers, context, precision, training, registry,
+def memory(model, chip, chips, system, tp, pp, batch, seq_len, heads, layers, context, precision, training, registry,
            as_json):
     """Peak device memory of MODEL's plan on --chip, the step where it occurs and what is live
     then (inputs, parameters, weights in the plan's dtype, activations, outputs; with
-    --context, a decoder's decode step and its KV cache per layer). With --chips NxCHIP: a decoder's
-    decode step (at --context, default 2048) split over N chips: the memory per chip and the split."""
+    --context, a decoder's decode step and its KV cache per layer). With --chips NxCHIP or --system
+    NAME|FILE: a decoder's decode step (at --context, default 2048) split over N chips: the memory
+    per chip and the split."""
     from torchfl.planner import whatif
 
-    chip_or_chips(chip, chips, tp, pp)
-    if chips:
+    chip_or_chips(chip, chips, tp, pp, system)
+    if chips or system:
         module, _inputs = load(model, 1, seq_len, heads, layers)
         r = run_parallel(model, module, chips, tp, pp, batch or 1, context or 2048, None, precision_of(precision),
-                         None, registry)
+                         None, registry, system)
         return emit(model, r, as_json, "memory")
     target = whatif.chip_of(chip, registry)
     check_batch(batch, [target], seq_len)

@@ -8,7 +8,7 @@ import click
 
 from torchfl.cli.whatif_cmd.common import (PROMPT, decoder_of, echo_wrapped, emit_json, fail, guarded, load, para,
                                             precision_of, precision_text, show_bytes, show_time, text_table)
-from torchfl.cli.whatif_cmd.chips import CHIPS, PP, TP, chip_or_chips, emit, run_parallel
+from torchfl.cli.whatif_cmd.chips import CHIPS, PP, SYSTEM, TP, chip_or_chips, emit, run_parallel
 from torchfl.cli.whatif_cmd.confidence import confidence_cells, confidence_legend, confidence_sentence
 from torchfl.hcd.dtypes import PRECISION_CHOICES
 
@@ -31,6 +31,7 @@ def engine_of(engine: str, kv_cache: str):
 @click.argument("model")
 @click.option("--chip", default=None, help="Chip name in the registry, e.g. TFL-X1 (or --chips).")
 @CHIPS
+@SYSTEM
 @TP
 @PP
 @click.option("--context", type=click.IntRange(min=2), required=True,
@@ -44,22 +45,22 @@ def engine_of(engine: str, kv_cache: str):
 @click.option("--registry", default=None, help="Registry URL (default: TORCHFL_REGISTRY_URL or the user's).")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
 @guarded
-def decode(model, chip, chips, tp, pp, context, prompt, batch, precision, engine, kv_cache, registry, as_json):
+def decode(model, chip, chips, system, tp, pp, context, prompt, batch, precision, engine, kv_cache, registry, as_json):
     """Predicted serving speed of the causal LM MODEL on --chip: the prefill latency of --prompt
     tokens (time to first token), the per-token decode latency at --context and tokens/s, the
     decode step's memory with its KV cache, what bounds the step and how far the prediction
     stands on assumed numbers. The first line states the engine behaviour assumed (--engine,
-    --kv-cache; host work between steps is not modelled). With --chips NxCHIP: the model split
+    --kv-cache; host work between steps is not modelled). With --chips NxCHIP or --system NAME|FILE: the model split
     tensor/pipeline parallel over N chips (--tp/--pp, else chosen by cost), its collectives priced
     from the chip's interconnect."""
     from torchfl.planner import whatif
     from torchfl.planner.confidence import fidelity_evidence
 
-    chip_or_chips(chip, chips, tp, pp)
+    chip_or_chips(chip, chips, tp, pp, system)
     module, _inputs = load(model)
-    if chips:
+    if chips or system:
         r = run_parallel(model, module, chips, tp, pp, batch, context, prompt, precision_of(precision),
-                         engine_of(engine, kv_cache), registry)
+                         engine_of(engine, kv_cache), registry, system)
         return emit(model, r, as_json, "decode")
     dec = decoder_of(model, module, False, asked_by="plan decode")
     target = whatif.chip_of(chip, registry)

@@ -9,13 +9,14 @@ A decoder LM split over N identical chips of one fabric domain (the chip's HCD `
 * ``split.py``: ``--chips NxCHIP`` parsed, the (tp, pp) candidates, each priced (the shard's plan +
   its collectives + pipeline hand-offs) and the split chosen by cost or fixed by the user.
 
-Emulated multi-device execution is not here (issue 49 item 3).
+Emulated multi-device execution of a split is ``torchfl.runtime.parallel`` (issue 49 item 3); it
+checks its counted link bytes against :func:`collective_bytes`, the schedule the pricing reads.
 """
 
 from torchfl.planner.parallel.collectives import all_gather_s, all_reduce_s, p2p_s
 from torchfl.planner.parallel.shard import ShardError, shard_config, shard_lm
-from torchfl.planner.parallel.split import (Chips, ParallelError, Split, candidates, collective_seconds, parse_chips,
-                                            plan_parallel)
+from torchfl.planner.parallel.split import (Chips, ParallelError, Split, candidates, collective_bytes,
+                                            collective_seconds, parse_chips, plan_parallel)
 
 __all__ = ["all_gather_s", "all_reduce_s", "p2p_s", "ShardError", "shard_config", "shard_lm", "Chips",
-           "ParallelError", "Split", "candidates", "collective_seconds", "parse_chips", "plan_parallel"]
+           "ParallelError", "Split", "candidates", "collective_bytes", "collective_seconds", "parse_chips", "plan_parallel"]

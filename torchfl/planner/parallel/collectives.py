@@ -14,6 +14,18 @@ def _terms(ic) -> tuple[float, float, float]:
     return ic.bus_bytes_per_s, (ic.latency_us or 0.0) * 1e-6, (ic.collective_overhead_us or 0.0) * 1e-6
 
 
+def all_reduce_sent(nbytes: int, chips: int) -> float:
+    """Bytes each chip sends in one ring all-reduce of ``nbytes``: 2 (p - 1) / p x nbytes (p - 1
+    reduce-scatter steps then p - 1 all-gather steps, each one nbytes / p chunk). The one formula
+    the pricing here and the emulated execution's check (``runtime/parallel``) share."""
+    return 0.0 if chips <= 1 or nbytes <= 0 else 2 * (chips - 1) / chips * nbytes
+
+
+def all_gather_sent(nbytes: int, chips: int) -> float:
+    """Bytes each chip sends in one ring all-gather whose result is ``nbytes``: (p - 1) / p x nbytes."""
+    return 0.0 if chips <= 1 or nbytes <= 0 else (chips - 1) / chips * nbytes
+
+
 def all_reduce_s(nbytes: int, chips: int, ic) -> float:
     """Seconds of one ring all-reduce of ``nbytes`` (the tensor each chip holds) over ``chips``:
 
@@ -25,7 +37,7 @@ def all_reduce_s(nbytes: int, chips: int, ic) -> float:
     if chips <= 1 or nbytes <= 0:
         return 0.0
     bus, step, call = _terms(ic)
-    return call + 2 * (chips - 1) * step + 2 * (chips - 1) / chips * nbytes / bus
+    return call + 2 * (chips - 1) * step + all_reduce_sent(nbytes, chips) / bus
 
 
 def all_gather_s(nbytes: int, chips: int, ic) -> float:
@@ -34,7 +46,7 @@ def all_gather_s(nbytes: int, chips: int, ic) -> float:
     if chips <= 1 or nbytes <= 0:
         return 0.0
     bus, step, call = _terms(ic)
-    return call + (chips - 1) * step + (chips - 1) / chips * nbytes / bus
+    return call + (chips - 1) * step + all_gather_sent(nbytes, chips) / bus
 
 
 def p2p_s(nbytes: int, ic) -> float:

@@ -44,6 +44,9 @@ def shard_config(config, tp: int):
     if kv >= tp and kv % tp:
         raise ShardError(f"tensor parallel {tp} does not divide the key/value heads ({kv}); use a --tp that "
                          f"divides {kv} or is a multiple of it")
+    if kv < tp and tp % kv:
+        raise ShardError(f"tensor parallel {tp} is not a multiple of the {kv} key/value heads: a chip's query heads "
+                         f"would need two key/value heads; use a --tp that divides {kv} or is a multiple of it")
     cfg.head_dim = head_dim
     cfg.num_attention_heads = heads // tp
     cfg.num_key_value_heads = max(1, kv // tp)

@@ -107,16 +107,36 @@ def _itemsize(lm, precision) -> int:
     return torch.empty((), dtype=next(iter(lm.parameters())).dtype).element_size()
 
 
-def collective_seconds(cfg, split: Split, batch: int, tokens: int, item: int, ic) -> dict:
-    """Seconds of one forward's collectives over the whole pipeline (module docstring) of a model
-    with config ``cfg``: ``batch`` x ``tokens`` activations of ``item`` bytes an element."""
-    from torchfl.planner.parallel.collectives import all_gather_s, all_reduce_s, p2p_s
+def collective_bytes(cfg, split: Split, batch: int, tokens: int, item: int) -> dict:
+    """The collectives of one forward over the whole pipeline (module docstring) of a model with
+    config ``cfg`` and what they move: ``batch`` x ``tokens`` activations of ``item`` bytes an
+    element. ``link_bytes``: bytes sent over all links together, per kind (ring traffic: every
+    chip of a tp group sends ``all_reduce_sent`` / ``all_gather_sent``; each of the tp ranks of a
+    stage hands its activations to its peer in the next). The one schedule both the pricing
+    (:func:`collective_seconds`) and the emulated execution's byte check read."""
+    from torchfl.planner.parallel.collectives import all_gather_sent, all_reduce_sent
 
     act = batch * tokens * cfg.hidden_size * item
+    logits = batch * cfg.vocab_size * item             # the last token's logits, gathered
     reduces = 2 * cfg.num_hidden_layers + 1 if split.tp > 1 else 0
+    hand_offs = split.pp - 1
+    links = {"all_reduce": reduces * split.tp * all_reduce_sent(act, split.tp),
+             "all_gather": split.tp * all_gather_sent(logits, split.tp),
+             "p2p": hand_offs * split.tp * act}
+    return {"all_reduces": reduces, "all_reduce_bytes": act, "all_gather_bytes": logits, "hand_offs": hand_offs,
+            "p2p_bytes": act, "link_bytes": links}
+
+
+def collective_seconds(cfg, split: Split, batch: int, tokens: int, item: int, ic) -> dict:
+    """Seconds of one forward's collectives over the whole pipeline (module docstring) of a model
+    with config ``cfg`` (:func:`collective_bytes`: what moves)."""
+    from torchfl.planner.parallel.collectives import all_gather_s, all_reduce_s, p2p_s
+
+    b = collective_bytes(cfg, split, batch, tokens, item)
+    act, reduces = b["all_reduce_bytes"], b["all_reduces"]
     ar = reduces * all_reduce_s(act, split.tp, ic)
-    ag = all_gather_s(batch * cfg.vocab_size * item, split.tp, ic)
-    hand = (split.pp - 1) * p2p_s(act, ic)
+    ag = all_gather_s(b["all_gather_bytes"], split.tp, ic)
+    hand = b["hand_offs"] * p2p_s(b["p2p_bytes"], ic)
     return {"all_reduces": reduces, "all_reduce_bytes": act, "all_reduce_s": ar, "all_gather_s": ag,
             "p2p_s": hand, "collective_s": ar + ag + hand}
 

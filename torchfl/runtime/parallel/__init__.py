@@ -1,0 +1,14 @@
+"""Emulated execution of a split (issue 49 item 3): tp x pp emulated chips run their shards of one
+model, ring collectives move counted bytes between them, the outputs equal the unsplit model's.
+
+* ``weights.py``: one chip's shard with the unsplit model's weights sliced (the planner's shapes);
+* ``programs.py``: what a chip runs between two collectives, compiled with the torchfl backend;
+* ``links.py``: the ring all-reduce / all-gather and point-to-point sends, bytes counted per link;
+* ``run.py``: :func:`run_split`, the plan's steps in order, and the bytes checked against the plan's.
+"""
+
+from torchfl.runtime.parallel.links import Links
+from torchfl.runtime.parallel.run import SplitRun, run_split
+from torchfl.runtime.parallel.weights import shard_weights
+
+__all__ = ["Links", "SplitRun", "run_split", "shard_weights"]

@@ -1,0 +1,87 @@
+"""The links between emulated chips: ring collectives that move real tensors and count every byte.
+
+A :class:`Links` object is the fabric of one run. Each collective is executed as its algorithm is,
+step by step, so the bytes counted per directed link ``(src, dst)`` are the algorithm's traffic,
+not a formula's:
+
+* ring all-reduce over a group of p chips: every chip's tensor cut into p chunks; p - 1
+  reduce-scatter steps (chip i sends chunk i - k to chip i + 1, which adds it to its own), then
+  p - 1 all-gather steps (the completed chunks passed on and copied): each chip sends
+  2 (p - 1) / p x the tensor's bytes, and every chip ends with the same sum;
+* ring all-gather: each chip's block passed p - 1 times around: (p - 1) / p x the result's bytes;
+* point-to-point: the tensor, once.
+
+Every received tensor is a copy (``clone``): no chip ever reads another chip's tensor in place.
+The reduction's additions run where the ring runs them (on the receiving chip, in the tensor's
+dtype), so the sum's rounding is the ring's order, not a single host sum's.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+
+import torch
+
+
+def _nbytes(t: torch.Tensor) -> int:
+    return t.numel() * t.element_size()
+
+
+class Links:
+    """Directed links between chip indices, each with the bytes it carried, per collective kind."""
+
+    def __init__(self):
+        self.bytes: dict = defaultdict(int)              # (src, dst) -> bytes
+        self.by_kind: dict = defaultdict(int)            # "all_reduce" | "all_gather" | "p2p" -> bytes
+        self.calls: dict = defaultdict(int)              # kind -> collectives run
+
+    def _send(self, kind: str, src: int, dst: int, t: torch.Tensor) -> torch.Tensor:
+        n = _nbytes(t)
+        self.bytes[(src, dst)] += n
+        self.by_kind[kind] += n
+        return t.clone()
+
+    def all_reduce(self, chips: list[int], tensors: list[torch.Tensor]) -> list[torch.Tensor]:
+        """The ring all-reduce (sum) of ``tensors[i]`` held by chip ``chips[i]``: one sum per chip."""
+        p = len(chips)
+        if p == 1:
+            return [tensors[0]]
+        self.calls["all_reduce"] += 1
+        shape = tensors[0].shape
+        parts = [list(t.contiguous().reshape(-1).clone().tensor_split(p)) for t in tensors]
+        for k in range(p - 1):                           # reduce-scatter
+            moved = [(i, (i - k) % p, self._send("all_reduce", chips[i], chips[(i + 1) % p], parts[i][(i - k) % p]))
+                     for i in range(p)]
+            for i, c, got in moved:
+                j = (i + 1) % p
+                parts[j][c] = parts[j][c] + got
+        for k in range(p - 1):                           # all-gather of the completed chunks
+            moved = [(i, (i + 1 - k) % p, self._send("all_reduce", chips[i], chips[(i + 1) % p],
+                                                     parts[i][(i + 1 - k) % p])) for i in range(p)]
+            for i, c, got in moved:
+                parts[(i + 1) % p][c] = got
+        return [torch.cat(chunks).reshape(shape) for chunks in parts]
+
+    def all_gather(self, chips: list[int], tensors: list[torch.Tensor], dim: int = -1) -> list[torch.Tensor]:
+        """The ring all-gather of the blocks ``tensors[i]`` (chip ``chips[i]``'s) along ``dim``."""
+        p = len(chips)
+        if p == 1:
+            return [tensors[0]]
+        self.calls["all_gather"] += 1
+        held = [{i: tensors[i]} for i in range(p)]
+        for k in range(p - 1):
+            moved = [(i, (i - k) % p, self._send("all_gather", chips[i], chips[(i + 1) % p], held[i][(i - k) % p]))
+                     for i in range(p)]
+            for i, b, got in moved:
+                held[(i + 1) % p][b] = got
+        return [torch.cat([h[b] for b in range(p)], dim=dim) for h in held]
+
+    def send(self, src: int, dst: int, t: torch.Tensor) -> torch.Tensor:
+        """Point-to-point: chip ``src``'s tensor, copied to chip ``dst``."""
+        self.calls["p2p"] += 1
+        return self._send("p2p", src, dst, t)
+
+    def report(self) -> dict:
+        """Plain data: bytes per link (``"0->1"``), per kind, collectives run, the total."""
+        return {"links": {f"{s}->{d}": n for (s, d), n in sorted(self.bytes.items())},
+                "by_kind": dict(self.by_kind), "calls": dict(self.calls), "total": sum(self.bytes.values())}
