@@ -30,8 +30,9 @@ def test_json_has_the_confidence_the_text_shows(tmp_path, monkeypatch):
     assert shown, text
     assert round(100 * conf["assumption_share"]) == int(shown.group(1))
     assert conf["shares"] and abs(sum(conf["shares"].values()) - 1) < 1e-3
-    # no fidelity run recorded in this registry: unchecked, as the Fidelity line says
-    assert conf["state"] == "unchecked" and conf["checked_rows"] == 0
-    assert "predictions unchecked" in text
+    # a new user's registry holds the run torchfl ships for the A100: checked, as the Fidelity line says
+    assert conf["state"] == "checked" and conf["checked_rows"] >= 100
+    assert f"predictions checked on {conf['checked_rows']} published measurements, mean error " \
+           f"{conf['out_of_sample_mae']:.0%}" in text
     plan = Plan.from_dict(data)
     assert plan.chip == "A100-SXM4-80GB" and len(plan.steps) == len(data["steps"])
