@@ -89,6 +89,8 @@ PUBLISHED = {
     ("core", "1.22.0"): "88080374440ee7fd480bf2a0a96de3181ae8114010f32018ccd02eddb06c8cc4",
     # 1.23.0: transformers.grouped_mm_fallback as the grouped_mm kernel (issue 48: MoE experts compiled in float16/float32)
     ("core", "1.23.0"): "e1ae4a6fe7c97b84b4f64086560b89ef255f50790f8ef07a067c0c9fc6842b99",
+    # 1.24.0: torchfl.selective_scan (Mamba's scan, kernels/ssm) and aten.copy.default (copy/cast into a buffer: Mamba's cache) (issue 48; helper mamba)
+    ("core", "1.24.0"): "269ee9f25d2da4bcc423324a756a528cc49d2fa6b4de3b9713d711b88038ea46",
 }
 
 

@@ -233,6 +233,18 @@ MOE = {
 MOE.update({f"{k}_bf16": (f"{w}, bfloat16 weights", _bfloat16(b)) for k, (w, b) in list(MOE.items())})
 MODELS.update(MOE)
 
+# state-space models (issue 48): Mamba's selective scan (kernels/ssm) and causal conv1d; the
+# default use_cache=True, so the scan also returns its last state. Named with --models ssm.
+SSM = {
+    "mamba": ("state-space decoder (selective scan), logits",
+              _text("MambaConfig", "MambaForCausalLM", vocab_size=128, hidden_size=64, state_size=8,
+                    num_hidden_layers=2)),
+    "falcon_mamba": ("state-space decoder (selective scan, RMS-normed B, C, dt), logits",
+                     _text("FalconMambaConfig", "FalconMambaForCausalLM", vocab_size=128, hidden_size=64,
+                           state_size=8, num_hidden_layers=2)),
+}
+MODELS.update(SSM)
+
 
 def _float_tensors(out) -> list:
     """Every floating tensor of a model's output (ModelOutput, tuple, cache objects skipped)."""
@@ -552,7 +564,7 @@ def _swept(models, chips, a):
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--models", help=f"comma-separated subset, or 'hf' for the {len(HF)} Hugging Face families, "
-                                     f"'moe' for the {len(MOE)} mixture-of-experts ones "
+                                     f"'moe' for the {len(MOE)} mixture-of-experts ones, 'ssm' for the state-space ones "
                                      f"(default: all but resnet50 and those): {', '.join(MODELS)}")
     ap.add_argument("--chips", help=f"comma-separated subset of {', '.join(CHIPS)}")
     ap.add_argument("--runs", type=int, default=3)
@@ -576,7 +588,7 @@ def main(argv=None):
         for k, (what, _b) in MODELS.items():
             print(f"{k:14s} {what}")
         return 0
-    models = HF if a.models == "hf" else list(MOE) if a.models == "moe" else (
+    models = HF if a.models == "hf" else list(MOE) if a.models == "moe" else list(SSM) if a.models == "ssm" else (
         a.models.split(",") if a.models else DEFAULT)
     chips = a.chips.split(",") if a.chips else list(CHIPS)
     bad = [m for m in models if m not in MODELS] + [c for c in chips if c not in CHIPS]

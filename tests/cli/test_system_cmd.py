@@ -62,3 +62,15 @@ def test_schema_is_the_models():
     assert set(schema["required"]) == {"system", "chips", "topology"}
     topo = schema["$defs"]["Topology"]["properties"]["kind"]
     assert topo["enum"] == ["all-to-all", "ring", "torus-2d", "torus-3d", "mesh-2d"]
+
+
+def test_diff_of_two_versions(tmp_path):
+    url = f"sqlite:///{tmp_path / 'r.sqlite3'}"
+    assert CliRunner().invoke(cli, ["registry", "init", "--registry", url]).exit_code == 0
+    newer = tmp_path / "npu.system.yaml"
+    newer.write_text((SYSTEMS / "npu_v3_board4.system.yaml").read_text().replace("version: 1.0.0", "version: 1.1.0")
+                     .replace("bandwidth_gb_per_s: 50", "bandwidth_gb_per_s: 40"))
+    assert _run("import", str(newer), "--registry", url).exit_code == 0
+    res = _run("diff", "NPU-V3-BOARD4", "1.0.0", "1.1.0", "--registry", url)
+    assert res.exit_code == 0 and "2 change(s)" in res.output
+    assert "interconnect.links.bandwidth_gb_per_s: 50.0 -> 40.0" in res.output

@@ -148,3 +148,11 @@ def test_load_raises_with_every_problem():
     assert "required field 'topology' is missing" in text
     with pytest.raises(SystemDescriptorError):
         load_system_text("- a list\n", "x.system.yaml")
+
+
+def test_hcd_validate_of_a_system_says_what_it_is():
+    from torchfl.hcd import check_hcd
+
+    report = check_hcd(SYSTEMS[0])
+    assert [d.message for d in report.diagnostics] == [
+        "this is a system descriptor (N chips of an HCD), not an HCD: check it with `torchfl system validate FILE`"]

@@ -72,7 +72,10 @@ def test_bundled_system_by_name_and_a_chip_without_links(url):
 def test_one_line_refusals(url, tmp_path):
     bad = tmp_path / "bad.system.yaml"
     bad.write_text(TWO_H100.replace("H100-SXM5-80GB", "H100-SXM5-80G"))
+    nodes = tmp_path / "nodes.system.yaml"
+    nodes.write_text(TWO_H100.replace("count: 2", "count: 4"))
     for args, words in ((["--system", "HGX-H100-9"], "did you mean HGX-H100-8"),
+                        (["--system", str(nodes)], "has 2 fabric domains of 2 chips: plans across domains"),
                         (["--system", str(bad)], f"{bad}:5:9: error: chips.name: unknown chip 'H100-SXM5-80G'; "
                                                  "did you mean 'H100-SXM5-80GB'?"),
                         (["--system", "HGX-H100-8", "--chips", "2xA100-SXM4-80GB"], "exactly one")):

@@ -102,6 +102,9 @@ def test_args_match_the_aten_schemas():
     from torchfl.kernels.grouped.torchop import register
 
     register()                                   # torchfl.grouped_mm (the catalog may load before torch)
+    from torchfl.kernels.ssm.torchop import register as register_ssm
+
+    register_ssm()                               # torchfl.selective_scan, likewise
 
     pack = check_pack(CORE).pack
     problems = []

@@ -157,4 +157,23 @@ def history_cmd(name, registry_url, as_json):
                   for i in infos])
 
 
+@system.command("diff")
+@click.argument("name")
+@click.argument("v1")
+@click.argument("v2")
+@registry_option
+@json_option
+@handles_errors
+def diff_cmd(name, v1, v2, registry_url, as_json):
+    """Field-level changes between two published versions of a system (dotted paths)."""
+    reg = open_registry(registry_url)
+    changes = reg.diff(name, v1, v2, kind="system")
+    if as_json:
+        return _emit_json({"url": reg.display_url, "name": name, "kind": "system", "from": v1, "to": v2,
+                           "changes": [c.as_dict() for c in changes]})
+    click.echo(f"system {name} {v1} -> {v2}: {len(changes)} change(s)")
+    for c in changes:
+        click.echo(str(c))
+
+
 __all__ = ["system"]

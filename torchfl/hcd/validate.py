@@ -94,6 +94,9 @@ def _validate_document(doc: LocatedDocument) -> tuple[HCD | None, list[Diagnosti
         out.append(doc.diagnostic((), f"the document is a {kind}; an HCD is a mapping with sections "
                                       "chip, compute_units, memory, tensor and constraints"))
         return None, out
+    if "system" in doc.data and "chips" in doc.data and "chip" not in doc.data:
+        return None, [doc.diagnostic(("system",), "this is a system descriptor (N chips of an HCD), not an HCD: check "
+                                                  "it with `torchfl system validate FILE`", key=True)]
     data = _normalise_units(doc, out)
     hcd = None
     try:

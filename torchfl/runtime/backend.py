@@ -31,6 +31,9 @@ from torchfl.planner.capture import is_static
 from torchfl.planner.capture_training import attention_as_math
 
 from .recording import active, recording
+from . import hf_mamba
+
+hf_mamba.for_compile()     # transformers' Mamba scan as torchfl's operator in this process's captures
 
 __all__ = ["torchfl_backend", "CompiledGraph", "Options", "recording"]
 

@@ -47,6 +47,10 @@ def system_target(spec: str, registry=None) -> SystemTarget:
         raise ParallelError(f"--system {spec}: {bad[0]}{more}" if bad else f"--system {spec}: {exc}") from None
     except OSError as exc:
         raise ParallelError(f"--system {spec}: cannot be read ({exc.strerror or exc}); check the path") from None
+    if system.domains > 1:
+        raise ParallelError(f"system {system.name} has {system.domains} fabric domains of {system.topology.domain_chips} "
+                            "chips: plans across domains (scale-out links) are not built yet; plan one domain "
+                            f"(--chips {system.topology.domain_chips}x{system.chips.name})")
     target = whatif.chip_of(system.chips.name, reg, version=system.chips.version)
     try:
         ic = system.interconnect_for(target.hcd)

@@ -94,6 +94,9 @@ def register() -> None:
         else:
             _install_placeholder_guard(torch)
             _STATE["first_use"] = routing.install_first_use(ensure_adapter)
+        from .. import hf_mamba
+
+        hf_mamba.install()       # transformers' Mamba scan on npu tensors: the selective_scan kernel
         _STATE["registered"] = True
 
 
