@@ -9,6 +9,7 @@ not a formula's:
   p - 1 all-gather steps (the completed chunks passed on and copied): each chip sends
   2 (p - 1) / p x the tensor's bytes, and every chip ends with the same sum;
 * ring all-gather: each chip's block passed p - 1 times around: (p - 1) / p x the result's bytes;
+* all-to-all: every chip's block for each other chip, once (p - 1 blocks a chip);
 * point-to-point: the tensor, once.
 
 Every received tensor is a copy (``clone``): no chip ever reads another chip's tensor in place.
@@ -75,6 +76,15 @@ class Links:
             for i, b, got in moved:
                 held[(i + 1) % p][b] = got
         return [torch.cat([h[b] for b in range(p)], dim=dim) for h in held]
+
+    def all_to_all(self, chips: list[int], blocks: list[list[torch.Tensor]]) -> list[list[torch.Tensor]]:
+        """``blocks[i][j]``: what chip ``chips[i]`` sends chip ``chips[j]``; returns ``got[j][i]``. A
+        chip's block to itself stays (no link); every other block crosses its link once."""
+        p = len(chips)
+        if p > 1:
+            self.calls["all_to_all"] += 1
+        return [[blocks[i][j] if i == j else self._send("all_to_all", chips[i], chips[j], blocks[i][j])
+                 for i in range(p)] for j in range(p)]
 
     def send(self, src: int, dst: int, t: torch.Tensor) -> torch.Tensor:
         """Point-to-point: chip ``src``'s tensor, copied to chip ``dst``."""
