@@ -35,6 +35,8 @@ def test_a_data_parallel_step_gives_every_chip_the_full_batch_gradients(model):
     nbytes = sum(p.numel() * 4 for p in lm.parameters())
     assert run.counted == run.planned == {"all_reduce": 2 * nbytes} and run.matches_plan()
     assert run.links["links"] == {"0->1": nbytes, "1->0": nbytes}
+    ic = chip_of("H100-SXM5-80GB").hcd.interconnect
+    assert run.link_seconds(ic) == pytest.approx(gradient_all_reduce_s(lm, 2, ic), rel=1e-12)
     assert all(p.grad is not None for p in lm.parameters())                       # the model's own grads untouched
     assert torch.equal(next(lm.parameters()).grad, next(iter(ref.values())))
 

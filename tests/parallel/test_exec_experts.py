@@ -40,6 +40,8 @@ def test_expert_parallel_equals_the_unsplit_model_and_moves_the_planned_bytes(mo
     block = 4 // ep * (4 // ep * 8) * 64 * 4                  # experts a chip x its tokens x hidden x float32
     assert run.counted == run.planned == {"all_to_all": 2 * 2 * ep * (ep - 1) * block}
     assert run.links["links"] == {f"{i}->{j}": 2 * 2 * block for i in range(ep) for j in range(ep) if i != j}
+    ic = chip_of(CHIP).hcd.interconnect
+    assert run.link_seconds(ic) == pytest.approx(expert_seconds(lm.config, ep, 4, 8, 4, ic), rel=1e-12)
 
 
 def test_the_all_to_alls_are_priced_from_the_same_bytes(model):

@@ -14,7 +14,8 @@ import pytest
 import torch
 
 from torchfl.planner.lm import tiny_llama
-from torchfl.planner.parallel import ParallelError, ShardError
+from torchfl.planner.parallel import ParallelError, ShardError, Split, collective_seconds
+from torchfl.planner.whatif import chip_of
 from torchfl.runtime.parallel import run_split
 
 CHIP = "H100-SXM5-80GB"
@@ -44,6 +45,10 @@ def test_a_split_run_equals_the_unsplit_model_and_moves_the_planned_bytes(model,
     ring = {(s * tp + r, s * tp + (r + 1) % tp) for s in range(pp) for r in range(tp)} if tp > 1 else set()
     hand = {((s - 1) * tp + r, s * tp + r) for s in range(1, pp) for r in range(tp)}
     assert set(tuple(map(int, k.split("->"))) for k in run.links["links"]) == ring | hand
+    # the collectives that ran, priced one by one, are the plan's collective time: same calls, same sizes
+    ic = chip_of(CHIP).hcd.interconnect
+    planned_s = collective_seconds(lm.config, Split(tp, pp), 2, 8, 4, ic)["collective_s"]
+    assert run.link_seconds(ic) == pytest.approx(planned_s, rel=1e-12)
 
 
 def test_float16_split_on_the_chip(model):

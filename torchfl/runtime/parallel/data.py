@@ -17,7 +17,7 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from torchfl.runtime.parallel.links import Links
+from torchfl.runtime.parallel.links import Counted, Links
 
 
 class _TokenLoss(nn.Module):
@@ -40,7 +40,7 @@ def full_batch_loss(model, input_ids) -> torch.Tensor:
 
 
 @dataclass
-class DataParallelRun:
+class DataParallelRun(Counted):
     """Loss (summed over chips), every chip's all-reduced gradients (name -> tensor), the links'
     bytes, the plan's, and the chip plans' host fallbacks."""
 
@@ -51,13 +51,6 @@ class DataParallelRun:
     links: dict
     planned: dict
     fallbacks: int
-
-    @property
-    def counted(self) -> dict:
-        return {kind: self.links["by_kind"].get(kind, 0) for kind in self.planned}
-
-    def matches_plan(self) -> bool:
-        return self.counted == self.planned
 
 
 def data_parallel_step(model, input_ids, chips: str = "2xH100-SXM5-80GB", precision=None) -> DataParallelRun:

@@ -25,7 +25,7 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from torchfl.runtime.parallel.links import Links
+from torchfl.runtime.parallel.links import Counted, Links
 from torchfl.runtime.parallel.programs import _Attention, _Embed, _Head, causal_mask
 
 
@@ -57,7 +57,7 @@ class _Experts(nn.Module):
 
 
 @dataclass
-class ExpertRun:
+class ExpertRun(Counted):
     """Last-token logits (the chips' rows in batch order), the links' bytes and the plan's."""
 
     chip: str
@@ -67,13 +67,6 @@ class ExpertRun:
     planned: dict
     programs_run: int
     fallbacks: int
-
-    @property
-    def counted(self) -> dict:
-        return {kind: self.links["by_kind"].get(kind, 0) for kind in self.planned}
-
-    def matches_plan(self) -> bool:
-        return self.counted == self.planned
 
 
 def _slots(experts: torch.Tensor, count: int) -> torch.Tensor:
