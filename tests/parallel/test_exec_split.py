@@ -64,3 +64,24 @@ def test_splits_the_model_does_not_admit_are_refused_in_one_line(model):
         run_split(lm, ids, chips=f"4x{CHIP}", tp=2, pp=1)
     with pytest.raises(ParallelError, match="pp 4 does not divide the model's 2 layers"):
         run_split(lm, ids, chips=f"4x{CHIP}", tp=1, pp=4)
+
+
+def test_biases_of_row_parallel_linears_are_added_once():
+    """o_proj and down_proj biases live on rank 0 only (the all-reduce would add tp copies); q/k/v and
+    gate/up biases are sliced with their rows. A LLaMA with every bias on, tied embeddings, tp 2."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=4, attention_bias=True, mlp_bias=True,
+                      tie_word_embeddings=True)
+    torch.manual_seed(1)
+    lm = LlamaForCausalLM(cfg).eval()
+    with torch.no_grad():
+        for name, p in lm.named_parameters():
+            if name.endswith("bias"):
+                p.uniform_(-0.5, 0.5)
+    ids = torch.randint(0, 128, (2, 8))
+    with torch.no_grad():
+        ref = lm(ids).logits[:, -1]
+    run = run_split(lm, ids, chips=f"2x{CHIP}", tp=2)
+    assert (run.logits - ref).abs().max().item() <= 1e-5 and run.matches_plan()
