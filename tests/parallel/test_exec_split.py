@@ -90,3 +90,17 @@ def test_biases_of_row_parallel_linears_are_added_once():
         ref = lm(ids).logits[:, -1]
     run = run_split(lm, ids, chips=f"2x{CHIP}", tp=2)
     assert (run.logits - ref).abs().max().item() <= 1e-5 and run.matches_plan()
+
+
+def test_a_program_meeting_more_shapes_than_dynamos_limit_still_runs_on_the_chip(model):
+    """Dynamo keeps 8 graphs per code object and past that runs the function eagerly on the host,
+    silently; with the limit at 1, a new shape (batch 3) must still be planned and run on the chip."""
+    import torch._dynamo
+
+    lm = model[0]
+    ids = torch.randint(0, 128, (3, 5))
+    with torch.no_grad():
+        ref = lm(ids).logits[:, -1]
+    with torch._dynamo.config.patch(recompile_limit=1):
+        run = run_split(lm, ids, chips=f"2x{CHIP}", tp=2)
+    assert run.programs_run == 2 * (2 * 2 + 1 + 1) and (run.logits - ref).abs().max().item() <= 1e-5

@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from torchfl.runtime.parallel.links import Counted, Links
+from torchfl.runtime.parallel.programs import many_shapes, on_chip
 
 
 class _TokenLoss(nn.Module):
@@ -64,15 +65,13 @@ def data_parallel_step(model, input_ids, chips: str = "2xH100-SXM5-80GB", precis
     if batch % dp:
         raise ParallelError(f"data parallel {dp} does not divide the batch of {batch}; use a batch that is a "
                             f"multiple of {dp}")
-    options = {"chip": want.chip} if precision is None else {"chip": want.chip, "precision": precision}
     replicas = [copy.deepcopy(model).train() for _ in range(dp)]
     per = batch // dp
     losses = []
-    with recording() as rec:
+    with recording() as rec, many_shapes():
         for i, replica in enumerate(replicas):
             replica.zero_grad(set_to_none=True)
-            step = torch.compile(_TokenLoss(replica, batch * (tokens - 1)), backend="torchfl", options=options,
-                                 dynamic=False)
+            step = on_chip(_TokenLoss(replica, batch * (tokens - 1)), want.chip, precision)
             loss = step(input_ids[i * per:(i + 1) * per])
             loss.backward()
             losses.append(loss.detach())

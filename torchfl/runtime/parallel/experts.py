@@ -26,7 +26,7 @@ import torch
 from torch import nn
 
 from torchfl.runtime.parallel.links import Counted, Links
-from torchfl.runtime.parallel.programs import _Attention, _Embed, _Head, causal_mask
+from torchfl.runtime.parallel.programs import _Attention, _Embed, _Head, causal_mask, many_shapes, on_chip
 
 
 class _Route(nn.Module):
@@ -115,29 +115,28 @@ def run_expert_parallel(model, input_ids, chips: str = "2xH100-SXM5-80GB", preci
     dtype = next(model.parameters()).dtype
     (batch, tokens), count = input_ids.shape, cfg.num_local_experts
     planned = expert_bytes(cfg, ep, batch, tokens, dtype.itemsize)["link_bytes"]   # refuses a bad ep first
-    options = {"chip": want.chip} if precision is None else {"chip": want.chip, "precision": precision}
 
-    def on_chip(module):
-        return torch.compile(module.eval(), backend="torchfl", options=options, dynamic=False)
+    def compiled(module):
+        return on_chip(module.eval(), want.chip, precision)
 
     body, chips_ = model.eval().model, list(range(ep))
     per, local = batch // ep, count // ep
     ids = list(input_ids.chunk(ep))
     positions, mask = torch.arange(tokens).expand(per, tokens), causal_mask(tokens, dtype)
     links = Links()
-    with torch.no_grad(), recording() as rec:
-        embed = on_chip(_Embed(body.embed_tokens, 0))
+    with torch.no_grad(), recording() as rec, many_shapes():
+        embed = compiled(_Embed(body.embed_tokens, 0))
         delta = [embed(i) for i in ids]
         residual = [torch.zeros_like(d) for d in delta]
         for layer in body.layers:
-            attention, route = on_chip(_Attention(layer, body.rotary_emb)), on_chip(_Route(layer))
+            attention, route = compiled(_Attention(layer, body.rotary_emb)), compiled(_Route(layer))
             attended = [attention(r, d, positions, mask) for r, d in zip(residual, delta)]
             routes = [route(x, a) for x, a in attended]
-            experts = [on_chip(_Experts(layer.mlp.experts, c * local, local)) for c in chips_]
+            experts = [compiled(_Experts(layer.mlp.experts, c * local, local)) for c in chips_]
             moe = _moe_layer(links, chips_, routes, experts, count)
             residual = [x for x, _h, _w, _e in routes]
             delta = [m.reshape(per, tokens, -1) for m in moe]
-        head = on_chip(_Head(body.norm, model.lm_head))
+        head = compiled(_Head(body.norm, model.lm_head))
         logits = torch.cat([head(r, d) for r, d in zip(residual, delta)])
     fallbacks = sum(plan.summary.fallbacks for _g, plan, _r in rec.entries)
     return ExpertRun(want.chip, ep, logits, links.report(), planned, len(rec.entries), fallbacks)

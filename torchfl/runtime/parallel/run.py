@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 import torch
 
 from torchfl.runtime.parallel.links import Counted, Links
-from torchfl.runtime.parallel.programs import ChipProgram, causal_mask
+from torchfl.runtime.parallel.programs import ChipProgram, causal_mask, many_shapes
 
 
 @dataclass
@@ -94,7 +94,7 @@ def run_split(model, input_ids, chips: str = "2xH100-SXM5-80GB", tp: int | None 
     links = Links()
     positions = torch.arange(tokens).expand(batch, tokens)
     mask = causal_mask(tokens, dtype)
-    with torch.no_grad(), recording() as rec:
+    with torch.no_grad(), recording() as rec, many_shapes():
         stages = [[ChipProgram(shard_weights(model, tp, r, pp, s), chip, r, precision) for r in range(tp)]
                   for s in range(pp)]
         delta = links.all_reduce(groups[0], [p.embed(input_ids) for p in stages[0]])
