@@ -13,6 +13,7 @@ Cases whose kernel is not in the catalog are skipped with a note on stderr.
     python tools/bench_kernels.py --json --threads 1 --timer cpu --no-peak   # on a shared machine
     python tools/bench_kernels.py --threads 1 --timer cpu --no-peak --cases 'decode*'   # decode shapes
     python tools/bench_kernels.py --moe --threads 1 --timer cpu     # grouped GEMM vs one GEMM per expert
+    python tools/bench_kernels.py --scan --threads 1 --timer cpu --runs 5   # Mamba's scan kernel vs its loop
 """
 from __future__ import annotations
 
@@ -396,6 +397,65 @@ def run_case(case, kernel, inputs, attrs, torch_fn, flops, runs, chip, peak):
     return res
 
 
+SCAN_SHAPES = ((1, 128, 16, 8), (2, 256, 16, 8))     # (batch, channels, state, length <= 8: the loop's stack stays on chip)
+
+
+def scan_compare(as_json, runs, shapes=SCAN_SHAPES, chip_name="NPU-V3"):
+    """Mamba's scan as the selective_scan kernel (kernels/ssm) against transformers' loop over time
+    planned step by step (per step a multiply-add, a matmul with C, then a stack), both planned by
+    ``plan_module`` strict on ``chip_name`` in float16: predicted seconds and steps of each plan,
+    emulator seconds (medians), and torch's loop for scale."""
+    import torch
+    from transformers.models.mamba import modeling_mamba as mm
+
+    from torchfl.kernels.ssm.hf_route import patch
+    from torchfl.planner import plan_module
+    from torchfl.runtime.executor import Executor
+
+    patch(mm)
+    routed, loop = mm.mamba_selective_scan, mm.mamba_selective_scan.torchfl_original
+
+    class Scan(torch.nn.Module):
+        def __init__(self, fn):
+            super().__init__()
+            self.fn = fn
+
+        def forward(self, u, dt, A, B, C, D, z, bias):
+            return self.fn(u, dt, A, B, C, D=D, z=z, delta_bias=bias, delta_softplus=True)
+
+    g = torch.Generator().manual_seed(0)
+    for bt, d, n, l in shapes:
+        args = (torch.randn(bt, d, l, generator=g), torch.randn(bt, d, l, generator=g) * 0.5 - 1,
+                -torch.rand(d, n, generator=g) * 4, torch.randn(bt, n, l, generator=g), torch.randn(bt, n, l, generator=g),
+                torch.randn(d, generator=g), torch.randn(bt, d, l, generator=g), torch.randn(d, generator=g) * 0.1)
+        res = {"case": f"mamba_scan_f16_{bt}x{d}x{l}_state{n}"}
+        for name, fn in (("kernel", routed), ("loop", loop)):
+            plan = plan_module(Scan(fn), args, chip=chip_name, precision="float16", strict=True)
+            ex = Executor(plan)
+            ex.run(args)
+            times = []
+            for _ in range(runs):
+                t = _clock()
+                ex.run(args)
+                times.append(_clock() - t)
+            res[f"{name}_steps"] = len(plan.steps)
+            res[f"{name}_predicted_s_{chip_name}"] = sum(s.predicted_time_s for s in plan.steps)
+            res[f"{name}_emulator_s"] = round(_median(times), 6)
+        times = []
+        for _ in range(runs):
+            t = _clock()
+            loop(*args[:5], D=args[5], z=args[6], delta_bias=args[7], delta_softplus=True)
+            times.append(_clock() - t)
+        res["torch_loop_s"] = round(_median(times), 6)
+        if as_json:
+            print(json.dumps(res), flush=True)
+        else:
+            pk, pl = res[f"kernel_predicted_s_{chip_name}"], res[f"loop_predicted_s_{chip_name}"]
+            print(f"{res['case']:34s} predicted on {chip_name}: kernel {pk * 1e6:8.2f} us ({res['kernel_steps']} steps) "
+                  f"vs loop {pl * 1e6:8.2f} us ({res['loop_steps']} steps); emulator {res['kernel_emulator_s'] * 1e3:.2f} "
+                  f"vs {res['loop_emulator_s'] * 1e3:.2f} ms; torch loop {res['torch_loop_s'] * 1e3:.2f} ms", flush=True)
+
+
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--json", action="store_true", help="one JSON object per line")
@@ -410,6 +470,8 @@ def main(argv=None):
                     help="only measure what a second thread gives on this host (compute, memory, torch's matmul)")
     ap.add_argument("--moe", action="store_true",
                     help="only compare the grouped GEMM with one GEMM per expert (mixture-of-experts shapes)")
+    ap.add_argument("--scan", action="store_true",
+                    help="Mamba's selective scan kernel against transformers' loop planned step by step")
     ap.add_argument("--no-peak", action="store_true", help="skip tools/peak.py's fp32 peak measurement")
     ap.add_argument("--timer", choices=("wall", "cpu"), default="wall",
                     help="cpu: the process's CPU time (with --threads 1: steady on a loaded machine)")
@@ -438,6 +500,9 @@ def main(argv=None):
         return
     if a.moe:
         moe_compare(a.json, a.runs)
+        return
+    if a.scan:
+        scan_compare(a.json, a.runs)
         return
     peak = None
     if not a.no_peak:

@@ -118,3 +118,19 @@ def test_cpu_operator_is_the_reference():
     y, last = torch.ops.torchfl.selective_scan(**ins, delta_softplus=True)
     ry, rlast = reference(**ins, delta_softplus=True)
     assert torch.equal(y, ry) and torch.equal(last, rlast)
+
+
+def test_many_cores_split_the_channels():
+    """On a chip of 64 cores one (batch, channel tile) unit would leave 63 idle: the channels are cut
+    (B and C re-read per tile, priced and counted) where that lowers bytes over busy cores; one core
+    keeps every channel in one tile. The numbers stay the recurrence's."""
+    ins = inputs(bt=1, d=256, l=32, n=16, dtype=torch.float16)
+    y, last, plan, counted = run(ChipModel(concurrent_tiles=64, tile_elements=256), ins)
+    one = run(ChipModel(), ins)[2]
+    assert one.config.tile("channels") == 256 and one.config.parallel_units == 1
+    td = plan.config.tile("channels")
+    assert td < 256 and plan.config.parallel_units == -(-256 // td) > 1 and counted == plan.traffic
+    assert plan.traffic.bytes_read > one.traffic.bytes_read
+    ry, rlast = reference(**ins, delta_softplus=True)
+    _close(y, ry, torch.float16)
+    _close(last, rlast, torch.float16)

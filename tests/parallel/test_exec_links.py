@@ -50,3 +50,12 @@ def test_a_send_is_a_copy_and_one_chip_moves_nothing():
     assert torch.equal(x, torch.ones(3)) and links.bytes == {(0, 1): 12}
     solo = Links()
     assert solo.all_reduce([0], [x])[0] is x and solo.report()["total"] == 0 and not solo.calls
+
+
+def test_all_to_all_delivers_each_block_and_counts_the_crossing_ones():
+    blocks = [[torch.full((2,), float(10 * i + j)) for j in range(3)] for i in range(3)]
+    links = Links()
+    got = links.all_to_all([0, 1, 2], blocks)
+    assert all(torch.equal(got[j][i], blocks[i][j]) for i in range(3) for j in range(3))
+    assert links.bytes == {(i, j): 8 for i in range(3) for j in range(3) if i != j}
+    assert links.by_kind["all_to_all"] == 6 * 8 and links.calls["all_to_all"] == 1

@@ -14,7 +14,8 @@ import pytest
 import torch
 
 from torchfl.planner.lm import tiny_llama
-from torchfl.planner.parallel import ParallelError, ShardError
+from torchfl.planner.parallel import ParallelError, ShardError, Split, collective_seconds
+from torchfl.planner.whatif import chip_of
 from torchfl.runtime.parallel import run_split
 
 CHIP = "H100-SXM5-80GB"
@@ -44,6 +45,10 @@ def test_a_split_run_equals_the_unsplit_model_and_moves_the_planned_bytes(model,
     ring = {(s * tp + r, s * tp + (r + 1) % tp) for s in range(pp) for r in range(tp)} if tp > 1 else set()
     hand = {((s - 1) * tp + r, s * tp + r) for s in range(1, pp) for r in range(tp)}
     assert set(tuple(map(int, k.split("->"))) for k in run.links["links"]) == ring | hand
+    # the collectives that ran, priced one by one, are the plan's collective time: same calls, same sizes
+    ic = chip_of(CHIP).hcd.interconnect
+    planned_s = collective_seconds(lm.config, Split(tp, pp), 2, 8, 4, ic)["collective_s"]
+    assert run.link_seconds(ic) == pytest.approx(planned_s, rel=1e-12)
 
 
 def test_float16_split_on_the_chip(model):
@@ -64,3 +69,38 @@ def test_splits_the_model_does_not_admit_are_refused_in_one_line(model):
         run_split(lm, ids, chips=f"4x{CHIP}", tp=2, pp=1)
     with pytest.raises(ParallelError, match="pp 4 does not divide the model's 2 layers"):
         run_split(lm, ids, chips=f"4x{CHIP}", tp=1, pp=4)
+
+
+def test_biases_of_row_parallel_linears_are_added_once():
+    """o_proj and down_proj biases live on rank 0 only (the all-reduce would add tp copies); q/k/v and
+    gate/up biases are sliced with their rows. A LLaMA with every bias on, tied embeddings, tp 2."""
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(vocab_size=128, hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=4, attention_bias=True, mlp_bias=True,
+                      tie_word_embeddings=True)
+    torch.manual_seed(1)
+    lm = LlamaForCausalLM(cfg).eval()
+    with torch.no_grad():
+        for name, p in lm.named_parameters():
+            if name.endswith("bias"):
+                p.uniform_(-0.5, 0.5)
+    ids = torch.randint(0, 128, (2, 8))
+    with torch.no_grad():
+        ref = lm(ids).logits[:, -1]
+    run = run_split(lm, ids, chips=f"2x{CHIP}", tp=2)
+    assert (run.logits - ref).abs().max().item() <= 1e-5 and run.matches_plan()
+
+
+def test_a_program_meeting_more_shapes_than_dynamos_limit_still_runs_on_the_chip(model):
+    """Dynamo keeps 8 graphs per code object and past that runs the function eagerly on the host,
+    silently; with the limit at 1, a new shape (batch 3) must still be planned and run on the chip."""
+    import torch._dynamo
+
+    lm = model[0]
+    ids = torch.randint(0, 128, (3, 5))
+    with torch.no_grad():
+        ref = lm(ids).logits[:, -1]
+    with torch._dynamo.config.patch(recompile_limit=1):
+        run = run_split(lm, ids, chips=f"2x{CHIP}", tp=2)
+    assert run.programs_run == 2 * (2 * 2 + 1 + 1) and (run.logits - ref).abs().max().item() <= 1e-5

@@ -8,7 +8,7 @@ unrolled by Dynamo (299 nodes for the model at length 16, a tree of slices, vmap
 multiply-adds); on ``npu`` the Python loop over time ran step by step and its 16-way ``stack``
 fell back to the host (``aten::cat``: the concat kernel joins 2 to 8 tensors), 2 host steps.
 Now transformers' ``mamba_selective_scan`` reaches ``torch.ops.torchfl.selective_scan``
-(torchfl/runtime/hf_mamba) and the ``selective_scan`` kernel (kernels/ssm, core 1.24.0) in
+(torchfl/kernels/ssm/hf_route) and the ``selective_scan`` kernel (kernels/ssm, core 1.24.0) in
 both modes: one kernel a layer, the state on chip; the causal conv1d before it is conv2d's
 depthwise kernel (kernels/conv1d). FalconMamba (its own copy of the scan function, B, C and dt
 RMS-normed first) is routed the same way."""
@@ -26,7 +26,7 @@ import bench_zoo  # noqa: E402
 
 @pytest.mark.parametrize("name", list(bench_zoo.SSM))
 def test_mamba_compiled_on_npu_v3(name):
-    from torchfl.runtime.backend import recording  # noqa: F401  (the backend: routes captures, see hf_mamba)
+    from torchfl.runtime.backend import recording  # noqa: F401  (the backend: routes captures, see kernels/ssm/hf_route)
 
     r = bench_zoo.run_one(name, "NPU-V3", "float16", runs=1)
     assert "error_message" not in r, r
@@ -56,6 +56,28 @@ def test_mamba_plan_prices_the_scan():
     for s in scans:
         assert s.predicted_time_s > 0 and "state 128x8 fp32 held on chip" in s.tile["notes"], s.tile
     assert "selective_scan" in plan.explain()
+
+
+def test_mamba_planned_by_the_planners_capture():
+    """``plan_module`` (torch.export, what ``torchfl plan`` uses) routes the scan too: strict on
+    NPU-V3 float16, executed, the logits within the zoo's tolerance. Before: the recurrent loop
+    unrolled (601 steps) and its 16-way cat on the host (2 fallbacks)."""
+    import torch
+    import transformers as tr
+
+    from torchfl.planner import plan_module
+    from torchfl.runtime.executor import Executor
+
+    torch.manual_seed(0)
+    model = tr.MambaForCausalLM(tr.MambaConfig(vocab_size=128, hidden_size=64, state_size=8,
+                                               num_hidden_layers=2, use_cache=False)).eval()
+    ids = torch.randint(3, 128, (2, 16))
+    plan = plan_module(model, (ids,), chip="NPU-V3", precision="float16", strict=True)
+    assert [s.kernel for s in plan.steps].count("selective_scan") == 2 and len(plan.steps) < 120
+    with torch.no_grad():
+        ref = model(ids).logits
+    got = Executor(plan).run((ids,))[0]
+    assert (got.float() - ref).abs().max().item() <= bench_zoo.TOLERANCE["float16"] * max(1.0, ref.abs().max().item())
 
 
 @pytest.mark.parametrize("name", list(bench_zoo.SSM))

@@ -130,8 +130,10 @@ def export_captured(module, inputs, shapes=None):
 def _export(module, inputs, shapes):
     import torch
 
+    from torchfl.kernels.ssm.hf_route import capturing
+
     module, inputs = meta_as_fake(module, tuple(inputs))
-    with warnings.catch_warnings():
+    with warnings.catch_warnings(), capturing():     # transformers' Mamba scan as the selective_scan kernel
         # torch 2.13's run_decompositions deep-copies its own LeafSpec and warns about it
         # on every capture: torch's internals, nothing a user can act on
         warnings.filterwarnings("ignore", message=r".*isinstance\(treespec, LeafSpec\)", category=FutureWarning)

@@ -16,7 +16,10 @@ computes A, D and the bias in float32) and everything is computed in float32 on 
 Tiling (``scan_tiling``): sequential over time, parallel over (batch, channel tile). A tile of
 ``TD`` channels keeps its state ``TD x N`` and ``A`` ``TD x N`` (float32) on chip for the whole
 sequence and walks time in double-buffered chunks of ``TL`` steps (``u``, ``delta``, ``z``:
-``TL x TD`` each, ``B``, ``C``: ``TL x N``, ``y``: ``TL x TD``). Off chip: ``u``, ``delta``,
+``TL x TD`` each, ``B``, ``C``: ``TL x N``, ``y``: ``TL x TD``). On one core the widest ``TD``
+that fits is taken; on a chip of many cores (``concurrent_tiles``) the ``TD`` whose bytes, over
+the share of cores its ``batch x ceil(D / TD)`` units keep busy, are fewest (narrower tiles
+re-read B and C but fill the cores, as mamba_ssm's grid of (batch, channel block)). Off chip: ``u``, ``delta``,
 ``z``, ``y`` move once; ``B`` and ``C`` once per channel tile (``ceil(D / TD)`` times: once
 when every channel fits, the largest ``TD`` that fits is taken); ``A``, ``D``, the bias once
 per channel tile; the state never leaves the chip but its last value, written once.
@@ -98,18 +101,25 @@ def scan_tiling(p, chip):
         t = Traffic(0, traffic(p, max(d, 1)).bytes_written, 0)     # zeros out, nothing read
         cfg = TileConfig("resident", (("channels", d), ("steps", l)), False, "empty scan: only zeros move")
         return make_plan(p.kernel, p.key, cfg, ((1, t),) if t.bytes else (), 0)
+    cores = getattr(chip, "concurrent_tiles", 0)
     best = None
     for td in sorted({d} | {c for c in (256, 128, 64, 32, 16, 8, 4, 2, 1) if c < d}, reverse=True):
         tl = min(l, 64)
         while tl > 1 and footprint(p, td, tl) > chip.cache_bytes:
             tl //= 2
-        if footprint(p, td, tl) <= chip.cache_bytes:
-            best = (td, tl)
-            break
+        if footprint(p, td, tl) > chip.cache_bytes:
+            continue
+        units = bt * -(-d // td)
+        # bytes over the share of the chip's cores the (batch, channel tile) units keep busy
+        score = traffic(p, td).bytes * (cores / min(units, cores) if cores else 1)
+        if best is None or score < best[0]:
+            best = (score, td, tl)
+        if not cores:
+            break        # one core: the widest tile that fits reads B and C the fewest times
     if best is None:
         raise KernelError(f"selective_scan: not even one channel with its {n}-number state fits the "
                           f"{chip.cache_bytes} B cache of {chip.name}")
-    td, tl = best
+    _, td, tl = best
     t = traffic(p, td)
     tiles = -(-d // td)
     bc = "once" if tiles == 1 else f"{tiles} times (once per channel tile)"

@@ -2,7 +2,7 @@
 
 Why: transformers' torch-only path of the scan is a Python loop over time (eager) or, under
 torch.compile, an associative scan that Dynamo unrolls into a tree of slices: a few hundred
-small steps per layer, none of which says "scan". ``torchfl.runtime.hf_mamba`` routes
+small steps per layer, none of which says "scan". ``torchfl.kernels.ssm.hf_route`` routes
 transformers' ``mamba_selective_scan`` here for ``npu`` tensors and for torchfl's compiled
 graphs; core's rule maps the operator to the ``selective_scan`` kernel (kernels/ssm).
 

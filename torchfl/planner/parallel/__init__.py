@@ -9,6 +9,9 @@ A decoder LM split over N identical chips of one fabric domain (the chip's HCD `
 * ``split.py``: ``--chips NxCHIP`` parsed, the (tp, pp) candidates, each priced (the shard's plan +
   its collectives + pipeline hand-offs) and the split chosen by cost or fixed by the user.
 
+``data.py``: data-parallel training's gradient all-reduce (its bytes and its price); ``experts.py``:
+expert parallel's all-to-alls (fixed-capacity buffers: bytes independent of the routing).
+
 Emulated multi-device execution of a split is ``torchfl.runtime.parallel`` (issue 49 item 3); it
 checks its counted link bytes against :func:`collective_bytes`, the schedule the pricing reads.
 """

@@ -26,6 +26,11 @@ def all_gather_sent(nbytes: int, chips: int) -> float:
     return 0.0 if chips <= 1 or nbytes <= 0 else (chips - 1) / chips * nbytes
 
 
+def all_to_all_sent(block: int, chips: int) -> float:
+    """Bytes each chip sends in one all-to-all of ``block`` bytes to every other chip: (p - 1) x block."""
+    return 0.0 if chips <= 1 or block <= 0 else (chips - 1) * block
+
+
 def all_reduce_s(nbytes: int, chips: int, ic) -> float:
     """Seconds of one ring all-reduce of ``nbytes`` (the tensor each chip holds) over ``chips``:
 
@@ -59,3 +64,13 @@ def p2p_s(nbytes: int, ic) -> float:
     share = 1.0 if ic.sustained_fraction is None else float(ic.sustained_fraction)
     links = ic.links.count if ic.fabric in ("nvswitch", "pcie") else 1
     return call + step + nbytes / (links * ic.links.bandwidth_gb_per_s * 1e9 * share)
+
+
+def all_to_all_s(block: int, chips: int, ic) -> float:
+    """Seconds of one all-to-all where every chip sends ``block`` bytes to each of the others: overhead +
+    (p - 1) x latency + (p - 1) x block over the bus bandwidth (pairwise exchange, p - 1 rounds, each
+    chip sending and receiving one block a round). 0 on one chip."""
+    if chips <= 1 or block <= 0:
+        return 0.0
+    bus, step, call = _terms(ic)
+    return call + (chips - 1) * step + all_to_all_sent(block, chips) / bus

@@ -77,20 +77,33 @@ class _Head(nn.Module):
         return self.head(self.norm(x))
 
 
+def on_chip(module, chip: str, precision=None):
+    """``module`` compiled with the torchfl backend for ``chip`` (static shapes: one plan per shape)."""
+    options = {"chip": chip} if precision is None else {"chip": chip, "precision": precision}
+    return torch.compile(module, backend="torchfl", options=options, dynamic=False)
+
+
+def many_shapes():
+    """A context allowing 64 graphs per program (Dynamo's default is 8 per code object). Every shape,
+    dtype and weight layout a program meets is one graph (tp 1/2/4, float16, a Mixtral's attention...);
+    past the limit Dynamo would run the program eagerly on the host without saying so."""
+    import torch._dynamo
+
+    return torch._dynamo.config.patch(recompile_limit=64)
+
+
 class ChipProgram:
     """The compiled programs of one chip (its shard of one stage), in the order the layers run."""
 
     def __init__(self, shard, chip: str, rank: int, precision=None):
-        options = {"chip": chip} if precision is None else {"chip": chip, "precision": precision}
-
-        def on_chip(module):
-            return torch.compile(module.eval(), backend="torchfl", options=options, dynamic=False)
+        def compiled(module):
+            return on_chip(module.eval(), chip, precision)
 
         body = shard.model
-        self.embed = on_chip(_Embed(body.embed_tokens, rank * body.embed_tokens.weight.shape[0]))
-        self.layers = [(on_chip(_Attention(layer, body.rotary_emb)), on_chip(_Mlp(layer))) for layer in body.layers]
-        self.finish = on_chip(_Finish())
-        self.head = on_chip(_Head(body.norm, shard.lm_head))
+        self.embed = compiled(_Embed(body.embed_tokens, rank * body.embed_tokens.weight.shape[0]))
+        self.layers = [(compiled(_Attention(layer, body.rotary_emb)), compiled(_Mlp(layer))) for layer in body.layers]
+        self.finish = compiled(_Finish())
+        self.head = compiled(_Head(body.norm, shard.lm_head))
 
 
 def causal_mask(tokens: int, dtype) -> torch.Tensor:

@@ -23,12 +23,12 @@ from dataclasses import dataclass, field
 
 import torch
 
-from torchfl.runtime.parallel.links import Links
-from torchfl.runtime.parallel.programs import ChipProgram, causal_mask
+from torchfl.runtime.parallel.links import Counted, Links
+from torchfl.runtime.parallel.programs import ChipProgram, causal_mask, many_shapes
 
 
 @dataclass
-class SplitRun:
+class SplitRun(Counted):
     """What a split run returns: the gathered last-token logits, the links' bytes and the plan's."""
 
     chip: str
@@ -40,14 +40,6 @@ class SplitRun:
     copies_equal: bool = field(default=True)   # every chip of the last stage gathered the same logits
     programs_run: int = 0                       # compiled chip programs executed (the recorder's entries)
     fallbacks: int = 0                          # ops of those programs' plans that ran on the host
-
-    @property
-    def counted(self) -> dict:
-        return {kind: self.links["by_kind"].get(kind, 0) for kind in self.planned}
-
-    def matches_plan(self) -> bool:
-        """Counted bytes per collective kind == the plan's."""
-        return all(self.counted[k] == self.planned[k] for k in self.planned)
 
     def table(self) -> str:
         """The per-kind and per-link bytes as text (what the docs show)."""
@@ -102,7 +94,7 @@ def run_split(model, input_ids, chips: str = "2xH100-SXM5-80GB", tp: int | None 
     links = Links()
     positions = torch.arange(tokens).expand(batch, tokens)
     mask = causal_mask(tokens, dtype)
-    with torch.no_grad(), recording() as rec:
+    with torch.no_grad(), recording() as rec, many_shapes():
         stages = [[ChipProgram(shard_weights(model, tp, r, pp, s), chip, r, precision) for r in range(tp)]
                   for s in range(pp)]
         delta = links.all_reduce(groups[0], [p.embed(input_ids) for p in stages[0]])
@@ -110,7 +102,7 @@ def run_split(model, input_ids, chips: str = "2xH100-SXM5-80GB", tp: int | None 
         for s, programs in enumerate(stages):
             if s:
                 finished = [p.finish(r, d) for p, r, d in zip(stages[s - 1], residual, delta)]
-                residual = [links.send(groups[s - 1][r], groups[s][r], x) for r, x in enumerate(finished)]
+                residual = links.exchange(list(zip(groups[s - 1], groups[s])), finished)
                 delta = [torch.zeros_like(x) for x in residual]
             residual, delta = _stage_layers(programs, links, groups[s], residual, delta, positions, mask)
         blocks = [p.head(r, d) for p, r, d in zip(stages[-1], residual, delta)]
