@@ -16,12 +16,12 @@ from datetime import datetime
 from pathlib import Path
 from typing import Iterable
 
+from torchfl.registry import default_registry
 from torchfl.registry.dialects import dialect_for
 from torchfl.registry.records import ImportResult, Listing, StoredVersion, VersionInfo
-from torchfl.registry.dialects.sqlite import sqlite_file
 from torchfl.registry.engine import WRITE, check_url, create_registry_engine, translated
 from torchfl.registry.reader import timestamp
-from torchfl.registry.errors import ImportRefused, NotFound, RegistryError, RegistryUnavailable, SchemaMismatch
+from torchfl.registry.errors import ImportRefused, NotFound, RegistryUnavailable, SchemaMismatch
 from torchfl.registry.names import BASE, HEAD, REVISIONS, TABLE_NAMES
 from torchfl.registry.semver import semver_key
 from torchfl.registry.url import display_url, resolve_url
@@ -103,9 +103,9 @@ class Registry:
         if self._schema_ok == "head" or (self._schema_ok == "newer" and not writing):
             return
         if self.is_default and (self.dialect.missing(self.url) or self.schema_revision() is None):
-            self._create_default()
-        elif self.is_default and self._default_stamp_stale():
-            self._refresh_default()
+            default_registry.create(self)
+        elif self.is_default and default_registry.stamp_stale(self):
+            default_registry.refresh(self)
         revision = self.schema_revision()
         if self.is_default and (revision in REVISIONS or revision == BASE) and revision != HEAD:
             self.upgrade()  # torchfl owns its default registry: bring it to this version's schema
@@ -130,74 +130,6 @@ class Registry:
                 raise SchemaMismatch(
                     f"registry {self.display_url} has schema revision {revision!r}, newer than this torchfl "
                     f"knows ({HEAD}); refusing to write: upgrade torchfl (pip install -U torchfl)")
-
-    def _create_default(self) -> None:
-        """First use of the default registry: create, migrate and seed it, once, under a file lock."""
-        import fcntl
-
-        path = Path(sqlite_file(self.url))
-        with translated(self.url, writing=True):
-            path.parent.mkdir(parents=True, exist_ok=True)
-            lock = open(path.with_name(path.name + ".lock"), "w")
-        with lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            if path.exists() and self.schema_revision() == HEAD:
-                return
-            self.init(seed=True)
-            self._write_default_stamp()
-
-    # The default registry remembers which bundled chips and packs it was seeded with (a
-    # fingerprint in a file beside it): after an upgrade of torchfl ships new ones, the
-    # first use imports them (new versions are added; what the user imported stays, and the
-    # latest version by semver still wins), instead of planning with stale rule packs.
-    def _stamp_path(self) -> Path:
-        path = Path(sqlite_file(self.url))
-        return path.with_name(path.name + ".bundled")
-
-    def _default_stamp_stale(self) -> bool:
-        from torchfl.resources import bundled_fingerprint
-
-        try:
-            return self._stamp_path().read_text().strip() != bundled_fingerprint()
-        except OSError:
-            return True
-
-    def _write_default_stamp(self) -> None:
-        from torchfl.resources import bundled_fingerprint
-
-        try:
-            self._stamp_path().write_text(bundled_fingerprint() + "\n")
-        except OSError:   # a read-only data directory: checked again next time, harmless
-            pass
-
-    def _refresh_default(self) -> None:
-        """Import the bundled chips and packs this default registry lacks, once per change."""
-        import fcntl
-        import logging
-
-        path = Path(sqlite_file(self.url))
-        try:
-            lock = open(path.with_name(path.name + ".lock"), "w")
-        except OSError:
-            return
-        with lock:
-            fcntl.flock(lock, fcntl.LOCK_EX)
-            if not self._default_stamp_stale() or self.schema_revision() != HEAD:
-                return      # another process did it; an old schema says to upgrade first (below)
-            self._schema_ok = "head"
-            try:
-                result = self.seed()
-            except RegistryError as exc:  # e.g. a bundled version the user re-published differently
-                logging.getLogger("torchfl").warning(
-                    "the default registry %s kept its chips and rule packs: the ones bundled with this "
-                    "torchfl could not be imported (%s); run `torchfl registry import` to see why",
-                    self.display_url, exc)
-            else:
-                added = [f"{o.kind} {o.name} {o.version}" for o in result.outcomes if o.status != "unchanged"]
-                if added:
-                    logging.getLogger("torchfl").info("default registry %s: imported the bundled %s",
-                                                      self.display_url, ", ".join(added))
-            self._write_default_stamp()
 
     # ------------------------------------------------------------------ schema
 
