@@ -153,5 +153,6 @@ def test_linear_weight_read_in_place_not_converted(fp16_dev):
             assert float((got - ref).abs().max()) <= 2e-3 * float(ref.abs().max()), name
             if name != "addmm_scaled":
                 assert ops.STATS["converted_inputs"] == before, f"{name}: the weight was converted"
-    kernels = {tuple(s.kernel for s in r.plan.steps) for r in ops.routes() if r.transposed}
+    # chip routes only: a host route (another test's, on the same device) has no plan to read
+    kernels = {tuple(s.kernel for s in r.plan.steps) for r in ops.routes() if getattr(r, "transposed", ())}
     assert ("linear",) in kernels
