@@ -1,8 +1,10 @@
 """core 1.15.0's histc rule: MoE tokens per expert planned on NPU-V3 with no fallback (strict),
 compiled and on the eager device (float ids, as transformers passes them on CPU). int32 ids (as
-it passes them on any other device: CUDA's histc counts integers) run on the host on ``npu``:
-torch's meta kernel of histc refuses integers, so the op cannot be traced; before, that crashed
-(issue 48, 3c)."""
+it passes them on any other device: CUDA's histc counts integers): torch's meta kernel of histc
+refuses integers on CPU tensors, so the op could not be traced and ran on the host (before that it
+crashed: issue 48, 3c); the eager device traces it over meta-device examples (the check is CPU's
+alone) and the histc kernel counts int32/int64 on the chip (issue 48: every MoE forward's host step)."""
+import pytest
 import torch
 
 from torchfl.planner import plan_module
@@ -32,10 +34,11 @@ def test_expert_counts_on_the_eager_device(fp16_dev, monkeypatch):
     assert torch.equal(got.cpu().float(), torch.histc(ids.float(), bins=8, min=0, max=7))
 
 
-def test_int_expert_ids_on_the_eager_device(fp16_dev):
-    """int32 ids: torch's meta kernel of histc refuses integers, so the op cannot be traced
-    alone and runs on the host, counted as CUDA counts them (test_arch48_host_fallback)."""
-    ids = torch.randint(0, 8, (24, 2), generator=torch.Generator().manual_seed(0)).int()
+@pytest.mark.parametrize("dtype", [torch.int32, torch.int64])
+def test_int_expert_ids_on_the_eager_device(fp16_dev, monkeypatch, dtype):
+    """int ids on the chip (strict: no host fallback), counted as CUDA counts them."""
+    monkeypatch.setenv("TORCHFL_STRICT", "1")
+    ids = torch.randint(0, 8, (24, 2), generator=torch.Generator().manual_seed(0)).to(dtype)
     got = torch.histc(ids.to(fp16_dev), bins=8, min=0, max=7)
-    assert got.dtype == torch.int32
-    assert torch.equal(got.cpu(), torch.histc(ids.float(), bins=8, min=0, max=7).int())
+    assert got.dtype == dtype
+    assert torch.equal(got.cpu(), torch.histc(ids.double(), bins=8, min=0, max=7).to(dtype))

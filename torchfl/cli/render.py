@@ -26,7 +26,8 @@ def hcd_table(h) -> None:
             continue
         rate = f"{u.peak_tops} TOPS" if unit == "int8" else f"{u.peak_tflops} TFLOPS"
         layouts = ", ".join(h.unit_layouts(unit))
-        sustained = f", {u.sustained_fraction:.1%} of peak sustained" if u.sustained_fraction is not None else ""
+        sustained = f", {_worded(f'compute_units.{unit}.sustained_fraction', u.sustained_fraction)}" \
+            if u.sustained_fraction is not None else ""
         t.add_row(f"compute_units.{unit}", f"{u.count} units, {rate} aggregate{sustained}, layouts {layouts}")
     a = h.compute_units.attention
     if a is not None:
@@ -36,23 +37,12 @@ def hcd_table(h) -> None:
     t.add_row("memory.on_chip_cache", f"{m.on_chip_cache.size_kb} KiB at {m.on_chip_cache.bandwidth_gb_per_s} GB/s")
     size = f"{m.off_chip_memory.size_gb} GiB" if m.off_chip_memory.size_gb else "unbounded"
     off = m.off_chip_memory
-    sustained = f", {off.sustained_fraction:.1%} sustained" if off.sustained_fraction is not None else ""
+    sustained = f", {_worded('memory.off_chip_memory.sustained_fraction', off.sustained_fraction)}" \
+        if off.sustained_fraction is not None else ""
     t.add_row("memory.off_chip_memory", f"{size} at {off.bandwidth_gb_per_s} GB/s{sustained}")
     ex = h.execution
     if ex is not None:
-        parts = []
-        if ex.launch_overhead_us is not None:
-            parts.append(f"{ex.launch_overhead_us:g} us per kernel launch")
-        if ex.matrix_launch_overhead_us is not None:
-            parts.append(f"{ex.matrix_launch_overhead_us:g} us per matrix-unit launch")
-        if ex.graph_launch_overhead_us is not None:
-            parts.append(f"{ex.graph_launch_overhead_us:g} us per kernel in a submitted graph")
-        if ex.concurrent_tiles is not None:
-            parts.append(f"{ex.concurrent_tiles} tiles at once")
-        if ex.tile_elements is not None:
-            parts.append(f"{ex.tile_elements} output elements per tile")
-        if ex.row_resident_elements is not None:
-            parts.append(f"rows of up to {ex.row_resident_elements} elements kept on one core")
+        parts = [_worded(path, value) for path, value in h.format_11_values().items() if path.startswith("execution.")]
         t.add_row("execution", ", ".join(parts) or "(empty)")
     t.add_row("tensor", f"max_rank {h.tensor.max_rank}, dtypes {', '.join(h.dtypes)}, "
                         f"default layout {h.tensor.default_layout}")
@@ -63,6 +53,13 @@ def hcd_table(h) -> None:
     out = console()
     out.print(t)
     out.print(provenance_table(h))
+
+
+def _worded(path: str, value) -> str:
+    """A format-1.1 number as ``hcd show`` words it (``torchfl.hcd.model.FORMAT_11_FIELDS``)."""
+    from torchfl.hcd.model import FORMAT_11_FIELDS, format_11_field
+
+    return FORMAT_11_FIELDS[format_11_field(path)][1].format(v=value)
 
 
 def provenance_table(h):

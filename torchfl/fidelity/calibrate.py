@@ -34,6 +34,7 @@ import statistics
 from dataclasses import dataclass, field
 
 from torchfl.fidelity.sample import stem
+from torchfl.fidelity.tables import TIMINGS, stated_timing  # noqa: F401 - TIMINGS re-exported
 from torchfl.hcd.dtypes import ITEMSIZE
 
 __all__ = ["Derived", "Calibration", "calibrate", "calibrated_resolver", "benchmark_of", "timing_of", "TIMINGS"]
@@ -114,20 +115,10 @@ def benchmark_of(table) -> str | None:
     return None
 
 
-TIMINGS = ("kernel", "call")
-
-
-def timing_of(table, warnings: list | None = None) -> str:
-    """``kernel`` or ``call``: the ``# timing:`` header of a microbenchmark table (default kernel)."""
-    for c in table.comments:
-        if c.lower().startswith("timing:"):
-            words = c.split(":", 1)[1].split()
-            if words and words[0] in TIMINGS:
-                return words[0]
-            if warnings is not None:
-                warnings.append(f"{table.name}: '# {c}': write '# timing: kernel' (device-timed, launch hidden) or "
-                                "'# timing: call' (one call timed from the host); read as kernel")
-    return "kernel"
+def timing_of(table) -> str:
+    """``kernel`` or ``call``: the ``# timing:`` header of a microbenchmark table, default kernel
+    (parsed, and a word other than these refused, by :func:`torchfl.fidelity.tables.parse_table`)."""
+    return stated_timing(table.comments)[0] or "kernel"
 
 
 def _reference(table) -> str:
@@ -171,7 +162,6 @@ def calibrate(hcd, tables) -> Calibration:
                 rows[kind].append((t, r))
                 kinds.append(kind)
         if kinds:   # the header's benchmark, else the one its rows are
-            timing_of(t, cal.warnings)
             cal.benchmarks[stem(t.path)] = (benchmark_of(t) or BENCHMARK_OF_KIND[kinds[0]], _reference(t))
     ex = hcd.execution
     launch_s = (ex.launch_overhead_us or 0.0) * 1e-6 if ex is not None else 0.0

@@ -25,7 +25,8 @@ class RowError(ValueError):
 class Prediction:
     """One row planned on one chip. ``predicted_s`` is the plan's per-call time (the run-once
     steps, casts of parameters, are left out) plus the table's harness overhead
-    (``row.harness_s``); None where the row could not be planned,
+    (``row.harness_s``), less every kernel's launch where the table times kernels alone
+    (``row.timing == "kernel"``); None where the row could not be planned,
     ``reason`` says why. ``fallbacks`` counts steps that ran on the CPU, ``steps`` the
     per-call steps."""
 
@@ -228,6 +229,12 @@ def predict(row: Row, target) -> Prediction:
     if row.harness_s:
         notes += (f"+{row.harness_s * 1e6:.3g} us the table's harness",)
     total = float(sum(s.predicted_time_s for s in per_call)) + row.harness_s
+    if row.timing == "kernel":           # the table timed the kernels alone: no launch in its rows
+        from torchfl.planner.terms import plan_terms
+
+        launches = sum(t.launch_s for t in plan_terms(plan, target.model))
+        total -= launches
+        notes += (f"-{launches * 1e6:.3g} us of launches (the table times kernels alone)",)
     if not math.isfinite(total) or total < 0:
         return Prediction(row, target.name, None, f"{row.where}: the plan's time is {total} s, not a finite "
                                                   f"time; check {target.name}'s HCD numbers")

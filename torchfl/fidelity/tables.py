@@ -17,14 +17,20 @@ measured call:
 - ``seconds``: the measured time of one call (> 0);
 - ``source``: a short id of where the number comes from.
 
-Two header comments are read as directives (each on its own ``#`` line, a reason after it):
+Three header comments are read as directives (each on its own ``#`` line, a reason after it):
 
 - ``# harness_overhead_us: 33 <why>``: what the table's timing harness adds to every call
   beyond one eager launch (a ``torch.compile``'d call's guards and launcher, say), in
   microseconds, measured apart from the rows; the scorer adds it to every prediction of
   the table and reports it;
 - ``# calibrates: <what>``: a number of a bundled HCD was derived from a row of this table,
-  so its score is in-sample; reports mark the table.
+  so its score is in-sample; reports mark the table;
+- ``# timing: call | kernel``: how a row was timed. ``call`` (the default of a scored table):
+  one eager call from the host or between events around it, so a row holds each kernel's launch,
+  and the prediction does too. ``kernel``: the kernels' device time alone (a profiler's per-kernel
+  durations, or many calls back to back where the launches overlap the previous kernel), so the
+  prediction leaves every launch out. Microbenchmark tables read the same line
+  (:func:`torchfl.fidelity.calibrate.timing_of`, default ``kernel`` there).
 
 Every problem of a file is reported at once, each as ``file:line: message`` (:class:`TableError`).
 No torch here: the overload's existence and arguments are checked where the row's graph is
@@ -103,6 +109,7 @@ class Row:
     file: str = "<row>"
     line: int = 0
     harness_s: float = 0.0      # the table's harness_overhead_us, in seconds
+    timing: str = "call"        # the table's ``# timing:``: "kernel" leaves each launch out of the prediction
 
     @property
     def family(self) -> str:
@@ -139,6 +146,7 @@ class Table:
     comments: tuple = ()
     harness_s: float = 0.0
     calibrates: tuple = ()       # what the ``# calibrates:`` lines say
+    timing: str | None = None    # the ``# timing:`` line's word, None where absent or not one of TIMINGS
 
     @property
     def in_sample(self) -> bool:
@@ -198,6 +206,20 @@ def load_table(path) -> Table:
     return parse_table(text, name)
 
 
+#: the words of a ``# timing:`` line
+TIMINGS = ("kernel", "call")
+
+
+def stated_timing(comments) -> tuple[str | None, str | None]:
+    """``(word, comment)`` of the first ``# timing:`` comment: the word when it is one of
+    :data:`TIMINGS`, else None with the comment (for the caller's warning); (None, None) if none."""
+    for c in comments:
+        if c.lower().startswith("timing:"):
+            words = c.split(":", 1)[1].split()
+            return (words[0] if words and words[0] in TIMINGS else None), c
+    return None, None
+
+
 def parse_table(text: str, name: str = "<table>") -> Table:
     """Parse table text (see the module docstring); :class:`TableError` on any problem."""
     lines = text.splitlines(keepends=True)
@@ -219,7 +241,12 @@ def parse_table(text: str, name: str = "<table>") -> Table:
                     harness = 0.0
             elif comment.startswith("calibrates:"):
                 calibrates.append(comment.split(":", 1)[1].strip())
+            elif comment.lower().startswith("timing:") and stated_timing([comment])[0] is None:
+                problems.append(f"{name}:{start + 1}: timing: write '# timing: call' (one call timed from the host "
+                                "or between events around it: the launch is in each row) or '# timing: kernel' "
+                                "(the kernels' device time alone), then a reason")
         start += 1
+    timing, _comment = stated_timing(comments)
     if problems:
         raise TableError(problems)
     if start == len(lines):
@@ -263,7 +290,9 @@ def parse_table(text: str, name: str = "<table>") -> Table:
             values = {c: record[i].strip() for c, i in index.items()}
             try:
                 row = make_row(**values, file=name, line=line)
-                rows.append(replace(row, harness_s=harness) if harness else row)
+                if harness or timing == "kernel":
+                    row = replace(row, harness_s=harness, timing=timing or "call")
+                rows.append(row)
             except TableError as exc:
                 problems.extend(exc.problems)
     except csv.Error as exc:
@@ -272,7 +301,7 @@ def parse_table(text: str, name: str = "<table>") -> Table:
         raise TableError(problems)
     if not rows:
         raise TableError([f"{name}:{start + 1}: the table has a header but no rows"])
-    return Table(name, tuple(rows), tuple(comments), harness, tuple(calibrates))
+    return Table(name, tuple(rows), tuple(comments), harness, tuple(calibrates), timing)
 
 
 def make_row(chip, op, shapes, dtype, args, seconds, source, *, file="<row>", line=0) -> Row:

@@ -301,18 +301,31 @@ class Interconnect(_Model):
         return self.links.count * self.links.bandwidth_gb_per_s * 1e9 * share
 
 
-#: Format 1.1's optional fields, as canonical dotted paths (``hcd show``, ``format_version``).
-FORMAT_11_FIELDS = (
-    "compute_units.{unit}.sustained_fraction",
-    "memory.off_chip_memory.sustained_fraction",
-    "memory.on_chip_cache.retains_between_kernels",
-    "execution.launch_overhead_us",
-    "execution.matrix_launch_overhead_us",
-    "execution.graph_launch_overhead_us",
-    "execution.concurrent_tiles",
-    "execution.tile_elements",
-    "execution.row_resident_elements",
-)
+#: Format 1.1's optional fields, the one list of them: canonical dotted path (``{unit}``: each of
+#: MATRIX_UNITS) -> (the unit of its value, how ``hcd show`` words it with the value as ``v``).
+#: ``format_version``, the registry's diff (units beside a change) and ``hcd show`` read it.
+FORMAT_11_FIELDS = {
+    "compute_units.{unit}.sustained_fraction": ("fraction of peak", "{v:.1%} of peak sustained"),
+    "memory.off_chip_memory.sustained_fraction": ("fraction of bandwidth", "{v:.1%} sustained"),
+    "memory.on_chip_cache.retains_between_kernels": ("", "kept between kernels: {v}"),
+    "execution.launch_overhead_us": ("us", "{v:g} us per kernel launch"),
+    "execution.matrix_launch_overhead_us": ("us", "{v:g} us per matrix-unit launch"),
+    "execution.graph_launch_overhead_us": ("us", "{v:g} us per kernel in a submitted graph"),
+    "execution.concurrent_tiles": ("tiles", "{v} tiles at once"),
+    "execution.tile_elements": ("elements", "{v} output elements per tile"),
+    "execution.row_resident_elements": ("elements", "rows of up to {v} elements kept on one core"),
+}
+
+
+def format_11_field(path: str) -> str | None:
+    """The :data:`FORMAT_11_FIELDS` key a canonical path is an instance of (None: not a 1.1 field)."""
+    if path in FORMAT_11_FIELDS:
+        return path
+    parts = path.split(".")
+    if len(parts) == 3 and parts[0] == "compute_units" and parts[1] in MATRIX_UNITS:
+        key = f"compute_units.{{unit}}.{parts[2]}"
+        return key if key in FORMAT_11_FIELDS else None
+    return None
 
 
 class HCD(ProvenanceView, _Model):
@@ -410,14 +423,23 @@ class HCD(ProvenanceView, _Model):
         else ``"1.0"``."""
         if self.sources or self.provenance or self.interconnect is not None:
             return "1.2"
-        units = [getattr(self.compute_units, u) for u in MATRIX_UNITS]
-        if any(u is not None and u.sustained_fraction is not None for u in units):
-            return "1.1"
-        if self.memory.off_chip_memory.sustained_fraction is not None:
-            return "1.1"
-        if self.memory.on_chip_cache.retains_between_kernels is not None:
-            return "1.1"
-        return "1.1" if self.execution is not None else "1.0"
+        return "1.1" if self.execution is not None or self.format_11_values() else "1.0"
+
+    def format_11_values(self) -> dict:
+        """The format-1.1 fields this file states (:data:`FORMAT_11_FIELDS`, ``{unit}`` expanded):
+        canonical path -> value."""
+        out = {}
+        for pattern in FORMAT_11_FIELDS:
+            paths = [pattern.format(unit=u) for u in MATRIX_UNITS] if "{unit}" in pattern else [pattern]
+            for path in paths:
+                obj = self
+                for part in path.split("."):
+                    obj = getattr(obj, part, None)
+                    if obj is None:
+                        break
+                if obj is not None:
+                    out[path] = obj
+        return out
 
     @property
     def name(self) -> str:

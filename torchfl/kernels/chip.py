@@ -5,7 +5,7 @@ constructor (or :func:`reference_chip`) builds one for tests and benchmarks.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import MISSING, dataclass, field, fields
 
 __all__ = ["ChipModel", "MATRIX_FAMILIES", "SUBMISSIONS", "reference_chip"]
 
@@ -87,13 +87,13 @@ class ChipModel:
         if self.row_elements < 0:
             raise ValueError(f"ChipModel {self.name!r}: row_elements must be >= 0 (0: no limit), got {self.row_elements}")
 
-    def __hash__(self):  # dict fields: hash the immutable identity
-        return hash((self.name, self.cache_bytes, self.cache_bw, self.offchip_bw,
-                     tuple(sorted(self.peak.items())), self.alignment, self.memory_bytes,
-                     self.bf16_emulation, self.hcd_hash, self.launch_s, self.matrix_launch_s,
-                     self.graph_launch_s, self.submission,
-                     tuple(sorted(self.sustained.items())), self.offchip_sustained, self.cache_retains,
-                     self.concurrent_tiles, self.tile_elements, self.row_elements))
+    def __hash__(self):
+        # the price caches' key (planner/cost.py, candidates.py): every field, read from the
+        # dataclass's own list, so a field added later cannot leave two chips sharing a hash (the
+        # hand-written tuple this replaces had left ``units`` out). Not cached on the instance: a
+        # pickled chip (Ray, worker processes) would carry a hash of another process's str hashing.
+        d = self.__dict__
+        return hash((tuple(map(d.__getitem__, _PLAIN)), *(tuple(sorted(d[k].items())) for k in _DICTS)))
 
     @property
     def waves_modelled(self) -> bool:
@@ -209,3 +209,9 @@ def reference_chip(**overrides) -> ChipModel:
     """A chip with every dtype (fp32 included) and NPU-V3's memory numbers, for tests
     and benchmarks that must run before or without an HCD."""
     return ChipModel(**overrides)
+
+
+#: ChipModel's fields (``__hash__`` reads every one): those holding a dict, and the rest
+_DICTS = tuple(f.name for f in fields(ChipModel) if f.default_factory is not MISSING
+               and isinstance(f.default_factory(), dict))
+_PLAIN = tuple(f.name for f in fields(ChipModel) if f.name not in _DICTS)

@@ -37,26 +37,14 @@ class Change:
         return out
 
 
-# HCD format 1.1's numbers move predicted times without a unit in their values: say it
-_UNITS_11 = (
-    ("memory.off_chip_memory.sustained_fraction", "fraction of bandwidth"),
-    (".sustained_fraction", "fraction of peak"),
-    ("execution.launch_overhead_us", "us"),
-    ("execution.matrix_launch_overhead_us", "us"),
-    ("execution.graph_launch_overhead_us", "us"),
-    ("execution.concurrent_tiles", "tiles"),
-    ("execution.tile_elements", "elements"),
-    ("execution.row_resident_elements", "elements"),
-)
-
-
 def _unit(path: str) -> str:
-    if path.startswith(("sources.", "provenance.")):   # format 1.2: names and ids, no unit
-        return ""
-    for suffix, unit in _UNITS_11:
-        if path.endswith(suffix):
-            return f" ({unit})"
-    return ""
+    """`` (us)`` and the like beside a format-1.1 number, whose value has no unit of its own
+    (the units are listed once, with the fields: ``torchfl.hcd.model.FORMAT_11_FIELDS``)."""
+    from torchfl.hcd.model import FORMAT_11_FIELDS, format_11_field
+
+    key = format_11_field(path)
+    unit = FORMAT_11_FIELDS[key][0] if key else ""
+    return f" ({unit})" if unit else ""
 
 
 def _show(value: Any) -> str:

@@ -9,7 +9,7 @@ from torch.utils._pytree import tree_unflatten
 
 from .calls import distinct_positions, in_optimizer_step, is_random_op
 
-__all__ = ["TRACE_AS", "KEPT_WHOLE", "python_dispatch_enabled", "trace_op", "transposed_operands", "functionalize_input_writes",
+__all__ = ["TRACE_AS", "TRACE_ON_META", "KEPT_WHOLE", "python_dispatch_enabled", "trace_op", "transposed_operands", "functionalize_input_writes",
            "drop_dead", "decompositions", "unbatched_inputs", "planning_examples", "is_random_graph",
            "eval_batch_norm"]
 
@@ -35,6 +35,13 @@ def _native_batch_norm(input, weight, bias, running_mean, running_var, training,
 
 
 TRACE_AS = {torch.ops.aten.native_batch_norm.default: _native_batch_norm}
+
+
+#: ops whose meta kernel refuses, on CPU tensors alone, dtypes their kernel takes: histc of
+#: integers (CPU's "histogram_cpu" has no integer kernel; CUDA's counts them, and transformers'
+#: MoE routing passes int32 expert ids on every device but CPU). Traced over meta-device examples,
+#: where that check does not apply; the graph is the same op, and the histc kernel counts integers.
+TRACE_ON_META = frozenset({torch.ops.aten.histc.default})
 
 
 # composite ops the adapter routes whole (routing.install) and the rules map as they are
@@ -114,8 +121,10 @@ def trace_op(op, flat, spec, tensors, table, alias=None, first_only=False, trans
         out = call(*a, **k)
         return out[0] if first_only else out
 
-    examples = [torch.empty_strided(tuple(t.shape[::-1]), tuple(t.stride()[::-1]), dtype=t.dtype) if i in transposed
-                else torch.empty_strided(tuple(t.shape), tuple(t.stride()), dtype=t.dtype) for i, t in enumerate(tensors)]
+    dev = "meta" if op in TRACE_ON_META else "cpu"
+    examples = [torch.empty_strided(tuple(t.shape[::-1]), tuple(t.stride()[::-1]), dtype=t.dtype, device=dev)
+                if i in transposed else torch.empty_strided(tuple(t.shape), tuple(t.stride()), dtype=t.dtype, device=dev)
+                for i, t in enumerate(tensors)]
     with torch.no_grad(), python_dispatch_enabled():
         if op in KEPT_WHOLE or transposed:     # a composite the rules map whole: pre-dispatch keeps it one node
             gm = make_fx(one_op, tracing_mode="fake", pre_dispatch=True)(*examples)
