@@ -91,6 +91,8 @@ PUBLISHED = {
     ("core", "1.23.0"): "e1ae4a6fe7c97b84b4f64086560b89ef255f50790f8ef07a067c0c9fc6842b99",
     # 1.24.0: torchfl.selective_scan (Mamba's scan, kernels/ssm) and aten.copy.default (copy/cast into a buffer: Mamba's cache) (issue 48; helper mamba)
     ("core", "1.24.0"): "269ee9f25d2da4bcc423324a756a528cc49d2fa6b4de3b9713d711b88038ea46",
+    # 1.25.0: decompositions pow_scalar_base (MPT's ALiBi slopes) and slice_scatter_joined (DeepSeek-V3's key writes) (issue 48; helper zoo2)
+    ("core", "1.25.0"): "4c8d74f8211238e42c56d91c8a189a683236a208a632210ab8d95ba4e9f0f4f0",
 }
 
 

@@ -261,12 +261,17 @@ def show_cmd(name, version, pack, source, registry_url, as_json):
 @handles_errors
 def history_cmd(name, pack, registry_url, as_json):
     """Every published version of a chip, oldest first (semver order), with import times."""
+    print_history(name, _kind(pack), registry_url, as_json)
+
+
+def print_history(name: str, kind: str, registry_url, as_json: bool) -> None:
+    """``registry history`` and ``system history``: the versions of a chip, pack or system."""
     reg = open_registry(registry_url)
-    infos = reg.history(name, kind=_kind(pack))
+    infos = reg.history(name, kind=kind)
     if as_json:
-        return _emit_json({"url": reg.display_url, "name": name, "kind": _kind(pack),
+        return _emit_json({"url": reg.display_url, "name": name, "kind": kind,
                            "versions": [i.as_dict() for i in infos]})
-    _print_table(f"{_kind(pack)} {name} in {reg.display_url}", ("version", "sha256", "imported", "import", "from"),
+    _print_table(f"{kind} {name} in {reg.display_url}", ("version", "sha256", "imported", "import", "from"),
                  [(i.version, i.content_hash[:16], _when(i.imported_at), f"#{i.import_id}", i.source_name)
                   for i in infos])
 

@@ -13,7 +13,7 @@ import sys
 import click
 
 from torchfl.cli.registry_cmd import (_emit_json, _print_table, _when, handles_errors, json_option, open_registry,
-                                      registry_option)
+                                      print_history, registry_option)
 
 
 @click.group("system")
@@ -147,14 +147,7 @@ def show_cmd(name, version, registry_url, as_json):
 @handles_errors
 def history_cmd(name, registry_url, as_json):
     """Every published version of a system, oldest first (semver order), with import times."""
-    reg = open_registry(registry_url)
-    infos = reg.history(name, kind="system")
-    if as_json:
-        return _emit_json({"url": reg.display_url, "name": name, "kind": "system",
-                           "versions": [i.as_dict() for i in infos]})
-    _print_table(f"system {name} in {reg.display_url}", ("version", "sha256", "imported", "import", "from"),
-                 [(i.version, i.content_hash[:16], _when(i.imported_at), f"#{i.import_id}", i.source_name)
-                  for i in infos])
+    print_history(name, "system", registry_url, as_json)
 
 
 @system.command("diff")

@@ -212,7 +212,7 @@ TIMINGS = ("kernel", "call")
 
 def stated_timing(comments) -> tuple[str | None, str | None]:
     """``(word, comment)`` of the first ``# timing:`` comment: the word when it is one of
-    :data:`TIMINGS`, else None with the comment (for the caller's warning); (None, None) if none."""
+    :data:`TIMINGS`, else None with the comment; (None, None) if there is none."""
     for c in comments:
         if c.lower().startswith("timing:"):
             words = c.split(":", 1)[1].split()
@@ -220,9 +220,9 @@ def stated_timing(comments) -> tuple[str | None, str | None]:
     return None, None
 
 
-def parse_table(text: str, name: str = "<table>") -> Table:
-    """Parse table text (see the module docstring); :class:`TableError` on any problem."""
-    lines = text.splitlines(keepends=True)
+def _directives(lines: list, name: str) -> tuple:
+    """The leading ``#`` comments: ``(comments, index of the first other line, harness seconds,
+    calibrates, problems)`` (the directives of the module docstring)."""
     comments, start = [], 0
     harness, calibrates, problems = 0.0, [], []
     while start < len(lines) and (lines[start].lstrip().startswith("#") or not lines[start].strip()):
@@ -246,6 +246,13 @@ def parse_table(text: str, name: str = "<table>") -> Table:
                                 "or between events around it: the launch is in each row) or '# timing: kernel' "
                                 "(the kernels' device time alone), then a reason")
         start += 1
+    return comments, start, harness, calibrates, problems
+
+
+def parse_table(text: str, name: str = "<table>") -> Table:
+    """Parse table text (see the module docstring); :class:`TableError` on any problem."""
+    lines = text.splitlines(keepends=True)
+    comments, start, harness, calibrates, problems = _directives(lines, name)
     timing, _comment = stated_timing(comments)
     if problems:
         raise TableError(problems)

@@ -15,8 +15,6 @@ rules live there too, because they must be located and reported all at once.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import re
 from functools import cached_property
 from typing import Annotated, Optional
@@ -449,20 +447,3 @@ class HCD(ProvenanceView, _Model):
     def version(self) -> str:
         return self.chip.version
 
-    # -- canonical form: what the registry hashes and stores --
-
-    def canonical(self) -> dict:
-        """Canonical keys and units, absent optionals (and empty 1.2 sections) dropped;
-        JSON-serialisable. A 1.0/1.1 file's canonical form, hence its content hash, is the
-        one it had before format 1.2."""
-        out = self.model_dump(mode="json", exclude_none=True)
-        for section in ("sources", "provenance"):
-            if not out.get(section):
-                out.pop(section, None)
-        return out
-
-    def canonical_json(self) -> str:
-        return json.dumps(self.canonical(), sort_keys=True, separators=(",", ":"))
-
-    def content_hash(self) -> str:
-        return hashlib.sha256(self.canonical_json().encode()).hexdigest()

@@ -16,6 +16,8 @@ model reads (:data:`PERFORMANCE_FIELDS`), the :class:`HCD` methods over them
 from __future__ import annotations
 
 import difflib
+import hashlib
+import json
 import re
 from typing import TYPE_CHECKING, Annotated, Any, Optional
 
@@ -97,10 +99,27 @@ class Source(BaseModel):
 
 
 class ProvenanceView:
-    """The :class:`~torchfl.hcd.model.HCD` methods over ``sources`` and ``provenance``."""
+    """The methods over ``sources`` and ``provenance`` of an :class:`~torchfl.hcd.model.HCD` and a
+    :class:`~torchfl.hcd.system.System`, and their canonical form (what the registry hashes)."""
 
     sources: dict[str, Source]
     provenance: dict[str, str]
+
+    def canonical(self) -> dict:
+        """Canonical keys and units, absent optionals (and empty 1.2 sections) dropped;
+        JSON-serialisable. A 1.0/1.1 file's canonical form, hence its content hash, is the
+        one it had before format 1.2."""
+        out = self.model_dump(mode="json", exclude_none=True)
+        for section in ("sources", "provenance"):
+            if not out.get(section):
+                out.pop(section, None)
+        return out
+
+    def canonical_json(self) -> str:
+        return json.dumps(self.canonical(), sort_keys=True, separators=(",", ":"))
+
+    def content_hash(self) -> str:
+        return hashlib.sha256(self.canonical_json().encode()).hexdigest()
 
     def source_of(self, path: str) -> Source | None:
         """The source the file states for the number at dotted ``path``, or None."""

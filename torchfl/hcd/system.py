@@ -20,8 +20,6 @@ with the system's fabric, domain and overrides applied (the system wins).
 from __future__ import annotations
 
 import difflib
-import hashlib
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Mapping, Optional
@@ -217,18 +215,6 @@ class System(ProvenanceView, _Model):
                 out[path] = (float(value), "chip", hcd.kind_of(path))
         return out
 
-    def canonical(self) -> dict:
-        out = self.model_dump(mode="json", exclude_none=True)
-        for section in ("sources", "provenance"):
-            if not out.get(section):
-                out.pop(section, None)
-        return out
-
-    def canonical_json(self) -> str:
-        return json.dumps(self.canonical(), sort_keys=True, separators=(",", ":"))
-
-    def content_hash(self) -> str:
-        return hashlib.sha256(self.canonical_json().encode()).hexdigest()
 
 
 class SystemDescriptorError(HCDError):

@@ -234,6 +234,7 @@ def _rewrite(captured, chosen):
         last = made[parts[-1].id]
         node.replace_all_uses_with(last)
         graph.erase_node(node)
+        by_name[node_name] = last   # a later decomposed node that reads this one (chained writes into slices)
         renamed[node_name] = last.name
         names[node_name] = tuple(n.name for n in made.values())
     return with_graph(captured, graph, renamed), names

@@ -1,0 +1,73 @@
+"""core 1.25.0 (issue 48, held-out zoo): two ops of architectures beyond both zoos, planned on the
+chip with no fallback (strict) in both modes, against torch on the same inputs.
+
+- ``pow.Scalar`` (a number to tensor powers): MPT's ALiBi slopes ``1 / torch.pow(2, base)`` fell
+  back on ``npu`` (compiled, the slopes are folded); decomposed into ``full_like`` + the pow kernel.
+  Tolerance: float32 4 ulps relative (one pow); float16 1e-3 relative (one rounding, 2^-11).
+- ``slice_scatter`` (what a write into a slice is once functionalised: DeepSeek-V3's
+  ``key_states[..., :nope].copy_(k_nope)``, ``key_states[..., nope:].copy_(k_rot)``) fell back
+  compiled; decomposed into the slices it keeps and a concat. Exact (data movement only).
+"""
+import pytest
+import torch
+
+from torchfl.planner import plan_module
+from torchfl.runtime.executor import Executor
+
+CHIPS = [("TFL-X1", None, torch.float32, 4 * 2 ** -23), ("NPU-V3", "float16", torch.float16, 1e-3)]
+
+
+class Slopes(torch.nn.Module):
+    def forward(self, base):
+        return 1.0 / torch.pow(2, base)
+
+
+@pytest.mark.parametrize("chip,precision,dtype,rtol", CHIPS)
+def test_pow_of_a_number_planned_on_the_chip(chip, precision, dtype, rtol):
+    base = torch.tensor([0.0, 0.5, 1.0, 2.5, 8.0, -3.0, 15.0])
+    plan = plan_module(Slopes(), (base,), chip=chip, precision=precision, strict=True)
+    assert any(d.rule.endswith("pow_scalar_base") for d in plan.decomposed)
+    (got,) = Executor(plan).run((base,))
+    ref = Slopes()(base.to(dtype).double())
+    torch.testing.assert_close(got.double(), ref, rtol=rtol, atol=0.0)
+
+
+def test_pow_of_a_number_on_the_eager_device(fp16_dev, monkeypatch):
+    monkeypatch.setenv("TORCHFL_STRICT", "1")
+    base = torch.arange(1, 9, dtype=torch.float16) * 0.5
+    got = torch.pow(2, base.to(fp16_dev)).cpu()
+    assert got.dtype == torch.float16
+    torch.testing.assert_close(got.double(), torch.pow(2, base.double()), rtol=1e-3, atol=0.0)
+
+
+class Keys(torch.nn.Module):
+    """DeepSeek-V3's keys: the no-rotary part written first, the rotary part after it."""
+
+    def forward(self, buf, nope, rot):
+        k = torch.slice_scatter(buf, nope, dim=-1, start=0, end=nope.shape[-1])
+        return torch.slice_scatter(k, rot, dim=3, start=nope.shape[-1])
+
+
+def _keys():
+    g = torch.Generator().manual_seed(0)
+    return (torch.randn(2, 4, 16, 24, generator=g), torch.randn(2, 4, 16, 16, generator=g),
+            torch.randn(2, 4, 16, 8, generator=g))
+
+
+@pytest.mark.parametrize("chip,precision,dtype,rtol", CHIPS)
+def test_slice_scatter_planned_on_the_chip(chip, precision, dtype, rtol):
+    xs = tuple(x.to(dtype).float() for x in _keys())
+    plan = plan_module(Keys(), xs, chip=chip, precision=precision, strict=True)
+    assert sum(d.rule.endswith("slice_scatter_joined") for d in plan.decomposed) == 2
+    (got,) = Executor(plan).run(xs)
+    assert torch.equal(got.float(), Keys()(*xs))
+
+
+@pytest.mark.parametrize("start,end", [(0, 5), (5, None), (3, 9), (-8, None), (0, 2 ** 62)])
+def test_slice_scatter_on_the_eager_device(fp16_dev, monkeypatch, start, end):
+    monkeypatch.setenv("TORCHFL_STRICT", "1")
+    x = torch.randn(3, 12, generator=torch.Generator().manual_seed(1)).half()
+    n = len(range(12)[slice(start, end)])
+    src = torch.randn(3, n, generator=torch.Generator().manual_seed(2)).half()
+    got = torch.slice_scatter(x.to(fp16_dev), src.to(fp16_dev), dim=1, start=start, end=end).cpu()
+    assert torch.equal(got, torch.slice_scatter(x, src, dim=1, start=start, end=end))
