@@ -298,6 +298,16 @@ ZOO2 = {
                          mlp_ratios=[2, 2])),
     "deberta_v2": ("encoder, disentangled relative attention", _text("DebertaV2Config", "DebertaV2Model", **TXT)),
     "beit": ("vision encoder, relative position bias", _image("BeitConfig", "BeitModel", **_V)),
+    # whole on the chip in both modes (core 1.25.0-1.26.0), but its router runs in float32 by design
+    # (hidden states and gate cast up): on a float16-only chip (NPU-V3) top-k flips between close
+    # experts and the output is 5.6e-2 off (CPU float16 with the float32 router: 7e-4); float32
+    # (TFL-X1) within 1e-4
+    "deepseek_v3": ("MoE decoder, multi-head latent attention, grouped sigmoid routing, shared expert",
+                    _text("DeepseekV3Config", "DeepseekV3Model", vocab_size=512, hidden_size=64, intermediate_size=128,
+                          moe_intermediate_size=32, num_hidden_layers=2, num_attention_heads=4,
+                          num_key_value_heads=4, n_routed_experts=4, n_shared_experts=1, num_experts_per_tok=2,
+                          n_group=1, topk_group=1, first_k_dense_replace=1, q_lora_rank=32, kv_lora_rank=16,
+                          qk_rope_head_dim=8, qk_nope_head_dim=8, v_head_dim=16, max_position_embeddings=128)),
 }
 MODELS.update(ZOO2)
 

@@ -71,3 +71,29 @@ def test_slice_scatter_on_the_eager_device(fp16_dev, monkeypatch, start, end):
     src = torch.randn(3, n, generator=torch.Generator().manual_seed(2)).half()
     got = torch.slice_scatter(x.to(fp16_dev), src.to(fp16_dev), dim=1, start=start, end=end).cpu()
     assert torch.equal(got, torch.slice_scatter(x, src, dim=1, start=start, end=end))
+
+
+class GroupMask(torch.nn.Module):
+    """DeepSeek-V3's router: a 1 at each token's chosen expert groups (``scatter_`` of a value)."""
+
+    def forward(self, scores):
+        idx = torch.topk(scores, k=2, dim=-1, sorted=False)[1]
+        return torch.zeros_like(scores).scatter_(1, idx, 1)
+
+
+@pytest.mark.parametrize("chip,precision,dtype,rtol", CHIPS)
+def test_scatter_of_a_value_planned_on_the_chip(chip, precision, dtype, rtol):
+    """core 1.26.0's scatter_value_put: the value at (row, index[row, j]) by the index_put kernel. Exact."""
+    scores = torch.randn(24, 8, generator=torch.Generator().manual_seed(3)).to(dtype).float()
+    plan = plan_module(GroupMask(), (scores,), chip=chip, precision=precision, strict=True)
+    assert any(d.rule.endswith("scatter_value_put") for d in plan.decomposed)
+    (got,) = Executor(plan).run((scores,))
+    assert torch.equal(got.float(), GroupMask()(scores))
+
+
+def test_scatter_of_a_value_on_the_eager_device(fp16_dev, monkeypatch):
+    monkeypatch.setenv("TORCHFL_STRICT", "1")
+    x = torch.randn(6, 5, generator=torch.Generator().manual_seed(4)).half()
+    idx = torch.tensor([[0, 4], [1, 1], [3, 2], [4, 0]])            # fewer rows than x, a repeated index
+    got = x.to(fp16_dev).scatter_(1, idx.to(fp16_dev), -2.5).cpu()
+    assert torch.equal(got, x.clone().scatter_(1, idx, -2.5))
