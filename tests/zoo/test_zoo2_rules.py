@@ -129,3 +129,27 @@ def test_bilinear_resize_on_the_eager_device(fp16_dev, monkeypatch):
     x = torch.randn(2, 4, 4, 5, generator=torch.Generator().manual_seed(5)).half()
     got = Resize(False)(x.to(fp16_dev)).cpu().float()
     torch.testing.assert_close(got, Resize(False)(x.float()), rtol=0, atol=4e-3)
+
+
+class Joined(torch.nn.Module):
+    """A concat of many tensors (every layer's features, a per-layer cache joined): more than the
+    8 the concat kernel took fell back whole."""
+
+    def forward(self, x):
+        return torch.cat([x * (i + 1) for i in range(12)] + [x[:, :1]], dim=1)
+
+
+@pytest.mark.parametrize("chip,precision,dtype,rtol", CHIPS)
+def test_concat_of_many_tensors_planned_on_the_chip(chip, precision, dtype, rtol):
+    x = torch.randint(-4, 5, (3, 5), generator=torch.Generator().manual_seed(6)).float()   # exact in float16
+    plan = plan_module(Joined(), (x,), chip=chip, precision=precision, strict=True)
+    assert "concat" in {s.kernel for s in plan.steps}
+    (got,) = Executor(plan).run((x,))
+    assert torch.equal(got.float(), Joined()(x))
+
+
+def test_concat_of_many_tensors_on_the_eager_device(fp16_dev, monkeypatch):
+    monkeypatch.setenv("TORCHFL_STRICT", "1")
+    xs = [torch.full((2, i + 1), float(i), dtype=torch.float16) for i in range(20)]
+    got = torch.cat([x.to(fp16_dev) for x in xs], dim=1).cpu()
+    assert torch.equal(got, torch.cat(xs, dim=1))
