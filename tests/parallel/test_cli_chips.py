@@ -24,8 +24,12 @@ def test_decode_over_two_chips(tmp_path):
     text = " ".join(res.output.split())
     assert "tiny-llama on 2x A100-SXM4-80GB" in text and "split: tensor parallel" in text
     assert "memory per chip: peak" in text and "per token" in text and "collectives" in text
+    assert "all-reduce (tp): 5 a step" in text and "over the links per token" in text
     data = json.loads(CliRunner().invoke(cli, args + ["--json", "--tp", "2"]).stdout)
-    assert data["split"] == {"tp": 2, "pp": 1} and data["rows"][0]["all_reduces"] == 5
+    assert data["split"] == {"tp": 2, "pp": 1, "ep": 1} and data["rows"][0]["all_reduces"] == 5
+    kinds = data["rows"][0]["collectives"]
+    assert set(kinds) == {"all_reduce", "all_gather"} and kinds["all_reduce"]["calls"] == 5
+    assert kinds["all_reduce"]["seconds"] == data["rows"][0]["all_reduce_s"] and data["rows"][0]["bound"]
     assert data["rows"][0]["fallbacks"] == 0
 
 

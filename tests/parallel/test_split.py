@@ -32,7 +32,7 @@ def test_the_decode_step_is_the_stages_plus_their_collectives(lm):
 
 def test_a_fixed_split_is_planned_alone(lm):
     r = plan_parallel(lm, chip_of("A100-SXM4-80GB"), 4, context=64, precision=None, tp=2, pp=2)
-    assert r["chosen_by"] == "user" and r["split"] == {"tp": 2, "pp": 2} and len(r["rows"]) == 1
+    assert r["chosen_by"] == "user" and r["split"] == {"tp": 2, "pp": 2, "ep": 1} and len(r["rows"]) == 1
     assert r["rows"][0]["layers_per_stage"] == 1 and r["rows"][0]["p2p_s"] > 0
 
 

@@ -8,10 +8,9 @@ Before: on ``npu`` each crashed (``NotImplementedError: "histogram_cpu" not impl
 fell back each (topk, sort, histc, cumsum, index_put, div.Tensor_mode, transformers'
 grouped-GEMM). Compiled, none is left: transformers' ``grouped_mm_fallback`` (the experts'
 GEMMs in float16/float32; 4 host steps each before core 1.23.0) runs as the grouped_mm kernel.
-Still on the host, at most these counts per forward (a new fallback fails): on
-``npu``, histc of int32 ids (2:
-torch's meta kernel refuses integers, so it cannot be traced alone; the host counts them as
-CUDA does). topk, sort, histc (compiled), the offsets' cumsum and the rounding divisions run on
+On ``npu``, histc of int32 ids ran on the host (2 per forward: torch's meta kernel refuses integers
+on CPU tensors) until the eager device traced it over meta-device examples (runtime/eager/trace
+TRACE_ON_META): now 0 host steps in both modes. topk, sort, histc, the offsets' cumsum and the rounding divisions run on
 the chip (core 1.14.0-1.19.0), the tokens' inverse permutation (index_put) too (core 1.20.0).
 
 In bfloat16 (the published dtype of Mixtral and OLMoE) transformers calls ``torch._grouped_mm``
@@ -32,7 +31,7 @@ import bench_zoo  # noqa: E402
 
 FAMILIES = {name: bench_zoo.MOE[name] for name in ("mixtral", "qwen2_moe", "olmoe")}   # tools/bench_zoo.MOE
 COMPILED_HOST: dict = {}          # compiled: every op on the chip
-EAGER_HOST = {"aten::histc": 2}
+EAGER_HOST: dict = {}             # eager: every op on the chip too (histc of int32 ids since helper zoo2)
 
 
 @pytest.fixture
@@ -79,7 +78,7 @@ def test_moe_bfloat16_compiled_whole_on_tfl_x1(name, monkeypatch):
 
 def test_moe_bfloat16_on_the_eager_device(fp16_dev, monkeypatch):
     """On ``npu`` in bfloat16, aten::_grouped_mm reaches the device through torch's own per-group
-    loop: one mm per expert with tokens, each on the chip (no host fallback beyond histc)."""
+    loop: one mm per expert with tokens, each on the chip (no host fallback)."""
     import torch
 
     index = [torch.npu.get_device_name(i) for i in range(torch.npu.device_count())].index("TFL-X1")

@@ -16,6 +16,9 @@ TP = click.option("--tp", type=click.IntRange(min=1), default=None, help="With -
                                                                           "(default: chosen by cost).")
 PP = click.option("--pp", type=click.IntRange(min=1), default=None, help="With --chips: pipeline stages "
                                                                           "(default: chosen by cost).")
+EP = click.option("--ep", type=click.IntRange(min=1), default=None,
+                  help="With --chips, a mixture-of-experts model: expert-parallel ways (each chip holds experts/ep "
+                       "experts and runs batch/ep sequences; default: chosen by cost).")
 
 
 SYSTEM = click.option("--system", default=None, metavar="NAME|FILE",
@@ -24,17 +27,18 @@ SYSTEM = click.option("--system", default=None, metavar="NAME|FILE",
                            "--chips NxCHIP is the shorthand with the chip's own links.")
 
 
-def chip_or_chips(chip, chips, tp, pp, system=None) -> None:
-    """Exactly one of --chip / --chips / --system; --tp/--pp only with several chips."""
+def chip_or_chips(chip, chips, tp, pp, system=None, ep=None) -> None:
+    """Exactly one of --chip / --chips / --system; --tp/--pp/--ep only with several chips."""
     if sum(bool(x) for x in (chip, chips, system)) != 1:
         if system:
             fail("Error", "give --chip NAME (one chip), --chips NxNAME or --system NAME|FILE (several), exactly one")
         fail("Error", "give --chip NAME (one chip) or --chips NxNAME (several), not both or neither")
-    if not (chips or system) and (tp or pp):
-        fail("Error", "--tp and --pp split a model over --chips NxCHIP; add --chips")
+    if not (chips or system) and (tp or pp or ep):
+        fail("Error", "--tp, --pp and --ep split a model over --chips NxCHIP; add --chips")
 
 
-def run_parallel(model, module, chips, tp, pp, batch, context, prompt, precision, engine, registry, system=None):
+def run_parallel(model, module, chips, tp, pp, batch, context, prompt, precision, engine, registry, system=None,
+                 ep=None):
     """The multi-chip plan of a decoder MODEL (plain data) over ``chips`` (NxCHIP) or ``system``
     (a system name or file); with a system, ``system`` in the result names it."""
     from torchfl.cli.whatif_cmd.common import decoder_of
@@ -46,12 +50,12 @@ def run_parallel(model, module, chips, tp, pp, batch, context, prompt, precision
 
         st = system_target(system, registry)
         decoder_of(model, module, False, asked_by="--system")
-        r = plan_parallel(module, st.target, st.count, batch, context, prompt, precision, engine, tp, pp)
+        r = plan_parallel(module, st.target, st.count, batch, context, prompt, precision, engine, tp, pp, ep)
         return dict(r, system={"name": st.system.name, "version": st.system.version, "describe": st.label})
     spec = parse_chips(chips)
     decoder_of(model, module, False, asked_by="--chips")
     target = whatif.chip_of(spec.chip, registry)
-    return plan_parallel(module, target, spec.count, batch, context, prompt, precision, engine, tp, pp)
+    return plan_parallel(module, target, spec.count, batch, context, prompt, precision, engine, tp, pp, ep)
 
 
 def _on(model, r) -> str:
@@ -74,14 +78,17 @@ def emit(model, r, as_json: bool, what: str) -> None:
         click.echo(_table(r))
         fail(best.get("error_kind", "Error"), best.get("error", "no split fits"))
     cap = f" of {show_bytes(r['capacity_bytes'])}" if r["capacity_bytes"] else ""
-    how = "chosen by cost: smallest per-token latency that fits" if r["chosen_by"] == "cost" else "fixed by --tp/--pp"
+    how = ("chosen by cost: smallest per-token latency that fits" if r["chosen_by"] == "cost"
+           else "fixed by --tp/--pp" + ("/--ep" if best.get("ep", 1) > 1 else ""))
     echo_wrapped(f"{_on(model, r)} ({r['fabric']}, ring bus bandwidth "
                  f"{r['bus_gb_per_s']:.0f} GB/s; batch {r['batch']}, context {r['context']}; {r['assumes']}; "
                  "predicted by the plans' cost model)")
-    echo_wrapped(f"split: tensor parallel {best['tp']} x pipeline parallel {best['pp']} ({how})", indent="  ")
+    ep = f" x expert parallel {best['ep']}" if best.get("ep", 1) > 1 else ""
+    echo_wrapped(f"split: tensor parallel {best['tp']} x pipeline parallel {best['pp']}{ep} ({how})", indent="  ")
+    experts = f", 1/{best['ep']} of the experts" if ep else ""
     echo_wrapped(f"memory per chip: peak {show_bytes(best['peak_bytes'])}{cap} (one stage's shard: "
-                 f"{best['layers_per_stage']} layers, 1/{best['tp']} of each; KV cache {show_bytes(best['kv_cache_bytes'])} "
-                 "per chip)", indent="  ")
+                 f"{best['layers_per_stage']} layers, 1/{best['tp']} of each{experts}; KV cache "
+                 f"{show_bytes(best['kv_cache_bytes'])} per chip)", indent="  ")
     if what == "decode":
         if best.get("prefill_s") is not None:
             echo_wrapped(f"prefill of {r['prompt']} tokens (time to first token): {show_time(best['prefill_s'])}",
@@ -89,11 +96,29 @@ def emit(model, r, as_json: bool, what: str) -> None:
         echo_wrapped(f"decode at context {r['context']}: {show_time(best['decode_s'])} per token, "
                      f"{best['tokens_per_s']:,.1f} tokens/s ({best['bound']}-bound, {100 * best['bound_share']:.0f}% "
                      f"of the step); collectives {show_time(best['collective_s'])} = "
-                     f"{100 * best['collective_share']:.1f}% ({best['all_reduces']} all-reduces of "
-                     f"{show_bytes(best['all_reduce_bytes'])}); {best['fallbacks']} fallbacks", indent="  ")
+                     f"{100 * best['collective_share']:.1f}%{_calls(best)}; {best['fallbacks']} fallbacks", indent="  ")
+        for kind, c in best["collectives"].items():
+            echo_wrapped(f"{_KINDS[kind]}: {c['calls']} a step, {show_bytes(c['bytes_per_token'])} over the links per "
+                         f"token, {show_time(c['seconds'])}", indent="    ")
     if len(r["rows"]) > 1:
         click.echo(_table(r))
     click.echo(f"  planned in {r['planning_s']:.1f} s")
+
+
+_KINDS = {"all_reduce": "all-reduce (tp)", "all_gather": "all-gather of the logits (tp)",
+          "p2p": "pipeline hand-off (pp)", "all_to_all": "all-to-all (ep)"}
+
+
+def _calls(x) -> str:
+    """`` (161 all-reduces of 16.00 KiB, 64 all-to-alls of 4.00 KiB blocks)``: the counts, or nothing."""
+    parts = [f"{x['all_reduces']} all-reduces of {show_bytes(x['all_reduce_bytes'])}"] if x["all_reduces"] else []
+    if x.get("all_to_alls"):
+        parts.append(f"{x['all_to_alls']} all-to-alls of {show_bytes(x['all_to_all_block_bytes'])} blocks")
+    return f" ({', '.join(parts)})" if parts else ""
+
+
+def _split(x) -> str:
+    return f"{x['tp']}x{x['pp']}" + (f"x{x['ep']}" if x.get("ep", 1) > 1 else "")
 
 
 def _table(r) -> str:
@@ -101,11 +126,11 @@ def _table(r) -> str:
     for x in r["rows"]:
         if x["ok"]:
             est = "~" if x["estimated"] else ""
-            rows.append((f"{x['tp']}x{x['pp']}", est + show_time(x["decode_s"]), show_time(x["collective_s"]),
+            rows.append((_split(x), est + show_time(x["decode_s"]), show_time(x["collective_s"]),
                          est + show_bytes(x["peak_bytes"]), x["bound"]))
         else:
-            rows.append((f"{x['tp']}x{x['pp']}", "-", "-", "-", f"{x['error_kind']}: {x['error'][:70]}"))
-    lines = ["  " + line for line in text_table(rows, ("tp x pp", "per token", "collectives", "peak per chip",
+            rows.append((_split(x), "-", "-", "-", f"{x['error_kind']}: {x['error'][:70]}"))
+    lines = ["  " + line for line in text_table(rows, ("tp x pp" + (" [x ep]" if any(x.get("ep", 1) > 1 for x in r["rows"]) else ""), "per token", "collectives", "peak per chip",
                                                       "bound"), right=(1, 2, 3), indent=2)]
     if any(x["ok"] and x["estimated"] for x in r["rows"]):
         lines += para("~ = estimated from the stage shard's plans at 1 and 2 layers (time and memory affine in "
@@ -165,7 +190,7 @@ def systems_text(model, res) -> str:
     for r in res["rows"]:
         if r["ok"]:
             s = r["split"]
-            rows.append((r["system"], f"{s['tp']}x{s['pp']}", show_time(r["prefill_s"]) if r["prefill_s"] else "-",
+            rows.append((r["system"], _split(s), show_time(r["prefill_s"]) if r["prefill_s"] else "-",
                          show_time(r["decode_s"]), f"{r['tokens_per_s']:,.1f}", f"{r['tokens_per_s_per_chip']:,.2f}",
                          f"{100 * r['collective_share']:.1f}%", show_bytes(r["peak_bytes"]),
                          f"{r['bound']} ({100 * r['bound_share']:.0f}%)"))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import click
 
-from torchfl.cli.whatif_cmd.chips import CHIPS, PP, SYSTEM, TP, chip_or_chips, emit, run_parallel
+from torchfl.cli.whatif_cmd.chips import CHIPS, EP, PP, SYSTEM, TP, chip_or_chips, emit, run_parallel
 from torchfl.cli.whatif_cmd.common import (CONTEXT, check_batch, common_options, decoder_of, emit_json, fail, guarded,
                                             load, model_options, para, precision_of, precision_text, show_bytes,
                                             text_table)
@@ -17,11 +17,12 @@ from torchfl.cli.whatif_cmd.common import (CONTEXT, check_batch, common_options,
 @SYSTEM
 @TP
 @PP
+@EP
 @model_options
 @CONTEXT
 @common_options
 @guarded
-def memory(model, chip, chips, system, tp, pp, batch, seq_len, heads, layers, context, precision, training, registry,
+def memory(model, chip, chips, system, tp, pp, ep, batch, seq_len, heads, layers, context, precision, training, registry,
            as_json):
     """Peak device memory of MODEL's plan on --chip, the step where it occurs and what is live
     then (inputs, parameters, weights in the plan's dtype, activations, outputs; with
@@ -30,11 +31,11 @@ def memory(model, chip, chips, system, tp, pp, batch, seq_len, heads, layers, co
     per chip and the split."""
     from torchfl.planner import whatif
 
-    chip_or_chips(chip, chips, tp, pp, system)
+    chip_or_chips(chip, chips, tp, pp, system, ep)
     if chips or system:
         module, _inputs = load(model, 1, seq_len, heads, layers)
         r = run_parallel(model, module, chips, tp, pp, batch or 1, context or 2048, None, precision_of(precision),
-                         None, registry, system)
+                         None, registry, system, ep)
         return emit(model, r, as_json, "memory")
     target = whatif.chip_of(chip, registry)
     check_batch(batch, [target], seq_len)

@@ -8,7 +8,7 @@ import click
 
 from torchfl.cli.whatif_cmd.common import (PROMPT, decoder_of, echo_wrapped, emit_json, fail, guarded, load, para,
                                             precision_of, precision_text, show_bytes, show_time, text_table)
-from torchfl.cli.whatif_cmd.chips import CHIPS, PP, SYSTEM, TP, chip_or_chips, emit, run_parallel
+from torchfl.cli.whatif_cmd.chips import CHIPS, EP, PP, SYSTEM, TP, chip_or_chips, emit, run_parallel
 from torchfl.cli.whatif_cmd.confidence import confidence_cells, confidence_legend, confidence_sentence
 from torchfl.hcd.dtypes import PRECISION_CHOICES
 
@@ -34,6 +34,7 @@ def engine_of(engine: str, kv_cache: str):
 @SYSTEM
 @TP
 @PP
+@EP
 @click.option("--context", type=click.IntRange(min=2), required=True,
               help="Cached positions after the decode step (the KV cache's length).")
 @PROMPT
@@ -45,7 +46,7 @@ def engine_of(engine: str, kv_cache: str):
 @click.option("--registry", default=None, help="Registry URL (default: TORCHFL_REGISTRY_URL or the user's).")
 @click.option("--json", "as_json", is_flag=True, help="Print JSON instead of text.")
 @guarded
-def decode(model, chip, chips, system, tp, pp, context, prompt, batch, precision, engine, kv_cache, registry, as_json):
+def decode(model, chip, chips, system, tp, pp, ep, context, prompt, batch, precision, engine, kv_cache, registry, as_json):
     """Predicted serving speed of the causal LM MODEL on --chip: the prefill latency of --prompt
     tokens (time to first token), the per-token decode latency at --context and tokens/s, the
     decode step's memory with its KV cache, what bounds the step and how far the prediction
@@ -56,11 +57,11 @@ def decode(model, chip, chips, system, tp, pp, context, prompt, batch, precision
     from torchfl.planner import whatif
     from torchfl.planner.confidence import fidelity_evidence
 
-    chip_or_chips(chip, chips, tp, pp, system)
+    chip_or_chips(chip, chips, tp, pp, system, ep)
     module, _inputs = load(model)
     if chips or system:
         r = run_parallel(model, module, chips, tp, pp, batch, context, prompt, precision_of(precision),
-                         engine_of(engine, kv_cache), registry, system)
+                         engine_of(engine, kv_cache), registry, system, ep)
         return emit(model, r, as_json, "decode")
     dec = decoder_of(model, module, False, asked_by="plan decode")
     target = whatif.chip_of(chip, registry)

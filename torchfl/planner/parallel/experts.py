@@ -15,24 +15,31 @@ from __future__ import annotations
 from torchfl.planner.parallel.split import ParallelError
 
 
-def _check(cfg, ep: int, batch: int) -> None:
+def check_experts(cfg, ep: int) -> int:
+    """The experts per MoE layer of ``cfg``, refused (one line) unless ``ep`` divides them."""
     experts = getattr(cfg, "num_local_experts", None)
     if not isinstance(experts, int):
         raise ParallelError(f"expert parallel needs config.num_local_experts; {type(cfg).__name__} has none: "
                             "only mixture-of-experts decoders (Mixtral) are split by experts")
     if experts % ep:
-        raise ParallelError(f"expert parallel {ep} does not divide the {experts} experts; use an ep that "
+        raise ParallelError(f"expert parallel {ep} does not divide the {experts} experts; use an --ep that "
                             f"divides {experts}")
+    return experts
+
+
+def check_batch(ep: int, batch: int) -> None:
+    """Refused (one line) unless ``ep`` divides the batch: each ep group runs batch / ep sequences."""
     if batch % ep:
         raise ParallelError(f"expert parallel {ep} does not divide the batch of {batch}; use a batch that is a "
-                            f"multiple of {ep}")
+                            f"multiple of {ep} (--batch)")
 
 
 def expert_bytes(cfg, ep: int, batch: int, tokens: int, item: int) -> dict:
     """The all-to-alls of one forward (two per MoE layer) and the bytes they move over all links."""
     from torchfl.planner.parallel.collectives import all_to_all_sent
 
-    _check(cfg, ep, batch)
+    check_experts(cfg, ep)
+    check_batch(ep, batch)
     block = cfg.num_local_experts // ep * (batch // ep) * tokens * cfg.hidden_size * item
     calls = 2 * cfg.num_hidden_layers if ep > 1 else 0
     return {"all_to_alls": calls, "block_bytes": block,

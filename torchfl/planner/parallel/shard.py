@@ -8,6 +8,12 @@ all-reduce after the embedding, an all-gather of the logits). One shard is exact
 whose config has those sizes divided by tp and ``head_dim`` kept, so building it from the config
 (on the meta device: no weights) gives every shard's shapes, FLOPs and bytes. Key/value heads
 fewer than tp are replicated (one per chip), as vLLM and TensorRT-LLM do.
+
+Expert parallel (``ep``, mixture-of-experts decoders): a chip holds E / ep experts of every MoE
+layer, so its shard is the config with ``num_local_experts`` = E / ep (its router scores only
+those: a stated simplification, the router is a [hidden, E] matmul) and ``num_experts_per_tok``
+= min(k, E / ep): a chip's experts are at most all of its experts per token. The shard's batch is
+batch / ep (``split.py``: attention runs data parallel over the ep groups).
 """
 
 from __future__ import annotations
@@ -25,8 +31,24 @@ class ShardError(PlanError, ValueError):
 _SPLIT = {"num_attention_heads": "attention heads", "intermediate_size": "MLP width", "vocab_size": "vocabulary"}
 
 
-def shard_config(config, tp: int):
-    """A copy of a Hugging Face decoder ``config`` for one of ``tp`` shards (module docstring)."""
+def expert_config(config, ep: int):
+    """A copy of a mixture-of-experts ``config`` holding E / ``ep`` experts (module docstring); ``config``
+    itself for ``ep`` 1 (refused by ``experts.check_experts``: no experts, ep not dividing them)."""
+    if ep == 1:
+        return config
+    from torchfl.planner.parallel.experts import check_experts
+
+    experts = check_experts(config, ep)
+    cfg = copy.deepcopy(config)
+    cfg.num_local_experts = experts // ep
+    cfg.num_experts_per_tok = min(config.num_experts_per_tok, experts // ep)
+    return cfg
+
+
+def shard_config(config, tp: int, ep: int = 1):
+    """A copy of a Hugging Face decoder ``config`` for one of ``tp`` x ``ep`` shards (module docstring)."""
+    if ep > 1:
+        config = expert_config(config, ep)
     if tp == 1:
         return config
     for name, what in _SPLIT.items():
@@ -55,14 +77,15 @@ def shard_config(config, tp: int):
     return cfg
 
 
-def shard_lm(lm, tp: int, layers: int | None = None):
-    """One tensor-parallel shard of ``lm`` (``layers``: that many decoder layers, a pipeline
-    stage), built on the meta device in ``lm``'s dtype; ``lm`` itself when nothing changes."""
+def shard_lm(lm, tp: int, layers: int | None = None, ep: int = 1):
+    """One tensor-parallel (and, ``ep`` > 1, expert-parallel) shard of ``lm`` (``layers``: that many
+    decoder layers, a pipeline stage), built on the meta device in ``lm``'s dtype; ``lm`` itself
+    when nothing changes."""
     import torch
 
-    if tp == 1 and (layers is None or layers == lm.config.num_hidden_layers):
+    if tp == 1 and ep == 1 and (layers is None or layers == lm.config.num_hidden_layers):
         return lm
-    cfg = shard_config(lm.config, tp)
+    cfg = shard_config(lm.config, tp, ep)
     if layers is not None:
         cfg = copy.deepcopy(cfg) if cfg is lm.config else cfg
         cfg.num_hidden_layers = layers

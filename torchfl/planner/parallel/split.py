@@ -57,43 +57,68 @@ def parse_chips(text: str) -> Chips:
 
 @dataclass(frozen=True)
 class Split:
+    """tp x pp x ep chips: ``ep`` > 1 only for a mixture-of-experts model (module docstring)."""
+
     tp: int
     pp: int
+    ep: int = 1
 
 
 def _divisors(n: int) -> list[int]:
     return [d for d in range(1, n + 1) if n % d == 0]
 
 
-def candidates(chips: int, config, tp: int | None = None, pp: int | None = None) -> list[Split]:
-    """The (tp, pp) splits of ``chips`` the model admits (tp divides the heads, MLP width and
-    vocabulary; pp divides the layers), or the one fixed by ``tp``/``pp`` (refused if it does
-    not use ``chips`` or the model does not admit it)."""
+def _wanted(chips: int, moe: bool, tp, pp, ep) -> list[Split]:
+    """Every tp x pp x ep = ``chips`` that agrees with the fixed ``tp``/``pp``/``ep`` (ep 1 for a dense
+    model), the most tensor-parallel first; refused if a fixed one does not use ``chips``."""
+    if ep is not None and ep > 1 and not moe:
+        raise ParallelError(f"--ep {ep}: expert parallel splits a mixture-of-experts model's experts; this model "
+                            "has none (config.num_local_experts); drop --ep")
+    eps = [ep] if ep is not None else (_divisors(chips) if moe and tp is None and pp is None else [1])
+    out = []
+    for e in eps:
+        rest, t, p = chips // e, tp, pp
+        if (tp or pp) and chips % e == 0:
+            t = tp or max(1, rest // (pp or 1))
+            p = pp or max(1, rest // t)
+            if t * p * e == chips:
+                out.append(Split(t, p, e))
+        elif chips % e == 0:
+            out += [Split(d, rest // d, e) for d in reversed(_divisors(rest))]
+    if not out:
+        t = tp or max(1, chips // ((pp or 1) * (ep or 1)))
+        p = pp or max(1, chips // (t * (ep or 1)))
+        e, what = ep or 1, f"--tp {t} x --pp {p}" + (f" x --ep {ep}" if ep else "")
+        raise ParallelError(f"{what} = {t * p * e} chips, but --chips gives {chips}; choose tp x pp"
+                            f"{' x ep' if ep else ''} = {chips}")
+    return out
+
+
+def candidates(chips: int, config, tp: int | None = None, pp: int | None = None, ep: int | None = None,
+               batch: int = 1) -> list[Split]:
+    """The (tp, pp, ep) splits of ``chips`` the model admits (tp divides the heads, MLP width and
+    vocabulary; pp divides the layers; ep, mixture-of-experts only, divides the experts and the
+    ``batch``), or the one fixed by ``tp``/``pp``/``ep`` (refused if it does not use ``chips`` or the
+    model does not admit it). The one place the candidates are decided."""
+    from torchfl.planner.parallel.experts import check_batch
     from torchfl.planner.parallel.shard import shard_config
 
     layers = config.num_hidden_layers
-    if tp is not None or pp is not None:
-        t = tp or max(1, chips // (pp or 1))
-        p = pp or max(1, chips // t)
-        if t * p != chips:
-            raise ParallelError(f"--tp {t} x --pp {p} = {t * p} chips, but --chips gives {chips}; "
-                                f"choose tp x pp = {chips}")
-        wanted = [Split(t, p)]
-    else:
-        wanted = [Split(t, chips // t) for t in reversed(_divisors(chips))]
+    moe = isinstance(getattr(config, "num_local_experts", None), int)
     out, why = [], []
-    for s in wanted:
+    for s in _wanted(chips, moe, tp, pp, ep):
         if layers % s.pp:
             why.append(f"pp {s.pp} does not divide the {layers} layers")
             continue
         try:
-            shard_config(config, s.tp)
+            shard_config(config, s.tp, s.ep)
+            check_batch(s.ep, batch)
         except PlanError as exc:
             why.append(str(exc))
             continue
         out.append(s)
     if not out:
-        raise ParallelError(f"no split of {chips} chips fits the model: {'; '.join(why)}")
+        raise ParallelError(f"no split of {chips} chips fits the model: {'; '.join(dict.fromkeys(why))}")
     return out
 
 
@@ -112,33 +137,54 @@ def collective_bytes(cfg, split: Split, batch: int, tokens: int, item: int) -> d
     config ``cfg`` and what they move: ``batch`` x ``tokens`` activations of ``item`` bytes an
     element. ``link_bytes``: bytes sent over all links together, per kind (ring traffic: every
     chip of a tp group sends ``all_reduce_sent`` / ``all_gather_sent``; each of the tp ranks of a
-    stage hands its activations to its peer in the next). The one schedule both the pricing
+    stage hands its activations to its peer in the next). With ``split.ep`` > 1 each of the ep
+    groups runs batch / ep sequences (the tp all-reduces and hand-offs are of those), plus the
+    two all-to-alls per MoE layer of ``experts.expert_bytes``, run by each of the tp ranks (``a2a``
+    keys; ``link_bytes["all_to_all"]``). The one schedule both the pricing
     (:func:`collective_seconds`) and the emulated execution's byte check read."""
     from torchfl.planner.parallel.collectives import all_gather_sent, all_reduce_sent
 
-    act = batch * tokens * cfg.hidden_size * item
-    logits = batch * cfg.vocab_size * item             # the last token's logits, gathered
+    local = batch // split.ep
+    act = local * tokens * cfg.hidden_size * item
+    logits = local * cfg.vocab_size * item             # the last token's logits, gathered
     reduces = 2 * cfg.num_hidden_layers + 1 if split.tp > 1 else 0
     hand_offs = split.pp - 1
-    links = {"all_reduce": reduces * split.tp * all_reduce_sent(act, split.tp),
-             "all_gather": split.tp * all_gather_sent(logits, split.tp),
-             "p2p": hand_offs * split.tp * act}
-    return {"all_reduces": reduces, "all_reduce_bytes": act, "all_gather_bytes": logits, "hand_offs": hand_offs,
-            "p2p_bytes": act, "link_bytes": links}
+    groups = split.ep
+    links = {"all_reduce": groups * reduces * split.tp * all_reduce_sent(act, split.tp),
+             "all_gather": groups * split.tp * all_gather_sent(logits, split.tp),
+             "p2p": groups * hand_offs * split.tp * act}
+    out = {"all_reduces": reduces, "all_reduce_bytes": act, "all_gather_bytes": logits, "hand_offs": hand_offs,
+           "p2p_bytes": act, "link_bytes": links}
+    if split.ep > 1:
+        from torchfl.planner.parallel.experts import expert_bytes
+
+        a2a = expert_bytes(cfg, split.ep, batch, tokens, item)
+        links["all_to_all"] = split.tp * a2a["link_bytes"]["all_to_all"]
+        out.update(all_to_alls=a2a["all_to_alls"], all_to_all_block_bytes=a2a["block_bytes"])
+    return out
 
 
 def collective_seconds(cfg, split: Split, batch: int, tokens: int, item: int, ic) -> dict:
     """Seconds of one forward's collectives over the whole pipeline (module docstring) of a model
-    with config ``cfg`` (:func:`collective_bytes`: what moves)."""
-    from torchfl.planner.parallel.collectives import all_gather_s, all_reduce_s, p2p_s
+    with config ``cfg`` (:func:`collective_bytes`: what moves), and per kind (``collectives``) the
+    calls, the bytes sent over all links per token of the forward and the seconds. The ep groups
+    and the tp ranks' all-to-alls run at once (each chip's own links: one call's time)."""
+    from torchfl.planner.parallel.collectives import all_gather_s, all_reduce_s, all_to_all_s, p2p_s
 
     b = collective_bytes(cfg, split, batch, tokens, item)
     act, reduces = b["all_reduce_bytes"], b["all_reduces"]
     ar = reduces * all_reduce_s(act, split.tp, ic)
     ag = all_gather_s(b["all_gather_bytes"], split.tp, ic)
     hand = b["hand_offs"] * p2p_s(b["p2p_bytes"], ic)
+    a2a = b.get("all_to_alls", 0) * all_to_all_s(b.get("all_to_all_block_bytes", 0), split.ep, ic)
+    per_token = max(1, batch * tokens)
+    calls = {"all_reduce": reduces if split.tp > 1 else 0, "all_gather": 1 if split.tp > 1 else 0,
+             "p2p": b["hand_offs"], "all_to_all": b.get("all_to_alls", 0)}
+    secs = {"all_reduce": ar, "all_gather": ag, "p2p": hand, "all_to_all": a2a}
+    kinds = {k: {"calls": calls[k], "bytes_per_token": b["link_bytes"].get(k, 0.0) / per_token, "seconds": secs[k]}
+             for k in calls if calls[k]}
     return {"all_reduces": reduces, "all_reduce_bytes": act, "all_reduce_s": ar, "all_gather_s": ag,
-            "p2p_s": hand, "collective_s": ar + ag + hand}
+            "p2p_s": hand, "all_to_all_s": a2a, "collective_s": ar + ag + hand + a2a, "collectives": kinds}
 
 
 def _stage(lm, target, split: Split, layers: int, batch: int, context: int, precision, engine, direct=False):
@@ -149,7 +195,8 @@ def _stage(lm, target, split: Split, layers: int, batch: int, context: int, prec
     from torchfl.planner.whatif.context import Decoder, plan_decode
     from torchfl.planner.whatif.serving import paged_saving
 
-    dec = Decoder(shard_lm(lm, split.tp, layers))
+    dec = Decoder(shard_lm(lm, split.tp, layers, split.ep))
+    batch //= split.ep
     if direct:
         from torchfl.planner.capture import capture_module
         from torchfl.planner.lm import decode_inputs, rename_cache_inputs
@@ -196,12 +243,12 @@ def _decode_split(lm, target, split: Split, batch: int, context: int, precision,
 
     t0 = time.perf_counter()
     layers = lm.config.num_hidden_layers // split.pp
-    row = {"tp": split.tp, "pp": split.pp, "layers_per_stage": layers, "estimated": False}
+    row = {"tp": split.tp, "pp": split.pp, "ep": split.ep, "layers_per_stage": layers, "estimated": False}
     dec, step, stage = _stage(lm, target, split, layers, batch, context, precision, engine)
     if stage is None:
         return _failed(row, step, t0)
     bound, share = bound_resource(step.plan, target.model)
-    row.update(peak_bytes=step.peak_bytes, kv_cache_bytes=dec.cache_bytes(batch, context),
+    row.update(peak_bytes=step.peak_bytes, kv_cache_bytes=dec.cache_bytes(batch // split.ep, context),
                fallbacks=step.plan.summary.fallbacks)
     _priced(lm, target, row, split, batch, stage, bound, share, step.precision, t0)
     row["_dec"] = dec
@@ -215,7 +262,7 @@ def _estimate_split(lm, target, split: Split, batch: int, context: int, precisio
 
     t0 = time.perf_counter()
     layers = lm.config.num_hidden_layers // split.pp
-    row = {"tp": split.tp, "pp": split.pp, "layers_per_stage": layers, "estimated": True}
+    row = {"tp": split.tp, "pp": split.pp, "ep": split.ep, "layers_per_stage": layers, "estimated": True}
     d1, p1, s1 = _stage(lm, target, split, 1, batch, context, precision, engine, direct=True)
     if s1 is None:
         return _failed(row, p1, t0)
@@ -225,7 +272,7 @@ def _estimate_split(lm, target, split: Split, batch: int, context: int, precisio
     k = layers - 1
     peak = p1.peak_bytes + k * (p2.peak_bytes - p1.peak_bytes)
     bound, share = bound_resource(p2.plan, target.model)
-    row.update(peak_bytes=peak, kv_cache_bytes=d1.cache_bytes(batch, context) * layers,
+    row.update(peak_bytes=peak, kv_cache_bytes=d1.cache_bytes(batch // split.ep, context) * layers,
                fallbacks=p2.plan.summary.fallbacks)
     cap = target.model.memory_bytes
     if cap is not None and peak > cap:
@@ -242,19 +289,20 @@ def _prefill(lm, target, row: dict, batch: int, prompt: int, precision) -> None:
     from torchfl.planner.whatif.serving import prefill_capture
 
     dec = row["_dec"]
-    captured, inputs = prefill_capture(dec, batch, prompt)
+    split = Split(row["tp"], row["pp"], row["ep"])
+    captured, inputs = prefill_capture(dec, batch // split.ep, prompt)
     p = plan_on(target, captured, inputs, precision)
     if not p.ok:
         row.update(prefill_error=str(p.error).splitlines()[0])
         return
-    split = Split(row["tp"], row["pp"])
     comm = collective_seconds(lm.config, split, batch, prompt, _itemsize(lm, p.precision), target.hcd.interconnect)
     row.update(prefill_s=split.pp * p.plan.summary.per_call_time_s + comm["collective_s"],
                prefill_collective_s=comm["collective_s"], prefill_fallbacks=p.plan.summary.fallbacks)
 
 
 def plan_parallel(lm, target, chips: int, batch: int = 1, context: int = 1024, prompt: int | None = None,
-                  precision="auto", engine=None, tp: int | None = None, pp: int | None = None) -> dict:
+                  precision="auto", engine=None, tp: int | None = None, pp: int | None = None,
+                  ep: int | None = None) -> dict:
     """A causal LM's decode step over ``chips`` copies of ``target`` (a Target whose HCD states an
     ``interconnect``): every admitted split priced (:func:`candidates`), the chosen one first
     (``rows[0]``; ``split``), with ``prompt``: its prefill too. Plain data for ``--json``."""
@@ -270,14 +318,14 @@ def plan_parallel(lm, target, chips: int, batch: int = 1, context: int = 1024, p
                             f"(HCD field interconnect.domain_chips); use at most {ic.domain_chips}")
     engine = engine or Engine()
     target = engine.on(target)
-    splits = candidates(chips, lm.config, tp, pp)
+    splits = candidates(chips, lm.config, tp, pp, ep, batch)
     if len(splits) == 1:
         rows = [_decode_split(lm, target, splits[0], batch, context, precision, engine)]
     else:
         rows = [_estimate_split(lm, target, s, batch, context, precision, engine) for s in splits]
     chosen = None
-    for est in sorted((r for r in rows if r["ok"]), key=lambda r: (r["decode_s"], -r["tp"])):
-        full = est if not est["estimated"] else _decode_split(lm, target, Split(est["tp"], est["pp"]), batch,
+    for est in sorted((r for r in rows if r["ok"]), key=lambda r: (r["decode_s"], -r["tp"], r["ep"])):
+        full = est if not est["estimated"] else _decode_split(lm, target, Split(est["tp"], est["pp"], est["ep"]), batch,
                                                               context, precision, engine)
         rows[rows.index(est)] = full
         if full["ok"]:
@@ -290,14 +338,17 @@ def plan_parallel(lm, target, chips: int, batch: int = 1, context: int = 1024, p
     ordered = ([chosen] if chosen else []) + [r for r in rows if r is not chosen]
     return {"chip": target.name, "version": target.version, "chips": chips, "fabric": ic.fabric,
             "bus_gb_per_s": ic.bus_bytes_per_s / 1e9, "batch": batch, "context": context, "prompt": prompt,
-            "chosen_by": "user" if (tp or pp) else "cost", "ok": chosen is not None,
-            "split": None if chosen is None else {"tp": chosen["tp"], "pp": chosen["pp"]},
+            "chosen_by": "user" if len(splits) == 1 and (tp or pp or ep) else "cost", "ok": chosen is not None,
+            "split": None if chosen is None else {"tp": chosen["tp"], "pp": chosen["pp"], "ep": chosen["ep"]},
             "rows": ordered, "capacity_bytes": target.model.memory_bytes, "engine": engine.to_dict(),
-            "assumes": engine.describe(target) + "; " + ASSUMES, "planning_s": round(time.perf_counter() - t0, 3)}
+            "assumes": engine.describe(target) + "; " + ASSUMES + (EP_ASSUMES if any(s.ep > 1 for s in splits) else ""),
+            "planning_s": round(time.perf_counter() - t0, 3)}
 
 
 ASSUMES = ("tensor parallel: 2 ring all-reduces per layer, not overlapped; pipeline: stages in turn, "
            "one micro-batch")
+EP_ASSUMES = ("; expert parallel: 2 all-to-alls per MoE layer, not overlapped, attention data parallel over "
+              "the ep groups")
 
 
 def to_dict(split: Split) -> dict:

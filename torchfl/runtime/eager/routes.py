@@ -169,7 +169,10 @@ def build_route(op, index, flat, spec, tensors, alias=None):
                                  precision=eager_precision(), strict=strict)
     except (PlanError, CaptureError):
         raise          # hard constraints, precision, strict: the compile path's own errors
-    executor = EagerExecutor(plan, target, index, graph_module=gm, strict=strict)
+    # a decomposed op's parts live in the plan's rewritten graph: its host steps (a factory part
+    # folded on the host: arange) look their FX nodes up there, not in the op's own trace
+    run_gm = plan.capture.graph_module if plan.decomposed and plan.capture is not None else gm
+    executor = EagerExecutor(plan, target, index, graph_module=run_gm, strict=strict)
     STATS["plans"] += 1
     return ChipRoute(plan, executor, out_spec, label, fallback=bool(plan.fallbacks), writes=writes, keep=keep,
                       random=is_random_graph(gm), empty_tail=2 if stats_empty else 0, transposed=transposed)
