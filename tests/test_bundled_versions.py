@@ -95,6 +95,8 @@ PUBLISHED = {
     ("core", "1.25.0"): "4c8d74f8211238e42c56d91c8a189a683236a208a632210ab8d95ba4e9f0f4f0",
     # 1.26.0: decomposition scatter_value_put (DeepSeek-V3's group mask) (issue 48; helper zoo2)
     ("core", "1.26.0"): "0c8573fc0c269c38fb9e2bd6c970c4c49437b071461d4251d23a8f6c21ed5b50",
+    # 1.27.0: the concat kernel joins 2 to 32 tensors (8 before) (issue 48; helper zoo2)
+    ("core", "1.27.0"): "3bf827acd752a14a74b309f3e72c4b79c9477cb2addb62f550c53e97d5a3507d",
 }
 
 

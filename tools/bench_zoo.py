@@ -261,7 +261,8 @@ def _whisper_encoder(**kw):
 
 
 # held-out families beyond both zoos (issue 48, helper zoo2): each runs whole on NPU-V3 float16 in
-# both modes within TOLERANCE (core 1.25.0: MPT's pow of a number on npu). Named with --models zoo2.
+# both modes within TOLERANCE (core 1.25.0: MPT's pow of a number on npu; MobileViT's bilinear resize by
+# torch's decomposition, planner/capture.DECOMPOSED_TOO). Named with --models zoo2.
 ZOO2 = {
     "gemma2": ("decoder, logit soft-capping, sliding window", _text("Gemma2Config", "Gemma2Model", **DEC, head_dim=16)),
     "gemma3": ("decoder, q/k norm, sliding window", _text("Gemma3TextConfig", "Gemma3TextModel", **DEC, head_dim=16,
@@ -298,6 +299,9 @@ ZOO2 = {
                          mlp_ratios=[2, 2])),
     "deberta_v2": ("encoder, disentangled relative attention", _text("DebertaV2Config", "DebertaV2Model", **TXT)),
     "beit": ("vision encoder, relative position bias", _image("BeitConfig", "BeitModel", **_V)),
+    "mobilevit": ("conv net + transformer blocks, bilinear resize of features",
+                  _image("MobileViTConfig", "MobileViTModel", image_size=32, hidden_sizes=[32, 48, 64],
+                         neck_hidden_sizes=[8, 16, 24, 32, 48, 64, 80])),
     # whole on the chip in both modes (core 1.25.0-1.26.0), but its router runs in float32 by design
     # (hidden states and gate cast up): on a float16-only chip (NPU-V3) top-k flips between close
     # experts and the output is 5.6e-2 off (CPU float16 with the float32 router: 7e-4); float32

@@ -97,3 +97,59 @@ def test_scatter_of_a_value_on_the_eager_device(fp16_dev, monkeypatch):
     idx = torch.tensor([[0, 4], [1, 1], [3, 2], [4, 0]])            # fewer rows than x, a repeated index
     got = x.to(fp16_dev).scatter_(1, idx.to(fp16_dev), -2.5).cpu()
     assert torch.equal(got, x.clone().scatter_(1, idx, -2.5))
+
+
+class Resize(torch.nn.Module):
+    """MobileViT's feature resize (bilinear, ``F.interpolate``): fell back in both modes."""
+
+    def __init__(self, align_corners):
+        super().__init__()
+        self.align_corners = align_corners
+
+    def forward(self, x):
+        return torch.nn.functional.interpolate(x, size=(6, 10), mode="bilinear", align_corners=self.align_corners)
+
+
+@pytest.mark.parametrize("align_corners", [False, True])
+@pytest.mark.parametrize("chip,precision,dtype,rtol", CHIPS)
+def test_bilinear_resize_planned_on_the_chip(chip, precision, dtype, rtol, align_corners):
+    """torch's own decomposition (gathers of the 4 neighbours, weighted sums) on existing kernels.
+    Tolerance: float32 1e-6 absolute; float16 4e-3 of values within 4 (weights and sums rounded)."""
+    x = torch.randn(2, 4, 4, 5, generator=torch.Generator().manual_seed(5)).to(dtype).float()
+    plan = plan_module(Resize(align_corners), (x,), chip=chip, precision=precision, strict=True)
+    (got,) = Executor(plan).run((x,))
+    torch.testing.assert_close(got.float(), Resize(align_corners)(x), rtol=0, atol=1e-6 if precision is None else 4e-3)
+
+
+def test_bilinear_resize_on_the_eager_device(fp16_dev, monkeypatch):
+    """The decomposition computes its source coordinates in float32: a float16-only chip needs the
+    float16 policy, as the zoo runs it (TORCHFL_PRECISION)."""
+    monkeypatch.setenv("TORCHFL_STRICT", "1")
+    monkeypatch.setenv("TORCHFL_PRECISION", "float16")
+    x = torch.randn(2, 4, 4, 5, generator=torch.Generator().manual_seed(5)).half()
+    got = Resize(False)(x.to(fp16_dev)).cpu().float()
+    torch.testing.assert_close(got, Resize(False)(x.float()), rtol=0, atol=4e-3)
+
+
+class Joined(torch.nn.Module):
+    """A concat of many tensors (every layer's features, a per-layer cache joined): more than the
+    8 the concat kernel took fell back whole."""
+
+    def forward(self, x):
+        return torch.cat([x * (i + 1) for i in range(12)] + [x[:, :1]], dim=1)
+
+
+@pytest.mark.parametrize("chip,precision,dtype,rtol", CHIPS)
+def test_concat_of_many_tensors_planned_on_the_chip(chip, precision, dtype, rtol):
+    x = torch.randint(-4, 5, (3, 5), generator=torch.Generator().manual_seed(6)).float()   # exact in float16
+    plan = plan_module(Joined(), (x,), chip=chip, precision=precision, strict=True)
+    assert "concat" in {s.kernel for s in plan.steps}
+    (got,) = Executor(plan).run((x,))
+    assert torch.equal(got.float(), Joined()(x))
+
+
+def test_concat_of_many_tensors_on_the_eager_device(fp16_dev, monkeypatch):
+    monkeypatch.setenv("TORCHFL_STRICT", "1")
+    xs = [torch.full((2, i + 1), float(i), dtype=torch.float16) for i in range(20)]
+    got = torch.cat([x.to(fp16_dev) for x in xs], dim=1).cpu()
+    assert torch.equal(got, torch.cat(xs, dim=1))

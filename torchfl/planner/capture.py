@@ -24,6 +24,22 @@ KEEP_OPS = (
     "gelu.default",
 )
 
+#: ops outside core ATen's decomposed set that no rule maps, whose torch decomposition runs on
+#: kernels the packs have: bilinear resize (MobileViT's F.interpolate: gathers of the four
+#: neighbours and weighted sums; fell back whole in both modes, issue 48 held-out zoo)
+DECOMPOSED_TOO = ("upsample_bilinear2d.vec", "upsample_bilinear2d.default")
+
+
+def extra_decompositions(whole=frozenset()) -> dict:
+    """torch's decompositions of :data:`DECOMPOSED_TOO`, but those a rule maps whole (``whole``:
+    ``aten.<op>.<overload>`` names)."""
+    import torch
+    from torch._decomp import get_decompositions
+
+    ops = [getattr(getattr(torch.ops.aten, n.split(".")[0]), n.split(".")[1]) for n in DECOMPOSED_TOO
+           if f"aten.{n}" not in whole]
+    return get_decompositions(ops)
+
 
 class CaptureError(RuntimeError):
     """The model could not be captured as one graph (message says why and what to try)."""
@@ -50,6 +66,7 @@ def decomposition_table():
     import torch
 
     table = torch.export.default_decompositions()
+    table.update(extra_decompositions())
     for name in KEEP_OPS:
         packet, overload = name.split(".")
         table.pop(getattr(getattr(torch.ops.aten, packet), overload), None)

@@ -21,8 +21,11 @@ def training_decompositions(packs) -> dict:
     import torch
     from torch._decomp import core_aten_decompositions
 
+    from torchfl.planner.capture import extra_decompositions
+
     whole = {r.op for pack in packs for r in pack.rules}
     table = {op: fn for op, fn in core_aten_decompositions().items() if str(op) not in whole}
+    table.update(extra_decompositions(whole))
     conv_bwd = torch.ops.aten.convolution_backward.default
     if {"conv2d_backward_input", "conv2d_backward_weight"} <= {r.kernel for pack in packs for r in pack.rules
                                                                if r.op == str(conv_bwd)}:
