@@ -238,13 +238,16 @@ def _priced(lm, target, row: dict, split: Split, batch: int, stage: float, bound
 
 
 def _decode_split(lm, target, split: Split, batch: int, context: int, precision, engine) -> dict:
-    """One split priced from the full plan of its stage's shard."""
+    """One split priced from the full plan of its stage's shard, captured as the estimates are
+    (``direct``): the same graph, so an estimate and its full plan agree (a MoE shard's symbolic
+    capture adds steps the direct one folds: 4% apart, tests/parallel/test_expert_split.py), and
+    one torch.export instead of the symbolic capture's two."""
     from torchfl.planner.whatif.compare import bound_resource
 
     t0 = time.perf_counter()
     layers = lm.config.num_hidden_layers // split.pp
     row = {"tp": split.tp, "pp": split.pp, "ep": split.ep, "layers_per_stage": layers, "estimated": False}
-    dec, step, stage = _stage(lm, target, split, layers, batch, context, precision, engine)
+    dec, step, stage = _stage(lm, target, split, layers, batch, context, precision, engine, direct=True)
     if stage is None:
         return _failed(row, step, t0)
     bound, share = bound_resource(step.plan, target.model)
