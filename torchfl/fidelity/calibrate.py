@@ -34,10 +34,10 @@ import statistics
 from dataclasses import dataclass, field
 
 from torchfl.fidelity.sample import stem
-from torchfl.fidelity.tables import TIMINGS, stated_timing  # noqa: F401 - TIMINGS re-exported
+from torchfl.fidelity.tables import stated_timing
 from torchfl.hcd.dtypes import ITEMSIZE
 
-__all__ = ["Derived", "Calibration", "calibrate", "calibrated_resolver", "benchmark_of", "timing_of", "TIMINGS"]
+__all__ = ["Derived", "Calibration", "calibrate", "calibrated_resolver", "benchmark_of", "timing_of"]
 
 GEMM_OPS = {"aten.mm.default"}
 COPY_OPS = {"aten.clone.default", "aten.copy.default"}

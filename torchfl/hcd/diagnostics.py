@@ -6,7 +6,7 @@ prints one format and ``--json`` has one shape.
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Iterable, Literal
 
 Severity = Literal["error", "warning"]
@@ -45,6 +45,21 @@ def format_path(path: Iterable[object]) -> str:
 
 def errors(diagnostics: Iterable[Diagnostic]) -> list[Diagnostic]:
     return [d for d in diagnostics if d.severity == "error"]
+
+
+@dataclass
+class FileReport:
+    """Outcome of checking one file (an HCD's :class:`~torchfl.hcd.validate.HCDReport`, a system's
+    :class:`~torchfl.hcd.system.SystemReport`): its diagnostics, its text, whether it could be read."""
+
+    file: str
+    diagnostics: list[Diagnostic] = field(default_factory=list)
+    source: str | None = None
+    readable: bool = True
+
+    @property
+    def ok(self) -> bool:
+        return self.readable and not errors(self.diagnostics)
 
 
 class TorchflInputError(Exception):

@@ -20,13 +20,13 @@ with the system's fabric, domain and overrides applied (the system wins).
 from __future__ import annotations
 
 import difflib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Mapping, Optional
 
 from pydantic import AfterValidator, Field, PrivateAttr, ValidationError, WithJsonSchema
 
-from torchfl.hcd.diagnostics import Diagnostic, HCDError, YAMLLoadError, errors
+from torchfl.hcd.diagnostics import Diagnostic, FileReport, HCDError, YAMLLoadError, errors
 from torchfl.hcd.model import (CHIP_NAME, FABRICS, SUSTAINED_MIN, SUSTAINED_UNIT, Interconnect, _chip_name, _fabric,
                                _Model, _semver)
 from torchfl.hcd.provenance import MAX_SOURCES, ProvenanceView, Source, check_provenance
@@ -227,18 +227,10 @@ Catalog = Mapping[str, Mapping[str, bool]]
 
 
 @dataclass
-class SystemReport:
+class SystemReport(FileReport):
     """Outcome of checking one system file. ``system`` is set only when there is no error."""
 
-    file: str
     system: System | None = None
-    diagnostics: list[Diagnostic] = field(default_factory=list)
-    source: str | None = None
-    readable: bool = True
-
-    @property
-    def ok(self) -> bool:
-        return self.readable and not errors(self.diagnostics)
 
 
 def check_system(path: str | Path, catalog: Catalog | None = None) -> SystemReport:

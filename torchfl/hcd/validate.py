@@ -15,13 +15,13 @@ An HCD with any error is never returned: :func:`check_hcd` gives diagnostics,
 from __future__ import annotations
 
 import difflib
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from torchfl.hcd.diagnostics import Diagnostic, HCDError, YAMLLoadError, errors
+from torchfl.hcd.diagnostics import Diagnostic, FileReport, HCDError, YAMLLoadError, errors
 from torchfl.hcd.dtypes import MATRIX_UNITS, UNIT_OF_DTYPE, short_dtype
 from torchfl.hcd.model import HCD, LAYOUT
 from torchfl.hcd.provenance import check_provenance
@@ -35,18 +35,10 @@ LEGACY_KEYS = {
 
 
 @dataclass
-class HCDReport:
+class HCDReport(FileReport):
     """Outcome of checking one HCD file. ``hcd`` is set only when there is no error."""
 
-    file: str
     hcd: HCD | None = None
-    diagnostics: list[Diagnostic] = field(default_factory=list)
-    source: str | None = None
-    readable: bool = True
-
-    @property
-    def ok(self) -> bool:
-        return self.readable and not errors(self.diagnostics)
 
 
 def check_hcd(path: str | Path) -> HCDReport:
